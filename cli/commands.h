@@ -1,0 +1,23 @@
+// cli/commands.h: each subcommand of `zt` registers itself on the CLI11 app.
+// Exit codes everywhere: 0 ok, 1 the check or reproduction failed, 2 bad usage or input.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+namespace zt::cli {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitBadInput = 2;
+
+// The action a parsed subcommand runs; main() calls the one that was selected.
+using Action = std::function<int()>;
+
+void add_db_commands(CLI::App& app, Action& action);  // db info|sql|merge, export, synth, demo
+
+int fail(const std::string& message);  // prints "zt: message" to stderr, returns kExitBadInput
+
+}  // namespace zt::cli

@@ -1,0 +1,18 @@
+// zt/common/units.h: sizes and durations the way users read and paste them.
+// Bytes print as GiB/MiB/KiB/B (binary units, two decimals); times as ns/µs/ms/s.
+// Sizes parse from "80GiB", "1.5 TiB", "512MiB", "4096", "1e9" (plain numbers are bytes).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace zt {
+
+std::string format_bytes(double bytes);         // "3.39 GiB", "512.00 MiB", "17 B"
+std::string format_duration_ns(double ns);      // "1.25 ms", "3.20 s", "850 ns"
+std::string format_count(double n);             // "1.2M", "15.3k", "42"
+std::optional<uint64_t> parse_bytes(std::string_view text);
+
+}  // namespace zt

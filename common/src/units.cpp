@@ -1,0 +1,88 @@
+#include "zt/common/units.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace zt {
+
+std::string format_bytes(double bytes) {
+  const char* sign = bytes < 0 ? "-" : "";
+  double b = std::fabs(bytes);
+  char buf[64];
+  if (b >= 1024.0 * 1024 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%s%.2f TiB", sign, b / (1024.0 * 1024 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%s%.2f GiB", sign, b / (1024.0 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024)
+    std::snprintf(buf, sizeof buf, "%s%.2f MiB", sign, b / (1024.0 * 1024));
+  else if (b >= 1024.0)
+    std::snprintf(buf, sizeof buf, "%s%.2f KiB", sign, b / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, "%s%.0f B", sign, b);
+  return buf;
+}
+
+std::string format_duration_ns(double ns) {
+  char buf[64];
+  double a = std::fabs(ns);
+  if (a >= 60e9 * 60)
+    std::snprintf(buf, sizeof buf, "%.2f h", ns / 3600e9);
+  else if (a >= 60e9)
+    std::snprintf(buf, sizeof buf, "%.2f min", ns / 60e9);
+  else if (a >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2f s", ns / 1e9);
+  else if (a >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2f ms", ns / 1e6);
+  else if (a >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.2f µs", ns / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f ns", ns);
+  return buf;
+}
+
+std::string format_count(double n) {
+  char buf[64];
+  if (n >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2fG", n / 1e9);
+  else if (n >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
+  else if (n >= 1e4)
+    std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", n);
+  return buf;
+}
+
+std::optional<uint64_t> parse_bytes(std::string_view text) {
+  std::string s;
+  for (char c : text)
+    if (!std::isspace(static_cast<unsigned char>(c))) s.push_back(c);
+  if (s.empty()) return std::nullopt;
+  const char* begin = s.c_str();
+  char* end = nullptr;
+  double value = std::strtod(begin, &end);
+  if (end == begin || !std::isfinite(value) || value < 0) return std::nullopt;
+  std::string unit(end);
+  for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mult = 0;
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kib" || unit == "kb")
+    mult = 1024.0;
+  else if (unit == "m" || unit == "mib" || unit == "mb")
+    mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib" || unit == "gb")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tib" || unit == "tb")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    return std::nullopt;
+  double bytes = value * mult;
+  if (bytes > 1.8e19) return std::nullopt;
+  return static_cast<uint64_t>(std::llround(bytes));
+}
+
+}  // namespace zt

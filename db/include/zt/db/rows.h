@@ -1,0 +1,183 @@
+// zt/db/rows.h: one plain struct per table row. Written by TraceWriter, read back by
+// TraceReader, so a round trip is the identity. Id columns use 0 for "none" (stored as
+// NULL); every real id is at least 1.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "zt/db/schema.h"
+
+namespace zt::db {
+
+struct RunRow {
+  int64_t id = 1;
+  std::string tool_version;
+  std::string command_line;
+  std::string config_json;
+  std::optional<int64_t> seed;
+  std::string hostname;
+  int64_t pid = 0;
+  int64_t t_start = 0;
+  std::optional<int64_t> t_end;
+  int64_t wall_start_unix_ns = 0;
+  RunStatus status = RunStatus::Running;
+  std::optional<int64_t> exit_code;
+  std::string exit_detail;
+  std::string source_file;
+};
+
+struct RankRow {
+  int64_t rank = 0;
+  int64_t run_id = 1;
+  int64_t world_size = 1;
+  std::optional<int64_t> local_rank;
+  std::string hostname;
+  int64_t pid = 0;
+};
+
+struct DeviceRow {
+  int64_t id = 0;
+  int64_t rank = 0;
+  DeviceKind kind = DeviceKind::Cpu;
+  int64_t ordinal = 0;
+  std::string label;  // what users see: "cuda:1" (also for a simulated GPU), "cpu"
+  std::string name;   // model name: "NVIDIA H100 80GB HBM3", "simulated GPU"
+  std::optional<int64_t> capacity_bytes;
+  bool simulated = false;
+};
+
+struct StringRow {
+  int64_t id = 0;
+  std::string text;
+};
+
+struct FrameRow {
+  int64_t id = 0;
+  uint64_t ip = 0;
+  std::string module;
+  std::optional<int64_t> module_offset;
+  std::string symbol;
+};
+
+struct StackRow {
+  int64_t id = 0;
+  int64_t parent_id = 0;  // the caller's node; 0 at the outermost frame
+  int64_t frame_id = 0;
+};
+
+struct AllocationRow {
+  int64_t id = 0;
+  int64_t rank = 0;
+  int64_t device_id = 0;
+  MemoryKind memory_kind = MemoryKind::Device;
+  AllocLevel level = AllocLevel::Block;
+  uint64_t address = 0;
+  int64_t bytes = 0;
+  int64_t requested_bytes = 0;
+  int64_t t_alloc = 0;
+  std::optional<int64_t> t_free;
+  int64_t name_id = 0;
+  int64_t stack_id = 0;
+  Source source = Source::Api;
+  int64_t segment_id = 0;
+  std::optional<int64_t> stream;
+};
+
+struct TransferRow {
+  int64_t id = 0;
+  int64_t rank = 0;
+  TransferKind kind = TransferKind::H2D;
+  int64_t bytes = 0;
+  int64_t src_device_id = 0;
+  int64_t dst_device_id = 0;
+  std::optional<bool> pinned;
+  int64_t t_start = 0;
+  int64_t t_end = 0;
+  std::optional<int64_t> stream;
+  int64_t name_id = 0;
+  int64_t op_id = 0;  // collectives: "all_gather", "reduce_scatter", ...
+  std::optional<int64_t> participants;
+  std::optional<int64_t> correlation_id;
+  Source source = Source::Api;
+};
+
+struct KernelRow {
+  int64_t id = 0;
+  int64_t rank = 0;
+  int64_t device_id = 0;
+  int64_t name_id = 0;
+  int64_t t_start = 0;
+  int64_t t_end = 0;
+  std::optional<int64_t> stream;
+  std::optional<int64_t> correlation_id;
+  std::string grid;
+  std::string block;
+  Source source = Source::Api;
+};
+
+struct PlacementRow {
+  int64_t id = 0;
+  int64_t rank = 0;
+  int64_t t = 0;
+  int64_t tensor_id = 0;  // string id of the tensor's name
+  int64_t device_id = 0;
+  PlacementWhy why = PlacementWhy::Created;
+  std::optional<int64_t> bytes;
+  int64_t allocation_id = 0;
+};
+
+struct MarkerRow {
+  int64_t id = 0;
+  int64_t rank = 0;
+  MarkerKind kind = MarkerKind::Phase;
+  int64_t name_id = 0;
+  int64_t t_start = 0;
+  std::optional<int64_t> t_end;
+  std::optional<int64_t> step;
+  std::optional<int64_t> micro_step;
+  std::optional<int64_t> epoch;
+  std::optional<int64_t> value;
+};
+
+struct CounterRow {
+  int64_t id = 0;
+  int64_t rank = 0;
+  int64_t device_id = 0;
+  int64_t name_id = 0;
+  int64_t t = 0;
+  double value = 0;
+};
+
+struct FaultRow {
+  int64_t id = 0;
+  int64_t rank = 0;
+  int64_t t = 0;
+  std::string name;
+  std::string trigger;
+  std::optional<int64_t> step;
+  std::string details;
+};
+
+struct ErrorRow {
+  int64_t id = 0;
+  int64_t rank = 0;
+  int64_t t = 0;
+  std::optional<int64_t> step;
+  std::string kind;
+  std::string message;
+  std::string tensors;  // JSON array of tensor names involved
+  int64_t device_id = 0;
+};
+
+struct DroppedRow {
+  int64_t id = 0;
+  std::optional<int64_t> rank;
+  int64_t thread = 0;
+  int64_t t = 0;
+  int64_t events = 0;
+  std::string reason;
+};
+
+}  // namespace zt::db

@@ -1,0 +1,53 @@
+// zt/db/schema.h: the event model, version 1. The one interface between modules.
+//
+// Every fact recorded by zerotrace is a row in one SQLite file. This header holds the
+// codes stored in integer columns and the DDL; db/SCHEMA.md documents every column.
+// Invariants:
+//  - All times are nanoseconds of CLOCK_MONOTONIC on the recording host.
+//  - A trace file carries PRAGMA application_id = kApplicationId and PRAGMA user_version =
+//    kSchemaVersion; a reader refuses anything else.
+//  - Enum codes below are stable: a new kind gets a new code, old codes never change
+//    meaning. Each enum also lives in a small table (enum_*) so SQL users can join names.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace zt::db {
+
+inline constexpr int kSchemaVersion = 1;
+// "ZTRC" read as a big-endian integer: marks a file as a zerotrace trace.
+inline constexpr int32_t kApplicationId = 0x5A545243;
+
+enum class MemoryKind : uint8_t { Unknown = 0, Device = 1, PinnedHost = 2, PageableHost = 3, Managed = 4 };
+// Segment: memory obtained from the device or OS (cudaMalloc, cudaHostAlloc, mmap, malloc).
+// Block: a piece an allocator carved out of a segment for one tensor.
+enum class AllocLevel : uint8_t { Block = 0, Segment = 1 };
+enum class Source : uint8_t { Api = 0, Cupti = 1, HostHook = 2, Synthetic = 3 };
+enum class TransferKind : uint8_t { H2D = 0, D2H = 1, D2D = 2, H2H = 3, P2P = 4, Collective = 5 };
+enum class PlacementWhy : uint8_t { Created = 0, Moved = 1, Freed = 2 };
+enum class MarkerKind : uint8_t { Step = 0, MicroStep = 1, Epoch = 2, Phase = 3, Range = 4 };
+enum class DeviceKind : uint8_t { Cpu = 0, Cuda = 1, Sim = 2 };
+enum class RunStatus : uint8_t { Running = 0, Ok = 1, Failed = 2, Signal = 3, Terminated = 4 };
+
+std::string_view to_string(MemoryKind);
+std::string_view to_string(AllocLevel);
+std::string_view to_string(Source);
+std::string_view to_string(TransferKind);
+std::string_view to_string(PlacementWhy);
+std::string_view to_string(MarkerKind);
+std::string_view to_string(DeviceKind);
+std::string_view to_string(RunStatus);
+
+std::optional<TransferKind> transfer_kind_from_string(std::string_view);
+std::optional<MarkerKind> marker_kind_from_string(std::string_view);
+std::optional<RunStatus> run_status_from_string(std::string_view);
+
+// DDL that creates an empty version-1 trace: tables and enum tables. Indexes are separate
+// (index_sql) because the writer builds them once at the end of a run: inserting into an
+// indexed table costs several times more, and the hot path must not pay that.
+const char* schema_sql();
+const char* index_sql();
+
+}  // namespace zt::db

@@ -1,0 +1,101 @@
+// zt/db/trace_reader.h: opens a trace read-only and answers typed queries.
+//
+// Owns: one read-only SQLite connection. open() refuses bad input (missing, empty, not
+// SQLite, not ours, another schema version, truncated, corrupt) with one line naming the
+// file and the problem. Every query returns a Status in the same style; nothing here
+// throws across the module line. Reading never writes: the file is opened read-only and
+// with query_only set, so `zt db sql` cannot change a trace.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "zt/common/status.h"
+#include "zt/db/rows.h"
+
+struct sqlite3;
+
+namespace zt::db {
+
+struct QueryResult {
+  std::vector<std::string> columns;
+  std::vector<std::vector<std::string>> rows;  // NULL reads as "NULL"
+  std::vector<bool> numeric;                   // per column: every non-NULL value was a number
+};
+
+struct DevicePeak {
+  DeviceRow device;
+  int64_t peak_allocated = 0;  // live block bytes at their highest
+  int64_t peak_reserved = 0;   // live segment bytes at their highest
+  int64_t live_at_end = 0;     // bytes of allocations never freed (blocks + segments)
+  int64_t allocations = 0;
+};
+
+struct TransferTotal {
+  std::string kind;  // "H2D", ..., or "collective:all_gather"
+  int64_t count = 0;
+  int64_t bytes = 0;
+  int64_t busy_ns = 0;
+};
+
+struct TraceSummary {
+  std::vector<RunRow> runs;
+  std::vector<RankRow> ranks;
+  std::vector<DevicePeak> devices;
+  std::vector<std::pair<std::string, int64_t>> rows_per_table;
+  int64_t t_first = 0, t_last = 0;  // span of every timestamp in the trace
+  std::vector<TransferTotal> transfers;
+  int64_t steps = 0, epochs = 0;
+  int64_t dropped_events = 0;
+  std::vector<FaultRow> faults;
+  std::vector<ErrorRow> errors;
+};
+
+class TraceReader {
+ public:
+  static Status open(const std::string& path, std::unique_ptr<TraceReader>* out);
+  ~TraceReader();
+
+  const std::string& path() const { return path_; }
+
+  Status read(std::vector<RunRow>* out);
+  Status read(std::vector<RankRow>* out);
+  Status read(std::vector<DeviceRow>* out);
+  Status read(std::vector<StringRow>* out);
+  Status read(std::vector<FrameRow>* out);
+  Status read(std::vector<StackRow>* out);
+  Status read(std::vector<AllocationRow>* out);
+  Status read(std::vector<TransferRow>* out);
+  Status read(std::vector<KernelRow>* out);
+  Status read(std::vector<PlacementRow>* out);
+  Status read(std::vector<MarkerRow>* out);
+  Status read(std::vector<CounterRow>* out);
+  Status read(std::vector<FaultRow>* out);
+  Status read(std::vector<ErrorRow>* out);
+  Status read(std::vector<DroppedRow>* out);
+
+  // id -> text for every interned string.
+  Status strings(std::unordered_map<int64_t, std::string>* out);
+  // A stack as text lines, innermost frame first ("symbol (module+0x1f3)", or the raw ip).
+  Status stack_text(int64_t stack_id, std::vector<std::string>* out);
+  Status row_count(const std::string& table, int64_t* out);
+  Status summarize(TraceSummary* out);
+  // Any read-only SQL; values rendered as text.
+  Status query(const std::string& sql, QueryResult* out);
+
+  sqlite3* handle() const { return db_; }
+  static const std::vector<std::string>& table_names();
+
+ private:
+  TraceReader() = default;
+  template <typename Row, typename Fill>
+  Status read_rows(const char* sql, std::vector<Row>* out, Fill fill);
+  Status fail(const std::string& what) const;
+  std::string path_;
+  sqlite3* db_ = nullptr;
+};
+
+}  // namespace zt::db

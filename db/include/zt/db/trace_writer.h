@@ -1,0 +1,74 @@
+// zt/db/trace_writer.h: creates a trace file and inserts rows with prepared statements.
+//
+// Owns: the SQLite connection of one trace being written. Not thread-safe: the probe's
+// writer thread is its only user while a run records; merge uses it on its own thread.
+// Invariants:
+//  - create() either leaves a complete empty version-1 trace, or nothing at all.
+//  - Rows become durable at commit(); WAL mode, so a process killed with SIGKILL leaves a
+//    file that opens with every committed transaction in it.
+//  - finish() builds the indexes, folds the WAL back into the one file and closes it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "zt/common/status.h"
+#include "zt/db/rows.h"
+
+struct sqlite3;
+
+namespace zt::db {
+
+class TraceWriter {
+ public:
+  // Creates `path`. An existing zerotrace trace there is replaced; any other existing file
+  // is refused (we never clobber what we did not write).
+  static Status create(const std::string& path, std::unique_ptr<TraceWriter>* out);
+  ~TraceWriter();
+
+  const std::string& path() const { return path_; }
+
+  void begin();
+  void commit();
+  bool in_transaction() const { return in_tx_; }
+
+  void insert(const RunRow&);
+  void insert(const RankRow&);
+  void insert(const DeviceRow&);
+  void insert(const StringRow&);
+  void insert(const FrameRow&);
+  void insert(const StackRow&);
+  void insert(const AllocationRow&);
+  void insert(const TransferRow&);
+  void insert(const KernelRow&);
+  void insert(const PlacementRow&);
+  void insert(const MarkerRow&);
+  void insert(const CounterRow&);
+  void insert(const FaultRow&);
+  void insert(const ErrorRow&);
+  void insert(const DroppedRow&);
+
+  // Closing halves of rows written earlier. Return false when no such row exists yet.
+  bool set_allocation_freed(int64_t allocation_id, int64_t t_free);
+  bool set_marker_end(int64_t marker_id, int64_t t_end, std::optional<int64_t> value = std::nullopt);
+  void set_run_end(int64_t run_id, int64_t t_end, RunStatus status, std::optional<int64_t> exit_code,
+                   const std::string& detail);
+  void set_frame_symbol(int64_t frame_id, const std::string& module, std::optional<int64_t> offset,
+                        const std::string& symbol);
+  void set_meta(const std::string& key, const std::string& value);
+
+  // Builds indexes, checkpoints the WAL into the main file, switches to a single-file journal.
+  Status finish();
+
+  sqlite3* handle() const { return db_; }
+
+ private:
+  struct Statements;
+  TraceWriter() = default;
+  std::string path_;
+  sqlite3* db_ = nullptr;
+  std::unique_ptr<Statements> st_;
+  bool in_tx_ = false;
+};
+
+}  // namespace zt::db

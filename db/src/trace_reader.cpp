@@ -1,0 +1,340 @@
+#include "zt/db/trace_reader.h"
+
+#include <sqlite3.h>
+
+#include <cstdio>
+
+#include "sqlite.h"
+#include "zt/db/trace_file.h"
+
+namespace zt::db {
+using detail::SqlError;
+using detail::Stmt;
+
+const std::vector<std::string>& TraceReader::table_names() {
+  static const std::vector<std::string> names{"run",       "rank",   "device",  "string",  "frame",
+                                              "stack",     "allocation", "transfer", "kernel", "placement",
+                                              "marker",    "counter", "fault",   "error",   "dropped"};
+  return names;
+}
+
+Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* out) {
+  if (Status s = validate_trace_file(path); !s) return s;
+  std::unique_ptr<TraceReader> r(new TraceReader());
+  r->path_ = path;
+  int rc = sqlite3_open_v2(path.c_str(), &r->db_, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = r->db_ ? sqlite3_errmsg(r->db_) : sqlite3_errstr(rc);
+    return Status::Error(path + ": cannot open the trace: " + msg);
+  }
+  try {
+    detail::exec(r->db_, "PRAGMA query_only=1;");
+    // Touch the schema and every table once: corruption and foreign layouts show here,
+    // not halfway through a command.
+    int64_t version = detail::query_int(r->db_, "PRAGMA user_version", -1);
+    if (version != kSchemaVersion)
+      return Status::Error(path + ": written with trace schema version " + std::to_string(version) +
+                           "; this zt reads version " + std::to_string(kSchemaVersion));
+    for (const auto& t : table_names()) {
+      Stmt s(r->db_, "SELECT count(*) FROM (SELECT 1 FROM " + t + " LIMIT 1)");
+      s.step();
+    }
+  } catch (const SqlError& e) {
+    if (e.code == SQLITE_CORRUPT || e.code == SQLITE_NOTADB)
+      return Status::Error(path + ": corrupt or truncated trace (" + e.what() + ")");
+    return Status::Error(path + ": not a readable zerotrace trace (" + e.what() + ")");
+  }
+  *out = std::move(r);
+  return Status::Ok();
+}
+
+TraceReader::~TraceReader() {
+  if (db_) sqlite3_close(db_);
+}
+
+Status TraceReader::fail(const std::string& what) const { return Status::Error(path_ + ": " + what); }
+
+template <typename Row, typename Fill>
+Status TraceReader::read_rows(const char* sql, std::vector<Row>* out, Fill fill) {
+  out->clear();
+  try {
+    Stmt s(db_, sql);
+    while (s.step()) {
+      Row r;
+      fill(s, r);
+      out->push_back(std::move(r));
+    }
+  } catch (const SqlError& e) {
+    return fail(std::string("reading failed: ") + e.what());
+  }
+  return Status::Ok();
+}
+
+namespace {
+int64_t id0(const Stmt& s, int c) { return s.is_null(c) ? 0 : s.i64(c); }
+}  // namespace
+
+Status TraceReader::read(std::vector<RunRow>* out) {
+  return read_rows("SELECT id,tool_version,command_line,config_json,seed,hostname,pid,t_start,t_end,"
+                   "wall_start_unix_ns,status,exit_code,exit_detail,source_file FROM run ORDER BY id",
+                   out, [](const Stmt& s, RunRow& r) {
+                     r.id = s.i64(0); r.tool_version = s.text(1); r.command_line = s.text(2);
+                     r.config_json = s.text(3); r.seed = s.opt(4); r.hostname = s.text(5); r.pid = s.i64(6);
+                     r.t_start = s.i64(7); r.t_end = s.opt(8); r.wall_start_unix_ns = s.i64(9);
+                     r.status = RunStatus(s.i64(10)); r.exit_code = s.opt(11); r.exit_detail = s.text(12);
+                     r.source_file = s.text(13);
+                   });
+}
+Status TraceReader::read(std::vector<RankRow>* out) {
+  return read_rows("SELECT rank,run_id,world_size,local_rank,hostname,pid FROM rank ORDER BY rank", out,
+                   [](const Stmt& s, RankRow& r) {
+                     r.rank = s.i64(0); r.run_id = s.i64(1); r.world_size = s.i64(2); r.local_rank = s.opt(3);
+                     r.hostname = s.text(4); r.pid = s.i64(5);
+                   });
+}
+Status TraceReader::read(std::vector<DeviceRow>* out) {
+  return read_rows("SELECT id,rank,kind,ordinal,label,name,capacity_bytes,simulated FROM device ORDER BY id", out,
+                   [](const Stmt& s, DeviceRow& r) {
+                     r.id = s.i64(0); r.rank = s.i64(1); r.kind = DeviceKind(s.i64(2)); r.ordinal = s.i64(3);
+                     r.label = s.text(4); r.name = s.text(5); r.capacity_bytes = s.opt(6); r.simulated = s.i64(7) != 0;
+                   });
+}
+Status TraceReader::read(std::vector<StringRow>* out) {
+  return read_rows("SELECT id,text FROM string ORDER BY id", out, [](const Stmt& s, StringRow& r) {
+    r.id = s.i64(0); r.text = s.text(1);
+  });
+}
+Status TraceReader::read(std::vector<FrameRow>* out) {
+  return read_rows("SELECT id,ip,module,module_offset,symbol FROM frame ORDER BY id", out,
+                   [](const Stmt& s, FrameRow& r) {
+                     r.id = s.i64(0); r.ip = uint64_t(s.i64(1)); r.module = s.text(2); r.module_offset = s.opt(3);
+                     r.symbol = s.text(4);
+                   });
+}
+Status TraceReader::read(std::vector<StackRow>* out) {
+  return read_rows("SELECT id,parent_id,frame_id FROM stack ORDER BY id", out, [](const Stmt& s, StackRow& r) {
+    r.id = s.i64(0); r.parent_id = id0(s, 1); r.frame_id = s.i64(2);
+  });
+}
+Status TraceReader::read(std::vector<AllocationRow>* out) {
+  return read_rows("SELECT id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,t_alloc,t_free,"
+                   "name_id,stack_id,source,segment_id,stream FROM allocation ORDER BY t_alloc, id",
+                   out, [](const Stmt& s, AllocationRow& r) {
+                     r.id = s.i64(0); r.rank = s.i64(1); r.device_id = s.i64(2); r.memory_kind = MemoryKind(s.i64(3));
+                     r.level = AllocLevel(s.i64(4)); r.address = uint64_t(s.i64(5)); r.bytes = s.i64(6);
+                     r.requested_bytes = s.i64(7); r.t_alloc = s.i64(8); r.t_free = s.opt(9); r.name_id = id0(s, 10);
+                     r.stack_id = id0(s, 11); r.source = Source(s.i64(12)); r.segment_id = id0(s, 13);
+                     r.stream = s.opt(14);
+                   });
+}
+Status TraceReader::read(std::vector<TransferRow>* out) {
+  return read_rows("SELECT id,rank,kind,bytes,src_device_id,dst_device_id,pinned,t_start,t_end,stream,name_id,"
+                   "op_id,participants,correlation_id,source FROM transfer ORDER BY t_start, id",
+                   out, [](const Stmt& s, TransferRow& r) {
+                     r.id = s.i64(0); r.rank = s.i64(1); r.kind = TransferKind(s.i64(2)); r.bytes = s.i64(3);
+                     r.src_device_id = id0(s, 4); r.dst_device_id = id0(s, 5);
+                     if (!s.is_null(6)) r.pinned = s.i64(6) != 0;
+                     r.t_start = s.i64(7); r.t_end = s.i64(8); r.stream = s.opt(9); r.name_id = id0(s, 10);
+                     r.op_id = id0(s, 11); r.participants = s.opt(12); r.correlation_id = s.opt(13);
+                     r.source = Source(s.i64(14));
+                   });
+}
+Status TraceReader::read(std::vector<KernelRow>* out) {
+  return read_rows("SELECT id,rank,device_id,name_id,t_start,t_end,stream,correlation_id,grid,block,source "
+                   "FROM kernel ORDER BY t_start, id",
+                   out, [](const Stmt& s, KernelRow& r) {
+                     r.id = s.i64(0); r.rank = s.i64(1); r.device_id = s.i64(2); r.name_id = id0(s, 3);
+                     r.t_start = s.i64(4); r.t_end = s.i64(5); r.stream = s.opt(6); r.correlation_id = s.opt(7);
+                     r.grid = s.text(8); r.block = s.text(9); r.source = Source(s.i64(10));
+                   });
+}
+Status TraceReader::read(std::vector<PlacementRow>* out) {
+  return read_rows("SELECT id,rank,t,tensor_id,device_id,why,bytes,allocation_id FROM placement ORDER BY t, id", out,
+                   [](const Stmt& s, PlacementRow& r) {
+                     r.id = s.i64(0); r.rank = s.i64(1); r.t = s.i64(2); r.tensor_id = s.i64(3);
+                     r.device_id = id0(s, 4); r.why = PlacementWhy(s.i64(5)); r.bytes = s.opt(6);
+                     r.allocation_id = id0(s, 7);
+                   });
+}
+Status TraceReader::read(std::vector<MarkerRow>* out) {
+  return read_rows("SELECT id,rank,kind,name_id,t_start,t_end,step,micro_step,epoch,value FROM marker "
+                   "ORDER BY t_start, id",
+                   out, [](const Stmt& s, MarkerRow& r) {
+                     r.id = s.i64(0); r.rank = s.i64(1); r.kind = MarkerKind(s.i64(2)); r.name_id = id0(s, 3);
+                     r.t_start = s.i64(4); r.t_end = s.opt(5); r.step = s.opt(6); r.micro_step = s.opt(7);
+                     r.epoch = s.opt(8); r.value = s.opt(9);
+                   });
+}
+Status TraceReader::read(std::vector<CounterRow>* out) {
+  return read_rows("SELECT id,rank,device_id,name_id,t,value FROM counter ORDER BY t, id", out,
+                   [](const Stmt& s, CounterRow& r) {
+                     r.id = s.i64(0); r.rank = s.i64(1); r.device_id = id0(s, 2); r.name_id = s.i64(3);
+                     r.t = s.i64(4); r.value = s.f64(5);
+                   });
+}
+Status TraceReader::read(std::vector<FaultRow>* out) {
+  return read_rows("SELECT id,rank,t,name,trigger,step,details FROM fault ORDER BY t, id", out,
+                   [](const Stmt& s, FaultRow& r) {
+                     r.id = s.i64(0); r.rank = s.i64(1); r.t = s.i64(2); r.name = s.text(3); r.trigger = s.text(4);
+                     r.step = s.opt(5); r.details = s.text(6);
+                   });
+}
+Status TraceReader::read(std::vector<ErrorRow>* out) {
+  return read_rows("SELECT id,rank,t,step,kind,message,tensors,device_id FROM error ORDER BY t, id", out,
+                   [](const Stmt& s, ErrorRow& r) {
+                     r.id = s.i64(0); r.rank = s.i64(1); r.t = s.i64(2); r.step = s.opt(3); r.kind = s.text(4);
+                     r.message = s.text(5); r.tensors = s.text(6); r.device_id = id0(s, 7);
+                   });
+}
+Status TraceReader::read(std::vector<DroppedRow>* out) {
+  return read_rows("SELECT id,rank,thread,t,events,reason FROM dropped ORDER BY t, id", out,
+                   [](const Stmt& s, DroppedRow& r) {
+                     r.id = s.i64(0); r.rank = s.opt(1); r.thread = s.i64(2); r.t = s.i64(3); r.events = s.i64(4);
+                     r.reason = s.text(5);
+                   });
+}
+
+Status TraceReader::strings(std::unordered_map<int64_t, std::string>* out) {
+  std::vector<StringRow> rows;
+  if (Status s = read(&rows); !s) return s;
+  out->clear();
+  for (auto& r : rows) out->emplace(r.id, std::move(r.text));
+  return Status::Ok();
+}
+
+Status TraceReader::stack_text(int64_t stack_id, std::vector<std::string>* out) {
+  out->clear();
+  try {
+    Stmt s(db_,
+           "WITH RECURSIVE walk(id, parent_id, frame_id, depth) AS ("
+           " SELECT id, parent_id, frame_id, 0 FROM stack WHERE id = ?"
+           " UNION ALL SELECT s.id, s.parent_id, s.frame_id, w.depth + 1 FROM stack s JOIN walk w ON s.id = w.parent_id"
+           " WHERE w.depth < 1024)"
+           " SELECT f.ip, f.module, f.module_offset, f.symbol FROM walk w JOIN frame f ON f.id = w.frame_id"
+           " ORDER BY w.depth");
+    s.bind(1, stack_id);
+    while (s.step()) {
+      char buf[64];
+      std::string line;
+      std::string sym = s.text(3), mod = s.text(1);
+      if (!sym.empty()) line = sym;
+      else {
+        std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(s.i64(0)));
+        line = buf;
+      }
+      if (!mod.empty()) {
+        std::snprintf(buf, sizeof buf, "+0x%llx", static_cast<unsigned long long>(s.is_null(2) ? 0 : s.i64(2)));
+        line += " (" + mod + buf + ")";
+      }
+      out->push_back(std::move(line));
+    }
+  } catch (const SqlError& e) {
+    return fail(std::string("reading stack failed: ") + e.what());
+  }
+  return Status::Ok();
+}
+
+Status TraceReader::row_count(const std::string& table, int64_t* out) {
+  try {
+    *out = detail::query_int(db_, ("SELECT count(*) FROM \"" + table + "\"").c_str());
+  } catch (const SqlError& e) {
+    return fail(std::string("counting ") + table + " failed: " + e.what());
+  }
+  return Status::Ok();
+}
+
+Status TraceReader::query(const std::string& sql, QueryResult* out) {
+  *out = QueryResult{};
+  try {
+    Stmt s(db_, sql);
+    int n = s.columns();
+    for (int c = 0; c < n; ++c) out->columns.push_back(s.column_name(c));
+    out->numeric.assign(n, true);
+    while (s.step()) {
+      std::vector<std::string> row;
+      for (int c = 0; c < n; ++c) {
+        int type = s.column_type(c);
+        if (type == SQLITE_NULL) row.push_back("NULL");
+        else {
+          if (type != SQLITE_INTEGER && type != SQLITE_FLOAT) out->numeric[c] = false;
+          row.push_back(s.text(c));
+        }
+      }
+      out->rows.push_back(std::move(row));
+    }
+  } catch (const SqlError& e) {
+    return Status::Error(path_ + ": SQL error: " + e.what());
+  }
+  return Status::Ok();
+}
+
+Status TraceReader::summarize(TraceSummary* out) {
+  *out = TraceSummary{};
+  if (Status s = read(&out->runs); !s) return s;
+  if (Status s = read(&out->ranks); !s) return s;
+  std::vector<DeviceRow> devices;
+  if (Status s = read(&devices); !s) return s;
+  for (const auto& t : table_names()) {
+    int64_t n = 0;
+    if (Status s = row_count(t, &n); !s) return s;
+    out->rows_per_table.emplace_back(t, n);
+  }
+  try {
+    Stmt span(db_,
+              "SELECT min(t0), max(t1) FROM ("
+              " SELECT min(t_alloc) t0, max(max(t_alloc, coalesce(t_free, t_alloc))) t1 FROM allocation"
+              " UNION ALL SELECT min(t_start), max(t_end) FROM transfer"
+              " UNION ALL SELECT min(t_start), max(t_end) FROM kernel"
+              " UNION ALL SELECT min(t_start), max(max(t_start, coalesce(t_end, t_start))) FROM marker"
+              " UNION ALL SELECT min(t), max(t) FROM counter"
+              " UNION ALL SELECT min(t), max(t) FROM placement"
+              " UNION ALL SELECT min(t), max(t) FROM fault"
+              " UNION ALL SELECT min(t), max(t) FROM error)");
+    if (span.step() && !span.is_null(0)) {
+      out->t_first = span.i64(0);
+      out->t_last = span.i64(1);
+    }
+    // Live bytes per device and level, as a running sum over alloc (+) and free (-)
+    // events; at equal times frees count first, so a free-then-alloc is no false peak.
+    std::map<int64_t, DevicePeak> peaks;
+    for (auto& d : devices) peaks[d.id].device = d;
+    Stmt peak(db_,
+              "WITH ev AS (SELECT device_id, level, t_alloc AS t, bytes AS d FROM allocation"
+              " UNION ALL SELECT device_id, level, t_free, -bytes FROM allocation WHERE t_free IS NOT NULL)"
+              " SELECT device_id, level, max(live) FROM (SELECT device_id, level, sum(d) OVER"
+              " (PARTITION BY device_id, level ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS live FROM ev)"
+              " GROUP BY device_id, level");
+    while (peak.step()) {
+      auto& p = peaks[peak.i64(0)];
+      if (AllocLevel(peak.i64(1)) == AllocLevel::Segment) p.peak_reserved = peak.i64(2);
+      else p.peak_allocated = peak.i64(2);
+    }
+    Stmt live(db_,
+              "SELECT device_id, count(*), sum(CASE WHEN t_free IS NULL THEN bytes ELSE 0 END) FROM allocation"
+              " GROUP BY device_id");
+    while (live.step()) {
+      auto& p = peaks[live.i64(0)];
+      p.allocations = live.i64(1);
+      p.live_at_end = live.i64(2);
+    }
+    for (auto& [id, p] : peaks) {
+      if (p.device.id == 0) p.device.id = id, p.device.label = "device#" + std::to_string(id);
+      out->devices.push_back(p);
+    }
+    Stmt tr(db_,
+            "SELECT k.name || CASE WHEN t.kind = 5 THEN ':' || coalesce(o.text, '?') ELSE '' END, count(*),"
+            " sum(t.bytes), sum(t.t_end - t.t_start) FROM transfer t JOIN enum_transfer_kind k ON k.code = t.kind"
+            " LEFT JOIN string o ON o.id = t.op_id GROUP BY 1 ORDER BY min(t.kind), 1");
+    while (tr.step()) out->transfers.push_back({tr.text(0), tr.i64(1), tr.i64(2), tr.i64(3)});
+    out->steps = detail::query_int(db_, "SELECT count(DISTINCT coalesce(step, id)) FROM marker WHERE kind = 0");
+    out->epochs = detail::query_int(db_, "SELECT count(DISTINCT coalesce(epoch, id)) FROM marker WHERE kind = 2");
+    out->dropped_events = detail::query_int(db_, "SELECT coalesce(sum(events), 0) FROM dropped");
+  } catch (const SqlError& e) {
+    return fail(std::string("summary failed: ") + e.what());
+  }
+  if (Status s = read(&out->faults); !s) return s;
+  if (Status s = read(&out->errors); !s) return s;
+  return Status::Ok();
+}
+
+}  // namespace zt::db

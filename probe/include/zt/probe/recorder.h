@@ -1,0 +1,195 @@
+// zt/probe/recorder.h: the recording path. Everything the trainer (and later CUPTI and the
+// host hooks) observes enters a trace through a Recorder.
+//
+// Owns: one trace file being written, a writer thread, and one ring buffer per recording
+// thread. May call: db/ (TraceWriter) and libunwind. Called by: trainer/, inject/, zt.
+//
+// Hot path (alloc, free, placement, transfer, kernel, marker, counter): the caller's thread
+// writes one fixed-size event into its own single-producer ring and returns; no lock, no
+// allocation, no SQL. The writer thread drains every ring into large transactions with
+// prepared statements and commits at least every `commit_interval_ms` while events flow.
+//
+// Invariants:
+//  - Nothing is lost silently. A full ring either makes the producer wait (Block, the
+//    default) or drops the event and counts it (Drop); counts land in the `dropped` table.
+//  - Everything referenced by an event (strings, stacks, devices) is committed no later
+//    than the event itself.
+//  - A run row exists from open(); its status says "running" until close() or a crash
+//    handler sets the end. After SIGKILL the trace opens and says the end is unknown.
+//  - One clock: now_ns() is CLOCK_MONOTONIC in nanoseconds.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zt/common/status.h"
+#include "zt/db/rows.h"
+#include "zt/db/schema.h"
+
+namespace zt::probe {
+
+using db::AllocLevel;
+using db::DeviceKind;
+using db::MarkerKind;
+using db::MemoryKind;
+using db::PlacementWhy;
+using db::RunStatus;
+using db::Source;
+using db::TransferKind;
+
+int64_t now_ns();
+
+using NameId = int64_t;    // 0 = none
+using StackId = int64_t;   // 0 = none
+using DeviceId = int64_t;  // 0 = none
+using AllocId = int64_t;
+using MarkerId = int64_t;
+
+enum class OverflowPolicy : uint8_t {
+  Block,  // the producer waits for the writer: nothing is lost (the trainer's choice)
+  Drop,   // the event is dropped and counted (for hooks that must never wait)
+};
+
+struct RecorderOptions {
+  std::string path;
+  std::string command_line;
+  std::string config_json;
+  std::optional<int64_t> seed;
+  size_t ring_events = 1 << 15;  // per recording thread; rounded up to a power of two
+  OverflowPolicy overflow = OverflowPolicy::Block;
+  int commit_interval_ms = 50;
+  bool crash_handlers = true;  // flush and mark the run on fatal signals and std::terminate
+};
+
+struct AllocEvent {
+  int rank = 0;
+  DeviceId device = 0;
+  MemoryKind memory_kind = MemoryKind::Device;
+  AllocLevel level = AllocLevel::Block;
+  uint64_t address = 0;
+  int64_t bytes = 0;
+  int64_t requested_bytes = -1;  // -1: same as bytes
+  NameId name = 0;
+  StackId stack = 0;
+  Source source = Source::Api;
+  AllocId segment = 0;  // for a block: the segment it was carved from
+  int64_t stream = -1;  // -1: none
+  int64_t t = 0;        // 0: now
+  bool free_by_address = false;  // a later free_address(device, address) closes it
+};
+
+struct TransferEvent {
+  int rank = 0;
+  TransferKind kind = TransferKind::H2D;
+  int64_t bytes = 0;
+  DeviceId src = 0, dst = 0;
+  int pinned = -1;  // -1 unknown, 0 pageable, 1 pinned
+  int64_t t_start = 0, t_end = 0;
+  int64_t stream = -1;
+  NameId name = 0;
+  NameId op = 0;  // collectives: interned "all_gather", "reduce_scatter", ...
+  int participants = 0;
+  int64_t correlation_id = -1;
+  Source source = Source::Api;
+};
+
+struct KernelEvent {
+  int rank = 0;
+  DeviceId device = 0;
+  NameId name = 0;
+  int64_t t_start = 0, t_end = 0;
+  int64_t stream = -1;
+  int64_t correlation_id = -1;
+  uint32_t grid[3] = {0, 0, 0};
+  uint32_t block[3] = {0, 0, 0};
+  Source source = Source::Api;
+};
+
+struct MarkerEvent {
+  int rank = 0;
+  MarkerKind kind = MarkerKind::Phase;
+  NameId name = 0;
+  int64_t step = -1, micro_step = -1, epoch = -1;  // -1: not applicable
+  int64_t t = 0;                                   // 0: now
+};
+
+struct Event;
+struct ThreadRing;
+
+class Recorder {
+ public:
+  static Status open(const RecorderOptions& options, std::unique_ptr<Recorder>* out);
+  ~Recorder();  // closes with status ok when close() was not called
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  const std::string& path() const;
+
+  // --- set-up and slow path: any thread, takes a lock ---
+  void add_rank(int rank, int world_size, std::optional<int> local_rank = std::nullopt);
+  DeviceId add_device(int rank, DeviceKind kind, int ordinal, std::string label, std::string name,
+                      std::optional<int64_t> capacity_bytes, bool simulated);
+  NameId intern(std::string_view text);  // cheap after the first time on a thread
+  // ips innermost first. Identical stacks get one id; shared callers share rows.
+  StackId intern_stack(const uint64_t* ips, int depth);
+  // A libunwind backtrace of the calling thread, `skip` frames above the caller dropped.
+  StackId capture_stack(int skip = 0, int max_depth = 32);
+  void fault(const db::FaultRow& row);  // id and t filled in when 0
+  void error(const db::ErrorRow& row);
+
+  // --- hot path: lock-free, one ring write ---
+  AllocId alloc(const AllocEvent& e);
+  void free(AllocId id, int64_t t = 0);
+  void free_address(DeviceId device, uint64_t address, int64_t t = 0);
+  void placement(int rank, NameId tensor, DeviceId device, PlacementWhy why, int64_t bytes = -1,
+                 AllocId allocation = 0, int64_t t = 0);
+  void transfer(const TransferEvent& e);
+  void kernel(const KernelEvent& e);
+  MarkerId marker_begin(const MarkerEvent& e);
+  void marker_end(MarkerId id, int64_t value = INT64_MIN, int64_t t = 0);
+  void counter(int rank, DeviceId device, NameId name, double value, int64_t t = 0);
+
+  // Blocks until every event recorded (by any thread) before the call is committed.
+  void flush();
+  // Ends the run: drains, marks the run row, symbolizes stacks, builds indexes. Idempotent.
+  Status close(RunStatus status = RunStatus::Ok, std::optional<int64_t> exit_code = std::nullopt,
+               const std::string& detail = "");
+
+  uint64_t events_recorded() const;  // committed rows from rings
+  uint64_t events_dropped() const;
+
+  // Used by the crash handlers: finish from a dying process (called in a signal handler).
+  void crash_finalize(RunStatus status, const char* detail, int timeout_ms);
+
+  struct Impl;
+
+ private:
+  Recorder();
+  ThreadRing* ring();
+  Event* reserve(ThreadRing* r);
+  void publish(ThreadRing* r);
+  int64_t next_id(ThreadRing* r);
+  std::unique_ptr<Impl> impl_;
+};
+
+// RAII marker: begin in the constructor, end in the destructor.
+class ScopedMarker {
+ public:
+  ScopedMarker(Recorder* rec, const MarkerEvent& e) : rec_(rec), id_(rec ? rec->marker_begin(e) : 0) {}
+  ~ScopedMarker() {
+    if (rec_) rec_->marker_end(id_);
+  }
+  ScopedMarker(const ScopedMarker&) = delete;
+  ScopedMarker& operator=(const ScopedMarker&) = delete;
+
+ private:
+  Recorder* rec_;
+  MarkerId id_;
+};
+
+}  // namespace zt::probe

@@ -1,0 +1,14 @@
+// probe/src/crash.h: the process-wide part of post-mortem recording.
+// Live recorders register here; fatal signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT,
+// SIGTERM, SIGINT, SIGHUP) and std::terminate make every live recorder write what it has
+// and mark its run, then the signal takes its normal course (the default action re-raised),
+// so the exit status the parent sees is unchanged.
+#pragma once
+
+namespace zt::probe {
+class Recorder;
+namespace crash {
+void register_recorder(Recorder* r);
+void unregister_recorder(Recorder* r);
+}  // namespace crash
+}  // namespace zt::probe

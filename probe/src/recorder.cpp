@@ -1,0 +1,884 @@
+// The recording path: per-thread rings, the writer thread, and the run's lifecycle.
+// See recorder.h for the invariants; the comments here say how each one is kept.
+#include "zt/probe/recorder.h"
+
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "crash.h"
+#include "zt/db/trace_writer.h"
+#include "zt/version.h"
+
+#define UNW_LOCAL_ONLY
+#include <libunwind.h>
+
+namespace zt::probe {
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+namespace {
+int64_t wall_now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+std::atomic<uint64_t> g_recorder_serial{1};
+constexpr int64_t kIdBlock = 4096;
+constexpr int kGiveUpCycles = 64;  // a free whose allocation never shows up is reported after this
+}  // namespace
+
+enum class EventType : uint8_t { Alloc, Free, FreeAddress, Placement, Transfer, Kernel, MarkerBegin, MarkerEnd, Counter };
+
+// One fixed-size record in a ring; meaning of the generic fields depends on `type`.
+struct Event {
+  int64_t t0, t1, id, a, b, c, d, e;
+  int32_t device, device2, name, stack, aux;
+  uint16_t rank;
+  EventType type;
+  uint8_t k0, k1, k2, flags;
+};
+
+// Single producer (its thread), single consumer (the writer). head and tail only grow;
+// slots [tail, head) are published and immutable until the writer moves tail past them.
+struct ThreadRing {
+  std::unique_ptr<Event[]> buf;
+  uint64_t mask = 0;
+  int64_t thread_id = 0;
+  alignas(64) std::atomic<uint64_t> head{0};
+  uint64_t cached_tail = 0;
+  int64_t id_next = 0, id_end = 0;
+  alignas(64) std::atomic<uint64_t> tail{0};
+  std::atomic<uint64_t> dropped{0};
+  std::atomic<bool> retired{false};
+  uint64_t dropped_written = 0;  // writer only
+};
+
+namespace {
+struct TlsEntry {
+  uint64_t serial;
+  std::shared_ptr<ThreadRing> ring;
+  std::unordered_map<std::string, NameId> names;
+};
+struct TlsState {
+  std::vector<TlsEntry> entries;
+  uint64_t last_serial = 0;
+  TlsEntry* last = nullptr;
+  ~TlsState() {
+    for (auto& e : entries) e.ring->retired.store(true, std::memory_order_release);
+  }
+  TlsEntry* find(uint64_t serial) {
+    if (last_serial == serial) return last;
+    for (auto& e : entries)
+      if (e.serial == serial) {
+        last_serial = serial;
+        last = &e;
+        return last;
+      }
+    return nullptr;
+  }
+};
+thread_local TlsState tls;
+}  // namespace
+
+struct Recorder::Impl {
+  RecorderOptions opt;
+  uint64_t serial = 0;
+  std::unique_ptr<db::TraceWriter> w;
+  db::RunRow run;
+
+  // Slow-path state, under meta_mu.
+  std::timed_mutex meta_mu;
+  std::unordered_map<std::string, NameId> strings;
+  NameId next_string = 1;
+  std::unordered_map<uint64_t, int64_t> frame_by_ip;
+  std::vector<std::pair<int64_t, uint64_t>> frames_all;  // for symbolization at close
+  std::map<std::pair<int64_t, int64_t>, int64_t> stack_node;  // (parent, frame) -> node
+  std::unordered_map<std::string, StackId> stack_by_key;
+  DeviceId next_device = 1;
+  std::vector<db::StringRow> p_strings;
+  std::vector<db::FrameRow> p_frames;
+  std::vector<db::StackRow> p_stacks;
+  std::vector<db::DeviceRow> p_devices;
+  std::vector<db::RankRow> p_ranks;
+  std::vector<db::FaultRow> p_faults;
+  std::vector<db::ErrorRow> p_errors;
+
+  std::mutex rings_mu;
+  std::vector<std::shared_ptr<ThreadRing>> rings;
+  std::atomic<int64_t> id_counter{1};
+
+  // Writer thread control.
+  std::thread writer;
+  pthread_t writer_tid{};
+  std::mutex wmu;
+  std::condition_variable wcv, flush_cv;
+  bool stop = false;
+  uint64_t flush_req = 0, flush_done = 0;
+  std::atomic<bool> pressure{false};
+  std::atomic<bool> closed{false};
+  RunStatus end_status = RunStatus::Ok;
+  std::optional<int64_t> end_code;
+  std::string end_detail;
+  Status writer_status;
+
+  // Crash finalization (set from a signal handler).
+  std::atomic<int> crash_request{0};
+  std::atomic<bool> crash_done{false};
+  RunStatus crash_status = RunStatus::Signal;
+  char crash_detail[256] = {};
+
+  // Writer-only state.
+  struct PendingFree { int64_t id, t; int cycles; };
+  struct PendingEnd { int64_t id, t; std::optional<int64_t> value; int cycles; };
+  struct PendingAddrFree { int64_t device; uint64_t address; int64_t t; int cycles; };
+  std::vector<PendingFree> pending_frees;
+  std::vector<PendingEnd> pending_ends;
+  std::vector<PendingAddrFree> pending_addr_frees;
+  std::map<std::pair<int64_t, uint64_t>, int64_t> live_by_addr;
+  std::atomic<uint64_t> recorded{0};
+  int64_t unmatched = 0;
+
+  void writer_main();
+  bool drain(bool final_pass);
+  void write_event(const Event& e, std::vector<PendingFree>& frees, std::vector<PendingEnd>& ends,
+                   std::vector<PendingAddrFree>& addr_frees);
+  void write_meta(bool blocking);
+  void resolve_pending(std::vector<PendingFree>& frees, std::vector<PendingEnd>& ends,
+                       std::vector<PendingAddrFree>& addr_frees, bool final_pass);
+  void symbolize();
+};
+
+Recorder::Recorder() : impl_(std::make_unique<Impl>()) {}
+
+const std::string& Recorder::path() const { return impl_->opt.path; }
+
+Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>* out) {
+  std::unique_ptr<Recorder> r(new Recorder());
+  Impl& m = *r->impl_;
+  m.opt = options;
+  size_t cap = 64;
+  while (cap < options.ring_events) cap <<= 1;
+  m.opt.ring_events = cap;
+  m.serial = g_recorder_serial.fetch_add(1);
+  if (Status s = db::TraceWriter::create(options.path, &m.w); !s) return s;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  m.run.id = 1;
+  m.run.tool_version = ZT_VERSION;
+  m.run.command_line = options.command_line;
+  m.run.config_json = options.config_json;
+  m.run.seed = options.seed;
+  m.run.hostname = host;
+  m.run.pid = getpid();
+  m.run.t_start = now_ns();
+  m.run.wall_start_unix_ns = wall_now_ns();
+  m.run.status = RunStatus::Running;
+  try {
+    m.w->begin();
+    m.w->insert(m.run);
+    m.w->commit();
+  } catch (const std::exception& e) {
+    return Status::Error(options.path + ": cannot write the run row: " + e.what());
+  }
+  m.writer = std::thread([&m] { m.writer_main(); });
+  if (options.crash_handlers) crash::register_recorder(r.get());
+  *out = std::move(r);
+  return Status::Ok();
+}
+
+Recorder::~Recorder() {
+  if (!impl_->closed.load()) (void)close();
+}
+
+// ---------------------------------------------------------------- slow path
+
+void Recorder::add_rank(int rank, int world_size, std::optional<int> local_rank) {
+  std::lock_guard lock(impl_->meta_mu);
+  db::RankRow r;
+  r.rank = rank;
+  r.world_size = world_size;
+  if (local_rank) r.local_rank = *local_rank;
+  r.hostname = impl_->run.hostname;
+  r.pid = impl_->run.pid;
+  impl_->p_ranks.push_back(r);
+}
+
+DeviceId Recorder::add_device(int rank, DeviceKind kind, int ordinal, std::string label, std::string name,
+                              std::optional<int64_t> capacity_bytes, bool simulated) {
+  std::lock_guard lock(impl_->meta_mu);
+  db::DeviceRow d;
+  d.id = impl_->next_device++;
+  d.rank = rank;
+  d.kind = kind;
+  d.ordinal = ordinal;
+  d.label = std::move(label);
+  d.name = std::move(name);
+  d.capacity_bytes = capacity_bytes;
+  d.simulated = simulated;
+  impl_->p_devices.push_back(d);
+  return d.id;
+}
+
+NameId Recorder::intern(std::string_view text) {
+  TlsEntry* e = tls.find(impl_->serial);
+  if (e) {
+    // Heterogeneous lookup would avoid this copy; names are short, so the SSO covers most.
+    auto it = e->names.find(std::string(text));
+    if (it != e->names.end()) return it->second;
+  }
+  NameId id;
+  {
+    std::lock_guard lock(impl_->meta_mu);
+    auto [it, inserted] = impl_->strings.try_emplace(std::string(text), impl_->next_string);
+    if (inserted) {
+      impl_->next_string++;
+      impl_->p_strings.push_back({it->second, it->first});
+    }
+    id = it->second;
+  }
+  if (!e) {
+    ring();  // registers this thread's entry
+    e = tls.find(impl_->serial);
+  }
+  if (e && e->names.size() < 65536) e->names.emplace(std::string(text), id);
+  return id;
+}
+
+StackId Recorder::intern_stack(const uint64_t* ips, int depth) {
+  if (depth <= 0) return 0;
+  std::string key(reinterpret_cast<const char*>(ips), sizeof(uint64_t) * depth);
+  std::lock_guard lock(impl_->meta_mu);
+  Impl& m = *impl_;
+  if (auto it = m.stack_by_key.find(key); it != m.stack_by_key.end()) return it->second;
+  // Walk from the outermost caller inwards so that common callers share nodes.
+  int64_t parent = 0;
+  for (int i = depth - 1; i >= 0; --i) {
+    auto [fit, fnew] = m.frame_by_ip.try_emplace(ips[i], int64_t(m.frame_by_ip.size() + 1));
+    if (fnew) {
+      db::FrameRow f;
+      f.id = fit->second;
+      f.ip = ips[i];
+      m.p_frames.push_back(f);
+      m.frames_all.emplace_back(f.id, f.ip);
+    }
+    auto [nit, nnew] = m.stack_node.try_emplace({parent, fit->second}, int64_t(m.stack_node.size() + 1));
+    if (nnew) m.p_stacks.push_back({nit->second, parent, fit->second});
+    parent = nit->second;
+  }
+  m.stack_by_key.emplace(std::move(key), parent);
+  return parent;
+}
+
+StackId Recorder::capture_stack(int skip, int max_depth) {
+  void* raw[128];
+  if (max_depth > 128) max_depth = 128;
+  int n = unw_backtrace(raw, max_depth + skip + 1);
+  uint64_t ips[128];
+  int depth = 0;
+  for (int i = skip + 1; i < n && depth < max_depth; ++i) ips[depth++] = reinterpret_cast<uint64_t>(raw[i]);
+  return intern_stack(ips, depth);
+}
+
+void Recorder::fault(const db::FaultRow& row) {
+  db::FaultRow r = row;
+  if (r.t == 0) r.t = now_ns();
+  std::lock_guard lock(impl_->meta_mu);
+  impl_->p_faults.push_back(std::move(r));
+}
+
+void Recorder::error(const db::ErrorRow& row) {
+  db::ErrorRow r = row;
+  if (r.t == 0) r.t = now_ns();
+  std::unique_lock lock(impl_->meta_mu, std::defer_lock);
+  // An error is often recorded on the way down (std::terminate): never wait forever.
+  if (!lock.try_lock_for(std::chrono::milliseconds(500))) return;
+  impl_->p_errors.push_back(std::move(r));
+}
+
+// ---------------------------------------------------------------- hot path
+
+ThreadRing* Recorder::ring() {
+  if (TlsEntry* e = tls.find(impl_->serial)) return e->ring.get();
+  auto r = std::make_shared<ThreadRing>();
+  r->buf.reset(new Event[impl_->opt.ring_events]);
+  r->mask = impl_->opt.ring_events - 1;
+  r->thread_id = static_cast<int64_t>(syscall(SYS_gettid));
+  {
+    std::lock_guard lock(impl_->rings_mu);
+    impl_->rings.push_back(r);
+  }
+  tls.entries.push_back({impl_->serial, r, {}});
+  tls.last_serial = 0;
+  tls.last = nullptr;
+  return r.get();
+}
+
+Event* Recorder::reserve(ThreadRing* r) {
+  uint64_t h = r->head.load(std::memory_order_relaxed);
+  uint64_t cap = r->mask + 1;
+  if (h - r->cached_tail >= cap) {
+    r->cached_tail = r->tail.load(std::memory_order_acquire);
+    while (h - r->cached_tail >= cap) {
+      if (impl_->opt.overflow == OverflowPolicy::Drop || impl_->closed.load(std::memory_order_relaxed) ||
+          impl_->crash_request.load(std::memory_order_relaxed)) {
+        r->dropped.fetch_add(1, std::memory_order_relaxed);
+        return nullptr;
+      }
+      impl_->pressure.store(true, std::memory_order_relaxed);
+      impl_->wcv.notify_one();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      r->cached_tail = r->tail.load(std::memory_order_acquire);
+    }
+  }
+  return &r->buf[h & r->mask];
+}
+
+void Recorder::publish(ThreadRing* r) {
+  r->head.store(r->head.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+int64_t Recorder::next_id(ThreadRing* r) {
+  if (r->id_next == r->id_end) {
+    r->id_next = impl_->id_counter.fetch_add(kIdBlock, std::memory_order_relaxed);
+    r->id_end = r->id_next + kIdBlock;
+  }
+  return r->id_next++;
+}
+
+AllocId Recorder::alloc(const AllocEvent& a) {
+  ThreadRing* r = ring();
+  AllocId id = next_id(r);
+  Event* e = reserve(r);
+  if (!e) return id;
+  e->type = EventType::Alloc;
+  e->t0 = a.t ? a.t : now_ns();
+  e->id = id;
+  e->a = static_cast<int64_t>(a.address);
+  e->b = a.bytes;
+  e->c = a.requested_bytes < 0 ? a.bytes : a.requested_bytes;
+  e->d = a.segment;
+  e->e = a.stream;
+  e->device = static_cast<int32_t>(a.device);
+  e->name = static_cast<int32_t>(a.name);
+  e->stack = static_cast<int32_t>(a.stack);
+  e->rank = static_cast<uint16_t>(a.rank);
+  e->k0 = uint8_t(a.memory_kind);
+  e->k1 = uint8_t(a.level);
+  e->k2 = uint8_t(a.source);
+  e->flags = a.free_by_address ? 1 : 0;
+  publish(r);
+  return id;
+}
+
+void Recorder::free(AllocId id, int64_t t) {
+  ThreadRing* r = ring();
+  Event* e = reserve(r);
+  if (!e) return;
+  e->type = EventType::Free;
+  e->t0 = t ? t : now_ns();
+  e->id = id;
+  publish(r);
+}
+
+void Recorder::free_address(DeviceId device, uint64_t address, int64_t t) {
+  ThreadRing* r = ring();
+  Event* e = reserve(r);
+  if (!e) return;
+  e->type = EventType::FreeAddress;
+  e->t0 = t ? t : now_ns();
+  e->device = static_cast<int32_t>(device);
+  e->a = static_cast<int64_t>(address);
+  publish(r);
+}
+
+void Recorder::placement(int rank, NameId tensor, DeviceId device, PlacementWhy why, int64_t bytes,
+                         AllocId allocation, int64_t t) {
+  ThreadRing* r = ring();
+  Event* e = reserve(r);
+  if (!e) return;
+  e->type = EventType::Placement;
+  e->t0 = t ? t : now_ns();
+  e->rank = static_cast<uint16_t>(rank);
+  e->name = static_cast<int32_t>(tensor);
+  e->device = static_cast<int32_t>(device);
+  e->k0 = uint8_t(why);
+  e->b = bytes;
+  e->id = allocation;
+  publish(r);
+}
+
+void Recorder::transfer(const TransferEvent& x) {
+  ThreadRing* r = ring();
+  Event* e = reserve(r);
+  if (!e) return;
+  e->type = EventType::Transfer;
+  e->t0 = x.t_start ? x.t_start : now_ns();
+  e->t1 = x.t_end ? x.t_end : e->t0;
+  e->rank = static_cast<uint16_t>(x.rank);
+  e->k0 = uint8_t(x.kind);
+  e->k1 = static_cast<uint8_t>(x.pinned + 1);
+  e->k2 = uint8_t(x.source);
+  e->b = x.bytes;
+  e->device = static_cast<int32_t>(x.src);
+  e->device2 = static_cast<int32_t>(x.dst);
+  e->e = x.stream;
+  e->name = static_cast<int32_t>(x.name);
+  e->stack = static_cast<int32_t>(x.op);
+  e->aux = x.participants;
+  e->c = x.correlation_id;
+  publish(r);
+}
+
+void Recorder::kernel(const KernelEvent& k) {
+  ThreadRing* r = ring();
+  Event* e = reserve(r);
+  if (!e) return;
+  e->type = EventType::Kernel;
+  e->t0 = k.t_start ? k.t_start : now_ns();
+  e->t1 = k.t_end ? k.t_end : e->t0;
+  e->rank = static_cast<uint16_t>(k.rank);
+  e->device = static_cast<int32_t>(k.device);
+  e->name = static_cast<int32_t>(k.name);
+  e->e = k.stream;
+  e->c = k.correlation_id;
+  auto pack = [](const uint32_t d[3]) {
+    return int64_t(d[0] & 0x1FFFFF) | (int64_t(d[1] & 0x1FFFFF) << 21) | (int64_t(d[2] & 0x1FFFFF) << 42);
+  };
+  e->a = pack(k.grid);
+  e->b = pack(k.block);
+  e->k2 = uint8_t(k.source);
+  publish(r);
+}
+
+MarkerId Recorder::marker_begin(const MarkerEvent& m) {
+  ThreadRing* r = ring();
+  MarkerId id = next_id(r);
+  Event* e = reserve(r);
+  if (!e) return id;
+  e->type = EventType::MarkerBegin;
+  e->t0 = m.t ? m.t : now_ns();
+  e->id = id;
+  e->rank = static_cast<uint16_t>(m.rank);
+  e->k0 = uint8_t(m.kind);
+  e->name = static_cast<int32_t>(m.name);
+  e->a = m.step;
+  e->b = m.micro_step;
+  e->c = m.epoch;
+  publish(r);
+  return id;
+}
+
+void Recorder::marker_end(MarkerId id, int64_t value, int64_t t) {
+  ThreadRing* r = ring();
+  Event* e = reserve(r);
+  if (!e) return;
+  e->type = EventType::MarkerEnd;
+  e->t0 = t ? t : now_ns();
+  e->id = id;
+  e->a = value;
+  publish(r);
+}
+
+void Recorder::counter(int rank, DeviceId device, NameId name, double value, int64_t t) {
+  ThreadRing* r = ring();
+  Event* e = reserve(r);
+  if (!e) return;
+  e->type = EventType::Counter;
+  e->t0 = t ? t : now_ns();
+  e->rank = static_cast<uint16_t>(rank);
+  e->device = static_cast<int32_t>(device);
+  e->name = static_cast<int32_t>(name);
+  std::memcpy(&e->a, &value, sizeof value);
+  publish(r);
+}
+
+// ---------------------------------------------------------------- writer thread
+
+void Recorder::Impl::write_meta(bool blocking) {
+  std::unique_lock lock(meta_mu, std::defer_lock);
+  if (blocking) lock.lock();
+  else if (!lock.try_lock_for(std::chrono::milliseconds(200))) return;
+  auto strings_ = std::move(p_strings);
+  auto frames_ = std::move(p_frames);
+  auto stacks_ = std::move(p_stacks);
+  auto devices_ = std::move(p_devices);
+  auto ranks_ = std::move(p_ranks);
+  auto faults_ = std::move(p_faults);
+  auto errors_ = std::move(p_errors);
+  p_strings.clear(), p_frames.clear(), p_stacks.clear(), p_devices.clear(), p_ranks.clear(), p_faults.clear(),
+      p_errors.clear();
+  lock.unlock();
+  for (auto& x : strings_) w->insert(x);
+  for (auto& x : frames_) w->insert(x);
+  for (auto& x : stacks_) w->insert(x);
+  for (auto& x : devices_) w->insert(x);
+  for (auto& x : ranks_) w->insert(x);
+  for (auto& x : faults_) w->insert(x);
+  for (auto& x : errors_) w->insert(x);
+}
+
+void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees, std::vector<PendingEnd>& ends,
+                                 std::vector<PendingAddrFree>& addr_frees) {
+  switch (e.type) {
+    case EventType::Alloc: {
+      db::AllocationRow a;
+      a.id = e.id;
+      a.rank = e.rank;
+      a.device_id = e.device;
+      a.memory_kind = MemoryKind(e.k0);
+      a.level = AllocLevel(e.k1);
+      a.source = Source(e.k2);
+      a.address = static_cast<uint64_t>(e.a);
+      a.bytes = e.b;
+      a.requested_bytes = e.c;
+      a.segment_id = e.d;
+      if (e.e >= 0) a.stream = e.e;
+      a.t_alloc = e.t0;
+      a.name_id = e.name;
+      a.stack_id = e.stack;
+      w->insert(a);
+      if (e.flags & 1) live_by_addr[{e.device, a.address}] = e.id;
+      break;
+    }
+    case EventType::Free:
+      frees.push_back({e.id, e.t0, 0});
+      break;
+    case EventType::FreeAddress:
+      addr_frees.push_back({e.device, static_cast<uint64_t>(e.a), e.t0, 0});
+      break;
+    case EventType::Placement: {
+      db::PlacementRow p;
+      p.rank = e.rank;
+      p.t = e.t0;
+      p.tensor_id = e.name;
+      p.device_id = e.device;
+      p.why = PlacementWhy(e.k0);
+      if (e.b >= 0) p.bytes = e.b;
+      p.allocation_id = e.id;
+      w->insert(p);
+      break;
+    }
+    case EventType::Transfer: {
+      db::TransferRow t;
+      t.rank = e.rank;
+      t.kind = TransferKind(e.k0);
+      if (e.k1 != 0) t.pinned = e.k1 == 2;
+      t.source = Source(e.k2);
+      t.bytes = e.b;
+      t.src_device_id = e.device;
+      t.dst_device_id = e.device2;
+      t.t_start = e.t0;
+      t.t_end = e.t1;
+      if (e.e >= 0) t.stream = e.e;
+      t.name_id = e.name;
+      t.op_id = e.stack;
+      if (e.aux > 0) t.participants = e.aux;
+      if (e.c >= 0) t.correlation_id = e.c;
+      w->insert(t);
+      break;
+    }
+    case EventType::Kernel: {
+      db::KernelRow k;
+      k.rank = e.rank;
+      k.device_id = e.device;
+      k.name_id = e.name;
+      k.t_start = e.t0;
+      k.t_end = e.t1;
+      if (e.e >= 0) k.stream = e.e;
+      if (e.c >= 0) k.correlation_id = e.c;
+      auto unpack = [](int64_t v) {
+        if (v == 0) return std::string();
+        return std::to_string(v & 0x1FFFFF) + "," + std::to_string((v >> 21) & 0x1FFFFF) + "," +
+               std::to_string((v >> 42) & 0x1FFFFF);
+      };
+      k.grid = unpack(e.a);
+      k.block = unpack(e.b);
+      k.source = Source(e.k2);
+      w->insert(k);
+      break;
+    }
+    case EventType::MarkerBegin: {
+      db::MarkerRow m;
+      m.id = e.id;
+      m.rank = e.rank;
+      m.kind = MarkerKind(e.k0);
+      m.name_id = e.name;
+      m.t_start = e.t0;
+      if (e.a >= 0) m.step = e.a;
+      if (e.b >= 0) m.micro_step = e.b;
+      if (e.c >= 0) m.epoch = e.c;
+      w->insert(m);
+      break;
+    }
+    case EventType::MarkerEnd:
+      ends.push_back({e.id, e.t0, e.a == INT64_MIN ? std::nullopt : std::optional<int64_t>(e.a), 0});
+      break;
+    case EventType::Counter: {
+      db::CounterRow c;
+      c.rank = e.rank;
+      c.device_id = e.device;
+      c.name_id = e.name;
+      c.t = e.t0;
+      std::memcpy(&c.value, &e.a, sizeof c.value);
+      w->insert(c);
+      break;
+    }
+  }
+}
+
+// Closing halves (free, marker end) may reach the writer before the row they close,
+// when the opening half sits in another thread's ring; they wait a few cycles.
+void Recorder::Impl::resolve_pending(std::vector<PendingFree>& frees, std::vector<PendingEnd>& ends,
+                                     std::vector<PendingAddrFree>& addr_frees, bool final_pass) {
+  for (auto& f : addr_frees) {
+    auto it = live_by_addr.find({f.device, f.address});
+    if (it != live_by_addr.end()) {
+      frees.push_back({it->second, f.t, 0});
+      live_by_addr.erase(it);
+    } else if (!final_pass && ++f.cycles < kGiveUpCycles) {
+      pending_addr_frees.push_back(f);
+    } else {
+      ++unmatched;
+    }
+  }
+  for (auto& f : frees) {
+    if (w->set_allocation_freed(f.id, f.t)) continue;
+    if (!final_pass && ++f.cycles < kGiveUpCycles) pending_frees.push_back(f);
+    else ++unmatched;
+  }
+  for (auto& m : ends) {
+    if (w->set_marker_end(m.id, m.t, m.value)) continue;
+    if (!final_pass && ++m.cycles < kGiveUpCycles) pending_ends.push_back(m);
+    else ++unmatched;
+  }
+}
+
+// One cycle: snapshot ring heads, write the slow-path rows (which every snapshotted event
+// may reference), then the events, then the closing halves; commit at least every 50 ms.
+bool Recorder::Impl::drain(bool final_pass) {
+  std::vector<std::shared_ptr<ThreadRing>> snapshot;
+  {
+    std::lock_guard lock(rings_mu);
+    snapshot = rings;
+  }
+  std::vector<uint64_t> heads(snapshot.size());
+  for (size_t i = 0; i < snapshot.size(); ++i) heads[i] = snapshot[i]->head.load(std::memory_order_acquire);
+  std::vector<PendingFree> frees = std::move(pending_frees);
+  std::vector<PendingEnd> ends = std::move(pending_ends);
+  std::vector<PendingAddrFree> addr_frees = std::move(pending_addr_frees);
+  pending_frees.clear(), pending_ends.clear(), pending_addr_frees.clear();
+
+  w->begin();
+  write_meta(!final_pass);
+  bool any = false;
+  int64_t t_tx = now_ns();
+  uint64_t n_tx = 0;
+  for (size_t i = 0; i < snapshot.size(); ++i) {
+    ThreadRing& r = *snapshot[i];
+    uint64_t t = r.tail.load(std::memory_order_relaxed);
+    while (t < heads[i]) {
+      write_event(r.buf[t & r.mask], frees, ends, addr_frees);
+      ++t;
+      if ((++n_tx & 4095) == 0) {
+        r.tail.store(t, std::memory_order_release);  // room for a blocked producer
+        if (now_ns() - t_tx > 50'000'000) {
+          resolve_pending(frees, ends, addr_frees, false);
+          frees = std::move(pending_frees), ends = std::move(pending_ends),
+          addr_frees = std::move(pending_addr_frees);
+          pending_frees.clear(), pending_ends.clear(), pending_addr_frees.clear();
+          w->commit();
+          w->begin();
+          t_tx = now_ns();
+        }
+      }
+    }
+    if (t != r.tail.load(std::memory_order_relaxed)) any = true;
+    r.tail.store(t, std::memory_order_release);
+    uint64_t dropped = r.dropped.load(std::memory_order_relaxed);
+    if (dropped != r.dropped_written) {
+      db::DroppedRow d;
+      d.thread = r.thread_id;
+      d.t = now_ns();
+      d.events = static_cast<int64_t>(dropped - r.dropped_written);
+      d.reason = "ring buffer full (overflow policy: drop)";
+      w->insert(d);
+      r.dropped_written = dropped;
+    }
+  }
+  recorded.fetch_add(n_tx, std::memory_order_relaxed);
+  resolve_pending(frees, ends, addr_frees, final_pass);
+  if (final_pass && unmatched > 0) {
+    db::DroppedRow d;
+    d.thread = 0;
+    d.t = now_ns();
+    d.events = unmatched;
+    d.reason = "free or marker end whose opening event is not in the trace";
+    w->insert(d);
+    unmatched = 0;
+  }
+  w->commit();
+  // Threads that ended and whose rings are empty leave the registry.
+  {
+    std::lock_guard lock(rings_mu);
+    std::erase_if(rings, [](const std::shared_ptr<ThreadRing>& r) {
+      return r->retired.load(std::memory_order_acquire) &&
+             r->tail.load(std::memory_order_relaxed) == r->head.load(std::memory_order_acquire);
+    });
+  }
+  return any;
+}
+
+void Recorder::Impl::writer_main() {
+  writer_tid = pthread_self();
+  // Process-directed signals (SIGTERM, SIGINT) go to another thread, which then waits for
+  // this one to write the end of the run.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  auto interval = std::chrono::milliseconds(opt.commit_interval_ms);
+  try {
+    for (;;) {
+      uint64_t req;
+      bool stopping;
+      {
+        std::unique_lock lock(wmu);
+        wcv.wait_for(lock, interval, [&] {
+          return stop || flush_req != flush_done || pressure.load() || crash_request.load() != 0;
+        });
+        pressure.store(false);
+        req = flush_req;
+        stopping = stop;
+      }
+      if (crash_request.load()) {
+        drain(true);
+        w->begin();
+        w->set_run_end(run.id, now_ns(), crash_status, std::nullopt, crash_detail);
+        w->commit();
+        crash_done.store(true);
+        return;
+      }
+      bool busy = drain(stopping);
+      while (busy && !stopping && !crash_request.load()) busy = drain(false);
+      {
+        std::lock_guard lock(wmu);
+        flush_done = req;
+      }
+      flush_cv.notify_all();
+      if (stopping) {
+        drain(true);
+        w->begin();
+        w->set_run_end(run.id, now_ns(), end_status, end_code, end_detail);
+        w->commit();
+        return;
+      }
+    }
+  } catch (const std::exception& e) {
+    writer_status = Status::Error(opt.path + ": writing the trace failed: " + e.what());
+    std::lock_guard lock(wmu);
+    flush_done = flush_req = ~0ull;
+    flush_cv.notify_all();
+    closed.store(true);
+  }
+}
+
+void Recorder::flush() {
+  Impl& m = *impl_;
+  if (m.closed.load()) return;
+  std::unique_lock lock(m.wmu);
+  uint64_t target = ++m.flush_req;
+  m.wcv.notify_one();
+  m.flush_cv.wait(lock, [&] { return m.flush_done >= target || m.closed.load(); });
+}
+
+void Recorder::Impl::symbolize() {
+  std::vector<std::pair<int64_t, uint64_t>> frames;
+  {
+    std::lock_guard lock(meta_mu);
+    frames = frames_all;
+  }
+  if (frames.empty()) return;
+  w->begin();
+  for (auto& [id, ip] : frames) {
+    Dl_info info{};
+    // A return address points after the call; ip-1 lies inside the calling function.
+    if (!dladdr(reinterpret_cast<void*>(ip - 1), &info)) continue;
+    std::string symbol;
+    if (info.dli_sname) {
+      int st = 0;
+      char* dem = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &st);
+      symbol = (st == 0 && dem) ? dem : info.dli_sname;
+      std::free(dem);
+    }
+    std::optional<int64_t> offset;
+    if (info.dli_fbase) offset = static_cast<int64_t>(ip - reinterpret_cast<uint64_t>(info.dli_fbase));
+    w->set_frame_symbol(id, info.dli_fname ? info.dli_fname : "", offset, symbol);
+  }
+  w->commit();
+}
+
+Status Recorder::close(RunStatus status, std::optional<int64_t> exit_code, const std::string& detail) {
+  Impl& m = *impl_;
+  if (m.closed.exchange(true)) return m.writer_status;
+  crash::unregister_recorder(this);
+  {
+    std::lock_guard lock(m.wmu);
+    m.stop = true;
+    m.end_status = status;
+    m.end_code = exit_code;
+    m.end_detail = detail;
+  }
+  m.wcv.notify_one();
+  if (m.writer.joinable()) m.writer.join();
+  if (!m.writer_status) return m.writer_status;
+  try {
+    m.symbolize();
+  } catch (const std::exception& e) {
+    return Status::Error(m.opt.path + ": writing symbols failed: " + e.what());
+  }
+  return m.w->finish();
+}
+
+uint64_t Recorder::events_recorded() const { return impl_->recorded.load(); }
+
+uint64_t Recorder::events_dropped() const {
+  uint64_t n = 0;
+  std::lock_guard lock(impl_->rings_mu);
+  for (auto& r : impl_->rings) n += r->dropped.load();
+  return n;
+}
+
+void Recorder::crash_finalize(RunStatus status, const char* detail, int timeout_ms) {
+  Impl& m = *impl_;
+  if (m.closed.load() || m.crash_done.load()) return;
+  if (m.writer_tid == pthread_self()) return;  // the writer itself is dying: nothing can write
+  m.crash_status = status;
+  std::strncpy(m.crash_detail, detail, sizeof m.crash_detail - 1);
+  m.crash_request.store(1);
+  m.wcv.notify_one();
+  for (int waited = 0; waited < timeout_ms && !m.crash_done.load(); ++waited) {
+    timespec ts{0, 1000000};
+    nanosleep(&ts, nullptr);
+  }
+}
+
+}  // namespace zt::probe
