@@ -17,6 +17,9 @@ constexpr int kExitBadInput = 2;
 using Action = std::function<int()>;
 
 void add_db_commands(CLI::App& app, Action& action);  // db info|sql|merge, export, synth, demo
+#ifdef ZT_HAVE_VIEWER
+void add_view_command(CLI::App& app, Action& action);  // view (viewer/view_command.cpp)
+#endif
 
 int fail(const std::string& message);  // prints "zt: message" to stderr, returns kExitBadInput
 

@@ -44,7 +44,11 @@ int main(int argc, char** argv) {
   add_not_built(app, action, "repro", "Replay a bug report scenario and print a verdict", "inject");
   add_not_built(app, action, "check", "Pass/fail checks on a trace for CI", "inject");
   add_not_built(app, action, "faults", "List the fault catalog", "inject");
+#ifdef ZT_HAVE_VIEWER
+  add_view_command(app, action);
+#else
   add_not_built(app, action, "view", "Open a trace in the timeline viewer", "viewer");
+#endif
   add_not_built(app, action, "ckpt", "Inspect and consolidate checkpoints", "trainer");
   try {
     app.parse(argc, argv);

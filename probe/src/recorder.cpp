@@ -177,7 +177,10 @@ Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>*
   while (cap < options.ring_events) cap <<= 1;
   m.opt.ring_events = cap;
   m.serial = g_recorder_serial.fetch_add(1);
-  if (Status s = db::TraceWriter::create(options.path, &m.w); !s) return s;
+  if (Status s = db::TraceWriter::create(options.path, &m.w); !s) {
+    m.w.reset();
+    return s;
+  }
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   m.run.id = 1;
@@ -195,6 +198,7 @@ Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>*
     m.w->insert(m.run);
     m.w->commit();
   } catch (const std::exception& e) {
+    m.w.reset();
     return Status::Error(options.path + ": cannot write the run row: " + e.what());
   }
   m.writer = std::thread([&m] { m.writer_main(); });
@@ -204,7 +208,7 @@ Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>*
 }
 
 Recorder::~Recorder() {
-  if (!impl_->closed.load()) (void)close();
+  if (impl_->w && !impl_->closed.load()) (void)close();
 }
 
 // ---------------------------------------------------------------- slow path

@@ -1,0 +1,203 @@
+// Chrome export parsed back against row counts; merge of four rank files.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "../test_util.h"
+#include "zt/db/export.h"
+#include "zt/db/trace_reader.h"
+#include "zt/probe/recorder.h"
+#include "zt/probe/synthetic.h"
+
+using namespace zt::db;
+using namespace zt::probe;
+
+namespace {
+
+// One rank's trace, as a per-rank process of a multi-process run would write it.
+std::string rank_trace(const zt::test::TempDir& dir, int rank, int world) {
+  RecorderOptions o;
+  o.path = dir.file("rank" + std::to_string(rank) + ".db");
+  o.command_line = "rank " + std::to_string(rank);
+  o.crash_handlers = false;
+  std::unique_ptr<Recorder> rec;
+  EXPECT_TRUE(Recorder::open(o, &rec).ok());
+  rec->add_rank(rank, world, rank);
+  DeviceId gpu = rec->add_device(rank, DeviceKind::Sim, rank, "cuda:" + std::to_string(rank), "sim", 1 << 30, true);
+  NameId shared = rec->intern("block0.gathered");  // the same name in every file
+  NameId own = rec->intern("only.on.rank" + std::to_string(rank));
+  for (int i = 0; i <= rank; ++i) {
+    AllocEvent a;
+    a.rank = rank;
+    a.device = gpu;
+    a.bytes = 1000 * (rank + 1);
+    a.name = i == 0 ? shared : own;
+    AllocId id = rec->alloc(a);
+    if (i == 0) rec->free(id);
+  }
+  TransferEvent t;
+  t.rank = rank;
+  t.kind = TransferKind::Collective;
+  t.bytes = 4096;
+  t.src = t.dst = gpu;
+  t.op = rec->intern("all_gather");
+  t.name = shared;
+  rec->transfer(t);
+  MarkerId m = rec->marker_begin({rank, MarkerKind::Step, rec->intern("step 0"), 0, -1, 0, 0});
+  rec->marker_end(m);
+  rec->counter(rank, gpu, rec->intern("allocated"), 1000.0 * (rank + 1));
+  zt::db::FaultRow f;
+  f.rank = rank;
+  f.name = "demo.fault";
+  rec->fault(f);
+  EXPECT_TRUE(rec->close().ok());
+  return o.path;
+}
+
+int64_t count(TraceReader& r, const std::string& table) {
+  int64_t n = 0;
+  EXPECT_TRUE(r.row_count(table, &n).ok());
+  return n;
+}
+
+}  // namespace
+
+TEST(ChromeExport, ParsesBackAndMatchesRowCounts) {
+  zt::test::TempDir dir;
+  RecorderOptions o;
+  o.path = dir.file("s.db");
+  o.crash_handlers = false;
+  std::unique_ptr<Recorder> rec;
+  ASSERT_TRUE(Recorder::open(o, &rec).ok());
+  SyntheticOptions so;
+  so.leak_bytes_per_epoch = 1 << 20;
+  record_synthetic(*rec, so);
+  zt::db::ErrorRow e;
+  e.message = "Expected all tensors to be on the same device, but found at least two devices, cuda:1 and cpu!";
+  e.rank = 1;
+  rec->error(e);
+  zt::db::FaultRow f;
+  f.name = "zero.norm_on_device";
+  rec->fault(f);
+  ASSERT_TRUE(rec->close().ok());
+
+  ExportStats st;
+  zt::Status s = export_chrome(o.path, dir.file("s.json"), &st);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::ifstream in(dir.file("s.json"));
+  nlohmann::json j = nlohmann::json::parse(in);  // throws (test fails) if not valid JSON
+  ASSERT_TRUE(j.contains("traceEvents"));
+  std::map<std::string, int64_t> by_ph, by_cat;
+  int64_t alive = 0, negative = 0;
+  for (auto& ev : j["traceEvents"]) {
+    by_ph[ev["ph"].get<std::string>()]++;
+    if (ev.contains("cat")) by_cat[ev["cat"].get<std::string>()]++;
+    if (ev.contains("ts") && ev["ts"].get<double>() < 0) ++negative;
+    if (ev["ph"] == "b" && ev["args"]["alive_at_end"].get<bool>()) ++alive;
+  }
+  std::unique_ptr<TraceReader> r;
+  ASSERT_TRUE(TraceReader::open(o.path, &r).ok());
+  int64_t allocations = count(*r, "allocation"), transfers = count(*r, "transfer"), markers = count(*r, "marker"),
+          counters = count(*r, "counter");
+  int64_t frees = 0;
+  {
+    QueryResult q;
+    ASSERT_TRUE(r->query("SELECT count(*) FROM allocation WHERE t_free IS NOT NULL", &q).ok());
+    frees = std::stoll(q.rows[0][0]);
+  }
+  EXPECT_EQ(by_ph["b"], allocations);
+  EXPECT_EQ(by_ph["e"], allocations);
+  EXPECT_EQ(by_cat["transfer"], transfers);
+  EXPECT_EQ(by_cat["marker"], markers);
+  EXPECT_EQ(by_ph["X"], transfers + markers);
+  EXPECT_EQ(by_ph["C"], counters + allocations + frees);  // counter rows + live-bytes sweep
+  EXPECT_EQ(by_cat["fault"], 1);
+  EXPECT_EQ(by_cat["error"], 1);
+  EXPECT_EQ(alive, 4);  // 2 ranks x 2 epochs of leaked buffers
+  EXPECT_EQ(negative, 0);
+  EXPECT_EQ(st.events, static_cast<int64_t>(j["traceEvents"].size()));
+}
+
+TEST(Merge, FourRankFilesBecomeOneTrace) {
+  zt::test::TempDir dir;
+  std::vector<std::string> inputs;
+  for (int r = 0; r < 4; ++r) inputs.push_back(rank_trace(dir, r, 4));
+  std::string out = dir.file("merged.db");
+  zt::Status s = merge_traces(out, inputs, false);
+  ASSERT_TRUE(s.ok()) << s.message();
+
+  std::unique_ptr<TraceReader> r;
+  ASSERT_TRUE(TraceReader::open(out, &r).ok());
+  EXPECT_EQ(count(*r, "run"), 4);
+  EXPECT_EQ(count(*r, "rank"), 4);
+  EXPECT_EQ(count(*r, "device"), 4);
+  EXPECT_EQ(count(*r, "allocation"), 1 + 2 + 3 + 4);
+  EXPECT_EQ(count(*r, "transfer"), 4);
+  EXPECT_EQ(count(*r, "marker"), 4);
+  EXPECT_EQ(count(*r, "counter"), 4);
+  EXPECT_EQ(count(*r, "fault"), 4);
+
+  // Strings are interned once, and every reference still names the right text.
+  QueryResult q;
+  ASSERT_TRUE(r->query("SELECT count(*) FROM string WHERE text = 'block0.gathered'", &q).ok());
+  EXPECT_EQ(q.rows[0][0], "1");
+  ASSERT_TRUE(r->query("SELECT a.rank, d.label, d.rank, a.name, a.t_free IS NULL, a.bytes FROM allocation_v a"
+                       " JOIN device d ON d.label = a.device ORDER BY a.rank, a.id",
+                       &q)
+                  .ok());
+  ASSERT_EQ(q.rows.size(), 10u);
+  for (auto& row : q.rows) {
+    EXPECT_EQ(row[1], "cuda:" + row[0]);  // each allocation still on its own rank's device
+    EXPECT_EQ(row[2], row[0]);
+    EXPECT_EQ(row[5], std::to_string(1000 * (std::stoi(row[0]) + 1)));
+    if (row[4] == "0") EXPECT_EQ(row[3], "block0.gathered");
+    else EXPECT_EQ(row[3], "only.on.rank" + row[0]);
+  }
+  ASSERT_TRUE(r->query("SELECT rank, op, name FROM transfer_v ORDER BY rank", &q).ok());
+  for (auto& row : q.rows) {
+    EXPECT_EQ(row[1], "all_gather");
+    EXPECT_EQ(row[2], "block0.gathered");
+  }
+  // Clocks kept: each rank's marker times are exactly those of its own file.
+  for (int k = 0; k < 4; ++k) {
+    std::unique_ptr<TraceReader> one;
+    ASSERT_TRUE(TraceReader::open(inputs[k], &one).ok());
+    std::vector<MarkerRow> a, b;
+    ASSERT_TRUE(one->read(&a).ok());
+    ASSERT_TRUE(r->read(&b).ok());
+    auto it = std::find_if(b.begin(), b.end(), [&](const MarkerRow& m) { return m.rank == k; });
+    ASSERT_NE(it, b.end());
+    EXPECT_EQ(it->t_start, a[0].t_start);
+    EXPECT_EQ(it->t_end, a[0].t_end);
+  }
+  std::vector<RunRow> runs;
+  ASSERT_TRUE(r->read(&runs).ok());
+  EXPECT_EQ(runs[2].source_file, inputs[2]);
+}
+
+TEST(Merge, SameRankTwiceIsRefused) {
+  zt::test::TempDir dir;
+  std::string a = rank_trace(dir, 0, 2);
+  std::string b = dir.file("copy.db");
+  std::filesystem::copy_file(a, b);
+  zt::Status s = merge_traces(dir.file("m.db"), {a, b}, false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("rank 0 appears in both"), std::string::npos) << s.message();
+  EXPECT_FALSE(std::filesystem::exists(dir.file("m.db")));
+}
+
+TEST(Merge, ExistingOutputNeedsForce) {
+  zt::test::TempDir dir;
+  std::string a = rank_trace(dir, 0, 1);
+  std::ofstream(dir.file("m.db")) << "keep";
+  zt::Status s = merge_traces(dir.file("m.db"), {a}, false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("already exists"), std::string::npos);
+  std::ifstream f(dir.file("m.db"));
+  std::string content((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "keep");
+}

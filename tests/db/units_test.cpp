@@ -1,0 +1,29 @@
+#include <gtest/gtest.h>
+
+#include "zt/common/units.h"
+
+TEST(Units, FormatsBytesTheWayUsersPasteThem) {
+  EXPECT_EQ(zt::format_bytes(3.39 * 1024 * 1024 * 1024), "3.39 GiB");
+  EXPECT_EQ(zt::format_bytes(512.0 * 1024 * 1024), "512.00 MiB");
+  EXPECT_EQ(zt::format_bytes(17), "17 B");
+  EXPECT_EQ(zt::format_bytes(1.5 * 1024), "1.50 KiB");
+  EXPECT_EQ(zt::format_bytes(2.0 * 1024 * 1024 * 1024 * 1024), "2.00 TiB");
+}
+
+TEST(Units, ParsesSizes) {
+  EXPECT_EQ(zt::parse_bytes("80GiB"), uint64_t(80) << 30);
+  EXPECT_EQ(zt::parse_bytes("1 TiB"), uint64_t(1) << 40);
+  EXPECT_EQ(zt::parse_bytes("1.5MiB"), uint64_t(3) << 19);
+  EXPECT_EQ(zt::parse_bytes("4096"), 4096u);
+  EXPECT_EQ(zt::parse_bytes("1e9"), 1000000000u);
+  EXPECT_FALSE(zt::parse_bytes("").has_value());
+  EXPECT_FALSE(zt::parse_bytes("12 parsecs").has_value());
+  EXPECT_FALSE(zt::parse_bytes("-1GiB").has_value());
+  EXPECT_FALSE(zt::parse_bytes("GiB").has_value());
+}
+
+TEST(Units, FormatsDurations) {
+  EXPECT_EQ(zt::format_duration_ns(850), "850 ns");
+  EXPECT_EQ(zt::format_duration_ns(1.25e6), "1.25 ms");
+  EXPECT_EQ(zt::format_duration_ns(3.2e9), "3.20 s");
+}
