@@ -1,0 +1,109 @@
+// The zt command as a user meets it: help, version, exit codes, one-line errors.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "../test_util.h"
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run_zt(const std::string& args) {
+  std::string cmd = std::string(ZT_EXE) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+}  // namespace
+
+TEST(Cli, HelpAndVersion) {
+  Result h = run_zt("--help");
+  EXPECT_EQ(h.code, 0);
+  for (const char* sub : {"train", "probe", "repro", "check", "view", "export", "db", "demo", "synth", "ckpt", "faults"})
+    EXPECT_NE(h.out.find(sub), std::string::npos) << sub << " missing from --help";
+  Result v = run_zt("--version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_EQ(v.out.rfind("zt 0.", 0), 0u) << v.out;
+  Result dh = run_zt("db info --help");
+  EXPECT_EQ(dh.code, 0);
+  EXPECT_NE(dh.out.find("Example: zt db info run.db"), std::string::npos) << dh.out;
+}
+
+TEST(Cli, UnbuiltSubcommandSaysSoPlainly) {
+  Result r = run_zt("train --model tiny --steps 3");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("zt train: not built yet"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BadUsageExitsTwo) {
+  EXPECT_EQ(run_zt("").code, 2);
+  EXPECT_EQ(run_zt("db").code, 2);
+  EXPECT_EQ(run_zt("db info").code, 2);
+  EXPECT_EQ(run_zt("no-such-command").code, 2);
+  Result r = run_zt("synth --leak-per-epoch 12parsecs -o /tmp/never.db");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--leak-per-epoch: '12parsecs' is not a size"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BadTraceGetsOneClearLine) {
+  zt::test::TempDir dir;
+  std::ofstream(dir.file("junk.db")) << "this is not a trace, it is a text file with some words in it";
+  for (const std::string& cmd : {"db info " + dir.file("junk.db"), "db sql " + dir.file("junk.db") + " 'SELECT 1'",
+                                 "export " + dir.file("junk.db") + " --chrome " + dir.file("o.json")}) {
+    Result r = run_zt(cmd);
+    EXPECT_EQ(r.code, 2) << cmd;
+    EXPECT_EQ(r.out, "zt: " + dir.file("junk.db") + ": not a zerotrace trace (not an SQLite database)\n") << cmd;
+  }
+  Result missing = run_zt("db info " + dir.file("missing.db"));
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_EQ(missing.out, "zt: " + dir.file("missing.db") + ": no such file\n");
+}
+
+TEST(Cli, SynthInfoSqlExportMerge) {
+  zt::test::TempDir dir;
+  Result s = run_zt("synth -o " + dir.file("a.db") + " --ranks 2 --epochs 2 --steps 3 --leak-per-epoch 1MiB");
+  ASSERT_EQ(s.code, 0) << s.out;
+  Result info = run_zt("db info " + dir.file("a.db"));
+  ASSERT_EQ(info.code, 0) << info.out;
+  for (const char* want : {"ranks: 2 (world size 2)", "cuda:0", "cuda:1", "80.00 GiB", "steps: 6, epochs: 2",
+                           "collective:all_gather", "dropped events: 0", "status: ok", "live at end", "2.00 MiB"})
+    EXPECT_NE(info.out.find(want), std::string::npos) << want << "\n" << info.out;
+
+  Result sql = run_zt("db sql " + dir.file("a.db") + " \"SELECT name, bytes FROM allocation_v WHERE t_free IS NULL ORDER BY name LIMIT 1\"");
+  ASSERT_EQ(sql.code, 0) << sql.out;
+  EXPECT_NE(sql.out.find("offload.buffer[epoch 0]  1048576"), std::string::npos) << sql.out;
+  EXPECT_NE(sql.out.find("(1 row)"), std::string::npos);
+  Result csv = run_zt("db sql --csv " + dir.file("a.db") + " \"SELECT 'a,b' AS x, 2 AS y\"");
+  EXPECT_EQ(csv.out, "x,y\n\"a,b\",2\n");
+  Result bad_sql = run_zt("db sql " + dir.file("a.db") + " \"DROP TABLE run\"");
+  EXPECT_EQ(bad_sql.code, 2);
+
+  Result ex = run_zt("export " + dir.file("a.db") + " --chrome " + dir.file("a.json"));
+  ASSERT_EQ(ex.code, 0) << ex.out;
+  std::ifstream in(dir.file("a.json"));
+  auto j = nlohmann::json::parse(in);
+  EXPECT_GT(j["traceEvents"].size(), 100u);
+
+  // A merge needs distinct ranks: a single-rank synthetic trace merges alone.
+  ASSERT_EQ(run_zt("synth -o " + dir.file("b.db") + " --ranks 1 --epochs 1 --steps 1").code, 0);
+  Result m = run_zt("db merge " + dir.file("m.db") + " " + dir.file("b.db"));
+  EXPECT_EQ(m.code, 0) << m.out;
+  Result again = run_zt("db merge " + dir.file("m.db") + " " + dir.file("b.db"));
+  EXPECT_EQ(again.code, 2);
+  EXPECT_NE(again.out.find("already exists; pass --force"), std::string::npos);
+  EXPECT_EQ(run_zt("db merge --force " + dir.file("m.db") + " " + dir.file("b.db")).code, 0);
+}
