@@ -15,7 +15,7 @@ using namespace zt::probe;
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: zt_crash_child abort|segv|throw|sigterm|sigkill|exit TRACE\n");
+    std::fprintf(stderr, "usage: zt_crash_child abort|segv|sigbus|throw|sigterm|sigint|sigkill|exit TRACE\n");
     return 2;
   }
   std::string mode = argv[1];
@@ -54,9 +54,10 @@ int main(int argc, char** argv) {
     volatile int* p = nullptr;
     *p = 1;
   }
+  if (mode == "sigbus") raise(SIGBUS);
   if (mode == "throw") throw std::runtime_error("boom: optimizer state on the wrong device");
   if (mode == "exit") return 0;  // without close(): the destructor still ends the run
-  // sigterm / sigkill: keep writing until the parent's signal arrives.
+  // sigterm / sigint / sigkill: keep writing until the parent's signal arrives.
   for (int64_t s = 10;; ++s) {
     record_step(s);
     usleep(100);

@@ -126,20 +126,38 @@ TEST_F(Crash, UncaughtExceptionIsRecordedAsAnError) {
   EXPECT_EQ(t.allocations, 1000);
 }
 
-TEST_F(Crash, SigtermWhileWritingFlushesEverything) {
-  Child c = spawn_child("sigterm", path);
+TEST_F(Crash, SigbusLeavesAReadableTrace) {
+  Child c = spawn_child("sigbus", path);
   ASSERT_EQ(c.ready, 1020);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  kill(c.pid, SIGTERM);
   int status = wait_child(c);
   ASSERT_TRUE(WIFSIGNALED(status));
-  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  EXPECT_EQ(WTERMSIG(status), SIGBUS);
+  Opened t = open_trace(path);
+  EXPECT_EQ(t.run.status, RunStatus::Signal);
+  EXPECT_NE(t.run.exit_detail.find("SIGBUS"), std::string::npos) << t.run.exit_detail;
+  EXPECT_EQ(t.allocations, 1000);
+}
+
+// SIGTERM and SIGINT arrive while the child is still writing.
+class CrashWhileWriting : public Crash, public ::testing::WithParamInterface<int> {};
+
+TEST_P(CrashWhileWriting, FlushesEverythingAndMarksTheRun) {
+  int sig = GetParam();
+  Child c = spawn_child(sig == SIGTERM ? "sigterm" : "sigint", path);
+  ASSERT_EQ(c.ready, 1020);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  kill(c.pid, sig);
+  int status = wait_child(c);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), sig);
   Opened t = open_trace(path);
   EXPECT_EQ(t.integrity, "ok");
   EXPECT_EQ(t.run.status, RunStatus::Signal);
-  EXPECT_NE(t.run.exit_detail.find("SIGTERM"), std::string::npos);
+  EXPECT_NE(t.run.exit_detail.find(sig == SIGTERM ? "SIGTERM" : "SIGINT"), std::string::npos) << t.run.exit_detail;
   EXPECT_GT(t.allocations, 1000);  // it kept writing after "ready", and those rows are here
 }
+
+INSTANTIATE_TEST_SUITE_P(Signals, CrashWhileWriting, ::testing::Values(SIGTERM, SIGINT));
 
 TEST_F(Crash, SigkillMidWriteKeepsEverythingCommitted) {
   Child c = spawn_child("sigkill", path);
