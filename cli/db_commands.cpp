@@ -132,6 +132,7 @@ int db_info(const std::string& path) {
     auto& e = sum.errors[i];
     std::cout << "  +" << format_duration_ns(double(e.t - run_start)) << " rank " << e.rank;
     if (e.step) std::cout << " step " << *e.step;
+    if (!e.site.empty()) std::cout << " in " << e.site;
     std::cout << ": " << e.message << "\n";
   }
   return kExitOk;

@@ -180,7 +180,7 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
                 q(fr.trigger) + ",\"details\":" + q(fr.details) + "}");
     for (auto& er : sum.errors)
       out.event("\"ph\":\"i\",\"s\":\"p\",\"cat\":\"error\",\"name\":" + q("error: " + er.message) + ",\"pid\":" +
-                std::to_string(er.rank) + ",\"tid\":1,\"ts\":" + us(er.t, t0) + ",\"args\":{\"kind\":" + q(er.kind) +
+                std::to_string(er.rank) + ",\"tid\":1,\"ts\":" + us(er.t, t0) + ",\"args\":{\"kind\":" + q(er.kind) + ",\"site\":" + q(er.site) +
                 ",\"tensors\":" + q(er.tensors) + "}");
   } catch (const SqlError& e) {
     f.close();

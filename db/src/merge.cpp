@@ -90,7 +90,7 @@ Status merge_traces(const std::string& out_path, const std::vector<std::string>&
           "name_id), t, value FROM src.counter ORDER BY id;"
           "INSERT INTO main.fault(rank,t,name,trigger,step,details) SELECT rank, t, name, trigger, step, details"
           " FROM src.fault ORDER BY id;"
-          "INSERT INTO main.error(rank,t,step,kind,message,tensors,device_id) SELECT rank, t, step, kind, message,"
+          "INSERT INTO main.error(rank,t,step,kind,site,message,tensors,device_id) SELECT rank, t, step, kind, site, message,"
           " tensors, device_id+" + o(dev_off) + " FROM src.error ORDER BY id;"
           "INSERT INTO main.dropped(rank,thread,t,events,reason) SELECT rank, thread, t, events, reason"
           " FROM src.dropped ORDER BY id;";

@@ -86,7 +86,7 @@ CREATE TABLE fault (
   trigger TEXT, step INTEGER, details TEXT);
 CREATE TABLE error (
   id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, t INTEGER NOT NULL, step INTEGER,
-  kind TEXT, message TEXT NOT NULL, tensors TEXT, device_id INTEGER);
+  kind TEXT, site TEXT, message TEXT NOT NULL, tensors TEXT, device_id INTEGER);
 CREATE TABLE dropped (
   id INTEGER PRIMARY KEY, rank INTEGER, thread INTEGER NOT NULL, t INTEGER NOT NULL,
   events INTEGER NOT NULL, reason TEXT NOT NULL);

@@ -180,10 +180,10 @@ Status TraceReader::read(std::vector<FaultRow>* out) {
                    });
 }
 Status TraceReader::read(std::vector<ErrorRow>* out) {
-  return read_rows("SELECT id,rank,t,step,kind,message,tensors,device_id FROM error ORDER BY t, id", out,
+  return read_rows("SELECT id,rank,t,step,kind,site,message,tensors,device_id FROM error ORDER BY t, id", out,
                    [](const Stmt& s, ErrorRow& r) {
                      r.id = s.i64(0); r.rank = s.i64(1); r.t = s.i64(2); r.step = s.opt(3); r.kind = s.text(4);
-                     r.message = s.text(5); r.tensors = s.text(6); r.device_id = id0(s, 7);
+                     r.site = s.text(5); r.message = s.text(6); r.tensors = s.text(7); r.device_id = id0(s, 8);
                    });
 }
 Status TraceReader::read(std::vector<DroppedRow>* out) {

@@ -101,7 +101,7 @@ Status TraceWriter::create(const std::string& path, std::unique_ptr<TraceWriter>
                     " VALUES(?,?,?,?,?,?,?,?,?,?)");
     s.counter = Stmt(db, "INSERT INTO counter(id,rank,device_id,name_id,t,value) VALUES(?,?,?,?,?,?)");
     s.fault = Stmt(db, "INSERT INTO fault(id,rank,t,name,trigger,step,details) VALUES(?,?,?,?,?,?,?)");
-    s.error = Stmt(db, "INSERT INTO error(id,rank,t,step,kind,message,tensors,device_id) VALUES(?,?,?,?,?,?,?,?)");
+    s.error = Stmt(db, "INSERT INTO error(id,rank,t,step,kind,site,message,tensors,device_id) VALUES(?,?,?,?,?,?,?,?,?)");
     s.dropped = Stmt(db, "INSERT INTO dropped(id,rank,thread,t,events,reason) VALUES(?,?,?,?,?,?)");
     s.alloc_free = Stmt(db, "UPDATE allocation SET t_free=? WHERE id=?");
     s.marker_end = Stmt(db, "UPDATE marker SET t_end=?, value=coalesce(?, value) WHERE id=?");
@@ -214,7 +214,7 @@ void TraceWriter::insert(const FaultRow& r) {
 }
 void TraceWriter::insert(const ErrorRow& r) {
   st_->error.bind_id(1, r.id).bind(2, r.rank).bind(3, r.t).bind_opt(4, r.step).bind_text_or_null(5, r.kind)
-      .bind(6, r.message).bind_text_or_null(7, r.tensors).bind_id(8, r.device_id).step_done();
+      .bind_text_or_null(6, r.site).bind(7, r.message).bind_text_or_null(8, r.tensors).bind_id(9, r.device_id).step_done();
 }
 void TraceWriter::insert(const DroppedRow& r) {
   st_->dropped.bind_id(1, r.id).bind_opt(2, r.rank).bind(3, r.thread).bind(4, r.t).bind(5, r.events).bind(6, r.reason)

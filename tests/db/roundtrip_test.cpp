@@ -77,7 +77,7 @@ TEST(RoundTrip, EveryRecordTypeReadsBackIdentical) {
   w->insert(c2);
   FaultRow f{40, 3, 1700, "zero.norm_on_device", "step=5", 5, "norm left on cuda:3"};
   w->insert(f);
-  ErrorRow e{41, 3, 1800, 5, "device_mismatch",
+  ErrorRow e{41, 3, 1800, 5, "device_mismatch", "unscale_and_clip_grads",
              "Expected all tensors to be on the same device, but found at least two devices, cuda:3 and cpu!",
              "[\"grad\",\"combined_scale\"]", 1};
   w->insert(e);
@@ -183,6 +183,7 @@ TEST(RoundTrip, EveryRecordTypeReadsBackIdentical) {
   ASSERT_EQ(es.size(), 1u);
   EXPECT_EQ(es[0].message, e.message);
   EXPECT_EQ(es[0].tensors, e.tensors);
+  EXPECT_EQ(es[0].site, "unscale_and_clip_grads");
 
   auto ds = read_all<DroppedRow>(*r);
   ASSERT_EQ(ds.size(), 1u);

@@ -165,7 +165,8 @@ struct ErrorRow {
   int64_t rank = 0;
   int64_t t = 0;
   std::optional<int64_t> step;
-  std::string kind;
+  std::string kind;     // "device_mismatch", "oom", "uncaught_exception", ...
+  std::string site;     // where in the code: "unscale_and_clip_grads", "checkpoint.gather"
   std::string message;
   std::string tensors;  // JSON array of tensor names involved
   int64_t device_id = 0;
