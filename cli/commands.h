@@ -17,10 +17,16 @@ constexpr int kExitBadInput = 2;
 using Action = std::function<int()>;
 
 void add_db_commands(CLI::App& app, Action& action);  // db info|sql|merge, export, synth, demo
+void add_train_command(CLI::App& app, Action& action);  // train
 #ifdef ZT_HAVE_VIEWER
 void add_view_command(CLI::App& app, Action& action);  // view (viewer/view_command.cpp)
 #endif
 
-int fail(const std::string& message);  // prints "zt: message" to stderr, returns kExitBadInput
+int fail(const std::string& message);
+
+// Shared by several commands.
+int db_info(const std::string& path);
+int db_sql(const std::string& path, const std::string& sql, bool csv);
+void add_demo_command(CLI::App& app, Action& action);  // prints "zt: message" to stderr, returns kExitBadInput
 
 }  // namespace zt::cli

@@ -52,6 +52,8 @@ std::string csv_field(const std::string& v) {
   return q + "\"";
 }
 
+}  // namespace
+
 int db_info(const std::string& path) {
   std::unique_ptr<db::TraceReader> reader;
   if (Status s = db::TraceReader::open(path, &reader); !s) return fail(s.message());
@@ -158,6 +160,8 @@ int db_sql(const std::string& path, const std::string& sql, bool csv) {
   return kExitOk;
 }
 
+
+namespace {
 
 int synth(const std::string& out, const probe::SyntheticOptions& opt, const std::string& command, bool quiet) {
   probe::RecorderOptions ro;
@@ -266,40 +270,7 @@ void add_db_commands(CLI::App& app, Action& action) {
       };
     });
   }
-  {
-    auto* demo = app.add_subcommand("demo", "The demo: record a workload into a trace, summarize it, export it for Perfetto");
-    auto dir = std::make_shared<std::string>("demo-out");
-    demo->add_option("--dir", *dir, "where the demo writes its files");
-    demo->callback([&action, dir] {
-      action = [=] {
-        std::error_code ec;
-        std::filesystem::create_directories(*dir, ec);
-        if (ec) return fail(*dir + ": cannot create the directory: " + ec.message());
-        std::string trace = *dir + "/synthetic.db", json = *dir + "/synthetic.json";
-        std::cout << "== 1. record a synthetic ZeRO-3 offload workload (2 ranks, 2 epochs, a 256 MiB pinned leak "
-                     "per epoch) through the probe\n";
-        probe::SyntheticOptions opt;
-        opt.leak_bytes_per_epoch = 256ll << 20;
-        if (int rc = synth(trace, opt, "zt demo", false); rc != 0) return rc;
-        std::cout << "\n== 2. zt db info " << trace << "\n";
-        if (int rc = db_info(trace); rc != 0) return rc;
-        std::cout << "\n== 3. what is still alive at the end (the leak), by SQL\n";
-        if (int rc = db_sql(trace,
-                            "SELECT rank, device, memory_kind, name, bytes FROM allocation_v "
-                            "WHERE t_free IS NULL ORDER BY rank, name",
-                            false);
-            rc != 0)
-          return rc;
-        std::cout << "\n== 4. zt export " << trace << " --chrome " << json << "\n";
-        db::ExportStats st;
-        if (Status s = db::export_chrome(trace, json, &st); !s) return fail(s.message());
-        std::cout << "wrote " << st.events << " trace events (" << format_bytes(double(st.bytes)) << "): open " << json
-                  << " in https://ui.perfetto.dev\n";
-        std::cout << "\nThe trainer, the injector and the viewer are not built yet; this demo grows with them.\n";
-        return kExitOk;
-      };
-    });
-  }
+
 }
 
 }  // namespace zt::cli

@@ -44,9 +44,9 @@ TEST(Cli, HelpAndVersion) {
 }
 
 TEST(Cli, UnbuiltSubcommandSaysSoPlainly) {
-  Result r = run_zt("train --model tiny --steps 3");
+  Result r = run_zt("repro scenario.yaml");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("zt train: not built yet"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("zt repro: not built yet"), std::string::npos) << r.out;
 }
 
 TEST(Cli, BadUsageExitsTwo) {
@@ -106,4 +106,29 @@ TEST(Cli, SynthInfoSqlExportMerge) {
   EXPECT_EQ(again.code, 2);
   EXPECT_NE(again.out.find("already exists; pass --force"), std::string::npos);
   EXPECT_EQ(run_zt("db merge --force " + dir.file("m.db") + " " + dir.file("b.db")).code, 0);
+}
+
+TEST(Cli, TrainExitCodes) {
+  zt::test::TempDir dir;
+  Result ok = run_zt("train --model tiny --steps 2 --seq-len 32 --trace " + dir.file("t.db"));
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("step 2/2 | epoch 0 | loss "), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find(" tok/s | cuda:0 "), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("trace: " + dir.file("t.db")), std::string::npos) << ok.out;
+  Result info = run_zt("db info " + dir.file("t.db"));
+  EXPECT_NE(info.out.find("run 1: zt train --model tiny --steps 2 --seq-len 32 --trace"), std::string::npos) << info.out;
+
+  Result oom = run_zt("train --model tiny --steps 2 --device-memory 3MiB -q --trace " + dir.file("oom.db"));
+  EXPECT_EQ(oom.code, 1) << oom.out;  // it ran and failed: a result, not bad usage
+  EXPECT_NE(oom.out.find("CUDA out of memory. Tried to allocate"), std::string::npos) << oom.out;
+  Result oom_info = run_zt("db info " + dir.file("oom.db"));
+  EXPECT_NE(oom_info.out.find("status: failed, exit code 1"), std::string::npos) << oom_info.out;
+
+  EXPECT_EQ(run_zt("train --device-memory 12parsecs").code, 2);
+  Result missing = run_zt("train --config " + dir.file("none.yaml"));
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.out.find("none.yaml: cannot open the config file"), std::string::npos) << missing.out;
+  Result bad = run_zt("train --world-size 4 --steps 1");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("--world-size 4: several ranks need the ZeRO engine"), std::string::npos) << bad.out;
 }

@@ -1,0 +1,117 @@
+// zt train: flags and a config file into a TrainConfig, then the trainer, with a trace.
+#include <iostream>
+
+#include "commands.h"
+#include "train/trainer.h"
+#include "zt/common/units.h"
+
+namespace zt::cli {
+
+void add_train_command(CLI::App& app, Action& action) {
+  auto* sub = app.add_subcommand("train", "Train GPT-2 on a simulated GPU (or the CPU) and record a trace\n"
+                                          "Example: zt train --device sim --model tiny --steps 200 --trace run.db");
+  auto cfg = std::make_shared<trainer::TrainConfig>();
+  auto config_file = std::make_shared<std::string>();
+  auto device_memory = std::make_shared<std::string>();
+  auto host_memory = std::make_shared<std::string>();
+  sub->add_option("--config", *config_file, "YAML file with the same settings (flags given too win)");
+  sub->add_option("--device", cfg->device, "sim (a simulated GPU, shown as cuda:N), cpu, or cuda");
+  sub->add_option("--model", cfg->model, "tiny, 124M, 350M, 774M or 1.5B");
+  sub->add_option("--steps", cfg->steps, "optimizer steps");
+  sub->add_option("--epochs", cfg->epochs, "epochs (instead of --steps)");
+  sub->add_option("--micro-batch", cfg->micro_batch, "sequences per micro-step");
+  sub->add_option("--grad-accum", cfg->grad_accum, "micro-steps per optimizer step");
+  sub->add_option("--world-size", cfg->world_size, "ranks (1 until the ZeRO engine lands)");
+  sub->add_option("--seq-len", cfg->seq_len, "tokens per sequence (default: the model's context)");
+  sub->add_option("--seed", cfg->seed, "seed of init, data order and synthetic data");
+  sub->add_option("--precision", cfg->precision, "fp32, bf16 or fp16 weights (math in fp32)");
+  sub->add_option("--device-memory", *device_memory, "simulated GPU capacity, e.g. 80GiB");
+  sub->add_option("--host-memory", *host_memory, "host memory cap for pinned + pageable buffers, e.g. 1TiB");
+  sub->add_option("--data", cfg->data, "text file (byte-level) or token file; default: built-in synthetic corpus");
+  sub->add_option("--max-doc-tokens", cfg->max_doc_tokens, "cut each document to this many tokens");
+  sub->add_option("--trace", cfg->trace, "trace file to write");
+  sub->add_option("--lr", cfg->lr, "AdamW learning rate");
+  sub->add_option("--weight-decay", cfg->weight_decay, "AdamW weight decay");
+  sub->add_option("--grad-clip", cfg->grad_clip, "clip the global gradient norm to this (0: off)");
+  sub->add_flag("--activation-checkpointing", cfg->activation_checkpointing, "recompute each block in backward");
+  sub->add_flag("-q,--quiet", cfg->quiet, "no progress lines");
+  std::vector<std::string> argv_words;
+  sub->callback([&action, sub, cfg, config_file, device_memory, host_memory] {
+    action = [sub, cfg, config_file, device_memory, host_memory]() -> int {
+      trainer::TrainConfig c = *cfg;
+      if (!config_file->empty()) {
+        // File first, then every flag the user typed on top of it.
+        trainer::TrainConfig from_file;
+        if (Status s = trainer::load_train_config(*config_file, &from_file); !s) return fail(s.message());
+        for (auto* opt : sub->get_options()) {
+          if (opt->count() == 0) continue;
+          std::string n = opt->get_name();
+          if (n == "--device") from_file.device = c.device;
+          else if (n == "--model") from_file.model = c.model;
+          else if (n == "--steps") from_file.steps = c.steps;
+          else if (n == "--epochs") from_file.epochs = c.epochs;
+          else if (n == "--micro-batch") from_file.micro_batch = c.micro_batch;
+          else if (n == "--grad-accum") from_file.grad_accum = c.grad_accum;
+          else if (n == "--world-size") from_file.world_size = c.world_size;
+          else if (n == "--seq-len") from_file.seq_len = c.seq_len;
+          else if (n == "--seed") from_file.seed = c.seed;
+          else if (n == "--precision") from_file.precision = c.precision;
+          else if (n == "--data") from_file.data = c.data;
+          else if (n == "--max-doc-tokens") from_file.max_doc_tokens = c.max_doc_tokens;
+          else if (n == "--trace") from_file.trace = c.trace;
+          else if (n == "--lr") from_file.lr = c.lr;
+          else if (n == "--weight-decay") from_file.weight_decay = c.weight_decay;
+          else if (n == "--grad-clip") from_file.grad_clip = c.grad_clip;
+          else if (n == "--activation-checkpointing") from_file.activation_checkpointing = c.activation_checkpointing;
+          else if (n == "--quiet") from_file.quiet = c.quiet;
+        }
+        c = from_file;
+      }
+      if (!device_memory->empty()) {
+        auto b = parse_bytes(*device_memory);
+        if (!b) return fail("--device-memory: '" + *device_memory + "' is not a size (try 80GiB)");
+        c.device_memory = *b;
+      }
+      if (!host_memory->empty()) {
+        auto b = parse_bytes(*host_memory);
+        if (!b) return fail("--host-memory: '" + *host_memory + "' is not a size (try 1TiB)");
+        c.host_memory = *b;
+      }
+      if (Status s = trainer::validate(c); !s) return fail(s.message());
+      if (c.steps == 0 && c.epochs == 0) c.steps = 50;
+
+      std::unique_ptr<probe::Recorder> rec;
+      if (!c.trace.empty()) {
+        probe::RecorderOptions ro;
+        ro.path = c.trace;
+        ro.command_line = "zt train";
+        for (auto* opt : sub->get_options())
+          if (opt->count() > 0)
+            for (auto& r : opt->results()) ro.command_line += " " + opt->get_name() + (opt->get_expected() == 0 ? "" : " " + r);
+        ro.config_json = trainer::to_json(c);
+        ro.seed = static_cast<int64_t>(c.seed);
+        if (Status s = probe::Recorder::open(ro, &rec); !s) return fail(s.message());
+      }
+      trainer::TrainSummary sum;
+      Status s = trainer::train(c, rec.get(), c.quiet ? nullptr : &std::cout, &sum);
+      if (rec) {
+        Status closed = s ? rec->close(db::RunStatus::Ok, 0) : rec->close(db::RunStatus::Failed, 1, s.message());
+        if (!closed) std::fprintf(stderr, "zt: %s\n", closed.message().c_str());
+      }
+      if (!s) {
+        // A failed training run is a result, not bad usage: exit 1 when it trained and died.
+        std::fprintf(stderr, "zt train: %s\n", s.message().c_str());
+        if (!c.trace.empty() && rec) std::fprintf(stderr, "zt train: the trace is in %s\n", c.trace.c_str());
+        return sum.failure.empty() ? kExitBadInput : kExitFailed;
+      }
+      std::printf("trained %lld steps (%lld tokens) in %s: loss %.4f -> %.4f; samples used %lld; peak %s allocated, %s reserved\n",
+                  (long long)sum.steps, (long long)sum.tokens, format_duration_ns(sum.seconds * 1e9).c_str(),
+                  sum.first_loss, sum.last_loss, (long long)sum.samples_used, format_bytes(double(sum.peak_allocated)).c_str(),
+                  format_bytes(double(sum.peak_reserved)).c_str());
+      if (!c.trace.empty()) std::printf("trace: %s (zt db info %s)\n", c.trace.c_str(), c.trace.c_str());
+      return kExitOk;
+    };
+  });
+}
+
+}  // namespace zt::cli

@@ -1,0 +1,157 @@
+#include "tensor.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "zt/db/rows.h"
+
+namespace zt::trainer {
+
+Storage::Storage(Device& device, StorageAllocator& allocator, MemoryBlock block, std::string name, bool pinned)
+    : device_(device), allocator_(allocator), block_(block), name_(std::move(name)), pinned_(pinned) {}
+
+Storage::~Storage() {
+  if (probe::Recorder* rec = device_.recorder())
+    rec->placement(device_.rank(), rec->intern(name_), device_.trace_id(), probe::PlacementWhy::Freed,
+                   static_cast<int64_t>(block_.bytes), block_.trace_id);
+  allocator_.release(block_);
+}
+
+Tensor Tensor::empty(std::string name, std::vector<int64_t> shape, DType dtype, Device& device, bool pinned) {
+  Tensor t;
+  t.numel_ = 1;
+  for (int64_t d : shape) {
+    if (d < 0) throw std::invalid_argument("tensor " + name + ": negative dimension");
+    t.numel_ *= d;
+  }
+  t.name_ = std::move(name);
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  bool use_pinned = pinned && device.is_host() && device.pinned() != nullptr;
+  StorageAllocator& alloc = use_pinned ? *device.pinned() : device.memory();
+  size_t bytes = size_t(t.numel_) * dtype_size(dtype);
+  MemoryBlock block = alloc.allocate(bytes, t.name_);
+  t.storage_ = std::make_shared<Storage>(device, alloc, block, t.name_, use_pinned);
+  if (probe::Recorder* rec = device.recorder())
+    rec->placement(device.rank(), rec->intern(t.name_), device.trace_id(), probe::PlacementWhy::Created,
+                   static_cast<int64_t>(bytes), block.trace_id);
+  return t;
+}
+
+Tensor Tensor::zeros(std::string name, std::vector<int64_t> shape, DType dtype, Device& device, bool pinned) {
+  Tensor t = empty(std::move(name), std::move(shape), dtype, device, pinned);
+  if (t.raw()) std::memset(t.raw(), 0, t.bytes());
+  return t;
+}
+
+float* Tensor::f32() const {
+  if (dtype_ != DType::F32) throw std::logic_error("tensor " + name_ + " is " + std::string(dtype_name(dtype_)) + ", not fp32");
+  return data<float>();
+}
+
+std::string Tensor::describe() const {
+  std::ostringstream s;
+  s << name_ << " [";
+  for (size_t i = 0; i < shape_.size(); ++i) s << (i ? ", " : "") << shape_[i];
+  s << "] " << dtype_name(dtype_);
+  if (storage_) s << " on " << device().label() << (pinned() ? " (pinned)" : "");
+  return s.str();
+}
+
+namespace {
+probe::TransferKind kind_of(const Device& src, const Device& dst) {
+  if (src.is_host() && dst.is_host()) return probe::TransferKind::H2H;
+  if (src.is_host()) return probe::TransferKind::H2D;
+  if (dst.is_host()) return probe::TransferKind::D2H;
+  return probe::TransferKind::D2D;
+}
+
+void move_bytes(const Tensor& src, Tensor& dst) {
+  if (!src.raw() || !dst.raw()) return;  // virtual memory: sizes only, nothing to move
+  if (src.dtype() == dst.dtype()) {
+    std::memcpy(dst.raw(), src.raw(), src.bytes());
+  } else if (src.dtype() == DType::F32) {
+    from_float(dst.dtype(), src.data<float>(), dst.raw(), size_t(src.numel()));
+  } else if (dst.dtype() == DType::F32) {
+    to_float(src.dtype(), src.raw(), dst.data<float>(), size_t(src.numel()));
+  } else {
+    std::vector<float> tmp(size_t(src.numel()));
+    to_float(src.dtype(), src.raw(), tmp.data(), tmp.size());
+    from_float(dst.dtype(), tmp.data(), dst.raw(), tmp.size());
+  }
+}
+
+void record_transfer(const Tensor& src, const Tensor& dst, int64_t t0, int64_t t1) {
+  probe::Recorder* rec = src.device().recorder();
+  if (!rec) rec = dst.device().recorder();
+  if (!rec) return;
+  probe::TransferEvent e;
+  e.rank = src.device().is_host() ? dst.device().rank() : src.device().rank();
+  e.kind = kind_of(src.device(), dst.device());
+  e.bytes = static_cast<int64_t>(src.bytes());
+  e.src = src.device().trace_id();
+  e.dst = dst.device().trace_id();
+  if (e.kind == probe::TransferKind::H2D) e.pinned = src.pinned() ? 1 : 0;
+  else if (e.kind == probe::TransferKind::D2H) e.pinned = dst.pinned() ? 1 : 0;
+  e.t_start = t0;
+  e.t_end = t1;
+  e.name = rec->intern(dst.name());
+  rec->transfer(e);
+}
+}  // namespace
+
+Tensor copy_to(const Tensor& src, Device& dst, bool pinned, std::string name, std::optional<DType> dtype) {
+  Tensor out = Tensor::empty(name.empty() ? src.name() : std::move(name), src.shape(), dtype.value_or(src.dtype()),
+                             dst, pinned);
+  int64_t t0 = probe::now_ns();
+  move_bytes(src, out);
+  record_transfer(src, out, t0, probe::now_ns());
+  if (probe::Recorder* rec = dst.recorder())
+    rec->placement(dst.rank(), rec->intern(out.name()), dst.trace_id(), probe::PlacementWhy::Moved,
+                   static_cast<int64_t>(out.bytes()));
+  return out;
+}
+
+void copy_into(Tensor& dst, const Tensor& src) {
+  if (dst.numel() != src.numel())
+    throw std::invalid_argument("copy " + src.describe() + " into " + dst.describe() + ": sizes differ");
+  int64_t t0 = probe::now_ns();
+  move_bytes(src, dst);
+  if (&src.device() != &dst.device() || src.device().is_host() != dst.device().is_host())
+    record_transfer(src, dst, t0, probe::now_ns());
+}
+
+void check_same_device(const char* op, std::initializer_list<const Tensor*> tensors, int64_t step) {
+  const Device* first = nullptr;
+  for (const Tensor* t : tensors) {
+    const Device& d = t->device();
+    if (!first) {
+      first = &d;
+      continue;
+    }
+    if (d.label() == first->label() && d.rank() == first->rank()) continue;
+    std::string message = "Expected all tensors to be on the same device, but found at least two devices, " +
+                          first->label() + " and " + d.label() + "!";
+    std::vector<std::string> names;
+    std::string json = "[";
+    for (const Tensor* x : tensors) {
+      names.push_back(x->name());
+      json += (json.size() > 1 ? ",\"" : "\"") + x->name() + "@" + x->device().label() + "\"";
+    }
+    json += "]";
+    if (probe::Recorder* rec = d.recorder() ? d.recorder() : first->recorder()) {
+      db::ErrorRow row;
+      row.rank = first->rank();
+      if (step >= 0) row.step = step;
+      row.kind = "device_mismatch";
+      row.site = op;
+      row.message = message;
+      row.tensors = json;
+      row.device_id = d.trace_id();
+      rec->error(row);
+    }
+    throw DeviceMismatchError(message, std::move(names));
+  }
+}
+
+}  // namespace zt::trainer

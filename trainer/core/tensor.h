@@ -1,0 +1,96 @@
+// trainer/core/tensor.h: named tensors on devices, the copy engine and the device guard.
+//
+// Owns: Tensor (name, shape, dtype, device, storage), the copy engine that moves bytes
+// between devices and records each transfer (H2D, D2H, D2D, H2H; pinned or pageable; its
+// time), and the device guard that every op combining tensors passes first.
+// Invariants:
+//  - Every tensor creation, move and free is a placement row; every storage is an
+//    allocation row made by its device's allocator, named after the tensor.
+//  - An op never combines tensors on different devices: check_same_device() throws
+//    PyTorch's message first ("Expected all tensors to be on the same device, but found at
+//    least two devices, cuda:1 and cpu!") and records it as an error row.
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dtype.h"
+#include "device.h"
+
+namespace zt::trainer {
+
+class Storage {
+ public:
+  Storage(Device& device, StorageAllocator& allocator, MemoryBlock block, std::string name, bool pinned);
+  ~Storage();  // returns the block to its allocator and records the free placement
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return block_.ptr; }
+  size_t bytes() const { return block_.bytes; }
+  Device& device() const { return device_; }
+  bool pinned() const { return pinned_; }
+  probe::AllocId trace_id() const { return block_.trace_id; }
+
+ private:
+  Device& device_;
+  StorageAllocator& allocator_;
+  MemoryBlock block_;
+  std::string name_;
+  bool pinned_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Allocates on `device` (pinned host memory when `pinned` and the device is the host).
+  static Tensor empty(std::string name, std::vector<int64_t> shape, DType dtype, Device& device, bool pinned = false);
+  static Tensor zeros(std::string name, std::vector<int64_t> shape, DType dtype, Device& device, bool pinned = false);
+
+  bool defined() const { return storage_ != nullptr; }
+  const std::string& name() const { return name_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  Device& device() const { return storage_->device(); }
+  bool pinned() const { return storage_->pinned(); }
+  int64_t numel() const { return numel_; }
+  size_t bytes() const { return size_t(numel_) * dtype_size(dtype_); }
+  void* raw() const { return storage_->data(); }
+  template <typename T>
+  T* data() const { return static_cast<T*>(storage_->data()); }
+  float* f32() const;  // checks dtype == fp32
+  std::string describe() const;  // "block0.shard [768, 2304] bf16 on cuda:0"
+
+  // Frees the storage now (if this is its last reference), e.g. to release a gathered buffer.
+  void reset() { storage_.reset(); }
+
+ private:
+  std::string name_;
+  std::vector<int64_t> shape_;
+  DType dtype_ = DType::F32;
+  int64_t numel_ = 0;
+  std::shared_ptr<Storage> storage_;
+};
+
+// --- the copy engine ---
+// A new tensor on `dst` holding src's values (converted to `dtype` when given), recorded as a
+// transfer and a "moved" placement of `name` (default: src's name).
+Tensor copy_to(const Tensor& src, Device& dst, bool pinned = false, std::string name = "",
+               std::optional<DType> dtype = std::nullopt);
+// dst := src, element for element (dtypes may differ; shapes must hold the same numel).
+void copy_into(Tensor& dst, const Tensor& src);
+
+// --- the device guard ---
+class DeviceMismatchError : public std::runtime_error {
+ public:
+  DeviceMismatchError(const std::string& message, std::vector<std::string> tensors)
+      : std::runtime_error(message), tensors(std::move(tensors)) {}
+  std::vector<std::string> tensors;
+};
+// Throws DeviceMismatchError naming the first two distinct devices, in argument order,
+// after recording an error row (kind "device_mismatch") with the tensors involved.
+void check_same_device(const char* op, std::initializer_list<const Tensor*> tensors, int64_t step = -1);
+
+}  // namespace zt::trainer

@@ -1,0 +1,105 @@
+#include "train/rank_runtime.h"
+
+namespace zt::trainer {
+
+class RankRuntime::DeviceStorage : public StorageAllocator {
+ public:
+  explicit DeviceStorage(memory::DeviceAllocator& a) : a_(a) {}
+  MemoryBlock allocate(size_t bytes, std::string_view name) override {
+    memory::DeviceBlock b = a_.allocate(bytes, name);
+    return {b.ptr, b.size, b.requested, b.stream, b.alloc_id, b.id};
+  }
+  void release(const MemoryBlock& m) override {
+    memory::DeviceBlock b;
+    b.ptr = m.ptr;
+    b.size = m.bytes;
+    b.requested = m.requested;
+    b.stream = m.stream;
+    b.id = m.handle;
+    b.alloc_id = m.trace_id;
+    if (b.size) a_.free(b);
+  }
+
+ private:
+  memory::DeviceAllocator& a_;
+};
+
+template <typename Alloc>
+class HostStorage : public StorageAllocator {
+ public:
+  explicit HostStorage(Alloc& a) : a_(a) {}
+  MemoryBlock allocate(size_t bytes, std::string_view name) override {
+    memory::HostBlock b = a_.allocate(bytes, name);
+    return {b.ptr, b.size, b.requested, -1, b.alloc_id, 0};
+  }
+  void release(const MemoryBlock& m) override {
+    memory::HostBlock b;
+    b.ptr = m.ptr;
+    b.size = m.bytes;
+    b.requested = m.requested;
+    b.alloc_id = m.trace_id;
+    if (b.size) a_.free(b);
+  }
+
+ private:
+  Alloc& a_;
+};
+
+class RankRuntime::PinnedStorage : public HostStorage<memory::PinnedHostAllocator> {
+  using HostStorage::HostStorage;
+};
+class RankRuntime::PageableStorage : public HostStorage<memory::PageableHostAllocator> {
+  using HostStorage::HostStorage;
+};
+
+RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : options_(o), rec_(rec) {
+  probe::DeviceId host_id = 0, accel_id = 0;
+  if (rec) {
+    rec->add_rank(o.rank, o.world_size, o.rank);
+    host_id = rec->add_device(o.rank, probe::DeviceKind::Cpu, 0, "cpu", "host memory",
+                              o.host_capacity ? std::optional<int64_t>(int64_t(o.host_capacity)) : std::nullopt, false);
+    if (o.accelerator == DeviceType::Sim)
+      accel_id = rec->add_device(o.rank, probe::DeviceKind::Sim, o.rank, "cuda:" + std::to_string(o.rank),
+                                 o.virtual_memory ? "simulated GPU (virtual: sizes only)" : "simulated GPU",
+                                 int64_t(o.device_capacity), true);
+  }
+  memory::HostAllocatorOptions ho;
+  ho.recorder = rec;
+  ho.rank = o.rank;
+  ho.device = host_id;
+  ho.backing = o.virtual_memory ? memory::HostBacking::Virtual : memory::HostBacking::Real;
+  if (o.host_capacity) {
+    // One host memory for both allocators: pinned and pageable bytes count against one cap,
+    // as they do on a real machine.
+    ho.cap = o.host_capacity;
+    if (o.virtual_memory) host_source_ = std::make_unique<memory::VirtualSource>(o.host_capacity);
+    else host_source_ = std::make_unique<memory::HostBackedSource>(o.host_capacity);
+    ho.source = host_source_.get();
+  }
+  pinned_ = std::make_unique<memory::PinnedHostAllocator>(ho);
+  pageable_ = std::make_unique<memory::PageableHostAllocator>(ho);
+  pinned_storage_ = std::make_unique<PinnedStorage>(*pinned_);
+  pageable_storage_ = std::make_unique<PageableStorage>(*pageable_);
+  host_ = std::make_unique<Device>(DeviceType::Cpu, 0, o.rank, rec, host_id, pageable_storage_.get(),
+                                   pinned_storage_.get());
+  if (o.accelerator == DeviceType::Sim) {
+    if (o.virtual_memory) source_ = std::make_unique<memory::VirtualSource>(o.device_capacity);
+    else source_ = std::make_unique<memory::HostBackedSource>(o.device_capacity);
+    memory::DeviceAllocatorOptions dopt;
+    dopt.recorder = rec;
+    dopt.rank = o.rank;
+    dopt.device = accel_id;
+    dopt.device_ordinal = o.rank;
+    device_alloc_ = std::make_unique<memory::DeviceAllocator>(source_.get(), dopt);
+    device_storage_ = std::make_unique<DeviceStorage>(*device_alloc_);
+    accel_ = std::make_unique<Device>(DeviceType::Sim, o.rank, o.rank, rec, accel_id, device_storage_.get());
+  } else {
+    // Training on the CPU: the "accelerator" is the host itself.
+    accel_ = std::make_unique<Device>(DeviceType::Cpu, 0, o.rank, rec, host_id, pageable_storage_.get(),
+                                      pinned_storage_.get());
+  }
+}
+
+RankRuntime::~RankRuntime() = default;
+
+}  // namespace zt::trainer

@@ -1,0 +1,58 @@
+// trainer/train/rank_runtime.h: one rank's devices and their memory.
+//
+// Owns: for one rank, its accelerator (a simulated GPU `sim:N` shown as `cuda:N`, or the
+// host when training on `cpu`) and its host, each with its allocators: the caching device
+// allocator over a memory source with the device's capacity, the caching pinned host
+// allocator and the pageable host allocator (both under the host cap). Registers both
+// devices and the rank in the trace. No global state: a rank is an object.
+// Invariant: destroyed after every tensor allocated from it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/device.h"
+#include "zt/memory/device_allocator.h"
+#include "zt/memory/host_allocator.h"
+#include "zt/memory/memory_source.h"
+
+namespace zt::trainer {
+
+struct RuntimeOptions {
+  DeviceType accelerator = DeviceType::Sim;  // Sim or Cpu (Cuda arrives with the CUDA backend)
+  int rank = 0;
+  int world_size = 1;
+  size_t device_capacity = 80ull << 30;
+  size_t host_capacity = 0;  // 0: no cap
+  bool virtual_memory = false;  // sizes only, no backing memory (replays for memory alone)
+};
+
+class RankRuntime {
+ public:
+  RankRuntime(const RuntimeOptions& options, probe::Recorder* recorder);
+  ~RankRuntime();
+
+  int rank() const { return options_.rank; }
+  Device& accelerator() { return *accel_; }
+  Device& host() { return *host_; }
+  memory::DeviceAllocator* device_allocator() { return device_alloc_.get(); }
+  memory::PinnedHostAllocator& pinned_allocator() { return *pinned_; }
+  memory::PageableHostAllocator& pageable_allocator() { return *pageable_; }
+  probe::Recorder* recorder() const { return rec_; }
+
+ private:
+  class DeviceStorage;
+  class PinnedStorage;
+  class PageableStorage;
+  RuntimeOptions options_;
+  probe::Recorder* rec_;
+  std::unique_ptr<memory::MemorySource> source_;       // the accelerator's memory
+  std::unique_ptr<memory::MemorySource> host_source_;  // shared by pinned and pageable under a host cap
+  std::unique_ptr<memory::DeviceAllocator> device_alloc_;
+  std::unique_ptr<memory::PinnedHostAllocator> pinned_;
+  std::unique_ptr<memory::PageableHostAllocator> pageable_;
+  std::unique_ptr<StorageAllocator> device_storage_, pinned_storage_, pageable_storage_;
+  std::unique_ptr<Device> accel_, host_;
+};
+
+}  // namespace zt::trainer

@@ -1,0 +1,41 @@
+// trainer/train/trainer.h: the training loop of one rank (the single-rank reference; the
+// ZeRO engine takes over the same loop for many ranks).
+//
+// Owns: the run from a TrainConfig to a finished (or failed) training: the data plan, the
+// rank's devices, the model state as named tensors on the accelerator (params, grads,
+// adam.m, adam.v, and for bf16/fp16 the low-precision copy), the micro-step loop with
+// gradient accumulation, AdamW, and the trace of it all: markers for epoch, step,
+// micro-step and the forward/backward/optimizer phases, counters for loss, throughput and
+// memory. A failure (out of memory, device mismatch) is recorded and returned, not thrown.
+#pragma once
+
+#include <ostream>
+
+#include "data/corpus.h"
+#include "train/train_config.h"
+#include "zt/common/status.h"
+#include "zt/probe/recorder.h"
+
+namespace zt::trainer {
+
+struct TrainSummary {
+  int64_t steps = 0;           // optimizer steps completed
+  int64_t epochs_started = 0;
+  double first_loss = 0, last_loss = 0;
+  std::vector<double> losses;  // mean loss of each step
+  int64_t tokens = 0;          // tokens trained on
+  double seconds = 0;
+  Corpus corpus_accounting;    // documents, truncated, dropped (tokens cleared)
+  DataPlan plan;
+  int64_t samples_used = 0;
+  int64_t peak_allocated = 0, peak_reserved = 0;  // accelerator bytes
+  std::string failure;          // set when the run failed (also returned as the Status)
+};
+
+// Loads the data named by the config (text, token file, or the synthetic corpus).
+Status load_corpus(const TrainConfig& cfg, Corpus* out);
+
+// Runs the whole training. `progress`, when not null, gets one line per step.
+Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progress, TrainSummary* summary);
+
+}  // namespace zt::trainer
