@@ -1,0 +1,253 @@
+// Logic tests of the viewer's model, no window: loading into columns and tracks, the
+// visible-range search, folding, min/max decimation, leak grouping, placement mismatches,
+// the playhead state and range summaries.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+
+#include "known_trace.h"
+#include "model/analysis.h"
+#include "model/time_view.h"
+#include "model/trace_model.h"
+#include "test_util.h"
+
+using namespace zt::viewer;
+using K = zt::test::KnownTrace;
+
+namespace {
+
+class KnownTraceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new zt::test::TempDir();
+    std::string err;
+    ASSERT_TRUE(zt::test::write_known_trace(dir_->file("known.db"), &err)) << err;
+    auto s = TraceModel::load(dir_->file("known.db"), &model_);
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  static void TearDownTestSuite() {
+    model_.reset();
+    delete dir_;
+  }
+  static const Track* find(TrackKind kind) {
+    for (auto& t : model_->tracks)
+      if (t.kind == kind) return &t;
+    return nullptr;
+  }
+  static zt::test::TempDir* dir_;
+  static std::unique_ptr<TraceModel> model_;
+};
+zt::test::TempDir* KnownTraceTest::dir_ = nullptr;
+std::unique_ptr<TraceModel> KnownTraceTest::model_;
+
+IntervalLane lane_of(const std::vector<std::pair<int64_t, int64_t>>& spans) {
+  IntervalLane l;
+  for (size_t i = 0; i < spans.size(); ++i) l.push(spans[i].first, spans[i].second, uint32_t(i));
+  return l;
+}
+
+}  // namespace
+
+TEST(Families, ClassifiesTensorNames) {
+  EXPECT_EQ(classify_tensor("block3.gathered"), Family::Parameters);
+  EXPECT_EQ(classify_tensor("block3.grad"), Family::Gradients);
+  EXPECT_EQ(classify_tensor("grad.bucket0"), Family::Gradients);
+  EXPECT_EQ(classify_tensor("block3.grad[shard]"), Family::Gradients);
+  EXPECT_EQ(classify_tensor("adam.m[shard]"), Family::OptimizerState);
+  EXPECT_EQ(classify_tensor("block3.master"), Family::OptimizerState);
+  EXPECT_EQ(classify_tensor("block3.act"), Family::Activations);
+  EXPECT_EQ(classify_tensor("offload.buffer[epoch 1]"), Family::Buffers);
+  EXPECT_EQ(classify_tensor("segment0"), Family::Buffers);
+  EXPECT_EQ(leak_group_name("offload.buffer[epoch 12]"), "offload.buffer[epoch *]");
+  EXPECT_EQ(leak_group_name("block3.grad"), "block3.grad");
+  EXPECT_EQ(sibling_pattern("block12.grad[shard]"), "block#.grad[shard]");
+}
+
+TEST(Lod, VisibleRangeFindsOverlappingSpans) {
+  // A long span first, then short ones: the long one still reaches t=500.
+  IntervalLane l = lane_of({{0, 1000}, {10, 20}, {30, 40}, {600, 700}, {800, 900}});
+  auto [a, b] = visible_range(l, 500, 650);
+  EXPECT_EQ(a, 0u);
+  EXPECT_EQ(b, 4u);  // spans 0..3 start by 650
+  IntervalLane m = lane_of({{0, 10}, {20, 30}, {40, 50}, {60, 70}});
+  auto [c, d] = visible_range(m, 25, 45);
+  EXPECT_EQ(c, 1u);
+  EXPECT_EQ(d, 3u);
+  auto [e, f] = visible_range(m, 100, 200);
+  EXPECT_EQ(e, f);
+}
+
+TEST(Lod, FoldsThinSpansAndKeepsWideOnes) {
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (int i = 0; i < 100000; ++i) spans.push_back({i * 20, i * 20 + 10});  // 10 ns on, 10 ns off
+  spans.push_back({2'000'000, 2'500'000});                                  // one wide span
+  IntervalLane l = lane_of(spans);
+  std::vector<DrawItem> items;
+  // 1000 ns per pixel: every small span is 0.01 px.
+  fold_visible(l, 0, 3'000'000, 1000.0, 3.0, &items);
+  uint64_t covered = 0;
+  for (auto& it : items) covered += it.count;
+  EXPECT_EQ(covered, spans.size());  // nothing lost, nothing counted twice
+  EXPECT_LE(items.size(), 20u);      // a few folds, not 100k boxes
+  ASSERT_FALSE(items.empty());
+  EXPECT_EQ(items.back().count, 1u);  // the wide span is drawn on its own
+  EXPECT_EQ(items.back().t0, 2'000'000);
+  // Zoomed in to 1 ns per pixel, the spans are 10 px wide: no folding at all.
+  items.clear();
+  fold_visible(l, 0, 1000, 1.0, 3.0, &items);
+  ASSERT_EQ(items.size(), 51u);  // spans starting at 0, 20, ..., 1000
+  for (auto& it : items) EXPECT_EQ(it.count, 1u);
+}
+
+TEST(Lod, DecimationMatchesBruteForce) {
+  std::mt19937_64 rng(7);
+  Series s;
+  int64_t t = 100;
+  for (int i = 0; i < 20000; ++i) {
+    t += int64_t(rng() % 50) + 1;
+    s.push(t, double(rng() % 100000));
+  }
+  s.build();
+  for (int trial = 0; trial < 20; ++trial) {
+    int64_t t0 = int64_t(rng() % uint64_t(t));
+    double npp = double(rng() % 2000) / 10.0 + 0.5;
+    int cols = 300;
+    std::vector<ColumnMinMax> out;
+    decimate(s, t0, npp, cols, t + 1, &out);
+    for (int c = 0; c < cols; ++c) {
+      int64_t c0 = t0 + int64_t(double(c) * npp), c1 = t0 + int64_t(double(c + 1) * npp);
+      if (c1 <= c0) c1 = c0 + 1;
+      if (c0 > t) break;
+      double lo = 1e300, hi = -1e300;
+      bool any = false;
+      for (size_t i = 0; i < s.t.size(); ++i) {
+        int64_t from = s.t[i], to = i + 1 < s.t.size() ? s.t[i + 1] : INT64_MAX;
+        if (from < c1 && to > c0) lo = std::min(lo, s.value[i]), hi = std::max(hi, s.value[i]), any = true;
+      }
+      ASSERT_EQ(out[size_t(c)].any, any) << "column " << c;
+      if (any) {
+        EXPECT_EQ(out[size_t(c)].lo, float(lo)) << "column " << c;
+        EXPECT_EQ(out[size_t(c)].hi, float(hi)) << "column " << c;
+      }
+    }
+  }
+}
+
+TEST(TimeViewTest, ZoomKeepsTheTimeUnderTheCursor) {
+  TimeView v;
+  v.width_px = 1000;
+  v.fit(0, 1e9);
+  double before = v.t_of(250);
+  v.zoom_at(250, 0.5);
+  EXPECT_NEAR(v.t_of(250), before, 1e-3);
+  v.pan_px(100);
+  EXPECT_NEAR(v.t_of(350), before, 1e-3);
+}
+
+TEST_F(KnownTraceTest, LoadsColumnsAndTracks) {
+  const TraceModel& m = *model_;
+  EXPECT_EQ(m.t_align, K::kT0);
+  EXPECT_EQ(m.t_last, K::kEnd);
+  EXPECT_EQ(m.devices.size(), 2u);
+  EXPECT_TRUE(std::is_sorted(m.alloc.t_alloc.begin(), m.alloc.t_alloc.end()));
+  // markers, cuda:0 memory, cuda:0 allocations, host memory, cpu allocations, transfers, flags
+  ASSERT_EQ(m.tracks.size(), 7u);
+  EXPECT_EQ(m.tracks[0].kind, TrackKind::Markers);
+  EXPECT_EQ(m.tracks[1].kind, TrackKind::Memory);
+  EXPECT_EQ(m.tracks[1].capacity, K::kCapacity);
+  EXPECT_EQ(m.tracks[3].kind, TrackKind::HostMemory);
+  EXPECT_EQ(m.tracks[6].kind, TrackKind::Flags);
+  EXPECT_EQ(m.step_start(6), K::step_start(6));
+  EXPECT_EQ(m.epoch_start(1), K::step_start(5));
+  ASSERT_EQ(m.flags.size(), 2u);
+  EXPECT_FALSE(m.flags[0].is_error);
+  EXPECT_EQ(m.flags[0].t, K::kFaultT);
+  EXPECT_TRUE(m.flags[1].is_error);
+  EXPECT_EQ(m.flags[1].t, K::kErrorT);
+}
+
+TEST_F(KnownTraceTest, AllocatedSeriesPeaksAtTheCheckpointGather) {
+  const Track* mem = find(TrackKind::Memory);
+  ASSERT_NE(mem, nullptr);
+  ASSERT_FALSE(mem->series.empty());
+  EXPECT_EQ(mem->series[0].name, "allocated");
+  const Series& s = model_->series[size_t(mem->series[0].series)];
+  EXPECT_EQ(s.peak, double(K::kPeakBytes));
+  EXPECT_EQ(s.peak_t, K::kPeakStart);
+  EXPECT_EQ(s.at(K::kPeakEnd), double(512 * K::kMiB));  // the gather is gone, act + grad stay
+  double lo, hi;
+  ASSERT_TRUE(s.range_min_max(K::step_start(0), K::step_start(6), &lo, &hi));
+  EXPECT_EQ(hi, double(768 * K::kMiB));
+  EXPECT_EQ(lo, 0.0);
+}
+
+TEST_F(KnownTraceTest, LeaksGroupByNameAndGrowPerEpoch) {
+  auto leaks = find_leaks(*model_);
+  ASSERT_EQ(leaks.size(), 1u);  // block0.master is freed; the per-step blocks are freed
+  EXPECT_EQ(leaks[0].name, "offload.buffer[epoch *]");
+  EXPECT_EQ(leaks[0].alive_count, 2);
+  EXPECT_EQ(leaks[0].alive_bytes, 2 * K::kGiB);
+  EXPECT_EQ(leaks[0].stack_id, 2);
+  EXPECT_TRUE(leaks[0].grows);
+  EXPECT_EQ(leaks[0].bytes_at_epoch_end, (std::vector<int64_t>{K::kGiB, 2 * K::kGiB}));
+  std::vector<std::string> stack;
+  ASSERT_TRUE(model_->stack_text(leaks[0].stack_id, &stack).ok());
+  ASSERT_EQ(stack.size(), 2u);
+  EXPECT_NE(stack[0].find("zt::offload::make_buffer"), std::string::npos);
+}
+
+TEST_F(KnownTraceTest, PlacementFlagsTheGradientPartitionOnTheWrongDevice) {
+  auto rows = placement_timeline(*model_, 1000);
+  ASSERT_GE(rows.size(), 4u);
+  EXPECT_EQ(rows[0].name, "block2.grad[shard]");  // mismatched and named in the error: first
+  EXPECT_TRUE(rows[0].mismatch);
+  EXPECT_TRUE(rows[0].in_error);
+  EXPECT_EQ(rows[0].expected, "host");
+  for (size_t i = 1; i < rows.size(); ++i) EXPECT_FALSE(rows[i].mismatch) << rows[i].name;
+}
+
+TEST_F(KnownTraceTest, PlayheadStateAtThePeak) {
+  PlayheadState st = state_at(*model_, K::kPeakStart + K::kMs, 3);
+  int gpu = model_->devices[0].host ? 1 : 0;
+  EXPECT_EQ(st.live_total[size_t(gpu)], K::kPeakBytes);
+  ASSERT_FALSE(st.largest.empty());
+  EXPECT_EQ(model_->str(model_->alloc.name[st.largest[0]]), "checkpoint.gather");
+  EXPECT_EQ(st.live[size_t(gpu)][size_t(Family::Activations)], 256 * K::kMiB);
+  EXPECT_EQ(st.live[size_t(gpu)][size_t(Family::Gradients)], 256 * K::kMiB);
+  // An H2D copy is in flight 7 ms into a step.
+  PlayheadState copy = state_at(*model_, K::step_start(2) + 7 * K::kMs, 3);
+  ASSERT_EQ(copy.transfers_in_flight.size(), 1u);
+  EXPECT_EQ(model_->xfer.kind[copy.transfers_in_flight[0]], uint8_t(zt::db::TransferKind::H2D));
+}
+
+TEST_F(KnownTraceTest, RangeSummaryCountsBytesPeaksAndKeptAllocations) {
+  RangeSummary r = summarize_range(*model_, K::step_start(0), K::step_start(1), 5);
+  EXPECT_EQ(r.bytes[size_t(Direction::H2D)], 64 * K::kMiB);
+  EXPECT_EQ(r.bytes[size_t(Direction::D2H)], 128 * K::kMiB);
+  EXPECT_EQ(r.bytes[size_t(Direction::Collective)], 512 * K::kMiB);
+  EXPECT_EQ(r.allocations, 3);
+  EXPECT_EQ(r.kept, 0);
+  bool found = false;
+  for (auto& p : r.peaks)
+    if (p.series == "allocated") {
+      found = true;
+      EXPECT_EQ(p.peak, double(768 * K::kMiB));
+    }
+  EXPECT_TRUE(found);
+  // Around the first epoch end the leaked buffer is made and kept.
+  RangeSummary e = summarize_range(*model_, K::step_start(5) - 2 * K::kMs, K::step_start(5), 5);
+  EXPECT_EQ(e.kept, 1);
+  EXPECT_EQ(e.kept_bytes, K::kGiB);
+}
+
+TEST(TraceModelErrors, BadFileGivesAnErrorNamingIt) {
+  zt::test::TempDir dir;
+  std::string path = dir.file("not-a-trace.db");
+  std::ofstream(path) << "this is not a zerotrace trace\n";
+  std::unique_ptr<TraceModel> m;
+  auto s = TraceModel::load(path, &m);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+  EXPECT_FALSE(TraceModel::load(dir.file("missing.db"), &m).ok());
+}

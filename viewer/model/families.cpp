@@ -1,0 +1,70 @@
+#include "families.h"
+
+#include <array>
+#include <cctype>
+
+namespace zt::viewer {
+namespace {
+bool has(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+}  // namespace
+
+Family classify_tensor(std::string_view raw) {
+  std::string lower(raw);
+  for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+  std::string_view n = lower;
+  // Order matters: "grad.bucket" is a gradient even though it is a buffer by shape, and
+  // "block3.master" is optimizer state (fp32 master weights live with Adam's moments under
+  // offload), not a parameter.
+  if (has(n, "adam") || has(n, "exp_avg") || has(n, "master") || has(n, "optim") || has(n, "momentum") ||
+      has(n, ".m[") || has(n, ".v["))
+    return Family::OptimizerState;
+  if (has(n, "grad")) return Family::Gradients;
+  if (has(n, ".act") || has(n, "activation") || has(n, "hidden") || has(n, "logits") || has(n, "attn_out"))
+    return Family::Activations;
+  if (has(n, "gathered") || has(n, "param") || has(n, "weight") || has(n, ".bias") || has(n, ".shard") ||
+      has(n, "embed"))
+    return Family::Parameters;
+  return Family::Buffers;
+}
+
+std::string_view to_string(Family f) {
+  static constexpr std::array<std::string_view, kFamilyCount> names{"parameters", "gradients", "optimizer state",
+                                                                     "activations", "buffers/other"};
+  return names[static_cast<size_t>(f)];
+}
+
+std::string leak_group_name(std::string_view name) {
+  std::string out;
+  int depth = 0;
+  bool in_digits = false;
+  for (char c : name) {
+    if (c == '[') ++depth;
+    if (c == ']' && depth > 0) --depth;
+    bool digit = std::isdigit(static_cast<unsigned char>(c)) != 0;
+    if (depth > 0 && digit) {
+      if (!in_digits) out += '*';
+      in_digits = true;
+      continue;
+    }
+    in_digits = false;
+    out += c;
+  }
+  return out;
+}
+
+std::string sibling_pattern(std::string_view name) {
+  std::string out;
+  bool in_digits = false;
+  for (char c : name) {
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      if (!in_digits) out += '#';
+      in_digits = true;
+      continue;
+    }
+    in_digits = false;
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace zt::viewer

@@ -1,0 +1,650 @@
+#include "trace_model.h"
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <numeric>
+#include <queue>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "zt/db/trace_reader.h"
+
+namespace zt::viewer {
+namespace {
+
+using db::AllocLevel;
+using db::MarkerKind;
+using db::MemoryKind;
+
+constexpr int kMaxAllocationLanes = 32;
+constexpr int kMaxPhaseLanes = 6;
+constexpr int kMaxKernelLanes = 4;
+
+// Streams one SELECT, calling fill(stmt) per row and publishing progress every 64k rows.
+// Raw SQLite (through the reader's handle) because the typed reads build a row struct with
+// strings per row and sort in SQL; on ten million rows that alone costs seconds.
+template <typename Fill>
+Status stream(sqlite3* db, const std::string& path, const char* table, const char* sql, LoadProgress* progress,
+              int64_t* rows, Fill fill) {
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) != SQLITE_OK)
+    return Status::Error(path + ": reading the " + table + " table failed: " + sqlite3_errmsg(db));
+  int rc;
+  int64_t n = 0;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    fill(st);
+    if ((++n & 0xffff) == 0 && progress) {
+      progress->rows_done.fetch_add(0x10000, std::memory_order_relaxed);
+      if (progress->cancel.load(std::memory_order_relaxed)) break;
+    }
+  }
+  if (progress) progress->rows_done.fetch_add(n & 0xffff, std::memory_order_relaxed);
+  *rows += n;
+  std::string err = rc == SQLITE_DONE || rc == SQLITE_ROW ? "" : sqlite3_errmsg(db);
+  sqlite3_finalize(st);
+  if (!err.empty()) return Status::Error(path + ": reading the " + table + " table failed: " + err);
+  if (progress && progress->cancel.load()) return Status::Error(path + ": loading cancelled");
+  return Status::Ok();
+}
+
+// Rows in a table, estimated from its largest rowid: instant, where count(*) walks the whole
+// table. Used to reserve columns and to size the progress bar.
+int64_t estimate_rows(sqlite3* db, const char* table) {
+  sqlite3_stmt* st = nullptr;
+  int64_t n = 0;
+  std::string sql = std::string("SELECT max(rowid) FROM ") + table;
+  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+    n = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  return n;
+}
+
+template <typename... V>
+void reserve_all(int64_t n, V&... v) {
+  (v.reserve(size_t(std::max<int64_t>(n, 0))), ...);
+}
+
+int64_t col_or(sqlite3_stmt* st, int c, int64_t none) {
+  return sqlite3_column_type(st, c) == SQLITE_NULL ? none : sqlite3_column_int64(st, c);
+}
+
+// Permutation that sorts `key` (stable, so rows at one instant keep their recorded order).
+// Returns an empty vector when the column is already sorted, the usual case.
+std::vector<uint32_t> sort_order(const std::vector<int64_t>& key) {
+  if (std::is_sorted(key.begin(), key.end())) return {};
+  std::vector<uint32_t> order(key.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return key[a] < key[b]; });
+  return order;
+}
+template <typename T>
+void permute(std::vector<T>& v, const std::vector<uint32_t>& order) {
+  if (order.empty()) return;
+  std::vector<T> out(v.size());
+  for (size_t i = 0; i < order.size(); ++i) out[i] = v[order[i]];
+  v.swap(out);
+}
+
+// Greedy interval colouring: each span goes to the lowest lane free at its start, so spans
+// in one lane never overlap (the last lane takes the overflow and may).
+class LaneAssigner {
+ public:
+  explicit LaneAssigner(int max_lanes) : max_(max_lanes) {}
+  int assign(int64_t t0, int64_t t1) {
+    while (!busy_.empty() && busy_.top().first <= t0) {
+      free_.push(busy_.top().second);
+      busy_.pop();
+    }
+    int lane;
+    if (!free_.empty()) {
+      lane = free_.top();
+      free_.pop();
+    } else if (used_ < max_ - 1) {
+      lane = used_++;
+    } else {
+      return max_ - 1;  // overflow: not tracked as busy, shares the last lane
+    }
+    busy_.push({t1, lane});
+    return lane;
+  }
+  int lanes() const { return used_; }
+
+ private:
+  using Busy = std::pair<int64_t, int>;
+  int max_;
+  int used_ = 0;
+  std::priority_queue<Busy, std::vector<Busy>, std::greater<Busy>> busy_;
+  std::priority_queue<int, std::vector<int>, std::greater<int>> free_;
+};
+
+}  // namespace
+
+Direction direction_of(db::TransferKind k) {
+  switch (k) {
+    case db::TransferKind::H2D: return Direction::H2D;
+    case db::TransferKind::D2H: return Direction::D2H;
+    case db::TransferKind::Collective: return Direction::Collective;
+    default: return Direction::D2D;  // D2D, P2P and H2H: copies that do not cross the host link
+  }
+}
+
+const char* to_string(Direction d) {
+  static const char* names[] = {"H2D", "D2H", "D2D/P2P", "collectives"};
+  return names[int(d)];
+}
+
+TraceModel::~TraceModel() = default;
+
+const std::string& TraceModel::str(int64_t id) const {
+  static const std::string empty;
+  return id > 0 && size_t(id) < strings_.size() ? strings_[size_t(id)] : empty;
+}
+
+int64_t TraceModel::intern_lookup(const std::string& text) const {
+  for (size_t i = 1; i < strings_.size(); ++i)
+    if (strings_[i] == text) return int64_t(i);
+  return 0;
+}
+
+Status TraceModel::stack_text(int64_t stack_id, std::vector<std::string>* lines) const {
+  lines->clear();
+  if (stack_id <= 0) return Status::Ok();
+  return reader_->stack_text(stack_id, lines);
+}
+
+Status TraceModel::load_placements() const {
+  if (placements_loaded_) return Status::Ok();
+  Placements& p = place;
+  std::unordered_map<int64_t, int32_t> dev_index;
+  for (size_t d = 0; d < devices.size(); ++d) dev_index[devices[d].id] = int32_t(d);
+  int64_t n = 0;
+  Status s = stream(reader_->handle(), path_, "placement", "SELECT rank,t,tensor_id,device_id,why,bytes FROM placement",
+                    nullptr, &n, [&](sqlite3_stmt* st) {
+                      p.rank.push_back(int32_t(sqlite3_column_int64(st, 0)));
+                      p.t.push_back(sqlite3_column_int64(st, 1));
+                      p.tensor.push_back(int32_t(sqlite3_column_int64(st, 2)));
+                      auto it = dev_index.find(col_or(st, 3, 0));
+                      p.device.push_back(it == dev_index.end() ? -1 : it->second);
+                      p.why.push_back(uint8_t(sqlite3_column_int64(st, 4)));
+                      p.bytes.push_back(col_or(st, 5, 0));
+                    });
+  if (!s) {
+    p = Placements{};
+    return s;
+  }
+  auto order = sort_order(p.t);
+  permute(p.t, order), permute(p.bytes, order), permute(p.rank, order);
+  permute(p.tensor, order), permute(p.device, order), permute(p.why, order);
+  placements_loaded_ = true;
+  return Status::Ok();
+}
+
+int64_t TraceModel::step_start(int64_t step) const {
+  int64_t best = -1;
+  for (size_t i = 0; i < mark.size(); ++i)
+    if (mark.kind[i] == uint8_t(MarkerKind::Step) && mark.step[i] == step && (best < 0 || mark.t_start[i] < best))
+      best = mark.t_start[i];
+  return best;
+}
+int64_t TraceModel::step_end(int64_t step) const {
+  int64_t best = -1;
+  for (size_t i = 0; i < mark.size(); ++i)
+    if (mark.kind[i] == uint8_t(MarkerKind::Step) && mark.step[i] == step) best = std::max(best, mark.t_end[i]);
+  return best;
+}
+int64_t TraceModel::epoch_start(int64_t epoch) const {
+  int64_t best = -1;
+  for (size_t i = 0; i < mark.size(); ++i)
+    if (mark.kind[i] == uint8_t(MarkerKind::Epoch) && mark.epoch[i] == epoch && (best < 0 || mark.t_start[i] < best))
+      best = mark.t_start[i];
+  return best;
+}
+
+namespace {
+// Reading through a memory map skips a copy of every page: a third less time on big traces.
+void tune_for_scans(sqlite3* db) { sqlite3_exec(db, "PRAGMA mmap_size=68719476736", nullptr, nullptr, nullptr); }
+}  // namespace
+
+Status TraceModel::load(const std::string& path, std::unique_ptr<TraceModel>* out, LoadProgress* progress) {
+  std::unique_ptr<TraceModel> m(new TraceModel());
+  m->path_ = path;
+  if (Status s = db::TraceReader::open(path, &m->reader_); !s) return s;
+  tune_for_scans(m->reader_->handle());
+  if (Status s = m->read_all(progress); !s) return s;
+  m->build_tracks();
+  *out = std::move(m);
+  return Status::Ok();
+}
+
+Status TraceModel::read_all(LoadProgress* progress) {
+  db::TraceReader& r = *reader_;
+  if (progress) {
+    int64_t total = 0;
+    for (const char* t : {"allocation", "transfer", "kernel", "marker"}) total += estimate_rows(r.handle(), t);
+    progress->rows_total = total;
+  }
+  // Small tables through the typed reader.
+  std::vector<db::DeviceRow> dev_rows;
+  std::vector<db::RankRow> rank_rows;
+  std::vector<db::FaultRow> faults;
+  std::vector<db::ErrorRow> errors;
+  std::vector<db::StringRow> string_rows;
+  if (Status s = r.read(&dev_rows); !s) return s;
+  if (Status s = r.read(&rank_rows); !s) return s;
+  if (Status s = r.read(&faults); !s) return s;
+  if (Status s = r.read(&errors); !s) return s;
+  if (Status s = r.read(&string_rows); !s) return s;
+  rows += int64_t(dev_rows.size() + rank_rows.size() + faults.size() + errors.size() + string_rows.size());
+  int64_t max_id = 0;
+  for (auto& s : string_rows) max_id = std::max(max_id, s.id);
+  strings_.assign(size_t(max_id + 1), std::string());
+  for (auto& s : string_rows) strings_[size_t(s.id)] = std::move(s.text);
+
+  std::unordered_map<int64_t, int32_t> dev_index;
+  std::set<int> rank_set;
+  for (auto& rr : rank_rows) rank_set.insert(int(rr.rank));
+  for (auto& d : dev_rows) {
+    dev_index[d.id] = int32_t(devices.size());
+    DeviceInfo info;
+    info.id = d.id;
+    info.rank = int(d.rank);
+    info.label = d.label;
+    info.name = d.name;
+    info.capacity = d.capacity_bytes.value_or(0);
+    info.host = d.kind == db::DeviceKind::Cpu;
+    devices.push_back(info);
+    rank_set.insert(int(d.rank));
+  }
+  auto dev = [&](int64_t id) -> int32_t {
+    auto it = dev_index.find(id);
+    return it == dev_index.end() ? -1 : it->second;
+  };
+
+  // Allocations are usually the largest table: read them on a second connection and thread
+  // while this one reads the rest. SQLite connections are independent, so this is safe.
+  std::unique_ptr<db::TraceReader> second;
+  if (Status s = db::TraceReader::open(path_, &second); !s) return s;
+  tune_for_scans(second->handle());
+  Status alloc_status;
+  int64_t alloc_rows = 0;
+  std::thread alloc_thread([&] {
+    Allocations& a = alloc;
+    int64_t n = estimate_rows(second->handle(), "allocation");
+    std::vector<int64_t> segment_of;
+    reserve_all(n, a.id, a.t_alloc, a.t_free, a.bytes, a.stack, a.device, a.name, a.kind, a.level, a.freed, segment_of);
+    alloc_status = stream(
+        second->handle(), path_, "allocation",
+        "SELECT id,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id,segment_id FROM allocation", progress,
+        &alloc_rows, [&](sqlite3_stmt* st) {
+          a.id.push_back(sqlite3_column_int64(st, 0));
+          a.device.push_back(dev(sqlite3_column_int64(st, 1)));
+          a.kind.push_back(uint8_t(sqlite3_column_int64(st, 2)));
+          a.level.push_back(uint8_t(sqlite3_column_int64(st, 3)));
+          a.bytes.push_back(sqlite3_column_int64(st, 4));
+          a.t_alloc.push_back(sqlite3_column_int64(st, 5));
+          bool freed = sqlite3_column_type(st, 6) != SQLITE_NULL;
+          a.freed.push_back(freed);
+          a.t_free.push_back(freed ? sqlite3_column_int64(st, 6) : INT64_MAX);
+          a.name.push_back(int32_t(col_or(st, 7, 0)));
+          a.stack.push_back(col_or(st, 8, 0));
+          segment_of.push_back(col_or(st, 9, 0));
+        });
+    if (!alloc_status) return;
+    std::vector<int64_t> containers;
+    for (int64_t sid : segment_of)
+      if (sid) containers.push_back(sid);
+    std::sort(containers.begin(), containers.end());
+    a.in_segment.resize(a.size());
+    a.holds_blocks.resize(a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      a.in_segment[i] = segment_of[i] != 0;
+      a.holds_blocks[i] = std::binary_search(containers.begin(), containers.end(), a.id[i]);
+    }
+    auto order = sort_order(a.t_alloc);
+    permute(a.id, order), permute(a.t_alloc, order), permute(a.t_free, order), permute(a.bytes, order);
+    permute(a.stack, order), permute(a.device, order), permute(a.name, order), permute(a.kind, order);
+    permute(a.level, order), permute(a.freed, order), permute(a.in_segment, order);
+    permute(a.holds_blocks, order);
+    std::vector<uint8_t> family_of(strings_.size());
+    for (size_t i = 0; i < strings_.size(); ++i) family_of[i] = uint8_t(classify_tensor(strings_[i]));
+    a.family.resize(a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      int32_t nm = a.name[i];
+      a.family[i] = nm > 0 && size_t(nm) < family_of.size() ? family_of[size_t(nm)] : uint8_t(Family::Buffers);
+    }
+    if (!alloc_status) return;
+    // Markers too, so the two connections read about as many rows each.
+    int64_t nm = estimate_rows(second->handle(), "marker");
+    reserve_all(nm, mark.t_start, mark.t_end, mark.step, mark.epoch, mark.rank, mark.name, mark.kind);
+    alloc_status = stream(second->handle(), path_, "marker", "SELECT rank,kind,name_id,t_start,t_end,step,epoch FROM marker",
+                          progress, &alloc_rows, [&](sqlite3_stmt* st) {
+                            mark.rank.push_back(int32_t(sqlite3_column_int64(st, 0)));
+                            mark.kind.push_back(uint8_t(sqlite3_column_int64(st, 1)));
+                            mark.name.push_back(int32_t(col_or(st, 2, 0)));
+                            mark.t_start.push_back(sqlite3_column_int64(st, 3));
+                            mark.t_end.push_back(col_or(st, 4, INT64_MAX));  // open: closed at t_last below
+                            mark.step.push_back(col_or(st, 5, -1));
+                            mark.epoch.push_back(col_or(st, 6, -1));
+                          });
+    if (!alloc_status) return;
+    auto morder = sort_order(mark.t_start);
+    permute(mark.t_start, morder), permute(mark.t_end, morder), permute(mark.step, morder);
+    permute(mark.epoch, morder), permute(mark.rank, morder), permute(mark.name, morder), permute(mark.kind, morder);
+  });
+
+  int64_t nx = estimate_rows(r.handle(), "transfer");
+  reserve_all(nx, xfer.t_start, xfer.t_end, xfer.bytes, xfer.rank, xfer.src, xfer.dst, xfer.name, xfer.op, xfer.kind);
+  Status s = stream(r.handle(), path_, "transfer",
+                    "SELECT rank,kind,bytes,src_device_id,dst_device_id,t_start,t_end,name_id,op_id FROM transfer",
+                    progress, &rows, [&](sqlite3_stmt* st) {
+                      xfer.rank.push_back(int32_t(sqlite3_column_int64(st, 0)));
+                      xfer.kind.push_back(uint8_t(sqlite3_column_int64(st, 1)));
+                      xfer.bytes.push_back(sqlite3_column_int64(st, 2));
+                      xfer.src.push_back(dev(col_or(st, 3, 0)));
+                      xfer.dst.push_back(dev(col_or(st, 4, 0)));
+                      xfer.t_start.push_back(sqlite3_column_int64(st, 5));
+                      xfer.t_end.push_back(sqlite3_column_int64(st, 6));
+                      xfer.name.push_back(int32_t(col_or(st, 7, 0)));
+                      xfer.op.push_back(int32_t(col_or(st, 8, 0)));
+                    });
+  if (s) {
+    auto order = sort_order(xfer.t_start);
+    permute(xfer.t_start, order), permute(xfer.t_end, order), permute(xfer.bytes, order);
+    permute(xfer.rank, order), permute(xfer.src, order), permute(xfer.dst, order);
+    permute(xfer.name, order), permute(xfer.op, order), permute(xfer.kind, order);
+    s = stream(r.handle(), path_, "kernel", "SELECT device_id,name_id,t_start,t_end FROM kernel", progress, &rows,
+               [&](sqlite3_stmt* st) {
+                 kern.device.push_back(dev(sqlite3_column_int64(st, 0)));
+                 kern.name.push_back(int32_t(col_or(st, 1, 0)));
+                 kern.t_start.push_back(sqlite3_column_int64(st, 2));
+                 kern.t_end.push_back(sqlite3_column_int64(st, 3));
+               });
+  }
+  if (s) {
+    auto order = sort_order(kern.t_start);
+    permute(kern.t_start, order), permute(kern.t_end, order), permute(kern.device, order), permute(kern.name, order);
+  }
+  // Recorded counters that are about memory go beside the derived series (host RSS is only
+  // known this way); allocated/reserved/pinned are derived from allocations instead, which
+  // is exact at every event rather than at the recorder's sampling points.
+  struct CounterKey {
+    int32_t device;
+    int32_t name;
+    bool operator<(const CounterKey& o) const { return device != o.device ? device < o.device : name < o.name; }
+  };
+  std::map<CounterKey, Series> counters;
+  // Only memory-like counters are read, chosen by name before the scan: a trace full of
+  // loss or throughput samples costs nothing here.
+  std::string wanted;
+  for (size_t i = 1; i < strings_.size(); ++i) {
+    const std::string& n = strings_[i];
+    if (n == "allocated" || n == "reserved" || n == "pinned" || n == "pageable") continue;
+    if (n.find("rss") != std::string::npos || n.find("mem") != std::string::npos ||
+        n.find("bytes") != std::string::npos || n.find("host") != std::string::npos)
+      wanted += (wanted.empty() ? "" : ",") + std::to_string(i);
+  }
+  if (s && !wanted.empty()) {
+    std::string sql = "SELECT device_id,name_id,t,value FROM counter WHERE name_id IN (" + wanted + ") ORDER BY t";
+    s = stream(r.handle(), path_, "counter", sql.c_str(), progress, &rows, [&](sqlite3_stmt* st) {
+      int32_t d = dev(col_or(st, 0, 0));
+      if (d < 0) return;
+      counters[CounterKey{d, int32_t(sqlite3_column_int64(st, 1))}].push(sqlite3_column_int64(st, 2),
+                                                                          sqlite3_column_double(st, 3));
+    });
+  }
+  if (!s) progress ? progress->cancel.store(true) : void();
+  alloc_thread.join();
+  if (!s) return s;
+  if (!alloc_status) return alloc_status;
+  rows += alloc_rows;
+
+  // Span of the trace.
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  auto span = [&](int64_t a, int64_t b) {
+    lo = std::min(lo, a);
+    hi = std::max(hi, b);
+  };
+  if (alloc.size()) span(alloc.t_alloc.front(), alloc.t_alloc.back());
+  for (size_t i = 0; i < alloc.size(); ++i)
+    if (alloc.freed[i]) hi = std::max(hi, alloc.t_free[i]);
+  for (size_t i = 0; i < xfer.size(); ++i) span(xfer.t_start[i], xfer.t_end[i]);
+  for (size_t i = 0; i < kern.size(); ++i) span(kern.t_start[i], kern.t_end[i]);
+  for (size_t i = 0; i < mark.size(); ++i) span(mark.t_start[i], mark.t_end[i] == INT64_MAX ? mark.t_start[i] : mark.t_end[i]);
+  for (auto& [k, ser] : counters) span(ser.t.front(), ser.t.back());
+  for (auto& f : faults) span(f.t, f.t);
+  for (auto& e : errors) span(e.t, e.t);
+  if (lo > hi) lo = hi = 0;
+  t_first = lo;
+  t_last = hi;
+  for (size_t i = 0; i < alloc.size(); ++i)
+    if (!alloc.freed[i]) alloc.t_free[i] = t_last;
+  for (auto& t : mark.t_end)
+    if (t == INT64_MAX) t = t_last;
+
+  for (auto& f : faults)
+    flags.push_back({f.t, int(f.rank), false, f.step.value_or(-1), f.name,
+                     f.details + (f.trigger.empty() ? "" : " [trigger " + f.trigger + "]"), "", -1});
+  for (auto& e : errors)
+    flags.push_back({e.t, int(e.rank), true, e.step.value_or(-1), e.kind.empty() ? "error" : e.kind, e.message,
+                     e.tensors, e.device_id ? dev(e.device_id) : -1});
+  std::stable_sort(flags.begin(), flags.end(), [](const Flag& a, const Flag& b) { return a.t < b.t; });
+
+  ranks = rank_set.empty() ? 1 : *rank_set.rbegin() + 1;
+  for (size_t i = 0; i < mark.size(); ++i) {
+    max_step = std::max(max_step, mark.step[i]);
+    max_epoch = std::max(max_epoch, mark.epoch[i]);
+  }
+  epoch_ends.assign(size_t(ranks), {});
+  for (size_t i = 0; i < mark.size(); ++i)
+    if (mark.kind[i] == uint8_t(MarkerKind::Epoch) && mark.rank[i] >= 0 && mark.rank[i] < ranks)
+      epoch_ends[size_t(mark.rank[i])].push_back(mark.t_end[i]);
+  for (auto& v : epoch_ends) std::sort(v.begin(), v.end());
+  int64_t s0 = step_start(0);
+  if (s0 < 0) {
+    // No step 0: align on the first step recorded, else on the first event.
+    int64_t first_step = -1;
+    for (size_t i = 0; i < mark.size(); ++i)
+      if (mark.kind[i] == uint8_t(MarkerKind::Step)) {
+        first_step = mark.t_start[i];
+        break;
+      }
+    s0 = first_step;
+  }
+  t_align = s0 >= 0 ? s0 : t_first;
+
+  // Memory tracks are filled in build_tracks(); counters wait here.
+  for (auto& [key, ser] : counters) {
+    ser.build();
+    series.push_back(std::move(ser));
+    extra_counters_.push_back({key.device, str(key.name), int(series.size() - 1)});
+  }
+  return Status::Ok();
+}
+
+void TraceModel::build_tracks() {
+  const size_t n_dev = devices.size();
+  // Derived live-byte series per device: allocated (blocks), reserved (segments), and for
+  // host memory pinned / pageable (segments, plus blocks outside any segment).
+  enum SeriesKind { kAllocated, kReserved, kPinned, kPageable, kKinds };
+  std::vector<std::array<int, kKinds>> series_of(n_dev);
+  for (auto& a : series_of) a.fill(-1);
+  {
+    std::vector<std::array<std::vector<uint32_t>, kKinds>> members(n_dev);
+    for (uint32_t i = 0; i < alloc.size(); ++i) {
+      int d = alloc.device[i];
+      if (d < 0) continue;
+      auto kind = MemoryKind(alloc.kind[i]);
+      bool segment = alloc.level[i] == uint8_t(AllocLevel::Segment);
+      if (kind == MemoryKind::Device || kind == MemoryKind::Managed) {
+        members[size_t(d)][segment ? kReserved : kAllocated].push_back(i);
+      } else if (kind == MemoryKind::PinnedHost || kind == MemoryKind::PageableHost) {
+        // A host block inside a recorded segment is already counted by the segment.
+        if (!segment && alloc.in_segment[i]) continue;
+        members[size_t(d)][kind == MemoryKind::PinnedHost ? kPinned : kPageable].push_back(i);
+      }
+    }
+    std::vector<std::pair<int, int>> jobs;
+    for (size_t d = 0; d < n_dev; ++d)
+      for (int k = 0; k < kKinds; ++k)
+        if (!members[d][k].empty()) {
+          series.emplace_back();
+          series_of[d][k] = int(series.size() - 1);
+          jobs.push_back({int(d), k});
+        }
+    // Each series is a merge of the allocation times (already sorted) with the sorted free
+    // times; independent per series, so the two cores share them.
+    auto work = [&](size_t from, size_t step) {
+      for (size_t j = from; j < jobs.size(); j += step) {
+        auto [d, k] = jobs[j];
+        const auto& idx = members[size_t(d)][k];
+        std::vector<std::pair<int64_t, int64_t>> frees;
+        frees.reserve(idx.size());
+        for (uint32_t i : idx)
+          if (alloc.freed[i]) frees.push_back({alloc.t_free[i], alloc.bytes[i]});
+        std::sort(frees.begin(), frees.end());
+        Series& ser = series[size_t(series_of[size_t(d)][k])];
+        ser.t.reserve(idx.size() + frees.size());
+        ser.value.reserve(idx.size() + frees.size());
+        int64_t live = 0;
+        size_t a = 0, f = 0;
+        // At equal times frees go first, so a free-then-alloc is no false peak.
+        while (a < idx.size() || f < frees.size()) {
+          if (f < frees.size() && (a == idx.size() || frees[f].first <= alloc.t_alloc[idx[a]])) {
+            live -= frees[f].second;
+            ser.push(frees[f].first, double(live));
+            ++f;
+          } else {
+            live += alloc.bytes[idx[a]];
+            ser.push(alloc.t_alloc[idx[a]], double(live));
+            ++a;
+          }
+        }
+        ser.build();
+      }
+    };
+    std::thread helper(work, 1, 2);
+    work(0, 2);
+    helper.join();
+  }
+
+  // Allocation lanes per device, built on the helper core while the rest are built here.
+  std::vector<Track> alloc_tracks(n_dev);
+  std::thread lanes_thread([&] {
+    std::vector<LaneAssigner> assigners(n_dev, LaneAssigner(kMaxAllocationLanes));
+    for (uint32_t i = 0; i < alloc.size(); ++i) {
+      int d = alloc.device[i];
+      if (d < 0) continue;
+      Track& t = alloc_tracks[size_t(d)];
+      size_t lane = size_t(assigners[size_t(d)].assign(alloc.t_alloc[i], alloc.t_free[i]));
+      if (t.lanes.size() <= lane) t.lanes.resize(lane + 1);
+      t.lanes[lane].push(alloc.t_alloc[i], alloc.t_free[i], i);
+    }
+  });
+
+  std::vector<int> rank_list;
+  for (int r = 0; r < ranks; ++r) rank_list.push_back(r);
+  std::vector<Track> marker_tracks(static_cast<size_t>(ranks)), transfer_tracks(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    Track& t = marker_tracks[size_t(r)];
+    t.kind = TrackKind::Markers;
+    t.rank = r;
+    t.title = "rank " + std::to_string(r) + " · epochs, steps, phases";
+    t.lanes.resize(2);
+    t.lane_names = {"epochs", "steps"};
+    Track& x = transfer_tracks[size_t(r)];
+    x.kind = TrackKind::Transfers;
+    x.rank = r;
+    x.title = "rank " + std::to_string(r) + " · transfers";
+    x.lanes.resize(kDirectionCount);
+    for (int d = 0; d < kDirectionCount; ++d) x.lane_names.push_back(to_string(Direction(d)));
+  }
+  std::vector<LaneAssigner> phase_lanes(static_cast<size_t>(ranks), LaneAssigner(kMaxPhaseLanes));
+  for (uint32_t i = 0; i < mark.size(); ++i) {
+    int r = mark.rank[i];
+    if (r < 0 || r >= ranks) continue;
+    Track& t = marker_tracks[size_t(r)];
+    auto kind = MarkerKind(mark.kind[i]);
+    size_t lane;
+    if (kind == MarkerKind::Epoch) lane = 0;
+    else if (kind == MarkerKind::Step) lane = 1;
+    else lane = 2 + size_t(phase_lanes[size_t(r)].assign(mark.t_start[i], mark.t_end[i]));
+    while (t.lanes.size() <= lane) {
+      t.lanes.emplace_back();
+      t.lane_names.push_back(t.lane_names.size() == 2 ? "phases" : "");
+    }
+    t.lanes[lane].push(mark.t_start[i], mark.t_end[i], i);
+  }
+  for (uint32_t i = 0; i < xfer.size(); ++i) {
+    int r = xfer.rank[i];
+    if (r < 0 || r >= ranks) continue;
+    transfer_tracks[size_t(r)].lanes[size_t(direction_of(db::TransferKind(xfer.kind[i])))].push(xfer.t_start[i],
+                                                                                               xfer.t_end[i], i);
+  }
+  std::vector<Track> kernel_tracks(n_dev);
+  std::vector<LaneAssigner> kernel_lanes(n_dev, LaneAssigner(kMaxKernelLanes));
+  for (uint32_t i = 0; i < kern.size(); ++i) {
+    int d = kern.device[i];
+    if (d < 0) continue;
+    size_t lane = size_t(kernel_lanes[size_t(d)].assign(kern.t_start[i], kern.t_end[i]));
+    auto& lanes = kernel_tracks[size_t(d)].lanes;
+    if (lanes.size() <= lane) lanes.resize(lane + 1);
+    lanes[lane].push(kern.t_start[i], kern.t_end[i], i);
+  }
+  lanes_thread.join();
+
+  // Track order per rank: markers, then per device memory / allocations / kernels (GPUs
+  // first, host last), transfers, then faults and errors.
+  for (int r : rank_list) {
+    tracks.push_back(std::move(marker_tracks[size_t(r)]));
+    std::vector<size_t> devs;
+    for (size_t d = 0; d < n_dev; ++d)
+      if (devices[d].rank == r) devs.push_back(d);
+    std::stable_sort(devs.begin(), devs.end(), [&](size_t a, size_t b) { return !devices[a].host && devices[b].host; });
+    for (size_t d : devs) {
+      const DeviceInfo& info = devices[d];
+      Track mem;
+      mem.kind = info.host ? TrackKind::HostMemory : TrackKind::Memory;
+      mem.rank = r;
+      mem.device = int(d);
+      mem.capacity = info.capacity;
+      mem.title = info.host ? "rank " + std::to_string(r) + " · host memory (" + info.label + ")"
+                            : "rank " + std::to_string(r) + " · " + info.label + " memory";
+      static const char* names[] = {"allocated", "reserved", "pinned", "pageable"};
+      for (int k = 0; k < kKinds; ++k)
+        if (series_of[d][k] >= 0) mem.series.push_back({names[k], series_of[d][k]});
+      for (auto& c : extra_counters_)
+        if (c.device == int(d)) mem.series.push_back({c.name, c.series});
+      if (!mem.series.empty() || info.capacity > 0) tracks.push_back(std::move(mem));
+      Track& at = alloc_tracks[d];
+      if (!at.lanes.empty()) {
+        at.kind = TrackKind::Allocations;
+        at.rank = r;
+        at.device = int(d);
+        at.title = "rank " + std::to_string(r) + " · " + info.label + " allocations";
+        at.lane_names.assign(at.lanes.size(), "");
+        tracks.push_back(std::move(at));
+      }
+      Track& kt = kernel_tracks[d];
+      if (!kt.lanes.empty()) {
+        kt.kind = TrackKind::Kernels;
+        kt.rank = r;
+        kt.device = int(d);
+        kt.title = "rank " + std::to_string(r) + " · " + info.label + " kernels";
+        kt.lane_names.assign(kt.lanes.size(), "");
+        tracks.push_back(std::move(kt));
+      }
+    }
+    tracks.push_back(std::move(transfer_tracks[size_t(r)]));
+    Track flags_track;
+    flags_track.kind = TrackKind::Flags;
+    flags_track.rank = r;
+    flags_track.title = "rank " + std::to_string(r) + " · faults and errors";
+    tracks.push_back(std::move(flags_track));
+  }
+}
+
+}  // namespace zt::viewer

@@ -1,0 +1,173 @@
+// viewer/model/trace_model.h: one trace, loaded once into time-sorted in-memory columns.
+//
+// Owns: every row the timeline draws (allocations, transfers, kernels, markers, placements,
+// faults, errors), the interned strings, the tracks (per rank and device) built from them,
+// and the memory series (allocated, reserved, host pinned/pageable, recorded counters).
+// Reads the trace only through zt::db::TraceReader; after load() nothing here touches SQL
+// except stack_text(), which fetches one call stack on demand (stacks are many and rarely
+// looked at), and load_placements(), read once when the placement view first opens. No GL or ImGui: unit tests drive this without a window.
+// Invariants: column rows are sorted by their start time; lanes index into the columns;
+// an allocation never freed ends at t_last (the end of the trace), flagged by freed == 0.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "families.h"
+#include "lod.h"
+#include "zt/common/status.h"
+#include "zt/db/rows.h"
+
+namespace zt::db {
+class TraceReader;
+}
+
+namespace zt::viewer {
+
+struct DeviceInfo {
+  int64_t id = 0;
+  int rank = 0;
+  std::string label;  // "cuda:0", "cpu"
+  std::string name;
+  int64_t capacity = 0;  // 0: unknown
+  bool host = false;
+};
+
+struct Allocations {
+  std::vector<int64_t> id, t_alloc, t_free, bytes, stack;
+  std::vector<int32_t> device, name;  // device: index into TraceModel::devices
+  std::vector<uint8_t> kind, level, family, freed;
+  // in_segment: a block carved from a recorded segment; holds_blocks: a segment that blocks
+  // were carved from. Together they keep live-byte sums from counting memory twice.
+  std::vector<uint8_t> in_segment, holds_blocks;
+  size_t size() const { return t_alloc.size(); }
+};
+
+struct Transfers {
+  std::vector<int64_t> t_start, t_end, bytes;
+  std::vector<int32_t> rank, src, dst, name, op;  // src/dst: device index or -1
+  std::vector<uint8_t> kind;
+  size_t size() const { return t_start.size(); }
+};
+
+struct Kernels {
+  std::vector<int64_t> t_start, t_end;
+  std::vector<int32_t> device, name;
+  size_t size() const { return t_start.size(); }
+};
+
+struct Markers {
+  std::vector<int64_t> t_start, t_end, step, epoch;  // step/epoch -1: none
+  std::vector<int32_t> rank, name;
+  std::vector<uint8_t> kind;
+  size_t size() const { return t_start.size(); }
+};
+
+struct Placements {
+  std::vector<int64_t> t, bytes;
+  std::vector<int32_t> rank, tensor, device;  // device index or -1
+  std::vector<uint8_t> why;
+  size_t size() const { return t.size(); }
+};
+
+// Direction lanes of a transfers track.
+enum class Direction : uint8_t { H2D = 0, D2H, D2D, Collective };
+inline constexpr int kDirectionCount = 4;
+Direction direction_of(db::TransferKind);
+const char* to_string(Direction);
+
+enum class TrackKind : uint8_t { Markers, Memory, HostMemory, Allocations, Transfers, Kernels, Flags };
+
+struct SeriesRef {
+  std::string name;  // "allocated", "reserved", "pinned", "pageable", or a counter's name
+  int series = -1;   // index into TraceModel::series
+};
+
+struct Track {
+  TrackKind kind = TrackKind::Markers;
+  int rank = 0;
+  int device = -1;  // device index for device tracks
+  std::string title;
+  std::vector<IntervalLane> lanes;
+  std::vector<std::string> lane_names;
+  std::vector<SeriesRef> series;  // memory tracks
+  int64_t capacity = 0;           // memory tracks: drawn as a line when known
+};
+
+struct Flag {
+  int64_t t = 0;
+  int rank = 0;
+  bool is_error = false;
+  int64_t step = -1;
+  std::string title;   // fault name or error kind
+  std::string detail;  // details or message
+  std::string tensors; // errors: JSON list of tensors involved
+  int device = -1;
+};
+
+struct LoadProgress {
+  std::atomic<int64_t> rows_done{0};
+  std::atomic<int64_t> rows_total{0};
+  std::atomic<bool> cancel{false};
+};
+
+class TraceModel {
+ public:
+  // Reads the whole trace. `progress` (optional) is updated as rows arrive, from this thread.
+  static Status load(const std::string& path, std::unique_ptr<TraceModel>* out, LoadProgress* progress = nullptr);
+  ~TraceModel();
+
+  const std::string& path() const { return path_; }
+  const std::string& str(int64_t id) const;
+  int64_t intern_lookup(const std::string& text) const;  // 0 if absent
+
+  // The call stack of an allocation, innermost frame first; read from the file on demand.
+  Status stack_text(int64_t stack_id, std::vector<std::string>* lines) const;
+
+  // Time span of everything in the trace, and the alignment point (start of step 0, or
+  // t_first when there are no steps) used to put two traces on one axis.
+  int64_t t_first = 0, t_last = 0, t_align = 0;
+  int ranks = 0;
+  int64_t rows = 0;  // rows read, every table
+
+  std::vector<DeviceInfo> devices;
+  Allocations alloc;
+  Transfers xfer;
+  Kernels kern;
+  Markers mark;
+  // Placements are read on first use (load_placements): only the placement view needs them,
+  // and on a large trace they are a third of the rows.
+  mutable Placements place;
+  Status load_placements() const;
+  std::vector<Flag> flags;  // faults and errors, by time
+  std::vector<Series> series;
+  std::vector<Track> tracks;
+
+  // Start time of step N / epoch N (earliest over ranks); -1 if there is no such marker.
+  int64_t step_start(int64_t step) const;
+  int64_t step_end(int64_t step) const;
+  int64_t epoch_start(int64_t epoch) const;
+  int64_t max_step = -1, max_epoch = -1;
+  // Epoch end times per rank (for "grows across epochs").
+  std::vector<std::vector<int64_t>> epoch_ends;
+
+ private:
+  TraceModel() = default;
+  Status read_all(LoadProgress* progress);
+  void build_tracks();
+  std::string path_;
+  std::unique_ptr<db::TraceReader> reader_;
+  std::vector<std::string> strings_;
+  struct ExtraCounter {
+    int device;
+    std::string name;
+    int series;
+  };
+  std::vector<ExtraCounter> extra_counters_;
+  mutable bool placements_loaded_ = false;
+};
+
+}  // namespace zt::viewer

@@ -1,0 +1,103 @@
+// viewer/ui/viewer_state.h: what the panels share while the window is open.
+//
+// Owns the loaded traces (with per-trace track order and collapse state), the time view,
+// the playhead, the selection, the selected range and the cached analyses. Panels read and
+// change it; none of them owns data of another. Times stored here are view times (trace time
+// minus the trace's alignment point, step 0), so two traces share one axis.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/analysis.h"
+#include "model/time_view.h"
+#include "model/trace_model.h"
+
+namespace zt::viewer {
+
+struct LoadedTrace {
+  std::unique_ptr<TraceModel> model;
+  std::string label;                // "A  run.db"
+  std::vector<int> order;           // display order of model->tracks
+  std::vector<char> collapsed;      // per track index
+  // Analyses, computed the first time their panel is shown.
+  std::optional<std::vector<LeakGroup>> leaks;
+  std::optional<std::vector<TensorPlacement>> placements;
+  std::string placement_error;
+  int64_t to_view(int64_t t) const { return t - model->t_align; }
+  int64_t to_trace(double v) const { return int64_t(v) + model->t_align; }
+};
+
+enum class ItemKind : uint8_t { None, Allocation, Transfer, Kernel, Marker, Flag };
+
+struct Selection {
+  int trace = -1;
+  ItemKind kind = ItemKind::None;
+  uint32_t row = 0;
+  bool stack_loaded = false;
+  std::vector<std::string> stack;
+  std::string stack_error;
+};
+
+// Where things were drawn in the last frame: written by the timeline, read by the headless
+// screenshot writer (as JSON beside the PNG) so tests can find a track or a time in pixels.
+struct LayoutTrack {
+  int trace = 0;
+  int track = 0;
+  std::string title;
+  std::string kind;
+  float y0 = 0, y1 = 0;  // window pixels, content area of the track
+  bool collapsed = false;
+};
+struct FrameLayout {
+  float time_x0 = 0, time_x1 = 0;  // window pixels of the time area
+  float timeline_y0 = 0, timeline_y1 = 0;
+  double view_t0 = 0, ns_per_px = 1;
+  std::vector<LayoutTrack> tracks;
+};
+
+enum class Panel : int { Inspector = 0, Replay, Leaks, Placement, Errors };
+
+struct ViewerState {
+  std::vector<LoadedTrace> traces;
+  TimeView view;
+  bool view_initialized = false;
+  double playhead = 0;  // view time
+  bool playing = false;
+  double speed = 1.0;   // trace seconds per wall second
+  Selection selection;
+  bool has_range = false;
+  double range_t0 = 0, range_t1 = 0;  // view times
+  std::optional<RangeSummary> range_summary;  // of traces[range_trace]
+  int range_trace = 0;
+  std::optional<PlayheadState> playhead_state;  // of traces[0] at playhead
+  int playhead_trace = 0;
+  Panel panel = Panel::Replay;
+  bool panel_requested = false;
+  FrameLayout layout;
+  int jump_step = 0, jump_epoch = 0;
+  std::string status;  // one line for the toolbar (a jump that found nothing, ...)
+  double last_frame_ms = 0;
+
+  // Full span of every trace in view time.
+  double span_t0() const;
+  double span_t1() const;
+  void fit_all() { view.fit(span_t0(), span_t1()); }
+  void select(int trace, ItemKind kind, uint32_t row);
+  void focus(double t0, double t1);  // zoom so [t0, t1] fills the view
+  void request_panel(Panel p) {
+    panel = p;
+    panel_requested = true;
+  }
+};
+
+// Adds a loaded trace (labelled A, B in order), every track shown, in the model's order.
+void add_trace(ViewerState& st, std::unique_ptr<TraceModel> model);
+
+// One frame of the whole window (toolbar, timeline, panels). ImGui only, no GL: the window
+// loop, the screenshot mode and the frame benchmark all call it.
+void draw_frame(ViewerState& st, float dt);
+
+}  // namespace zt::viewer
