@@ -62,7 +62,24 @@ TEST(Train, Bf16AndAccumulationAndTraceMarkers) {
   EXPECT_EQ(n["step"], "3");
   EXPECT_EQ(n["micro_step"], "6");
   EXPECT_EQ(n["epoch"], "1");
-  EXPECT_EQ(n["phase"], "3");  // optimizer
+  EXPECT_EQ(n["phase"], "21");  // per step: optimizer + per micro-step forward, loss, backward
+  ASSERT_TRUE(r->query("SELECT name, count(*) FROM marker_v WHERE kind = 'phase' GROUP BY name ORDER BY name", &q).ok());
+  ASSERT_EQ(q.rows.size(), 4u);
+  EXPECT_EQ(q.rows[0], (std::vector<std::string>{"backward", "6"}));
+  EXPECT_EQ(q.rows[3], (std::vector<std::string>{"optimizer", "3"}));
+  // Phases nest inside their micro-step and never overlap each other.
+  ASSERT_TRUE(r->query("SELECT count(*) FROM marker p JOIN marker m ON m.kind = 1 AND m.step = p.step AND"
+                       " m.micro_step = p.micro_step WHERE p.kind = 3 AND (p.t_start < m.t_start OR p.t_end > m.t_end)",
+                       &q).ok());
+  EXPECT_EQ(q.rows[0][0], "0");
+  // The data accounting is in the trace.
+  ASSERT_TRUE(r->query("SELECT name, value FROM counter_v WHERE name LIKE 'data.%' ORDER BY name", &q).ok());
+  std::map<std::string, std::string> d;
+  for (auto& row : q.rows) d[row[0]] = row[1];
+  EXPECT_EQ(d["data.samples_per_step"], "8");
+  EXPECT_EQ(d["data.steps_planned"], "3");
+  EXPECT_EQ(d["data.samples_used"], "24");
+  EXPECT_EQ(d["data.steps_per_epoch"], std::to_string(s.plan.steps_per_epoch));
   ASSERT_TRUE(r->query("SELECT count(*) FROM allocation_v WHERE name = 'params.bf16' AND level = 'block'", &q).ok());
   EXPECT_EQ(q.rows[0][0], "1");
   ASSERT_TRUE(r->query("SELECT count(*), sum(bytes) FROM transfer_v WHERE kind = 'H2D' AND pinned = 1", &q).ok());

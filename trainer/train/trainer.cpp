@@ -10,6 +10,7 @@
 #include "core/tensor.h"
 #include "model/adamw.h"
 #include "model/gpt2.h"
+#include "model/layout.h"
 #include "train/rank_runtime.h"
 #include "zt/common/units.h"
 #include "zt/memory/errors.h"
@@ -38,6 +39,32 @@ double grad_norm(const float* g, int64_t n) {
 #pragma omp parallel for reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += double(g[i]) * double(g[i]);
   return std::sqrt(s);
+}
+
+// One micro-step through the model module by module, the way the ZeRO engine walks it, with
+// a phase marker around each part: "forward" (embeddings and blocks), "loss" (the LM head's
+// fused forward and backward), "backward" (blocks in reverse, then the embeddings).
+template <typename Begin, typename End>
+double micro_step(model::Workspace& ws, const std::vector<model::ModuleSpec>& modules, const float* p,
+                  const int32_t* tokens, const int32_t* targets, float* g, float grad_scale, Begin begin, End end) {
+  const int L = int(modules.size()) - 2;
+  const int64_t emb = modules.front().offset, fin = modules.back().offset;
+  const int64_t wte = model::embedding_offsets(ws.config()).wte;
+  probe::MarkerId ph = begin("forward");
+  model::embed_forward(ws, p + emb, tokens, ws.residual(0));
+  for (int l = 0; l < L; ++l) model::block_forward(ws, l, p + modules[size_t(l) + 1].offset, ws.residual(l), ws.residual(l + 1));
+  end(ph);
+  ph = begin("loss");
+  float* dx = ws.grad_residual();
+  const float loss = model::head_forward_backward(ws, p + fin, p + emb + wte, ws.residual(L), targets, dx, g + fin,
+                                                  g + emb + wte, grad_scale);
+  end(ph);
+  ph = begin("backward");
+  for (int l = L - 1; l >= 0; --l)
+    model::block_backward(ws, l, p + modules[size_t(l) + 1].offset, ws.residual(l), dx, dx, g + modules[size_t(l) + 1].offset);
+  model::embed_backward(ws, tokens, dx, g + emb);
+  end(ph);
+  return loss;
 }
 
 }  // namespace
@@ -113,6 +140,22 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     if (rec) rec->marker_end(id);
   };
   const probe::NameId n_loss = name("loss"), n_tps = name("tokens_per_s"), n_rss = name("host_rss");
+  if (rec) {
+    // The data accounting, so a trace answers "why only 32 steps?" without the console.
+    const std::pair<const char*, int64_t> facts[] = {
+        {"data.tokens", plan.tokens},
+        {"data.documents", corpus.documents},
+        {"data.documents_truncated", corpus.truncated_documents},
+        {"data.tokens_truncated", corpus.truncated_tokens},
+        {"data.documents_dropped", corpus.dropped_documents},
+        {"data.samples_per_epoch", plan.samples_per_epoch},
+        {"data.tail_tokens_dropped", plan.tail_tokens_dropped},
+        {"data.samples_per_step", plan.samples_per_step},
+        {"data.steps_per_epoch", plan.steps_per_epoch},
+        {"data.samples_dropped_per_epoch", plan.samples_dropped_per_epoch},
+        {"data.steps_planned", total_steps}};
+    for (auto& [n, v] : facts) rec->counter(rank, 0, rec->intern(n), double(v));
+  }
 
   int64_t step = 0;
   try {
@@ -131,6 +174,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     Tensor m = Tensor::zeros("adam.m", {N}, DType::F32, dev);
     Tensor v = Tensor::zeros("adam.v", {N}, DType::F32, dev);
     model::Workspace ws(*mc, int(B), int(T), cfg.activation_checkpointing);
+    const std::vector<model::ModuleSpec> modules = model::module_table(*mc);
     // The reference kernels keep activations in their Workspace; the accelerator is charged
     // the same bytes so its memory figures and capacity hold what a GPU would need.
     Tensor activations = Tensor::empty("activations", {int64_t((ws.bytes() + 3) / 4)}, DType::F32, dev);
@@ -155,8 +199,10 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
           Tensor tokens = copy_to(host_tokens, dev);
           Tensor targets = copy_to(host_targets, dev);
           check_same_device("forward", {&tokens, &targets, &params});
-          loss_sum += model::forward_backward(ws, p, tokens.data<int32_t>(), targets.data<int32_t>(), grads.f32(),
-                                              1.0f / float(cfg.grad_accum));
+          loss_sum += micro_step(ws, modules, p, tokens.data<int32_t>(), targets.data<int32_t>(), grads.f32(),
+                                 1.0f / float(cfg.grad_accum), [&](const char* phase) {
+                                   return marker(probe::MarkerKind::Phase, phase, step, micro, epoch);
+                                 }, end);
           end(mm);
         }
         double loss = loss_sum / double(cfg.grad_accum);
@@ -205,6 +251,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
           *progress << line << std::flush;
         }
       }
+      if (rec) rec->counter(rank, 0, name("data.samples_used"), double(loader.samples_used()));
       end(em);
     }
     summary->seconds = double(probe::now_ns() - t_run) / 1e9;
