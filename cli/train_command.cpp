@@ -21,7 +21,7 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--epochs", cfg->epochs, "epochs (instead of --steps)");
   sub->add_option("--micro-batch", cfg->micro_batch, "sequences per micro-step");
   sub->add_option("--grad-accum", cfg->grad_accum, "micro-steps per optimizer step");
-  sub->add_option("--world-size", cfg->world_size, "ranks (1 until the ZeRO engine lands)");
+  sub->add_option("--world-size", cfg->world_size, "ranks: threads, each with its own simulated GPU");
   sub->add_option("--seq-len", cfg->seq_len, "tokens per sequence (default: the model's context)");
   sub->add_option("--seed", cfg->seed, "seed of init, data order and synthetic data");
   sub->add_option("--precision", cfg->precision, "fp32, bf16 or fp16 weights (math in fp32)");
@@ -35,9 +35,14 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--grad-clip", cfg->grad_clip, "clip the global gradient norm to this (0: off)");
   sub->add_flag("--activation-checkpointing", cfg->activation_checkpointing, "recompute each block in backward");
   sub->add_flag("-q,--quiet", cfg->quiet, "no progress lines");
+  auto ds_config = std::make_shared<std::string>();
+  sub->add_option("--ds-config", *ds_config, "DeepSpeed JSON config (batch sizes, bf16/fp16, optimizer, zero_optimization)");
+  sub->add_option("--zero-stage", cfg->zero.stage, "ZeRO stage 0, 1, 2 or 3")->check(CLI::Range(0, 3));
+  sub->add_flag("--offload-optimizer", cfg->zero.offload_optimizer, "fp32 master weights and Adam moments on the host");
+  sub->add_flag("--offload-param", cfg->zero.offload_param, "stage 3: parameter shards on the host");
   std::vector<std::string> argv_words;
-  sub->callback([&action, sub, cfg, config_file, device_memory, host_memory] {
-    action = [sub, cfg, config_file, device_memory, host_memory]() -> int {
+  sub->callback([&action, sub, cfg, config_file, device_memory, host_memory, ds_config] {
+    action = [sub, cfg, config_file, device_memory, host_memory, ds_config]() -> int {
       trainer::TrainConfig c = *cfg;
       if (!config_file->empty()) {
         // File first, then every flag the user typed on top of it.
@@ -76,6 +81,11 @@ void add_train_command(CLI::App& app, Action& action) {
         auto b = parse_bytes(*host_memory);
         if (!b) return fail("--host-memory: '" + *host_memory + "' is not a size (try 1TiB)");
         c.host_memory = *b;
+      }
+      if (!ds_config->empty()) {
+        std::vector<std::string> warnings;
+        if (Status s = trainer::load_deepspeed_config(*ds_config, &c, &warnings); !s) return fail(s.message());
+        for (auto& w : warnings) std::fprintf(stderr, "zt train: warning: %s\n", w.c_str());
       }
       if (Status s = trainer::validate(c); !s) return fail(s.message());
       if (c.steps == 0 && c.epochs == 0) c.steps = 50;

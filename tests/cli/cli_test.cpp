@@ -128,7 +128,15 @@ TEST(Cli, TrainExitCodes) {
   Result missing = run_zt("train --config " + dir.file("none.yaml"));
   EXPECT_EQ(missing.code, 2);
   EXPECT_NE(missing.out.find("none.yaml: cannot open the config file"), std::string::npos) << missing.out;
-  Result bad = run_zt("train --world-size 4 --steps 1");
+  Result bad = run_zt("train --zero-stage 2 --offload-param --steps 1");
   EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.out.find("--world-size 4: several ranks need the ZeRO engine"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("offload_param needs ZeRO stage 3"), std::string::npos) << bad.out;
+  Result zero = run_zt("train --model tiny --steps 2 --seq-len 32 --micro-batch 2 --world-size 2 --zero-stage 3 "
+                       "--offload-optimizer --offload-param -q");
+  EXPECT_EQ(zero.code, 0) << zero.out;
+  Result ds = run_zt("train --model tiny --steps 1 --seq-len 32 --micro-batch 2 -q --ds-config " +
+                     std::string(ZT_SOURCE_DIR) + "/tests/data/ds_r4_llamafactory_z3_offload.json");
+  EXPECT_EQ(ds.code, 0) << ds.out;
+  EXPECT_NE(ds.out.find("zt train: warning: "), std::string::npos) << ds.out;
+  EXPECT_NE(ds.out.find("monitor_config is not implemented by zerotrace; ignored"), std::string::npos) << ds.out;
 }

@@ -103,6 +103,11 @@ Status validate(const TrainConfig& c) {
   if (c.weight_decay < 0) return bad("weight_decay must not be negative");
   if (c.grad_clip < 0) return bad("grad_clip must not be negative (0 turns it off)");
   if (c.max_doc_tokens < 0) return bad("max_doc_tokens must not be negative");
+  if (c.zero.stage < 0 || c.zero.stage > 3) return bad("zero stage must be 0, 1, 2 or 3");
+  if (c.zero.offload_optimizer && c.zero.stage == 0)
+    return bad("offload_optimizer needs ZeRO stage 1, 2 or 3 (it offloads the optimizer partition)");
+  if (c.zero.offload_param && c.zero.stage != 3) return bad("offload_param needs ZeRO stage 3 (only stage 3 partitions parameters)");
+  if (c.world_size > 256) return bad("world_size above 256 rank threads is not supported in one process");
   return Status::Ok();
 }
 
@@ -127,7 +132,16 @@ std::string to_json(const TrainConfig& c) {
                       {"beta2", c.beta2},
                       {"eps", c.eps},
                       {"grad_clip", c.grad_clip},
-                      {"activation_checkpointing", c.activation_checkpointing}};
+                      {"activation_checkpointing", c.activation_checkpointing},
+                      {"zero_optimization", {{"stage", c.zero.stage},
+                                             {"offload_optimizer", c.zero.offload_optimizer},
+                                             {"offload_param", c.zero.offload_param},
+                                             {"reduce_bucket_size", c.zero.reduce_bucket_size},
+                                             {"stage3_prefetch_bucket_size", c.zero.prefetch_bucket_size},
+                                             {"stage3_param_persistence_threshold", c.zero.param_persistence_threshold},
+                                             {"stage3_max_live_parameters", c.zero.max_live_parameters},
+                                             {"stage3_max_reuse_distance", c.zero.max_reuse_distance}}},
+                      {"ds_config", c.ds_config}};
   return j.dump();
 }
 

@@ -11,6 +11,28 @@
 
 namespace zt::trainer {
 
+// ZeRO settings, named as DeepSpeed's zero_optimization keys. -1 means "auto" (resolved from
+// the model's width as Hugging Face does: reduce_bucket_size = width^2, prefetch bucket =
+// 0.9 width^2, persistence threshold = 10 width).
+struct ZeroSettings {
+  int stage = 0;
+  bool offload_optimizer = false;  // fp32 master weights, Adam moments and fp32 grads on the host
+  bool offload_param = false;      // stage 3: parameter shards on the host
+  bool pin_memory = true;
+  int64_t reduce_bucket_size = 500000000;
+  int64_t prefetch_bucket_size = 50000000;
+  int64_t param_persistence_threshold = 100000;
+  int64_t max_live_parameters = 1000000000;
+  int64_t max_reuse_distance = 1000000000;
+  bool gather_16bit_weights_on_model_save = false;
+  // fp16 dynamic loss scaling (DeepSpeed's fp16 block)
+  double initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
+  double min_loss_scale = 1;
+  double static_loss_scale = 0;  // fp16.loss_scale: 0 = dynamic
+};
+
 struct TrainConfig {
   std::string device = "sim";   // sim | cpu | cuda
   std::string model = "tiny";   // tiny | 124M | 350M | 774M | 1.5B
@@ -34,8 +56,16 @@ struct TrainConfig {
   double grad_clip = 0.0;          // 0 = off
   bool activation_checkpointing = false;
   bool quiet = false;
+  ZeroSettings zero;
+  std::string ds_config;           // DeepSpeed JSON it came from, if any
   std::string config_file;         // where it was loaded from, for messages
 };
+
+// Applies a DeepSpeed JSON config as it is: batch sizes and accumulation ("auto" resolved
+// from the flags), gradient_clipping, bf16/fp16, the AdamW optimizer block and
+// zero_optimization. Keys we do not implement are named in `warnings`, never ignored
+// silently; invalid values are errors naming the file and key.
+Status load_deepspeed_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings);
 
 // Reads a YAML mapping into `cfg` (keys as the flags: micro_batch or micro-batch).
 Status load_train_config(const std::string& path, TrainConfig* cfg);

@@ -1,5 +1,5 @@
-// trainer/train/trainer.h: the training loop of one rank (the single-rank reference; the
-// ZeRO engine takes over the same loop for many ranks).
+// trainer/train/trainer.h: the training run: rank threads, each with its own simulated GPU
+// and ZeRO engine (zero/engine.h), joined by the in-process transport.
 //
 // Owns: the run from a TrainConfig to a finished (or failed) training: the data plan, the
 // rank's devices, the model state as named tensors on the accelerator (params, grads,
@@ -28,7 +28,9 @@ struct TrainSummary {
   Corpus corpus_accounting;    // documents, truncated, dropped (tokens cleared)
   DataPlan plan;
   int64_t samples_used = 0;
-  int64_t peak_allocated = 0, peak_reserved = 0;  // accelerator bytes
+  int64_t peak_allocated = 0, peak_reserved = 0;  // rank 0's accelerator bytes
+  int64_t model_state_bytes = 0;                  // rank 0's params, grads and optimizer state
+  int64_t skipped_steps = 0;                      // fp16 overflows
   std::string failure;          // set when the run failed (also returned as the Status)
 };
 

@@ -1,0 +1,277 @@
+// The ZeRO engine: every stage and world size trains the same model, model states follow
+// the ZeRO memory rule, traffic follows the stage, DeepSpeed configs are read as they are.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+
+#include "../test_util.h"
+#include "model/layout.h"
+#include "train/trainer.h"
+#include "zt/db/trace_reader.h"
+
+using namespace zt::trainer;
+
+namespace {
+
+TrainConfig base(int64_t steps) {
+  TrainConfig c;
+  c.model = "tiny";
+  c.steps = steps;
+  c.micro_batch = 2;
+  c.seq_len = 32;
+  c.seed = 3;
+  return c;
+}
+
+std::vector<double> losses(const TrainConfig& c) {
+  TrainSummary s;
+  zt::Status st = train(c, nullptr, nullptr, &s);
+  EXPECT_TRUE(st.ok()) << st.message();
+  return s.losses;
+}
+
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], rel * std::fabs(b[i])) << "step " << i;
+}
+
+}  // namespace
+
+// The same global batch: W ranks x accumulation A == 1 rank x accumulation W*A.
+TEST(Zero, Stage3WithOffloadOn4RanksMatchesStage0On1Rank) {
+  TrainConfig ref = base(20);
+  ref.grad_accum = 4;
+  TrainConfig z3 = base(20);
+  z3.world_size = 4;
+  z3.zero.stage = 3;
+  z3.zero.offload_optimizer = true;
+  z3.zero.offload_param = true;
+  z3.zero.param_persistence_threshold = 0;  // shard everything, the final LayerNorm too
+  auto a = losses(ref), b = losses(z3);
+  expect_close(b, a, 1e-5);
+  EXPECT_LT(a.back(), a.front() - 1.0);  // and it learns
+}
+
+TEST(Zero, Stages1And2OnTwoRanksMatch) {
+  TrainConfig ref = base(8);
+  ref.grad_accum = 4;
+  auto a = losses(ref);
+  for (int stage : {1, 2}) {
+    TrainConfig z = base(8);
+    z.world_size = 2;
+    z.grad_accum = 2;
+    z.zero.stage = stage;
+    z.zero.offload_optimizer = stage == 2;
+    expect_close(losses(z), a, 1e-5);
+  }
+}
+
+TEST(Zero, ThreeRanksNeedPaddingAndStillMatch) {
+  TrainConfig ref = base(8);
+  ref.grad_accum = 3;
+  TrainConfig z = base(8);
+  z.world_size = 3;
+  z.zero.stage = 3;
+  expect_close(losses(z), losses(ref), 1e-5);
+}
+
+TEST(Zero, Bf16Stage3MatchesBf16Stage0WithinTolerance) {
+  TrainConfig ref = base(10);
+  ref.grad_accum = 2;
+  ref.precision = "bf16";
+  TrainConfig z = ref;
+  z.grad_accum = 1;
+  z.world_size = 2;
+  z.zero.stage = 3;
+  z.zero.offload_optimizer = true;
+  // bf16 gradients are summed in a different order (per rank, then across ranks).
+  expect_close(losses(z), losses(ref), 2e-2);
+}
+
+// Per-rank model-state bytes in the trace, against the ZeRO rule computed here from the
+// parameter table: params 2 bytes, grads 2 bytes (bf16), fp32 master + m + v 12 bytes,
+// each whole or split over W ranks by stage (each module padded to a multiple of W); with
+// optimizer offload also the fp32 gradient partition on the host (the 18-byte rule).
+TEST(Zero, ModelStatesFollowTheZeroRule) {
+  const int W = 4;
+  auto mc = *zt::model::preset("tiny");
+  int64_t whole = 0, shard = 0;
+  for (auto& m : zt::model::module_table(mc)) {
+    int64_t padded = (m.numel + W - 1) / W * W;
+    whole += padded;
+    shard += padded / W;
+  }
+  struct Case {
+    int stage;
+    bool offload;
+    int64_t params, grads, optim;  // expected bytes
+  } cases[] = {
+      {0, false, 2 * whole, 2 * whole, 12 * whole},
+      {1, false, 2 * whole, 2 * whole, 12 * shard},
+      {2, false, 2 * whole, 2 * shard, 12 * shard},
+      {3, false, 2 * shard, 2 * shard, 12 * shard},
+      {3, true, 2 * shard, 2 * shard, 12 * shard},
+  };
+  for (const Case& k : cases) {
+    zt::test::TempDir dir;
+    TrainConfig c = base(1);
+    c.precision = "bf16";
+    c.world_size = W;
+    c.zero.stage = k.stage;
+    c.zero.offload_optimizer = k.offload;
+    c.zero.offload_param = k.offload;
+    c.zero.param_persistence_threshold = 0;
+    zt::probe::RecorderOptions o;
+    o.path = dir.file("z.db");
+    o.crash_handlers = false;
+    std::unique_ptr<zt::probe::Recorder> rec;
+    ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
+    TrainSummary s;
+    zt::Status st = train(c, rec.get(), nullptr, &s);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_TRUE(rec->close().ok());
+    std::unique_ptr<zt::db::TraceReader> r;
+    ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+    // Blocks of rank 2 alive when its step ended, by kind of model state.
+    zt::db::QueryResult q;
+    ASSERT_TRUE(r->query("WITH e AS (SELECT t_end FROM marker WHERE rank = 2 AND kind = 0)"
+                         " SELECT CASE WHEN name LIKE 'fp32_partitioned_groups_flat[%].grad' THEN 'grad32'"
+                         " WHEN name LIKE '%.shard' OR name LIKE '%.param' THEN 'params'"
+                         " WHEN name LIKE '%.grad' OR name LIKE '%.grad[shard]' THEN 'grads'"
+                         " WHEN name LIKE 'fp32_partitioned_groups_flat[%]' OR name LIKE 'adam.%' THEN 'optim'"
+                         " ELSE 'other' END AS kind, device, sum(requested_bytes)"
+                         " FROM allocation_v, e WHERE rank = 2 AND level = 'block' AND t_alloc <= e.t_end"
+                         " AND (t_free IS NULL OR t_free > e.t_end) GROUP BY 1, 2",
+                         &q)
+                    .ok());
+    std::map<std::string, int64_t> got;
+    std::map<std::string, std::string> where;
+    for (auto& row : q.rows) {
+      got[row[0]] += std::stoll(row[2]);
+      where[row[0]] += row[1] + " ";
+    }
+    SCOPED_TRACE("stage " + std::to_string(k.stage) + (k.offload ? " offload" : ""));
+    EXPECT_EQ(got["params"], k.params);
+    EXPECT_EQ(got["grads"], k.grads);
+    EXPECT_EQ(got["optim"], k.optim);
+    // The "18 bytes" variant: offload keeps an fp32 gradient partition on the host.
+    EXPECT_EQ(got["grad32"], k.offload ? 4 * shard : 0);
+    EXPECT_EQ(where["optim"].find(k.offload ? "cuda" : "cpu"), std::string::npos) << where["optim"];
+    EXPECT_EQ(where["params"].find(k.offload ? "cuda" : "cpu"), std::string::npos) << where["params"];
+  }
+}
+
+TEST(Zero, GradientClippingWithOffloadKeepsTheNormOnTheHost) {
+  zt::test::TempDir dir;
+  TrainConfig c = base(2);
+  c.world_size = 2;
+  c.zero.stage = 3;
+  c.zero.offload_optimizer = true;
+  c.grad_clip = 1e-3;  // always clipping
+  zt::probe::RecorderOptions o;
+  o.path = dir.file("clip.db");
+  o.crash_handlers = false;
+  std::unique_ptr<zt::probe::Recorder> rec;
+  ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
+  TrainSummary s;
+  ASSERT_TRUE(train(c, rec.get(), nullptr, &s).ok());
+  ASSERT_TRUE(rec->close().ok());
+  std::unique_ptr<zt::db::TraceReader> r;
+  ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+  zt::db::QueryResult q;
+  ASSERT_TRUE(r->query("SELECT DISTINCT device FROM allocation_v WHERE name IN ('global_grad_norm', 'combined_scale')", &q).ok());
+  ASSERT_EQ(q.rows.size(), 1u);
+  EXPECT_EQ(q.rows[0][0], "cpu");
+  ASSERT_TRUE(r->query("SELECT count(*) FROM marker_v WHERE name = 'unscale_and_clip_grads'", &q).ok());
+  EXPECT_EQ(q.rows[0][0], "4");  // 2 steps x 2 ranks
+}
+
+TEST(Zero, Stage3FetchesGathersAndReleasesByName) {
+  zt::test::TempDir dir;
+  TrainConfig c = base(2);
+  c.world_size = 2;
+  c.zero.stage = 3;
+  c.zero.offload_param = true;
+  c.zero.offload_optimizer = true;
+  c.zero.max_reuse_distance = 0;  // release every module right after use
+  c.zero.param_persistence_threshold = 0;
+  c.zero.prefetch_bucket_size = 0;
+  zt::probe::RecorderOptions o;
+  o.path = dir.file("f.db");
+  o.crash_handlers = false;
+  std::unique_ptr<zt::probe::Recorder> rec;
+  ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
+  TrainSummary s;
+  ASSERT_TRUE(train(c, rec.get(), nullptr, &s).ok());
+  ASSERT_TRUE(rec->close().ok());
+  std::unique_ptr<zt::db::TraceReader> r;
+  ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+  zt::db::QueryResult q;
+  // Per step and rank, block0 is fetched for its forward and its backward: 2 x 2 x 2 = 8,
+  // and every gathered buffer is freed again.
+  ASSERT_TRUE(r->query("SELECT count(*), sum(t_free IS NULL) FROM allocation_v WHERE name = 'block0.gathered' AND level = 'block'", &q).ok());
+  EXPECT_EQ(q.rows[0], (std::vector<std::string>{"8", "0"}));
+  ASSERT_TRUE(r->query("SELECT count(*) FROM marker_v WHERE name = 'release block0'", &q).ok());
+  EXPECT_EQ(q.rows[0][0], "8");
+  // With offload_param each fetch starts with a host-to-device copy of the shard.
+  ASSERT_TRUE(r->query("SELECT count(*), min(pinned) FROM transfer_v WHERE kind = 'H2D' AND name = 'block0.shard'", &q).ok());
+  EXPECT_EQ(q.rows[0], (std::vector<std::string>{"8", "1"}));
+  ASSERT_TRUE(r->query("SELECT count(*) FROM transfer_v WHERE op = 'all_gather' AND name = 'block0.gathered'", &q).ok());
+  EXPECT_EQ(q.rows[0][0], "8");
+  ASSERT_TRUE(r->query("SELECT count(*) FROM transfer_v WHERE op = 'reduce_scatter'", &q).ok());
+  EXPECT_EQ(q.rows[0][0], std::to_string(2 * 2 * 4));  // steps x ranks x modules (tiny: emb, 2 blocks, final)
+}
+
+TEST(Zero, DeepSpeedConfigsFromTheBugReportsParseAndRun) {
+  std::string data = std::string(ZT_SOURCE_DIR) + "/tests/data/";
+  for (const char* file : {"ds_r2_qwen_zero3_offload.json", "ds_r4_llamafactory_z3_offload.json"}) {
+    TrainConfig c = base(2);
+    c.world_size = 2;
+    std::vector<std::string> warnings;
+    zt::Status s = load_deepspeed_config(data + file, &c, &warnings);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(c.zero.stage, 3);
+    EXPECT_TRUE(c.zero.offload_optimizer);
+    EXPECT_TRUE(c.zero.offload_param);
+    if (std::string(file).find("r2") != std::string::npos) {
+      EXPECT_EQ(c.precision, "bf16");
+      EXPECT_DOUBLE_EQ(c.lr, 3e-4);
+      EXPECT_DOUBLE_EQ(c.weight_decay, 0.01);
+      EXPECT_TRUE(warnings.empty());
+    } else {
+      EXPECT_EQ(c.zero.reduce_bucket_size, -1);  // "auto", resolved from the width at run time
+      std::string all;
+      for (auto& w : warnings) all += w + "\n";
+      for (const char* key : {"zero_allow_untested_optimizer", "comms_config", "monitor_config", "sub_group_size"})
+        EXPECT_NE(all.find(key), std::string::npos) << key << " not warned:\n" << all;
+    }
+    TrainSummary sum;
+    zt::Status st = train(c, nullptr, nullptr, &sum);
+    EXPECT_TRUE(st.ok()) << file << ": " << st.message();
+  }
+}
+
+TEST(Zero, BadDeepSpeedConfigsAreRejected) {
+  zt::test::TempDir dir;
+  auto load = [&](const std::string& text) {
+    std::ofstream(dir.file("c.json")) << text;
+    TrainConfig c = base(1);
+    std::vector<std::string> w;
+    return load_deepspeed_config(dir.file("c.json"), &c, &w).message();
+  };
+  EXPECT_NE(load("{ not json").find("c.json: not valid JSON"), std::string::npos);
+  EXPECT_NE(load("{\"zero_optimization\": {\"stage\": 5}}").find("stage must be 0, 1, 2 or 3"), std::string::npos);
+  EXPECT_NE(load("{\"zero_optimization\": {\"stage\": \"three\"}}").find("zero_optimization.stage must be a number"),
+            std::string::npos);
+  EXPECT_NE(load("{\"train_batch_size\": 7, \"train_micro_batch_size_per_gpu\": 2}").find("train_batch_size 7 != "),
+            std::string::npos);
+  EXPECT_NE(load("{\"bf16\": {\"enabled\": true}, \"fp16\": {\"enabled\": true}}").find("choose one"), std::string::npos);
+  EXPECT_NE(load("{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\"}}}").find("nvme is not implemented"),
+            std::string::npos);
+  TrainConfig c = base(1);
+  c.zero.offload_param = true;
+  c.zero.stage = 2;
+  EXPECT_NE(validate(c).message().find("offload_param needs ZeRO stage 3"), std::string::npos);
+}

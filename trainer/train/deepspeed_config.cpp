@@ -1,0 +1,171 @@
+// DeepSpeed JSON configs, read as users write them for DeepSpeed and Hugging Face.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "train/train_config.h"
+
+namespace zt::trainer {
+
+namespace {
+using nlohmann::json;
+
+struct Reader {
+  std::string path;
+  std::vector<std::string>* warnings;
+  std::string error;
+
+  bool is_auto(const json& v) const { return v.is_string() && v.get<std::string>() == "auto"; }
+  void unknown(const std::string& where, const json& obj, std::initializer_list<const char*> known) {
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+      bool ok = false;
+      for (const char* k : known) ok = ok || it.key() == k;
+      if (!ok) warnings->push_back(path + ": " + where + it.key() + " is not implemented by zerotrace; ignored");
+    }
+  }
+  // A number (or "auto" -> keep `dst`); false with `error` set on a wrong type.
+  template <typename T>
+  bool number(const json& obj, const char* key, const std::string& where, T& dst, T auto_value) {
+    if (!obj.contains(key)) return true;
+    const json& v = obj[key];
+    if (is_auto(v)) {
+      dst = auto_value;
+      return true;
+    }
+    if (!v.is_number()) {
+      error = path + ": " + where + key + " must be a number or \"auto\", not " + v.dump();
+      return false;
+    }
+    dst = v.get<T>();
+    return true;
+  }
+  bool boolean(const json& obj, const char* key, const std::string& where, bool& dst) {
+    if (!obj.contains(key)) return true;
+    const json& v = obj[key];
+    if (is_auto(v)) return true;
+    if (!v.is_boolean()) {
+      error = path + ": " + where + key + " must be true, false or \"auto\", not " + v.dump();
+      return false;
+    }
+    dst = v.get<bool>();
+    return true;
+  }
+};
+}  // namespace
+
+Status load_deepspeed_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings) {
+  std::ifstream f(path);
+  if (!f) return Status::Error(path + ": cannot open the DeepSpeed config");
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const json::parse_error& e) {
+    return Status::Error(path + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+  if (!j.is_object()) return Status::Error(path + ": a DeepSpeed config is a JSON object");
+  Reader r{path, warnings, {}};
+  TrainConfig& c = *cfg;
+  ZeroSettings& z = c.zero;
+  r.unknown("", j,
+            {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+             "bf16", "fp16", "optimizer", "zero_optimization", "steps_per_print", "wall_clock_breakdown"});
+
+  int64_t micro = c.micro_batch, accum = c.grad_accum, global = -1;
+  if (!r.number(j, "train_micro_batch_size_per_gpu", "", micro, c.micro_batch) ||
+      !r.number(j, "gradient_accumulation_steps", "", accum, c.grad_accum) ||
+      !r.number(j, "train_batch_size", "", global, int64_t(-1)) ||
+      !r.number(j, "gradient_clipping", "", c.grad_clip, c.grad_clip))
+    return Status::Error(r.error);
+  if (micro < 1 || accum < 1) return Status::Error(path + ": batch sizes and accumulation steps must be at least 1");
+  if (global != -1 && global != micro * accum * c.world_size) {
+    // DeepSpeed asserts the same identity.
+    return Status::Error(path + ": train_batch_size " + std::to_string(global) +
+                         " != train_micro_batch_size_per_gpu " + std::to_string(micro) + " x gradient_accumulation_steps " +
+                         std::to_string(accum) + " x world size " + std::to_string(c.world_size));
+  }
+  c.micro_batch = micro;
+  c.grad_accum = accum;
+
+  bool bf16 = c.precision == "bf16", fp16 = c.precision == "fp16";
+  if (j.contains("bf16")) {
+    r.unknown("bf16.", j["bf16"], {"enabled"});
+    if (!r.boolean(j["bf16"], "enabled", "bf16.", bf16)) return Status::Error(r.error);
+  }
+  if (j.contains("fp16")) {
+    const json& f16 = j["fp16"];
+    r.unknown("fp16.", f16, {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                             "min_loss_scale"});
+    if (!r.boolean(f16, "enabled", "fp16.", fp16) ||
+        !r.number(f16, "loss_scale", "fp16.", z.static_loss_scale, z.static_loss_scale) ||
+        !r.number(f16, "initial_scale_power", "fp16.", z.initial_scale_power, z.initial_scale_power) ||
+        !r.number(f16, "loss_scale_window", "fp16.", z.loss_scale_window, z.loss_scale_window) ||
+        !r.number(f16, "hysteresis", "fp16.", z.hysteresis, z.hysteresis) ||
+        !r.number(f16, "min_loss_scale", "fp16.", z.min_loss_scale, z.min_loss_scale))
+      return Status::Error(r.error);
+  }
+  if (bf16 && fp16) return Status::Error(path + ": bf16.enabled and fp16.enabled are both true; choose one");
+  c.precision = bf16 ? "bf16" : fp16 ? "fp16" : (j.contains("bf16") || j.contains("fp16") ? "fp32" : c.precision);
+
+  if (j.contains("optimizer")) {
+    const json& o = j["optimizer"];
+    r.unknown("optimizer.", o, {"type", "params"});
+    std::string type = o.value("type", "AdamW");
+    if (type != "AdamW" && type != "Adam" && type != "adamw")
+      return Status::Error(path + ": optimizer.type " + type + ": only AdamW is implemented");
+    if (o.contains("params")) {
+      const json& p = o["params"];
+      r.unknown("optimizer.params.", p, {"lr", "betas", "eps", "weight_decay"});
+      if (!r.number(p, "lr", "optimizer.params.", c.lr, c.lr) || !r.number(p, "eps", "optimizer.params.", c.eps, c.eps) ||
+          !r.number(p, "weight_decay", "optimizer.params.", c.weight_decay, c.weight_decay))
+        return Status::Error(r.error);
+      if (p.contains("betas") && !r.is_auto(p["betas"])) {
+        if (!p["betas"].is_array() || p["betas"].size() != 2 || !p["betas"][0].is_number() || !p["betas"][1].is_number())
+          return Status::Error(path + ": optimizer.params.betas must be [beta1, beta2]");
+        c.beta1 = p["betas"][0].get<double>();
+        c.beta2 = p["betas"][1].get<double>();
+      }
+    }
+  }
+
+  if (j.contains("zero_optimization")) {
+    const json& zo = j["zero_optimization"];
+    r.unknown("zero_optimization.", zo,
+              {"stage", "offload_optimizer", "offload_param", "overlap_comm", "contiguous_gradients",
+               "reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+               "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
+               "sub_group_size", "reduce_scatter", "allgather_partitions", "allgather_bucket_size", "round_robin_gradients"});
+    const std::string w = "zero_optimization.";
+    if (!r.number(zo, "stage", w, z.stage, z.stage) ||
+        !r.number(zo, "reduce_bucket_size", w, z.reduce_bucket_size, int64_t(-1)) ||
+        !r.number(zo, "stage3_prefetch_bucket_size", w, z.prefetch_bucket_size, int64_t(-1)) ||
+        !r.number(zo, "stage3_param_persistence_threshold", w, z.param_persistence_threshold, int64_t(-1)) ||
+        !r.number(zo, "stage3_max_live_parameters", w, z.max_live_parameters, z.max_live_parameters) ||
+        !r.number(zo, "stage3_max_reuse_distance", w, z.max_reuse_distance, z.max_reuse_distance) ||
+        !r.boolean(zo, "stage3_gather_16bit_weights_on_model_save", w, z.gather_16bit_weights_on_model_save))
+      return Status::Error(r.error);
+    // Accepted with no effect on the result: the in-process transport is synchronous and
+    // buffers are always contiguous here. Said once, not silently.
+    for (const char* k : {"overlap_comm", "contiguous_gradients", "sub_group_size", "reduce_scatter",
+                          "allgather_partitions", "allgather_bucket_size", "round_robin_gradients"})
+      if (zo.contains(k))
+        warnings->push_back(path + ": " + w + k + " is accepted but changes nothing in zerotrace's engine");
+    auto offload = [&](const char* key, bool& on) -> bool {
+      if (!zo.contains(key)) return true;
+      const json& o = zo[key];
+      r.unknown(w + key + ".", o, {"device", "pin_memory", "buffer_count", "fast_init"});
+      std::string dev = o.value("device", "none");
+      if (dev != "cpu" && dev != "none") {
+        r.error = path + ": " + w + key + ".device " + dev + ": use cpu or none (nvme is not implemented)";
+        return false;
+      }
+      on = dev == "cpu";
+      return r.boolean(o, "pin_memory", w + key + ".", z.pin_memory);
+    };
+    if (!offload("offload_optimizer", z.offload_optimizer) || !offload("offload_param", z.offload_param))
+      return Status::Error(r.error);
+  }
+  if (z.stage < 0 || z.stage > 3) return Status::Error(path + ": zero_optimization.stage must be 0, 1, 2 or 3");
+  c.ds_config = path;
+  return Status::Ok();
+}
+
+}  // namespace zt::trainer

@@ -1,0 +1,57 @@
+// trainer/zero/communicator.h: collectives between the ranks of one job.
+//
+// Owns: the interface every transport implements (the in-process one here; NCCL with the
+// CUDA backend) and the in-process transport between rank threads that serves the
+// simulated GPU. Every collective is recorded as a transfer row of kind `collective`
+// (op, bytes of this rank's full buffer, participants, its time).
+// Invariants: reductions add in rank order, so every rank gets bit-identical results and a
+// run repeats exactly; a failed rank aborts the group, and every rank waiting in a
+// collective then throws CommAborted instead of hanging.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "zt/probe/recorder.h"
+
+namespace zt::trainer {
+
+class CommAborted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // recv gets every rank's `bytes` in rank order (world * bytes).
+  virtual void all_gather(const void* send, void* recv, size_t bytes, const std::string& what) = 0;
+  // send holds world * count floats; recv gets this rank's `count` of their sum over ranks, times scale.
+  virtual void reduce_scatter(const float* send, float* recv, size_t count, float scale, const std::string& what) = 0;
+  // In place: data := scale * sum over ranks.
+  virtual void all_reduce(float* data, size_t count, float scale, const std::string& what) = 0;
+  virtual void all_reduce(double* data, size_t count, const std::string& what) = 0;
+  virtual void broadcast(void* data, size_t bytes, int root, const std::string& what) = 0;
+  virtual void barrier() = 0;
+  // Marks the whole group failed (this rank could not go on); others' collectives throw.
+  virtual void abort(const std::string& why) = 0;
+};
+
+// Rank threads of one process. Thread-safe; each rank uses its own Communicator.
+class InProcessGroup {
+ public:
+  explicit InProcessGroup(int world_size);
+  ~InProcessGroup();
+  // `device` is the rank's accelerator in the trace (the collectives' endpoint).
+  std::unique_ptr<Communicator> communicator(int rank, probe::Recorder* rec, probe::DeviceId device);
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace zt::trainer

@@ -1,0 +1,480 @@
+#include "zero/engine.h"
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "model/adamw.h"
+
+namespace zt::trainer {
+
+struct ZeroEngine::Part {
+  model::ModuleSpec spec;
+  int64_t padded = 0, shard = 0, lo = 0;  // this rank's shard is [lo, lo + shard) of the padded module
+  int64_t opt_lo = 0, opt_n = 0;          // the range this rank's optimizer owns
+  bool persistent = false;                // stage 3 module kept whole on every rank
+  bool sharded = false;                   // stage 3 and not persistent: parameters live as shards
+  Tensor param;        // whole [padded], compute dtype, accelerator (when not sharded)
+  Tensor param_shard;  // [shard], compute dtype: accelerator, or host with offload_param (when sharded)
+  Tensor grad;         // compute dtype on the accelerator: [padded] at stages 0-1, [shard] at 2-3
+  Tensor master, m, v; // fp32 [opt_n]: pinned host with offload_optimizer, else accelerator
+  Tensor grad32;       // fp32 [opt_n] on the host with offload_optimizer (persistent)
+  Tensor gathered, compute;  // live while fetched
+  size_t last_pos = 0;
+};
+
+namespace {
+
+// dst (a float dtype) += src, element by element, in fp32.
+void add_into(Tensor& dst, int64_t dst_offset, const float* src, int64_t n) {
+  if (!dst.raw()) return;
+  if (dst.dtype() == DType::F32) {
+    float* d = dst.f32() + dst_offset;
+    for (int64_t i = 0; i < n; ++i) d[i] += src[i];
+    return;
+  }
+  auto* d = static_cast<uint16_t*>(dst.raw()) + dst_offset;
+  const bool bf = dst.dtype() == DType::BF16;
+  for (int64_t i = 0; i < n; ++i) {
+    float x = (bf ? bf16_to_float(d[i]) : fp16_to_float(d[i])) + src[i];
+    d[i] = bf ? float_to_bf16(x) : float_to_fp16(x);
+  }
+}
+
+void set_from(Tensor& dst, int64_t dst_offset, const float* src, int64_t n) {
+  if (!dst.raw()) return;
+  from_float(dst.dtype(), src, static_cast<char*>(dst.raw()) + size_t(dst_offset) * dtype_size(dst.dtype()), size_t(n));
+}
+
+void read_into(const Tensor& src, int64_t src_offset, float* dst, int64_t n) {
+  to_float(src.dtype(), static_cast<const char*>(src.raw()) + size_t(src_offset) * dtype_size(src.dtype()), dst,
+           size_t(n));
+}
+
+}  // namespace
+
+ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, int T, RankRuntime& rt,
+                       Communicator& comm)
+    : cfg_(cfg),
+      z_(cfg.zero),
+      mc_(mc),
+      B_(B),
+      T_(T),
+      rt_(rt),
+      comm_(comm),
+      rec_(rt.recorder()),
+      dtype_(*parse_dtype(cfg.precision)),
+      W_(comm.world_size()),
+      rank_(comm.rank()) {
+  // "auto" as Hugging Face resolves it from the model's width.
+  const int64_t C = mc.width;
+  if (z_.reduce_bucket_size < 0) z_.reduce_bucket_size = C * C;
+  if (z_.prefetch_bucket_size < 0) z_.prefetch_bucket_size = C * C * 9 / 10;
+  if (z_.param_persistence_threshold < 0) z_.param_persistence_threshold = 10 * C;
+  if (z_.offload_optimizer && z_.stage == 0)
+    throw std::invalid_argument("offload_optimizer needs ZeRO stage 1, 2 or 3 (it offloads the optimizer partition)");
+  if (z_.offload_param && z_.stage != 3)
+    throw std::invalid_argument("offload_param needs ZeRO stage 3 (only stage 3 partitions parameters)");
+  if (dtype_ == DType::F16) loss_scale_ = z_.static_loss_scale > 0 ? z_.static_loss_scale : std::pow(2.0, z_.initial_scale_power);
+  hysteresis_left_ = z_.hysteresis;
+
+  Device& accel = rt.accelerator();
+  Device& host = rt.host();
+  const bool pin = z_.pin_memory;
+  modules_ = model::module_table(mc);
+  std::vector<float> init(size_t(model::num_params(mc)));
+  model::init_params(mc, cfg.seed, init.data());
+  std::vector<float> vals;
+  for (const auto& spec : modules_) {
+    auto p = std::make_unique<Part>();
+    p->spec = spec;
+    p->padded = (spec.numel + W_ - 1) / W_ * W_;
+    p->shard = p->padded / W_;
+    p->lo = rank_ * p->shard;
+    p->persistent = z_.stage == 3 && spec.numel < z_.param_persistence_threshold;
+    p->sharded = z_.stage == 3 && !p->persistent;
+    vals.assign(size_t(p->padded), 0.0f);
+    std::memcpy(vals.data(), init.data() + spec.offset, size_t(spec.numel) * sizeof(float));
+    const std::string& n = spec.name;
+    if (p->sharded) {
+      Device& where = z_.offload_param ? host : accel;
+      p->param_shard = Tensor::empty(n + ".shard", {p->shard}, dtype_, where, z_.offload_param && pin);
+      set_from(p->param_shard, 0, vals.data() + p->lo, p->shard);
+    } else {
+      p->param = Tensor::empty(n + ".param", {p->padded}, dtype_, accel);
+      set_from(p->param, 0, vals.data(), p->padded);
+    }
+    p->grad = z_.stage <= 1 ? Tensor::zeros(n + ".grad", {p->padded}, dtype_, accel)
+                            : Tensor::zeros(n + ".grad[shard]", {p->shard}, dtype_, accel);
+    p->opt_lo = z_.stage == 0 ? 0 : p->lo;
+    p->opt_n = z_.stage == 0 ? p->padded : p->shard;
+    Device& opt = z_.offload_optimizer ? host : accel;
+    const bool opt_pin = z_.offload_optimizer && pin;
+    const std::string group = "fp32_partitioned_groups_flat[" + std::to_string(spec.index) + "]";
+    p->master = Tensor::empty(group, {p->opt_n}, DType::F32, opt, opt_pin);
+    std::memcpy(p->master.f32(), vals.data() + p->opt_lo, size_t(p->opt_n) * sizeof(float));
+    p->m = Tensor::zeros("adam.m[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
+    p->v = Tensor::zeros("adam.v[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
+    if (z_.offload_optimizer) p->grad32 = Tensor::zeros(group + ".grad", {p->opt_n}, DType::F32, host, opt_pin);
+    parts_.push_back(std::move(p));
+  }
+  ws_ = std::make_unique<model::Workspace>(mc, B, T, cfg.activation_checkpointing);
+  activations_ = Tensor::empty("activations", {int64_t((ws_->bytes() + 3) / 4)}, DType::F32, accel);
+  host_tokens_ = Tensor::empty("batch.tokens", {B, T}, DType::I32, host, true);
+  host_targets_ = Tensor::empty("batch.targets", {B, T}, DType::I32, host, true);
+}
+
+ZeroEngine::~ZeroEngine() = default;
+
+probe::MarkerId ZeroEngine::phase(const std::string& name, int64_t step, int64_t micro) {
+  if (!rec_) return 0;
+  probe::MarkerEvent m;
+  m.rank = rank_;
+  m.kind = probe::MarkerKind::Phase;
+  m.name = rec_->intern(name);
+  m.step = step;
+  m.micro_step = micro;
+  return rec_->marker_begin(m);
+}
+
+void ZeroEngine::end(probe::MarkerId id) {
+  if (rec_) rec_->marker_end(id);
+}
+
+int64_t ZeroEngine::model_state_bytes() const {
+  int64_t b = 0;
+  for (const auto& p : parts_)
+    for (const Tensor* t : {&p->param, &p->param_shard, &p->grad, &p->master, &p->m, &p->v, &p->grad32})
+      if (t->defined()) b += int64_t(t->bytes());
+  return b;
+}
+
+// ---------------------------------------------------------------- fetch and release
+
+const float* ZeroEngine::fetch(int mi, int64_t step) {
+  Part& p = *parts_[size_t(mi)];
+  if (!order_known_) {
+    order_.push_back(mi);
+  } else {
+    // Where we are in the recorded order; a module seen out of order is searched for.
+    size_t pos = order_pos_;
+    while (pos < order_.size() && order_[pos] != mi) ++pos;
+    if (pos < order_.size()) order_pos_ = pos + 1;
+    p.last_pos = pos;
+  }
+  const bool needs_fetch = p.sharded ? !p.gathered.defined() : (dtype_ != DType::F32 && !p.compute.defined());
+  if (needs_fetch) {
+    probe::MarkerId ph = phase("fetch " + p.spec.name, step);
+    Device& accel = rt_.accelerator();
+    if (p.sharded) {
+      Tensor staged;
+      if (z_.offload_param) staged = copy_to(p.param_shard, accel, false, p.spec.name + ".shard");  // H2D
+      const Tensor& src = staged.defined() ? staged : p.param_shard;
+      p.gathered = Tensor::empty(p.spec.name + ".gathered", {p.padded}, dtype_, accel);
+      comm_.all_gather(src.raw(), p.gathered.raw(), size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".gathered");
+    }
+    if (dtype_ != DType::F32) {
+      p.compute = Tensor::empty(p.spec.name + ".compute", {p.spec.numel}, DType::F32, accel);
+      read_into(p.sharded ? p.gathered : p.param, 0, p.compute.f32(), p.spec.numel);
+    }
+    end(ph);
+  }
+  if (order_known_) prefetch_after(mi, step);
+  if (dtype_ != DType::F32) return p.compute.f32();
+  return p.sharded ? p.gathered.f32() : p.param.f32();
+}
+
+// From the second step on, the modules that follow in the recorded order are gathered ahead
+// of use, up to the prefetch bucket and below the bound on live parameters.
+void ZeroEngine::prefetch_after(int, int64_t step) {
+  int64_t live = 0;
+  for (const auto& q : parts_)
+    if (q->sharded && q->gathered.defined()) live += q->spec.numel;
+  int64_t budget = z_.prefetch_bucket_size;
+  for (size_t j = order_pos_; j < order_.size(); ++j) {
+    Part& q = *parts_[size_t(order_[j])];
+    if (!q.sharded || q.gathered.defined()) continue;
+    if (q.spec.numel > budget || live + q.spec.numel > z_.max_live_parameters) break;
+    probe::MarkerId ph = phase("prefetch " + q.spec.name, step);
+    Device& accel = rt_.accelerator();
+    Tensor staged;
+    if (z_.offload_param) staged = copy_to(q.param_shard, accel, false, q.spec.name + ".shard");
+    const Tensor& src = staged.defined() ? staged : q.param_shard;
+    q.gathered = Tensor::empty(q.spec.name + ".gathered", {q.padded}, dtype_, accel);
+    comm_.all_gather(src.raw(), q.gathered.raw(), size_t(q.shard) * dtype_size(dtype_), q.spec.name + ".gathered");
+    end(ph);
+    budget -= q.spec.numel;
+    live += q.spec.numel;
+  }
+}
+
+void ZeroEngine::release(int mi, int64_t step) {
+  Part& p = *parts_[size_t(mi)];
+  if (!p.sharded && !p.compute.defined()) return;
+  if (order_known_) {
+    // Kept when the module is used again within the reuse distance (parameters fetched between).
+    int64_t distance = 0;
+    for (size_t j = p.last_pos + 1; j < order_.size(); ++j) {
+      if (order_[j] == mi) {
+        if (distance <= z_.max_reuse_distance) return;
+        break;
+      }
+      distance += parts_[size_t(order_[j])]->spec.numel;
+    }
+  }
+  probe::MarkerId ph = phase("release " + p.spec.name, step);
+  p.gathered.reset();
+  p.compute.reset();
+  end(ph);
+}
+
+// ---------------------------------------------------------------- gradients
+
+void ZeroEngine::reduce_module_grad(int mi, Tensor& bucket, int64_t step) {
+  Part& p = *parts_[size_t(mi)];
+  if (z_.stage >= 2) {
+    probe::MarkerId ph = phase("reduce " + p.spec.name, step);
+    Tensor reduced = Tensor::empty("grad.reduced[" + p.spec.name + "]", {p.shard}, DType::F32, rt_.accelerator());
+    comm_.reduce_scatter(bucket.f32(), reduced.f32(), size_t(p.shard), 1.0f / float(W_),
+                         "grad.bucket" + std::to_string(mi));
+    add_into(p.grad, 0, reduced.f32(), p.shard);
+    end(ph);
+  } else {
+    add_into(p.grad, 0, bucket.f32(), p.padded);  // reduced at the accumulation boundary
+  }
+  bucket.reset();
+}
+
+StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_epoch, int64_t global_step) {
+  Device& accel = rt_.accelerator();
+  const int L = int(mc_.layers);
+  const int fin = L + 1;
+  const int64_t wte = model::embedding_offsets(mc_).wte;
+  const float grad_scale = float(loss_scale_ / double(cfg_.grad_accum));
+  order_pos_ = 0;
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
+    probe::MarkerId mm = 0;
+    if (rec_) {
+      probe::MarkerEvent e;
+      e.rank = rank_;
+      e.kind = probe::MarkerKind::MicroStep;
+      e.name = rec_->intern("micro-step " + std::to_string(micro));
+      e.step = global_step;
+      e.micro_step = micro;
+      e.epoch = epoch;
+      mm = rec_->marker_begin(e);
+    }
+    loader.micro_batch(epoch, step_in_epoch, micro, rank_, host_tokens_.data<int32_t>(), host_targets_.data<int32_t>());
+    Tensor tokens = copy_to(host_tokens_, accel);
+    Tensor targets = copy_to(host_targets_, accel);
+
+    probe::MarkerId ph = phase("forward", global_step, micro);
+    const float* P = fetch(0, global_step);
+    model::embed_forward(*ws_, P, tokens.data<int32_t>(), ws_->residual(0));
+    release(0, global_step);
+    for (int l = 0; l < L; ++l) {
+      P = fetch(l + 1, global_step);
+      model::block_forward(*ws_, l, P, ws_->residual(l), ws_->residual(l + 1));
+      release(l + 1, global_step);
+    }
+    end(ph);
+
+    ph = phase("loss", global_step, micro);
+    const float* Pf = fetch(fin, global_step);
+    const float* Pe = fetch(0, global_step);
+    Tensor emb_bucket = Tensor::zeros("grad.bucket0", {parts_[0]->padded}, DType::F32, accel);
+    Tensor fin_bucket = Tensor::zeros("grad.bucket" + std::to_string(fin), {parts_[size_t(fin)]->padded}, DType::F32, accel);
+    float* dx = ws_->grad_residual();
+    loss_sum += model::head_forward_backward(*ws_, Pf, Pe + wte, ws_->residual(L), targets.data<int32_t>(), dx,
+                                             fin_bucket.f32(), emb_bucket.f32() + wte, grad_scale);
+    release(fin, global_step);
+    release(0, global_step);
+    reduce_module_grad(fin, fin_bucket, global_step);
+    end(ph);
+
+    ph = phase("backward", global_step, micro);
+    for (int l = L - 1; l >= 0; --l) {
+      P = fetch(l + 1, global_step);
+      Tensor bucket = Tensor::zeros("grad.bucket" + std::to_string(l + 1), {parts_[size_t(l) + 1]->padded}, DType::F32, accel);
+      model::block_backward(*ws_, l, P, ws_->residual(l), dx, dx, bucket.f32());
+      release(l + 1, global_step);
+      reduce_module_grad(l + 1, bucket, global_step);
+    }
+    model::embed_backward(*ws_, tokens.data<int32_t>(), dx, emb_bucket.f32());
+    reduce_module_grad(0, emb_bucket, global_step);
+    end(ph);
+    if (rec_) rec_->marker_end(mm);
+  }
+  // Gathered buffers are stale once the optimizer runs.
+  for (auto& p : parts_) {
+    p->gathered.reset();
+    p->compute.reset();
+  }
+  order_known_ = true;
+
+  StepResult r = optimizer_step(global_step);
+  double loss = loss_sum / double(cfg_.grad_accum);
+  comm_.all_reduce(&loss, 1, "loss");
+  r.loss = loss / double(W_);
+  return r;
+}
+
+// ---------------------------------------------------------------- the optimizer step
+
+StepResult ZeroEngine::optimizer_step(int64_t step) {
+  Device& accel = rt_.accelerator();
+  Device& host = rt_.host();
+  StepResult r;
+  r.loss_scale = loss_scale_;
+  probe::MarkerId ph = phase("optimizer", step);
+
+  // 1. Each rank's fp32 gradient partition, averaged over ranks.
+  std::vector<Tensor> g32(parts_.size());
+  for (size_t mi = 0; mi < parts_.size(); ++mi) {
+    Part& p = *parts_[mi];
+    if (z_.stage <= 1) {
+      Tensor full = Tensor::empty("grad.fp32[" + p.spec.name + "]", {p.padded}, DType::F32, accel);
+      read_into(p.grad, 0, full.f32(), p.padded);
+      if (z_.stage == 0) {
+        comm_.all_reduce(full.f32(), size_t(p.padded), 1.0f / float(W_), "grad." + p.spec.name);
+        g32[mi] = std::move(full);
+      } else {
+        Tensor part = Tensor::empty("grad.reduced[" + p.spec.name + "]", {p.shard}, DType::F32, accel);
+        comm_.reduce_scatter(full.f32(), part.f32(), size_t(p.shard), 1.0f / float(W_), "grad." + p.spec.name);
+        g32[mi] = std::move(part);
+      }
+      if (z_.offload_optimizer) {
+        copy_into(p.grad32, g32[mi]);  // D2H
+        g32[mi] = p.grad32;
+      }
+    } else if (z_.offload_optimizer) {
+      copy_into(p.grad32, p.grad);  // D2H, upcast to fp32 on the host
+      g32[mi] = p.grad32;
+    } else if (dtype_ == DType::F32) {
+      g32[mi] = p.grad;
+    } else {
+      g32[mi] = Tensor::empty("fp32_partitioned_groups_flat[" + std::to_string(mi) + "].grad", {p.shard}, DType::F32, accel);
+      read_into(p.grad, 0, g32[mi].f32(), p.shard);
+    }
+  }
+
+  // 2. The global norm. Each rank sums the squares of its own partition (at stage 0 every
+  // rank holds all of it, so one rank's sum is the total), then the sums are all-reduced.
+  double sq = 0;
+  for (auto& g : g32) {
+    const float* x = g.f32();
+    for (int64_t i = 0; i < g.numel(); ++i) sq += double(x[i]) * double(x[i]);
+  }
+  if (z_.stage > 0) comm_.all_reduce(&sq, 1, "grad_norm");
+  const double norm = std::sqrt(sq) / loss_scale_;
+  // Under optimizer offload the norm lives on the host (DeepSpeed >= 0.14.5 returns it with
+  // .cpu()); otherwise on the device where the partitions are.
+  Tensor norm_t = Tensor::empty("global_grad_norm", {1}, DType::F32, z_.offload_optimizer ? host : accel);
+  norm_t.f32()[0] = float(norm);
+  r.grad_norm = norm;
+
+  if (!std::isfinite(norm)) {
+    // fp16 overflow: skip the update, lower the scale (after `hysteresis` overflows).
+    r.skipped = true;
+    if (hysteresis_left_ > 1) {
+      --hysteresis_left_;
+    } else {
+      loss_scale_ = std::max(z_.min_loss_scale, loss_scale_ / 2);
+      hysteresis_left_ = z_.hysteresis;
+    }
+    good_steps_ = 0;
+    if (rec_) {
+      probe::MarkerId s = phase("skipped step (gradient overflow)", step);
+      end(s);
+      rec_->counter(rank_, 0, rec_->intern("loss_scale"), loss_scale_);
+    }
+    for (auto& p : parts_) std::memset(p->grad.raw(), 0, p->grad.bytes());
+    end(ph);
+    return r;
+  }
+
+  // 3. unscale_and_clip_grads: one combined scale for every partition.
+  {
+    probe::MarkerId uc = phase("unscale_and_clip_grads", step);
+    double combined = loss_scale_;
+    if (cfg_.grad_clip > 0) {
+      const double clip = (norm + 1e-6) / cfg_.grad_clip;
+      if (clip > 1) {
+        combined = clip * loss_scale_;
+        r.clipped = true;
+      }
+    }
+    if (r.clipped) {
+      // The clip coefficient comes from the norm tensor, so it lives where the norm lives.
+      Tensor combined_scale = Tensor::empty("combined_scale", {1}, DType::F32, norm_t.device());
+      combined_scale.f32()[0] = float(combined);
+      for (auto& g : g32) {
+        check_same_device("unscale_and_clip_grads", {&combined_scale, &g}, step);
+        const float inv = 1.0f / combined_scale.f32()[0];
+        float* x = g.f32();
+        for (int64_t i = 0; i < g.numel(); ++i) x[i] *= inv;
+      }
+    } else if (combined != 1.0) {
+      const float inv = float(1.0 / combined);  // a host scalar: valid against any device
+      for (auto& g : g32) {
+        float* x = g.f32();
+        for (int64_t i = 0; i < g.numel(); ++i) x[i] *= inv;
+      }
+    }
+    end(uc);
+  }
+
+  // 4. AdamW on each partition, where the optimizer state lives.
+  ++adam_steps_;
+  for (size_t mi = 0; mi < parts_.size(); ++mi) {
+    Part& p = *parts_[mi];
+    check_same_device("adamw_step", {&p.master, &g32[mi], &p.m, &p.v}, step);
+    model::adamw_step(p.master.f32(), g32[mi].f32(), p.m.f32(), p.v.f32(), p.opt_n, cfg_.lr, cfg_.beta1, cfg_.beta2,
+                      cfg_.eps, cfg_.weight_decay, adam_steps_);
+    write_back(int(mi));
+    std::memset(p.grad.raw(), 0, p.grad.bytes());
+  }
+  if (dtype_ == DType::F16 && z_.static_loss_scale <= 0 && ++good_steps_ % z_.loss_scale_window == 0) loss_scale_ *= 2;
+  if (rec_) {
+    rec_->counter(rank_, 0, rec_->intern("grad_norm"), norm);
+    if (dtype_ == DType::F16) rec_->counter(rank_, 0, rec_->intern("loss_scale"), loss_scale_);
+  }
+  end(ph);
+  return r;
+}
+
+// The updated fp32 weights, in the compute dtype, back where the parameters live.
+void ZeroEngine::write_back(int mi) {
+  Part& p = *parts_[size_t(mi)];
+  Device& accel = rt_.accelerator();
+  Device& host = rt_.host();
+  const bool master_on_host = p.master.device().is_host();
+  auto updated_on_accel = [&]() {
+    // Convert where the master lives; cross to the device with one copy when it is the host.
+    if (master_on_host) {
+      Tensor low = Tensor::empty(p.spec.name + ".update", {p.shard}, dtype_, host, z_.pin_memory);
+      set_from(low, 0, p.master.f32(), p.shard);
+      return copy_to(low, accel, false, p.spec.name + ".update");  // H2D
+    }
+    Tensor low = Tensor::empty(p.spec.name + ".update", {p.shard}, dtype_, accel);
+    set_from(low, 0, p.master.f32(), p.shard);
+    return low;
+  };
+  if (p.sharded) {
+    if (p.param_shard.device().is_host() == master_on_host) {
+      set_from(p.param_shard, 0, p.master.f32(), p.shard);
+    } else {
+      Tensor low = Tensor::empty(p.spec.name + ".update", {p.shard}, dtype_, host, z_.pin_memory);
+      set_from(low, 0, p.master.f32(), p.shard);
+      copy_into(p.param_shard, low);  // H2D
+    }
+  } else if (z_.stage == 0) {
+    set_from(p.param, 0, p.master.f32(), p.padded);
+  } else {
+    Tensor upd = updated_on_accel();
+    comm_.all_gather(upd.raw(), p.param.raw(), size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".param");
+  }
+}
+
+}  // namespace zt::trainer

@@ -1,0 +1,99 @@
+// trainer/zero/engine.h: the ZeRO engine of one rank: stages 0-3, optimizer and parameter
+// offload, mixed precision, gradient accumulation, the global norm and unscale-and-clip.
+//
+// Owns: the rank's model states as named tensors, partitioned per module (embeddings, each
+// block, final LayerNorm): each module's flat parameters are padded to a multiple of the
+// world size and split into equal shards. What each rank keeps, by stage (W ranks, P params,
+// p = compute-dtype bytes):
+//   stage 0  params P*p, grads P*p, fp32 master + Adam m + v 12P        (all replicated)
+//   stage 1  params P*p, grads P*p, optimizer 12P/W                     (optimizer sharded)
+//   stage 2  params P*p, grads P*p/W, optimizer 12P/W                   (+ gradients)
+//   stage 3  params P*p/W, grads P*p/W, optimizer 12P/W                 (+ parameters)
+// plus, when the compute dtype is not fp32, an fp32 gradient partition for the optimizer
+// (on the host with offload_optimizer: DeepSpeed's fp32_partitioned_groups_flat[i].grad).
+// Modules smaller than the persistence threshold keep whole parameters on every rank.
+//
+// Stage 3 fetches a module before its forward or backward (host->device copy of the shard
+// when offload_param, then all-gather), and releases it after use unless it is reused
+// within max_reuse_distance; the order of modules seen in the first step drives prefetching
+// (up to the prefetch bucket, below max_live_parameters) from the second step on.
+// Gradients are reduce-scattered per module (stages 2, 3) or at the accumulation boundary
+// (all-reduce at stage 0, reduce-scatter at stage 1) and averaged over ranks.
+//
+// The global norm and unscale_and_clip_grads are an explicit step: the norm is a tensor on
+// the host under offload_optimizer and on the device otherwise; when clipping is active the
+// combined scale is a tensor on the norm's device, and every fp32 gradient partition passes
+// the device guard before it is scaled in place. That is where DeepSpeed 0.14.1-0.14.2 put
+// a device scalar against host partitions (bug reports R2 and R5).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "data/corpus.h"
+#include "model/gpt2.h"
+#include "model/layout.h"
+#include "train/rank_runtime.h"
+#include "train/train_config.h"
+#include "zero/communicator.h"
+
+namespace zt::trainer {
+
+struct StepResult {
+  double loss = 0;        // mean over micro-steps and ranks
+  double grad_norm = 0;   // global, unscaled
+  double loss_scale = 1;
+  bool skipped = false;   // fp16 overflow: no update
+  bool clipped = false;
+};
+
+class ZeroEngine {
+ public:
+  ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, int T, RankRuntime& rt, Communicator& comm);
+  ~ZeroEngine();
+
+  // One optimizer step over cfg.grad_accum micro-batches of this rank.
+  StepResult step(DataLoader& loader, int64_t epoch, int64_t step_in_epoch, int64_t global_step);
+
+  const ZeroSettings& settings() const { return z_; }
+  // Bytes of model states (params, grads, optimizer) this rank holds, by the rule above.
+  int64_t model_state_bytes() const;
+
+  struct Part;
+
+ private:
+  const float* fetch(int m, int64_t step);
+  void release(int m, int64_t step);
+  void prefetch_after(int m, int64_t step);
+  void reduce_module_grad(int m, Tensor& bucket, int64_t step);
+  void boundary_reduce(int64_t step);
+  StepResult optimizer_step(int64_t step);
+  void write_back(int m);
+  probe::MarkerId phase(const std::string& name, int64_t step, int64_t micro = -1);
+  void end(probe::MarkerId id);
+
+  TrainConfig cfg_;
+  ZeroSettings z_;
+  model::Config mc_;
+  int B_, T_;
+  RankRuntime& rt_;
+  Communicator& comm_;
+  probe::Recorder* rec_;
+  DType dtype_;
+  int W_, rank_;
+  std::vector<model::ModuleSpec> modules_;
+  std::vector<std::unique_ptr<Part>> parts_;
+  std::unique_ptr<model::Workspace> ws_;
+  Tensor activations_;  // the device is charged the workspace's bytes (see trainer/README.md)
+  Tensor host_tokens_, host_targets_;
+  // Fetch order recorded in the first step, and where the current step is in it.
+  std::vector<int> order_;
+  bool order_known_ = false;
+  size_t order_pos_ = 0;
+  double loss_scale_ = 1;
+  int64_t good_steps_ = 0, hysteresis_left_ = 0, adam_steps_ = 0;
+};
+
+}  // namespace zt::trainer
