@@ -42,8 +42,9 @@ void Stmt::step_done() {
     sqlite3_clear_bindings(s_);
     throw SqlError(rc, msg);
   }
+  // No sqlite3_clear_bindings here: every statement binds every parameter on each use
+  // (NULLs explicitly), and clearing cost ~4% of an insert.
   sqlite3_reset(s_);
-  sqlite3_clear_bindings(s_);
 }
 
 void Stmt::reset() {

@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <cblas.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -184,7 +186,12 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
   InProcessGroup group(int(cfg.world_size));
   std::vector<std::string> failures(size_t(cfg.world_size));
   std::vector<int64_t> steps_done(size_t(cfg.world_size), 0);
+  // Rank threads share the cores: each gets its share of OpenMP threads, and OpenBLAS (which
+  // keeps its own pool, whose idle threads spin) runs single-threaded inside each rank.
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (cfg.world_size > 1) openblas_set_num_threads(1);
   auto run_rank = [&](int rank) {
+    if (cfg.world_size > 1) omp_set_num_threads(std::max(1, cores / int(cfg.world_size)));
     RuntimeOptions ro;
     ro.accelerator = cfg.device == "cpu" ? DeviceType::Cpu : DeviceType::Sim;
     ro.rank = rank;
