@@ -275,3 +275,91 @@ TEST(Zero, BadDeepSpeedConfigsAreRejected) {
   c.zero.stage = 2;
   EXPECT_NE(validate(c).message().find("offload_param needs ZeRO stage 3"), std::string::npos);
 }
+
+// fp16 with a loss scale far too large: the scaled gradients really overflow fp16, the
+// scaler skips those steps and halves the scale until they fit, then training goes on.
+TEST(Zero, Fp16LossScalerSkipsOverflowsAndRecovers) {
+  zt::test::TempDir dir;
+  TrainConfig c = base(30);
+  c.precision = "fp16";
+  c.world_size = 2;
+  c.zero.stage = 2;
+  c.zero.initial_scale_power = 24;  // 2^24: gradients above ~0.004 overflow fp16 (65504) once scaled
+  c.zero.hysteresis = 1;
+  zt::probe::RecorderOptions o;
+  o.path = dir.file("fp16.db");
+  o.crash_handlers = false;
+  std::unique_ptr<zt::probe::Recorder> rec;
+  ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
+  TrainSummary s;
+  zt::Status st = train(c, rec.get(), nullptr, &s);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_TRUE(rec->close().ok());
+  EXPECT_GT(s.skipped_steps, 0);
+  EXPECT_LT(s.skipped_steps, 20);
+  EXPECT_LT(s.last_loss, s.first_loss - 0.3);  // it trained once the scale fit
+  std::unique_ptr<zt::db::TraceReader> r;
+  ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+  zt::db::QueryResult q;
+  ASSERT_TRUE(r->query("SELECT count(*) FROM marker_v WHERE rank = 0 AND name = 'skipped step (gradient overflow)'", &q).ok());
+  EXPECT_EQ(q.rows[0][0], std::to_string(s.skipped_steps));
+  // Each skip halved the scale: the scale after the last skip is 2^(40 - skips).
+  ASSERT_TRUE(r->query("SELECT min(value) FROM counter_v WHERE rank = 0 AND name = 'loss_scale'", &q).ok());
+  EXPECT_EQ(std::stod(q.rows[0][0]), std::ldexp(1.0, 24 - int(s.skipped_steps)));
+}
+
+// Bytes moved per step follow from the stage and offload settings and the module sizes.
+TEST(Zero, TrafficPerStepFollowsTheStage) {
+  const int W = 2;
+  auto mc = *zt::model::preset("tiny");
+  int64_t padded_sum = 0, shard_sum = 0;
+  std::vector<int64_t> padded;
+  for (auto& m : zt::model::module_table(mc)) {
+    padded.push_back((m.numel + W - 1) / W * W);
+    padded_sum += padded.back();
+    shard_sum += padded.back() / W;
+  }
+  zt::test::TempDir dir;
+  TrainConfig c = base(3);
+  c.precision = "bf16";
+  c.world_size = W;
+  c.zero.stage = 3;
+  c.zero.offload_optimizer = true;
+  c.zero.offload_param = true;
+  c.zero.param_persistence_threshold = 0;
+  c.zero.max_reuse_distance = 0;
+  c.zero.prefetch_bucket_size = 0;
+  zt::probe::RecorderOptions o;
+  o.path = dir.file("t.db");
+  o.crash_handlers = false;
+  std::unique_ptr<zt::probe::Recorder> rec;
+  ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
+  TrainSummary s;
+  ASSERT_TRUE(train(c, rec.get(), nullptr, &s).ok());
+  ASSERT_TRUE(rec->close().ok());
+  std::unique_ptr<zt::db::TraceReader> r;
+  ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+  zt::db::QueryResult q;
+  // Per step on one rank. With reuse distance 0 every use is a fetch: the embeddings twice
+  // (forward, the tied LM head), each block twice (forward, backward), the final LayerNorm once.
+  const int L = int(mc.layers);
+  const int64_t tokens_bytes = 2 * c.micro_batch * c.seq_len * 4;  // tokens + targets
+  int64_t fetch_shard_bytes = 0;
+  std::vector<int> uses(size_t(L) + 2, 2);
+  uses.back() = 1;
+  for (size_t m = 0; m < padded.size(); ++m) fetch_shard_bytes += uses[m] * (padded[m] / W) * 2;
+  // offload_param: the updated shards are written on the host, where they live: no copy.
+  const int64_t h2d = tokens_bytes + fetch_shard_bytes;
+  const int64_t d2h = shard_sum * 2;                                    // bf16 gradient shards
+  const int64_t gather = fetch_shard_bytes * W;                          // all_gather output per fetch
+  const int64_t reduce = padded_sum * 4;                                 // fp32 buckets
+  ASSERT_TRUE(r->query("SELECT kind, coalesce(op, ''), sum(bytes) / 3 FROM transfer_v WHERE rank = 0"
+                       " GROUP BY 1, 2 ORDER BY 1, 2", &q).ok());
+  std::map<std::string, int64_t> got;
+  for (auto& row : q.rows) got[row[0] + ":" + row[1]] = std::stoll(row[2]);
+  EXPECT_EQ(got["H2D:"], h2d);
+  EXPECT_EQ(got["D2H:"], d2h);
+  EXPECT_EQ(got["collective:all_gather"], gather);
+  EXPECT_EQ(got["collective:reduce_scatter"], reduce);
+  EXPECT_EQ(got["collective:all_reduce"], 16);  // the loss and the squared norm, 8 bytes each
+}
