@@ -18,6 +18,7 @@ using Action = std::function<int()>;
 
 void add_db_commands(CLI::App& app, Action& action);  // db info|sql|merge, export, synth, demo
 void add_train_command(CLI::App& app, Action& action);  // train
+void add_probe_command(CLI::App& app, Action& action);  // probe (cli/probe_command.cpp)
 #ifdef ZT_HAVE_VIEWER
 void add_view_command(CLI::App& app, Action& action);  // view (viewer/view_command.cpp)
 #endif

@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   add_db_commands(app, action);
   add_train_command(app, action);
   add_demo_command(app, action);
-  add_not_built(app, action, "probe", "Record any CUDA program: zt probe -o out.db -- CMD ARGS...", "probe");
+  add_probe_command(app, action);
   add_not_built(app, action, "repro", "Replay a bug report scenario and print a verdict", "inject");
   add_not_built(app, action, "check", "Pass/fail checks on a trace for CI", "inject");
   add_not_built(app, action, "faults", "List the fault catalog", "inject");

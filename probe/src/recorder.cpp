@@ -95,6 +95,7 @@ struct TlsState {
   }
 };
 thread_local TlsState tls;
+thread_local bool tls_is_writer = false;
 }  // namespace
 
 struct Recorder::Impl {
@@ -119,6 +120,7 @@ struct Recorder::Impl {
   std::vector<db::RankRow> p_ranks;
   std::vector<db::FaultRow> p_faults;
   std::vector<db::ErrorRow> p_errors;
+  std::vector<db::DroppedRow> p_dropped;
 
   std::mutex rings_mu;
   std::vector<std::shared_ptr<ThreadRing>> rings;
@@ -306,6 +308,20 @@ void Recorder::fault(const db::FaultRow& row) {
   std::lock_guard lock(impl_->meta_mu);
   impl_->p_faults.push_back(std::move(r));
 }
+
+void Recorder::dropped(int64_t events, std::string_view reason, int rank) {
+  if (events <= 0) return;
+  db::DroppedRow d;
+  d.rank = rank;
+  d.thread = static_cast<int64_t>(syscall(SYS_gettid));
+  d.t = now_ns();
+  d.events = events;
+  d.reason = std::string(reason);
+  std::lock_guard lock(impl_->meta_mu);
+  impl_->p_dropped.push_back(std::move(d));
+}
+
+bool Recorder::on_writer_thread() { return tls_is_writer; }
 
 void Recorder::error(const db::ErrorRow& row) {
   db::ErrorRow r = row;
@@ -526,8 +542,9 @@ void Recorder::Impl::write_meta(bool blocking) {
   auto ranks_ = std::move(p_ranks);
   auto faults_ = std::move(p_faults);
   auto errors_ = std::move(p_errors);
+  auto dropped_ = std::move(p_dropped);
   p_strings.clear(), p_frames.clear(), p_stacks.clear(), p_devices.clear(), p_ranks.clear(), p_faults.clear(),
-      p_errors.clear();
+      p_errors.clear(), p_dropped.clear();
   lock.unlock();
   for (auto& x : strings_) w->insert(x);
   for (auto& x : frames_) w->insert(x);
@@ -536,6 +553,7 @@ void Recorder::Impl::write_meta(bool blocking) {
   for (auto& x : ranks_) w->insert(x);
   for (auto& x : faults_) w->insert(x);
   for (auto& x : errors_) w->insert(x);
+  for (auto& x : dropped_) w->insert(x);
 }
 
 void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees, std::vector<PendingEnd>& ends,
@@ -750,6 +768,7 @@ bool Recorder::Impl::drain(bool final_pass) {
 }
 
 void Recorder::Impl::writer_main() {
+  tls_is_writer = true;  // first: before this thread allocates anything (see on_writer_thread)
   writer_tid = pthread_self();
   // Process-directed signals (SIGTERM, SIGINT) go to another thread, which then waits for
   // this one to write the end of the run.

@@ -141,6 +141,12 @@ class Recorder {
   StackId capture_stack(int skip = 0, int max_depth = 32);
   void fault(const db::FaultRow& row);  // id and t filled in when 0
   void error(const db::ErrorRow& row);
+  // Losses the recorder did not see itself (CUPTI's dropped activity records, ...): a row in
+  // `dropped` with this reason, so that nothing is lost silently.
+  void dropped(int64_t events, std::string_view reason, int rank = 0);
+  // True on the writer thread of any Recorder. The LD_PRELOAD interposer uses it so that the
+  // writer's own allocations (SQLite's) are neither counted nor recorded, which would feed back.
+  static bool on_writer_thread();
 
   // --- hot path: lock-free, one ring write ---
   AllocId alloc(const AllocEvent& e);

@@ -1,0 +1,51 @@
+// zt/probe/probe_config.h: how `zt probe` talks to libzt_probe.so inside the probed program.
+//
+// The injected library cannot take arguments: everything arrives as ZT_PROBE_* environment
+// variables, set by `zt probe` (or by hand). This header is the one list of those variables,
+// their defaults, and the rule that names each process's trace file, so that the command and
+// the library never disagree. Plain code: no CUDA, no hooks, testable anywhere.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "zt/common/status.h"
+
+namespace zt::probe {
+
+inline constexpr const char* kEnvOutput = "ZT_PROBE_OUTPUT";                // trace file of the root process
+inline constexpr const char* kEnvHostThreshold = "ZT_PROBE_HOST_THRESHOLD";  // "1MiB": smaller ones are summed
+inline constexpr const char* kEnvStacks = "ZT_PROBE_STACKS";                // 0: no call stacks
+inline constexpr const char* kEnvStackDepth = "ZT_PROBE_STACK_DEPTH";       // frames per stack (1..128)
+inline constexpr const char* kEnvHost = "ZT_PROBE_HOST";                    // 0: host allocations not recorded
+inline constexpr const char* kEnvCuda = "ZT_PROBE_CUDA";                    // 0: CUPTI not started
+inline constexpr const char* kEnvRssMs = "ZT_PROBE_RSS_MS";                 // RSS sampling period, 0 = off
+inline constexpr const char* kEnvQuiet = "ZT_PROBE_QUIET";                  // 1: no lines on stderr
+inline constexpr const char* kEnvCommand = "ZT_PROBE_COMMAND";              // the command line as the user typed it
+// Set by the library itself once a process has claimed ZT_PROBE_OUTPUT (value: its pid).
+// Every later process of the run (children that exec, an exec'd image of the root) finds it
+// and writes its own per-process file instead of overwriting the root's trace.
+inline constexpr const char* kEnvClaimed = "ZT_PROBE_CLAIMED";
+
+struct ProbeConfig {
+  std::string output = "zt-probe.db";
+  uint64_t host_threshold = 1ull << 20;
+  bool stacks = true;
+  int stack_depth = 32;
+  bool host = true;
+  bool cuda = true;
+  int rss_interval_ms = 100;
+  bool quiet = false;
+  std::string command_line;  // empty: the library reads /proc/self/cmdline
+};
+
+// Reads the ZT_PROBE_* variables through `getenv` (tests pass a map). A malformed value is an
+// error naming the variable and the value; unset variables keep the defaults above.
+Status probe_config_from_env(const std::function<const char*(const char*)>& getenv, ProbeConfig* out);
+
+// The file a process writes: the root writes `main`; any other process of the run writes
+// "<main without .db>.pid<PID>.db" ("-2", "-3"... appended by the caller when it exists).
+std::string per_process_trace_path(const std::string& main, int pid);
+
+}  // namespace zt::probe

@@ -1,0 +1,60 @@
+// ZT_PROBE_* environment parsing (see zt/probe/probe_config.h for the contract).
+#include "zt/probe/probe_config.h"
+
+#include <cstdlib>
+#include <string_view>
+
+#include "zt/common/units.h"
+
+namespace zt::probe {
+namespace {
+Status parse_bool(const char* name, const char* v, bool* out) {
+  std::string_view s(v);
+  if (s == "1" || s == "true" || s == "yes" || s == "on") *out = true;
+  else if (s == "0" || s == "false" || s == "no" || s == "off") *out = false;
+  else return Status::Error(std::string(name) + "=" + v + ": expected 0 or 1");
+  return Status::Ok();
+}
+Status parse_int(const char* name, const char* v, int lo, int hi, int* out) {
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (!*v || *end || x < lo || x > hi)
+    return Status::Error(std::string(name) + "=" + v + ": expected a whole number from " + std::to_string(lo) +
+                         " to " + std::to_string(hi));
+  *out = static_cast<int>(x);
+  return Status::Ok();
+}
+}  // namespace
+
+Status probe_config_from_env(const std::function<const char*(const char*)>& getenv, ProbeConfig* out) {
+  ProbeConfig c;
+  if (const char* v = getenv(kEnvOutput); v && *v) c.output = v;
+  if (const char* v = getenv(kEnvHostThreshold); v && *v) {
+    auto b = parse_bytes(v);
+    if (!b) return Status::Error(std::string(kEnvHostThreshold) + "=" + v + ": not a size (examples: 1MiB, 65536)");
+    c.host_threshold = *b == 0 ? 1 : *b;  // 0 would record every allocation; 1 says the same without a special case
+  }
+  if (const char* v = getenv(kEnvStacks); v && *v)
+    if (Status s = parse_bool(kEnvStacks, v, &c.stacks); !s) return s;
+  if (const char* v = getenv(kEnvStackDepth); v && *v)
+    if (Status s = parse_int(kEnvStackDepth, v, 1, 128, &c.stack_depth); !s) return s;
+  if (const char* v = getenv(kEnvHost); v && *v)
+    if (Status s = parse_bool(kEnvHost, v, &c.host); !s) return s;
+  if (const char* v = getenv(kEnvCuda); v && *v)
+    if (Status s = parse_bool(kEnvCuda, v, &c.cuda); !s) return s;
+  if (const char* v = getenv(kEnvRssMs); v && *v)
+    if (Status s = parse_int(kEnvRssMs, v, 0, 3600000, &c.rss_interval_ms); !s) return s;
+  if (const char* v = getenv(kEnvQuiet); v && *v)
+    if (Status s = parse_bool(kEnvQuiet, v, &c.quiet); !s) return s;
+  if (const char* v = getenv(kEnvCommand); v && *v) c.command_line = v;
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+std::string per_process_trace_path(const std::string& main, int pid) {
+  std::string stem = main;
+  if (stem.size() > 3 && stem.compare(stem.size() - 3, 3, ".db") == 0) stem.resize(stem.size() - 3);
+  return stem + ".pid" + std::to_string(pid) + ".db";
+}
+
+}  // namespace zt::probe

@@ -1,0 +1,343 @@
+// libzt_probe.so's life in a probed process: start at load, InitializeInjection, fork, exec, exit.
+//
+// Owns: the process's one Recorder (created in the library constructor, closed at exit or
+// exec, never destroyed so that late hooks on other threads never touch freed memory), the
+// RSS sampler thread, the choice of trace file, and the "CUDA tracing was off" verdict.
+//
+// Lifecycle:
+//  - load (LD_PRELOAD, or dlopen through CUDA_INJECTION64_PATH): read ZT_PROBE_*, open the
+//    trace, start the host hooks and the sampler, register atfork and atexit handlers.
+//  - InitializeInjection (called by the CUDA driver at cuInit): start the CUPTI collector.
+//  - fork: the child stops recording at once (it never writes into the parent's trace).
+//  - exec: the trace is closed first (an exec never runs atexit handlers); the new image, if
+//    it loads the probe again, writes its own per-process file (see probe_config.h).
+//  - exit: CUPTI force-flushed and drained, then the trace closed with status ok. The exit
+//    code is not known here; `zt probe` writes it into the run row after the process ends.
+//  - fatal signals: the Recorder's crash handlers (and the collector's, chained before them)
+//    write what there is and mark the run.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "../interpose/host_hooks.h"
+#include "zt/probe/probe_config.h"
+#include "zt/probe/recorder.h"
+
+#if ZT_PROBE_WITH_CUPTI
+#include "../cupti/collector.h"
+#endif
+
+#define ZT_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace zt::probe::inject {
+namespace {
+
+struct State {
+  ProbeConfig cfg;
+  Recorder* rec = nullptr;  // never deleted
+  DeviceId host_device = 0;
+  pid_t owner_pid = 0;
+  bool root = false;
+  std::atomic<bool> closed{false};
+  std::atomic<bool> injection_called{false};
+  std::string cuda_off_reason;  // set when InitializeInjection could not start CUPTI
+  std::mutex mu;
+
+  // RSS sampler.
+  pthread_t sampler{};
+  bool sampler_running = false;
+  std::atomic<bool> sampler_stop{false};
+  NameId n_rss = 0, n_small_bytes = 0, n_small_count = 0;
+};
+State* g = nullptr;  // heap-allocated once, never freed (hooks may run during exit)
+
+std::string read_cmdline() {
+  std::string out;
+  int fd = ::open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  for (auto& c : out)
+    if (c == '\0') c = ' ';
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+void say(const std::string& line) {
+  if (g && g->cfg.quiet) return;
+  std::string s = "zt probe: " + line + "\n";
+  (void)!::write(2, s.data(), s.size());
+}
+
+// One sample: resident set size and the small-allocation sums, as counters.
+void sample_once(int statm_fd) {
+  if (statm_fd >= 0) {
+    char buf[128];
+    ssize_t n = ::pread(statm_fd, buf, sizeof buf - 1, 0);
+    if (n > 0) {
+      buf[n] = 0;
+      long size = 0, resident = 0;
+      if (std::sscanf(buf, "%ld %ld", &size, &resident) == 2)
+        g->rec->counter(0, g->host_device, g->n_rss, double(resident) * double(sysconf(_SC_PAGESIZE)));
+    }
+  }
+  if (g->cfg.host) {
+    interpose::SmallTotals s = interpose::small_totals();
+    g->rec->counter(0, g->host_device, g->n_small_bytes, double(s.bytes));
+    g->rec->counter(0, g->host_device, g->n_small_count, double(s.allocations));
+  }
+}
+
+// Every rss_interval_ms, and once more when finish() stops it: the last word on memory is
+// what the program holds as it ends. (The sampler thread takes that last sample because
+// finish() runs at exit, after the exiting thread's thread-locals, the Recorder's ring among
+// them, are gone.)
+void* sampler_main(void*) {
+  interpose::mark_probe_thread();
+  int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  const long period_ms = g->cfg.rss_interval_ms;
+  while (!g->sampler_stop.load()) {
+    sample_once(fd);
+    // Sleep in short slices so that exit never waits a whole period.
+    timespec slice{0, 10000000};
+    for (long waited = 0; waited < period_ms && !g->sampler_stop.load(); waited += 10) nanosleep(&slice, nullptr);
+  }
+  sample_once(fd);
+  if (fd >= 0) ::close(fd);
+  return nullptr;
+}
+
+// Why CUDA tracing never started, when InitializeInjection was not called at all.
+std::string reason_without_injection() {
+  if (!g->cfg.cuda) return std::string(kEnvCuda) + "=0";
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!driver)
+    return "the program never loaded the CUDA driver libcuda.so.1 (it made no CUDA calls, or no driver is installed)";
+  dlclose(driver);
+  if (!std::getenv("CUDA_INJECTION64_PATH"))
+    return "CUDA_INJECTION64_PATH is not set, so the CUDA driver did not load the probe (run through zt probe)";
+  return "the CUDA driver was loaded but never initialized (cuInit failed: no GPU visible?)";
+}
+
+void child_after_fork() {
+  if (!g) return;
+  interpose::child_after_fork();
+#if ZT_PROBE_WITH_CUPTI
+  cupti::child_after_fork();
+#endif
+  g->closed.store(true);  // the child's atexit must not close the parent's recorder
+  g->sampler_running = false;
+}
+
+// Ends this process's recording. `detail` says why when it is not a normal exit.
+void finish(const char* detail) {
+  if (!g || getpid() != g->owner_pid || g->closed.exchange(true)) return;
+  interpose::ScopedGuard guard;
+  const bool is_exec = detail && std::strncmp(detail, "process image replaced", 22) == 0;
+#if ZT_PROBE_WITH_CUPTI
+  cupti::stop();  // force-flush and decode everything CUPTI still holds, before the close
+#endif
+  interpose::stop();
+  if (g->sampler_running) {
+    g->sampler_stop.store(true);
+    pthread_join(g->sampler, nullptr);
+    g->sampler_running = false;
+  }
+
+  std::string off;
+  {
+    std::lock_guard lock(g->mu);
+    if (!g->injection_called.load()) off = reason_without_injection();
+    else off = g->cuda_off_reason;
+  }
+  if (!off.empty()) {
+    db::ErrorRow e;
+    e.kind = "cuda_tracing_off";
+    e.site = "probe";
+    e.message = "CUDA tracing was off: " + off + "; host allocations were recorded";
+    g->rec->error(e);
+    // One line, from the process the user started, when it really ends (not at an exec).
+    if (g->root && !is_exec && !g->injection_called.load()) say(e.message);
+  }
+  Status s = g->rec->close(RunStatus::Ok, std::nullopt, detail ? detail : "");
+  if (!s) say("closing the trace failed: " + s.message());
+  // Other processes of the run (shell wrappers, `readlink`, ...) that recorded nothing would
+  // only bury the interesting traces: their files go.
+  if (s && !g->root && interpose::recorded_count() == 0 && !g->injection_called.load()) {
+    for (const char* suffix : {"", "-wal", "-shm"}) ::unlink((g->rec->path() + suffix).c_str());
+  }
+}
+
+void at_exit() { finish(nullptr); }
+
+__attribute__((constructor)) void on_load() {
+  interpose::ScopedGuard guard;
+  ProbeConfig cfg;
+  if (Status s = probe_config_from_env([](const char* k) { return std::getenv(k); }, &cfg); !s) {
+    std::string m = "zt probe: not recording this process: " + s.message() + "\n";
+    (void)!::write(2, m.data(), m.size());
+    return;
+  }
+  g = new State();
+  g->cfg = cfg;
+  g->owner_pid = getpid();
+
+  // Which file: the first process of the run claims ZT_PROBE_OUTPUT, every other one
+  // (children that exec, the root's own image after an exec) writes a per-process file.
+  std::string path = cfg.output;
+  const char* claimed = std::getenv(kEnvClaimed);
+  if (claimed && *claimed) {
+    const std::string base = per_process_trace_path(cfg.output, getpid());
+    path = base;
+    // The same pid can exec more than once: never overwrite an earlier image's trace.
+    for (int n = 2; ::access(path.c_str(), F_OK) == 0 && n < 100; ++n)
+      path = base.substr(0, base.size() - 3) + "-" + std::to_string(n) + ".db";
+  } else {
+    g->root = true;
+    setenv(kEnvClaimed, std::to_string(getpid()).c_str(), 1);
+  }
+
+  RecorderOptions opt;
+  opt.path = path;
+  opt.command_line = cfg.command_line.empty() || !g->root ? read_cmdline() : cfg.command_line;
+  opt.config_json = "{\"probe\":\"libzt_probe.so\",\"host_threshold\":" + std::to_string(cfg.host_threshold) +
+                    ",\"stacks\":" + (cfg.stacks ? "true" : "false") +
+                    ",\"stack_depth\":" + std::to_string(cfg.stack_depth) +
+                    ",\"host\":" + (cfg.host ? "true" : "false") + ",\"cuda\":" + (cfg.cuda ? "true" : "false") +
+                    ",\"rss_interval_ms\":" + std::to_string(cfg.rss_interval_ms) + "}";
+  // Blocking overflow: nothing is dropped. The hooks never hold a lock the writer needs, and
+  // the writer's own allocations are not recorded, so waiting for it cannot deadlock.
+  opt.overflow = OverflowPolicy::Block;
+  opt.ring_events = 8192;  // 768 KiB per recording thread; host rows are rare by design
+  opt.crash_handlers = true;
+  std::unique_ptr<Recorder> rec;
+  if (Status s = Recorder::open(opt, &rec); !s) {
+    say("not recording this process: " + s.message());
+    return;
+  }
+  g->rec = rec.release();
+  g->rec->add_rank(0, 1);
+  g->host_device = g->rec->add_device(0, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false);
+  g->n_rss = g->rec->intern("host_rss");
+  g->n_small_bytes = g->rec->intern("host_small_bytes_allocated");
+  g->n_small_count = g->rec->intern("host_small_allocations");
+
+  if (cfg.host) {
+    interpose::HostHookConfig h;
+    h.recorder = g->rec;
+    h.host_device = g->host_device;
+    h.threshold = cfg.host_threshold;
+    h.stacks = cfg.stacks;
+    h.stack_depth = cfg.stack_depth;
+    interpose::start(h);
+  }
+  if (cfg.rss_interval_ms > 0) g->sampler_running = pthread_create(&g->sampler, nullptr, sampler_main, nullptr) == 0;
+  pthread_atfork(nullptr, nullptr, child_after_fork);
+  std::atexit(at_exit);
+
+#if ZT_PROBE_WITH_CUPTI
+  // NVTX ranges reach CUPTI only through NVTX's own injection hook; libcupti exports the
+  // entry point, so point NVTX at it (unless the user chose something else).
+  if (cfg.cuda && !std::getenv("NVTX_INJECTION64_PATH")) {
+    if (const char* lib = cupti::library_path()) setenv("NVTX_INJECTION64_PATH", lib, 0);
+  }
+#endif
+}
+
+// An exec replaces the image without running atexit handlers: close the trace first.
+void before_exec(const char* file) {
+  if (!g || g->closed.load() || getpid() != g->owner_pid) return;
+  interpose::ScopedGuard guard;
+  std::string d = std::string("process image replaced by exec of ") + (file ? file : "?");
+  finish(d.c_str());
+}
+
+}  // namespace
+}  // namespace zt::probe::inject
+
+using namespace zt::probe::inject;
+
+// Called by the CUDA driver (cuInit) when CUDA_INJECTION64_PATH names this library.
+ZT_EXPORT int InitializeInjection(void) {
+  if (!g || !g->rec) return 1;  // not recording this process (bad config, trace not writable)
+  zt::probe::interpose::ScopedGuard guard;
+  std::lock_guard lock(g->mu);
+  if (g->injection_called.exchange(true)) return 1;
+  std::string why;
+#if ZT_PROBE_WITH_CUPTI
+  if (!g->cfg.cuda) {
+    why = std::string(zt::probe::kEnvCuda) + "=0";
+  } else {
+    zt::probe::cupti::CollectorOptions o;
+    o.recorder = g->rec;
+    o.host_device = g->host_device;
+    o.stacks = g->cfg.stacks;
+    o.stack_depth = g->cfg.stack_depth;
+    why = zt::probe::cupti::start(o);
+  }
+#else
+  why = "this libzt_probe.so was built without CUDA (no CUDA toolkit at build time)";
+#endif
+  if (!why.empty()) {
+    g->cuda_off_reason = why;
+    say("CUDA tracing is off: " + why + "; host allocations are still recorded");
+  }
+  return 1;
+}
+
+namespace {
+using execve_fn = int (*)(const char*, char* const[], char* const[]);
+using execv_fn = int (*)(const char*, char* const[]);
+template <typename F>
+F next(const char* name) {
+  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+}
+}  // namespace
+
+// _exit skips atexit handlers (shells exit this way): end the trace first, as exit would.
+ZT_EXPORT void _exit(int code) {
+  static auto real = next<void (*)(int)>("_exit");
+  if (g && !g->closed.load() && getpid() == g->owner_pid) finish("exited through _exit");
+  real(code);
+  __builtin_unreachable();
+}
+ZT_EXPORT void _Exit(int code) {
+  static auto real = next<void (*)(int)>("_Exit");
+  if (g && !g->closed.load() && getpid() == g->owner_pid) finish("exited through _Exit");
+  real(code);
+  __builtin_unreachable();
+}
+
+ZT_EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
+  static execve_fn real = next<execve_fn>("execve");
+  before_exec(path);
+  return real(path, argv, envp);
+}
+ZT_EXPORT int execv(const char* path, char* const argv[]) {
+  static execv_fn real = next<execv_fn>("execv");
+  before_exec(path);
+  return real(path, argv);
+}
+ZT_EXPORT int execvp(const char* file, char* const argv[]) {
+  static execv_fn real = next<execv_fn>("execvp");
+  before_exec(file);
+  return real(file, argv);
+}
+ZT_EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
+  static execve_fn real = next<execve_fn>("execvpe");
+  before_exec(file);
+  return real(file, argv, envp);
+}

@@ -1,0 +1,437 @@
+// The LD_PRELOAD host-allocation interposer (see host_hooks.h for what it owns and promises).
+//
+// Cost model: the common case is a small allocation on an application thread. It pays one
+// thread-local byte test and two plain stores into the thread's own counter slot (no atomic
+// read-modify-write, no lock); its free reads the block's size word (glibc) and does one
+// store. Only allocations at or above the
+// threshold take a stack, a lock on the live table, and a ring write in the Recorder.
+#include "host_hooks.h"
+
+#include <dlfcn.h>
+#include <malloc.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+
+#define ZT_TLS __attribute__((tls_model("initial-exec")))
+#define ZT_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace zt::probe::interpose {
+namespace {
+
+// ---------------------------------------------------------------- thread state
+// One byte per thread. kUnknown: not yet classified (the first hook on a thread asks the
+// Recorder whether this is its writer). kApp: record. Anything else: pass through.
+enum : uint8_t { kUnknown = 0, kApp = 1, kProbeThread = 2, kGuardBit = 0x80 };
+thread_local uint8_t t_state ZT_TLS = kUnknown;
+thread_local bool t_resolving ZT_TLS = false;
+
+// Per-thread counters of small allocations. A thread owns its slot exclusively, so plain
+// relaxed loads and stores suffice; threads beyond kSlots share the last slot with atomic
+// adds (correct, only slower).
+constexpr int kSlots = 1024;
+struct alignas(64) Slot {
+  std::atomic<uint64_t> allocs{0}, frees{0}, alloc_bytes{0};
+};
+Slot g_slots[kSlots];
+std::atomic<int> g_next_slot{0};
+thread_local Slot* t_slot ZT_TLS = nullptr;
+thread_local bool t_slot_shared ZT_TLS = false;
+
+inline void bump(std::atomic<uint64_t>& c, uint64_t v, bool shared) {
+  if (__builtin_expect(!shared, 1)) c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+  else c.fetch_add(v, std::memory_order_relaxed);
+}
+
+// ---------------------------------------------------------------- real functions
+using malloc_fn = void* (*)(size_t);
+using free_fn = void (*)(void*);
+using calloc_fn = void* (*)(size_t, size_t);
+using realloc_fn = void* (*)(void*, size_t);
+using posix_memalign_fn = int (*)(void**, size_t, size_t);
+using aligned_alloc_fn = void* (*)(size_t, size_t);
+using usable_fn = size_t (*)(void*);
+using mmap_fn = void* (*)(void*, size_t, int, int, int, off_t);
+using munmap_fn = int (*)(void*, size_t);
+
+struct Real {
+  malloc_fn malloc = nullptr;
+  free_fn free = nullptr;
+  calloc_fn calloc = nullptr;
+  realloc_fn realloc = nullptr;
+  posix_memalign_fn posix_memalign = nullptr;
+  aligned_alloc_fn aligned_alloc = nullptr;
+  aligned_alloc_fn memalign = nullptr;
+  usable_fn usable = nullptr;
+  mmap_fn mmap = nullptr;
+  mmap_fn mmap64 = nullptr;
+  munmap_fn munmap = nullptr;
+};
+Real g_real;
+// True when the malloc behind this one is glibc's (see block_size).
+bool g_glibc_headers = false;
+std::atomic<int> g_resolve_state{0};  // 0 not yet, 1 one thread is in dlsym, 2 done
+
+// dlsym may allocate (its error buffer); those allocations are served from here. They are
+// few and small, and never returned.
+alignas(64) char g_arena[64 * 1024];
+std::atomic<size_t> g_arena_used{0};
+
+void* arena_alloc(size_t n, size_t align = 16) {
+  size_t start = g_arena_used.load();
+  for (;;) {
+    size_t aligned = (start + align - 1) & ~(align - 1);
+    if (aligned + n > sizeof g_arena) return nullptr;
+    if (g_arena_used.compare_exchange_weak(start, aligned + n)) return g_arena + aligned;
+  }
+}
+inline bool in_arena(const void* p) { return p >= g_arena && p < g_arena + sizeof g_arena; }
+
+void resolve() {
+  int expected = 0;
+  if (g_resolve_state.compare_exchange_strong(expected, 1)) {
+    t_resolving = true;
+    Real r;
+    r.malloc = reinterpret_cast<malloc_fn>(dlsym(RTLD_NEXT, "malloc"));
+    r.free = reinterpret_cast<free_fn>(dlsym(RTLD_NEXT, "free"));
+    r.calloc = reinterpret_cast<calloc_fn>(dlsym(RTLD_NEXT, "calloc"));
+    r.realloc = reinterpret_cast<realloc_fn>(dlsym(RTLD_NEXT, "realloc"));
+    r.posix_memalign = reinterpret_cast<posix_memalign_fn>(dlsym(RTLD_NEXT, "posix_memalign"));
+    r.aligned_alloc = reinterpret_cast<aligned_alloc_fn>(dlsym(RTLD_NEXT, "aligned_alloc"));
+    r.memalign = reinterpret_cast<aligned_alloc_fn>(dlsym(RTLD_NEXT, "memalign"));
+    r.usable = reinterpret_cast<usable_fn>(dlsym(RTLD_NEXT, "malloc_usable_size"));
+    r.mmap = reinterpret_cast<mmap_fn>(dlsym(RTLD_NEXT, "mmap"));
+    r.mmap64 = reinterpret_cast<mmap_fn>(dlsym(RTLD_NEXT, "mmap64"));
+    r.munmap = reinterpret_cast<munmap_fn>(dlsym(RTLD_NEXT, "munmap"));
+    if (!r.mmap64) r.mmap64 = r.mmap;
+    Dl_info info{};
+    if (r.malloc && dladdr(reinterpret_cast<void*>(r.malloc), &info) && info.dli_fname)
+      g_glibc_headers = std::strstr(info.dli_fname, "/libc.so.6") != nullptr;
+    t_resolving = false;
+    if (!r.malloc || !r.free || !r.calloc || !r.realloc || !r.usable || !r.mmap || !r.munmap) {
+      static const char msg[] = "zt probe: cannot find the C library's malloc behind the interposer; aborting\n";
+      (void)!write(2, msg, sizeof msg - 1);
+      abort();
+    }
+    g_real = r;
+    g_resolve_state.store(2, std::memory_order_release);
+  } else {
+    while (g_resolve_state.load(std::memory_order_acquire) != 2) sched_yield();
+  }
+}
+// glibc keeps each block's size in the word before it (low 3 bits are flags). Reading it is
+// what malloc_usable_size does, minus checks that made it the largest single cost of the free
+// hook. Only trusted when the next malloc really is glibc's (checked in resolve()); otherwise
+// the hook asks malloc_usable_size.
+inline size_t block_size(void* p) {
+  if (__builtin_expect(g_glibc_headers, 1)) return reinterpret_cast<const size_t*>(p)[-1] & ~size_t(7);
+  return g_real.usable(p);
+}
+
+inline void ensure_real() {
+  if (__builtin_expect(g_resolve_state.load(std::memory_order_acquire) != 2, 0)) resolve();
+}
+
+// ---------------------------------------------------------------- recording state
+std::atomic<Recorder*> g_rec{nullptr};
+std::atomic<bool> g_on{false};
+uint64_t g_threshold = 1ull << 20;  // written once in start(), before g_on is set
+DeviceId g_device = 0;
+bool g_stacks = true;
+int g_depth = 32;
+int g_rank = 0;
+std::atomic<int64_t> g_recorded{0};
+
+
+// Live recorded allocations: address -> allocation id. Heap-allocated and never destroyed,
+// so hooks that run during exit (other threads, late atexit handlers) never see a dead map.
+std::mutex g_live_mu;
+std::unordered_map<uintptr_t, AllocId>* g_live_malloc = nullptr;
+std::unordered_map<uintptr_t, AllocId>* g_live_mmap = nullptr;
+
+// The Recorder keeps per-thread state in a thread_local that is destroyed when the thread
+// ends, and for the main thread when exit() begins (before atexit handlers and static
+// destructors, which still allocate and free). From then on this thread must not enter the
+// Recorder. The sentinel is constructed right after the thread's first Recorder call, so it
+// is destroyed just before the Recorder's state (reverse order) and turns the thread into a
+// pass-through one. Allocations freed after that point stay live in the trace: they were
+// live when the thread (or the program) ended.
+struct TlsSentinel {
+  bool armed = false;
+  ~TlsSentinel() { t_state = kProbeThread; }
+};
+thread_local TlsSentinel t_sentinel;
+inline void arm_sentinel() {
+  if (__builtin_expect(!t_sentinel.armed, 0)) t_sentinel.armed = true;
+}
+
+void classify() {
+  if (t_state != kUnknown) return;
+  t_state = Recorder::on_writer_thread() ? kProbeThread : kApp;
+}
+
+inline bool app_thread() {
+  uint8_t s = t_state;
+  if (__builtin_expect(s == kApp, 1)) return true;
+  if (s == kUnknown) {
+    classify();
+    return t_state == kApp;
+  }
+  return false;
+}
+
+Slot& slot() {
+  if (__builtin_expect(t_slot != nullptr, 1)) return *t_slot;
+  int i = g_next_slot.fetch_add(1, std::memory_order_relaxed);
+  if (i >= kSlots - 1) {
+    t_slot = &g_slots[kSlots - 1];
+    t_slot_shared = true;
+  } else {
+    t_slot = &g_slots[i];
+  }
+  return *t_slot;
+}
+
+// Frames between capture_stack's caller and the application: record_large, then the hook.
+// Both are noinline so that this count holds.
+constexpr int kSkipFrames = 2;
+
+__attribute__((noinline)) void record_large(void* p, size_t requested, size_t bytes, bool mmapped) {
+  Recorder* rec = g_rec.load(std::memory_order_acquire);
+  if (!rec || !g_on.load(std::memory_order_relaxed)) return;
+  ScopedGuard guard;
+  AllocEvent e;
+  e.rank = g_rank;
+  e.device = g_device;
+  e.memory_kind = MemoryKind::PageableHost;
+  e.level = AllocLevel::Segment;
+  e.address = reinterpret_cast<uint64_t>(p);
+  e.bytes = static_cast<int64_t>(bytes);
+  e.requested_bytes = static_cast<int64_t>(requested);
+  e.source = Source::HostHook;
+  e.stack = g_stacks ? rec->capture_stack(kSkipFrames, g_depth) : 0;
+  AllocId id = rec->alloc(e);
+  arm_sentinel();
+  g_recorded.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard lock(g_live_mu);
+  auto& table = mmapped ? *g_live_mmap : *g_live_malloc;
+  auto [it, inserted] = table.insert_or_assign(reinterpret_cast<uintptr_t>(p), id);
+  (void)inserted;
+}
+
+// Returns false when p was not a recorded allocation.
+__attribute__((noinline)) bool forget_large(void* p, bool mmapped) {
+  Recorder* rec = g_rec.load(std::memory_order_acquire);
+  if (!rec || !g_on.load(std::memory_order_relaxed)) return false;
+  ScopedGuard guard;
+  AllocId id = 0;
+  {
+    std::lock_guard lock(g_live_mu);
+    auto& table = mmapped ? *g_live_mmap : *g_live_malloc;
+    auto it = table.find(reinterpret_cast<uintptr_t>(p));
+    if (it == table.end()) return false;  // allocated before recording began, or a filter collision
+    id = it->second;
+    table.erase(it);
+  }
+  rec->free(id);
+  arm_sentinel();
+  return true;
+}
+
+// After a successful allocation of `requested` bytes at p. Small ones count the requested
+// bytes (asking the allocator for the usable size here cost more than the rest of the hook).
+inline void on_alloc(void* p, size_t requested) {
+  if (!p || !app_thread()) return;
+  if (__builtin_expect(requested < g_threshold, 1)) {
+    Slot& s = slot();
+    const bool shared = t_slot_shared;
+    bump(s.allocs, 1, shared);
+    bump(s.alloc_bytes, requested, shared);
+    return;
+  }
+  record_large(p, requested, g_real.usable(p), false);
+}
+
+// Before p goes back to the allocator (never after: another thread could get the same
+// address and record it before we erase the old entry).
+inline void on_free(void* p) {
+  if (!app_thread()) return;
+  // A recorded allocation's block is at least as large as the request, which was at least the
+  // threshold: a smaller block is certainly not recorded; a larger one only costs a lookup.
+  if (__builtin_expect(block_size(p) >= g_threshold, 0) && forget_large(p, false)) return;
+  Slot& s = slot();
+  bump(s.frees, 1, t_slot_shared);
+}
+
+}  // namespace
+
+ScopedGuard::ScopedGuard() : saved_(t_state) { t_state = static_cast<uint8_t>(saved_ | kGuardBit); }
+ScopedGuard::~ScopedGuard() { t_state = saved_; }
+
+void mark_probe_thread() { t_state = kProbeThread; }
+
+void start(const HostHookConfig& cfg) {
+  ensure_real();
+  ScopedGuard guard;
+  if (!g_live_malloc) {
+    g_live_malloc = new std::unordered_map<uintptr_t, AllocId>();
+    g_live_mmap = new std::unordered_map<uintptr_t, AllocId>();
+  }
+  g_threshold = cfg.threshold;
+  g_device = cfg.host_device;
+  g_stacks = cfg.stacks;
+  g_depth = cfg.stack_depth;
+  g_rank = cfg.rank;
+  g_rec.store(cfg.recorder, std::memory_order_release);
+  g_on.store(cfg.recorder != nullptr, std::memory_order_release);
+}
+
+void stop() { g_on.store(false, std::memory_order_release); }
+
+void child_after_fork() {
+  // Only the forking thread exists now; g_live_mu may be held by a thread that is gone, so
+  // nothing here may lock. Turning recording off is enough: every path checks g_on first.
+  g_on.store(false, std::memory_order_relaxed);
+  g_rec.store(nullptr, std::memory_order_relaxed);
+}
+
+bool recording() { return g_on.load(std::memory_order_relaxed); }
+
+SmallTotals small_totals() {
+  SmallTotals t;
+  uint64_t ab = 0;
+  int n = std::min(g_next_slot.load(std::memory_order_relaxed), kSlots);
+  if (g_slots[kSlots - 1].allocs.load() || g_slots[kSlots - 1].frees.load()) n = kSlots;
+  for (int i = 0; i < n; ++i) {
+    t.allocations += g_slots[i].allocs.load(std::memory_order_relaxed);
+    t.frees += g_slots[i].frees.load(std::memory_order_relaxed);
+    ab += g_slots[i].alloc_bytes.load(std::memory_order_relaxed);
+  }
+  t.bytes = ab;
+  return t;
+}
+
+int64_t recorded_count() { return g_recorded.load(); }
+
+int64_t large_live_count() {
+  ScopedGuard guard;
+  std::lock_guard lock(g_live_mu);
+  return g_live_malloc ? static_cast<int64_t>(g_live_malloc->size() + g_live_mmap->size()) : 0;
+}
+
+}  // namespace zt::probe::interpose
+
+// ---------------------------------------------------------------- the exported hooks
+using namespace zt::probe::interpose;
+
+ZT_EXPORT void* malloc(size_t n) {
+  if (__builtin_expect(g_resolve_state.load(std::memory_order_acquire) != 2, 0)) {
+    if (t_resolving) return arena_alloc(n);
+    resolve();
+  }
+  void* p = g_real.malloc(n);
+  on_alloc(p, n);
+  return p;
+}
+
+ZT_EXPORT void free(void* p) {
+  if (!p || in_arena(p)) return;
+  ensure_real();
+  on_free(p);
+  g_real.free(p);
+}
+
+ZT_EXPORT void* calloc(size_t n, size_t size) {
+  if (__builtin_expect(g_resolve_state.load(std::memory_order_acquire) != 2, 0)) {
+    if (t_resolving) {
+      size_t total;
+      if (__builtin_mul_overflow(n, size, &total)) return nullptr;
+      return arena_alloc(total);  // static storage: already zero
+    }
+    resolve();
+  }
+  void* p = g_real.calloc(n, size);
+  on_alloc(p, n * size);
+  return p;
+}
+
+ZT_EXPORT void* realloc(void* old, size_t n) {
+  ensure_real();
+  if (in_arena(old)) {
+    // Arena blocks carry no size; copying n bytes may read past the old block's end but stays
+    // inside the arena (or stops at its end).
+    void* p = malloc(n);
+    if (p && n) {
+      size_t avail = static_cast<size_t>(g_arena + sizeof g_arena - static_cast<char*>(old));
+      std::memcpy(p, old, n < avail ? n : avail);
+    }
+    return p;
+  }
+  if (old) on_free(old);
+  void* p = g_real.realloc(old, n);
+  if (p) on_alloc(p, n);
+  else if (old && n) on_alloc(old, g_real.usable(old));  // failed: the old block lives on
+  return p;
+}
+
+ZT_EXPORT int posix_memalign(void** out, size_t align, size_t n) {
+  ensure_real();
+  int rc = g_real.posix_memalign(out, align, n);
+  if (rc == 0) on_alloc(*out, n);
+  return rc;
+}
+
+ZT_EXPORT void* aligned_alloc(size_t align, size_t n) {
+  ensure_real();
+  void* p = g_real.aligned_alloc(align, n);
+  on_alloc(p, n);
+  return p;
+}
+
+ZT_EXPORT void* memalign(size_t align, size_t n) {
+  ensure_real();
+  void* p = g_real.memalign(align, n);
+  on_alloc(p, n);
+  return p;
+}
+
+namespace {
+// Only anonymous, accessible, reserved mappings are memory the program asked for. PROT_NONE
+// and MAP_NORESERVE mappings are address-space reservations (the CUDA driver reserves
+// terabytes this way); file mappings are files.
+inline bool is_allocation_like(int prot, int flags) {
+  return (flags & MAP_ANONYMOUS) && prot != PROT_NONE && !(flags & MAP_NORESERVE);
+}
+inline void after_mmap(void* p, size_t len, int prot, int flags) {
+  if (p == MAP_FAILED || len < g_threshold || !is_allocation_like(prot, flags) || !app_thread()) return;
+  record_large(p, len, len, true);
+}
+}  // namespace
+
+ZT_EXPORT void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
+  ensure_real();
+  void* p = g_real.mmap(addr, len, prot, flags, fd, off);
+  after_mmap(p, len, prot, flags);
+  return p;
+}
+
+ZT_EXPORT void* mmap64(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
+  ensure_real();
+  void* p = g_real.mmap64(addr, len, prot, flags, fd, off);
+  after_mmap(p, len, prot, flags);
+  return p;
+}
+
+ZT_EXPORT int munmap(void* addr, size_t len) {
+  ensure_real();
+  // Only an unmapping that starts where a recorded mapping starts closes it (the common
+  // case); unmapping part of a mapping leaves the row open.
+  if (len >= g_threshold && app_thread()) (void)forget_large(addr, true);
+  return g_real.munmap(addr, len);
+}

@@ -1,0 +1,68 @@
+// probe/src/interpose/host_hooks.h: the LD_PRELOAD host-allocation interposer, seen from the
+// rest of libzt_probe.so (inject/probe_main.cpp starts and stops it).
+//
+// Owns: the exported malloc, calloc, realloc, free, posix_memalign, aligned_alloc, memalign,
+// mmap, mmap64 and munmap of libzt_probe.so; the table of live recorded allocations; the
+// per-thread counters of small allocations.
+//
+// Invariants:
+//  - Every hook forwards to the next definition (dlsym RTLD_NEXT) and returns its result
+//    unchanged; recording is a side effect that can never change what the program sees.
+//  - Allocations at or above the threshold become allocation rows (pageable_host, segment,
+//    source host_hook) with a stack; smaller ones only move per-thread counters.
+//  - Code inside the probe (a ScopedGuard on the stack, the recorder's writer thread, the
+//    probe's own threads) passes straight through: the probe never records itself and never
+//    recurses into its own hooks.
+//  - Until dlsym has returned the real functions, allocations come from a static arena, and
+//    frees of arena memory are ignored.
+//  - After fork() the child records nothing (child_after_fork); its parent's trace is untouched.
+#pragma once
+
+#include <cstdint>
+
+#include "zt/probe/recorder.h"
+
+namespace zt::probe::interpose {
+
+struct HostHookConfig {
+  Recorder* recorder = nullptr;
+  DeviceId host_device = 0;
+  uint64_t threshold = 1ull << 20;
+  bool stacks = true;
+  int stack_depth = 32;
+  int rank = 0;
+};
+
+// Starts recording through `cfg.recorder` (which must outlive every later hook call: it is
+// never destroyed, only closed). Idempotent per process.
+void start(const HostHookConfig& cfg);
+// Stops recording: later hooks only forward. Allocations still live stay open in the trace.
+void stop();
+// pthread_atfork child handler: this process records nothing from now on.
+void child_after_fork();
+bool recording();
+
+struct SmallTotals {
+  uint64_t allocations = 0;  // below the threshold, since the process started
+  uint64_t frees = 0;        // frees of blocks below the threshold
+  uint64_t bytes = 0;        // bytes requested by those allocations, in total (not live)
+};
+SmallTotals small_totals();
+int64_t large_live_count();  // recorded allocations not yet freed
+int64_t recorded_count();    // allocation rows written since start()
+
+// Marks the calling thread as inside the probe while alive: its allocations pass through.
+class ScopedGuard {
+ public:
+  ScopedGuard();
+  ~ScopedGuard();
+  ScopedGuard(const ScopedGuard&) = delete;
+  ScopedGuard& operator=(const ScopedGuard&) = delete;
+
+ private:
+  uint8_t saved_;
+};
+// For the probe's own long-lived threads (RSS sampler, CUPTI decoder): never record them.
+void mark_probe_thread();
+
+}  // namespace zt::probe::interpose

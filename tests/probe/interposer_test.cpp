@@ -1,0 +1,154 @@
+// The LD_PRELOAD interposer on a real program (tests/probe/host_workload.cpp): exactly the
+// allocations it made, with their functions in the stacks; fork, threads, exec, the whole
+// allocation API, allocation before main, and a bad setting.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "../test_util.h"
+#include "probe_run_util.h"
+
+using namespace zt::test;
+
+namespace {
+
+const std::string kWorkload = ZT_PROBE_WORKLOAD;
+
+RunResult run_probed(const std::string& out, const std::vector<std::string>& args,
+                     std::map<std::string, const char*> extra = {}) {
+  std::vector<std::string> argv{kWorkload};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::map<std::string, const char*> env{{"LD_PRELOAD", nullptr},
+                                         {"ZT_PROBE_OUTPUT", out.c_str()},
+                                         {"ZT_PROBE_QUIET", "1"},
+                                         {"ZT_PROBE_RSS_MS", "10"}};
+  static std::string lib = probe_library();
+  env["LD_PRELOAD"] = lib.c_str();
+  for (auto& [k, v] : extra) env[k] = v;
+  return run_program(argv, env);
+}
+
+}  // namespace
+
+TEST(Interposer, LeakedBuffersAreExactlyTheLiveAllocationsWithTheirFunction) {
+  TempDir dir;
+  std::string out = dir.file("leak.db");
+  RunResult r = run_probed(out, {"leak", "7", std::to_string(3 << 19)});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string live = "t_free IS NULL AND source = 2";
+  auto leaked = allocations_in(out, "zt_test_leak_buffers", live);
+  EXPECT_EQ(leaked.size(), 7u);
+  // Repeated identical stacks cost one id.
+  EXPECT_EQ(sql_int(out, "SELECT count(DISTINCT stack_id) FROM allocation WHERE bytes >= 1572864 AND "
+                         "requested_bytes = 1572864 AND t_free IS NULL"),
+            1);
+  // The allocation before main is there, with its function.
+  EXPECT_EQ(allocations_in(out, "zt_test_before_main", live).size(), 1u);
+  // Nothing else is alive: the temporaries were freed.
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE " + live), 8);
+  auto temporaries = allocations_in(out, "zt_test_temporary_buffers", "t_free IS NOT NULL AND t_free >= t_alloc");
+  EXPECT_EQ(temporaries.size(), 5u);
+  // Kind, level, device, sizes.
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation_v WHERE memory_kind = 'pageable_host' AND level = "
+                         "'segment' AND device = 'cpu' AND requested_bytes = 1572864"),
+            12);
+  // The innermost frame is the caller of malloc, not the probe.
+  auto rows = sql(out, "SELECT stack_id FROM allocation WHERE requested_bytes = 1572864 AND t_free IS NULL LIMIT 1");
+  ASSERT_FALSE(rows.empty());
+  std::unique_ptr<zt::db::TraceReader> reader;
+  ASSERT_TRUE(zt::db::TraceReader::open(out, &reader));
+  std::vector<std::string> lines;
+  ASSERT_TRUE(reader->stack_text(std::stoll(rows[0][0]), &lines));
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("zt_test_leak_buffers"), std::string::npos) << lines[0];
+  // Run ended cleanly; RSS and small-allocation counters were sampled; nothing dropped.
+  EXPECT_EQ(sql_int(out, "SELECT status FROM run"), 1);
+  EXPECT_GT(sql_int(out, "SELECT max(value) FROM counter_v WHERE name = 'host_rss'"), 1 << 20);
+  EXPECT_GE(sql_int(out, "SELECT count(*) FROM counter_v WHERE name = 'host_small_bytes_allocated'"), 1);
+  EXPECT_EQ(sql_int(out, "SELECT coalesce(sum(events), 0) FROM dropped"), 0);
+}
+
+TEST(Interposer, ForkedChildNeverWritesIntoTheParentsTrace) {
+  TempDir dir;
+  std::string out = dir.file("fork.db");
+  RunResult r = run_probed(out, {"fork"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(allocations_in(out, "zt_test_parent_alloc").size(), 2u);
+  EXPECT_EQ(allocations_in(out, "zt_test_child_alloc").size(), 0u);
+  EXPECT_EQ(sql_int(out, "SELECT status FROM run"), 1);
+  // The child recorded nothing anywhere: no other trace file appeared.
+  int files = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir.path())) files += e.path().extension() == ".db";
+  EXPECT_EQ(files, 1);
+}
+
+TEST(Interposer, SixteenThreadsAllocatingLoseNothing) {
+  TempDir dir;
+  std::string out = dir.file("threads.db");
+  RunResult r = run_probed(out, {"threads", "16", "40"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE requested_bytes = 1572864"), 16 * 40);
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE requested_bytes = 1572864 AND t_free IS NULL"), 0);
+  EXPECT_EQ(allocations_in(out, "zt_test_thread_leak", "t_free IS NULL").size(), 16u);
+  EXPECT_EQ(sql_int(out, "SELECT coalesce(sum(events), 0) FROM dropped"), 0);
+  // 16 x 40 x 100 small allocations were counted, not recorded.
+  EXPECT_GE(sql_int(out, "SELECT max(value) FROM counter_v WHERE name = 'host_small_allocations'"), 16 * 40 * 100);
+}
+
+TEST(Interposer, EveryAllocationFunctionAndMmap) {
+  TempDir dir;
+  std::string out = dir.file("api.db");
+  RunResult r = run_probed(out, {"api"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  // calloc, posix_memalign, aligned_alloc, realloc, one kept mmap, one unmapped mmap; the
+  // allocation before main; no row for the PROT_NONE reservation.
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE requested_bytes = 2097152 AND t_free IS NULL"), 5)
+      << "calloc + posix_memalign + aligned_alloc + mmap + before main";
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE requested_bytes = 3145728 AND t_free IS NULL"), 1);
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE requested_bytes = 4194304 AND t_free IS NOT NULL"), 1);
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE requested_bytes >= 67108864"), 0);
+}
+
+TEST(Interposer, ExecClosesTheTraceAndTheNewImageWritesItsOwn) {
+  TempDir dir;
+  std::string out = dir.file("exec.db");
+  RunResult r = run_probed(out, {"exec", kWorkload, "3", std::to_string(2 << 20)});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(allocations_in(out, "zt_test_parent_alloc").size(), 1u);
+  auto detail = sql(out, "SELECT exit_detail FROM run");
+  ASSERT_FALSE(detail.empty());
+  EXPECT_NE(detail[0][0].find("process image replaced by exec"), std::string::npos) << detail[0][0];
+  std::string second;
+  for (auto& e : std::filesystem::directory_iterator(dir.path()))
+    if (e.path().filename().string().find("exec.pid") == 0) second = e.path().string();
+  ASSERT_FALSE(second.empty()) << "the exec'd image wrote no per-process trace";
+  EXPECT_EQ(allocations_in(second, "zt_test_leak_buffers", "t_free IS NULL").size(), 3u);
+}
+
+TEST(Interposer, ThresholdComesFromTheEnvironment) {
+  TempDir dir;
+  std::string out = dir.file("threshold.db");
+  RunResult r = run_probed(out, {"leak", "3", std::to_string(2 << 20)}, {{"ZT_PROBE_HOST_THRESHOLD", "4MiB"}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation"), 0);
+  // Summed instead: the 3 leaked and 5 temporary 2 MiB buffers were counted.
+  EXPECT_GE(sql_int(out, "SELECT max(value) FROM counter_v WHERE name = 'host_small_bytes_allocated'"), 3 * (2 << 20) + 5 * (2 << 20));
+}
+
+TEST(Interposer, NoStacksMeansNoStackRows) {
+  TempDir dir;
+  std::string out = dir.file("nostacks.db");
+  RunResult r = run_probed(out, {"leak", "2", std::to_string(2 << 20)}, {{"ZT_PROBE_STACKS", "0"}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE t_free IS NULL"), 3);
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE stack_id IS NOT NULL"), 0);
+}
+
+TEST(Interposer, BadSettingLeavesTheProgramAloneAndSaysWhy) {
+  TempDir dir;
+  std::string out = dir.file("bad.db");
+  RunResult r = run_probed(out, {"leak", "1", "100"}, {{"ZT_PROBE_HOST_THRESHOLD", "lots"}, {"ZT_PROBE_QUIET", "0"}});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.err.find("ZT_PROBE_HOST_THRESHOLD=lots"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+}

@@ -1,0 +1,58 @@
+// ZT_PROBE_* parsing and per-process trace names: the contract between `zt probe` and the library.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "zt/probe/probe_config.h"
+
+using namespace zt::probe;
+
+namespace {
+ProbeConfig parse(const std::map<std::string, std::string>& env, bool expect_ok = true, std::string* error = nullptr) {
+  ProbeConfig c;
+  zt::Status s = probe_config_from_env(
+      [&](const char* k) -> const char* {
+        auto it = env.find(k);
+        return it == env.end() ? nullptr : it->second.c_str();
+      },
+      &c);
+  EXPECT_EQ(s.ok(), expect_ok) << s.message();
+  if (error) *error = s.message();
+  return c;
+}
+}  // namespace
+
+TEST(ProbeConfig, DefaultsAndValues) {
+  ProbeConfig d = parse({});
+  EXPECT_EQ(d.host_threshold, 1u << 20);
+  EXPECT_TRUE(d.stacks);
+  EXPECT_EQ(d.stack_depth, 32);
+  EXPECT_EQ(d.rss_interval_ms, 100);
+  ProbeConfig c = parse({{kEnvOutput, "/tmp/a.db"},
+                         {kEnvHostThreshold, "64KiB"},
+                         {kEnvStacks, "0"},
+                         {kEnvStackDepth, "8"},
+                         {kEnvCuda, "no"},
+                         {kEnvRssMs, "0"}});
+  EXPECT_EQ(c.output, "/tmp/a.db");
+  EXPECT_EQ(c.host_threshold, 64u << 10);
+  EXPECT_FALSE(c.stacks);
+  EXPECT_EQ(c.stack_depth, 8);
+  EXPECT_FALSE(c.cuda);
+  EXPECT_EQ(c.rss_interval_ms, 0);
+}
+
+TEST(ProbeConfig, BadValuesNameTheVariable) {
+  std::string e;
+  parse({{kEnvHostThreshold, "big"}}, false, &e);
+  EXPECT_NE(e.find("ZT_PROBE_HOST_THRESHOLD=big"), std::string::npos);
+  parse({{kEnvStackDepth, "500"}}, false, &e);
+  EXPECT_NE(e.find("ZT_PROBE_STACK_DEPTH=500"), std::string::npos);
+  parse({{kEnvStacks, "maybe"}}, false, &e);
+  EXPECT_NE(e.find("ZT_PROBE_STACKS=maybe"), std::string::npos);
+}
+
+TEST(ProbeConfig, PerProcessTraceNames) {
+  EXPECT_EQ(per_process_trace_path("/x/run.db", 42), "/x/run.pid42.db");
+  EXPECT_EQ(per_process_trace_path("/x/run", 7), "/x/run.pid7.db");
+}
