@@ -363,3 +363,31 @@ TEST(Zero, TrafficPerStepFollowsTheStage) {
   EXPECT_EQ(got["collective:reduce_scatter"], reduce);
   EXPECT_EQ(got["collective:all_reduce"], 16);  // the loss and the squared norm, 8 bytes each
 }
+
+// From the second step the recorded module order drives prefetching; the result is the same.
+TEST(Zero, PrefetchFollowsTheRecordedOrderAndChangesNothing) {
+  zt::test::TempDir dir;
+  TrainConfig c = base(3);
+  c.precision = "bf16";
+  c.world_size = 2;
+  c.zero.stage = 3;
+  c.zero.param_persistence_threshold = 0;
+  c.zero.max_reuse_distance = 0;
+  TrainConfig no_prefetch = c;
+  no_prefetch.zero.prefetch_bucket_size = 0;
+  zt::probe::RecorderOptions o;
+  o.path = dir.file("p.db");
+  o.crash_handlers = false;
+  std::unique_ptr<zt::probe::Recorder> rec;
+  ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
+  TrainSummary s;
+  ASSERT_TRUE(train(c, rec.get(), nullptr, &s).ok());
+  ASSERT_TRUE(rec->close().ok());
+  EXPECT_EQ(s.losses, losses(no_prefetch));
+  std::unique_ptr<zt::db::TraceReader> r;
+  ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+  zt::db::QueryResult q;
+  ASSERT_TRUE(r->query("SELECT min(step), count(*) FROM marker_v WHERE rank = 0 AND name LIKE 'prefetch %'", &q).ok());
+  EXPECT_EQ(q.rows[0][0], "1");  // none in step 0: the order is recorded there
+  EXPECT_NE(q.rows[0][1], "0");
+}

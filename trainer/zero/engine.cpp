@@ -151,6 +151,17 @@ int64_t ZeroEngine::model_state_bytes() const {
 
 // ---------------------------------------------------------------- fetch and release
 
+// The whole module on the device: its shard (copied host->device first under offload_param)
+// all-gathered from every rank.
+void ZeroEngine::gather(Part& p) {
+  Device& accel = rt_.accelerator();
+  Tensor staged;
+  if (z_.offload_param) staged = copy_to(p.param_shard, accel, false, p.spec.name + ".shard");  // H2D
+  const Tensor& src = staged.defined() ? staged : p.param_shard;
+  p.gathered = Tensor::empty(p.spec.name + ".gathered", {p.padded}, dtype_, accel);
+  comm_.all_gather(src.raw(), p.gathered.raw(), size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".gathered");
+}
+
 const float* ZeroEngine::fetch(int mi, int64_t step) {
   Part& p = *parts_[size_t(mi)];
   if (!order_known_) {
@@ -162,19 +173,14 @@ const float* ZeroEngine::fetch(int mi, int64_t step) {
     if (pos < order_.size()) order_pos_ = pos + 1;
     p.last_pos = pos;
   }
-  const bool needs_fetch = p.sharded ? !p.gathered.defined() : (dtype_ != DType::F32 && !p.compute.defined());
-  if (needs_fetch) {
+  // A prefetched module is gathered already; its fp32 upcast is made at first use.
+  const bool needs_gather = p.sharded && !p.gathered.defined();
+  const bool needs_upcast = dtype_ != DType::F32 && !p.compute.defined();
+  if (needs_gather || needs_upcast) {
     probe::MarkerId ph = phase("fetch " + p.spec.name, step);
-    Device& accel = rt_.accelerator();
-    if (p.sharded) {
-      Tensor staged;
-      if (z_.offload_param) staged = copy_to(p.param_shard, accel, false, p.spec.name + ".shard");  // H2D
-      const Tensor& src = staged.defined() ? staged : p.param_shard;
-      p.gathered = Tensor::empty(p.spec.name + ".gathered", {p.padded}, dtype_, accel);
-      comm_.all_gather(src.raw(), p.gathered.raw(), size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".gathered");
-    }
-    if (dtype_ != DType::F32) {
-      p.compute = Tensor::empty(p.spec.name + ".compute", {p.spec.numel}, DType::F32, accel);
+    if (needs_gather) gather(p);
+    if (needs_upcast) {
+      p.compute = Tensor::empty(p.spec.name + ".compute", {p.spec.numel}, DType::F32, rt_.accelerator());
       read_into(p.sharded ? p.gathered : p.param, 0, p.compute.f32(), p.spec.numel);
     }
     end(ph);
@@ -196,12 +202,7 @@ void ZeroEngine::prefetch_after(int, int64_t step) {
     if (!q.sharded || q.gathered.defined()) continue;
     if (q.spec.numel > budget || live + q.spec.numel > z_.max_live_parameters) break;
     probe::MarkerId ph = phase("prefetch " + q.spec.name, step);
-    Device& accel = rt_.accelerator();
-    Tensor staged;
-    if (z_.offload_param) staged = copy_to(q.param_shard, accel, false, q.spec.name + ".shard");
-    const Tensor& src = staged.defined() ? staged : q.param_shard;
-    q.gathered = Tensor::empty(q.spec.name + ".gathered", {q.padded}, dtype_, accel);
-    comm_.all_gather(src.raw(), q.gathered.raw(), size_t(q.shard) * dtype_size(dtype_), q.spec.name + ".gathered");
+    gather(q);
     end(ph);
     budget -= q.spec.numel;
     live += q.spec.numel;

@@ -64,6 +64,7 @@ class ZeroEngine {
   struct Part;
 
  private:
+  void gather(Part& p);
   const float* fetch(int m, int64_t step);
   void release(int m, int64_t step);
   void prefetch_after(int m, int64_t step);
