@@ -75,9 +75,9 @@ Status merge_traces(const std::string& out_path, const std::vector<std::string>&
           ", memory_kind, level, address, bytes, requested_bytes, t_alloc, t_free, " + S + "name_id), stack_id+" +
           o(stack_off) + ", source, segment_id+" + o(alloc_off) + ", stream FROM src.allocation;"
           "INSERT INTO main.transfer(rank,kind,bytes,src_device_id,dst_device_id,pinned,t_start,t_end,stream,name_id,"
-          "op_id,participants,correlation_id,source) SELECT rank, kind, bytes, src_device_id+" + o(dev_off) +
+          "op_id,participants,correlation_id,source,stack_id) SELECT rank, kind, bytes, src_device_id+" + o(dev_off) +
           ", dst_device_id+" + o(dev_off) + ", pinned, t_start, t_end, stream, " + S + "name_id), " + S +
-          "op_id), participants, correlation_id, source FROM src.transfer ORDER BY id;"
+          "op_id), participants, correlation_id, source, stack_id+" + o(stack_off) + " FROM src.transfer ORDER BY id;"
           "INSERT INTO main.kernel(rank,device_id,name_id,t_start,t_end,stream,correlation_id,grid,block,source)"
           " SELECT rank, device_id+" + o(dev_off) + ", " + S + "name_id), t_start, t_end, stream, correlation_id, grid,"
           " block, source FROM src.kernel ORDER BY id;"

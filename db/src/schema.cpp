@@ -66,7 +66,7 @@ CREATE TABLE transfer (
   id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, kind INTEGER NOT NULL, bytes INTEGER NOT NULL,
   src_device_id INTEGER, dst_device_id INTEGER, pinned INTEGER,
   t_start INTEGER NOT NULL, t_end INTEGER NOT NULL, stream INTEGER, name_id INTEGER,
-  op_id INTEGER, participants INTEGER, correlation_id INTEGER, source INTEGER NOT NULL);
+  op_id INTEGER, participants INTEGER, correlation_id INTEGER, source INTEGER NOT NULL, stack_id INTEGER);
 CREATE TABLE kernel (
   id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, device_id INTEGER NOT NULL, name_id INTEGER,
   t_start INTEGER NOT NULL, t_end INTEGER NOT NULL, stream INTEGER, correlation_id INTEGER,
@@ -117,7 +117,7 @@ CREATE VIEW allocation_v AS
   LEFT JOIN string s ON s.id = a.name_id LEFT JOIN enum_source src ON src.code = a.source;
 CREATE VIEW transfer_v AS
   SELECT t.id, t.rank, k.name AS kind, t.bytes, sd.label AS src_device, dd.label AS dst_device, t.pinned,
-         t.t_start, t.t_end, t.stream, n.text AS name, o.text AS op, t.participants, t.correlation_id
+         t.t_start, t.t_end, t.stream, n.text AS name, o.text AS op, t.participants, t.correlation_id, t.stack_id
   FROM transfer t LEFT JOIN enum_transfer_kind k ON k.code = t.kind
   LEFT JOIN device sd ON sd.id = t.src_device_id LEFT JOIN device dd ON dd.id = t.dst_device_id
   LEFT JOIN string n ON n.id = t.name_id LEFT JOIN string o ON o.id = t.op_id;

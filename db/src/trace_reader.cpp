@@ -129,14 +129,14 @@ Status TraceReader::read(std::vector<AllocationRow>* out) {
 }
 Status TraceReader::read(std::vector<TransferRow>* out) {
   return read_rows("SELECT id,rank,kind,bytes,src_device_id,dst_device_id,pinned,t_start,t_end,stream,name_id,"
-                   "op_id,participants,correlation_id,source FROM transfer ORDER BY t_start, id",
+                   "op_id,participants,correlation_id,source,stack_id FROM transfer ORDER BY t_start, id",
                    out, [](const Stmt& s, TransferRow& r) {
                      r.id = s.i64(0); r.rank = s.i64(1); r.kind = TransferKind(s.i64(2)); r.bytes = s.i64(3);
                      r.src_device_id = id0(s, 4); r.dst_device_id = id0(s, 5);
                      if (!s.is_null(6)) r.pinned = s.i64(6) != 0;
                      r.t_start = s.i64(7); r.t_end = s.i64(8); r.stream = s.opt(9); r.name_id = id0(s, 10);
                      r.op_id = id0(s, 11); r.participants = s.opt(12); r.correlation_id = s.opt(13);
-                     r.source = Source(s.i64(14));
+                     r.source = Source(s.i64(14)); r.stack_id = id0(s, 15);
                    });
 }
 Status TraceReader::read(std::vector<KernelRow>* out) {

@@ -103,7 +103,7 @@ Status TraceWriter::create(const std::string& path, std::unique_ptr<TraceWriter>
                         "t_alloc,t_free,name_id,stack_id,source,segment_id,stream) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
     s.transfer = Stmt(db,
                       "INSERT INTO transfer(id,rank,kind,bytes,src_device_id,dst_device_id,pinned,t_start,t_end,stream,"
-                      "name_id,op_id,participants,correlation_id,source) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+                      "name_id,op_id,participants,correlation_id,source,stack_id) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
     s.kernel = Stmt(db,
                     "INSERT INTO kernel(id,rank,device_id,name_id,t_start,t_end,stream,correlation_id,grid,block,source)"
                     " VALUES(?,?,?,?,?,?,?,?,?,?,?)");
@@ -195,7 +195,8 @@ void TraceWriter::insert(const TransferRow& r) {
       .bind_id(6, r.dst_device_id);
   if (r.pinned) s.bind(7, int64_t(*r.pinned)); else s.bind_null(7);
   s.bind(8, r.t_start).bind(9, r.t_end).bind_opt(10, r.stream).bind_id(11, r.name_id).bind_id(12, r.op_id)
-      .bind_opt(13, r.participants).bind_opt(14, r.correlation_id).bind(15, i(r.source)).step_done();
+      .bind_opt(13, r.participants).bind_opt(14, r.correlation_id).bind(15, i(r.source)).bind_id(16, r.stack_id)
+      .step_done();
 }
 void TraceWriter::insert(const KernelRow& r) {
   st_->kernel.bind_id(1, r.id).bind(2, r.rank).bind(3, r.device_id).bind_id(4, r.name_id).bind(5, r.t_start)

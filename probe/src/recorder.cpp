@@ -463,6 +463,7 @@ void Recorder::transfer(const TransferEvent& x) {
   e->stack = static_cast<int32_t>(x.op);
   e->aux = x.participants;
   e->c = x.correlation_id;
+  e->d = x.stack;
   publish(r);
 }
 
@@ -613,6 +614,7 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
       t.op_id = e.stack;
       if (e.aux > 0) t.participants = e.aux;
       if (e.c >= 0) t.correlation_id = e.c;
+      t.stack_id = e.d;
       w->insert(t);
       break;
     }

@@ -118,7 +118,8 @@ TEST(CuptiDecode, KindTranslationIsExplicit) {
                         "cudaMallocAsync_ptsz", "cudaFreeHost", "cudaFreeAsync"})
     EXPECT_TRUE(api_wants_stack(a)) << a;
   EXPECT_FALSE(api_wants_stack("cudaLaunchKernel"));
-  EXPECT_FALSE(api_wants_stack("cudaMemcpyAsync"));  // no stack column on transfer rows (schema v1)
+  EXPECT_TRUE(api_wants_stack("cudaMemcpyAsync"));  // transfer.stack_id
+  EXPECT_TRUE(api_wants_stack("cudaMemcpy2D"));
   EXPECT_TRUE(api_is_query("cudaGetDevice"));
   EXPECT_TRUE(api_is_query("cudaStreamQuery_ptsz"));
   EXPECT_FALSE(api_is_query("cudaMalloc"));
@@ -173,6 +174,11 @@ TEST(CuptiDecode, CopiesInEveryDirectionPinnedOrPageable) {
   Fixture f;
   constexpr uint8_t P = CUPTI_ACTIVITY_MEMORY_KIND_PINNED, G = CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE,
                     D = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
+  // The stack taken at the cudaMemcpy entry of correlation 2 and of the peer copy 7.
+  const uint64_t ips[] = {0x7000, 0x7100};
+  const StackId copy_stack = f.rec->intern_stack(ips, 2);
+  f.stacks.put(2, copy_stack);
+  f.stacks.put(7, copy_stack);
   f.feed(copy(CUPTI_ACTIVITY_MEMCPY_KIND_HTOD, G, D, 100, 1000, 1));
   f.feed(copy(CUPTI_ACTIVITY_MEMCPY_KIND_HTOD, P, D, 200, 2000, 2));
   f.feed(copy(CUPTI_ACTIVITY_MEMCPY_KIND_DTOH, D, P, 300, 3000, 3));
@@ -213,6 +219,8 @@ TEST(CuptiDecode, CopiesInEveryDirectionPinnedOrPageable) {
   EXPECT_EQ(rows[0][6], "7");
   EXPECT_EQ(rows[0][7], "1000");
   EXPECT_EQ(rows[0][8], "1100");
+  EXPECT_EQ(f.n("SELECT count(*) FROM transfer WHERE stack_id = " + std::to_string(copy_stack)), 2);
+  EXPECT_EQ(f.n("SELECT count(*) FROM transfer WHERE stack_id IS NULL"), 5);
 }
 
 TEST(CuptiDecode, MemsetsKernelsRuntimeAndSynchronization) {

@@ -54,9 +54,9 @@ std::string api_name_without_version(std::string_view n) {
 static bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
 bool api_wants_stack(std::string_view n) {
-  // Not cudaMemcpy*: schema v1's transfer rows have no stack column, so a stack taken there
-  // would cost an unwind and land nowhere.
-  return starts_with(n, "cudaMalloc") || starts_with(n, "cudaFree") || starts_with(n, "cudaHostAlloc");
+  // Allocations and frees (allocation.stack_id) and copies (transfer.stack_id).
+  return starts_with(n, "cudaMalloc") || starts_with(n, "cudaFree") || starts_with(n, "cudaHostAlloc") ||
+         starts_with(n, "cudaMemcpy");
 }
 
 bool api_is_query(std::string_view n) {
@@ -228,6 +228,7 @@ void Decoder::memcpy(const CUpti_ActivityMemcpy6& r) {
   e.stream = stream_of(r.streamId);
   e.correlation_id = r.correlationId;
   e.source = Source::Cupti;
+  e.stack = hooks_.take_stack ? hooks_.take_stack(r.correlationId) : 0;
   rec_.transfer(e);
 }
 
@@ -246,6 +247,7 @@ void Decoder::memcpy_p2p(const CUpti_ActivityMemcpyPtoP4& r) {
   e.stream = stream_of(r.streamId);
   e.correlation_id = r.correlationId;
   e.source = Source::Cupti;
+  e.stack = hooks_.take_stack ? hooks_.take_stack(r.correlationId) : 0;
   rec_.transfer(e);
 }
 

@@ -101,6 +101,7 @@ struct TransferRow {
   std::optional<int64_t> participants;
   std::optional<int64_t> correlation_id;
   Source source = Source::Api;
+  int64_t stack_id = 0;  // call stack of the API call that started it (cudaMemcpy*), when captured
 };
 
 struct KernelRow {

@@ -54,8 +54,8 @@ std::optional<TransferKind> transfer_kind_from_cupti(uint32_t cupti_copy_kind);
 // "cudaMalloc_v3020" -> "cudaMalloc", "cudaMemcpyAsync_ptsz_v7000" -> "cudaMemcpyAsync_ptsz".
 std::string api_name_without_version(std::string_view cupti_name);
 // The runtime APIs whose entry takes a stack: the allocation and free calls (cudaMalloc*,
-// cudaFree*, cudaHostAlloc, cudaMallocHost, cudaMallocAsync, cudaMallocManaged, ...). Not the
-// copies: schema v1 has no stack column on transfer rows.
+// cudaFree*, cudaHostAlloc, cudaMallocHost, cudaMallocAsync, cudaMallocManaged, ...) and the
+// copies (cudaMemcpy*, whose stack lands in transfer.stack_id).
 bool api_wants_stack(std::string_view api_name);
 // Frequent queries that carry no memory story (cudaGetDevice, cudaGetLastError, ...).
 bool api_is_query(std::string_view api_name);

@@ -96,6 +96,7 @@ struct TransferEvent {
   int participants = 0;
   int64_t correlation_id = -1;
   Source source = Source::Api;
+  StackId stack = 0;
 };
 
 struct KernelEvent {
