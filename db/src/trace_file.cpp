@@ -47,14 +47,18 @@ Status validate_trace_file(const std::string& path) {
   if (!info.is_sqlite) return Status::Error(path + ": not a zerotrace trace (not an SQLite database)");
 
   // The page count in the header is trustworthy when the change counter matches the
-  // version-valid-for number; a file shorter than that count has been truncated.
+  // version-valid-for number; a file shorter than that count has been truncated. Not while a
+  // WAL or rollback journal sits beside it: a process killed in the middle of a checkpoint
+  // leaves a header that is ahead of the file, and SQLite completes it from the WAL on open.
   std::ifstream in(path, std::ios::binary);
   unsigned char h[100] = {};
   in.read(reinterpret_cast<char*>(h), sizeof h);
   uint32_t page_size = (uint32_t(h[16]) << 8) | h[17];
   if (page_size == 1) page_size = 65536;
   uint32_t pages = be32(h + 28);
-  if (pages != 0 && be32(h + 24) == be32(h + 92) && page_size >= 512) {
+  struct stat journal{};
+  const bool has_journal = ::stat((path + "-journal").c_str(), &journal) == 0 && journal.st_size > 0;
+  if (!info.has_wal && !has_journal && pages != 0 && be32(h + 24) == be32(h + 92) && page_size >= 512) {
     int64_t expected = int64_t(page_size) * pages;
     if (info.size < expected)
       return Status::Error(path + ": truncated trace (header says " + std::to_string(expected) +
