@@ -4,7 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "model/adamw.h"
+#include "optim/cpu_adam.h"
 
 namespace zt::trainer {
 
@@ -426,14 +426,31 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     end(uc);
   }
 
-  // 4. AdamW on each partition, where the optimizer state lives.
+  // 4. AdamW on each partition, where the optimizer state lives: the vectorized CPU Adam (bit-
+  // identical to the reference). With the master weights on the host, the same pass writes
+  // the updated weights in the compute dtype (DeepSpeed's fused copy), straight into host
+  // parameter shards under offload_param.
   ++adam_steps_;
+  const optim::AdamParams hp{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
     Part& p = *parts_[mi];
     check_same_device("adamw_step", {&p.master, &g32[mi], &p.m, &p.v}, step);
-    model::adamw_step(p.master.f32(), g32[mi].f32(), p.m.f32(), p.v.f32(), p.opt_n, cfg_.lr, cfg_.beta1, cfg_.beta2,
-                      cfg_.eps, cfg_.weight_decay, adam_steps_);
-    write_back(int(mi));
+    Tensor fused;
+    void* low_out = nullptr;
+    optim::LowDType low = optim::LowDType::None;
+    bool written_in_place = false;  // the fused pass wrote the host parameter shard itself
+    if (p.master.device().is_host() && dtype_ != DType::F32) {
+      low = dtype_ == DType::BF16 ? optim::LowDType::BF16 : optim::LowDType::F16;
+      if (p.sharded && p.param_shard.device().is_host()) {
+        low_out = p.param_shard.raw();
+        written_in_place = true;
+      } else {
+        fused = Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
+        low_out = fused.raw();
+      }
+    }
+    optim::cpu_adamw_step(p.master.f32(), g32[mi].f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_steps_, low_out, low);
+    if (!written_in_place) write_back(int(mi), fused);
     std::memset(p.grad.raw(), 0, p.grad.bytes());
   }
   if (dtype_ == DType::F16 && z_.static_loss_scale <= 0 && ++good_steps_ % z_.loss_scale_window == 0) loss_scale_ *= 2;
@@ -445,19 +462,22 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   return r;
 }
 
-// The updated fp32 weights, in the compute dtype, back where the parameters live.
-void ZeroEngine::write_back(int mi) {
+// The updated fp32 weights, in the compute dtype, back where the parameters live. `fused`,
+// when defined, already holds them in the compute dtype on the host (from the Adam pass).
+void ZeroEngine::write_back(int mi, const Tensor& fused) {
   Part& p = *parts_[size_t(mi)];
   Device& accel = rt_.accelerator();
   Device& host = rt_.host();
   const bool master_on_host = p.master.device().is_host();
+  auto host_low = [&]() {
+    if (fused.defined()) return fused;
+    Tensor low = Tensor::empty(p.spec.name + ".update", {p.shard}, dtype_, host, z_.pin_memory);
+    set_from(low, 0, p.master.f32(), p.shard);
+    return low;
+  };
   auto updated_on_accel = [&]() {
     // Convert where the master lives; cross to the device with one copy when it is the host.
-    if (master_on_host) {
-      Tensor low = Tensor::empty(p.spec.name + ".update", {p.shard}, dtype_, host, z_.pin_memory);
-      set_from(low, 0, p.master.f32(), p.shard);
-      return copy_to(low, accel, false, p.spec.name + ".update");  // H2D
-    }
+    if (master_on_host) return copy_to(host_low(), accel, false, p.spec.name + ".update");  // H2D
     Tensor low = Tensor::empty(p.spec.name + ".update", {p.shard}, dtype_, accel);
     set_from(low, 0, p.master.f32(), p.shard);
     return low;
@@ -466,8 +486,7 @@ void ZeroEngine::write_back(int mi) {
     if (p.param_shard.device().is_host() == master_on_host) {
       set_from(p.param_shard, 0, p.master.f32(), p.shard);
     } else {
-      Tensor low = Tensor::empty(p.spec.name + ".update", {p.shard}, dtype_, host, z_.pin_memory);
-      set_from(low, 0, p.master.f32(), p.shard);
+      Tensor low = host_low();
       copy_into(p.param_shard, low);  // H2D
     }
   } else if (z_.stage == 0) {

@@ -71,7 +71,7 @@ class ZeroEngine {
   void reduce_module_grad(int m, Tensor& bucket, int64_t step);
   void boundary_reduce(int64_t step);
   StepResult optimizer_step(int64_t step);
-  void write_back(int m);
+  void write_back(int m, const Tensor& fused);
   probe::MarkerId phase(const std::string& name, int64_t step, int64_t micro = -1);
   void end(probe::MarkerId id);
 

@@ -1,0 +1,187 @@
+// optim/cpu_adam.cpp: see cpu_adam.h. The scalar kernel (baseline ISA), the run-time ISA choice and
+// the OpenMP split of a shard into one contiguous range per thread.
+#include "optim/cpu_adam.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "optim/cpu_adam_kernel.h"
+
+namespace zt::optim {
+namespace detail {
+namespace {
+
+struct Scalar {
+  using reg = float;
+  static constexpr int W = 1;
+  static reg load(const float* x) { return *x; }
+  static void store(float* x, reg a) { *x = a; }
+  static reg set1(float a) { return a; }
+  static reg mul(reg a, reg b) { return a * b; }
+  static reg add(reg a, reg b) { return a + b; }
+  static reg sub(reg a, reg b) { return a - b; }
+  static reg div(reg a, reg b) { return a / b; }
+  static reg sqrt(reg a) { return std::sqrt(a); }
+  static void store_bf16(uint16_t* out, reg a) { *out = round_to_bf16(a); }
+  static void store_fp16(uint16_t* out, reg a) { *out = round_to_fp16(a); }
+};
+
+}  // namespace
+
+void adam_kernel_scalar(float* p, const float* g, float* m, float* v, uint16_t* low_out, int64_t n,
+                        const AdamConsts& c, LowDType low) {
+  adam_dispatch<Scalar>(p, g, m, v, low_out, n, c, low);
+}
+
+}  // namespace detail
+
+namespace {
+
+constexpr int64_t kParallelMin = int64_t(1) << 16;  // below this a parallel region costs more than it saves
+constexpr int64_t kSplitAlign = 64;                  // thread ranges start at multiples of 64 elements
+
+bool cpu_has(CpuAdamIsa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  switch (isa) {
+    case CpuAdamIsa::Scalar: return true;
+    case CpuAdamIsa::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case CpuAdamIsa::Avx512: return __builtin_cpu_supports("avx512f");
+  }
+  return false;
+#else
+  return isa == CpuAdamIsa::Scalar;
+#endif
+}
+
+bool compiled(CpuAdamIsa isa) {
+  switch (isa) {
+    case CpuAdamIsa::Scalar: return true;
+    case CpuAdamIsa::Avx2: return ZT_OPTIM_HAVE_AVX2 != 0;
+    case CpuAdamIsa::Avx512: return ZT_OPTIM_HAVE_AVX512 != 0;
+  }
+  return false;
+}
+
+// ZT_CPU_ADAM_ISA if it names a supported ISA (a warning otherwise), else the best one.
+CpuAdamIsa default_isa() {
+  static const CpuAdamIsa isa = [] {
+    const CpuAdamIsa best = cpu_adam_best_isa();
+    const char* env = std::getenv("ZT_CPU_ADAM_ISA");
+    if (!env || !*env) return best;
+    const std::string_view name(env);
+    for (CpuAdamIsa i : {CpuAdamIsa::Scalar, CpuAdamIsa::Avx2, CpuAdamIsa::Avx512}) {
+      if (name != cpu_adam_isa_name(i)) continue;
+      if (cpu_adam_isa_supported(i)) return i;
+      std::fprintf(stderr, "zt: ZT_CPU_ADAM_ISA=%s: this CPU cannot run it; using %s\n", env,
+                   cpu_adam_isa_name(best));
+      return best;
+    }
+    std::fprintf(stderr, "zt: ZT_CPU_ADAM_ISA=%s: not one of scalar, avx2, avx512; using %s\n", env,
+                 cpu_adam_isa_name(best));
+    return best;
+  }();
+  return isa;
+}
+
+std::atomic<int> g_forced{-1};  // a CpuAdamIsa, or -1: the default
+
+detail::AdamKernel kernel_for(CpuAdamIsa isa) {
+  switch (isa) {
+#if ZT_OPTIM_HAVE_AVX512
+    case CpuAdamIsa::Avx512: return detail::adam_kernel_avx512;
+#endif
+#if ZT_OPTIM_HAVE_AVX2
+    case CpuAdamIsa::Avx2: return detail::adam_kernel_avx2;
+#endif
+    default: return detail::adam_kernel_scalar;
+  }
+}
+
+}  // namespace
+
+const char* cpu_adam_isa_name(CpuAdamIsa isa) {
+  switch (isa) {
+    case CpuAdamIsa::Scalar: return "scalar";
+    case CpuAdamIsa::Avx2: return "avx2";
+    case CpuAdamIsa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+bool cpu_adam_isa_supported(CpuAdamIsa isa) { return compiled(isa) && cpu_has(isa); }
+
+CpuAdamIsa cpu_adam_best_isa() {
+  static const CpuAdamIsa best = cpu_adam_isa_supported(CpuAdamIsa::Avx512) ? CpuAdamIsa::Avx512
+                                 : cpu_adam_isa_supported(CpuAdamIsa::Avx2) ? CpuAdamIsa::Avx2
+                                                                            : CpuAdamIsa::Scalar;
+  return best;
+}
+
+CpuAdamIsa cpu_adam_active_isa() {
+  const int forced = g_forced.load(std::memory_order_relaxed);
+  return forced >= 0 ? CpuAdamIsa(forced) : default_isa();
+}
+
+const char* cpu_adam_isa() { return cpu_adam_isa_name(cpu_adam_active_isa()); }
+
+void cpu_adam_force_isa(CpuAdamIsa isa) {
+  if (!cpu_adam_isa_supported(isa))
+    throw std::invalid_argument(std::string("cpu_adam_force_isa: this CPU (or build) cannot run ") +
+                                cpu_adam_isa_name(isa) + "; the best it has is " +
+                                cpu_adam_isa_name(cpu_adam_best_isa()));
+  g_forced.store(int(isa), std::memory_order_relaxed);
+}
+
+void cpu_adam_unforce_isa() { g_forced.store(-1, std::memory_order_relaxed); }
+
+void cpu_adamw_step(float* params, const float* grads, float* m, float* v, int64_t n,
+                    const AdamParams& hp, int64_t step, void* low_out, LowDType low) {
+  if (step < 1)
+    throw std::invalid_argument("cpu_adamw_step: step counts from 1, got " + std::to_string(step));
+  if (low != LowDType::None && low_out == nullptr)
+    throw std::invalid_argument("cpu_adamw_step: a bf16/fp16 output was asked for but low_out is null");
+  if (n <= 0) return;
+
+  // Exactly as zt::model::adamw_step forms them: in double, rounded once to fp32.
+  const double bias_correction1 = 1.0 - std::pow(hp.beta1, (double)step);
+  const double bias_correction2 = 1.0 - std::pow(hp.beta2, (double)step);
+  detail::AdamConsts c;
+  c.step_size = (float)(hp.lr / bias_correction1);
+  c.bias_correction2_sqrt = (float)std::sqrt(bias_correction2);
+  c.decay = (float)(1.0 - hp.lr * hp.weight_decay);
+  c.beta1 = (float)hp.beta1;
+  c.beta2 = (float)hp.beta2;
+  c.eps = (float)hp.eps;
+  c.one_minus_beta1 = (float)(1.0 - hp.beta1);
+  c.one_minus_beta2 = (float)(1.0 - hp.beta2);
+
+  const detail::AdamKernel kernel = kernel_for(cpu_adam_active_isa());
+  uint16_t* lo = low == LowDType::None ? nullptr : static_cast<uint16_t*>(low_out);
+  if (n < kParallelMin || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    kernel(params, grads, m, v, lo, n, c, low);
+    return;
+  }
+  // One contiguous range per thread (each a stream the prefetchers follow), boundaries at multiples
+  // of 64 elements. Element-wise, so the split does not change any result.
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t blocks = (n + kSplitAlign - 1) / kSplitAlign;
+    const int64_t begin = std::min(n, blocks * t / threads * kSplitAlign);
+    const int64_t end = std::min(n, blocks * (t + 1) / threads * kSplitAlign);
+    if (end > begin)
+      kernel(params + begin, grads + begin, m + begin, v + begin, lo ? lo + begin : nullptr,
+             end - begin, c, low);
+  }
+}
+
+}  // namespace zt::optim

@@ -1,0 +1,71 @@
+// optim/cpu_adam.h: the vectorized CPU AdamW of the ZeRO offload path (DeepSpeed's CPUAdam): one
+// fused pass over a rank's shard of fp32 master weights p, fp32 gradients g and fp32 moments m, v,
+// optionally writing the updated weights, converted to bf16 or fp16, in the same pass.
+//
+// Semantics: exactly zt::model::adamw_step (model/adamw.h: torch 1.13 AdamW, decoupled weight decay,
+// bias corrections, hyperparameters as double rounded once to fp32), in the same order of operations:
+//   p  = p * (1 - lr*wd)
+//   m  = m * beta1 + g * (1 - beta1)
+//   v  = v * beta2 + (g * g) * (1 - beta2)
+//   p -= step_size * (m / (sqrt(v) / sqrt(1 - beta2^step) + eps)),  step_size = lr / (1 - beta1^step)
+// Every ISA computes these with separate IEEE multiplies, adds, divides and square roots (no FMA, no
+// reciprocal approximations; the per-ISA files are compiled with -ffp-contract=off), each correctly
+// rounded in fp32, so every path gives p, m and v BIT-IDENTICAL to the reference (tolerance: 0 ulp)
+// for every finite input, and a NaN wherever the reference has one (a NaN's payload and sign may
+// differ). FMA would not buy speed: the step is bound by memory bandwidth (28 bytes per parameter).
+// The result does not depend on the thread count (element-wise; chunks only split the range).
+//
+// Inputs: grads are fp32 only (a bf16/fp16 gradient must be widened first). Pointers need no
+// alignment; p, g, m, v (and low_out) must not overlap one another. step counts from 1.
+//
+// Fused low-precision output (low_out != nullptr, low != LowDType::None): low_out[i] receives the
+// updated p[i] rounded to nearest even, bit-identical to zt::trainer::float_to_bf16 / float_to_fp16
+// (trainer/core/dtype.h): overflow goes to infinity, fp16 subnormals are kept, a NaN stays a NaN
+// (bf16: the top 16 bits with the quiet bit set; fp16: sign | 0x7e00).
+//
+// Threads: OpenMP over contiguous ranges of the shard (omp_get_max_threads(), or the caller's
+// num_threads / OMP_NUM_THREADS); shards below 64Ki elements run on the calling thread.
+//
+// ISA: chosen at run time (__builtin_cpu_supports): "avx512" (AVX-512F), else "avx2" (AVX2 + F16C),
+// else "scalar". The environment variable ZT_CPU_ADAM_ISA=scalar|avx2|avx512 (read once, at the
+// first call) or cpu_adam_force_isa() picks one explicitly (tests, benchmarks, bisecting).
+#pragma once
+
+#include <cstdint>
+
+namespace zt::optim {
+
+struct AdamParams {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // decoupled (AdamW); 0 for tensors excluded from decay
+};
+
+// Storage type of the optional fused output (the compute dtype of the parameters on the device).
+enum class LowDType : uint8_t { None, BF16, F16 };
+
+enum class CpuAdamIsa : uint8_t { Scalar, Avx2, Avx512 };
+
+// One AdamW step over n elements of a shard, in place on params, m and v. Throws
+// std::invalid_argument when step < 1, or when low != None and low_out is null.
+void cpu_adamw_step(float* params, const float* grads, float* m, float* v, int64_t n,
+                    const AdamParams& hp, int64_t step, void* low_out = nullptr,
+                    LowDType low = LowDType::None);
+
+// The ISA cpu_adamw_step uses now: "avx512", "avx2" or "scalar".
+const char* cpu_adam_isa();
+CpuAdamIsa cpu_adam_active_isa();
+const char* cpu_adam_isa_name(CpuAdamIsa isa);
+// Whether this CPU and OS can run `isa` (and this build compiled it). Scalar is always supported.
+bool cpu_adam_isa_supported(CpuAdamIsa isa);
+// The widest supported ISA: what is used unless forced.
+CpuAdamIsa cpu_adam_best_isa();
+// Forces `isa` for every later call, process-wide (not meant to be changed while another thread is
+// in cpu_adamw_step). Throws std::invalid_argument if this CPU cannot run it.
+void cpu_adam_force_isa(CpuAdamIsa isa);
+// Back to the default: ZT_CPU_ADAM_ISA if it names a supported ISA, else cpu_adam_best_isa().
+void cpu_adam_unforce_isa();
+
+}  // namespace zt::optim
