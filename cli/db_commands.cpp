@@ -119,6 +119,14 @@ int db_info(const std::string& path) {
   } else {
     std::cout << "transfers: none\n";
   }
+  if (!sum.step_traffic.empty()) {
+    std::cout << "per step (mean bytes moved by each rank during its optimizer steps):\n";
+    std::vector<std::vector<std::string>> rows;
+    for (auto& s : sum.step_traffic)
+      rows.push_back({std::to_string(s.rank), std::to_string(s.steps), format_bytes(s.h2d), format_bytes(s.d2h),
+                      format_bytes(s.collective)});
+    print_table(std::cout, {"rank", "steps", "H2D", "D2H", "collective"}, rows, {true, true, true, true, true}, "  ");
+  }
   std::cout << "dropped events: " << sum.dropped_events << (sum.dropped_events ? " (see the dropped table)" : "")
             << "\n";
   std::cout << "faults: " << (sum.faults.empty() ? "none" : std::to_string(sum.faults.size())) << "\n";

@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "sqlite.h"
@@ -326,6 +327,23 @@ Status TraceReader::summarize(TraceSummary* out) {
             " sum(t.bytes), sum(t.t_end - t.t_start) FROM transfer t JOIN enum_transfer_kind k ON k.code = t.kind"
             " LEFT JOIN string o ON o.id = t.op_id GROUP BY 1 ORDER BY min(t.kind), 1");
     while (tr.step()) out->transfers.push_back({tr.text(0), tr.i64(1), tr.i64(2), tr.i64(3)});
+    Stmt st(db_,
+            "SELECT m.rank, count(DISTINCT m.id),"
+            " coalesce(sum(CASE WHEN t.kind = 0 THEN t.bytes END), 0),"
+            " coalesce(sum(CASE WHEN t.kind = 1 THEN t.bytes END), 0),"
+            " coalesce(sum(CASE WHEN t.kind = 5 THEN t.bytes END), 0)"
+            " FROM marker m LEFT JOIN transfer t ON t.rank = m.rank AND t.t_start >= m.t_start AND t.t_start < m.t_end"
+            " WHERE m.kind = 0 AND m.t_end IS NOT NULL GROUP BY m.rank ORDER BY m.rank");
+    while (st.step()) {
+      StepTraffic s;
+      s.rank = st.i64(0);
+      s.steps = st.i64(1);
+      const double n = double(std::max<int64_t>(s.steps, 1));
+      s.h2d = double(st.i64(2)) / n;
+      s.d2h = double(st.i64(3)) / n;
+      s.collective = double(st.i64(4)) / n;
+      out->step_traffic.push_back(s);
+    }
     out->steps = detail::query_int(db_, "SELECT count(DISTINCT coalesce(step, id)) FROM marker WHERE kind = 0");
     out->epochs = detail::query_int(db_, "SELECT count(DISTINCT coalesce(epoch, id)) FROM marker WHERE kind = 2");
     out->dropped_events = detail::query_int(db_, "SELECT coalesce(sum(events), 0) FROM dropped");

@@ -80,7 +80,8 @@ TEST(Cli, SynthInfoSqlExportMerge) {
   Result info = run_zt("db info " + dir.file("a.db"));
   ASSERT_EQ(info.code, 0) << info.out;
   for (const char* want : {"ranks: 2 (world size 2)", "cuda:0", "cuda:1", "80.00 GiB", "steps: 6, epochs: 2",
-                           "collective:all_gather", "dropped events: 0", "status: ok", "live at end", "2.00 MiB"})
+                           "collective:all_gather", "dropped events: 0", "status: ok", "live at end", "2.00 MiB",
+                           "per step (mean bytes moved by each rank during its optimizer steps):"})
     EXPECT_NE(info.out.find(want), std::string::npos) << want << "\n" << info.out;
 
   Result sql = run_zt("db sql " + dir.file("a.db") + " \"SELECT name, bytes FROM allocation_v WHERE t_free IS NULL ORDER BY name LIMIT 1\"");

@@ -362,6 +362,14 @@ TEST(Zero, TrafficPerStepFollowsTheStage) {
   EXPECT_EQ(got["collective:all_gather"], gather);
   EXPECT_EQ(got["collective:reduce_scatter"], reduce);
   EXPECT_EQ(got["collective:all_reduce"], 16);  // the loss and the squared norm, 8 bytes each
+  // zt db info's per-step table says the same.
+  zt::db::TraceSummary sum;
+  ASSERT_TRUE(r->summarize(&sum).ok());
+  ASSERT_EQ(sum.step_traffic.size(), size_t(W));
+  EXPECT_EQ(sum.step_traffic[0].steps, 3);
+  EXPECT_EQ(sum.step_traffic[0].h2d, double(h2d));
+  EXPECT_EQ(sum.step_traffic[0].d2h, double(d2h));
+  EXPECT_EQ(sum.step_traffic[0].collective, double(gather + reduce + 16));
 }
 
 // From the second step the recorded module order drives prefetching; the result is the same.

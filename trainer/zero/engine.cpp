@@ -270,13 +270,22 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     Tensor tokens = copy_to(host_tokens_, accel);
     Tensor targets = copy_to(host_targets_, accel);
 
+    // Each module's own forward and backward are markers too ("forward block3"), inside the
+    // micro-step's "forward" / "backward" phases, beside its fetch and release.
+    auto module_phase = [&](const char* what, int mi) {
+      return phase(std::string(what) + " " + parts_[size_t(mi)]->spec.name, global_step, micro);
+    };
     probe::MarkerId ph = phase("forward", global_step, micro);
     const float* P = fetch(0, global_step);
+    probe::MarkerId mp = module_phase("forward", 0);
     model::embed_forward(*ws_, P, tokens.data<int32_t>(), ws_->residual(0));
+    end(mp);
     release(0, global_step);
     for (int l = 0; l < L; ++l) {
       P = fetch(l + 1, global_step);
+      mp = module_phase("forward", l + 1);
       model::block_forward(*ws_, l, P, ws_->residual(l), ws_->residual(l + 1));
+      end(mp);
       release(l + 1, global_step);
     }
     end(ph);
@@ -298,11 +307,15 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     for (int l = L - 1; l >= 0; --l) {
       P = fetch(l + 1, global_step);
       Tensor bucket = Tensor::zeros("grad.bucket" + std::to_string(l + 1), {parts_[size_t(l) + 1]->padded}, DType::F32, accel);
+      mp = module_phase("backward", l + 1);
       model::block_backward(*ws_, l, P, ws_->residual(l), dx, dx, bucket.f32());
+      end(mp);
       release(l + 1, global_step);
       reduce_module_grad(l + 1, bucket, global_step);
     }
+    mp = module_phase("backward", 0);
     model::embed_backward(*ws_, tokens.data<int32_t>(), dx, emb_bucket.f32());
+    end(mp);
     reduce_module_grad(0, emb_bucket, global_step);
     end(ph);
     if (rec_) rec_->marker_end(mm);

@@ -41,6 +41,13 @@ struct TransferTotal {
   int64_t busy_ns = 0;
 };
 
+// Bytes one rank moved per optimizer step (transfers that started inside its step markers).
+struct StepTraffic {
+  int64_t rank = 0;
+  int64_t steps = 0;
+  double h2d = 0, d2h = 0, collective = 0;  // mean bytes per step
+};
+
 struct TraceSummary {
   std::vector<RunRow> runs;
   std::vector<RankRow> ranks;
@@ -48,6 +55,7 @@ struct TraceSummary {
   std::vector<std::pair<std::string, int64_t>> rows_per_table;
   int64_t t_first = 0, t_last = 0;  // span of every timestamp in the trace
   std::vector<TransferTotal> transfers;
+  std::vector<StepTraffic> step_traffic;
   int64_t steps = 0, epochs = 0;
   int64_t dropped_events = 0;
   std::vector<FaultRow> faults;
