@@ -6,6 +6,7 @@
 #include <map>
 
 #include "../test_util.h"
+#include "traced_run.h"
 #include "train/trainer.h"
 #include "zt/db/trace_reader.h"
 
@@ -44,17 +45,12 @@ TEST(Train, Bf16AndAccumulationAndTraceMarkers) {
   TrainConfig c = tiny(3);
   c.precision = "bf16";
   c.grad_accum = 2;
-  zt::probe::RecorderOptions o;
-  o.path = dir.file("t.db");
-  o.crash_handlers = false;
-  std::unique_ptr<zt::probe::Recorder> rec;
-  ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
-  TrainSummary s;
-  ASSERT_TRUE(train(c, rec.get(), nullptr, &s).ok());
-  ASSERT_TRUE(rec->close().ok());
+  zt::test::TracedRun run = zt::test::train_traced(c, dir.file("t.db"));
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  ASSERT_NE(run.reader, nullptr);
+  const TrainSummary& s = run.summary;
   EXPECT_EQ(s.tokens, 3 * 2 * 4 * 64);
-  std::unique_ptr<zt::db::TraceReader> r;
-  ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+  zt::db::TraceReader* r = run.reader.get();
   zt::db::QueryResult q;
   ASSERT_TRUE(r->query("SELECT kind, count(*) FROM marker_v GROUP BY kind ORDER BY kind", &q).ok());
   std::map<std::string, std::string> n;
@@ -109,19 +105,14 @@ TEST(Train, OutOfDeviceMemoryFailsWithPyTorchsTextAndTheTraceHasIt) {
   zt::test::TempDir dir;
   TrainConfig c = tiny(2);
   c.device_memory = 3ull << 20;  // the tiny model's states alone need more
-  zt::probe::RecorderOptions o;
-  o.path = dir.file("oom.db");
-  o.crash_handlers = false;
-  std::unique_ptr<zt::probe::Recorder> rec;
-  ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
-  TrainSummary s;
-  zt::Status st = train(c, rec.get(), nullptr, &s);
-  ASSERT_TRUE(rec->close(zt::db::RunStatus::Failed, 1, st.message()).ok());
+  zt::test::TracedRun run = zt::test::train_traced(c, dir.file("oom.db"));
+  const zt::Status& st = run.status;
+  ASSERT_NE(run.reader, nullptr);
+  const TrainSummary& s = run.summary;
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("CUDA out of memory. Tried to allocate"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("GPU 0 has a total capacity of 3.00 MiB"), std::string::npos) << st.message();
-  std::unique_ptr<zt::db::TraceReader> r;
-  ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+  zt::db::TraceReader* r = run.reader.get();
   zt::db::QueryResult q;
   ASSERT_TRUE(r->query("SELECT kind, message FROM error", &q).ok());
   ASSERT_EQ(q.rows.size(), 1u);

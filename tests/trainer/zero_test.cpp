@@ -7,6 +7,7 @@
 #include <map>
 
 #include "../test_util.h"
+#include "traced_run.h"
 #include "model/layout.h"
 #include "train/trainer.h"
 #include "zt/db/trace_reader.h"
@@ -123,17 +124,11 @@ TEST(Zero, ModelStatesFollowTheZeroRule) {
     c.zero.offload_optimizer = k.offload;
     c.zero.offload_param = k.offload;
     c.zero.param_persistence_threshold = 0;
-    zt::probe::RecorderOptions o;
-    o.path = dir.file("z.db");
-    o.crash_handlers = false;
-    std::unique_ptr<zt::probe::Recorder> rec;
-    ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
-    TrainSummary s;
-    zt::Status st = train(c, rec.get(), nullptr, &s);
-    ASSERT_TRUE(st.ok()) << st.message();
-    ASSERT_TRUE(rec->close().ok());
-    std::unique_ptr<zt::db::TraceReader> r;
-    ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+    zt::test::TracedRun run = zt::test::train_traced(c, dir.file("z.db"));
+    ASSERT_TRUE(run.status.ok()) << run.status.message();
+    ASSERT_NE(run.reader, nullptr);
+    const TrainSummary& s = run.summary;
+    zt::db::TraceReader* r = run.reader.get();
     // Blocks of rank 2 alive when its step ended, by kind of model state.
     zt::db::QueryResult q;
     ASSERT_TRUE(r->query("WITH e AS (SELECT t_end FROM marker WHERE rank = 2 AND kind = 0)"
@@ -170,16 +165,11 @@ TEST(Zero, GradientClippingWithOffloadKeepsTheNormOnTheHost) {
   c.zero.stage = 3;
   c.zero.offload_optimizer = true;
   c.grad_clip = 1e-3;  // always clipping
-  zt::probe::RecorderOptions o;
-  o.path = dir.file("clip.db");
-  o.crash_handlers = false;
-  std::unique_ptr<zt::probe::Recorder> rec;
-  ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
-  TrainSummary s;
-  ASSERT_TRUE(train(c, rec.get(), nullptr, &s).ok());
-  ASSERT_TRUE(rec->close().ok());
-  std::unique_ptr<zt::db::TraceReader> r;
-  ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+  zt::test::TracedRun run = zt::test::train_traced(c, dir.file("clip.db"));
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  ASSERT_NE(run.reader, nullptr);
+  const TrainSummary& s = run.summary;
+  zt::db::TraceReader* r = run.reader.get();
   zt::db::QueryResult q;
   ASSERT_TRUE(r->query("SELECT DISTINCT device FROM allocation_v WHERE name IN ('global_grad_norm', 'combined_scale')", &q).ok());
   ASSERT_EQ(q.rows.size(), 1u);
@@ -198,16 +188,11 @@ TEST(Zero, Stage3FetchesGathersAndReleasesByName) {
   c.zero.max_reuse_distance = 0;  // release every module right after use
   c.zero.param_persistence_threshold = 0;
   c.zero.prefetch_bucket_size = 0;
-  zt::probe::RecorderOptions o;
-  o.path = dir.file("f.db");
-  o.crash_handlers = false;
-  std::unique_ptr<zt::probe::Recorder> rec;
-  ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
-  TrainSummary s;
-  ASSERT_TRUE(train(c, rec.get(), nullptr, &s).ok());
-  ASSERT_TRUE(rec->close().ok());
-  std::unique_ptr<zt::db::TraceReader> r;
-  ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+  zt::test::TracedRun run = zt::test::train_traced(c, dir.file("f.db"));
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  ASSERT_NE(run.reader, nullptr);
+  const TrainSummary& s = run.summary;
+  zt::db::TraceReader* r = run.reader.get();
   zt::db::QueryResult q;
   // Per step and rank, block0 is fetched for its forward and its backward: 2 x 2 x 2 = 8,
   // and every gathered buffer is freed again.
@@ -286,20 +271,14 @@ TEST(Zero, Fp16LossScalerSkipsOverflowsAndRecovers) {
   c.zero.stage = 2;
   c.zero.initial_scale_power = 24;  // 2^24: gradients above ~0.004 overflow fp16 (65504) once scaled
   c.zero.hysteresis = 1;
-  zt::probe::RecorderOptions o;
-  o.path = dir.file("fp16.db");
-  o.crash_handlers = false;
-  std::unique_ptr<zt::probe::Recorder> rec;
-  ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
-  TrainSummary s;
-  zt::Status st = train(c, rec.get(), nullptr, &s);
-  ASSERT_TRUE(st.ok()) << st.message();
-  ASSERT_TRUE(rec->close().ok());
+  zt::test::TracedRun run = zt::test::train_traced(c, dir.file("fp16.db"));
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  ASSERT_NE(run.reader, nullptr);
+  const TrainSummary& s = run.summary;
   EXPECT_GT(s.skipped_steps, 0);
   EXPECT_LT(s.skipped_steps, 20);
   EXPECT_LT(s.last_loss, s.first_loss - 0.3);  // it trained once the scale fit
-  std::unique_ptr<zt::db::TraceReader> r;
-  ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+  zt::db::TraceReader* r = run.reader.get();
   zt::db::QueryResult q;
   ASSERT_TRUE(r->query("SELECT count(*) FROM marker_v WHERE rank = 0 AND name = 'skipped step (gradient overflow)'", &q).ok());
   EXPECT_EQ(q.rows[0][0], std::to_string(s.skipped_steps));
@@ -329,16 +308,11 @@ TEST(Zero, TrafficPerStepFollowsTheStage) {
   c.zero.param_persistence_threshold = 0;
   c.zero.max_reuse_distance = 0;
   c.zero.prefetch_bucket_size = 0;
-  zt::probe::RecorderOptions o;
-  o.path = dir.file("t.db");
-  o.crash_handlers = false;
-  std::unique_ptr<zt::probe::Recorder> rec;
-  ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
-  TrainSummary s;
-  ASSERT_TRUE(train(c, rec.get(), nullptr, &s).ok());
-  ASSERT_TRUE(rec->close().ok());
-  std::unique_ptr<zt::db::TraceReader> r;
-  ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+  zt::test::TracedRun run = zt::test::train_traced(c, dir.file("t.db"));
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  ASSERT_NE(run.reader, nullptr);
+  const TrainSummary& s = run.summary;
+  zt::db::TraceReader* r = run.reader.get();
   zt::db::QueryResult q;
   // Per step on one rank. With reuse distance 0 every use is a fetch: the embeddings twice
   // (forward, the tied LM head), each block twice (forward, backward), the final LayerNorm once.
@@ -383,17 +357,12 @@ TEST(Zero, PrefetchFollowsTheRecordedOrderAndChangesNothing) {
   c.zero.max_reuse_distance = 0;
   TrainConfig no_prefetch = c;
   no_prefetch.zero.prefetch_bucket_size = 0;
-  zt::probe::RecorderOptions o;
-  o.path = dir.file("p.db");
-  o.crash_handlers = false;
-  std::unique_ptr<zt::probe::Recorder> rec;
-  ASSERT_TRUE(zt::probe::Recorder::open(o, &rec).ok());
-  TrainSummary s;
-  ASSERT_TRUE(train(c, rec.get(), nullptr, &s).ok());
-  ASSERT_TRUE(rec->close().ok());
+  zt::test::TracedRun run = zt::test::train_traced(c, dir.file("p.db"));
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  ASSERT_NE(run.reader, nullptr);
+  const TrainSummary& s = run.summary;
   EXPECT_EQ(s.losses, losses(no_prefetch));
-  std::unique_ptr<zt::db::TraceReader> r;
-  ASSERT_TRUE(zt::db::TraceReader::open(o.path, &r).ok());
+  zt::db::TraceReader* r = run.reader.get();
   zt::db::QueryResult q;
   ASSERT_TRUE(r->query("SELECT min(step), count(*) FROM marker_v WHERE rank = 0 AND name LIKE 'prefetch %'", &q).ok());
   EXPECT_EQ(q.rows[0][0], "1");  // none in step 0: the order is recorded there
