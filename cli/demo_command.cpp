@@ -58,9 +58,12 @@ void add_demo_command(CLI::App& app, Action& action) {
       cfg.zero.stage = 3;
       cfg.zero.offload_optimizer = true;
       cfg.zero.offload_param = true;
+      // Every module of the tiny model is below DeepSpeed's default persistence threshold
+      // (1e5 parameters), which would keep them whole on every GPU; shard them all.
+      cfg.zero.param_persistence_threshold = 0;
       cfg.trace = *dir + "/train.db";
       const char* cmd = "zt train --device sim --model tiny --precision bf16 --world-size 2 --zero-stage 3 "
-                        "--offload-optimizer --offload-param";
+                        "--offload-optimizer --offload-param (stage3_param_persistence_threshold 0)";
       std::cout << "== 1. " << cmd << " --steps " << *steps << " --trace " << cfg.trace << "\n"
                 << "   GPT-2 (tiny) trained with ZeRO-3 and CPU offload by two ranks, each on its own simulated GPU\n"
                 << "   (shown as cuda:0 and cuda:1), on the built-in synthetic corpus\n";
@@ -74,7 +77,7 @@ void add_demo_command(CLI::App& app, Action& action) {
                           "'%.shard' THEN '<module>.shard' WHEN name LIKE 'adam.%' THEN 'adam.m/v[<module>]' WHEN name "
                           "LIKE 'fp32_partitioned_groups_flat%' THEN 'fp32_partitioned_groups_flat[<i>]...' ELSE name "
                           "END AS tensor, count(*) AS blocks, max(bytes) AS largest FROM allocation_v WHERE rank = 0 "
-                          "AND level = 'block' GROUP BY 1, 2 ORDER BY 1, 4 DESC LIMIT 12",
+                          "AND level = 'block' GROUP BY 1, 2 ORDER BY 1, 4 DESC LIMIT 16",
                           false);
           rc != 0)
         return rc;
