@@ -35,6 +35,10 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--grad-clip", cfg->grad_clip, "clip the global gradient norm to this (0: off)");
   sub->add_flag("--activation-checkpointing", cfg->activation_checkpointing, "recompute each block in backward");
   sub->add_flag("-q,--quiet", cfg->quiet, "no progress lines");
+  // Checkpoints (issue 5).
+  sub->add_option("--checkpoint-dir", cfg->checkpoint_dir, "directory of sharded checkpoints (DIR/stepNNNNNN, DIR/latest)");
+  sub->add_option("--save-every", cfg->save_every, "save a checkpoint after every N optimizer steps (0: never)");
+  sub->add_flag("--resume", cfg->resume, "resume from the latest complete checkpoint in --checkpoint-dir");
   auto ds_config = std::make_shared<std::string>();
   sub->add_option("--ds-config", *ds_config, "DeepSpeed JSON config (batch sizes, bf16/fp16, optimizer, zero_optimization)");
   sub->add_option("--zero-stage", cfg->zero.stage, "ZeRO stage 0, 1, 2 or 3")->check(CLI::Range(0, 3));
@@ -69,6 +73,9 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--grad-clip") from_file.grad_clip = c.grad_clip;
           else if (n == "--activation-checkpointing") from_file.activation_checkpointing = c.activation_checkpointing;
           else if (n == "--quiet") from_file.quiet = c.quiet;
+          else if (n == "--checkpoint-dir") from_file.checkpoint_dir = c.checkpoint_dir;
+          else if (n == "--save-every") from_file.save_every = c.save_every;
+          else if (n == "--resume") from_file.resume = c.resume;
         }
         c = from_file;
       }

@@ -127,7 +127,6 @@ TEST(Zero, ModelStatesFollowTheZeroRule) {
     zt::test::TracedRun run = zt::test::train_traced(c, dir.file("z.db"));
     ASSERT_TRUE(run.status.ok()) << run.status.message();
     ASSERT_NE(run.reader, nullptr);
-    const TrainSummary& s = run.summary;
     zt::db::TraceReader* r = run.reader.get();
     // Blocks of rank 2 alive when its step ended, by kind of model state.
     zt::db::QueryResult q;
@@ -168,7 +167,6 @@ TEST(Zero, GradientClippingWithOffloadKeepsTheNormOnTheHost) {
   zt::test::TracedRun run = zt::test::train_traced(c, dir.file("clip.db"));
   ASSERT_TRUE(run.status.ok()) << run.status.message();
   ASSERT_NE(run.reader, nullptr);
-  const TrainSummary& s = run.summary;
   zt::db::TraceReader* r = run.reader.get();
   zt::db::QueryResult q;
   ASSERT_TRUE(r->query("SELECT DISTINCT device FROM allocation_v WHERE name IN ('global_grad_norm', 'combined_scale')", &q).ok());
@@ -191,7 +189,6 @@ TEST(Zero, Stage3FetchesGathersAndReleasesByName) {
   zt::test::TracedRun run = zt::test::train_traced(c, dir.file("f.db"));
   ASSERT_TRUE(run.status.ok()) << run.status.message();
   ASSERT_NE(run.reader, nullptr);
-  const TrainSummary& s = run.summary;
   zt::db::TraceReader* r = run.reader.get();
   zt::db::QueryResult q;
   // Per step and rank, block0 is fetched for its forward and its backward: 2 x 2 x 2 = 8,
@@ -311,7 +308,6 @@ TEST(Zero, TrafficPerStepFollowsTheStage) {
   zt::test::TracedRun run = zt::test::train_traced(c, dir.file("t.db"));
   ASSERT_TRUE(run.status.ok()) << run.status.message();
   ASSERT_NE(run.reader, nullptr);
-  const TrainSummary& s = run.summary;
   zt::db::TraceReader* r = run.reader.get();
   zt::db::QueryResult q;
   // Per step on one rank. With reuse distance 0 every use is a fetch: the embeddings twice

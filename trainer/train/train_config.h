@@ -56,6 +56,10 @@ struct TrainConfig {
   double grad_clip = 0.0;          // 0 = off
   bool activation_checkpointing = false;
   bool quiet = false;
+  // Checkpoints (issue 5; trainer/ckpt/checkpoint.h). Flags only for now: not YAML keys, not in to_json.
+  std::string checkpoint_dir;      // where checkpoints go (and are resumed from)
+  int64_t save_every = 0;          // save after every N optimizer steps (0: never)
+  bool resume = false;             // resume from checkpoint_dir's latest complete checkpoint
   ZeroSettings zero;
   std::string ds_config;           // DeepSpeed JSON it came from, if any
   std::string config_file;         // where it was loaded from, for messages

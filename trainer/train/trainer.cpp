@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "ckpt/checkpoint.h"
 #include "core/tensor.h"
 #include "model/adamw.h"
 #include "model/gpt2.h"
@@ -41,7 +42,7 @@ bool is_token_file(const std::string& path) {
 
 void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, const Corpus& corpus,
                 const DataPlan& plan, int64_t total_steps, RankRuntime& rt, Communicator& comm, std::ostream* progress,
-                TrainSummary* summary, int64_t* step_out) {
+                TrainSummary* summary, int64_t* step_out, const ckpt::Selected* resume) {
   probe::Recorder* rec = rt.recorder();
   const int rank = rt.rank();
   Device& dev = rt.accelerator();
@@ -78,10 +79,31 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
   const int64_t t_run = probe::now_ns();
   const int64_t tokens_per_step = int64_t(B) * T * cfg.grad_accum * cfg.world_size;
   int64_t& step = *step_out;
-  for (int64_t epoch = 0; step < total_steps; ++epoch) {
+  // Checkpoints (issue 5): where a resumed run starts, and the periodic save.
+  int64_t first_epoch = 0, first_s = 0;
+  if (resume) {
+    const ckpt::Position pos = ckpt::load(*resume, rank, engine);  // collective
+    step = pos.global_step;
+    first_epoch = pos.epoch;
+    first_s = pos.step_in_epoch;
+    if (summary) summary->steps = step;
+  }
+  auto save_checkpoint = [&](int64_t epoch, int64_t s) {
+    ckpt::Position next{step + 1, epoch, s + 1};
+    if (next.step_in_epoch == plan.steps_per_epoch) next = {step + 1, epoch + 1, 0};
+    probe::MarkerId cm = marker(probe::MarkerKind::Phase, "checkpoint", step, epoch);
+    const int64_t bytes = ckpt::save(cfg.checkpoint_dir, cfg, next, engine, comm);
+    if (rec) rec->marker_end(cm, bytes);
+    if (summary) ++summary->checkpoints_saved;
+    if (progress)
+      *progress << "checkpoint: " << cfg.checkpoint_dir << "/" << ckpt::tag_for_step(next.global_step) << " ("
+                << format_bytes(double(bytes)) << " written by rank 0)\n"
+                << std::flush;
+  };
+  for (int64_t epoch = first_epoch; step < total_steps; ++epoch) {
     probe::MarkerId em = marker(probe::MarkerKind::Epoch, "epoch " + std::to_string(epoch), -1, epoch);
     if (summary) summary->epochs_started = epoch + 1;
-    for (int64_t s = 0; s < plan.steps_per_epoch && step < total_steps; ++s, ++step) {
+    for (int64_t s = epoch == first_epoch ? first_s : 0; s < plan.steps_per_epoch && step < total_steps; ++s, ++step) {
       const int64_t t_step = probe::now_ns();
       probe::MarkerId sm = marker(probe::MarkerKind::Step, "step " + std::to_string(step), step, epoch);
       StepResult res = engine.step(loader, epoch, s, step);
@@ -97,7 +119,7 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
       if (summary) {
         summary->losses.push_back(res.loss);
         summary->tokens += tokens_per_step;
-        if (step == 0) summary->first_loss = res.loss;
+        if (summary->losses.size() == 1) summary->first_loss = res.loss;
         summary->last_loss = res.loss;
         summary->steps = step + 1;
         if (res.skipped) ++summary->skipped_steps;
@@ -118,6 +140,7 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
                       format_bytes(double(rss)).c_str());
         *progress << line << std::flush;
       }
+      if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) save_checkpoint(epoch, s);
     }
     if (rec) {
       rec->counter(rank, 0, rec->intern("data.samples_used"), double(loader.samples_used()));
@@ -170,6 +193,40 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
   if (!plan.error.empty()) return Status::Error(corpus.source + ": " + plan.error);
   const int64_t total_steps = cfg.steps ? cfg.steps : std::max<int64_t>(cfg.epochs, 1) * plan.steps_per_epoch;
 
+  // Checkpoints (issue 5): the settings, and what to resume from (verified before any rank starts).
+  if (cfg.save_every < 0) return Status::Error("--save-every " + std::to_string(cfg.save_every) + ": must be 0 (never) or more");
+  if ((cfg.save_every > 0 || cfg.resume) && cfg.checkpoint_dir.empty())
+    return Status::Error(std::string(cfg.resume ? "--resume" : "--save-every") + " needs --checkpoint-dir DIR");
+  ckpt::Selected resume;
+  if (cfg.resume) {
+    if (Status s = ckpt::select_checkpoint(cfg.checkpoint_dir, &resume); !s) return Status::Error("--resume: " + s.message());
+    const ckpt::Manifest& m = resume.manifest;
+    const std::string where = resume.dir + "/" + m.tag;
+    summary->resume_notes = resume.notes;
+    if (!resume.notes.empty()) std::fprintf(stderr, "zt train: warning: %s", resume.notes.c_str());
+    if (m.world_size != cfg.world_size)
+      return Status::Error("--resume: " + where + " was saved by " + std::to_string(m.world_size) +
+                           " ranks; this run has --world-size " + std::to_string(cfg.world_size) +
+                           ". Resuming with a different world size is not supported yet: run with --world-size " +
+                           std::to_string(m.world_size));
+    if (!m.model.empty() && m.model != cfg.model)
+      return Status::Error("--resume: " + where + " holds model '" + m.model + "'; this run has --model " + cfg.model);
+    if (m.seed != cfg.seed)
+      return Status::Error("--resume: " + where + " was saved with --seed " + std::to_string(m.seed) +
+                           "; this run has --seed " + std::to_string(cfg.seed) +
+                           " (the data order depends on it): run with --seed " + std::to_string(m.seed));
+    if (m.pos.step_in_epoch >= plan.steps_per_epoch)
+      return Status::Error("--resume: " + where + " resumes at step " + std::to_string(m.pos.step_in_epoch) +
+                           " of epoch " + std::to_string(m.pos.epoch) + ", but this run's data plan has " +
+                           std::to_string(plan.steps_per_epoch) +
+                           " steps per epoch (the data, sequence length or batch sizes changed)");
+    summary->resumed_from_step = m.pos.global_step;
+    summary->resumed_from = where;
+    if (progress)
+      *progress << "resuming from " << where << ": " << m.pos.global_step << " steps done; next: epoch " << m.pos.epoch
+                << ", step " << m.pos.step_in_epoch << " of the epoch\n";
+  }
+
   if (progress) {
     *progress << "data: " << corpus.source << ": " << corpus.tokens.size() << " tokens in " << corpus.documents
               << " documents (" << corpus.truncated_documents << " truncated, " << corpus.truncated_tokens
@@ -205,7 +262,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
       rt = std::make_unique<RankRuntime>(ro, rec);
       comm = group.communicator(rank, rec, rt->accelerator().trace_id());
       train_rank(cfg, *mc, int(B), int(T), corpus, plan, total_steps, *rt, *comm, rank == 0 ? progress : nullptr,
-                 rank == 0 ? summary : nullptr, &step);
+                 rank == 0 ? summary : nullptr, &step, cfg.resume ? &resume : nullptr);
     } catch (const memory::OutOfMemoryError& e) {
       failures[size_t(rank)] = e.what();  // the allocator recorded the error row
     } catch (const memory::HostOutOfMemoryError& e) {
@@ -216,6 +273,8 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
       failures[size_t(rank)] = std::string("aborted: ") + e.what();
     } catch (const std::bad_alloc&) {
       failures[size_t(rank)] = "the host ran out of memory (std::bad_alloc)";
+    } catch (const ckpt::CheckpointError& e) {
+      failures[size_t(rank)] = std::string("checkpoint: ") + e.what();
     } catch (const std::invalid_argument& e) {
       failures[size_t(rank)] = std::string("invalid configuration: ") + e.what();
     }

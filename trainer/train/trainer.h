@@ -32,6 +32,11 @@ struct TrainSummary {
   int64_t model_state_bytes = 0;                  // rank 0's params, grads and optimizer state
   int64_t skipped_steps = 0;                      // fp16 overflows
   std::string failure;          // set when the run failed (also returned as the Status)
+  // Checkpoints (issue 5). With resume, `losses` and `first_loss` cover the steps run here.
+  int64_t resumed_from_step = -1;   // steps completed by the checkpoint resumed from; -1: fresh start
+  std::string resumed_from;         // its directory
+  std::string resume_notes;         // checkpoints refused on the way (torn, partial), one per line
+  int64_t checkpoints_saved = 0;
 };
 
 // Loads the data named by the config (text, token file, or the synthetic corpus).

@@ -510,4 +510,60 @@ void ZeroEngine::write_back(int mi, const Tensor& fused) {
   }
 }
 
+// ---------------------------------------------------------------- checkpoint state (issue 5)
+
+std::vector<ZeroEngine::ModuleLayout> ZeroEngine::checkpoint_layout() const {
+  std::vector<ModuleLayout> out;
+  for (const auto& p : parts_)
+    out.push_back({p->spec.index, p->spec.name, p->spec.numel, p->padded, p->shard, p->opt_lo, p->opt_n});
+  return out;
+}
+
+ZeroEngine::OptimizerScalars ZeroEngine::checkpoint_scalars() const {
+  return {adam_steps_, good_steps_, hysteresis_left_, loss_scale_};
+}
+
+void ZeroEngine::export_states(const StateVisitor& visit) {
+  const std::vector<ModuleLayout> layout = checkpoint_layout();
+  Device& host = rt_.host();
+  for (size_t mi = 0; mi < parts_.size(); ++mi) {
+    Part& p = *parts_[mi];
+    if (p.master.device().is_host()) {
+      visit(layout[mi], p.master.f32(), p.m.f32(), p.v.f32());
+      continue;
+    }
+    // A real save copies device-resident optimizer state to the host first: one module at a time.
+    Tensor master = copy_to(p.master, host), m = copy_to(p.m, host), v = copy_to(p.v, host);  // D2H
+    visit(layout[mi], master.f32(), m.f32(), v.f32());
+  }
+}
+
+void ZeroEngine::import_states(const OptimizerScalars& scalars, const StateFiller& fill) {
+  const std::vector<ModuleLayout> layout = checkpoint_layout();
+  Device& host = rt_.host();
+  for (size_t mi = 0; mi < parts_.size(); ++mi) {
+    Part& p = *parts_[mi];
+    if (p.master.device().is_host()) {
+      fill(layout[mi], p.master.f32(), p.m.f32(), p.v.f32());
+      continue;
+    }
+    const std::string& n = p.spec.name;
+    Tensor master = Tensor::empty(p.master.name() + ".loaded", {p.opt_n}, DType::F32, host);
+    Tensor m = Tensor::empty("adam.m[" + n + "].loaded", {p.opt_n}, DType::F32, host);
+    Tensor v = Tensor::empty("adam.v[" + n + "].loaded", {p.opt_n}, DType::F32, host);
+    fill(layout[mi], master.f32(), m.f32(), v.f32());
+    copy_into(p.master, master);  // H2D
+    copy_into(p.m, m);
+    copy_into(p.v, v);
+  }
+  adam_steps_ = scalars.adam_steps;
+  good_steps_ = scalars.good_steps;
+  hysteresis_left_ = scalars.hysteresis_left;
+  loss_scale_ = scalars.loss_scale;
+  for (size_t mi = 0; mi < parts_.size(); ++mi) {
+    std::memset(parts_[mi]->grad.raw(), 0, parts_[mi]->grad.bytes());
+    write_back(int(mi), Tensor());  // collective at stages 1-3 (all-gather of the updated shard)
+  }
+}
+
 }  // namespace zt::trainer

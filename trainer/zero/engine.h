@@ -27,6 +27,7 @@
 // a device scalar against host partitions (bug reports R2 and R5).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -62,6 +63,34 @@ class ZeroEngine {
   int64_t model_state_bytes() const;
 
   struct Part;
+
+  // ---- checkpoint state (issue 5; written and read by trainer/ckpt/) ----
+  // What a rank must save to resume exactly: per module, the fp32 master weights and Adam
+  // moments over its optimizer range [opt_lo, opt_lo + opt_n) of the module padded to
+  // `padded`; and the optimizer's scalars. Gradients are zero between steps and the
+  // compute-dtype parameters are rebuilt from the master weights, so neither is saved.
+  struct ModuleLayout {
+    int index = 0;
+    std::string name;
+    int64_t numel = 0, padded = 0, shard = 0, opt_lo = 0, opt_n = 0;
+  };
+  struct OptimizerScalars {
+    int64_t adam_steps = 0, good_steps = 0, hysteresis_left = 0;
+    double loss_scale = 1;
+  };
+  std::vector<ModuleLayout> checkpoint_layout() const;
+  OptimizerScalars checkpoint_scalars() const;
+  // Calls `visit` once per module, in order, with host-readable fp32 [opt_n] arrays (staged
+  // device->host, as recorded transfers, when the optimizer state is on the accelerator).
+  using StateVisitor = std::function<void(const ModuleLayout&, const float* master, const float* m, const float* v)>;
+  void export_states(const StateVisitor& visit);
+  // The reverse: `fill` writes each module's master, m, v into host [opt_n] buffers (it may
+  // throw: nothing collective has happened yet), which are then copied where they live; then
+  // the scalars are restored and the compute-dtype parameters rebuilt from the master
+  // weights. Collective at stages 1-3: every rank calls it at the same point.
+  using StateFiller = std::function<void(const ModuleLayout&, float* master, float* m, float* v)>;
+  void import_states(const OptimizerScalars& scalars, const StateFiller& fill);
+  // ---- end checkpoint state ----
 
  private:
   void gather(Part& p);
