@@ -21,12 +21,7 @@ namespace {
 
 // Two ranks, ZeRO-3 with optimizer and parameter offload, every module sharded.
 TrainConfig base(int64_t steps) {
-  TrainConfig c;
-  c.model = "tiny";
-  c.steps = steps;
-  c.micro_batch = 2;
-  c.seq_len = 32;
-  c.seed = 3;
+  TrainConfig c = zt::test::tiny_run(steps);
   c.world_size = 2;
   c.zero.stage = 3;
   c.zero.offload_optimizer = true;

@@ -10,6 +10,17 @@
 
 namespace zt::test {
 
+// The small run most trainer tests start from: GPT-2 tiny, 2 sequences of 32 tokens, seed 3.
+inline trainer::TrainConfig tiny_run(int64_t steps) {
+  trainer::TrainConfig c;
+  c.model = "tiny";
+  c.steps = steps;
+  c.micro_batch = 2;
+  c.seq_len = 32;
+  c.seed = 3;
+  return c;
+}
+
 struct TracedRun {
   Status status;                              // what train() returned
   trainer::TrainSummary summary;

@@ -16,15 +16,7 @@ using namespace zt::trainer;
 
 namespace {
 
-TrainConfig base(int64_t steps) {
-  TrainConfig c;
-  c.model = "tiny";
-  c.steps = steps;
-  c.micro_batch = 2;
-  c.seq_len = 32;
-  c.seed = 3;
-  return c;
-}
+TrainConfig base(int64_t steps) { return zt::test::tiny_run(steps); }
 
 std::vector<double> losses(const TrainConfig& c) {
   TrainSummary s;
