@@ -202,6 +202,18 @@ void Decoder::memory_pool(const CUpti_ActivityMemoryPool3& r) {
   rec_.counter(rank_, dev, name("mempool_used"), destroyed ? 0.0 : double(r.utilizedSize), t);
 }
 
+// What every copy record has alike: its time, stream, correlation id and the stack taken at
+// the cudaMemcpy* that started it.
+void Decoder::emit_copy(TransferEvent& e, uint64_t start, uint64_t end, uint32_t stream, uint32_t correlation_id) {
+  e.t_start = static_cast<int64_t>(start);
+  e.t_end = static_cast<int64_t>(end);
+  e.stream = stream_of(stream);
+  e.correlation_id = correlation_id;
+  e.source = Source::Cupti;
+  e.stack = hooks_.take_stack ? hooks_.take_stack(correlation_id) : 0;
+  rec_.transfer(e);
+}
+
 void Decoder::memcpy(const CUpti_ActivityMemcpy6& r) {
   auto kind = transfer_kind_from_cupti(r.copyKind);
   if (!kind) {
@@ -223,13 +235,7 @@ void Decoder::memcpy(const CUpti_ActivityMemcpy6& r) {
       break;
     default: e.src = e.dst = dev; break;  // D2D; a P2P reported here names one device only
   }
-  e.t_start = static_cast<int64_t>(r.start);
-  e.t_end = static_cast<int64_t>(r.end);
-  e.stream = stream_of(r.streamId);
-  e.correlation_id = r.correlationId;
-  e.source = Source::Cupti;
-  e.stack = hooks_.take_stack ? hooks_.take_stack(r.correlationId) : 0;
-  rec_.transfer(e);
+  emit_copy(e, r.start, r.end, r.streamId, r.correlationId);
 }
 
 void Decoder::memcpy_p2p(const CUpti_ActivityMemcpyPtoP4& r) {
@@ -242,13 +248,7 @@ void Decoder::memcpy_p2p(const CUpti_ActivityMemcpyPtoP4& r) {
   e.bytes = static_cast<int64_t>(r.bytes);
   e.src = cuda_device(r.srcDeviceId);
   e.dst = cuda_device(r.dstDeviceId);
-  e.t_start = static_cast<int64_t>(r.start);
-  e.t_end = static_cast<int64_t>(r.end);
-  e.stream = stream_of(r.streamId);
-  e.correlation_id = r.correlationId;
-  e.source = Source::Cupti;
-  e.stack = hooks_.take_stack ? hooks_.take_stack(r.correlationId) : 0;
-  rec_.transfer(e);
+  emit_copy(e, r.start, r.end, r.streamId, r.correlationId);
 }
 
 void Decoder::memset(const CUpti_ActivityMemset4& r) {

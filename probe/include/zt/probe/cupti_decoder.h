@@ -101,6 +101,7 @@ class Decoder {
   void memory_pool(const CUpti_ActivityMemoryPool3& r);
   void memcpy(const CUpti_ActivityMemcpy6& r);
   void memcpy_p2p(const CUpti_ActivityMemcpyPtoP4& r);
+  void emit_copy(TransferEvent& e, uint64_t start, uint64_t end, uint32_t stream, uint32_t correlation_id);
   void memset(const CUpti_ActivityMemset4& r);
   void kernel(const CUpti_ActivityKernel10& r);
   void runtime(const CUpti_ActivityAPI& r);

@@ -45,10 +45,32 @@ class MemorySource {
   virtual std::string describe() const = 0;
 };
 
+// The bookkeeping both sources below share: a capacity, an alignment every size is rounded
+// up to, and the rounded bytes taken now (never above the capacity, also under races).
+class CappedSource : public MemorySource {
+ public:
+  size_t capacity() const override { return capacity_; }
+  size_t in_use() const override { return in_use_.load(std::memory_order_relaxed); }
+
+ protected:
+  CappedSource(size_t capacity, size_t alignment) : capacity_(capacity), alignment_(alignment) {}
+  // The rounded size of a request (a zero-byte request takes one unit).
+  size_t rounded(size_t bytes) const { return ((bytes == 0 ? 1 : bytes) + alignment_ - 1) & ~(alignment_ - 1); }
+  // Takes rounded(bytes) out of the capacity; 0 when it does not fit.
+  size_t take(size_t bytes);
+  void give_back(size_t bytes) { in_use_.fetch_sub(rounded(bytes), std::memory_order_relaxed); }
+  size_t alignment() const { return alignment_; }
+
+ private:
+  const size_t capacity_;
+  const size_t alignment_;
+  std::atomic<size_t> in_use_{0};
+};
+
 // The simulated GPU (or a capped host RAM): real host memory from aligned_alloc, at most
 // `capacity` bytes taken at once. Pages are not touched here, so an untouched region costs
 // the OS nothing until the trainer writes to it.
-class HostBackedSource final : public MemorySource {
+class HostBackedSource final : public CappedSource {
  public:
   // `alignment` must be a power of two; sizes are rounded up to it (aligned_alloc's rule),
   // and in_use() counts the rounded sizes.
@@ -56,16 +78,8 @@ class HostBackedSource final : public MemorySource {
   ~HostBackedSource() override = default;  // regions still out belong to their callers
   void* allocate(size_t bytes) override;
   void release(void* ptr, size_t bytes) override;
-  size_t capacity() const override { return capacity_; }
-  size_t in_use() const override { return in_use_.load(std::memory_order_relaxed); }
   bool host_accessible() const override { return true; }
   std::string describe() const override;
-
- private:
-  size_t rounded(size_t bytes) const { return (bytes + alignment_ - 1) & ~(alignment_ - 1); }
-  const size_t capacity_;
-  const size_t alignment_;
-  std::atomic<size_t> in_use_{0};
 };
 
 // Sizes only: unique fake addresses, no backing memory, so a 236B-parameter model on 48
@@ -73,23 +87,17 @@ class HostBackedSource final : public MemorySource {
 // every allocator above it keeps its bookkeeping outside the memory it hands out.
 // Addresses are handed out by bumping a counter and are never reused (2^64 bytes of
 // address space outlast any replay), which keeps every address unique in a trace.
-class VirtualSource final : public MemorySource {
+class VirtualSource final : public CappedSource {
  public:
   // Fake addresses start at `base` (default 0x7e00'0000'0000, far from real heap
   // addresses on x86-64 Linux, so a stray dereference faults rather than corrupts).
   explicit VirtualSource(size_t capacity, size_t alignment = 512, uint64_t base = 0x7e0000000000ULL);
   void* allocate(size_t bytes) override;
   void release(void* ptr, size_t bytes) override;
-  size_t capacity() const override { return capacity_; }
-  size_t in_use() const override { return in_use_.load(std::memory_order_relaxed); }
   bool host_accessible() const override { return false; }
   std::string describe() const override;
 
  private:
-  size_t rounded(size_t bytes) const { return (bytes + alignment_ - 1) & ~(alignment_ - 1); }
-  const size_t capacity_;
-  const size_t alignment_;
-  std::atomic<size_t> in_use_{0};
   std::atomic<uint64_t> next_;
 };
 
