@@ -19,6 +19,10 @@ using Action = std::function<int()>;
 void add_db_commands(CLI::App& app, Action& action);  // db info|sql|merge, export, synth, demo
 void add_train_command(CLI::App& app, Action& action);  // train
 void add_probe_command(CLI::App& app, Action& action);  // probe (cli/probe_command.cpp)
+void add_faults_command(CLI::App& app, Action& action);  // faults (cli/faults_command.cpp)
+void add_repro_command(CLI::App& app, Action& action);  // repro (cli/repro_command.cpp, inject/repro)
+void add_ckpt_command(CLI::App& app, Action& action);  // ckpt info|consolidate (cli/ckpt_command.cpp)
+void add_check_command(CLI::App& app, Action& action);  // check (cli/check_command.cpp, inject/check)
 #ifdef ZT_HAVE_VIEWER
 void add_view_command(CLI::App& app, Action& action);  // view (viewer/view_command.cpp)
 #endif

@@ -1,13 +1,18 @@
-// zt demo: the main job of the README's first command. It grows with every module:
-// train on the simulated GPU with a trace, explain the trace, run out of device memory for
-// real and show the evidence, export for Perfetto.
+// zt demo: the main job of the README's first command: train on the simulated GPU with a
+// trace, explain the trace, run out of device memory for real and show the evidence,
+// reproduce a bug report from its scenario (and cure it), check the trace as CI would,
+// export for Perfetto.
+#include <unistd.h>
+
 #include <filesystem>
 #include <iostream>
 
 #include "commands.h"
 #include "train/trainer.h"
+#include "zt/check/check.h"
 #include "zt/common/units.h"
 #include "zt/db/export.h"
+#include "zt/repro/runner.h"
 
 namespace zt::cli {
 namespace {
@@ -33,11 +38,20 @@ int run_training(const trainer::TrainConfig& cfg, const std::string& command, bo
   return expect_failure ? kExitOk : kExitFailed;
 }
 
+// The shipped scenarios: beside the working directory's checkout, else the source tree the
+// binary was built from.
+std::string scenario_path(const std::string& file) {
+  for (const std::string& dir : {std::string("inject/scenarios"), std::string(ZT_SOURCE_DIR) + "/inject/scenarios"})
+    if (std::filesystem::exists(dir + "/" + file)) return dir + "/" + file;
+  return std::string(ZT_SOURCE_DIR) + "/inject/scenarios/" + file;
+}
+
 }  // namespace
 
 void add_demo_command(CLI::App& app, Action& action) {
   auto* demo = app.add_subcommand("demo", "The demo: train on a simulated GPU with a trace, explain it, run out of "
-                                          "memory for real, export for Perfetto");
+                                          "memory for real, reproduce bug report R2 and cure it, check the trace, export "
+                                          "for Perfetto\nExample: zt demo --dir demo-out");
   auto dir = std::make_shared<std::string>("demo-out");
   auto steps = std::make_shared<int64_t>(80);
   demo->add_option("--dir", *dir, "where the demo writes its files");
@@ -101,14 +115,39 @@ void add_demo_command(CLI::App& app, Action& action) {
           rc != 0)
         return rc;
 
+      const std::string r2 = scenario_path("r2-qwen72b-offload-device-mismatch.yaml");
+      std::cout << "\n== 5. zt repro " << r2 << " --keep " << *dir << "/r2\n"
+                << "   bug report R2 (Qwen 72B, ZeRO-3 + offload: a gradient partition on cuda:N beside the host ones)\n"
+                << "   replayed small with its fault, then with the fix; the verdict is read from the two traces\n";
+      {
+        repro::Scenario sc;
+        if (Status s = repro::load_scenario(r2, &sc); !s) return fail(s.message());
+        repro::RunOptions ro;
+        ro.keep_dir = *dir + "/r2";
+        ro.max_step_lines = 2;
+        ro.command_line = "zt demo: zt repro " + r2;
+        repro::ReproResult res;
+        if (Status s = repro::run_scenario(sc, ro, &res); !s) return fail(s.message());
+        repro::print_verdict(res, std::cout);
+        if (res.exit_code() != 0) return fail("the R2 scenario did not reproduce and cure as it should");
+      }
+
+      std::cout << "\n== 6. zt check " << cfg.trace << " (leaks across epochs, placement, steps: pass/fail for CI)\n";
+      {
+        check::Report report;
+        if (Status s = check::run_checks(cfg.trace, check::Options{}, &report); !s) return fail(s.message());
+        std::cout << check::format_text(report);
+        if (report.failed()) return fail("zt check found a problem in the demo's own training run");
+      }
+
       std::string json = *dir + "/train.json";
-      std::cout << "\n== 5. zt export " << cfg.trace << " --chrome " << json << "\n";
+      std::cout << "\n== 7. zt export " << cfg.trace << " --chrome " << json << "\n";
       db::ExportStats st;
       if (Status s = db::export_chrome(cfg.trace, json, &st); !s) return fail(s.message());
       std::cout << "wrote " << st.events << " trace events (" << format_bytes(double(st.bytes)) << "): open " << json
                 << " in https://ui.perfetto.dev\n";
-      std::cout << "\nNot built yet: checkpoints, the CUPTI probe, the CUDA backend, the injector with the five "
-                   "bug-report scenarios (zt repro).\n";
+      std::cout << "\nNext: zt view " << cfg.trace << " (the timeline viewer); zt repro inject/scenarios/*.yaml "
+                   "(all five reports; --virtual for their real sizes); zt faults (the fault catalog).\n";
       return kExitOk;
     };
   });

@@ -52,15 +52,15 @@ int main(int argc, char** argv) {
   add_train_command(app, action);
   add_demo_command(app, action);
   add_probe_command(app, action);
-  add_not_built(app, action, "repro", "Replay a bug report scenario and print a verdict", "inject");
-  add_not_built(app, action, "check", "Pass/fail checks on a trace for CI", "inject");
-  add_not_built(app, action, "faults", "List the fault catalog", "inject");
+  add_repro_command(app, action);
+  add_check_command(app, action);
+  add_faults_command(app, action);
 #ifdef ZT_HAVE_VIEWER
   add_view_command(app, action);
 #else
   add_not_built(app, action, "view", "Open a trace in the timeline viewer", "viewer");
 #endif
-  add_not_built(app, action, "ckpt", "Inspect and consolidate checkpoints", "trainer");
+  add_ckpt_command(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

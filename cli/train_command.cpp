@@ -38,7 +38,22 @@ void add_train_command(CLI::App& app, Action& action) {
   // Checkpoints (issue 5).
   sub->add_option("--checkpoint-dir", cfg->checkpoint_dir, "directory of sharded checkpoints (DIR/stepNNNNNN, DIR/latest)");
   sub->add_option("--save-every", cfg->save_every, "save a checkpoint after every N optimizer steps (0: never)");
-  sub->add_flag("--resume", cfg->resume, "resume from the latest complete checkpoint in --checkpoint-dir");
+  sub->add_flag("--resume", cfg->resume, "resume from the latest complete checkpoint in --checkpoint-dir (any world size)");
+  sub->add_flag("--save-safetensors", cfg->save_safetensors,
+                "also write the consolidated weights (model.safetensors, Hugging Face GPT-2 names, config.json) at each save");
+  sub->add_flag("--save-only-model", cfg->save_only_model,
+                "save only the consolidated weights, streamed (no optimizer state: not resumable; R4's fix)");
+  sub->add_option("--checkpoint-gather", cfg->checkpoint_gather,
+                  "how a save gathers the weights: streamed (one module at a time, default) or device (all at once)")
+      ->check(CLI::IsMember({"streamed", "device"}));
+  // Faults (issue 9; zt faults lists them).
+  sub->add_option("--fault", cfg->faults,
+                  "switch on a failpoint: NAME[COND,...]=[P%][N*]ACTION(ARG)->... (repeatable; also ZT_FAULTS)\n"
+                  "e.g. --fault 'zero.norm_on_device=return' --fault 'host.epoch_leak[epoch>=1]=return(pinned)'");
+  sub->add_option("--fault-seed", cfg->fault_seed, "seed of the failpoints' probability draws (default: --seed)");
+  sub->add_option("--comm-timeout", cfg->comm_timeout_ms, "ms a collective may wait before the watchdog ends the run");
+  sub->add_flag("--virtual", cfg->virtual_mode, "virtual mode: sizes only, no math (replays a run for memory)");
+  sub->add_option("--data-samples", cfg->data_samples, "virtual mode: samples in the data set");
   auto ds_config = std::make_shared<std::string>();
   sub->add_option("--ds-config", *ds_config, "DeepSpeed JSON config (batch sizes, bf16/fp16, optimizer, zero_optimization)");
   sub->add_option("--zero-stage", cfg->zero.stage, "ZeRO stage 0, 1, 2 or 3")->check(CLI::Range(0, 3));
@@ -76,6 +91,17 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--checkpoint-dir") from_file.checkpoint_dir = c.checkpoint_dir;
           else if (n == "--save-every") from_file.save_every = c.save_every;
           else if (n == "--resume") from_file.resume = c.resume;
+          else if (n == "--save-safetensors") from_file.save_safetensors = c.save_safetensors;
+          else if (n == "--save-only-model") from_file.save_only_model = c.save_only_model;
+          else if (n == "--checkpoint-gather") from_file.checkpoint_gather = c.checkpoint_gather;
+          else if (n == "--zero-stage") from_file.zero.stage = c.zero.stage;
+          else if (n == "--offload-optimizer") from_file.zero.offload_optimizer = c.zero.offload_optimizer;
+          else if (n == "--offload-param") from_file.zero.offload_param = c.zero.offload_param;
+          else if (n == "--fault") from_file.faults.insert(from_file.faults.end(), c.faults.begin(), c.faults.end());
+          else if (n == "--fault-seed") from_file.fault_seed = c.fault_seed;
+          else if (n == "--comm-timeout") from_file.comm_timeout_ms = c.comm_timeout_ms;
+          else if (n == "--virtual") from_file.virtual_mode = c.virtual_mode;
+          else if (n == "--data-samples") from_file.data_samples = c.data_samples;
         }
         c = from_file;
       }
@@ -121,10 +147,16 @@ void add_train_command(CLI::App& app, Action& action) {
         if (!c.trace.empty() && rec) std::fprintf(stderr, "zt train: the trace is in %s\n", c.trace.c_str());
         return sum.failure.empty() ? kExitBadInput : kExitFailed;
       }
-      std::printf("trained %lld steps (%lld tokens) in %s: loss %.4f -> %.4f; samples used %lld; peak %s allocated, %s reserved\n",
-                  (long long)sum.steps, (long long)sum.tokens, format_duration_ns(sum.seconds * 1e9).c_str(),
-                  sum.first_loss, sum.last_loss, (long long)sum.samples_used, format_bytes(double(sum.peak_allocated)).c_str(),
-                  format_bytes(double(sum.peak_reserved)).c_str());
+      if (c.virtual_mode)
+        std::printf("replayed %lld steps in virtual mode (sizes only, no math) in %s; samples used %lld; rank 0's peak %s "
+                    "allocated, %s reserved\n",
+                    (long long)sum.steps, format_duration_ns(sum.seconds * 1e9).c_str(), (long long)sum.samples_used,
+                    format_bytes(double(sum.peak_allocated)).c_str(), format_bytes(double(sum.peak_reserved)).c_str());
+      else
+        std::printf("trained %lld steps (%lld tokens) in %s: loss %.4f -> %.4f; samples used %lld; peak %s allocated, %s reserved\n",
+                    (long long)sum.steps, (long long)sum.tokens, format_duration_ns(sum.seconds * 1e9).c_str(),
+                    sum.first_loss, sum.last_loss, (long long)sum.samples_used, format_bytes(double(sum.peak_allocated)).c_str(),
+                    format_bytes(double(sum.peak_reserved)).c_str());
       if (!c.trace.empty()) std::printf("trace: %s (zt db info %s)\n", c.trace.c_str(), c.trace.c_str());
       return kExitOk;
     };

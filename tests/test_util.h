@@ -2,6 +2,10 @@
 #pragma once
 
 #include <stdlib.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
 
 #include <filesystem>
 #include <string>
@@ -24,5 +28,24 @@ class TempDir {
  private:
   std::string path_;
 };
+
+struct CommandResult {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+// Runs `command` through the shell (append " 2>&1" to capture stderr); the exit code, or
+// 128 + the signal that ended it.
+inline CommandResult run_command(const std::string& command) {
+  CommandResult r;
+  FILE* p = popen(command.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
 
 }  // namespace zt::test

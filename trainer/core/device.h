@@ -47,6 +47,9 @@ class StorageAllocator {
   // Throws the allocator's out-of-memory error when it cannot.
   virtual MemoryBlock allocate(size_t bytes, std::string_view name) = 0;
   virtual void release(const MemoryBlock& block) = 0;
+  // False in virtual mode: blocks have sizes and addresses but no memory behind them, so a
+  // tensor's raw() is null and every byte copy and kernel is skipped.
+  virtual bool backed() const { return true; }
 };
 
 class Device {

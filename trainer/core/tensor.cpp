@@ -8,7 +8,8 @@
 namespace zt::trainer {
 
 Storage::Storage(Device& device, StorageAllocator& allocator, MemoryBlock block, std::string name, bool pinned)
-    : device_(device), allocator_(allocator), block_(block), name_(std::move(name)), pinned_(pinned) {}
+    : device_(device), allocator_(allocator), block_(block), name_(std::move(name)), pinned_(pinned),
+      backed_(allocator.backed()) {}
 
 Storage::~Storage() {
   if (probe::Recorder* rec = device_.recorder())
@@ -121,6 +122,37 @@ void copy_into(Tensor& dst, const Tensor& src) {
     record_transfer(src, dst, t0, probe::now_ns());
 }
 
+namespace {
+void record_guard_error(const Device& d, const char* op, const std::string& message,
+                        std::initializer_list<const Tensor*> tensors, int64_t step) {
+  probe::Recorder* rec = d.recorder();
+  if (!rec) return;
+  std::string json = "[";
+  for (const Tensor* x : tensors) json += (json.size() > 1 ? ",\"" : "\"") + x->name() + "@" + x->device().label() + "\"";
+  json += "]";
+  db::ErrorRow row;
+  row.rank = d.rank();
+  if (step >= 0) row.step = step;
+  row.kind = "device_mismatch";
+  row.site = op;
+  row.message = message;
+  row.tensors = json;
+  row.device_id = d.trace_id();
+  rec->error(row);
+}
+}  // namespace
+
+void require_accelerator(const char* op, std::initializer_list<const Tensor*> tensors, int64_t step) {
+  for (const Tensor* t : tensors) {
+    if (!t->device().is_host()) continue;
+    const std::string message = "Expected a cuda device, but got: " + t->device().label();
+    record_guard_error(t->device(), op, message, tensors, step);
+    std::vector<std::string> names;
+    for (const Tensor* x : tensors) names.push_back(x->name());
+    throw DeviceMismatchError(message, std::move(names));
+  }
+}
+
 void check_same_device(const char* op, std::initializer_list<const Tensor*> tensors, int64_t step) {
   const Device* first = nullptr;
   for (const Tensor* t : tensors) {
@@ -130,26 +162,11 @@ void check_same_device(const char* op, std::initializer_list<const Tensor*> tens
       continue;
     }
     if (d.label() == first->label() && d.rank() == first->rank()) continue;
-    std::string message = "Expected all tensors to be on the same device, but found at least two devices, " +
-                          first->label() + " and " + d.label() + "!";
+    const std::string message = "Expected all tensors to be on the same device, but found at least two devices, " +
+                                first->label() + " and " + d.label() + "!";
+    record_guard_error(d.recorder() ? d : *first, op, message, tensors, step);
     std::vector<std::string> names;
-    std::string json = "[";
-    for (const Tensor* x : tensors) {
-      names.push_back(x->name());
-      json += (json.size() > 1 ? ",\"" : "\"") + x->name() + "@" + x->device().label() + "\"";
-    }
-    json += "]";
-    if (probe::Recorder* rec = d.recorder() ? d.recorder() : first->recorder()) {
-      db::ErrorRow row;
-      row.rank = first->rank();
-      if (step >= 0) row.step = step;
-      row.kind = "device_mismatch";
-      row.site = op;
-      row.message = message;
-      row.tensors = json;
-      row.device_id = d.trace_id();
-      rec->error(row);
-    }
+    for (const Tensor* x : tensors) names.push_back(x->name());
     throw DeviceMismatchError(message, std::move(names));
   }
 }

@@ -28,7 +28,7 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() const { return block_.ptr; }
+  void* data() const { return backed_ ? block_.ptr : nullptr; }
   size_t bytes() const { return block_.bytes; }
   Device& device() const { return device_; }
   bool pinned() const { return pinned_; }
@@ -40,6 +40,7 @@ class Storage {
   MemoryBlock block_;
   std::string name_;
   bool pinned_;
+  bool backed_ = true;  // false in virtual mode: data() is null
 };
 
 class Tensor {
@@ -92,5 +93,9 @@ class DeviceMismatchError : public std::runtime_error {
 // Throws DeviceMismatchError naming the first two distinct devices, in argument order,
 // after recording an error row (kind "device_mismatch") with the tensors involved.
 void check_same_device(const char* op, std::initializer_list<const Tensor*> tensors, int64_t step = -1);
+// The guard of kernels that run only on the accelerator (bitsandbytes' 8-bit and paged
+// optimizers): throws DeviceMismatchError "Expected a cuda device, but got: cpu" for the
+// first tensor on the host, after recording an error row (kind "device_mismatch").
+void require_accelerator(const char* op, std::initializer_list<const Tensor*> tensors, int64_t step = -1);
 
 }  // namespace zt::trainer

@@ -134,10 +134,12 @@ Corpus synthetic_corpus(uint64_t seed, int64_t bytes) {
   return c;
 }
 
-DataPlan plan_data(const Corpus& corpus, int64_t seq_len, int64_t micro_batch, int64_t grad_accum,
-                   int64_t data_parallel) {
+namespace {
+// The plan once the number of samples per epoch is known.
+DataPlan plan_for(int64_t tokens, int64_t samples, int64_t seq_len, int64_t micro_batch, int64_t grad_accum,
+                  int64_t data_parallel, const std::string& what) {
   DataPlan p;
-  p.tokens = static_cast<int64_t>(corpus.tokens.size());
+  p.tokens = tokens;
   p.seq_len = seq_len;
   p.micro_batch = micro_batch;
   p.grad_accum = grad_accum;
@@ -147,16 +149,31 @@ DataPlan plan_data(const Corpus& corpus, int64_t seq_len, int64_t micro_batch, i
     p.error = "sequence length, micro-batch, accumulation and data-parallel width must all be at least 1";
     return p;
   }
-  p.samples_per_epoch = p.tokens > 1 ? (p.tokens - 1) / seq_len : 0;
-  p.tail_tokens_dropped = p.tokens > 1 ? p.tokens - 1 - p.samples_per_epoch * seq_len : p.tokens;
+  p.samples_per_epoch = samples;
   p.steps_per_epoch = p.samples_per_epoch / p.samples_per_step;
   p.samples_dropped_per_epoch = p.samples_per_epoch - p.steps_per_epoch * p.samples_per_step;
   if (p.steps_per_epoch == 0)
-    p.error = "the data (" + std::to_string(p.samples_per_epoch) + " samples of " + std::to_string(seq_len + 1) +
-              " tokens) is smaller than one global batch (" + std::to_string(p.samples_per_step) +
+    p.error = what + " is smaller than one global batch (" + std::to_string(p.samples_per_step) +
               " samples = micro-batch " + std::to_string(micro_batch) + " x accumulation " +
               std::to_string(grad_accum) + " x data-parallel " + std::to_string(data_parallel) + ")";
   return p;
+}
+}  // namespace
+
+DataPlan plan_data(const Corpus& corpus, int64_t seq_len, int64_t micro_batch, int64_t grad_accum,
+                   int64_t data_parallel) {
+  const int64_t tokens = static_cast<int64_t>(corpus.tokens.size());
+  const int64_t samples = tokens > 1 && seq_len > 0 ? (tokens - 1) / seq_len : 0;
+  DataPlan p = plan_for(tokens, samples, seq_len, micro_batch, grad_accum, data_parallel,
+                        "the data (" + std::to_string(samples) + " samples of " + std::to_string(seq_len + 1) + " tokens)");
+  if (seq_len > 0) p.tail_tokens_dropped = tokens > 1 ? tokens - 1 - samples * seq_len : tokens;
+  return p;
+}
+
+DataPlan plan_samples(int64_t samples, int64_t seq_len, int64_t micro_batch, int64_t grad_accum, int64_t data_parallel) {
+  // A corpus of exactly `samples` windows, without its tokens.
+  return plan_for(samples * seq_len + 1, samples, seq_len, micro_batch, grad_accum, data_parallel,
+                  "the data set (" + std::to_string(samples) + " samples)");
 }
 
 DataLoader::DataLoader(const Corpus& corpus, const DataPlan& plan, uint64_t seed)

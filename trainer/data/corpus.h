@@ -51,6 +51,9 @@ struct DataPlan {
 DataPlan plan_data(const Corpus& corpus, int64_t seq_len, int64_t micro_batch, int64_t grad_accum,
                    int64_t data_parallel);
 
+// The same plan from a count of samples (virtual mode: a data set described, not read).
+DataPlan plan_samples(int64_t samples, int64_t seq_len, int64_t micro_batch, int64_t grad_accum, int64_t data_parallel);
+
 // Yields micro-batches: epoch by epoch, samples in a seeded order per epoch, each rank its
 // own slice of each global batch. Position (epoch, step) is all the state it has, so a
 // resumed run sees the same batches.
@@ -60,6 +63,8 @@ class DataLoader {
   // Fills tokens and targets (micro_batch x seq_len each) for one micro-step of one rank.
   void micro_batch(int64_t epoch, int64_t step_in_epoch, int64_t micro, int64_t rank, int32_t* tokens,
                    int32_t* targets);
+  // Virtual mode: a micro-batch counted as used, no tokens read.
+  void account_micro_batch() { samples_used_ += plan_.micro_batch; }
   int64_t samples_used() const { return samples_used_; }
 
  private:

@@ -1,5 +1,6 @@
 // DeepSpeed JSON configs, read as users write them for DeepSpeed and Hugging Face.
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "train/train_config.h"
@@ -55,9 +56,15 @@ struct Reader {
 Status load_deepspeed_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings) {
   std::ifstream f(path);
   if (!f) return Status::Error(path + ": cannot open the DeepSpeed config");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return load_deepspeed_config_text(text, path, cfg, warnings);
+}
+
+Status load_deepspeed_config_text(const std::string& text, const std::string& path, TrainConfig* cfg,
+                                  std::vector<std::string>* warnings) {
   json j;
   try {
-    j = json::parse(f);
+    j = json::parse(text);
   } catch (const json::parse_error& e) {
     return Status::Error(path + ": not valid JSON (" + std::string(e.what()) + ")");
   }

@@ -4,7 +4,8 @@ namespace zt::trainer {
 
 class RankRuntime::DeviceStorage : public StorageAllocator {
  public:
-  explicit DeviceStorage(memory::DeviceAllocator& a) : a_(a) {}
+  DeviceStorage(memory::DeviceAllocator& a, bool backed) : a_(a), backed_(backed) {}
+  bool backed() const override { return backed_; }
   MemoryBlock allocate(size_t bytes, std::string_view name) override {
     memory::DeviceBlock b = a_.allocate(bytes, name);
     return {b.ptr, b.size, b.requested, b.stream, b.alloc_id, b.id};
@@ -22,12 +23,14 @@ class RankRuntime::DeviceStorage : public StorageAllocator {
 
  private:
   memory::DeviceAllocator& a_;
+  bool backed_;
 };
 
 template <typename Alloc>
 class HostStorage : public StorageAllocator {
  public:
-  explicit HostStorage(Alloc& a) : a_(a) {}
+  HostStorage(Alloc& a, bool backed) : a_(a), backed_(backed) {}
+  bool backed() const override { return backed_; }
   MemoryBlock allocate(size_t bytes, std::string_view name) override {
     memory::HostBlock b = a_.allocate(bytes, name);
     return {b.ptr, b.size, b.requested, -1, b.alloc_id, 0};
@@ -43,6 +46,7 @@ class HostStorage : public StorageAllocator {
 
  private:
   Alloc& a_;
+  bool backed_;
 };
 
 class RankRuntime::PinnedStorage : public HostStorage<memory::PinnedHostAllocator> {
@@ -78,8 +82,8 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
   }
   pinned_ = std::make_unique<memory::PinnedHostAllocator>(ho);
   pageable_ = std::make_unique<memory::PageableHostAllocator>(ho);
-  pinned_storage_ = std::make_unique<PinnedStorage>(*pinned_);
-  pageable_storage_ = std::make_unique<PageableStorage>(*pageable_);
+  pinned_storage_ = std::make_unique<PinnedStorage>(*pinned_, !o.virtual_memory);
+  pageable_storage_ = std::make_unique<PageableStorage>(*pageable_, !o.virtual_memory);
   host_ = std::make_unique<Device>(DeviceType::Cpu, 0, o.rank, rec, host_id, pageable_storage_.get(),
                                    pinned_storage_.get());
   if (o.accelerator == DeviceType::Sim) {
@@ -91,7 +95,7 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
     dopt.device = accel_id;
     dopt.device_ordinal = o.rank;
     device_alloc_ = std::make_unique<memory::DeviceAllocator>(source_.get(), dopt);
-    device_storage_ = std::make_unique<DeviceStorage>(*device_alloc_);
+    device_storage_ = std::make_unique<DeviceStorage>(*device_alloc_, !o.virtual_memory);
     accel_ = std::make_unique<Device>(DeviceType::Sim, o.rank, o.rank, rec, accel_id, device_storage_.get());
   } else {
     // Training on the CPU: the "accelerator" is the host itself.

@@ -60,6 +60,56 @@ Status load_train_config(const std::string& path, TrainConfig* cfg) {
       {"eps", [&](const YAML::Node& n) { c.eps = n.as<double>(); }},
       {"grad_clip", [&](const YAML::Node& n) { c.grad_clip = n.as<double>(); }},
       {"activation_checkpointing", [&](const YAML::Node& n) { c.activation_checkpointing = n.as<bool>(); }},
+      {"checkpoint_dir", [&](const YAML::Node& n) { c.checkpoint_dir = n.as<std::string>(); }},
+      {"save_every", [&](const YAML::Node& n) { c.save_every = n.as<int64_t>(); }},
+      {"resume", [&](const YAML::Node& n) { c.resume = n.as<bool>(); }},
+      {"checkpoint_gather", [&](const YAML::Node& n) { c.checkpoint_gather = n.as<std::string>(); }},
+      {"save_safetensors", [&](const YAML::Node& n) { c.save_safetensors = n.as<bool>(); }},
+      {"save_only_model", [&](const YAML::Node& n) { c.save_only_model = n.as<bool>(); }},
+      {"faults", [&](const YAML::Node& n) {
+         if (n.IsSequence())
+           for (const auto& f : n) c.faults.push_back(f.as<std::string>());
+         else
+           c.faults.push_back(n.as<std::string>());
+       }},
+      {"zero_stage", [&](const YAML::Node& n) { c.zero.stage = n.as<int>(); }},
+      {"offload_optimizer", [&](const YAML::Node& n) { c.zero.offload_optimizer = n.as<bool>(); }},
+      {"offload_param", [&](const YAML::Node& n) { c.zero.offload_param = n.as<bool>(); }},
+      {"fault_seed", [&](const YAML::Node& n) { c.fault_seed = n.as<uint64_t>(); }},
+      {"comm_timeout_ms", [&](const YAML::Node& n) { c.comm_timeout_ms = n.as<int64_t>(); }},
+      {"virtual", [&](const YAML::Node& n) { c.virtual_mode = n.as<bool>(); }},
+      {"data_samples", [&](const YAML::Node& n) { c.data_samples = n.as<int64_t>(); }},
+      {"ranks_per_node", [&](const YAML::Node& n) { c.ranks_per_node = n.as<int64_t>(); }},
+      {"virtual_grad_norm", [&](const YAML::Node& n) { c.virtual_grad_norm = n.as<double>(); }},
+      {"shape", [&](const YAML::Node& n) {
+         // A transformer layout (model: custom): width, layers, heads, kv_heads, ffn, gated_ffn,
+         // vocab, context, tied_embeddings, experts, shared_experts, expert_ffn, dense_layers, name.
+         if (!n.IsMap()) throw YAML::Exception(n.Mark(), "shape is a mapping (width: 7168, layers: 60, ...)");
+         ModelShape& sh = c.shape;
+         for (const auto& kv : n) {
+           const std::string k = normalize(kv.first.as<std::string>());
+           const YAML::Node& v = kv.second;
+           if (k == "name") sh.name = v.as<std::string>();
+           else if (k == "width") sh.width = v.as<int64_t>();
+           else if (k == "layers") sh.layers = v.as<int64_t>();
+           else if (k == "heads") sh.heads = v.as<int64_t>();
+           else if (k == "kv_heads") sh.kv_heads = v.as<int64_t>();
+           else if (k == "ffn") sh.ffn = v.as<int64_t>();
+           else if (k == "gated_ffn") sh.gated_ffn = v.as<bool>();
+           else if (k == "vocab") sh.vocab = v.as<int64_t>();
+           else if (k == "context") sh.context = v.as<int64_t>();
+           else if (k == "tied_embeddings") sh.tied_embeddings = v.as<bool>();
+           else if (k == "experts") sh.experts = v.as<int64_t>();
+           else if (k == "shared_experts") sh.shared_experts = v.as<int64_t>();
+           else if (k == "expert_ffn") sh.expert_ffn = v.as<int64_t>();
+           else if (k == "dense_layers") sh.dense_layers = v.as<int64_t>();
+           else
+             throw YAML::Exception(kv.first.Mark(), "unknown shape key '" + k +
+                                                        "' (name, width, layers, heads, kv_heads, ffn, gated_ffn, vocab, "
+                                                        "context, tied_embeddings, experts, shared_experts, expert_ffn, "
+                                                        "dense_layers)");
+         }
+       }},
   };
   for (const auto& kv : root) {
     std::string key = normalize(kv.first.as<std::string>());
@@ -107,7 +157,11 @@ Status validate(const TrainConfig& c) {
   if (c.zero.offload_optimizer && c.zero.stage == 0)
     return bad("offload_optimizer needs ZeRO stage 1, 2 or 3 (it offloads the optimizer partition)");
   if (c.zero.offload_param && c.zero.stage != 3) return bad("offload_param needs ZeRO stage 3 (only stage 3 partitions parameters)");
-  if (c.world_size > 256) return bad("world_size above 256 rank threads is not supported in one process");
+  if (c.checkpoint_gather != "streamed" && c.checkpoint_gather != "device")
+    return bad("checkpoint_gather '" + c.checkpoint_gather + "': use streamed (one module at a time) or device (all at once)");
+  if (c.world_size > 256 && !c.virtual_mode)
+    return bad("world_size above 256 rank threads is not supported in one process (virtual mode simulates one rank for all)");
+  if (c.comm_timeout_ms < 1) return bad("comm_timeout_ms must be at least 1");
   return Status::Ok();
 }
 
@@ -140,8 +194,29 @@ std::string to_json(const TrainConfig& c) {
                                              {"stage3_prefetch_bucket_size", c.zero.prefetch_bucket_size},
                                              {"stage3_param_persistence_threshold", c.zero.param_persistence_threshold},
                                              {"stage3_max_live_parameters", c.zero.max_live_parameters},
-                                             {"stage3_max_reuse_distance", c.zero.max_reuse_distance}}},
-                      {"ds_config", c.ds_config}};
+                                             {"stage3_max_reuse_distance", c.zero.max_reuse_distance},
+                                             {"stage3_gather_16bit_weights_on_model_save", c.zero.gather_16bit_weights_on_model_save}}},
+                      {"checkpoint_dir", c.checkpoint_dir},
+                      {"save_every", c.save_every},
+                      {"resume", c.resume},
+                      {"checkpoint_gather", c.checkpoint_gather},
+                      {"save_safetensors", c.save_safetensors},
+                      {"save_only_model", c.save_only_model},
+                      {"ds_config", c.ds_config},
+                      {"faults", c.faults},
+                      {"fault_seed", c.fault_seed ? c.fault_seed : c.seed},
+                      {"comm_timeout_ms", c.comm_timeout_ms},
+                      {"virtual", c.virtual_mode},
+                      {"data_samples", c.data_samples},
+                      {"ranks_per_node", c.ranks_per_node}};
+  if (c.model == "custom")
+    j["shape"] = {{"name", c.shape.name},         {"width", c.shape.width},
+                  {"layers", c.shape.layers},     {"heads", c.shape.heads},
+                  {"kv_heads", c.shape.kv_heads}, {"ffn", c.shape.ffn},
+                  {"gated_ffn", c.shape.gated_ffn}, {"vocab", c.shape.vocab},
+                  {"context", c.shape.context},   {"tied_embeddings", c.shape.tied_embeddings},
+                  {"experts", c.shape.experts},   {"shared_experts", c.shape.shared_experts},
+                  {"expert_ffn", c.shape.expert_ffn}, {"dense_layers", c.shape.dense_layers}};
   return j.dump();
 }
 

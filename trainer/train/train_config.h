@@ -33,6 +33,22 @@ struct ZeroSettings {
   double static_loss_scale = 0;  // fp16.loss_scale: 0 = dynamic
 };
 
+// A transformer layout beyond GPT-2's presets, for the bug reports' real models (issue 9):
+// used when `model` is "custom". Real compute needs a GPT-2 layout (kv_heads == heads,
+// ffn == 4 width, no experts); any other shape runs in virtual mode only (sizes, no math).
+struct ModelShape {
+  std::string name;            // "Yi-34B", for messages and the trace
+  int64_t width = 0, layers = 0, heads = 0, kv_heads = 0;
+  int64_t ffn = 0;             // dense FFN width
+  bool gated_ffn = false;      // SwiGLU (3 matrices) instead of GPT-2's 2
+  int64_t vocab = 0, context = 0;
+  bool tied_embeddings = true; // false: a separate LM head (vocab x width)
+  int64_t experts = 0;         // routed experts per MoE layer (0: dense)
+  int64_t shared_experts = 0;
+  int64_t expert_ffn = 0;      // each expert's FFN width
+  int64_t dense_layers = 0;    // the first N layers stay dense in an MoE model
+};
+
 struct TrainConfig {
   std::string device = "sim";   // sim | cpu | cuda
   std::string model = "tiny";   // tiny | 124M | 350M | 774M | 1.5B
@@ -56,11 +72,27 @@ struct TrainConfig {
   double grad_clip = 0.0;          // 0 = off
   bool activation_checkpointing = false;
   bool quiet = false;
-  // Checkpoints (issue 5; trainer/ckpt/checkpoint.h). Flags only for now: not YAML keys, not in to_json.
+  // Checkpoints (issue 5; trainer/ckpt/checkpoint.h). Flags and YAML keys of the same names.
   std::string checkpoint_dir;      // where checkpoints go (and are resumed from)
   int64_t save_every = 0;          // save after every N optimizer steps (0: never)
   bool resume = false;             // resume from checkpoint_dir's latest complete checkpoint
+  std::string checkpoint_gather = "streamed";  // consolidated weights: streamed (a module at a time) | device (all at once)
+  bool save_safetensors = false;   // also write the consolidated weights (model.safetensors) at each save
+  bool save_only_model = false;    // write only the consolidated weights: no optimizer state (not resumable)
   ZeroSettings zero;
+  // Fault injection (issue 9; inject/failpoint): specs as in ZT_FAULTS, one per entry (or
+  // several joined by ';'), and the seed of their probability draws (0: the run's seed).
+  std::vector<std::string> faults;
+  uint64_t fault_seed = 0;
+  int64_t comm_timeout_ms = 600000;  // a collective waiting longer ends the run (PyTorch's watchdog: 10 min)
+  // Virtual mode (issue 9): the simulated GPUs and the host keep sizes only (no backing
+  // memory, no math), so a model of any size replays for memory. Ranks are symmetric: one
+  // representative rank (rank 0) runs and stands for all `world_size`; the trace says so.
+  bool virtual_mode = false;
+  ModelShape shape;                // when model == "custom"
+  int64_t data_samples = 0;        // virtual mode: samples in the data set (no corpus is read)
+  int64_t ranks_per_node = 0;      // host memory is per node: host_memory / ranks_per_node per rank (0: 1 node)
+  double virtual_grad_norm = 1.0;  // virtual mode: the gradient norm the optimizer step sees (no math)
   std::string ds_config;           // DeepSpeed JSON it came from, if any
   std::string config_file;         // where it was loaded from, for messages
 };
@@ -70,6 +102,10 @@ struct TrainConfig {
 // zero_optimization. Keys we do not implement are named in `warnings`, never ignored
 // silently; invalid values are errors naming the file and key.
 Status load_deepspeed_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings);
+// The same from JSON text (a scenario's inline `deepspeed:` block); `origin` names it in
+// messages ("r2.yaml:31 (deepspeed)") and in cfg->ds_config.
+Status load_deepspeed_config_text(const std::string& text, const std::string& origin, TrainConfig* cfg,
+                                  std::vector<std::string>* warnings);
 
 // Reads a YAML mapping into `cfg` (keys as the flags: micro_batch or micro-batch).
 Status load_train_config(const std::string& path, TrainConfig* cfg);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -14,12 +15,14 @@
 #include "model/adamw.h"
 #include "model/gpt2.h"
 #include "model/layout.h"
+#include "train/model_shape.h"
 #include "train/rank_runtime.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
 #include <thread>
 #include "zt/common/units.h"
 #include "zt/memory/errors.h"
+#include "zt/fail/failpoint.h"
 
 namespace zt::trainer {
 
@@ -92,16 +95,35 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
     ckpt::Position next{step + 1, epoch, s + 1};
     if (next.step_in_epoch == plan.steps_per_epoch) next = {step + 1, epoch + 1, 0};
     probe::MarkerId cm = marker(probe::MarkerKind::Phase, "checkpoint", step, epoch);
-    const int64_t bytes = ckpt::save(cfg.checkpoint_dir, cfg, next, engine, comm);
+    ckpt::SaveReport rep;
+    const int64_t bytes = ckpt::save(cfg.checkpoint_dir, cfg, next, engine, comm, {step, epoch, rec}, &rep);
     if (rec) rec->marker_end(cm, bytes);
-    if (summary) ++summary->checkpoints_saved;
-    if (progress)
-      *progress << "checkpoint: " << cfg.checkpoint_dir << "/" << ckpt::tag_for_step(next.global_step) << " ("
-                << format_bytes(double(bytes)) << " written by rank 0)\n"
-                << std::flush;
+    if (summary) {
+      ++summary->checkpoints_saved;
+      summary->checkpoint_peak_temp_device_bytes = std::max(summary->checkpoint_peak_temp_device_bytes, rep.peak_temp_device_bytes);
+    }
+    if (progress) {
+      const std::string where = cfg.checkpoint_dir + "/" + ckpt::tag_for_step(next.global_step);
+      std::string weights;
+      if (rep.weights)
+        weights = std::string(rep.optimizer_state ? "; " : "; weights only (save_only_model): ") +
+                  (rep.files_written ? "model.safetensors " + format_bytes(double(rep.weights_bytes)) + ", " : std::string()) +
+                  (rep.gathered_modules == 0
+                       ? std::string("no gather needed (every module whole on the device)")
+                       : rep.gather + " gather of " + std::to_string(rep.gathered_modules) + " modules" +
+                             (rep.gather_forced_by_fault ? " (fault ckpt.gather_on_device)" : "") +
+                             ", peak temporary device memory " + format_bytes(double(rep.peak_temp_device_bytes)));
+      if (rep.files_written)
+        *progress << "checkpoint: " << where << " (" << format_bytes(double(bytes)) << " written by rank 0" << weights << ")\n";
+      else
+        *progress << "checkpoint: " << where << ": virtual mode, no files written (gathers and staging only" << weights
+                  << ")\n";
+      *progress << std::flush;
+    }
   };
   for (int64_t epoch = first_epoch; step < total_steps; ++epoch) {
     probe::MarkerId em = marker(probe::MarkerKind::Epoch, "epoch " + std::to_string(epoch), -1, epoch);
+    if (epoch > 0 && !(epoch == first_epoch && first_s > 0)) engine.on_epoch_boundary(epoch, step);
     if (summary) summary->epochs_started = epoch + 1;
     for (int64_t s = epoch == first_epoch ? first_s : 0; s < plan.steps_per_epoch && step < total_steps; ++s, ++step) {
       const int64_t t_step = probe::now_ns();
@@ -132,12 +154,17 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
           alloc = st.allocated_bytes;
           reserved = st.reserved_bytes;
         }
+        const auto pinned = rt.pinned_allocator().stats();
+        const auto pageable = rt.pageable_allocator().stats();
         std::snprintf(line, sizeof line,
-                      "step %lld/%lld | epoch %lld | loss %.4f%s | %s tok/s | %s %s allocated / %s reserved | host RSS %s\n",
+                      "step %lld/%lld | epoch %lld | loss %.4f%s | %s tok/s | %s %s allocated / %s reserved | host %s pinned "
+                      "+ %s pageable, RSS %s\n",
                       (long long)(step + 1), (long long)total_steps, (long long)epoch, res.loss,
-                      res.skipped ? " (skipped: overflow)" : "", format_count(tps).c_str(), dev.label().c_str(),
+                      res.skipped ? " (skipped: overflow)" : cfg.virtual_mode ? " (virtual: no math)" : "",
+                      format_count(tps).c_str(), dev.label().c_str(),
                       format_bytes(double(alloc)).c_str(), format_bytes(double(reserved)).c_str(),
-                      format_bytes(double(rss)).c_str());
+                      format_bytes(double(pinned.reserved_bytes)).c_str(),
+                      format_bytes(double(pageable.reserved_bytes)).c_str(), format_bytes(double(rss)).c_str());
         *progress << line << std::flush;
       }
       if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) save_checkpoint(epoch, s);
@@ -174,41 +201,114 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
   *summary = TrainSummary{};
   if (Status s = validate(cfg); !s) return s;
   if (cfg.device == "cuda")
-    return Status::Error("--device cuda: the CUDA backend is not built yet; use --device sim (a simulated GPU)");
-  auto mc = model::preset(cfg.model);
+    return Status::Error(
+        "--device cuda: the CUDA kernels, allocators and NCCL communicator are built (trainer/cuda/, where a CUDA "
+        "toolkit is found) but the trainer does not use them yet, and they are unverified without a GPU; use "
+        "--device sim (a simulated GPU)");
+  const bool virt = cfg.virtual_mode;
+  std::optional<model::Config> mc;
+  if (cfg.model == "custom") {
+    // A real model's layout (issue 9's scenarios): sizes only, unless it is GPT-2's own layout
+    // (the reference model computes any vocab/context/layers/heads/width; scenarios' small variants).
+    const ModelShape& sh = cfg.shape;
+    const bool gpt2_layout = sh.kv_heads == sh.heads && sh.ffn == 4 * sh.width && !sh.gated_ffn && sh.experts == 0 &&
+                             sh.tied_embeddings;
+    if (!virt && !gpt2_layout)
+      return Status::Error("--model custom (" + (sh.name.empty() ? std::string("a model shape") : sh.name) +
+                           "): a shape other than GPT-2's layout (kv_heads = heads, ffn = 4 x width, no gate, no experts, "
+                           "tied embeddings) runs in virtual mode only (--virtual)");
+    if (Status s = validate_shape(sh); !s) return s;
+    mc = model::Config{sh.vocab, sh.context, sh.layers, sh.heads, sh.width};
+    if (!virt)
+      if (Status s = model::validate(*mc); !s) return s;
+  } else {
+    mc = model::preset(cfg.model);
+  }
   if (!mc) return Status::Error("--model '" + cfg.model + "': not a preset (tiny, 124M, 350M, 774M, 1.5B)");
   const int64_t T = cfg.seq_len ? cfg.seq_len : mc->context;
   const int64_t B = cfg.micro_batch;
-  if (Status s = model::Workspace::check(*mc, int(B), int(T)); !s) return s;
+  if (!virt) {
+    if (Status s = model::Workspace::check(*mc, int(B), int(T)); !s) return s;
+  } else if (cfg.data_samples <= 0) {
+    return Status::Error("virtual mode needs data_samples (the size of the data set in samples of seq_len tokens): "
+                         "no corpus is read");
+  }
+  if (cfg.ranks_per_node < 0) return Status::Error("ranks_per_node must not be negative");
+
+  // Faults (inject/failpoint): --fault specs and ZT_FAULTS, for this run, from one seed.
+  std::vector<fail::Spec> specs;
+  for (const std::string& text : cfg.faults) {
+    std::vector<fail::Spec> more;
+    if (Status s = fail::parse_specs(text, &more); !s) return Status::Error("--fault " + s.message());
+    specs.insert(specs.end(), more.begin(), more.end());
+  }
+  if (const char* env = std::getenv("ZT_FAULTS")) {
+    std::vector<fail::Spec> more;
+    if (Status s = fail::parse_specs(env, &more); !s) return Status::Error("ZT_FAULTS: " + s.message());
+    specs.insert(specs.end(), more.begin(), more.end());
+  }
+  fail::Scope fault_scope(specs, cfg.fault_seed ? cfg.fault_seed : cfg.seed);
 
   Corpus corpus;
-  if (Status s = load_corpus(cfg, &corpus); !s) return s;
+  int64_t virtual_samples = cfg.data_samples;
+  if (virt)
+    corpus.source = "virtual data set (" + std::to_string(cfg.data_samples) + " samples)";
+  else if (Status s = load_corpus(cfg, &corpus); !s)
+    return s;
+  // data.parallel_drop (R1): parallel preprocessing lost part of the data, and said nothing.
+  if (auto f = ZT_FAIL_D("data.parallel_drop", (fail::Context{0, -1, -1, -1, rec}),
+                         "preprocessing with num_proc=4 workers loses part of the data without a message "
+                         "(the data.* counters show what was left)")) {
+    char* end = nullptr;
+    const int64_t pct = f->arg.empty() ? 50 : std::strtoll(f->arg.c_str(), &end, 10);
+    if ((end && *end) || pct < 0 || pct > 100) return Status::Error("fault data.parallel_drop: '" + f->arg + "' is not a percentage");
+    virtual_samples = cfg.data_samples * (100 - pct) / 100;
+    corpus.tokens.resize(corpus.tokens.size() * size_t(100 - pct) / 100);
+    corpus.documents = corpus.documents * (100 - pct) / 100;  // silently: not counted as dropped
+  }
   if (corpus.vocab > mc->vocab)
     return Status::Error(corpus.source + ": its vocab of " + std::to_string(corpus.vocab) +
                          " tokens does not fit the model's " + std::to_string(mc->vocab));
-  DataPlan plan = plan_data(corpus, T, B, cfg.grad_accum, cfg.world_size);
+  DataPlan plan = virt ? plan_samples(virtual_samples, T, B, cfg.grad_accum, cfg.world_size)
+                       : plan_data(corpus, T, B, cfg.grad_accum, cfg.world_size);
   summary->plan = plan;
   summary->corpus_accounting = corpus;
   summary->corpus_accounting.tokens.clear();
   if (!plan.error.empty()) return Status::Error(corpus.source + ": " + plan.error);
-  const int64_t total_steps = cfg.steps ? cfg.steps : std::max<int64_t>(cfg.epochs, 1) * plan.steps_per_epoch;
+  int64_t total_steps = cfg.steps ? cfg.steps : std::max<int64_t>(cfg.epochs, 1) * plan.steps_per_epoch;
+  // config.max_iters (R1): the run's config said max_iters where it meant max_epochs.
+  if (auto f = ZT_FAIL("config.max_iters", (fail::Context{0, -1, -1, -1, rec}))) {
+    char* end = nullptr;
+    const int64_t iters = f->arg.empty() ? 32 : std::strtoll(f->arg.c_str(), &end, 10);
+    if ((end && *end) || iters < 1) return Status::Error("fault config.max_iters: '" + f->arg + "' is not a step count");
+    total_steps = std::min(total_steps, iters);
+  }
 
   // Checkpoints (issue 5): the settings, and what to resume from (verified before any rank starts).
   if (cfg.save_every < 0) return Status::Error("--save-every " + std::to_string(cfg.save_every) + ": must be 0 (never) or more");
   if ((cfg.save_every > 0 || cfg.resume) && cfg.checkpoint_dir.empty())
     return Status::Error(std::string(cfg.resume ? "--resume" : "--save-every") + " needs --checkpoint-dir DIR");
   ckpt::Selected resume;
+  if (cfg.resume && cfg.virtual_mode)
+    return Status::Error("--resume: virtual mode keeps sizes only, so there is no model state to load a checkpoint into");
   if (cfg.resume) {
     if (Status s = ckpt::select_checkpoint(cfg.checkpoint_dir, &resume); !s) return Status::Error("--resume: " + s.message());
     const ckpt::Manifest& m = resume.manifest;
     const std::string where = resume.dir + "/" + m.tag;
     summary->resume_notes = resume.notes;
     if (!resume.notes.empty()) std::fprintf(stderr, "zt train: warning: %s", resume.notes.c_str());
-    if (m.world_size != cfg.world_size)
-      return Status::Error("--resume: " + where + " was saved by " + std::to_string(m.world_size) +
-                           " ranks; this run has --world-size " + std::to_string(cfg.world_size) +
-                           ". Resuming with a different world size is not supported yet: run with --world-size " +
-                           std::to_string(m.world_size));
+    // A different world size (or ZeRO stage 0 against 1-3): each rank re-splits the saved
+    // optimizer state (ckpt::load). The data order follows the global batch, so a run that
+    // keeps it (micro-batch x accumulation x ranks) goes on with the same samples.
+    std::string reshard;
+    if (m.world_size != cfg.world_size) {
+      reshard = "re-splitting the optimizer state of " + std::to_string(m.world_size) + " ranks for " +
+                std::to_string(cfg.world_size);
+      const int64_t global = cfg.micro_batch * cfg.grad_accum * cfg.world_size;
+      if (m.global_batch() > 0 && m.global_batch() != global)
+        reshard += "; the global batch changes from " + std::to_string(m.global_batch()) + " to " + std::to_string(global) +
+                   " samples, so the data order from here on differs from the saved run's";
+    }
     if (!m.model.empty() && m.model != cfg.model)
       return Status::Error("--resume: " + where + " holds model '" + m.model + "'; this run has --model " + cfg.model);
     if (m.seed != cfg.seed)
@@ -222,9 +322,11 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
                            " steps per epoch (the data, sequence length or batch sizes changed)");
     summary->resumed_from_step = m.pos.global_step;
     summary->resumed_from = where;
-    if (progress)
+    if (progress) {
       *progress << "resuming from " << where << ": " << m.pos.global_step << " steps done; next: epoch " << m.pos.epoch
                 << ", step " << m.pos.step_in_epoch << " of the epoch\n";
+      if (!reshard.empty()) *progress << "resuming: " << reshard << "\n";
+    }
   }
 
   if (progress) {
@@ -240,7 +342,17 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
   }
 
   // One thread per rank, each with its own simulated GPU, joined by the in-process transport.
-  InProcessGroup group(int(cfg.world_size));
+  // Virtual mode: rank 0 alone stands for every rank (they are symmetric).
+  const int threads_n = virt ? 1 : int(cfg.world_size);
+  InProcessGroup group = virt ? InProcessGroup::representative(int(cfg.world_size), cfg.comm_timeout_ms)
+                              : InProcessGroup(int(cfg.world_size), cfg.comm_timeout_ms);
+  const uint64_t host_per_rank = cfg.ranks_per_node > 0 ? cfg.host_memory / uint64_t(cfg.ranks_per_node) : cfg.host_memory;
+  if (virt && progress)
+    *progress << "virtual mode: sizes only, no math; rank 0 stands for " << cfg.world_size << " symmetric ranks"
+              << (cfg.model == "custom" ? "; " + describe_shape(cfg.shape, false) : std::string())
+              << (cfg.host_memory ? "; host memory per rank " + format_bytes(double(host_per_rank)) : std::string())
+              << "\n";
+  if (virt && rec) rec->counter(0, 0, rec->intern("virtual.ranks_represented"), double(cfg.world_size));
   std::vector<std::string> failures(size_t(cfg.world_size));
   std::vector<int64_t> steps_done(size_t(cfg.world_size), 0);
   // Rank threads share the cores: each gets its share of OpenMP threads, and OpenBLAS (which
@@ -254,7 +366,8 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     ro.rank = rank;
     ro.world_size = int(cfg.world_size);
     ro.device_capacity = cfg.device_memory;
-    ro.host_capacity = cfg.host_memory;
+    ro.host_capacity = host_per_rank;
+    ro.virtual_memory = virt;
     std::unique_ptr<RankRuntime> rt;
     std::unique_ptr<Communicator> comm;
     int64_t step = 0;
@@ -271,6 +384,13 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
       failures[size_t(rank)] = e.what();  // the guard recorded the error row
     } catch (const CommAborted& e) {
       failures[size_t(rank)] = std::string("aborted: ") + e.what();
+    } catch (const CommTimeout& e) {
+      failures[size_t(rank)] = e.what();  // the watchdog recorded the error row and aborted the group
+    } catch (const RankExited& e) {
+      // Gone without a word, as a process that exits: the others' watchdog tells the story.
+      failures[size_t(rank)] = std::string("aborted: ") + e.what();
+      steps_done[size_t(rank)] = step;
+      return;
     } catch (const std::bad_alloc&) {
       failures[size_t(rank)] = "the host ran out of memory (std::bad_alloc)";
     } catch (const ckpt::CheckpointError& e) {
@@ -281,7 +401,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     if (!failures[size_t(rank)].empty() && comm) comm->abort(failures[size_t(rank)]);
     steps_done[size_t(rank)] = step;
   };
-  if (cfg.world_size == 1) {
+  if (threads_n == 1) {
     run_rank(0);
   } else {
     std::vector<std::thread> threads;

@@ -37,6 +37,7 @@ struct TrainSummary {
   std::string resumed_from;         // its directory
   std::string resume_notes;         // checkpoints refused on the way (torn, partial), one per line
   int64_t checkpoints_saved = 0;
+  int64_t checkpoint_peak_temp_device_bytes = 0;  // rank 0's consolidated-weights gathers, the largest
 };
 
 // Loads the data named by the config (text, token file, or the synthetic corpus).

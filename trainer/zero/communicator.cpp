@@ -1,5 +1,8 @@
 #include "zero/communicator.h"
 
+#include "zt/fail/failpoint.h"
+
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -7,9 +10,18 @@
 
 namespace zt::trainer {
 
+// What a rank is waiting in, for the watchdog's line.
+struct Collective {
+  const char* op = "";  // NCCL's OpType: ALLGATHER, REDUCE_SCATTER, ALLREDUCE, BROADCAST, BARRIER
+  int64_t seq = 0;
+  int64_t numel_in = 0, numel_out = 0;
+};
+
 struct InProcessGroup::State {
-  explicit State(int w) : world(w), send(size_t(w)), recv(size_t(w)) {}
-  int world;
+  State(int w, int64_t timeout) : world(w), represented(w), timeout_ms(timeout), send(size_t(w)), recv(size_t(w)) {}
+  int world;        // rank threads taking part
+  int represented;  // the world size reported (virtual mode: more than the threads)
+  int64_t timeout_ms;
   std::mutex mu;
   std::condition_variable cv;
   int arrived = 0;
@@ -19,7 +31,7 @@ struct InProcessGroup::State {
   std::vector<const void*> send;
   std::vector<void*> recv;
 
-  void barrier() {
+  void barrier(int rank, const Collective& c, probe::Recorder* rec) {
     std::unique_lock lock(mu);
     if (aborted) throw CommAborted(abort_reason);
     uint64_t gen = generation;
@@ -29,8 +41,39 @@ struct InProcessGroup::State {
       cv.notify_all();
       return;
     }
-    cv.wait(lock, [&] { return generation != gen || aborted; });
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return generation != gen || aborted; }))
+      watchdog(lock, rank, c, rec, t0);
     if (generation == gen) throw CommAborted(abort_reason);
+  }
+
+  // The wait ran past the timeout: the watchdog's line, an error row, and the group aborted.
+  [[noreturn]] void watchdog(std::unique_lock<std::mutex>& lock, int rank, const Collective& c, probe::Recorder* rec,
+                             std::chrono::steady_clock::time_point t0) {
+    const auto ran =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    const std::string line = "[Rank " + std::to_string(rank) +
+                             "] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=" + std::to_string(c.seq) +
+                             ", OpType=" + c.op + ", NumelIn=" + std::to_string(c.numel_in) +
+                             ", NumelOut=" + std::to_string(c.numel_out) + ", Timeout(ms)=" + std::to_string(timeout_ms) +
+                             ") ran for " + std::to_string(ran) + " milliseconds before timing out.";
+    if (!aborted) {
+      aborted = true;
+      abort_reason = line;
+    }
+    cv.notify_all();
+    lock.unlock();
+    if (rec) {
+      db::ErrorRow row;
+      row.rank = rank;
+      const fail::Context& pos = fail::thread_position();
+      if (pos.step >= 0) row.step = pos.step;
+      row.kind = "watchdog_timeout";
+      row.site = std::string("collective ") + c.op;
+      row.message = line;
+      rec->error(row);
+    }
+    throw CommTimeout(line);
   }
 };
 
@@ -41,23 +84,25 @@ class InProcessCommunicator : public Communicator {
   InProcessCommunicator(std::shared_ptr<InProcessGroup::State> s, int rank, probe::Recorder* rec, probe::DeviceId dev)
       : s_(std::move(s)), rank_(rank), rec_(rec), dev_(dev) {}
   int rank() const override { return rank_; }
-  int world_size() const override { return s_->world; }
+  int world_size() const override { return s_->represented; }
 
   void all_gather(const void* send, void* recv, size_t bytes, const std::string& what) override {
+    enter("ALLGATHER", int64_t(bytes), int64_t(bytes) * s_->represented);
     int64_t t0 = probe::now_ns();
     s_->send[size_t(rank_)] = send;
-    s_->barrier();
+    wait();
     if (recv)
       for (int r = 0; r < s_->world; ++r)
         if (s_->send[size_t(r)]) std::memcpy(static_cast<char*>(recv) + size_t(r) * bytes, s_->send[size_t(r)], bytes);
-    s_->barrier();
-    record("all_gather", bytes * size_t(s_->world), what, t0);
+    wait();
+    record("all_gather", bytes * size_t(s_->represented), what, t0);
   }
 
   void reduce_scatter(const float* send, float* recv, size_t count, float scale, const std::string& what) override {
+    enter("REDUCE_SCATTER", int64_t(count) * s_->represented, int64_t(count));
     int64_t t0 = probe::now_ns();
     s_->send[size_t(rank_)] = send;
-    s_->barrier();
+    wait();
     if (recv && send) {
       const size_t base = size_t(rank_) * count;
       for (size_t i = 0; i < count; ++i) {
@@ -66,51 +111,57 @@ class InProcessCommunicator : public Communicator {
         recv[i] = sum * scale;
       }
     }
-    s_->barrier();
-    record("reduce_scatter", count * size_t(s_->world) * sizeof(float), what, t0);
+    wait();
+    record("reduce_scatter", count * size_t(s_->represented) * sizeof(float), what, t0);
   }
 
   void all_reduce(float* data, size_t count, float scale, const std::string& what) override {
+    enter("ALLREDUCE", int64_t(count), int64_t(count));
     int64_t t0 = probe::now_ns();
     std::vector<float> out(data ? count : 0);
     s_->send[size_t(rank_)] = data;
-    s_->barrier();
+    wait();
     if (data)
       for (size_t i = 0; i < count; ++i) {
         float sum = 0;
         for (int r = 0; r < s_->world; ++r) sum += static_cast<const float*>(s_->send[size_t(r)])[i];
         out[i] = sum * scale;
       }
-    s_->barrier();  // everyone has read everyone's input before anyone overwrites its own
+    wait();  // everyone has read everyone's input before anyone overwrites its own
     if (data) std::memcpy(data, out.data(), count * sizeof(float));
     record("all_reduce", count * sizeof(float), what, t0);
   }
 
   void all_reduce(double* data, size_t count, const std::string& what) override {
+    enter("ALLREDUCE", int64_t(count), int64_t(count));
     int64_t t0 = probe::now_ns();
     std::vector<double> out(count);
     s_->send[size_t(rank_)] = data;
-    s_->barrier();
+    wait();
     for (size_t i = 0; i < count; ++i) {
       double sum = 0;
       for (int r = 0; r < s_->world; ++r) sum += static_cast<const double*>(s_->send[size_t(r)])[i];
       out[i] = sum;
     }
-    s_->barrier();
+    wait();
     std::memcpy(data, out.data(), count * sizeof(double));
     record("all_reduce", count * sizeof(double), what, t0);
   }
 
   void broadcast(void* data, size_t bytes, int root, const std::string& what) override {
+    enter("BROADCAST", int64_t(bytes), int64_t(bytes));
     int64_t t0 = probe::now_ns();
     s_->send[size_t(rank_)] = data;
-    s_->barrier();
+    wait();
     if (rank_ != root && data && s_->send[size_t(root)]) std::memcpy(data, s_->send[size_t(root)], bytes);
-    s_->barrier();
+    wait();
     record("broadcast", bytes, what, t0);
   }
 
-  void barrier() override { s_->barrier(); }
+  void barrier() override {
+    enter("BARRIER", 1, 1);
+    wait();
+  }
 
   void abort(const std::string& why) override {
     std::lock_guard lock(s_->mu);
@@ -122,6 +173,26 @@ class InProcessCommunicator : public Communicator {
   }
 
  private:
+  void wait() { s_->barrier(rank_, current_, rec_); }
+
+  // The start of a collective: its sequence number, and the faults that act there.
+  void enter(const char* op, int64_t numel_in, int64_t numel_out) {
+    current_ = Collective{op, ++seq_, numel_in, numel_out};
+    if (!fail::any_configured()) return;
+    const std::string where = std::string(op) + " SeqNum=" + std::to_string(seq_);
+    if (fail::eval("comm.rank_exit", fail::Context{rank_, -1, -1, -1, rec_}, "exits before " + where))
+      throw RankExited("rank " + std::to_string(rank_) + " exited before " + where + " (fault comm.rank_exit)");
+    if (fail::eval("comm.hang", fail::Context{rank_, -1, -1, -1, rec_}, "hangs in " + where)) {
+      // Stuck inside the collective: never arrives; held until the group is aborted (by a
+      // watchdog) or its own watchdog fires.
+      std::unique_lock lock(s_->mu);
+      const auto t0 = std::chrono::steady_clock::now();
+      if (!s_->cv.wait_for(lock, std::chrono::milliseconds(s_->timeout_ms), [&] { return s_->aborted; }))
+        s_->watchdog(lock, rank_, current_, rec_, t0);
+      throw CommAborted(s_->abort_reason);
+    }
+  }
+
   void record(const char* op, size_t bytes, const std::string& what, int64_t t0) {
     if (!rec_) return;
     probe::TransferEvent e;
@@ -133,7 +204,7 @@ class InProcessCommunicator : public Communicator {
     e.t_end = probe::now_ns();
     e.op = rec_->intern(op);
     e.name = rec_->intern(what);
-    e.participants = s_->world;
+    e.participants = s_->represented;
     rec_->transfer(e);
   }
 
@@ -141,11 +212,20 @@ class InProcessCommunicator : public Communicator {
   int rank_;
   probe::Recorder* rec_;
   probe::DeviceId dev_;
+  int64_t seq_ = 0;
+  Collective current_;
 };
 
 }  // namespace
 
-InProcessGroup::InProcessGroup(int world_size) : state_(std::make_shared<State>(world_size)) {}
+InProcessGroup::InProcessGroup(int world_size, int64_t timeout_ms)
+    : state_(std::make_shared<State>(world_size, timeout_ms)) {}
+
+InProcessGroup InProcessGroup::representative(int represented_world, int64_t timeout_ms) {
+  InProcessGroup g(1, timeout_ms);
+  g.state_->represented = represented_world;
+  return g;
+}
 InProcessGroup::~InProcessGroup() = default;
 
 std::unique_ptr<Communicator> InProcessGroup::communicator(int rank, probe::Recorder* rec, probe::DeviceId device) {

@@ -4,6 +4,7 @@
 // CUDA backend) and the in-process transport between rank threads that serves the
 // simulated GPU. Every collective is recorded as a transfer row of kind `collective`
 // (op, bytes of this rank's full buffer, participants, its time).
+// The faults comm.hang and comm.rank_exit act at the start of every collective.
 // Invariants: reductions add in rank order, so every rank gets bit-identical results and a
 // run repeats exactly; a failed rank aborts the group, and every rank waiting in a
 // collective then throws CommAborted instead of hanging.
@@ -19,6 +20,18 @@
 namespace zt::trainer {
 
 class CommAborted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+// A collective waited longer than the group's timeout: the watchdog's line (PyTorch's
+// ProcessGroupNCCL text) is the message, and the group is aborted.
+class CommTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+// This rank left the job before a collective (the fault comm.rank_exit): the group is NOT
+// aborted, as when a process exits; the other ranks wait until their watchdog fires.
+class RankExited : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -44,7 +57,13 @@ class Communicator {
 // Rank threads of one process. Thread-safe; each rank uses its own Communicator.
 class InProcessGroup {
  public:
-  explicit InProcessGroup(int world_size);
+  // A collective that waits more than `timeout_ms` for the other ranks ends the run with the
+  // watchdog's line (PyTorch's default is 10 minutes).
+  explicit InProcessGroup(int world_size, int64_t timeout_ms = 600000);
+  // Virtual mode: one rank thread stands for `represented_world` symmetric ranks. Its
+  // communicator reports that world size, records collectives with that many participants
+  // and their full byte counts, and moves no data between ranks (there is one).
+  static InProcessGroup representative(int represented_world, int64_t timeout_ms);
   ~InProcessGroup();
   // `device` is the rank's accelerator in the trace (the collectives' endpoint).
   std::unique_ptr<Communicator> communicator(int rank, probe::Recorder* rec, probe::DeviceId device);

@@ -1,10 +1,13 @@
 #include "zero/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 
 #include "optim/cpu_adam.h"
+#include "train/model_shape.h"
+#include "zt/fail/failpoint.h"
 
 namespace zt::trainer {
 
@@ -19,6 +22,7 @@ struct ZeroEngine::Part {
   Tensor grad;         // compute dtype on the accelerator: [padded] at stages 0-1, [shard] at 2-3
   Tensor master, m, v; // fp32 [opt_n]: pinned host with offload_optimizer, else accelerator
   Tensor grad32;       // fp32 [opt_n] on the host with offload_optimizer (persistent)
+  Tensor grad32_dev;   // fault zero.grad_partition_stays_on_device: the partition left on the device
   Tensor gathered, compute;  // live while fetched
   size_t last_pos = 0;
 };
@@ -47,6 +51,7 @@ void set_from(Tensor& dst, int64_t dst_offset, const float* src, int64_t n) {
 }
 
 void read_into(const Tensor& src, int64_t src_offset, float* dst, int64_t n) {
+  if (!src.raw() || !dst) return;  // virtual mode: sizes only
   to_float(src.dtype(), static_cast<const char*>(src.raw()) + size_t(src_offset) * dtype_size(src.dtype()), dst,
            size_t(n));
 }
@@ -81,9 +86,13 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   Device& accel = rt.accelerator();
   Device& host = rt.host();
   const bool pin = z_.pin_memory;
-  modules_ = model::module_table(mc);
-  std::vector<float> init(size_t(model::num_params(mc)));
-  model::init_params(mc, cfg.seed, init.data());
+  // Virtual mode: the modules of any shape (a preset is GPT-2's shape), no initial values.
+  const bool virt = cfg.virtual_mode;
+  virt_ = virt;
+  const ModelShape shape = cfg.model == "custom" ? cfg.shape : shape_of(mc, cfg.model);
+  modules_ = virt ? shape_modules(shape, cfg.model != "custom") : model::module_table(mc);
+  std::vector<float> init(virt ? 0 : size_t(model::num_params(mc)));
+  if (!virt) model::init_params(mc, cfg.seed, init.data());
   std::vector<float> vals;
   for (const auto& spec : modules_) {
     auto p = std::make_unique<Part>();
@@ -93,8 +102,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     p->lo = rank_ * p->shard;
     p->persistent = z_.stage == 3 && spec.numel < z_.param_persistence_threshold;
     p->sharded = z_.stage == 3 && !p->persistent;
-    vals.assign(size_t(p->padded), 0.0f);
-    std::memcpy(vals.data(), init.data() + spec.offset, size_t(spec.numel) * sizeof(float));
+    vals.assign(virt ? 0 : size_t(p->padded), 0.0f);
+    if (!virt) std::memcpy(vals.data(), init.data() + spec.offset, size_t(spec.numel) * sizeof(float));
     const std::string& n = spec.name;
     if (p->sharded) {
       Device& where = z_.offload_param ? host : accel;
@@ -112,14 +121,21 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     const bool opt_pin = z_.offload_optimizer && pin;
     const std::string group = "fp32_partitioned_groups_flat[" + std::to_string(spec.index) + "]";
     p->master = Tensor::empty(group, {p->opt_n}, DType::F32, opt, opt_pin);
-    std::memcpy(p->master.f32(), vals.data() + p->opt_lo, size_t(p->opt_n) * sizeof(float));
+    if (p->master.raw()) std::memcpy(p->master.f32(), vals.data() + p->opt_lo, size_t(p->opt_n) * sizeof(float));
     p->m = Tensor::zeros("adam.m[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
     p->v = Tensor::zeros("adam.v[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
     if (z_.offload_optimizer) p->grad32 = Tensor::zeros(group + ".grad", {p->opt_n}, DType::F32, host, opt_pin);
     parts_.push_back(std::move(p));
   }
-  ws_ = std::make_unique<model::Workspace>(mc, B, T, cfg.activation_checkpointing);
-  activations_ = Tensor::empty("activations", {int64_t((ws_->bytes() + 3) / 4)}, DType::F32, accel);
+  int64_t act_bytes = 0;
+  if (virt) {
+    act_bytes = activation_bytes(shape, B, T, cfg.activation_checkpointing);
+  } else {
+    ws_ = std::make_unique<model::Workspace>(mc, B, T, cfg.activation_checkpointing);
+    act_bytes = int64_t(ws_->bytes());
+  }
+  activations_ = Tensor::empty("activations", {(act_bytes + 3) / 4}, DType::F32, accel);
+  head_ = int(parts_.size()) > int(mc.layers) + 2 ? int(mc.layers) + 2 : 0;
   host_tokens_ = Tensor::empty("batch.tokens", {B, T}, DType::I32, host, true);
   host_targets_ = Tensor::empty("batch.targets", {B, T}, DType::I32, host, true);
 }
@@ -175,7 +191,7 @@ const float* ZeroEngine::fetch(int mi, int64_t step) {
   }
   // A prefetched module is gathered already; its fp32 upcast is made at first use.
   const bool needs_gather = p.sharded && !p.gathered.defined();
-  const bool needs_upcast = dtype_ != DType::F32 && !p.compute.defined();
+  const bool needs_upcast = dtype_ != DType::F32 && !p.compute.defined() && !cfg_.virtual_mode;
   if (needs_gather || needs_upcast) {
     probe::MarkerId ph = phase("fetch " + p.spec.name, step);
     if (needs_gather) gather(p);
@@ -186,6 +202,7 @@ const float* ZeroEngine::fetch(int mi, int64_t step) {
     end(ph);
   }
   if (order_known_) prefetch_after(mi, step);
+  if (cfg_.virtual_mode) return nullptr;  // no math
   if (dtype_ != DType::F32) return p.compute.f32();
   return p.sharded ? p.gathered.f32() : p.param.f32();
 }
@@ -240,6 +257,9 @@ void ZeroEngine::reduce_module_grad(int mi, Tensor& bucket, int64_t step) {
                          "grad.bucket" + std::to_string(mi));
     add_into(p.grad, 0, reduced.f32(), p.shard);
     end(ph);
+    // At the accumulation boundary the module's gradient partition is final: under optimizer
+    // offload it goes to the host now, during backward (DeepSpeed's partition_grads).
+    if (z_.offload_optimizer && micro_ == cfg_.grad_accum - 1) offload_grad(mi, p.grad, step);
   } else {
     add_into(p.grad, 0, bucket.f32(), p.padded);  // reduced at the accumulation boundary
   }
@@ -250,11 +270,14 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
   Device& accel = rt_.accelerator();
   const int L = int(mc_.layers);
   const int fin = L + 1;
-  const int64_t wte = model::embedding_offsets(mc_).wte;
+  const int64_t wte = virt_ ? 0 : model::embedding_offsets(mc_).wte;
   const float grad_scale = float(loss_scale_ / double(cfg_.grad_accum));
   order_pos_ = 0;
   double loss_sum = 0;
+  epoch_ = epoch;
   for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
+    micro_ = micro;
+    fail::set_thread_position({rank_, global_step, micro, epoch, rec_});
     probe::MarkerId mm = 0;
     if (rec_) {
       probe::MarkerEvent e;
@@ -266,7 +289,11 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       e.epoch = epoch;
       mm = rec_->marker_begin(e);
     }
-    loader.micro_batch(epoch, step_in_epoch, micro, rank_, host_tokens_.data<int32_t>(), host_targets_.data<int32_t>());
+    if (micro == cfg_.grad_accum - 1) boundary_faults(global_step);
+    if (virt_)
+      loader.account_micro_batch();
+    else
+      loader.micro_batch(epoch, step_in_epoch, micro, rank_, host_tokens_.data<int32_t>(), host_targets_.data<int32_t>());
     Tensor tokens = copy_to(host_tokens_, accel);
     Tensor targets = copy_to(host_targets_, accel);
 
@@ -278,13 +305,13 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     probe::MarkerId ph = phase("forward", global_step, micro);
     const float* P = fetch(0, global_step);
     probe::MarkerId mp = module_phase("forward", 0);
-    model::embed_forward(*ws_, P, tokens.data<int32_t>(), ws_->residual(0));
+    if (!virt_) model::embed_forward(*ws_, P, tokens.data<int32_t>(), ws_->residual(0));
     end(mp);
     release(0, global_step);
     for (int l = 0; l < L; ++l) {
       P = fetch(l + 1, global_step);
       mp = module_phase("forward", l + 1);
-      model::block_forward(*ws_, l, P, ws_->residual(l), ws_->residual(l + 1));
+      if (!virt_) model::block_forward(*ws_, l, P, ws_->residual(l), ws_->residual(l + 1));
       end(mp);
       release(l + 1, global_step);
     }
@@ -295,12 +322,19 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     const float* Pe = fetch(0, global_step);
     Tensor emb_bucket = Tensor::zeros("grad.bucket0", {parts_[0]->padded}, DType::F32, accel);
     Tensor fin_bucket = Tensor::zeros("grad.bucket" + std::to_string(fin), {parts_[size_t(fin)]->padded}, DType::F32, accel);
-    float* dx = ws_->grad_residual();
-    loss_sum += model::head_forward_backward(*ws_, Pf, Pe + wte, ws_->residual(L), targets.data<int32_t>(), dx,
-                                             fin_bucket.f32(), emb_bucket.f32() + wte, grad_scale);
+    float* dx = virt_ ? nullptr : ws_->grad_residual();
+    if (!virt_)
+      loss_sum += model::head_forward_backward(*ws_, Pf, Pe + wte, ws_->residual(L), targets.data<int32_t>(), dx,
+                                               fin_bucket.f32(), emb_bucket.f32() + wte, grad_scale);
     release(fin, global_step);
     release(0, global_step);
     reduce_module_grad(fin, fin_bucket, global_step);
+    if (head_ > 0) {  // an untied LM head (virtual shapes): its own module
+      fetch(head_, global_step);
+      Tensor head_bucket = Tensor::zeros("grad.bucket" + std::to_string(head_), {parts_[size_t(head_)]->padded}, DType::F32, accel);
+      release(head_, global_step);
+      reduce_module_grad(head_, head_bucket, global_step);
+    }
     end(ph);
 
     ph = phase("backward", global_step, micro);
@@ -308,13 +342,13 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       P = fetch(l + 1, global_step);
       Tensor bucket = Tensor::zeros("grad.bucket" + std::to_string(l + 1), {parts_[size_t(l) + 1]->padded}, DType::F32, accel);
       mp = module_phase("backward", l + 1);
-      model::block_backward(*ws_, l, P, ws_->residual(l), dx, dx, bucket.f32());
+      if (!virt_) model::block_backward(*ws_, l, P, ws_->residual(l), dx, dx, bucket.f32());
       end(mp);
       release(l + 1, global_step);
       reduce_module_grad(l + 1, bucket, global_step);
     }
     mp = module_phase("backward", 0);
-    model::embed_backward(*ws_, tokens.data<int32_t>(), dx, emb_bucket.f32());
+    if (!virt_) model::embed_backward(*ws_, tokens.data<int32_t>(), dx, emb_bucket.f32());
     end(mp);
     reduce_module_grad(0, emb_bucket, global_step);
     end(ph);
@@ -326,6 +360,8 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     p->compute.reset();
   }
   order_known_ = true;
+  micro_ = -1;
+  fail::set_thread_position({rank_, global_step, -1, epoch, rec_});
 
   StepResult r = optimizer_step(global_step);
   double loss = loss_sum / double(cfg_.grad_accum);
@@ -359,12 +395,11 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
         g32[mi] = std::move(part);
       }
       if (z_.offload_optimizer) {
-        copy_into(p.grad32, g32[mi]);  // D2H
-        g32[mi] = p.grad32;
+        offload_grad(int(mi), g32[mi], step);  // D2H
+        g32[mi] = grad32_of(int(mi));
       }
     } else if (z_.offload_optimizer) {
-      copy_into(p.grad32, p.grad);  // D2H, upcast to fp32 on the host
-      g32[mi] = p.grad32;
+      g32[mi] = grad32_of(int(mi));  // moved to the host at the boundary (offload_grad)
     } else if (dtype_ == DType::F32) {
       g32[mi] = p.grad;
     } else {
@@ -377,15 +412,23 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   // rank holds all of it, so one rank's sum is the total), then the sums are all-reduced.
   double sq = 0;
   for (auto& g : g32) {
-    const float* x = g.f32();
-    for (int64_t i = 0; i < g.numel(); ++i) sq += double(x[i]) * double(x[i]);
+    const float* x = g.raw() ? g.f32() : nullptr;
+    for (int64_t i = 0; x && i < g.numel(); ++i) sq += double(x[i]) * double(x[i]);
   }
   if (z_.stage > 0) comm_.all_reduce(&sq, 1, "grad_norm");
-  const double norm = std::sqrt(sq) / loss_scale_;
+  // Virtual mode has no gradients: the norm is the configured one.
+  const double norm = virt_ ? cfg_.virtual_grad_norm : std::sqrt(sq) / loss_scale_;
   // Under optimizer offload the norm lives on the host (DeepSpeed >= 0.14.5 returns it with
-  // .cpu()); otherwise on the device where the partitions are.
-  Tensor norm_t = Tensor::empty("global_grad_norm", {1}, DType::F32, z_.offload_optimizer ? host : accel);
-  norm_t.f32()[0] = float(norm);
+  // .cpu()); otherwise on the device where the partitions are. The fault zero.norm_on_device
+  // is DeepSpeed 0.14.1-0.14.2: torch.norm(torch.stack(norms)) over norms all-reduced on the
+  // GPU, so the norm stays on the device even under offload.
+  bool norm_on_host = z_.offload_optimizer;
+  if (ZT_FAIL_D("zero.norm_on_device", fail::Context{},
+                "global_grad_norm kept on " + accel.label() + (norm_on_host ? " beside host partitions" : "")) &&
+      norm_on_host)
+    norm_on_host = false;
+  Tensor norm_t = Tensor::empty("global_grad_norm", {1}, DType::F32, norm_on_host ? host : accel);
+  if (norm_t.raw()) norm_t.f32()[0] = float(norm);
   r.grad_norm = norm;
 
   if (!std::isfinite(norm)) {
@@ -403,7 +446,9 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       end(s);
       rec_->counter(rank_, 0, rec_->intern("loss_scale"), loss_scale_);
     }
-    for (auto& p : parts_) std::memset(p->grad.raw(), 0, p->grad.bytes());
+    for (auto& p : parts_)
+      if (p->grad.raw()) std::memset(p->grad.raw(), 0, p->grad.bytes());
+    end_boundary();
     end(ph);
     return r;
   }
@@ -422,9 +467,10 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     if (r.clipped) {
       // The clip coefficient comes from the norm tensor, so it lives where the norm lives.
       Tensor combined_scale = Tensor::empty("combined_scale", {1}, DType::F32, norm_t.device());
-      combined_scale.f32()[0] = float(combined);
+      if (combined_scale.raw()) combined_scale.f32()[0] = float(combined);
       for (auto& g : g32) {
         check_same_device("unscale_and_clip_grads", {&combined_scale, &g}, step);
+        if (!g.raw() || !combined_scale.raw()) continue;  // virtual mode
         const float inv = 1.0f / combined_scale.f32()[0];
         float* x = g.f32();
         for (int64_t i = 0; i < g.numel(); ++i) x[i] *= inv;
@@ -432,8 +478,8 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     } else if (combined != 1.0) {
       const float inv = float(1.0 / combined);  // a host scalar: valid against any device
       for (auto& g : g32) {
-        float* x = g.f32();
-        for (int64_t i = 0; i < g.numel(); ++i) x[i] *= inv;
+        float* x = g.raw() ? g.f32() : nullptr;
+        for (int64_t i = 0; x && i < g.numel(); ++i) x[i] *= inv;
       }
     }
     end(uc);
@@ -443,6 +489,16 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   // identical to the reference). With the master weights on the host, the same pass writes
   // the updated weights in the compute dtype (DeepSpeed's fused copy), straight into host
   // parameter shards under offload_param.
+  // The fault optim.device_only_kernels: an optimizer whose kernels take device tensors only
+  // (bitsandbytes' paged/8-bit AdamW). It was constructed without complaint; its first step
+  // meets the offloaded host partitions.
+  if (ZT_FAIL_D("optim.device_only_kernels", fail::Context{},
+                std::string("device-only optimizer kernels given partitions on ") +
+                    (z_.offload_optimizer ? "the host" : accel.label())))
+    for (size_t mi = 0; mi < parts_.size(); ++mi) {
+      Part& p = *parts_[mi];
+      require_accelerator("optimizer.step", {&p.master, &g32[mi], &p.m, &p.v}, step);
+    }
   ++adam_steps_;
   const optim::AdamParams hp{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
@@ -462,17 +518,104 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
         low_out = fused.raw();
       }
     }
-    optim::cpu_adamw_step(p.master.f32(), g32[mi].f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_steps_, low_out, low);
+    if (!virt_)
+      optim::cpu_adamw_step(p.master.f32(), g32[mi].f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_steps_, low_out, low);
     if (!written_in_place) write_back(int(mi), fused);
-    std::memset(p.grad.raw(), 0, p.grad.bytes());
+    if (p.grad.raw()) std::memset(p.grad.raw(), 0, p.grad.bytes());
   }
   if (dtype_ == DType::F16 && z_.static_loss_scale <= 0 && ++good_steps_ % z_.loss_scale_window == 0) loss_scale_ *= 2;
+  end_boundary();
   if (rec_) {
     rec_->counter(rank_, 0, rec_->intern("grad_norm"), norm);
     if (dtype_ == DType::F16) rec_->counter(rank_, 0, rec_->intern("loss_scale"), loss_scale_);
   }
   end(ph);
   return r;
+}
+
+// ---------------------------------------------------------------- faults at the boundary
+
+void ZeroEngine::on_epoch_boundary(int64_t epoch, int64_t global_step) {
+  epoch_ = epoch;
+  fail::set_thread_position({rank_, global_step, -1, epoch, rec_});
+  // host.epoch_leak (R1): the offload buffers are to be re-created at the next accumulation
+  // boundary, when the gradients are next offloaded, and the old ones are never released.
+  if (auto f = ZT_FAIL_D("host.epoch_leak", fail::Context{},
+                         "offload buffers to be re-created at the next accumulation boundary, the old ones kept")) {
+    const std::string v = f->arg.empty() ? "pinned" : f->arg;
+    if (v != "pinned" && v != "pow2" && v != "fork")
+      throw std::invalid_argument("fault host.epoch_leak: variant '" + v + "': use pinned, pow2 or fork");
+    leak_pending_ = v;
+  }
+}
+
+// At the start of the boundary micro-step (the last of the accumulation window).
+void ZeroEngine::boundary_faults(int64_t step) {
+  if (!z_.offload_optimizer) return;  // nothing is offloaded: neither fault has anything to act on
+  if (auto f = ZT_FAIL_D("zero.grad_partition_stays_on_device", fail::Context{},
+                         "an fp32 gradient partition left on " + rt_.accelerator().label())) {
+    int64_t idx = int64_t(parts_.size()) - 1;
+    if (!f->arg.empty()) {
+      char* end = nullptr;
+      idx = std::strtoll(f->arg.c_str(), &end, 10);
+      if (*end || idx < 0 || idx >= int64_t(parts_.size()))
+        throw std::invalid_argument("fault zero.grad_partition_stays_on_device: module index '" + f->arg +
+                                    "': the model has modules 0.." + std::to_string(parts_.size() - 1));
+    }
+    stays_on_device_ = int(idx);
+  }
+  if (!leak_pending_.empty()) {
+    leak_active_ = leak_pending_;
+    leak_pending_.clear();
+    if (leak_active_ == "pow2") {
+      // The partitions re-created as one flat pinned buffer: the pinned cache rounds the
+      // request up to a power of two and keeps it; the per-module buffers stay as they were.
+      int64_t n = 0;
+      for (const auto& p : parts_) n += p->opt_n;
+      leaked_.push_back(Tensor::empty("fp32_partitioned_groups_flat.grad (re-created at epoch " +
+                                          std::to_string(epoch_) + ")",
+                                      {n}, DType::F32, rt_.host(), true));
+      fail::record("host.epoch_leak", fail::Context{}, "epoch boundary",
+                   "re-created one flat pinned buffer of " + std::to_string(n * 4) + " bytes; the old ones kept");
+    }
+  }
+}
+
+void ZeroEngine::end_boundary() {
+  for (auto& p : parts_) p->grad32_dev.reset();
+  stays_on_device_ = -1;
+  leak_active_.clear();
+}
+
+const Tensor& ZeroEngine::grad32_of(int mi) const {
+  const Part& p = *parts_[size_t(mi)];
+  return p.grad32_dev.defined() ? p.grad32_dev : p.grad32;
+}
+
+void ZeroEngine::offload_grad(int mi, const Tensor& grad, int64_t step) {
+  Part& p = *parts_[size_t(mi)];
+  Device& host = rt_.host();
+  const std::string group = "fp32_partitioned_groups_flat[" + std::to_string(p.spec.index) + "].grad";
+  if (mi == stays_on_device_) {
+    // zero.grad_partition_stays_on_device: this partition is made on the device and never
+    // offloaded; the optimizer's ops then meet it beside host partitions.
+    p.grad32_dev = Tensor::empty(group, {p.opt_n}, DType::F32, rt_.accelerator());
+    if (p.grad32_dev.raw() && grad.raw()) read_into(grad, 0, p.grad32_dev.f32(), p.opt_n);
+    return;
+  }
+  if (leak_active_ == "pinned") {
+    // host.epoch_leak: a new pinned buffer for the partition; the old one stays allocated.
+    leaked_.push_back(p.grad32);
+    p.grad32 = Tensor::empty(group, {p.opt_n}, DType::F32, host, z_.pin_memory);
+  } else if (leak_active_ == "fork") {
+    // host.epoch_leak(fork): data-loader workers forked at the epoch start share the parent's
+    // heap copy-on-write; writing the partition now gives each worker its own copy.
+    constexpr int kWorkers = 2;
+    for (int w = 0; w < kWorkers; ++w)
+      leaked_.push_back(Tensor::empty("dataloader.worker" + std::to_string(w) + " copy-on-write of " + group,
+                                      {p.opt_n}, DType::F32, host, false));
+  }
+  copy_into(p.grad32, grad);  // D2H, upcast to fp32 on the host
 }
 
 // The updated fp32 weights, in the compute dtype, back where the parameters live. `fused`,
@@ -561,9 +704,68 @@ void ZeroEngine::import_states(const OptimizerScalars& scalars, const StateFille
   hysteresis_left_ = scalars.hysteresis_left;
   loss_scale_ = scalars.loss_scale;
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
-    std::memset(parts_[mi]->grad.raw(), 0, parts_[mi]->grad.bytes());
+    if (parts_[mi]->grad.raw()) std::memset(parts_[mi]->grad.raw(), 0, parts_[mi]->grad.bytes());
     write_back(int(mi), Tensor());  // collective at stages 1-3 (all-gather of the updated shard)
   }
+}
+
+ZeroEngine::GatherStats ZeroEngine::gather_weights(WeightsGather how, bool to_host, const WeightsVisitor& visit) {
+  const std::vector<ModuleLayout> layout = checkpoint_layout();
+  Device& accel = rt_.accelerator();
+  Device& host = rt_.host();
+  GatherStats st;
+  int64_t live = 0;  // temporary device bytes alive now
+  auto track = [&](int64_t delta) {
+    live += delta;
+    st.peak_temp_device_bytes = std::max(st.peak_temp_device_bytes, live);
+  };
+  // A sharded module, whole on this rank's device.
+  auto gather_module = [&](Part& p) {
+    const std::string& n = p.spec.name;
+    Tensor staged;
+    if (p.param_shard.device().is_host() && !accel.is_host()) {
+      staged = copy_to(p.param_shard, accel, false, "save." + n + ".shard");  // H2D
+      track(int64_t(staged.bytes()));
+    }
+    const Tensor& src = staged.defined() ? staged : p.param_shard;
+    Tensor g = Tensor::empty("save.gathered[" + n + "]", {p.padded}, dtype_, accel);
+    track(int64_t(g.bytes()));
+    comm_.all_gather(src.raw(), g.raw(), size_t(p.shard) * dtype_size(dtype_), "save.gathered[" + n + "]");
+    if (staged.defined()) {
+      track(-int64_t(staged.bytes()));
+      staged.reset();
+    }
+    ++st.gathered_modules;
+    return g;
+  };
+  // Rank 0's host buffers, one per module size (the blocks share one), reused as the modules
+  // pass: a copy of the whole model would be host memory the save does not need.
+  std::map<int64_t, Tensor> host_bufs;
+  auto deliver = [&](size_t mi, const Tensor& whole) {
+    if (!to_host) return;
+    Tensor& h = host_bufs[whole.numel()];
+    if (!h.defined()) h = Tensor::empty("save.weights[" + std::to_string(whole.numel()) + "]", {whole.numel()}, dtype_, host);
+    copy_into(h, whole);  // D2H
+    visit(layout[mi], h.raw());
+  };
+  if (how == WeightsGather::Device) {
+    std::vector<Tensor> gathered(parts_.size());
+    for (size_t mi = 0; mi < parts_.size(); ++mi)
+      if (parts_[mi]->sharded) gathered[mi] = gather_module(*parts_[mi]);
+    for (size_t mi = 0; mi < parts_.size(); ++mi) deliver(mi, gathered[mi].defined() ? gathered[mi] : parts_[mi]->param);
+  } else {
+    for (size_t mi = 0; mi < parts_.size(); ++mi) {
+      Part& p = *parts_[mi];
+      if (!p.sharded) {
+        deliver(mi, p.param);
+        continue;
+      }
+      Tensor g = gather_module(p);
+      deliver(mi, g);
+      track(-int64_t(g.bytes()));
+    }
+  }
+  return st;
 }
 
 }  // namespace zt::trainer

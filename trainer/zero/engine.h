@@ -59,6 +59,9 @@ class ZeroEngine {
   StepResult step(DataLoader& loader, int64_t epoch, int64_t step_in_epoch, int64_t global_step);
 
   const ZeroSettings& settings() const { return z_; }
+  // The epoch boundary: called by the run before the first step of each epoch after the
+  // first. Where the fault host.epoch_leak (R1) re-creates the offload buffers.
+  void on_epoch_boundary(int64_t epoch, int64_t global_step);
   // Bytes of model states (params, grads, optimizer) this rank holds, by the rule above.
   int64_t model_state_bytes() const;
 
@@ -90,6 +93,27 @@ class ZeroEngine {
   // weights. Collective at stages 1-3: every rank calls it at the same point.
   using StateFiller = std::function<void(const ModuleLayout&, float* master, float* m, float* v)>;
   void import_states(const OptimizerScalars& scalars, const StateFiller& fill);
+  // The consolidated compute-dtype weights of a save (DeepSpeed's
+  // stage3_gather_16bit_weights_on_model_save, R4). Collective: every rank calls it. Each
+  // sharded module is all-gathered into a temporary device buffer (after a host->device copy
+  // of the shard under offload_param); a module already whole on the device needs none.
+  //   Streamed: one module at a time: gathered, copied to the host, freed (temporary device
+  //             memory at its peak: the largest module).
+  //   Device:   every module stays on the device until all are gathered, then each is copied
+  //             to the host (the whole model's bytes: where R4 ran out of memory).
+  // With `to_host` (rank 0), `visit` gets each module's [numel] values in the compute dtype on
+  // the host, in module order (null in virtual mode: sizes only); the other ranks take part in
+  // the gathers only.
+  enum class WeightsGather { Streamed, Device };
+  using WeightsVisitor = std::function<void(const ModuleLayout&, const void* values)>;
+  struct GatherStats {
+    int64_t peak_temp_device_bytes = 0;  // temporary device bytes alive at once, at most
+    int64_t gathered_modules = 0;        // modules that needed a gather
+  };
+  GatherStats gather_weights(WeightsGather how, bool to_host, const WeightsVisitor& visit);
+  DType compute_dtype() const { return dtype_; }
+  const model::Config& model_config() const { return mc_; }
+  probe::DeviceId accelerator_trace_id() const { return rt_.accelerator().trace_id(); }
   // ---- end checkpoint state ----
 
  private:
@@ -98,6 +122,13 @@ class ZeroEngine {
   void release(int m, int64_t step);
   void prefetch_after(int m, int64_t step);
   void reduce_module_grad(int m, Tensor& bucket, int64_t step);
+  // The fp32 gradient partition of module m to the host (optimizer offload), at the
+  // accumulation boundary; where the faults zero.grad_partition_stays_on_device and
+  // host.epoch_leak act.
+  void offload_grad(int m, const Tensor& grad, int64_t step);
+  const Tensor& grad32_of(int m) const;
+  void boundary_faults(int64_t step);
+  void end_boundary();
   void boundary_reduce(int64_t step);
   StepResult optimizer_step(int64_t step);
   void write_back(int m, const Tensor& fused);
@@ -113,6 +144,8 @@ class ZeroEngine {
   probe::Recorder* rec_;
   DType dtype_;
   int W_, rank_;
+  bool virt_ = false;  // virtual mode: sizes only (no data, no kernels, no Adam math)
+  int head_ = 0;       // index of an untied LM head module (virtual shapes), 0: tied
   std::vector<model::ModuleSpec> modules_;
   std::vector<std::unique_ptr<Part>> parts_;
   std::unique_ptr<model::Workspace> ws_;
@@ -122,6 +155,12 @@ class ZeroEngine {
   std::vector<int> order_;
   bool order_known_ = false;
   size_t order_pos_ = 0;
+  // Fault state (inject/failpoint): see offload_grad() and on_epoch_boundary().
+  int64_t epoch_ = 0, micro_ = -1;
+  std::string leak_pending_;      // host.epoch_leak's variant, to act at the next boundary
+  std::string leak_active_;       // ... acting at this boundary
+  std::vector<Tensor> leaked_;    // buffers the leak keeps alive (never released)
+  int stays_on_device_ = -1;      // module whose fp32 gradient partition stays on the device this step
   double loss_scale_ = 1;
   int64_t good_steps_ = 0, hysteresis_left_ = 0, adam_steps_ = 0;
 };

@@ -1,0 +1,91 @@
+// zt check: pass/fail checks on a trace for CI (inject/check).
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "zt/check/check.h"
+#include "zt/common/units.h"
+
+namespace zt::cli {
+
+namespace {
+
+struct CheckArgs {
+  std::string trace;
+  bool leaks = false, placement = false;
+  std::string budget;
+  std::vector<std::string> steps;  // --steps [N]: empty value = against the plan
+  bool steps_given = false;
+  std::string junit;
+  std::string leak_threshold;
+};
+
+int run_check(const CheckArgs& a) {
+  check::Options o;
+  o.leaks = a.leaks;
+  o.placement = a.placement;
+  if (!a.budget.empty()) {
+    check::Budget b;
+    if (Status s = check::parse_budget(a.budget, &b); !s) return fail(s.message());
+    o.budget = b;
+  }
+  if (a.steps_given) {
+    o.steps = true;
+    const std::string v = a.steps.empty() ? "" : a.steps.front();
+    if (!v.empty()) {
+      char* end = nullptr;
+      long long n = std::strtoll(v.c_str(), &end, 10);
+      if (!end || *end || n < 0) return fail("--steps: '" + v + "' is not a number of steps");
+      o.expected_steps = n;
+    }
+  }
+  if (!a.leak_threshold.empty()) {
+    auto b = parse_bytes(a.leak_threshold);
+    if (!b || *b == 0) return fail("--leak-threshold: '" + a.leak_threshold + "' is not a size above 0 (try 512KiB)");
+    o.leak_threshold = int64_t(*b);
+  }
+  check::Report report;
+  if (Status s = check::run_checks(a.trace, o, &report); !s) {
+    // Bad input: CI still gets a JUnit file that says why.
+    if (!a.junit.empty()) (void)check::write_file_atomic(a.junit, check::junit_xml_error(a.trace, s.message()));
+    return fail(s.message());
+  }
+  std::cout << check::format_text(report) << std::flush;
+  if (!a.junit.empty()) {
+    if (Status s = check::write_file_atomic(a.junit, check::junit_xml(report)); !s) return fail(s.message());
+    std::cout << "junit: " << a.junit << "\n";
+  }
+  return report.failed() ? kExitFailed : kExitOk;
+}
+
+}  // namespace
+
+void add_check_command(CLI::App& app, Action& action) {
+  auto* c = app.add_subcommand(
+      "check",
+      "Pass/fail checks on a trace for CI: memory that grows across epochs, tensors on the wrong device,\n"
+      "peak memory over a budget, steps lost. With no check named: --leaks, --placement and --steps (vs the plan).\n"
+      "Exit 0 all passed, 1 a check failed, 2 bad input.\n"
+      "Example: zt check run.db --junit check.xml\n"
+      "         zt check run.db --budget cuda=70GiB,host=900GiB --steps 200 --leaks --leak-threshold 1MiB");
+  auto a = std::make_shared<CheckArgs>();
+  c->add_option("TRACE", a->trace, "trace file")->required();
+  c->add_flag("--leaks", a->leaks,
+              "live host or device bytes at each epoch's start (and end) must not grow by the threshold per epoch");
+  c->add_flag("--placement", a->placement,
+              "tensors where the run's zero_optimization config puts them (offloaded states on the host); "
+              "no device_mismatch errors");
+  c->add_option("--budget", a->budget, "peak allocated per accelerator and per host, e.g. cuda=70GiB,host=900GiB");
+  auto* steps = c->add_option("--steps", a->steps,
+                              "steps run must equal N (without N: the plan the trace records, data.steps_planned)")
+                    ->expected(0, 1)
+                    ->type_name("[N]");
+  c->add_option("--junit", a->junit, "also write a JUnit XML report here (atomically)");
+  c->add_option("--leak-threshold", a->leak_threshold, "growth per epoch that counts as a leak (default 512KiB)");
+  c->callback([&action, a, steps] {
+    a->steps_given = steps->count() > 0;
+    action = [a] { return run_check(*a); };
+  });
+}
+
+}  // namespace zt::cli

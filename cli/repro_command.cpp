@@ -1,0 +1,59 @@
+// zt repro: replay a bug report's scenario, then its fix, and print the verdict from the traces.
+#include <cstdlib>
+#include <iostream>
+
+#include "commands.h"
+#include "zt/repro/runner.h"
+#include "zt/repro/scenario.h"
+
+namespace zt::cli {
+
+void add_repro_command(CLI::App& app, Action& action) {
+  auto* sub = app.add_subcommand(
+      "repro",
+      "Replay a bug report scenario with its faults, then with its known fix, and print a verdict from the traces\n"
+      "(REPRODUCED / NOT REPRODUCED / INCONCLUSIVE, and whether the fix cures it). Exit 0 only when reproduced and\n"
+      "cured, 1 otherwise, 2 for a bad scenario file.\n"
+      "Example: zt repro inject/scenarios/r3-internlm2-20b-no-zero-oom.yaml --json r3.json");
+  auto path = std::make_shared<std::string>();
+  auto json_out = std::make_shared<std::string>();
+  auto keep = std::make_shared<std::string>();
+  auto seed = std::make_shared<uint64_t>(0);
+  auto virt = std::make_shared<bool>(false);
+  auto quiet = std::make_shared<bool>(false);
+  sub->add_option("scenario", *path, "scenario file (inject/scenarios/*.yaml)")->required();
+  sub->add_option("--json", *json_out, "also write the verdict as JSON (atomically)");
+  sub->add_flag("--virtual", *virt,
+                "run the full-size scenario (the report's model and cluster) in virtual mode: sizes only, one rank "
+                "standing for all; default: the small real-compute variant");
+  sub->add_option("--keep", *keep, "directory for the traces bug.db and fix.db (default ./zt-repro-SCENARIO)");
+  auto* seed_opt = sub->add_option("--seed", *seed, "seed of the runs and of the faults' draws (default: the scenario's)");
+  sub->add_flag("-q,--quiet", *quiet, "no progress lines, only the verdict");
+  sub->callback([&action, path, json_out, keep, seed, virt, quiet, seed_opt] {
+    action = [path, json_out, keep, seed, virt, quiet, seed_opt]() -> int {
+      repro::Scenario s;
+      if (Status st = repro::load_scenario(*path, &s); !st) return fail(st.message());
+      if (std::getenv("ZT_FAULTS")) {
+        std::fprintf(stderr, "zt repro: warning: ignoring ZT_FAULTS: the scenario brings its own faults\n");
+        unsetenv("ZT_FAULTS");
+      }
+      repro::RunOptions o;
+      o.variant = *virt ? repro::Variant::Full : repro::Variant::Small;
+      o.keep_dir = *keep;
+      if (seed_opt->count() > 0) o.seed = *seed;
+      o.progress = *quiet ? nullptr : &std::cout;
+      o.command_line = "zt repro " + *path + (*virt ? " --virtual" : "");
+      if (seed_opt->count() > 0) o.command_line += " --seed " + std::to_string(*seed);
+      repro::ReproResult r;
+      if (Status st = repro::run_scenario(s, o, &r); !st) return fail(st.message());
+      repro::print_verdict(r, std::cout);
+      if (!json_out->empty()) {
+        if (Status st = repro::write_json_atomic(*json_out, repro::to_json(r)); !st) return fail(st.message());
+        std::cout << "  json      " << *json_out << "\n";
+      }
+      return r.exit_code() == 0 ? kExitOk : kExitFailed;
+    };
+  });
+}
+
+}  // namespace zt::cli

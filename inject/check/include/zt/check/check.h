@@ -1,0 +1,80 @@
+// zt/check/check.h: pass/fail checks on a trace, for CI (`zt check`).
+//
+// Owns: the rules that turn one trace into verdicts (leaks across epochs, tensors on the
+// wrong device, peak memory over a budget, steps run against the plan), their text report
+// and their JUnit XML. May call: db/ (TraceReader, read-only) and common/. It reads traces
+// and nothing else: it never runs a trainer and never writes a trace.
+//
+// Errors: run_checks() returns a failed Status only for bad input (missing, corrupt or
+// unreadable trace), with one line naming the file and the problem; a check that finds
+// something is a Report with a failed check, not an error.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zt/common/status.h"
+
+namespace zt::check {
+
+// Peak-memory limits, from "cuda=70GiB,host=900GiB" (either key may be left out).
+struct Budget {
+  std::optional<int64_t> cuda;  // each accelerator device (cuda or simulated GPU), peak allocated
+  std::optional<int64_t> host;  // each host machine (all its ranks' host buffers together), peak allocated
+};
+
+// Parses "cuda=70GiB,host=900GiB". Keys: cuda (also gpu), host (also cpu); sizes as
+// parse_bytes reads them. A bad item fails with a line naming it:
+// "--budget: 'cuda=70XB': '70XB' is not a size (try 70GiB)".
+Status parse_budget(const std::string& text, Budget* out);
+
+struct Options {
+  bool leaks = false;
+  bool placement = false;
+  bool steps = false;                    // steps run vs expected_steps, else vs the plan in the trace
+  std::optional<int64_t> expected_steps;  // --steps N (runs the steps check too)
+  std::optional<Budget> budget;          // --budget: runs the budget check
+  int64_t leak_threshold = 512 << 10;    // growth per epoch that counts as a leak (bytes)
+
+  // No check chosen: leaks, placement and steps against the plan.
+  bool none_chosen() const { return !leaks && !placement && !steps && !expected_steps && !budget; }
+};
+
+enum class Outcome { Pass, Fail, Skip };
+const char* to_string(Outcome);
+
+struct CheckResult {
+  std::string name;                   // "leaks", "placement", "budget", "steps"
+  Outcome outcome = Outcome::Pass;
+  std::string summary;                // one line: what was checked, or why it failed / was skipped
+  std::vector<std::string> findings;  // one line each, with the evidence
+  std::vector<std::string> context;   // lines that explain the findings (how the run ended, data accounting)
+  double seconds = 0;
+};
+
+struct Report {
+  std::string trace;
+  std::vector<CheckResult> checks;
+  bool failed() const;
+  int count(Outcome) const;
+};
+
+// Opens `trace_path` read-only and runs the chosen checks (Options::none_chosen(): the default set).
+Status run_checks(const std::string& trace_path, const Options& options, Report* out);
+
+// The report as the terminal shows it: a line per check, a line per finding, a summary line.
+std::string format_text(const Report& report);
+
+// JUnit XML: testsuite "zt check", a testcase per check, <failure message=...> with the
+// findings, <skipped> for a check that could not run.
+std::string junit_xml(const Report& report);
+// A JUnit file for a trace that could not be read at all: one testcase "trace" with <error>.
+std::string junit_xml_error(const std::string& trace_path, const std::string& message);
+
+// Writes `text` to `path` atomically (a temporary file beside it, fsync, rename): readers
+// never see half a file, and a failure leaves any existing file as it was.
+Status write_file_atomic(const std::string& path, const std::string& text);
+
+}  // namespace zt::check

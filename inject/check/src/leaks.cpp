@@ -1,0 +1,173 @@
+// --leaks: live bytes at the same phase of successive epochs (each epoch's start, and each
+// epoch's end) per rank, device and memory kind; growth beyond the threshold is a leak.
+// The rules and their reasons are in inject/check/README.md.
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "trace_data.h"
+#include "zt/common/units.h"
+
+namespace zt::check::detail {
+
+namespace {
+
+struct Point {
+  int64_t t = 0;
+  int64_t epoch = 0;
+};
+
+struct Verdict {
+  bool leak = false;
+  double per_epoch = 0;
+  size_t from = 0, to = 0;  // the points compared (to = the last)
+};
+
+// live: bytes at successive points. The first interval is warm-up when there are three points
+// or more (caches and lazily created state settle during the first epoch); the growth must be
+// at least `threshold` per epoch on average and show in at least half of the intervals.
+Verdict evaluate(const std::vector<int64_t>& live, int64_t threshold) {
+  Verdict v;
+  const size_t n = live.size();
+  if (n < 2) return v;
+  v.from = n >= 3 ? 1 : 0;
+  v.to = n - 1;
+  const size_t counted = v.to - v.from;
+  size_t grew = 0;
+  for (size_t i = v.from; i < v.to; ++i) grew += live[i + 1] > live[i];
+  v.per_epoch = double(live[v.to] - live[v.from]) / double(counted);
+  v.leak = v.per_epoch >= double(threshold) && 2 * grew >= counted;
+  return v;
+}
+
+// "epoch 0: 1.25 GiB, epoch 1: +1.00 MiB, epoch 2: +1.00 MiB": the first point, then each change.
+std::string series_text(const std::vector<Point>& pts, const std::vector<int64_t>& live) {
+  auto delta = [](int64_t d) { return (d < 0 ? "-" : "+") + format_bytes(double(d < 0 ? -d : d)); };
+  std::string out = "epoch " + std::to_string(pts[0].epoch) + ": " + format_bytes(double(live[0]));
+  const size_t n = pts.size();
+  for (size_t i = 1; i < n; ++i) {
+    if (n > 7 && i == 3) {
+      out += ", ...";
+      i = n - 4;  // the loop's ++ makes it the third from the end
+      continue;
+    }
+    out += ", epoch " + std::to_string(pts[i].epoch) + ": " + delta(live[i] - live[i - 1]);
+  }
+  return out;
+}
+
+}  // namespace
+
+Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
+  CheckResult& r = *out;
+  r.name = "leaks";
+  size_t max_epochs = 0;
+  for (auto& [rank, v] : d.epochs) max_epochs = std::max(max_epochs, v.size());
+  if (max_epochs < 2) {
+    r.outcome = Outcome::Skip;
+    r.summary = max_epochs == 0 ? "the trace has no epoch markers: needs 2 epochs or more to compare"
+                                : "the trace has 1 epoch: needs 2 or more to compare";
+    return Status::Ok();
+  }
+
+  // Groups: (rank, device, memory kind). Tensor-level rows (blocks) where the group has any:
+  // segments are the caching allocator's reserve, which grows during warm-up and stays cached.
+  using Key = std::tuple<int64_t, int64_t, db::MemoryKind>;
+  std::map<Key, bool> has_blocks;
+  for (auto& a : d.allocs) {
+    bool& b = has_blocks[Key{a.rank, a.device_id, a.kind}];
+    b = b || a.level == db::AllocLevel::Block;
+  }
+  std::map<Key, std::vector<const Alloc*>> groups;
+  for (auto& a : d.allocs) {
+    Key k{a.rank, a.device_id, a.kind};
+    if ((a.level == db::AllocLevel::Block) == has_blocks[k]) groups[k].push_back(&a);
+  }
+
+  int memories = 0;
+  for (auto& [key, rows] : groups) {
+    auto [rank, device_id, kind] = key;
+    auto eit = d.epochs.find(rank);
+    if (eit == d.epochs.end() || eit->second.size() < 2) continue;
+    ++memories;
+    const auto& eps = eit->second;
+    // Two series: at each epoch's start, and at each ended epoch's end.
+    std::vector<Point> starts, ends;
+    for (auto& e : eps) {
+      starts.push_back({e.t_start, e.index});
+      if (e.ended) ends.push_back({e.t_end, e.index});
+    }
+    bool reported = false;
+    for (int series = 0; series < 2 && !reported; ++series) {
+      const std::vector<Point>& pts = series == 0 ? starts : ends;
+      if (pts.size() < 2) continue;
+      // Live bytes at each point: an allocation covers the points in [t_alloc, t_free).
+      std::vector<size_t> order(pts.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return pts[x].t < pts[y].t; });
+      std::vector<int64_t> ts(pts.size());
+      for (size_t i = 0; i < order.size(); ++i) ts[i] = pts[order[i]].t;
+      std::vector<int64_t> diff(pts.size() + 1, 0);
+      for (const Alloc* a : rows) {
+        size_t first = size_t(std::lower_bound(ts.begin(), ts.end(), a->t_alloc) - ts.begin());
+        size_t last = size_t(std::lower_bound(ts.begin(), ts.end(), a->t_free) - ts.begin());
+        if (first >= last) continue;
+        diff[first] += a->bytes;
+        diff[last] -= a->bytes;
+      }
+      std::vector<int64_t> live_sorted(pts.size());
+      int64_t run = 0;
+      for (size_t i = 0; i < pts.size(); ++i) live_sorted[i] = run += diff[i];
+      std::vector<int64_t> live(pts.size());
+      for (size_t i = 0; i < order.size(); ++i) live[order[i]] = live_sorted[i];
+
+      Verdict v = evaluate(live, o.leak_threshold);
+      if (!v.leak) continue;
+      reported = true;
+      const char* phase = series == 0 ? "start" : "end";
+      const int64_t t_from = pts[v.from].t, t_to = pts[v.to].t;
+      // Evidence: what is alive at the later point and was not at the earlier, net per name.
+      std::map<std::string, NamedBytes> net;
+      for (const Alloc* a : rows) {
+        bool at_from = a->alive_at(t_from), at_to = a->alive_at(t_to);
+        if (at_from == at_to) continue;
+        std::string n = group_name(d.str(a->name_id));
+        NamedBytes& g = net[n];
+        g.name = n;
+        if (at_to) {
+          g.bytes += a->bytes;
+          ++g.count;
+          if (a->bytes > g.largest_bytes) {
+            g.largest_bytes = a->bytes;
+            g.largest_stack = a->stack_id;
+          }
+        } else {
+          g.bytes -= a->bytes;
+        }
+      }
+      for (auto it = net.begin(); it != net.end();) it = it->second.bytes > 0 && it->second.count > 0 ? std::next(it) : net.erase(it);
+      auto top = sort_groups(net, 3);
+      std::string line = "rank " + std::to_string(rank) + " " + d.device_label(device_id) + " " + memory_kind_words(kind) +
+                         ": live bytes at epoch " + phase + " grew " + format_bytes(v.per_epoch) + " per epoch (" +
+                         series_text(pts, live) + ")";
+      if (v.from > 0 && live[1] - live[0] < o.leak_threshold)
+        line += ", epoch " + std::to_string(pts[0].epoch) + " taken as warm-up";
+      if (!top.empty())
+        line += "; alive at epoch " + std::to_string(pts[v.to].epoch) + " " + phase + " but not at epoch " +
+                std::to_string(pts[v.from].epoch) + " " + phase + ": " + describe_groups(d, top, "+");
+      r.findings.push_back(std::move(line));
+    }
+  }
+  const std::string limit = format_bytes(double(o.leak_threshold)) + " per epoch";
+  if (!r.findings.empty()) {
+    r.outcome = Outcome::Fail;
+    r.summary = std::to_string(r.findings.size()) + " of " + std::to_string(memories) +
+                " memories grow across epochs (threshold " + limit + ")";
+  } else {
+    r.summary = "live bytes at epoch start and end do not grow by " + limit + " or more on any of " +
+                std::to_string(memories) + " memories over " + std::to_string(max_epochs) + " epochs";
+  }
+  return Status::Ok();
+}
+
+}  // namespace zt::check::detail

@@ -1,0 +1,211 @@
+// --placement: tensors on a device the run's config does not allow, and device_mismatch
+// errors. The rules and their reasons are in inject/check/README.md.
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "trace_data.h"
+#include "zt/common/units.h"
+
+namespace zt::check::detail {
+
+namespace {
+
+struct Expect {
+  bool config = false;  // the run row carried a readable config
+  bool offload_optimizer = false;
+  bool offload_param = false;
+};
+
+// DeepSpeed spells an offload either as a flag (our resolved config) or as a block
+// {"device": "cpu"|"nvme"|"none", ...} (a DeepSpeed JSON as written).
+bool offload_on(const nlohmann::json& z, const char* key) {
+  if (!z.is_object() || !z.contains(key)) return false;
+  const auto& v = z[key];
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_object() && v.contains("device") && v["device"].is_string()) return v["device"].get<std::string>() != "none";
+  return false;
+}
+
+Expect expect_of(const db::RunRow* run) {
+  Expect e;
+  if (!run || run->config_json.empty()) return e;
+  auto j = nlohmann::json::parse(run->config_json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return e;
+  e.config = true;
+  if (j.contains("zero_optimization")) {
+    const auto& z = j["zero_optimization"];
+    e.offload_optimizer = offload_on(z, "offload_optimizer");
+    e.offload_param = offload_on(z, "offload_param");
+  }
+  return e;
+}
+
+bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& p) {
+  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
+
+// Optimizer states under offload_optimizer: fp32 partitions (and their .grad), Adam moments.
+bool optimizer_state(const std::string& n) {
+  return starts_with(n, "fp32_partitioned_groups_flat[") || starts_with(n, "adam.m[") || starts_with(n, "adam.v[");
+}
+// Parameter shards under offload_param.
+bool param_shard(const std::string& n) { return ends_with(n, ".shard"); }
+
+struct Misplaced {
+  std::set<std::string> names;
+  int64_t first_t = kNever;
+  int64_t first_rank = 0;
+  std::map<std::string, int64_t> bytes;  // per name, the largest seen
+};
+
+std::string tensors_text(const std::string& json) {
+  auto j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_array()) return json;
+  std::string out;
+  for (auto& x : j) out += (out.empty() ? "" : ", ") + (x.is_string() ? x.get<std::string>() : x.dump());
+  return out;
+}
+
+}  // namespace
+
+Status check_placement(TraceData& d, const Options&, CheckResult* out) {
+  CheckResult& r = *out;
+  r.name = "placement";
+
+  std::map<int64_t, Expect> expect;  // per rank
+  auto expect_for = [&](int64_t rank) -> const Expect& {
+    auto it = expect.find(rank);
+    if (it == expect.end()) it = expect.emplace(rank, expect_of(d.run_of(rank))).first;
+    return it->second;
+  };
+  bool any_config = false, any_opt = false, any_param = false;
+  for (auto& run : d.runs) {
+    Expect e = expect_of(&run);
+    any_config |= e.config;
+    any_opt |= e.offload_optimizer;
+    any_param |= e.offload_param;
+  }
+
+  // A parameter shard on the accelerator is its resident copy (misplaced) when it lives across
+  // a step boundary, outlives the trace, or was made outside any step; the copy staged to the
+  // device inside a fetch (H2D, then all-gathered and freed) is how offload_param works.
+  auto resident = [&](const Alloc& a) {
+    if (a.t_free == kNever) return true;
+    auto it = d.steps.find(a.rank);
+    if (it == d.steps.end() || it->second.empty()) return true;
+    const auto& v = it->second;
+    auto p = std::lower_bound(v.begin(), v.end(), a.t_alloc, [](const Span& s, int64_t t) { return s.t_start < t; });
+    if (p != v.end() && p->t_start < a.t_free) return true;  // alive when a later step began
+    if (p == v.begin()) return true;                         // made before the first step
+    return a.t_alloc >= std::prev(p)->t_end;                 // made after its step ended
+  };
+  auto inside_step = [&](int64_t rank, int64_t t) {
+    auto it = d.steps.find(rank);
+    if (it == d.steps.end()) return false;
+    const auto& v = it->second;
+    auto p = std::upper_bound(v.begin(), v.end(), t, [](int64_t x, const Span& s) { return x < s.t_start; });
+    return p != v.begin() && t < std::prev(p)->t_end;
+  };
+
+  // key: (rank, rule, pattern, device)
+  std::map<std::tuple<int64_t, int, std::string, int64_t>, Misplaced> found;
+  std::set<std::pair<int64_t, std::string>> checked;  // (rank, name) under a rule
+  auto note = [&](int64_t rank, int rule, const std::string& name, int64_t device_id, int64_t t, int64_t bytes) {
+    Misplaced& m = found[{rank, rule, group_name(name), device_id}];
+    m.names.insert(name);
+    if (t < m.first_t) {
+      m.first_t = t;
+      m.first_rank = rank;
+    }
+    m.bytes[name] = std::max(m.bytes[name], bytes);
+  };
+  for (const Alloc& a : d.allocs) {
+    if (!a.name_id) continue;
+    const Expect& e = expect_for(a.rank);
+    if (!e.offload_optimizer && !e.offload_param) continue;
+    const std::string& n = d.str(a.name_id);
+    const bool opt = e.offload_optimizer && optimizer_state(n), par = e.offload_param && param_shard(n);
+    if (!opt && !par) continue;
+    checked.insert({a.rank, n});
+    if (!d.is_accelerator(a.device_id)) continue;
+    if (opt) note(a.rank, 0, n, a.device_id, a.t_alloc, a.bytes);
+    else if (resident(a)) note(a.rank, 1, n, a.device_id, a.t_alloc, a.bytes);
+  }
+  // Placement rows: the same rules for moves (a copy_to onto the device), and for traces that
+  // record placements without allocation rows.
+  {
+    std::vector<db::PlacementRow> rows;
+    if (Status s = d.reader().read(&rows); !s) return s;
+    for (auto& p : rows) {
+      if (p.why == db::PlacementWhy::Freed || !p.tensor_id) continue;
+      const Expect& e = expect_for(p.rank);
+      if (!e.offload_optimizer && !e.offload_param) continue;
+      const std::string& n = d.str(p.tensor_id);
+      const bool opt = e.offload_optimizer && optimizer_state(n), par = e.offload_param && param_shard(n);
+      if (!opt && !par) continue;
+      checked.insert({p.rank, n});
+      if (!d.is_accelerator(p.device_id)) continue;
+      if (opt) note(p.rank, 0, n, p.device_id, p.t, p.bytes.value_or(0));
+      // A shard with an allocation row was judged above by its lifetime.
+      else if (!p.allocation_id && !inside_step(p.rank, p.t)) note(p.rank, 1, n, p.device_id, p.t, p.bytes.value_or(0));
+    }
+  }
+  for (auto& [key, m] : found) {
+    auto& [rank, rule, pattern, device_id] = key;
+    int64_t total = 0;
+    for (auto& [n, b] : m.bytes) total += b;
+    std::string names;
+    int shown = 0;
+    for (auto& n : m.names) {
+      if (shown == 3) {
+        names += ", ...";
+        break;
+      }
+      names += (shown++ ? ", " : "") + n;
+    }
+    std::string line = "rank " + std::to_string(rank) + ": " + pattern + " on " + d.device_label(device_id) +
+                       ", expected on the host (zero_optimization." +
+                       (rule == 0 ? "offload_optimizer" : "offload_param") + "): " + std::to_string(m.names.size()) +
+                       " tensor" + (m.names.size() == 1 ? "" : "s") + " (" + names + "), " + format_bytes(double(total));
+    if (auto st = d.step_at(m.first_rank, m.first_t)) line += ", first at step " + std::to_string(*st);
+    else line += ", first before any step";
+    r.findings.push_back(std::move(line));
+  }
+
+  int mismatches = 0;
+  for (auto& e : d.errors) {
+    if (e.kind != "device_mismatch") continue;
+    ++mismatches;
+    std::string line = "rank " + std::to_string(e.rank);
+    line += e.step ? " step " + std::to_string(*e.step) : std::string(" (no step)");
+    if (!e.site.empty()) line += " in " + e.site;
+    line += ": device_mismatch: " + e.message;
+    if (!e.tensors.empty()) line += " (tensors: " + tensors_text(e.tensors) + ")";
+    if (e.device_id) line += " [device " + d.device_label(e.device_id) + "]";
+    r.findings.push_back(std::move(line));
+  }
+
+  std::string rules;
+  if (any_opt) rules += "offload_optimizer";
+  if (any_param) rules += std::string(rules.empty() ? "" : ", ") + "offload_param";
+  if (!r.findings.empty()) {
+    r.outcome = Outcome::Fail;
+    r.summary = std::to_string(r.findings.size() - size_t(mismatches)) + " misplaced tensor group" +
+                (r.findings.size() - size_t(mismatches) == 1 ? "" : "s") + ", " + std::to_string(mismatches) +
+                " device_mismatch error" + (mismatches == 1 ? "" : "s");
+    return Status::Ok();
+  }
+  if (!rules.empty())
+    r.summary = std::to_string(checked.size()) + " tensors (per rank) checked against zero_optimization (" + rules +
+                "): all on the host; no device_mismatch errors";
+  else if (any_config)
+    r.summary = "the run's config offloads nothing (no placement rule applies); no device_mismatch errors";
+  else
+    r.summary = "the trace carries no run config (no placement rule applies); no device_mismatch errors";
+  return Status::Ok();
+}
+
+}  // namespace zt::check::detail

@@ -1,0 +1,239 @@
+#include "trace_data.h"
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "zt/common/units.h"
+
+namespace zt::check::detail {
+
+namespace {
+
+// Streams the rows of one SELECT; `row` is called with the statement positioned on each row.
+template <typename Fn>
+Status for_each_row(sqlite3* db, const std::string& path, const char* sql, Fn row) {
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) != SQLITE_OK)
+    return Status::Error(path + ": reading failed: " + sqlite3_errmsg(db));
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) row(st);
+  Status s = rc == SQLITE_DONE ? Status::Ok() : Status::Error(path + ": reading failed: " + sqlite3_errmsg(db));
+  sqlite3_finalize(st);
+  return s;
+}
+
+int64_t i64_or(sqlite3_stmt* st, int c, int64_t none) {
+  return sqlite3_column_type(st, c) == SQLITE_NULL ? none : sqlite3_column_int64(st, c);
+}
+
+}  // namespace
+
+Status TraceData::load(const std::string& path, std::unique_ptr<TraceData>* out) {
+  auto d = std::make_unique<TraceData>();
+  d->path_ = path;
+  if (Status s = db::TraceReader::open(path, &d->reader_); !s) return s;
+  if (Status s = d->reader_->read(&d->runs); !s) return s;
+  if (Status s = d->reader_->read(&d->ranks); !s) return s;
+  std::vector<db::DeviceRow> devices;
+  if (Status s = d->reader_->read(&devices); !s) return s;
+  for (auto& dev : devices) d->devices[dev.id] = dev;
+  if (Status s = d->reader_->strings(&d->strings); !s) return s;
+  if (Status s = d->reader_->read(&d->errors); !s) return s;
+  if (Status s = d->load_allocations(); !s) return s;
+  if (Status s = d->load_markers(); !s) return s;
+  if (Status s = d->load_counters(); !s) return s;
+  *out = std::move(d);
+  return Status::Ok();
+}
+
+Status TraceData::load_allocations() {
+  return for_each_row(reader_->handle(), path_,
+                      "SELECT id,rank,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id FROM allocation",
+                      [&](sqlite3_stmt* st) {
+                        Alloc a;
+                        a.id = sqlite3_column_int64(st, 0);
+                        a.rank = sqlite3_column_int64(st, 1);
+                        a.device_id = i64_or(st, 2, 0);
+                        a.kind = db::MemoryKind(sqlite3_column_int(st, 3));
+                        a.level = db::AllocLevel(sqlite3_column_int(st, 4));
+                        a.bytes = sqlite3_column_int64(st, 5);
+                        a.t_alloc = sqlite3_column_int64(st, 6);
+                        a.t_free = i64_or(st, 7, kNever);
+                        a.name_id = i64_or(st, 8, 0);
+                        a.stack_id = i64_or(st, 9, 0);
+                        allocs.push_back(a);
+                      });
+}
+
+Status TraceData::load_markers() {
+  std::map<int64_t, std::map<int64_t, Span>> epoch_marks;  // rank -> epoch -> span
+  std::map<int64_t, std::map<int64_t, Span>> epoch_from_steps;
+  Status s = for_each_row(
+      reader_->handle(), path_,
+      "SELECT rank,kind,t_start,t_end,step,epoch FROM marker WHERE kind IN (0,2) ORDER BY t_start", [&](sqlite3_stmt* st) {
+        int64_t rank = sqlite3_column_int64(st, 0);
+        auto kind = db::MarkerKind(sqlite3_column_int(st, 1));
+        Span sp;
+        sp.t_start = sqlite3_column_int64(st, 2);
+        sp.ended = sqlite3_column_type(st, 3) != SQLITE_NULL;
+        sp.t_end = i64_or(st, 3, kNever);
+        std::optional<int64_t> epoch;
+        if (sqlite3_column_type(st, 5) != SQLITE_NULL) epoch = sqlite3_column_int64(st, 5);
+        if (kind == db::MarkerKind::Step) {
+          if (sqlite3_column_type(st, 4) == SQLITE_NULL) return;
+          sp.index = sqlite3_column_int64(st, 4);
+          steps[rank].push_back(sp);
+          if (epoch) {
+            auto [it, fresh] = epoch_from_steps[rank].try_emplace(*epoch, sp);
+            it->second.index = *epoch;
+            if (!fresh) {
+              it->second.t_start = std::min(it->second.t_start, sp.t_start);
+              it->second.t_end = std::max(it->second.t_end, sp.t_end);
+              it->second.ended = it->second.ended && sp.ended;
+            }
+          }
+        } else {
+          auto& m = epoch_marks[rank];
+          sp.index = epoch ? *epoch : int64_t(m.size());
+          m.emplace(sp.index, sp);
+        }
+      });
+  if (!s) return s;
+  // Epoch markers where the trace has them; a rank without any falls back to its steps' epochs.
+  for (auto* src : {&epoch_marks, &epoch_from_steps})
+    for (auto& [rank, m] : *src) {
+      if (epochs.count(rank)) continue;
+      for (auto& [e, sp] : m) epochs[rank].push_back(sp);
+    }
+  return Status::Ok();
+}
+
+Status TraceData::load_counters() {
+  return for_each_row(reader_->handle(), path_,
+                      "SELECT c.rank,c.device_id,s.text,c.t,c.value FROM counter c JOIN string s ON s.id=c.name_id"
+                      " WHERE s.text IN ('allocated','reserved') OR s.text LIKE 'data.%' ORDER BY c.t",
+                      [&](sqlite3_stmt* st) {
+                        CounterSample c;
+                        c.rank = sqlite3_column_int64(st, 0);
+                        c.device_id = i64_or(st, 1, 0);
+                        const unsigned char* txt = sqlite3_column_text(st, 2);
+                        c.name = txt ? reinterpret_cast<const char*>(txt) : "";
+                        c.t = sqlite3_column_int64(st, 3);
+                        c.value = sqlite3_column_double(st, 4);
+                        counters.push_back(std::move(c));
+                      });
+}
+
+const std::string& TraceData::str(int64_t id) const {
+  static const std::string none = "(unnamed)";
+  auto it = strings.find(id);
+  return it == strings.end() || it->second.empty() ? none : it->second;
+}
+
+bool TraceData::is_accelerator(int64_t device_id) const {
+  auto it = devices.find(device_id);
+  return it != devices.end() && it->second.kind != db::DeviceKind::Cpu;
+}
+
+std::string TraceData::device_label(int64_t device_id) const {
+  auto it = devices.find(device_id);
+  if (it == devices.end()) return device_id ? "device " + std::to_string(device_id) : "no device";
+  return it->second.label.empty() ? std::string(db::to_string(it->second.kind)) : it->second.label;
+}
+
+std::string TraceData::hostname_of(int64_t rank) const {
+  for (auto& r : ranks)
+    if (r.rank == rank && !r.hostname.empty()) return r.hostname;
+  if (const db::RunRow* run = run_of(rank); run && !run->hostname.empty()) return run->hostname;
+  return "host of rank " + std::to_string(rank);
+}
+
+const db::RunRow* TraceData::run_of(int64_t rank) const {
+  for (auto& r : ranks)
+    if (r.rank == rank)
+      for (auto& run : runs)
+        if (run.id == r.run_id) return &run;
+  return runs.empty() ? nullptr : &runs.front();
+}
+
+std::optional<int64_t> TraceData::step_at(int64_t rank, int64_t t) const {
+  auto it = steps.find(rank);
+  if (it == steps.end()) return std::nullopt;
+  const auto& v = it->second;
+  auto p = std::upper_bound(v.begin(), v.end(), t, [](int64_t x, const Span& s) { return x < s.t_start; });
+  if (p == v.begin()) return std::nullopt;
+  return std::prev(p)->index;
+}
+
+std::string TraceData::stack_brief(int64_t stack_id, int frames) {
+  if (!stack_id) return "";
+  if (auto it = stack_cache_.find(stack_id); it != stack_cache_.end()) return it->second;
+  std::vector<std::string> lines;
+  std::string out;
+  if (reader_->stack_text(stack_id, &lines)) {
+    int n = 0;
+    for (auto& l : lines) {
+      // The probe's own frames (the interposer, the recorder) say nothing about the caller.
+      if (l.find("libzt_probe") != std::string::npos || l.rfind("zt::probe::", 0) == 0) continue;
+      std::string f = l;
+      if (auto p = f.find(" ("); p != std::string::npos && f.rfind("0x", 0) != 0) f.resize(p);
+      out += (n ? " < " : "") + f;
+      if (++n == frames) break;
+    }
+  }
+  stack_cache_[stack_id] = out;
+  return out;
+}
+
+std::string group_name(const std::string& name) {
+  std::string out;
+  int depth = 0;
+  bool in_digits = false;
+  for (char c : name) {
+    if (c == '[') ++depth;
+    if (c == ']' && depth > 0) --depth;
+    bool digit = std::isdigit(static_cast<unsigned char>(c)) != 0;
+    if (depth > 0 && digit) {
+      if (!in_digits) out += '*';
+      in_digits = true;
+      continue;
+    }
+    in_digits = false;
+    out += c;
+  }
+  return out;
+}
+
+std::vector<NamedBytes> sort_groups(std::map<std::string, NamedBytes>& groups, size_t top) {
+  std::vector<NamedBytes> v;
+  for (auto& [k, g] : groups) v.push_back(g);
+  std::stable_sort(v.begin(), v.end(), [](const NamedBytes& a, const NamedBytes& b) { return a.bytes > b.bytes; });
+  if (v.size() > top) v.resize(top);
+  return v;
+}
+
+std::string describe_groups(TraceData& d, const std::vector<NamedBytes>& groups, const char* sign) {
+  std::string out;
+  for (auto& g : groups) {
+    if (!out.empty()) out += ", ";
+    out += g.name + " " + sign + format_bytes(double(g.bytes)) + " in " + std::to_string(g.count) + " allocation" +
+           (g.count == 1 ? "" : "s");
+    std::string st = d.stack_brief(g.largest_stack);
+    if (!st.empty()) out += " (at " + st + ")";
+  }
+  return out;
+}
+
+std::string memory_kind_words(db::MemoryKind k) {
+  switch (k) {
+    case db::MemoryKind::Device: return "device memory";
+    case db::MemoryKind::PinnedHost: return "pinned host memory";
+    case db::MemoryKind::PageableHost: return "pageable host memory";
+    case db::MemoryKind::Managed: return "managed memory";
+    default: return "memory of unknown kind";
+  }
+}
+
+}  // namespace zt::check::detail

@@ -1,0 +1,113 @@
+// inject/check/src/trace_data.h: what the checks read from a trace, loaded once in compact
+// columns (a trace may hold millions of allocations), and the helpers they share.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "zt/check/check.h"
+#include "zt/db/rows.h"
+#include "zt/db/trace_reader.h"
+
+namespace zt::check::detail {
+
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max();  // t_free of an allocation never freed
+
+struct Alloc {
+  int64_t id = 0;
+  int64_t rank = 0;
+  int64_t device_id = 0;
+  db::MemoryKind kind = db::MemoryKind::Unknown;
+  db::AllocLevel level = db::AllocLevel::Block;
+  int64_t bytes = 0;
+  int64_t t_alloc = 0;
+  int64_t t_free = kNever;
+  int64_t name_id = 0;
+  int64_t stack_id = 0;
+  bool alive_at(int64_t t) const { return t_alloc <= t && t < t_free; }
+};
+
+struct Span {
+  int64_t t_start = 0;
+  int64_t t_end = kNever;  // never ended
+  bool ended = false;
+  int64_t index = 0;        // the step or epoch number
+};
+
+struct CounterSample {
+  int64_t rank = 0;
+  int64_t device_id = 0;
+  std::string name;
+  int64_t t = 0;
+  double value = 0;
+};
+
+class TraceData {
+ public:
+  static Status load(const std::string& path, std::unique_ptr<TraceData>* out);
+
+  db::TraceReader& reader() { return *reader_; }
+  const std::string& path() const { return path_; }
+
+  std::vector<db::RunRow> runs;
+  std::vector<db::RankRow> ranks;
+  std::map<int64_t, db::DeviceRow> devices;  // by id
+  std::unordered_map<int64_t, std::string> strings;
+  std::vector<Alloc> allocs;
+  std::map<int64_t, std::vector<Span>> steps;   // per rank, completed or not, by t_start
+  std::map<int64_t, std::vector<Span>> epochs;  // per rank, by epoch (from epoch markers, else from steps)
+  std::vector<CounterSample> counters;          // only allocated, reserved and data.*
+  std::vector<db::ErrorRow> errors;
+
+  const std::string& str(int64_t id) const;
+  bool is_accelerator(int64_t device_id) const;  // cuda or simulated GPU
+  std::string device_label(int64_t device_id) const;
+  std::string hostname_of(int64_t rank) const;
+  // The step running on `rank` at time t (the last step marker begun at or before t), if any.
+  std::optional<int64_t> step_at(int64_t rank, int64_t t) const;
+  // "f < g < h": the innermost frames of a stack worth showing, empty when none was captured.
+  std::string stack_brief(int64_t stack_id, int frames = 3);
+  // The run row that recorded `rank` (the first run when the rank table does not say).
+  const db::RunRow* run_of(int64_t rank) const;
+
+ private:
+  Status load_allocations();
+  Status load_markers();
+  Status load_counters();
+  std::string path_;
+  std::unique_ptr<db::TraceReader> reader_;
+  std::unordered_map<int64_t, std::string> stack_cache_;
+};
+
+// Tensor names grouped as people read them: digits inside brackets become '*'
+// ("adam.m[3]" -> "adam.m[*]", "offload.buffer[epoch 2]" -> "offload.buffer[epoch *]").
+std::string group_name(const std::string& name);
+
+// Memory by name at one moment: the largest groups first.
+struct NamedBytes {
+  std::string name;  // group_name()
+  int64_t bytes = 0;
+  int64_t count = 0;
+  int64_t largest_stack = 0;  // stack of the largest allocation in the group
+  int64_t largest_bytes = 0;
+};
+std::vector<NamedBytes> sort_groups(std::map<std::string, NamedBytes>& groups, size_t top);
+
+// "a +2.00 MiB in 2 allocations (at f < g), b +1.00 MiB ..."
+std::string describe_groups(TraceData& d, const std::vector<NamedBytes>& groups, const char* sign);
+
+std::string memory_kind_words(db::MemoryKind k);
+
+// Each check fills *r; a failed Status means the trace could not be read (bad input).
+Status check_leaks(TraceData& d, const Options& o, CheckResult* r);
+Status check_placement(TraceData& d, const Options& o, CheckResult* r);
+Status check_budget(TraceData& d, const Budget& b, CheckResult* r);
+Status check_steps(TraceData& d, const Options& o, CheckResult* r);
+
+}  // namespace zt::check::detail

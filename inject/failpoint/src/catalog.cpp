@@ -1,0 +1,51 @@
+#include "zt/fail/catalog.h"
+
+namespace zt::fail {
+
+const std::vector<CatalogEntry>& catalog() {
+  static const std::vector<CatalogEntry> entries = {
+      {"zero.norm_on_device", "R2 R5", "ZeRO optimizer step, global norm",
+       "the global gradient norm stays on the device (DeepSpeed 0.14.1-0.14.2); with clipping on and the norm over "
+       "the threshold, unscale_and_clip_grads multiplies the host fp32 partitions by a device scalar and the device "
+       "guard raises. Never fires its error when clipping is off or the norm is under the threshold."},
+      {"zero.grad_partition_stays_on_device", "R2", "ZeRO optimizer step, fp32 gradient partitions",
+       "one module's fp32 gradient partition is left on the device instead of offloaded at the accumulation "
+       "boundary (arg: module index, default the last module); the next op that mixes it with host partitions "
+       "meets the device guard"},
+      {"optim.device_only_kernels", "R5", "ZeRO optimizer step, Adam",
+       "the optimizer's kernels accept only device tensors (an 8-bit or paged AdamW): it constructs fine and its "
+       "first step on offloaded host partitions raises 'Expected a cuda device, but got: cpu'"},
+      {"ckpt.gather_on_device", "R4", "checkpoint save, consolidated weights",
+       "the save gathers the whole model's 16-bit weights on the device at once (the `device` gather strategy) "
+       "instead of streaming one module at a time to the host"},
+      {"host.epoch_leak", "R1", "epoch boundary",
+       "offload buffers are re-created at each epoch boundary without releasing the old ones; arg: pinned "
+       "(default: the pinned fp32 partitions), pow2 (re-created through a pinned cache that rounds every request "
+       "up to a power of two and never returns it), fork (data-loader workers re-created by fork, each touching "
+       "a copy of the offloaded heap)"},
+      {"data.parallel_drop", "R1", "data preprocessing",
+       "parallel preprocessing (num_proc > 1) silently drops documents; arg: percent dropped (default 50)"},
+      {"config.max_iters", "R1", "training plan",
+       "the config sets max_iters instead of max_epochs: training stops after arg optimizer steps (default 32)"},
+      {"comm.hang", "-", "collectives",
+       "this rank stops inside a collective and never returns; the other ranks' watchdog ends the run with a line "
+       "naming the collective, its sequence number and the timeout (--comm-timeout, 10 min by default as in PyTorch)"},
+      {"comm.rank_exit", "-", "collectives",
+       "this rank exits before entering a collective; the others wait for it until the watchdog times out"},
+      {"ckpt.torn_write", "-", "checkpoint save",
+       "the save stops after the shards are written and before the manifest: a torn checkpoint directory is left "
+       "behind (the run fails there)"},
+      {"ckpt.between_writes", "-", "checkpoint save, between every write",
+       "evaluated at every boundary between two writes of a save (the Nth evaluation is the Nth boundary: use "
+       "[call=N]); with panic it kills the process there, for crash tests"},
+  };
+  return entries;
+}
+
+const CatalogEntry* find_fault(std::string_view name) {
+  for (const auto& e : catalog())
+    if (name == e.name) return &e;
+  return nullptr;
+}
+
+}  // namespace zt::fail

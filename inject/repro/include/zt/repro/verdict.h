@@ -1,0 +1,110 @@
+// zt/repro/verdict.h: what a trace says about a scenario's symptom.
+//
+// Owns: reading the evidence back from a trace (TraceReader and SQL only: never the
+// trainer's in-memory state) and judging it, Jepsen style. Each check of the expectation
+// (error kind, site, message, tensors, when, faults fired, ...) is valid, invalid or unknown;
+// the composition is invalid if any check is invalid, else unknown if any is unknown, else
+// valid. For the bug run: valid = REPRODUCED, invalid = NOT REPRODUCED, unknown =
+// INCONCLUSIVE. For the fix run: valid = CURED, invalid = NOT CURED, unknown = INCONCLUSIVE.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zt/common/status.h"
+#include "zt/repro/scenario.h"
+
+namespace zt::repro {
+
+enum class Outcome { Valid, Invalid, Unknown };
+const char* outcome_name(Outcome o);  // "valid", "invalid", "unknown"
+// Invalid dominates unknown, unknown dominates valid.
+Outcome compose(const std::vector<Outcome>& parts);
+
+struct Check {
+  std::string name;    // "error kind", "message", "when: micro_step", ...
+  Outcome outcome = Outcome::Unknown;
+  std::string detail;  // what was expected and what the trace shows
+};
+
+struct FaultEvidence {
+  std::string name;
+  int64_t rank = 0;
+  std::optional<int64_t> step;
+  std::string trigger, details;
+};
+
+struct TensorAlive {
+  std::string name;
+  int64_t bytes = 0;
+  std::string device;  // "cuda:0", "cpu"
+  std::string kind;    // "device", "pinned_host", ...
+};
+
+// Everything read from one trace.
+struct Evidence {
+  std::string trace;
+  bool readable = false;
+  std::string read_error;
+  std::string run_status;   // "ok", "failed", "running" (end unknown), ...
+  std::string exit_detail;  // the run row's
+  std::string command_line;
+  int64_t world_size = 0;       // from the rank rows (a virtual run records its world size)
+  int64_t ranks_recorded = 0;   // rank rows in the file
+  // Progress: optimizer steps completed (step markers ended) and what was planned.
+  int64_t steps_completed = 0;
+  int64_t last_epoch = -1;
+  std::optional<int64_t> steps_planned, steps_per_epoch, samples_per_epoch, documents, documents_dropped;
+  int64_t error_count = 0;
+  // The primary error (the first of the expected kind, else the first), and where it was.
+  bool has_error = false;
+  int64_t error_rank = 0, error_t = 0;
+  std::string error_kind, error_site, error_message;
+  std::vector<std::string> error_tensors;
+  std::string error_device;                       // label of the device the row names
+  std::optional<int64_t> step, epoch, micro_step, step_in_epoch;
+  std::vector<std::string> phases;                // enclosing phase markers, outermost first
+  bool before_first_step = false;                 // the error came before any step began (setup)
+  // Memory at the moment of failure (or at the end of the run when there was none).
+  std::string device_label;                       // the rank's accelerator
+  std::optional<int64_t> device_allocated, device_reserved, device_capacity;
+  std::optional<int64_t> host_live, host_pinned, host_capacity;  // host segments alive, pinned reserved
+  std::vector<TensorAlive> largest_alive;          // on the accelerator and the host, biggest first
+  // Faults that fired.
+  int64_t fault_count = 0;
+  std::vector<FaultEvidence> faults;  // the first ones (up to 20), in time order
+  std::vector<std::pair<std::string, int64_t>> faults_by_name;
+};
+
+// Reads the evidence of `trace`. `expected_kind` picks the primary error when several.
+Evidence read_evidence(const std::string& trace, const std::string& expected_kind);
+
+struct RunJudgement {
+  Outcome outcome = Outcome::Unknown;
+  std::vector<Check> checks;
+  Evidence evidence;
+};
+
+// What a run needs for judging beyond its trace: the resolved expectation's numbers.
+struct JudgeContext {
+  int64_t grad_accum = 1;          // resolves micro_step: last
+  int64_t expected_steps = -1;     // steps max_epochs over the full data gives (steps_lost); -1 unknown
+  int64_t planned_steps = -1;      // steps the fix run must complete; -1: whatever the trace planned
+  std::vector<std::string> faults; // the specs the run was given (for "faults fired")
+  Status train_status;             // what train() returned
+};
+
+RunJudgement judge_bug(const Expectation& e, const JudgeContext& ctx, Evidence ev);
+RunJudgement judge_fix(const Expectation& e, const JudgeContext& ctx, Evidence ev);
+
+std::string verdict_word(Outcome bug);  // REPRODUCED / NOT REPRODUCED / INCONCLUSIVE
+std::string cure_word(Outcome fix);     // CURED / NOT CURED / INCONCLUSIVE
+
+nlohmann::json to_json(const Evidence& e);
+nlohmann::json to_json(const RunJudgement& j);
+
+}  // namespace zt::repro

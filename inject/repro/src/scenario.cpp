@@ -1,0 +1,728 @@
+// Scenario files: YAML in, checked line by line; TrainConfigs out.
+#include "zt/repro/scenario.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <regex>
+
+#include "zt/common/units.h"
+#include "zt/fail/catalog.h"
+#include "zt/fail/failpoint.h"
+
+namespace zt::repro {
+
+namespace {
+
+using nlohmann::json;
+
+// Thrown inside the parser, caught once in load_scenario: the message is complete.
+struct BadScenario {
+  std::string message;
+};
+
+int line_of(const YAML::Node& n) { return n.Mark().line >= 0 ? n.Mark().line + 1 : 0; }
+
+std::string normalize(std::string key) {
+  for (auto& c : key)
+    if (c == '-') c = '_';
+  return key;
+}
+
+struct Reader {
+  std::string path;
+
+  [[noreturn]] void fail(int line, const std::string& what) const {
+    throw BadScenario{path + (line > 0 ? ":" + std::to_string(line) : std::string()) + ": " + what};
+  }
+  [[noreturn]] void fail(const YAML::Node& n, const std::string& what) const { fail(line_of(n), what); }
+
+  // Iterates a mapping, refusing keys outside `known` (named with the section and the list).
+  void each(const YAML::Node& map, const std::string& section, const std::vector<std::string>& known,
+            const std::function<void(const std::string&, const YAML::Node&, const YAML::Node&)>& f) const {
+    if (!map.IsMap()) fail(map, section + " must be a mapping (key: value)");
+    for (const auto& kv : map) {
+      const std::string key = normalize(kv.first.Scalar());
+      bool ok = false;
+      for (const auto& k : known) ok = ok || k == key;
+      if (!ok) {
+        std::string list;
+        for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+        fail(kv.first, "unknown key '" + kv.first.Scalar() + "' in " + section + " (known: " + list + ")");
+      }
+      f(key, kv.first, kv.second);
+    }
+  }
+  std::string str(const YAML::Node& n, const std::string& what) const {
+    if (!n.IsScalar()) fail(n, what + " must be a single value");
+    return n.Scalar();
+  }
+  int64_t integer(const YAML::Node& n, const std::string& what) const {
+    const std::string s = str(n, what);
+    errno = 0;
+    char* end = nullptr;
+    long long v = std::strtoll(s.c_str(), &end, 10);
+    if (s.empty() || *end || errno) fail(n, what + ": '" + s + "' is not an integer");
+    return v;
+  }
+  double number(const YAML::Node& n, const std::string& what) const {
+    const std::string s = str(n, what);
+    char* end = nullptr;
+    double v = std::strtod(s.c_str(), &end);
+    if (s.empty() || *end || !std::isfinite(v)) fail(n, what + ": '" + s + "' is not a number");
+    return v;
+  }
+  bool boolean(const YAML::Node& n, const std::string& what) const {
+    const std::string s = str(n, what);
+    if (s == "true" || s == "True" || s == "yes") return true;
+    if (s == "false" || s == "False" || s == "no") return false;
+    fail(n, what + ": '" + s + "' is not true or false");
+  }
+  uint64_t size(const YAML::Node& n, const std::string& what) const {
+    const std::string s = str(n, what);
+    if (!s.empty() && s[0] == '-') fail(n, what + ": '" + s + "' is negative; a size is at least 0 bytes");
+    auto b = parse_bytes(s);
+    if (!b) fail(n, what + ": '" + s + "' is not a size (try 79.32GiB, 1TiB)");
+    return *b;
+  }
+  std::vector<std::string> strings(const YAML::Node& n, const std::string& what) const {
+    std::vector<std::string> out;
+    if (n.IsNull()) return out;
+    if (n.IsScalar()) return {n.Scalar()};
+    if (!n.IsSequence()) fail(n, what + " must be a list");
+    for (const auto& x : n) out.push_back(str(x, what));
+    return out;
+  }
+  // Fault specs: parsed now, so an unknown site or bad syntax names this line.
+  std::vector<std::string> faults(const YAML::Node& n, const std::string& what) const {
+    std::vector<std::string> out;
+    if (!n.IsNull() && !n.IsScalar() && !n.IsSequence()) fail(n, what + " must be a list of failpoint specs");
+    auto one = [&](const YAML::Node& x) {
+      const std::string spec = str(x, what);
+      std::vector<fail::Spec> parsed;
+      if (Status s = fail::parse_specs(spec, &parsed); !s) fail(x, what + ": " + s.message());
+      out.push_back(spec);
+    };
+    if (n.IsScalar()) one(n);
+    if (n.IsSequence())
+      for (const auto& x : n) one(x);
+    return out;
+  }
+  std::string fault_name(const YAML::Node& n, const std::string& what) const {
+    const std::string name = str(n, what);
+    if (!fail::find_fault(name)) fail(n, what + ": unknown fault '" + name + "' (zt faults lists the catalog)");
+    return name;
+  }
+};
+
+// YAML to JSON for the inline DeepSpeed block: plain scalars are typed as JSON would read
+// them (true/false, null, numbers such as 1e9), quoted ones stay strings ("auto").
+json yaml_to_json(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: {
+      json o = json::object();
+      for (const auto& kv : n) o[kv.first.Scalar()] = yaml_to_json(kv.second);
+      return o;
+    }
+    case YAML::NodeType::Sequence: {
+      json a = json::array();
+      for (const auto& x : n) a.push_back(yaml_to_json(x));
+      return a;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string& s = n.Scalar();
+      if (n.Tag() == "!") return s;  // quoted
+      if (s == "true" || s == "True") return true;
+      if (s == "false" || s == "False") return false;
+      if (s == "null" || s == "~") return nullptr;
+      errno = 0;
+      char* end = nullptr;
+      long long i = std::strtoll(s.c_str(), &end, 10);
+      if (!s.empty() && !*end && !errno) return i;
+      double d = std::strtod(s.c_str(), &end);
+      if (!s.empty() && !*end && std::isfinite(d)) {
+        // DeepSpeed reads 1e9 as an integer where it wants one; keep integral values integral.
+        if (d == std::floor(d) && std::fabs(d) < 9e18) return int64_t(d);
+        return d;
+      }
+      return s;
+    }
+    default:
+      return nullptr;
+  }
+}
+
+// ---- train settings: one table, applied in order (later settings win) ----
+
+template <typename C>
+bool set_save_only_model(C& c, bool v) {
+  if constexpr (requires { c.save_only_model; }) {
+    c.save_only_model = v;
+    return true;
+  } else {
+    return false;
+  }
+}
+
+const std::vector<std::string>& train_keys() {
+  static const std::vector<std::string> keys = {
+      "precision", "micro_batch",    "grad_accum",        "seq_len",         "steps",
+      "epochs",    "seed",           "lr",                "weight_decay",    "beta1",
+      "beta2",     "eps",            "grad_clip",         "activation_checkpointing",
+      "data_samples", "virtual_grad_norm", "save_every",  "save_only_model", "synthetic_bytes",
+      "max_doc_tokens", "comm_timeout_ms"};
+  return keys;
+}
+
+// Applies one setting; throws BadScenario naming the line on a bad value.
+void apply_setting(const Reader& r, const Setting& s, trainer::TrainConfig& c) {
+  const std::string what = "train." + s.key;
+  YAML::Node n(s.value);
+  auto bad = [&](const std::string& why) { r.fail(s.line, what + ": " + why); };
+  auto integer = [&]() {
+    errno = 0;
+    char* end = nullptr;
+    long long v = std::strtoll(s.value.c_str(), &end, 10);
+    if (s.value.empty() || *end || errno) bad("'" + s.value + "' is not an integer");
+    return int64_t(v);
+  };
+  auto number = [&]() {
+    char* end = nullptr;
+    double v = std::strtod(s.value.c_str(), &end);
+    if (s.value.empty() || *end || !std::isfinite(v)) bad("'" + s.value + "' is not a number");
+    return v;
+  };
+  auto boolean = [&]() {
+    if (s.value == "true" || s.value == "True" || s.value == "yes") return true;
+    if (s.value == "false" || s.value == "False" || s.value == "no") return false;
+    bad("'" + s.value + "' is not true or false");
+    return false;
+  };
+  auto at_least = [&](int64_t v, int64_t lo) {
+    if (v < lo) bad(std::to_string(v) + " must be at least " + std::to_string(lo));
+    return v;
+  };
+  const std::string& k = s.key;
+  if (k == "precision") {
+    if (s.value != "fp32" && s.value != "bf16" && s.value != "fp16") bad("'" + s.value + "': use fp32, bf16 or fp16");
+    c.precision = s.value;
+  } else if (k == "micro_batch") c.micro_batch = at_least(integer(), 1);
+  else if (k == "grad_accum") c.grad_accum = at_least(integer(), 1);
+  else if (k == "seq_len") c.seq_len = at_least(integer(), 1);
+  else if (k == "steps") c.steps = at_least(integer(), 0);
+  else if (k == "epochs") c.epochs = at_least(integer(), 0);
+  else if (k == "seed") c.seed = uint64_t(at_least(integer(), 0));
+  else if (k == "lr") c.lr = number();
+  else if (k == "weight_decay") c.weight_decay = number();
+  else if (k == "beta1") c.beta1 = number();
+  else if (k == "beta2") c.beta2 = number();
+  else if (k == "eps") c.eps = number();
+  else if (k == "grad_clip") c.grad_clip = number();
+  else if (k == "activation_checkpointing") c.activation_checkpointing = boolean();
+  else if (k == "data_samples") c.data_samples = at_least(integer(), 1);
+  else if (k == "virtual_grad_norm") c.virtual_grad_norm = number();
+  else if (k == "save_every") c.save_every = at_least(integer(), 0);
+  else if (k == "save_only_model") {
+    if (!set_save_only_model(c, boolean())) bad("this build's trainer has no save_only_model yet");
+  } else if (k == "synthetic_bytes") c.synthetic_bytes = at_least(integer(), 1);
+  else if (k == "max_doc_tokens") c.max_doc_tokens = at_least(integer(), 0);
+  else if (k == "comm_timeout_ms") {
+    if constexpr (requires { c.comm_timeout_ms; }) c.comm_timeout_ms = at_least(integer(), 1);
+    else bad("this build's trainer has no comm_timeout_ms");
+  } else bad("unknown setting");
+}
+
+std::vector<Setting> read_settings(const Reader& r, const YAML::Node& n, const std::string& section) {
+  std::vector<Setting> out;
+  r.each(n, section, train_keys(), [&](const std::string& key, const YAML::Node&, const YAML::Node& v) {
+    Setting s{key, r.str(v, section + "." + key), line_of(v)};
+    trainer::TrainConfig probe;
+    apply_setting(r, s, probe);  // checks the value now
+    out.push_back(s);
+  });
+  return out;
+}
+
+json read_deepspeed(const Reader& r, const YAML::Node& n, const std::string& section) {
+  if (n.IsNull()) return json::object();
+  if (!n.IsMap()) r.fail(n, section + " must be a mapping: the DeepSpeed JSON config written as YAML (or as JSON)");
+  return yaml_to_json(n);
+}
+
+Expectation read_expect(const Reader& r, const YAML::Node& n, const std::string& section, const Expectation* base) {
+  Expectation e = base ? *base : Expectation{};
+  e.line = line_of(n);
+  bool set_error = false, set_lost = false;
+  r.each(n, section, {"error", "site", "message", "tensors", "steps_lost", "when", "faults_fired"},
+         [&](const std::string& key, const YAML::Node&, const YAML::Node& v) {
+           auto regex_ok = [&](const std::string& re) {
+             try {
+               std::regex check(re);
+             } catch (const std::regex_error& x) {
+               r.fail(v, section + "." + key + ": '" + re + "' is not a regular expression (" + x.what() + ")");
+             }
+             return re;
+           };
+           if (key == "error") {
+             e.error = r.str(v, section + ".error");
+             set_error = true;
+             e.steps_lost = false;
+           } else if (key == "site") e.site = regex_ok(r.str(v, section + ".site"));
+           else if (key == "message") e.message = regex_ok(r.str(v, section + ".message"));
+           else if (key == "tensors") {
+             e.tensors.clear();
+             for (auto& t : r.strings(v, section + ".tensors")) e.tensors.push_back(regex_ok(t));
+           } else if (key == "steps_lost") {
+             e.steps_lost = r.boolean(v, section + ".steps_lost");
+             set_lost = true;
+             if (e.steps_lost) e.error.clear();
+           } else if (key == "faults_fired") {
+             e.faults_fired.clear();
+             if (v.IsScalar()) e.faults_fired.push_back(r.fault_name(v, section + ".faults_fired"));
+             else if (v.IsSequence())
+               for (const auto& x : v) e.faults_fired.push_back(r.fault_name(x, section + ".faults_fired"));
+             else if (!v.IsNull()) r.fail(v, section + ".faults_fired must be a list of fault names");
+           } else if (key == "when") {
+             e.epoch.reset();
+             e.step.reset();
+             e.step_in_epoch.reset();
+             e.micro_step.reset();
+             e.phase.clear();
+             r.each(v, section + ".when", {"epoch", "step", "step_in_epoch", "micro_step", "phase"},
+                    [&](const std::string& wk, const YAML::Node&, const YAML::Node& wv) {
+                      const std::string w = section + ".when." + wk;
+                      if (wk == "phase") {
+                        e.phase = r.str(wv, w);
+                        try {
+                          std::regex check(e.phase);
+                        } catch (const std::regex_error& x) {
+                          r.fail(wv, w + ": '" + e.phase + "' is not a regular expression");
+                        }
+                        return;
+                      }
+                      if (wk == "micro_step" && wv.IsScalar() && wv.Scalar() == "last") {
+                        e.micro_step = -2;
+                        return;
+                      }
+                      int64_t x = r.integer(wv, w);
+                      if (x < 0) r.fail(wv, w + ": " + std::to_string(x) + " must be at least 0");
+                      if (wk == "epoch") e.epoch = x;
+                      else if (wk == "step") e.step = x;
+                      else if (wk == "step_in_epoch") e.step_in_epoch = x;
+                      else e.micro_step = x;
+                    });
+           }
+         });
+  if (set_error && set_lost && e.steps_lost)
+    r.fail(n, section + ": give error: KIND or steps_lost: true, not both");
+  if (e.error.empty() && !e.steps_lost)
+    r.fail(n, section + ": say what the trace must show: error: KIND (oom, host_oom, device_mismatch, "
+                        "watchdog_timeout) or steps_lost: true");
+  return e;
+}
+
+FixSpec read_fix(const Reader& r, const YAML::Node& n, const std::string& section, bool small) {
+  FixSpec f;
+  f.line = line_of(n);
+  std::vector<std::string> keys = {"description", "quote", "train", "deepspeed", "faults", "remove_faults"};
+  for (const char* k : small ? std::vector<const char*>{"world_size", "nodes", "gpu_memory", "host_memory"}
+                             : std::vector<const char*>{"cluster"})
+    keys.push_back(k);
+  r.each(n, section, keys, [&](const std::string& key, const YAML::Node&, const YAML::Node& v) {
+           auto at_least_1 = [&](const YAML::Node& x, const std::string& w) {
+             const int64_t val = r.integer(x, w);
+             if (val < 1) r.fail(x, w + ": must be at least 1");
+             return val;
+           };
+           if (key == "cluster") {
+             r.each(v, section + ".cluster", {"nodes", "gpus_per_node", "gpu_memory", "host_memory"},
+                    [&](const std::string& k, const YAML::Node&, const YAML::Node& x) {
+                      const std::string w = section + ".cluster." + k;
+                      if (k == "nodes") f.nodes = at_least_1(x, w);
+                      else if (k == "gpus_per_node") f.gpus_per_node = at_least_1(x, w);
+                      else if (k == "gpu_memory") f.gpu_memory = r.size(x, w);
+                      else f.host_memory = r.size(x, w);
+                    });
+           } else if (key == "world_size") f.world_size = at_least_1(v, section + ".world_size");
+           else if (key == "nodes") f.nodes = at_least_1(v, section + ".nodes");
+           else if (key == "gpu_memory") f.gpu_memory = r.size(v, section + ".gpu_memory");
+           else if (key == "host_memory") f.host_memory = r.size(v, section + ".host_memory");
+           else if (key == "description") f.description = r.str(v, section + ".description");
+           else if (key == "quote") f.quote = r.str(v, section + ".quote");
+           else if (key == "train") f.train = read_settings(r, v, section + ".train");
+           else if (key == "deepspeed") f.deepspeed = read_deepspeed(r, v, section + ".deepspeed");
+           else if (key == "faults") f.faults = r.faults(v, section + ".faults");
+           else if (key == "remove_faults") {
+             if (v.IsScalar()) f.remove_faults.push_back(r.fault_name(v, section + ".remove_faults"));
+             else if (v.IsSequence())
+               for (const auto& x : v) f.remove_faults.push_back(r.fault_name(x, section + ".remove_faults"));
+             else if (!v.IsNull()) r.fail(v, section + ".remove_faults must be a list of fault names");
+           }
+         });
+  return f;
+}
+
+void check_shape(const Reader& r, const YAML::Node& n, const trainer::ModelShape& m, const std::map<std::string, int>& lines,
+                 const std::string& prefix = "model") {
+  auto at = [&](const std::string& key) {
+    auto it = lines.find(key);
+    return it == lines.end() ? line_of(n) : it->second;
+  };
+  auto positive = [&](const char* key, int64_t v) {
+    if (v <= 0) r.fail(at(key), prefix + "." + key + ": " + std::to_string(v) + " is impossible; it must be at least 1");
+  };
+  positive("width", m.width);
+  positive("layers", m.layers);
+  positive("heads", m.heads);
+  positive("kv_heads", m.kv_heads);
+  positive("ffn", m.ffn);
+  positive("vocab", m.vocab);
+  positive("context", m.context);
+  if (m.width % m.heads != 0)
+    r.fail(at("heads"), prefix + ".heads: " + std::to_string(m.heads) + " heads do not divide the width " +
+                            std::to_string(m.width) + " (head size would be " + std::to_string(double(m.width) / double(m.heads)) + ")");
+  if (m.heads % m.kv_heads != 0)
+    r.fail(at("kv_heads"), prefix + ".kv_heads: " + std::to_string(m.kv_heads) + " key/value heads do not divide the " +
+                               std::to_string(m.heads) + " attention heads");
+  if (m.experts < 0 || m.shared_experts < 0 || m.expert_ffn < 0 || m.dense_layers < 0)
+    r.fail(at(m.experts < 0 ? "experts" : m.shared_experts < 0 ? "shared_experts" : m.expert_ffn < 0 ? "expert_ffn" : "dense_layers"),
+           prefix + ": expert counts and sizes must not be negative");
+  if (m.experts > 0 && m.expert_ffn <= 0) r.fail(at("experts"), prefix + ".experts: an MoE layout needs expert_ffn (each expert's FFN width)");
+  if (m.experts == 0 && (m.shared_experts > 0 || m.expert_ffn > 0))
+    r.fail(at(m.shared_experts > 0 ? "shared_experts" : "expert_ffn"), prefix + ": shared_experts and expert_ffn need experts > 0");
+  if (m.dense_layers > m.layers)
+    r.fail(at("dense_layers"), prefix + ".dense_layers: " + std::to_string(m.dense_layers) + " is more than the " +
+                                   std::to_string(m.layers) + " layers");
+}
+
+void read_scenario(const Reader& r, const YAML::Node& root, Scenario& s) {
+  bool have_model = false, have_cluster = false, have_expect = false, have_fix = false, have_small = false;
+  // Sections are read in this order whatever the file's (small: merges over expect: and fix:).
+  const std::vector<std::string> order = {"scenario", "report", "model", "cluster", "train", "deepspeed",
+                                          "faults", "expect", "fix", "small"};
+  std::map<std::string, YAML::Node> sections;
+  r.each(root, "the scenario", order,
+         [&](const std::string& key, const YAML::Node&, const YAML::Node& v) { sections[key] = v; });
+  auto handle = [&](const std::string& key, const YAML::Node& v) {
+           if (key == "scenario") {
+             s.name = r.str(v, "scenario");
+             for (char c : s.name)
+               if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+                 r.fail(v, "scenario: '" + s.name + "': use letters, digits, '-', '_' and '.' (it names a directory)");
+           } else if (key == "report") {
+             r.each(v, "report", {"id", "seed", "title", "summary"}, [&](const std::string& k, const YAML::Node&, const YAML::Node& x) {
+               if (k == "id") s.report_id = r.str(x, "report.id");
+               else if (k == "seed") s.report_seed = r.str(x, "report.seed");
+               else if (k == "title") s.report_title = r.str(x, "report.title");
+               else s.report_summary = r.str(x, "report.summary");
+             });
+           } else if (key == "model") {
+             have_model = true;
+             std::map<std::string, int> lines;
+             trainer::ModelShape& m = s.shape;
+             r.each(v, "model",
+                    {"name", "width", "layers", "heads", "kv_heads", "ffn", "gated_ffn", "vocab", "context",
+                     "tied_embeddings", "experts", "shared_experts", "expert_ffn", "dense_layers", "note"},
+                    [&](const std::string& k, const YAML::Node&, const YAML::Node& x) {
+                      lines[k] = line_of(x);
+                      const std::string w = "model." + k;
+                      if (k == "name") m.name = r.str(x, w);
+                      else if (k == "note") s.shape_note = r.str(x, w);
+                      else if (k == "gated_ffn") m.gated_ffn = r.boolean(x, w);
+                      else if (k == "tied_embeddings") m.tied_embeddings = r.boolean(x, w);
+                      else {
+                        const int64_t val = r.integer(x, w);
+                        if (k == "width") m.width = val;
+                        else if (k == "layers") m.layers = val;
+                        else if (k == "heads") m.heads = val;
+                        else if (k == "kv_heads") m.kv_heads = val;
+                        else if (k == "ffn") m.ffn = val;
+                        else if (k == "vocab") m.vocab = val;
+                        else if (k == "context") m.context = val;
+                        else if (k == "experts") m.experts = val;
+                        else if (k == "shared_experts") m.shared_experts = val;
+                        else if (k == "expert_ffn") m.expert_ffn = val;
+                        else m.dense_layers = val;
+                      }
+                    });
+             if (!lines.count("kv_heads")) m.kv_heads = m.heads;
+             if (!lines.count("ffn") && m.width > 0) m.ffn = 4 * m.width;
+             for (const char* k : {"width", "layers", "heads", "vocab", "context"})
+               if (!lines.count(k)) r.fail(v, std::string("model: ") + k + " is missing (the real model's " + k + ")");
+             check_shape(r, v, m, lines);
+           } else if (key == "cluster") {
+             have_cluster = true;
+             std::map<std::string, int> lines;
+             r.each(v, "cluster", {"nodes", "gpus_per_node", "gpu", "gpu_memory", "host_memory"},
+                    [&](const std::string& k, const YAML::Node&, const YAML::Node& x) {
+                      lines[k] = line_of(x);
+                      const std::string w = "cluster." + k;
+                      if (k == "nodes") s.nodes = r.integer(x, w);
+                      else if (k == "gpus_per_node") s.gpus_per_node = r.integer(x, w);
+                      else if (k == "gpu") s.gpu = r.str(x, w);
+                      else if (k == "gpu_memory") s.gpu_memory = r.size(x, w);
+                      else s.host_memory = r.size(x, w);
+                      if ((k == "nodes" || k == "gpus_per_node") && (k == "nodes" ? s.nodes : s.gpus_per_node) < 1)
+                        r.fail(x, w + ": must be at least 1");
+                      if (k == "gpu_memory" && s.gpu_memory == 0) r.fail(x, w + ": a GPU has more than 0 bytes");
+                    });
+             if (!lines.count("gpu_memory")) r.fail(v, "cluster: gpu_memory is missing (79.32GiB for an 80 GB card)");
+           } else if (key == "train") {
+             s.train = read_settings(r, v, "train");
+           } else if (key == "deepspeed") {
+             s.deepspeed = read_deepspeed(r, v, "deepspeed");
+             s.deepspeed_line = line_of(v);
+           } else if (key == "faults") {
+             s.faults = r.faults(v, "faults");
+           } else if (key == "expect") {
+             have_expect = true;
+             s.expect = read_expect(r, v, "expect", nullptr);
+           } else if (key == "fix") {
+             have_fix = true;
+             s.fix = read_fix(r, v, "fix", false);
+           } else if (key == "small") {
+             have_small = true;
+             SmallVariant& sm = s.small;
+             sm.line = line_of(v);
+             bool have_world = false;
+             r.each(v, "small",
+                    {"description", "model", "world_size", "nodes", "gpu_memory", "host_memory", "train", "deepspeed",
+                     "faults", "expect", "fix"},
+                    [&](const std::string& k, const YAML::Node&, const YAML::Node& x) {
+                      const std::string w = "small." + k;
+                      if (k == "description") sm.description = r.str(x, w);
+                      else if (k == "model" && x.IsMap()) {
+                        // A GPT-2 layout of any size: real compute computes it.
+                        sm.model = "custom";
+                        std::map<std::string, int> lines;
+                        trainer::ModelShape& m = sm.shape;
+                        m.name = "GPT-2 (custom)";
+                        r.each(x, w, {"name", "width", "layers", "heads", "vocab", "context"},
+                               [&](const std::string& mk, const YAML::Node&, const YAML::Node& mv) {
+                                 lines[mk] = line_of(mv);
+                                 if (mk == "name") {
+                                   m.name = r.str(mv, w + ".name");
+                                   return;
+                                 }
+                                 const int64_t val = r.integer(mv, w + "." + mk);
+                                 if (mk == "width") m.width = val;
+                                 else if (mk == "layers") m.layers = val;
+                                 else if (mk == "heads") m.heads = val;
+                                 else if (mk == "vocab") m.vocab = val;
+                                 else m.context = val;
+                               });
+                        for (const char* mk : {"width", "layers", "heads", "vocab", "context"})
+                          if (!lines.count(mk)) r.fail(x, w + ": " + mk + " is missing");
+                        m.kv_heads = m.heads;
+                        m.ffn = 4 * m.width;
+                        std::map<std::string, int> shape_lines;
+                        for (auto& [mk, l] : lines) shape_lines[mk] = l;
+                        shape_lines["kv_heads"] = shape_lines["heads"];
+                        shape_lines["ffn"] = shape_lines["width"];
+                        check_shape(r, x, m, shape_lines, w);
+                        if (m.vocab < 256)
+                          r.fail(lines["vocab"], w + ".vocab: the byte-level corpus needs at least 256 tokens");
+                      } else if (k == "model") {
+                        sm.model = r.str(x, w);
+                        if (sm.model != "tiny" && sm.model != "124M" && sm.model != "350M" && sm.model != "774M" &&
+                            sm.model != "1.5B")
+                          r.fail(x, w + ": '" + sm.model + "' is not a GPT-2 preset (tiny, 124M, 350M, 774M, 1.5B) "
+                                            "nor a GPT-2 shape {width, layers, heads, vocab, context}");
+                      } else if (k == "world_size") {
+                        have_world = true;
+                        sm.world_size = r.integer(x, w);
+                        if (sm.world_size < 1 || sm.world_size > 64)
+                          r.fail(x, w + ": " + std::to_string(sm.world_size) + " rank threads: use 1 to 64");
+                      } else if (k == "nodes") {
+                        sm.nodes = r.integer(x, w);
+                        if (sm.nodes < 1) r.fail(x, w + ": must be at least 1");
+                      } else if (k == "gpu_memory") {
+                        sm.gpu_memory = r.size(x, w);
+                        if (sm.gpu_memory == 0) r.fail(x, w + ": a GPU has more than 0 bytes");
+                      } else if (k == "host_memory") sm.host_memory = r.size(x, w);
+                      else if (k == "train") sm.train = read_settings(r, x, w);
+                      else if (k == "deepspeed") sm.deepspeed = read_deepspeed(r, x, w);
+                      else if (k == "faults") sm.faults = r.faults(x, w);
+                      else if (k == "expect") sm.expect = read_expect(r, x, w, &s.expect);
+                      else if (k == "fix") sm.fix = read_fix(r, x, w, true);
+                    });
+             if (!have_world) r.fail(v, "small: world_size is missing (rank threads of the real-compute variant)");
+             if (sm.world_size % sm.nodes != 0)
+               r.fail(v, "small: world_size " + std::to_string(sm.world_size) + " is not a multiple of nodes " +
+                             std::to_string(sm.nodes));
+           }
+  };
+  for (const auto& key : order)
+    if (auto it = sections.find(key); it != sections.end()) handle(key, it->second);
+  auto need = [&](bool have, const char* what, const char* hint) {
+    if (!have) r.fail(line_of(root), std::string(what) + " is missing: " + hint);
+  };
+  need(!s.name.empty(), "scenario", "a name (it names the keep directory, zt-repro-NAME)");
+  need(!s.report_id.empty(), "report.id", "the bug report it replays (R1..R5 in docs/bug-reports.md)");
+  need(have_model, "model", "the real model's shape (width, layers, heads, ...)");
+  need(have_cluster, "cluster", "nodes, gpus_per_node, gpu_memory, host_memory");
+  need(have_expect, "expect", "the symptom the trace must show");
+  need(have_fix, "fix", "the known fix (train/deepspeed changes, faults removed)");
+  need(have_small, "small", "the real-compute variant that runs in seconds");
+}
+
+json merged(json base, const json& patch) {
+  if (!patch.is_null() && !patch.empty()) base.merge_patch(patch);
+  return base;
+}
+
+std::vector<std::string> apply_fix_faults(std::vector<std::string> faults, const FixSpec& f) {
+  if (f.faults) return *f.faults;
+  if (f.remove_faults.empty()) return faults;
+  std::vector<std::string> kept;
+  for (const std::string& text : faults) {
+    // A spec string may hold several specs joined by ';': keep the ones not removed.
+    std::vector<fail::Spec> specs;
+    (void)fail::parse_specs(text, &specs);
+    std::string out;
+    for (const auto& sp : specs) {
+      bool removed = false;
+      for (const auto& name : f.remove_faults) removed = removed || sp.name == name;
+      if (!removed) out += (out.empty() ? "" : ";") + sp.text;
+    }
+    if (!out.empty()) kept.push_back(out);
+  }
+  return kept;
+}
+
+Status resolve(const Scenario& s, Variant v, bool fix, std::optional<uint64_t> seed, trainer::TrainConfig* out,
+               std::vector<std::string>* warnings) {
+  Reader r{s.path};
+  trainer::TrainConfig c;
+  try {
+    if (v == Variant::Full) {
+      const FixSpec* f = fix ? &s.fix : nullptr;
+      const int64_t nodes = f && f->nodes ? *f->nodes : s.nodes;
+      const int64_t gpus = f && f->gpus_per_node ? *f->gpus_per_node : s.gpus_per_node;
+      c.model = "custom";
+      c.shape = s.shape;
+      c.virtual_mode = true;
+      c.world_size = nodes * gpus;
+      c.ranks_per_node = gpus;
+      c.device_memory = f && f->gpu_memory ? *f->gpu_memory : s.gpu_memory;
+      c.host_memory = f && f->host_memory ? *f->host_memory : s.host_memory;
+    } else {
+      const FixSpec* f = fix && s.small.fix ? &*s.small.fix : nullptr;
+      const int64_t world = f && f->world_size ? *f->world_size : s.small.world_size;
+      const int64_t nodes = f && f->nodes ? *f->nodes : s.small.nodes;
+      if (world % nodes != 0)
+        r.fail(f ? f->line : s.small.line, "small" + std::string(f ? ".fix" : "") + ": world_size " + std::to_string(world) +
+                                               " is not a multiple of nodes " + std::to_string(nodes));
+      c.model = s.small.model;
+      if (c.model == "custom") c.shape = s.small.shape;
+      c.world_size = world;
+      c.ranks_per_node = world / nodes;
+      c.device_memory = f && f->gpu_memory ? *f->gpu_memory : s.small.gpu_memory;
+      c.host_memory = f && f->host_memory ? *f->host_memory : s.small.host_memory;
+    }
+    for (const auto& set : s.train) apply_setting(r, set, c);
+    if (v == Variant::Small)
+      for (const auto& set : s.small.train) apply_setting(r, set, c);
+    if (fix) {
+      for (const auto& set : s.fix.train) apply_setting(r, set, c);
+      if (v == Variant::Small && s.small.fix)
+        for (const auto& set : s.small.fix->train) apply_setting(r, set, c);
+    }
+  } catch (const BadScenario& e) {
+    return Status::Error(e.message);
+  }
+  json ds = s.deepspeed;
+  if (v == Variant::Small) ds = merged(ds, s.small.deepspeed);
+  if (fix) {
+    ds = merged(ds, s.fix.deepspeed);
+    if (v == Variant::Small && s.small.fix) ds = merged(ds, s.small.fix->deepspeed);
+  }
+  if (!ds.empty()) {
+    std::vector<std::string> w;
+    const std::string origin = s.path + ":" + std::to_string(s.deepspeed_line) + ": deepspeed" +
+                               std::string(v == Variant::Small ? " (small" : " (full size") + (fix ? ", fix)" : ")");
+    if (Status st = trainer::load_deepspeed_config_text(ds.dump(), origin, &c, &w); !st) return st;
+    if (warnings) warnings->insert(warnings->end(), w.begin(), w.end());
+  }
+  std::vector<std::string> faults = s.faults;
+  if (v == Variant::Small && s.small.faults) faults = *s.small.faults;
+  if (fix) {
+    faults = apply_fix_faults(faults, s.fix);
+    if (v == Variant::Small && s.small.fix) faults = apply_fix_faults(faults, *s.small.fix);
+  }
+  c.faults = faults;
+  if (seed) c.seed = *seed;
+  c.config_file = s.path;
+  c.quiet = true;
+  if (Status st = trainer::validate(c); !st)
+    return Status::Error(st.message() + " (the " + variant_name(v) + (fix ? " fix" : " bug") + " run)");
+  *out = c;
+  return Status::Ok();
+}
+
+Status load_once(const std::string& path, Scenario* out) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    return Status::Error(path + ": cannot open the scenario file");
+  } catch (const YAML::Exception& e) {
+    return Status::Error(path + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
+  }
+  if (!root.IsMap()) return Status::Error(path + ": a scenario is a mapping (scenario:, report:, model:, ...)");
+  Scenario s;
+  s.path = path;
+  Reader r{path};
+  try {
+    read_scenario(r, root, s);
+  } catch (const BadScenario& e) {
+    return Status::Error(e.message);
+  } catch (const YAML::Exception& e) {
+    return Status::Error(path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* variant_name(Variant v) { return v == Variant::Small ? "small" : "full-size"; }
+
+Status load_scenario(const std::string& path, Scenario* out) {
+  Scenario s;
+  if (Status st = load_once(path, &s); !st) return st;
+  // Every run this scenario can make must resolve: a bad value is refused before anything runs.
+  for (Variant v : {Variant::Small, Variant::Full})
+    for (bool fix : {false, true}) {
+      trainer::TrainConfig c;
+      if (Status st = resolve(s, v, fix, std::nullopt, &c, nullptr); !st) return st;
+    }
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+Status resolve_config(const Scenario& s, Variant v, bool fix, std::optional<uint64_t> seed, trainer::TrainConfig* out,
+                      std::vector<std::string>* warnings) {
+  return resolve(s, v, fix, seed, out, warnings);
+}
+
+Expectation expectation(const Scenario& s, Variant v) {
+  if (v == Variant::Small && s.small.expect) return *s.small.expect;
+  return s.expect;
+}
+
+FixSpec fix_of(const Scenario& s, Variant v) {
+  FixSpec f = s.fix;
+  if (v == Variant::Small && s.small.fix) {
+    if (!s.small.fix->description.empty()) f.description = s.small.fix->description;
+    if (!s.small.fix->quote.empty()) f.quote = s.small.fix->quote;
+  }
+  return f;
+}
+
+}  // namespace zt::repro

@@ -1,0 +1,342 @@
+// Parity of every CUDA op (trainer/cuda/kernels.h, gemm.h) with the fp32 CPU reference
+// (trainer/model/kernels.h; the LM head's loss and the embeddings restated from gpt2.cpp, where
+// they are private), in fp32, bf16 and fp16, with the tolerances stated in cuda_test_util.h.
+// The GPU sees inputs rounded to the storage dtype; the reference runs on the same rounded
+// values in fp32. Label gpu: every test skips, saying why, without a usable GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "cuda/gemm.h"
+#include "cuda/kernels.h"
+#include "cuda_test_util.h"
+#include "model/kernels.h"
+
+using namespace zt::cuda;
+using namespace zt::cuda::test;
+namespace ref = zt::model::kernels;
+
+namespace {
+
+class CudaKernels : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { ZT_REQUIRE_GPU(); }
+  DType t() const { return GetParam(); }
+  Tolerance tol() const { return tolerance_for(GetParam()); }
+  Tolerance tol32() const { return tolerance_for(DType::F32); }
+  std::string tag(const std::string& what) const { return what + " (" + name_of(t()) + ")"; }
+  // Inputs as the GPU will hold them.
+  std::vector<float> in(size_t n, uint64_t seed, float stddev = 1.0f) const { return rounded(normal(n, seed, stddev), t()); }
+  static void sync() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+};
+
+std::string dtype_param_name(const ::testing::TestParamInfo<DType>& info) { return name_of(info.param); }
+
+}  // namespace
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaKernels, ::testing::Values(DType::F32, DType::BF16, DType::F16), dtype_param_name);
+
+// ---- GEMMs ------------------------------------------------------------------------------------
+
+TEST_P(CudaKernels, MatmulForward) {
+  const int64_t N = 33, IC = 48, OC = 40;
+  const auto x = in(N * IC, 1), w = in(OC * IC, 2, 0.2f), b = in(OC, 3);
+  Blas blas(0);
+  for (bool with_bias : {false, true}) {
+    for (bool accumulate : {false, true}) {
+      const auto out0 = in(N * OC, 4);  // what `out` held before (matters with accumulate)
+      std::vector<float> want = out0;
+      ref::matmul_forward(want.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, IC, OC, accumulate);
+      DeviceBuffer dx = upload(x, t()), dw = upload(w, t()), db = upload(b, t()), dout = upload(out0, t());
+      matmul_forward(blas, dout.get(), dx.get(), dw.get(), with_bias ? db.get() : nullptr, N, IC, OC, t(), nullptr,
+                     accumulate);
+      sync();
+      EXPECT_TRUE(close(download(dout, N * OC, t()), want, tol(),
+                        tag(std::string("matmul_forward bias=") + (with_bias ? "1" : "0") +
+                            " accumulate=" + (accumulate ? "1" : "0"))));
+    }
+  }
+}
+
+TEST_P(CudaKernels, MatmulBackward) {
+  const int64_t N = 37, IC = 24, OC = 56;
+  const auto x = in(N * IC, 11), w = in(OC * IC, 12, 0.2f), dy = in(N * OC, 13);
+  const auto dinp0 = in(N * IC, 14), dw0 = normal(OC * IC, 15), db0 = normal(OC, 16);
+  Blas blas(0);
+  for (bool accumulate : {false, true}) {
+    std::vector<float> want_dinp = dinp0, want_dw = dw0, want_db = db0;
+    ref::matmul_backward(want_dinp.data(), want_dw.data(), want_db.data(), dy.data(), x.data(), w.data(), N, IC, OC,
+                         accumulate);
+    DeviceBuffer ddinp = upload(dinp0, t()), ddw = upload(dw0, DType::F32), ddb = upload(db0, DType::F32);
+    DeviceBuffer ddy = upload(dy, t()), dx = upload(x, t()), dwt = upload(w, t());
+    matmul_backward(blas, ddinp.get(), ddw.as<float>(), ddb.as<float>(), ddy.get(), dx.get(), dwt.get(), N, IC, OC, t(),
+                    nullptr, accumulate);
+    sync();
+    const std::string acc = accumulate ? " accumulate" : "";
+    EXPECT_TRUE(close(download(ddinp, N * IC, t()), want_dinp, tol(), tag("matmul_backward dinp" + acc)));
+    EXPECT_TRUE(close(download(ddw, OC * IC, DType::F32), want_dw, tol32(), tag("matmul_backward dw (fp32)")));
+    EXPECT_TRUE(close(download(ddb, OC, DType::F32), want_db, tol32(), tag("matmul_backward dbias (fp32)")));
+  }
+}
+
+// ---- LayerNorm ---------------------------------------------------------------------------------
+
+TEST_P(CudaKernels, LayerNormForwardAndBackward) {
+  for (int64_t C : {int64_t(64), int64_t(257), int64_t(768)}) {  // below, across and above one block's threads
+    const int64_t N = 19;
+    const auto x = in(N * C, 21, 2.0f), w = in(C, 22), b = in(C, 23);
+    std::vector<float> out(N * C), mean(N), rstd(N);
+    ref::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    DeviceBuffer dx = upload(x, t()), dw = upload(w, t()), db = upload(b, t()), dout(N * C * 4), dmean(N * 4),
+                 drstd(N * 4);
+    layernorm_forward(dout.get(), dmean.as<float>(), drstd.as<float>(), dx.get(), dw.get(), db.get(), N, C, t(), nullptr);
+    sync();
+    const std::string c = " C=" + std::to_string(C);
+    EXPECT_TRUE(close(download(dout, N * C, t()), out, tol(), tag("layernorm_forward out" + c)));
+    EXPECT_TRUE(close(download(dmean, N, DType::F32), mean, tol32(), tag("layernorm_forward mean" + c)));
+    EXPECT_TRUE(close(download(drstd, N, DType::F32), rstd, tol32(), tag("layernorm_forward rstd" + c)));
+
+    // Backward with the reference's statistics, so only the backward is compared.
+    const auto dy = in(N * C, 24), dinp0 = in(N * C, 25), dw0 = normal(C, 26), db0 = normal(C, 27);
+    for (bool accumulate : {false, true}) {
+      std::vector<float> want_dinp = dinp0, want_dw = dw0, want_db = db0;
+      ref::layernorm_backward(want_dinp.data(), want_dw.data(), want_db.data(), dy.data(), x.data(), w.data(),
+                              mean.data(), rstd.data(), N, C, accumulate);
+      DeviceBuffer ddinp = upload(dinp0, t()), ddw = upload(dw0, DType::F32), ddb = upload(db0, DType::F32);
+      DeviceBuffer ddy = upload(dy, t()), m = upload(mean, DType::F32), r = upload(rstd, DType::F32);
+      layernorm_backward(ddinp.get(), ddw.as<float>(), ddb.as<float>(), ddy.get(), dx.get(), dw.get(), m.as<float>(),
+                         r.as<float>(), N, C, accumulate, t(), nullptr);
+      sync();
+      const std::string a = c + (accumulate ? " accumulate" : "");
+      EXPECT_TRUE(close(download(ddinp, N * C, t()), want_dinp, tol(), tag("layernorm_backward dinp" + a)));
+      EXPECT_TRUE(close(download(ddw, C, DType::F32), want_dw, tol32(), tag("layernorm_backward dw" + a)));
+      EXPECT_TRUE(close(download(ddb, C, DType::F32), want_db, tol32(), tag("layernorm_backward db" + a)));
+    }
+  }
+}
+
+// ---- GELU --------------------------------------------------------------------------------------
+
+TEST_P(CudaKernels, Gelu) {
+  const int64_t n = 10007;
+  const auto x = rounded(uniform(n, 31, -6.0f, 6.0f), t()), dy = in(n, 32);
+  std::vector<float> want(n), want_d(n);
+  ref::gelu_forward(want.data(), x.data(), n);
+  ref::gelu_backward(want_d.data(), x.data(), dy.data(), n);
+  DeviceBuffer dx = upload(x, t()), dout(n * 4), ddy = upload(dy, t());
+  gelu_forward(dout.get(), dx.get(), n, t(), nullptr);
+  gelu_backward(ddy.get(), dx.get(), ddy.get(), n, t(), nullptr);  // in place over dout, as the model does
+  sync();
+  EXPECT_TRUE(close(download(dout, n, t()), want, tol(), tag("gelu_forward")));
+  EXPECT_TRUE(close(download(ddy, n, t()), want_d, tol(), tag("gelu_backward")));
+}
+
+// ---- attention ---------------------------------------------------------------------------------
+
+TEST_P(CudaKernels, AttentionForwardAndBackward) {
+  struct Shape {
+    int64_t B, T, C, H;
+  };
+  // T = 1; T odd; T above the block's 128 threads; one head of 64.
+  for (Shape s : {Shape{1, 1, 32, 2}, Shape{2, 17, 48, 3}, Shape{1, 130, 64, 1}}) {
+    const int64_t B = s.B, T = s.T, C = s.C, H = s.H;
+    const std::string shape = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+                              " H=" + std::to_string(H);
+    const auto qkv = in(B * T * 3 * C, 41);
+    std::vector<float> out(B * T * C), att(B * H * T * T);
+    ref::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
+    DeviceBuffer dqkv_in = upload(qkv, t()), dout(B * T * C * 4), datt(B * H * T * T * 4);
+    attention_forward(dout.get(), datt.as<float>(), dqkv_in.get(), B, T, C, H, t(), nullptr);
+    sync();
+    EXPECT_TRUE(close(download(dout, B * T * C, t()), out, tol(), tag("attention_forward out" + shape)));
+    EXPECT_TRUE(close(download(datt, B * H * T * T, DType::F32), att, tol32(), tag("attention_forward att" + shape)));
+
+    // Backward from the reference's probabilities.
+    const auto dy = in(B * T * C, 42);
+    std::vector<float> want(B * T * 3 * C), scratch(B * H * T);
+    ref::attention_backward(want.data(), scratch.data(), dy.data(), qkv.data(), att.data(), B, T, C, H);
+    DeviceBuffer ddy = upload(dy, t()), ratt = upload(att, DType::F32), dscratch(B * H * T * T * 4);
+    DeviceBuffer dqkv = upload(std::vector<float>(B * T * 3 * C, 123.0f), t());  // overwritten entirely
+    attention_backward(dqkv.get(), dscratch.as<float>(), ddy.get(), dqkv_in.get(), ratt.as<float>(), B, T, C, H, t(),
+                       nullptr);
+    sync();
+    EXPECT_TRUE(close(download(dqkv, B * T * 3 * C, t()), want, tol(), tag("attention_backward dqkv" + shape)));
+  }
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------------
+
+namespace {
+// The LM head's loss (gpt2.cpp run_head): per row, log(sum exp(x - max)) + max - x[target], the
+// sum in double; and its gradient (softmax - onehot) * dscale.
+void cross_entropy_reference(std::vector<float>& losses, std::vector<float>& dlogits, const std::vector<float>& logits,
+                             const std::vector<int32_t>& targets, int64_t N, int64_t V, float dscale) {
+  losses.assign(N, 0);
+  dlogits.assign(N * V, 0);
+  for (int64_t r = 0; r < N; ++r) {
+    const float* row = logits.data() + r * V;
+    float maxv = -INFINITY;
+    for (int64_t i = 0; i < V; ++i) maxv = std::max(maxv, row[i]);
+    double sum = 0;
+    for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - maxv);
+    losses[r] = float(std::log(sum) + maxv - row[targets[r]]);
+    const float inv = float(1.0 / sum) * dscale;
+    for (int64_t i = 0; i < V; ++i) dlogits[r * V + i] = std::exp(row[i] - maxv) * inv;
+    dlogits[r * V + targets[r]] -= dscale;
+  }
+}
+}  // namespace
+
+TEST_P(CudaKernels, CrossEntropy) {
+  const int64_t N = 13, V = 1000;  // V above one block's threads
+  const auto logits = in(N * V, 51, 3.0f);
+  std::vector<int32_t> targets(N);
+  for (int64_t r = 0; r < N; ++r) targets[r] = int32_t((r * 389 + 7) % V);
+  targets[0] = 0;
+  targets[1] = int32_t(V - 1);
+  const float dscale = 1.0f / float(N);
+  std::vector<float> want_loss, want_d;
+  cross_entropy_reference(want_loss, want_d, logits, targets, N, V, dscale);
+
+  DeviceBuffer dlog = upload(logits, t()), dtgt = DeviceBuffer::from(targets), dloss(N * 4), dgrad(N * V * 4);
+  cross_entropy_forward(dloss.as<float>(), dlog.get(), dtgt.as<int32_t>(), N, V, t(), nullptr);
+  sync();
+  EXPECT_TRUE(close(download(dloss, N, DType::F32), want_loss, tol32(), tag("cross_entropy_forward losses")));
+  EXPECT_TRUE(close(download(dlog, N * V, t()), logits, {0, 0}, tag("cross_entropy_forward leaves logits intact")));
+
+  // Into a separate buffer, then in place (dlogits == logits) as the LM head does.
+  cross_entropy_forward_backward(dloss.as<float>(), dgrad.get(), dlog.get(), dtgt.as<int32_t>(), N, V, dscale, t(),
+                                 nullptr);
+  sync();
+  EXPECT_TRUE(close(download(dgrad, N * V, t()), want_d, tol(), tag("cross_entropy dlogits")));
+  EXPECT_TRUE(close(download(dloss, N, DType::F32), want_loss, tol32(), tag("cross_entropy_forward_backward losses")));
+  cross_entropy_forward_backward(dloss.as<float>(), dlog.get(), dlog.get(), dtgt.as<int32_t>(), N, V, dscale, t(),
+                                 nullptr);
+  sync();
+  EXPECT_TRUE(close(download(dlog, N * V, t()), want_d, tol(), tag("cross_entropy dlogits in place")));
+  EXPECT_TRUE(close(download(dloss, N, DType::F32), want_loss, tol32(), tag("cross_entropy losses in place")));
+}
+
+// ---- embeddings --------------------------------------------------------------------------------
+
+TEST_P(CudaKernels, Embedding) {
+  const int64_t V = 50, ctx = 9, C = 40, B = 3, T = 7, N = B * T;
+  const auto wte = in(V * C, 61), wpe = in(ctx * C, 62), dx = in(N * C, 63);
+  std::vector<int32_t> tokens(N);
+  for (int64_t n = 0; n < N; ++n) tokens[n] = int32_t((n * 7) % 5 == 0 ? 3 : (n * 13) % V);  // token 3 repeats
+  // Reference (gpt2.cpp embed_forward / embed_backward).
+  std::vector<float> want_x(N * C);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) want_x[n * C + c] = wte[tokens[n] * C + c] + wpe[(n % T) * C + c];
+  std::vector<float> dwte0 = normal(V * C, 64), dwpe0 = normal(ctx * C, 65);
+  std::vector<float> want_dwte = dwte0, want_dwpe = dwpe0;
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t n = 0; n < N; ++n) want_dwte[tokens[n] * C + c] += dx[n * C + c];
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t c = 0; c < C; ++c) want_dwpe[t * C + c] += dx[(b * T + t) * C + c];
+
+  DeviceBuffer dtok = DeviceBuffer::from(tokens), dte = upload(wte, t()), dpe = upload(wpe, t()), dxo(N * C * 4);
+  embedding_forward(dxo.get(), dtok.as<int32_t>(), dte.get(), dpe.get(), B, T, C, t(), nullptr);
+  DeviceBuffer ddx = upload(dx, t()), ddwte = upload(dwte0, DType::F32), ddwpe = upload(dwpe0, DType::F32);
+  embedding_backward(ddwte.as<float>(), ddwpe.as<float>(), dtok.as<int32_t>(), ddx.get(), B, T, C, t(), nullptr);
+  sync();
+  EXPECT_TRUE(close(download(dxo, N * C, t()), want_x, tol(), tag("embedding_forward")));
+  // The same additions in the same order as the reference: equal to the bit in every dtype (the
+  // fp32 gradients add dx values that are exact in fp32).
+  EXPECT_TRUE(close(download(ddwte, V * C, DType::F32), want_dwte, {0, 0}, tag("embedding_backward dwte")));
+  EXPECT_TRUE(close(download(ddwpe, ctx * C, DType::F32), want_dwpe, {0, 0}, tag("embedding_backward dwpe")));
+}
+
+// ---- the engine's elementwise ops and reductions -----------------------------------------------
+
+TEST_P(CudaKernels, ScaleInPlaceAndColumnSums) {
+  const int64_t rows = 1001, cols = 70;
+  const auto x = in(rows * cols, 71);
+  std::vector<float> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = x[i] * 0.37f;
+  DeviceBuffer d = upload(x, t());
+  scale_inplace(d.get(), t(), rows * cols, 0.37f, nullptr);
+  sync();
+  EXPECT_TRUE(close(download(d, x.size(), t()), want, tol(), tag("scale_inplace")));
+
+  std::vector<float> sums0 = normal(cols, 72), want_sums = sums0;
+  ref::column_sums_accumulate(want_sums.data(), x.data(), rows, cols);
+  DeviceBuffer dx = upload(x, t()), ds = upload(sums0, DType::F32);
+  column_sums_accumulate(ds.as<float>(), dx.get(), rows, cols, t(), nullptr);
+  sync();
+  EXPECT_TRUE(close(download(ds, cols, DType::F32), want_sums, tol32(), tag("column_sums_accumulate")));
+}
+
+TEST_P(CudaKernels, SquaredNorm) {
+  for (int64_t n : {int64_t(0), int64_t(1), int64_t(1000003)}) {
+    const auto x = in(size_t(n), 81, 3.0f);
+    double want = 0;
+    for (float v : x) want += double(v) * double(v);
+    DeviceBuffer dx = upload(x, t()), out(8), scratch(kSquaredNormBlocks * 8);
+    squared_norm(out.as<double>(), scratch.as<double>(), dx.get(), t(), n, nullptr);
+    double got = -1;
+    out.download(&got, 8);
+    // Products of fp32 values are exact in fp64; only the order of the fp64 sums differs (a
+    // missing block or element would be off by more than 1e-7 here).
+    EXPECT_NEAR(got, want, 1e-10 * std::max(1.0, want)) << tag("squared_norm n=" + std::to_string(n));
+    squared_norm(out.as<double>(), scratch.as<double>(), dx.get(), t(), n, nullptr, /*accumulate=*/true);
+    out.download(&got, 8);
+    EXPECT_NEAR(got, 2 * want, 2e-10 * std::max(1.0, want)) << tag("squared_norm accumulate");
+  }
+}
+
+// Casts: every pair, bit for bit against the CPU's conversions (core/dtype.h), NaN as NaN.
+TEST(CudaCast, EveryPairMatchesTheCpuBitForBit) {
+  ZT_REQUIRE_GPU();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> src = {0.0f, -0.0f, 1.0f, -2.5f, 1.0f + 1.0f / 256.0f, 1.0f + 3.0f / 256.0f,  // bf16 ties
+                            65504.0f, 65519.0f, 65520.0f, 1e5f, 6e-8f, 1e-8f, 3.0e-5f, 3.4e38f, -3.4e38f,
+                            1.0e-40f, inf, -inf, std::numeric_limits<float>::quiet_NaN()};
+  const auto more = normal(4093, 91, 100.0f);
+  src.insert(src.end(), more.begin(), more.end());
+  const size_t n = src.size();
+  for (DType from : {DType::F32, DType::BF16, DType::F16}) {
+    for (DType to : {DType::F32, DType::BF16, DType::F16}) {
+      const std::vector<float> in_vals = rounded(src, from);
+      std::vector<float> want = rounded(in_vals, to);
+      DeviceBuffer din = upload(in_vals, from), dout(n * 4);
+      cast(dout.get(), to, din.get(), from, int64_t(n), nullptr);
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      const std::vector<float> got = download(dout, n, to);
+      size_t bad = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const bool same = std::isnan(want[i]) ? std::isnan(got[i]) : std::memcmp(&got[i], &want[i], 4) == 0;
+        if (!same && bad++ < 5)
+          ADD_FAILURE() << name_of(from) << " -> " << name_of(to) << " [" << i << "] " << in_vals[i] << ": got "
+                        << got[i] << ", want " << want[i];
+      }
+      EXPECT_EQ(bad, 0u) << name_of(from) << " -> " << name_of(to);
+    }
+  }
+}
+
+// The same inputs give the same bits twice (no atomics; fixed reduction orders).
+TEST(CudaDeterminism, BackwardPassesRepeatBitForBit) {
+  ZT_REQUIRE_GPU();
+  const int64_t B = 2, T = 33, C = 64, H = 4, N = B * T;
+  const auto qkv = normal(B * T * 3 * C, 101), dy = normal(N * C, 102), x = normal(N * C, 103);
+  std::vector<float> out(N * C), att(B * H * T * T);
+  ref::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
+  auto run = [&] {
+    DeviceBuffer dqkv_in = upload(qkv, DType::BF16), ddy = upload(dy, DType::BF16), ratt = upload(att, DType::F32);
+    DeviceBuffer scratch(B * H * T * T * 4), dqkv(B * T * 3 * C * 2);
+    attention_backward(dqkv.get(), scratch.as<float>(), ddy.get(), dqkv_in.get(), ratt.as<float>(), B, T, C, H,
+                       DType::BF16, nullptr);
+    DeviceBuffer dx = upload(x, DType::F32), sums = upload(std::vector<float>(C, 0.0f), DType::F32);
+    column_sums_accumulate(sums.as<float>(), dx.get(), N, C, DType::F32, nullptr);
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    std::vector<uint16_t> a(B * T * 3 * C);
+    dqkv.download(a.data(), a.size() * 2);
+    std::vector<float> s = sums.to_vector<float>(C);
+    return std::make_pair(a, s);
+  };
+  EXPECT_EQ(run(), run());
+}

@@ -1,0 +1,418 @@
+// zt check's rules on hand-built traces: each case writes exactly the rows it needs.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "../test_util.h"
+#include "check_traces.h"
+#include "zt/check/check.h"
+#include "zt/probe/recorder.h"
+#include "zt/probe/synthetic.h"
+
+using namespace zt;
+using namespace zt::check;
+using zt::test::kGiB;
+using zt::test::kMiB;
+using zt::test::RunShape;
+using zt::test::TraceBuilder;
+
+namespace {
+
+std::string make(const test::TempDir& dir, const std::string& name, const RunShape& shape,
+                 void (*extra)(TraceBuilder&) = nullptr) {
+  std::string path = dir.file(name);
+  TraceBuilder b(path);
+  test::build_run(b, shape);
+  if (extra) extra(b);
+  b.finish();
+  return path;
+}
+
+const CheckResult& only(const Report& r, const std::string& name) {
+  for (auto& c : r.checks)
+    if (c.name == name) return c;
+  static CheckResult none;
+  ADD_FAILURE() << "no check " << name << " in the report:\n" << format_text(r);
+  return none;
+}
+
+Report run(const std::string& path, const Options& o) {
+  Report r;
+  Status s = run_checks(path, o, &r);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return r;
+}
+
+Options leaks_only(int64_t threshold = 512 << 10) {
+  Options o;
+  o.leaks = true;
+  o.leak_threshold = threshold;
+  return o;
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(CheckLeaks, OneMiBPerEpochOfPinnedHostMemoryIsCaught) {
+  test::TempDir dir;
+  RunShape s;
+  s.ranks = 2;
+  s.epochs = 4;
+  s.leak_per_epoch = kMiB;
+  Report r = run(make(dir, "leak.db", s), leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 2u) << format_text(r);  // one per rank: only their pinned host memory grows
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string& f = c.findings[size_t(rank)];
+    EXPECT_TRUE(has(f, "rank " + std::to_string(rank) + " cpu pinned host memory")) << f;
+    EXPECT_TRUE(has(f, "grew 1.00 MiB per epoch")) << f;
+    EXPECT_TRUE(has(f, "epoch 2: +1.00 MiB, epoch 3: +1.00 MiB")) << f;
+    // The evidence: what is alive at the later epoch and was not at the earlier, by tensor name.
+    EXPECT_TRUE(has(f, "offload.buffer[epoch *] +2.00 MiB in 2 allocations")) << f;
+  }
+  EXPECT_TRUE(r.failed());
+}
+
+TEST(CheckLeaks, TwoEpochsAreEnoughToCatchIt) {
+  test::TempDir dir;
+  RunShape s;
+  s.epochs = 2;
+  s.leak_per_epoch = kMiB;
+  Report r = run(make(dir, "leak2.db", s), leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  EXPECT_TRUE(has(c.findings.at(0), "offload.buffer[epoch *] +1.00 MiB in 1 allocation")) << c.findings[0];
+}
+
+TEST(CheckLeaks, AFlatRunPasses) {
+  // The GPU's caching allocator reserves a second segment during epoch 0 and keeps it: the
+  // tensor-level rows (blocks) are flat, and they are what counts.
+  test::TempDir dir;
+  RunShape s;
+  s.ranks = 2;
+  Report r = run(make(dir, "flat.db", s), leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  EXPECT_EQ(c.outcome, Outcome::Pass) << format_text(r);
+  EXPECT_TRUE(c.findings.empty());
+  EXPECT_TRUE(has(c.summary, "over 3 epochs")) << c.summary;
+  EXPECT_FALSE(r.failed());
+}
+
+TEST(CheckLeaks, StateCreatedOnceInTheFirstEpochIsWarmUp) {
+  test::TempDir dir;
+  RunShape s;
+  s.lazy_state_bytes = 64 * kMiB;
+  EXPECT_EQ(only(run(make(dir, "lazy.db", s), leaks_only()), "leaks").outcome, Outcome::Pass);
+}
+
+TEST(CheckLeaks, ThresholdDecides) {
+  test::TempDir dir;
+  RunShape s;
+  s.leak_per_epoch = 256 << 10;
+  std::string path = make(dir, "small.db", s);
+  EXPECT_EQ(only(run(path, leaks_only()), "leaks").outcome, Outcome::Pass);
+  Report r = run(path, leaks_only(128 << 10));
+  EXPECT_EQ(only(r, "leaks").outcome, Outcome::Fail) << format_text(r);
+}
+
+TEST(CheckLeaks, OneEpochIsSkippedNotPassed) {
+  test::TempDir dir;
+  RunShape s;
+  s.epochs = 1;
+  Report r = run(make(dir, "one.db", s), leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  EXPECT_EQ(c.outcome, Outcome::Skip);
+  EXPECT_TRUE(has(c.summary, "1 epoch")) << c.summary;
+}
+
+TEST(CheckLeaks, SyntheticWorkloadWithHostSegmentsOnly) {
+  // zt synth records host memory as segments only (no blocks): those are what count there.
+  test::TempDir dir;
+  for (int64_t leak : {int64_t(0), kMiB}) {
+    std::string path = dir.file("synth" + std::to_string(leak) + ".db");
+    probe::RecorderOptions ro;
+    ro.path = path;
+    ro.crash_handlers = false;
+    std::unique_ptr<probe::Recorder> rec;
+    ASSERT_TRUE(probe::Recorder::open(ro, &rec).ok());
+    probe::SyntheticOptions so;
+    so.epochs = 3;
+    so.layer_bytes = 4 * kMiB;
+    so.activation_bytes = 2 * kMiB;
+    so.leak_bytes_per_epoch = leak;
+    probe::record_synthetic(*rec, so);
+    ASSERT_TRUE(rec->close(db::RunStatus::Ok, 0).ok());
+    Report r = run(path, leaks_only());
+    EXPECT_EQ(only(r, "leaks").outcome, leak ? Outcome::Fail : Outcome::Pass) << format_text(r);
+    if (leak) {
+      EXPECT_TRUE(has(format_text(r), "offload.buffer[epoch *] +1.00 MiB")) << format_text(r);
+    }
+  }
+}
+
+TEST(CheckPlacement, OffloadedStatesOnTheHostAndStagedShardsPass) {
+  test::TempDir dir;
+  RunShape s;
+  s.ranks = 2;
+  Options o;
+  o.placement = true;
+  Report r = run(make(dir, "ok.db", s), o);
+  const CheckResult& c = only(r, "placement");
+  EXPECT_EQ(c.outcome, Outcome::Pass) << format_text(r);
+  EXPECT_TRUE(has(c.summary, "offload_optimizer, offload_param")) << c.summary;
+}
+
+TEST(CheckPlacement, DeviceMismatchErrorIsAFinding) {
+  test::TempDir dir;
+  RunShape s;
+  s.ranks = 2;
+  std::string path = make(dir, "mismatch.db", s, [](TraceBuilder& b) {
+    db::ErrorRow e;
+    e.rank = 1;
+    e.t = test::step_t0(3) + 50;
+    e.step = 3;
+    e.kind = "device_mismatch";
+    e.site = "unscale_and_clip_grads";
+    e.message = "Expected all tensors to be on the same device, but found at least two devices, cpu and cuda:1!";
+    e.tensors = R"(["fp32_partitioned_groups_flat[0].grad@cpu","fp32_partitioned_groups_flat[1].grad@cuda:1"])";
+    e.device_id = 4;
+    b.error(e);
+  });
+  Options o;
+  o.placement = true;
+  Report r = run(path, o);
+  const CheckResult& c = only(r, "placement");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u) << format_text(r);
+  const std::string& f = c.findings[0];
+  EXPECT_TRUE(has(f, "rank 1 step 3 in unscale_and_clip_grads: device_mismatch: Expected all tensors to be on the "
+                     "same device, but found at least two devices, cpu and cuda:1!"))
+      << f;
+  EXPECT_TRUE(has(f, "fp32_partitioned_groups_flat[0].grad@cpu, fp32_partitioned_groups_flat[1].grad@cuda:1")) << f;
+  EXPECT_TRUE(has(f, "[device cuda:1]")) << f;
+  EXPECT_TRUE(has(c.summary, "1 device_mismatch error")) << c.summary;
+}
+
+TEST(CheckPlacement, GradientPartitionLeftOnTheGpuUnderOptimizerOffload) {
+  test::TempDir dir;
+  RunShape s;
+  std::string path = make(dir, "misplaced.db", s, [](TraceBuilder& b) {
+    // The R2 mechanism: a gradient partition made on the GPU at step 5 (device 2 is cuda:0).
+    int64_t a = b.alloc(0, 2, db::MemoryKind::Device, "fp32_partitioned_groups_flat[2].grad", 4 * kMiB,
+                        test::step_t0(5) + 30, test::step_t0(5) + 40);
+    b.placement(0, test::step_t0(5) + 30, "fp32_partitioned_groups_flat[2].grad", 2, db::PlacementWhy::Created,
+                4 * kMiB, a);
+  });
+  Options o;
+  o.placement = true;
+  Report r = run(path, o);
+  const CheckResult& c = only(r, "placement");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u) << format_text(r);
+  const std::string& f = c.findings[0];
+  EXPECT_TRUE(has(f, "rank 0: fp32_partitioned_groups_flat[*].grad on cuda:0, expected on the host "
+                     "(zero_optimization.offload_optimizer): 1 tensor (fp32_partitioned_groups_flat[2].grad), 4.00 MiB, "
+                     "first at step 5"))
+      << f;
+}
+
+TEST(CheckPlacement, ResidentParameterShardOnTheGpuUnderParamOffload) {
+  test::TempDir dir;
+  RunShape s;
+  std::string path = make(dir, "shard.db", s, [](TraceBuilder& b) {
+    // Made before the first step and kept: the shard's home copy, not a staged one.
+    b.alloc(0, 2, db::MemoryKind::Device, "block3.shard", kMiB, 90, std::nullopt);
+  });
+  Options o;
+  o.placement = true;
+  Report r = run(path, o);
+  const CheckResult& c = only(r, "placement");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u) << format_text(r);
+  EXPECT_TRUE(has(c.findings[0], "block3.shard on cuda:0, expected on the host (zero_optimization.offload_param)"))
+      << c.findings[0];
+  EXPECT_TRUE(has(c.findings[0], "first before any step")) << c.findings[0];
+}
+
+TEST(CheckPlacement, NoOffloadNoRule) {
+  test::TempDir dir;
+  RunShape s;
+  s.offload = false;  // optimizer states on the GPU, as the config says
+  Options o;
+  o.placement = true;
+  Report r = run(make(dir, "z0.db", s), o);
+  const CheckResult& c = only(r, "placement");
+  EXPECT_EQ(c.outcome, Outcome::Pass);
+  EXPECT_TRUE(has(c.summary, "offloads nothing")) << c.summary;
+}
+
+TEST(CheckBudget, ParsesAndRefusesWithTheBadItemNamed) {
+  Budget b;
+  ASSERT_TRUE(parse_budget("cuda=70GiB,host=900GiB", &b).ok());
+  EXPECT_EQ(*b.cuda, 70 * kGiB);
+  EXPECT_EQ(*b.host, 900 * kGiB);
+  ASSERT_TRUE(parse_budget(" host = 1.5TiB ", &b).ok());
+  EXPECT_FALSE(b.cuda);
+  EXPECT_EQ(*b.host, int64_t(1.5 * 1024) * kGiB);
+  struct Bad {
+    const char* text;
+    const char* says;
+  };
+  for (Bad x : {Bad{"cuda=70XB", "--budget: 'cuda=70XB': '70XB' is not a size"},
+                Bad{"cuda70GiB", "--budget: 'cuda70GiB': not KEY=SIZE"},
+                Bad{"cuda=1GiB,tpu=2GiB", "--budget: 'tpu=2GiB': unknown key 'tpu'"},
+                Bad{"cuda=1GiB,cuda=2GiB", "--budget: 'cuda=2GiB': 'cuda' given twice"},
+                Bad{"cuda=1GiB,", "--budget: '': empty item"}, Bad{"cuda=", "--budget: 'cuda=': '' is not a size"},
+                Bad{"", "--budget: empty"}}) {
+    Status s = parse_budget(x.text, &b);
+    ASSERT_FALSE(s.ok()) << x.text;
+    EXPECT_TRUE(has(s.message(), x.says)) << x.text << " -> " << s.message();
+  }
+}
+
+TEST(CheckBudget, PeakOverTheBudgetNamesDeviceStepAndTensors) {
+  test::TempDir dir;
+  RunShape s;
+  std::string path = make(dir, "budget.db", s, [](TraceBuilder& b) {
+    // A checkpoint-time gather of 3 GiB on cuda:0 (device 2), between steps 7 and 8.
+    b.alloc(0, 2, db::MemoryKind::Device, "checkpoint.gather", 3 * kGiB, test::step_t0(7) + 10, test::step_t0(7) + 20);
+  });
+  Options o;
+  Budget bud;
+  ASSERT_TRUE(parse_budget("cuda=2GiB,host=1GiB", &bud).ok());
+  o.budget = bud;
+  Report r = run(path, o);
+  ASSERT_EQ(r.checks.size(), 1u);
+  const CheckResult& c = only(r, "budget");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u) << format_text(r);
+  const std::string& f = c.findings[0];
+  EXPECT_TRUE(has(f, "rank 0 cuda:0: peak allocated 3.02 GiB over the budget of 2.00 GiB by 1.02 GiB, at step 7")) << f;
+  EXPECT_TRUE(has(f, "capacity 80.00 GiB")) << f;
+  EXPECT_TRUE(has(f, "alive at the peak: checkpoint.gather 3.00 GiB in 1 allocation, activations 8.00 MiB")) << f;
+
+  // Within budget: the host holds 4 x 16 MiB of optimizer state + shards; the GPU 3 GiB.
+  ASSERT_TRUE(parse_budget("cuda=4GiB,host=100MiB", &bud).ok());
+  o.budget = bud;
+  Report ok = run(path, o);
+  EXPECT_EQ(only(ok, "budget").outcome, Outcome::Pass) << format_text(ok);
+  ASSERT_TRUE(parse_budget("host=64MiB", &bud).ok());
+  o.budget = bud;
+  Report host = run(path, o);
+  ASSERT_EQ(only(host, "budget").outcome, Outcome::Fail) << format_text(host);
+  EXPECT_TRUE(has(only(host, "budget").findings.at(0), "host testhost: peak allocated host memory 68.00 MiB over the budget of 64.00 MiB"))
+      << format_text(host);
+}
+
+TEST(CheckSteps, AgainstThePlanAndAgainstN) {
+  test::TempDir dir;
+  RunShape s;
+  std::string path = make(dir, "steps.db", s);
+  Options o;
+  o.steps = true;
+  Report r = run(path, o);
+  EXPECT_EQ(only(r, "steps").outcome, Outcome::Pass) << format_text(r);
+  EXPECT_TRUE(has(only(r, "steps").summary, "12 of 12 planned steps run (data.steps_planned)")) << format_text(r);
+  o.expected_steps = 12;
+  EXPECT_EQ(only(run(path, o), "steps").outcome, Outcome::Pass);
+  o.expected_steps = 20;
+  Report more = run(path, o);
+  ASSERT_EQ(only(more, "steps").outcome, Outcome::Fail);
+  EXPECT_TRUE(has(only(more, "steps").findings.at(0), "rank 0: 12 of 20 expected steps run (--steps), 8 short"))
+      << format_text(more);
+}
+
+TEST(CheckSteps, ShortRunReportsTheDataAccounting) {
+  test::TempDir dir;
+  RunShape s;
+  s.steps_run = 8;
+  Options o;
+  o.steps = true;
+  Report r = run(make(dir, "short.db", s), o);
+  const CheckResult& c = only(r, "steps");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  EXPECT_TRUE(has(c.findings.at(0), "rank 0: 8 of 12 planned steps run (data.steps_planned), 4 short; step 8 began "
+                                    "and never ended"))
+      << format_text(r);
+  std::string text = format_text(r);
+  EXPECT_TRUE(has(text, "run 1 ended with status failed, exit code 1: step 8: CUDA out of memory")) << text;
+  EXPECT_TRUE(has(text, "data accounting: documents=12 documents_dropped=3 documents_truncated=1 samples_per_epoch=8 "
+                        "steps_per_epoch=4 steps_planned=12 samples_used per epoch (rank 0)=8,16"))
+      << text;
+}
+
+TEST(CheckSteps, NoPlanIsSkipped) {
+  test::TempDir dir;
+  RunShape s;
+  s.write_plan = false;
+  Options o;
+  o.steps = true;
+  Report r = run(make(dir, "noplan.db", s), o);
+  EXPECT_EQ(only(r, "steps").outcome, Outcome::Skip);
+  EXPECT_FALSE(r.failed());
+}
+
+TEST(Check, DefaultSetIsLeaksPlacementSteps) {
+  test::TempDir dir;
+  Report r = run(make(dir, "d.db", RunShape{}), Options{});
+  ASSERT_EQ(r.checks.size(), 3u);
+  EXPECT_EQ(r.checks[0].name, "leaks");
+  EXPECT_EQ(r.checks[1].name, "placement");
+  EXPECT_EQ(r.checks[2].name, "steps");
+  EXPECT_FALSE(r.failed()) << format_text(r);
+  std::string text = format_text(r);
+  EXPECT_TRUE(has(text, "zt check: ok (3 passed)")) << text;
+}
+
+TEST(Check, BadInputIsAStatusNamingTheFile) {
+  test::TempDir dir;
+  Report r;
+  Status s = run_checks(dir.file("missing.db"), Options{}, &r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message().rfind(dir.file("missing.db") + ": ", 0), 0u) << s.message();
+  std::ofstream(dir.file("junk.db")) << "not a trace at all";
+  s = run_checks(dir.file("junk.db"), Options{}, &r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message().rfind(dir.file("junk.db") + ": ", 0), 0u) << s.message();
+}
+
+TEST(Check, JUnitHasATestcasePerCheckAndEscapes) {
+  Report r;
+  r.trace = "a&b.db";
+  CheckResult pass{"leaks", Outcome::Pass, "flat", {}, {}, 0.01};
+  CheckResult fail{"placement", Outcome::Fail, "1 misplaced <tensor> group", {"rank 0: x \"y\" on cuda:0"}, {"ctx"}, 0};
+  CheckResult skip{"steps", Outcome::Skip, "no plan", {}, {}, 0};
+  r.checks = {pass, fail, skip};
+  std::string x = junit_xml(r);
+  EXPECT_TRUE(has(x, "<testsuite name=\"zt check\" tests=\"3\" failures=\"1\" errors=\"0\" skipped=\"1\"")) << x;
+  EXPECT_TRUE(has(x, "<property name=\"trace\" value=\"a&amp;b.db\"/>")) << x;
+  EXPECT_TRUE(has(x, "<testcase classname=\"zt check\" name=\"leaks\" time=\"0.010\">")) << x;
+  EXPECT_TRUE(has(x, "<failure message=\"1 misplaced &lt;tensor&gt; group\" type=\"placement\">rank 0: x \"y\" on "
+                     "cuda:0\n  ctx\n</failure>"))
+      << x;
+  EXPECT_TRUE(has(x, "<skipped message=\"no plan\"/>")) << x;
+  std::string e = junit_xml_error("t.db", "t.db: empty file");
+  EXPECT_TRUE(has(e, "errors=\"1\"")) << e;
+  EXPECT_TRUE(has(e, "<error message=\"t.db: empty file\"")) << e;
+}
+
+TEST(Check, WriteFileAtomicReplacesAndLeavesNoTemporary) {
+  test::TempDir dir;
+  std::string p = dir.file("out.xml");
+  ASSERT_TRUE(write_file_atomic(p, "one").ok());
+  ASSERT_TRUE(write_file_atomic(p, "two").ok());
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_EQ(ss.str(), "two");
+  int files = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir.path())) files += e.is_regular_file();
+  EXPECT_EQ(files, 1);
+  Status s = write_file_atomic(dir.file("no/such/dir/out.xml"), "x");
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(has(s.message(), dir.file("no/such/dir/out.xml") + ": cannot write")) << s.message();
+}

@@ -1,0 +1,153 @@
+// `zt repro` as users run it: exit codes, one-line errors, the JSON, and the full-size
+// scenarios in virtual mode within their budget (R1 and R4 at real size: < 60 s and < 2 GiB).
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "../test_util.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+using Result = zt::test::CommandResult;
+
+Result run_zt(const std::string& args) { return zt::test::run_command(std::string(ZT_BINARY_DIR) + "/zt " + args + " 2>&1"); }
+
+std::string scenario(const std::string& name) { return std::string(ZT_SOURCE_DIR) + "/inject/scenarios/" + name + ".yaml"; }
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Runs zt as a child and measures it: wall time and peak resident memory (wait4's rusage).
+struct Measured {
+  int code = -1;
+  double seconds = 0;
+  long max_rss_kib = 0;
+};
+
+Measured measure(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<std::string> all = {std::string(ZT_BINARY_DIR) + "/zt"};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  Measured m;
+  pid_t pid = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) return m;
+  int status = 0;
+  struct rusage ru {};
+  wait4(pid, &status, 0, &ru);
+  m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  m.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  m.max_rss_kib = ru.ru_maxrss;
+  posix_spawn_file_actions_destroy(&fa);
+  return m;
+}
+
+std::string read(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST(ReproCli, HelpHasAnExample) {
+  Result r = run_zt("repro --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_TRUE(has(r.out, "Example: zt repro inject/scenarios/")) << r.out;
+  for (const char* flag : {"--json", "--virtual", "--keep", "--seed"}) EXPECT_TRUE(has(r.out, flag)) << flag;
+}
+
+TEST(ReproCli, BadScenarioIsExit2WithFileAndLine) {
+  zt::test::TempDir dir;
+  std::string text = read(scenario("r5-axolotl-unscale-clip-mismatch"));
+  text.replace(text.find("zero.norm_on_device=return"), 26, "zero.norm_on_devise=return");
+  std::ofstream(dir.file("bad.yaml")) << text;
+  Result r = run_zt("repro " + dir.file("bad.yaml"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, dir.file("bad.yaml") + ":")) << r.out;
+  EXPECT_TRUE(has(r.out, "unknown fault 'zero.norm_on_devise'")) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line:\n" << r.out;
+  EXPECT_EQ(run_zt("repro " + dir.file("missing.yaml")).code, 2);
+}
+
+TEST(ReproCli, ReproducedAndCuredIsExit0WithJson) {
+  zt::test::TempDir dir;
+  Result r = run_zt("repro " + scenario("r3-internlm2-20b-no-zero-oom") + " --keep " + dir.file("keep") + " --json " +
+                dir.file("v.json"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "verdict: REPRODUCED; the fix cures it")) << r.out;
+  EXPECT_TRUE(has(r.out, "bug run:")) << "progress lines";
+  EXPECT_TRUE(has(r.out, "CUDA out of memory. Tried to allocate")) << r.out;
+  EXPECT_TRUE(fs::exists(dir.file("keep/bug.db")));
+  EXPECT_TRUE(fs::exists(dir.file("keep/fix.db")));
+  auto j = nlohmann::json::parse(read(dir.file("v.json")));
+  EXPECT_EQ(j["verdict"], "REPRODUCED");
+  EXPECT_EQ(j["variant"], "small");
+  // The trace it names opens with zt db.
+  Result info = run_zt("db info " + dir.file("keep/bug.db"));
+  EXPECT_EQ(info.code, 0) << info.out;
+}
+
+TEST(ReproCli, NotReproducedIsExit1) {
+  zt::test::TempDir dir;
+  std::string text = read(scenario("r5-axolotl-unscale-clip-mismatch"));
+  text.replace(text.find("faults:\n  - zero.norm_on_device=return"), std::string("faults:\n  - zero.norm_on_device=return").size(),
+               "faults: []");
+  std::ofstream(dir.file("off.yaml")) << text;
+  Result r = run_zt("repro " + dir.file("off.yaml") + " -q --keep " + dir.file("keep") + " --json " + dir.file("v.json"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "verdict: NOT REPRODUCED")) << r.out;
+  EXPECT_FALSE(has(r.out, "bug run:")) << "-q: no progress lines";
+  EXPECT_EQ(nlohmann::json::parse(read(dir.file("v.json")))["verdict"], "NOT REPRODUCED");
+}
+
+// Full size, virtual mode: the reports' own models and clusters on a laptop.
+class FullSize : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FullSize, ReproducedWithinBudget) {
+  zt::test::TempDir dir;
+  Measured m = measure({"repro", scenario(GetParam()), "--virtual", "-q", "--keep", dir.file("keep"), "--json",
+                        dir.file("v.json")},
+                       dir.file("log.txt"));
+  const std::string log = read(dir.file("log.txt"));
+  EXPECT_EQ(m.code, 0) << log;
+  EXPECT_LT(m.seconds, 60.0) << log;
+  EXPECT_LT(m.max_rss_kib, 2L << 20) << "peak RSS " << m.max_rss_kib << " KiB";
+  RecordProperty("seconds", std::to_string(m.seconds));
+  RecordProperty("max_rss_kib", std::to_string(m.max_rss_kib));
+  std::printf("%s --virtual: %.2f s, peak RSS %.1f MiB\n", GetParam().c_str(), m.seconds, double(m.max_rss_kib) / 1024);
+  auto j = nlohmann::json::parse(read(dir.file("v.json")));
+  EXPECT_EQ(j["variant"], "full");
+  EXPECT_EQ(j["runs"]["bug"]["config"]["virtual"], true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Reports, FullSize,
+                         ::testing::Values("r1-xtuner-yi34b-epoch-host-oom", "r2-qwen72b-offload-device-mismatch",
+                                           "r3-internlm2-20b-no-zero-oom", "r4-deepseek-coder-v2-236b-save-oom",
+                                           "r5-axolotl-unscale-clip-mismatch", "r5-axolotl-8bit-optimizer-cpu-state"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string n = info.param;
+                           for (auto& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });

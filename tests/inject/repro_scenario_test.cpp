@@ -1,0 +1,276 @@
+// Scenario files: every shipped one parses and resolves; bad ones are refused with the file
+// and the line of the problem.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "../test_util.h"
+#include "zt/repro/scenario.h"
+
+using namespace zt;
+using zt::repro::Variant;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> shipped() {
+  std::vector<std::string> out;
+  for (auto& e : fs::directory_iterator(std::string(ZT_SOURCE_DIR) + "/inject/scenarios"))
+    if (e.path().extension() == ".yaml") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A minimal valid scenario; tests replace one line to break it.
+const char* kGood = R"(scenario: t
+report: {id: R3, seed: 002_1ddf7421319759dc.txt, title: test}
+model:
+  name: m
+  width: 64
+  layers: 2
+  heads: 4
+  vocab: 256
+  context: 64
+cluster:
+  nodes: 1
+  gpus_per_node: 2
+  gpu_memory: 1GiB
+train:
+  steps: 2
+  seq_len: 32
+  data_samples: 100
+deepspeed:
+  zero_optimization: {stage: 3, stage3_max_live_parameters: 1e9, offload_optimizer: {device: cpu}}
+  bf16: {enabled: true}
+  gradient_accumulation_steps: "auto"
+faults:
+  - zero.norm_on_device=return
+expect:
+  error: device_mismatch
+  when: {step: 0, micro_step: last}
+fix:
+  remove_faults: [zero.norm_on_device]
+small:
+  model: tiny
+  world_size: 2
+  gpu_memory: 64MiB
+)";
+
+std::string write(const test::TempDir& dir, const std::string& name, const std::string& text) {
+  std::string p = dir.file(name);
+  std::ofstream(p) << text;
+  return p;
+}
+
+// kGood with the line starting with `from` (first occurrence) replaced by `to`.
+std::string variant(const std::string& from, const std::string& to) {
+  std::string s = kGood;
+  size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  size_t end = s.find('\n', at);
+  return s.substr(0, at) + to + s.substr(end);
+}
+
+int line_of(const std::string& text, const std::string& needle) {
+  size_t at = text.find(needle);
+  return at == std::string::npos ? -1 : int(std::count(text.begin(), text.begin() + long(at), '\n')) + 1;
+}
+
+// Loads `text`; expects an error that names the file and `line`, and contains `words`.
+void expect_refused(const std::string& text, int line, const std::string& words) {
+  test::TempDir dir;
+  std::string p = write(dir, "bad.yaml", text);
+  repro::Scenario s;
+  Status st = repro::load_scenario(p, &s);
+  ASSERT_FALSE(st) << "accepted:\n" << text;
+  EXPECT_NE(st.message().find(p + ":" + std::to_string(line) + ":"), std::string::npos)
+      << "wanted " << p << ":" << line << " in: " << st.message();
+  EXPECT_NE(st.message().find(words), std::string::npos) << "wanted '" << words << "' in: " << st.message();
+}
+
+}  // namespace
+
+TEST(ReproScenario, EveryShippedScenarioParsesAndResolves) {
+  auto files = shipped();
+  ASSERT_GE(files.size(), 5u);
+  std::set<std::string> reports;
+  for (const auto& f : files) {
+    SCOPED_TRACE(f);
+    repro::Scenario s;
+    Status st = repro::load_scenario(f, &s);
+    ASSERT_TRUE(st) << st.message();
+    reports.insert(s.report_id);
+    EXPECT_TRUE(std::regex_match(s.report_seed, std::regex(R"(\d{3}_[0-9a-f]{16}\.txt)"))) << s.report_seed;
+    EXPECT_FALSE(s.report_title.empty());
+    EXPECT_FALSE(s.fix.description.empty()) << "a fix says what it is";
+    EXPECT_EQ(fs::path(f).stem().string(), s.name) << "the file is named for its scenario";
+    for (Variant v : {Variant::Small, Variant::Full}) {
+      trainer::TrainConfig bug, fix;
+      ASSERT_TRUE(repro::resolve_config(s, v, false, std::nullopt, &bug));
+      ASSERT_TRUE(repro::resolve_config(s, v, true, std::nullopt, &fix));
+      EXPECT_EQ(bug.virtual_mode, v == Variant::Full);
+      if (v == Variant::Full) {
+        EXPECT_EQ(bug.model, "custom");
+        EXPECT_EQ(bug.shape.width, s.shape.width);
+        EXPECT_EQ(bug.world_size, s.nodes * s.gpus_per_node);
+        EXPECT_EQ(bug.ranks_per_node, s.gpus_per_node);
+        EXPECT_EQ(bug.device_memory, s.gpu_memory);
+      } else {
+        EXPECT_LE(bug.world_size, 8) << "the small variant runs in seconds on 2 cores";
+      }
+      // The fix changes something: a config, the faults, or the cluster.
+      EXPECT_TRUE(bug.faults != fix.faults || trainer::to_json(bug) != trainer::to_json(fix));
+    }
+  }
+  for (const char* r : {"R1", "R2", "R3", "R4", "R5"}) EXPECT_TRUE(reports.count(r)) << r << " has no scenario";
+}
+
+TEST(ReproScenario, RealModelShapesAreTheirConfigs) {
+  std::map<std::string, repro::Scenario> by_model;
+  for (const auto& f : shipped()) {
+    repro::Scenario s;
+    ASSERT_TRUE(repro::load_scenario(f, &s));
+    by_model[s.shape.name] = s;
+  }
+  auto& yi = by_model.at("Yi-34B").shape;
+  EXPECT_EQ(yi.width, 7168);
+  EXPECT_EQ(yi.layers, 60);
+  EXPECT_EQ(yi.heads, 56);
+  EXPECT_EQ(yi.kv_heads, 8);
+  EXPECT_EQ(yi.ffn, 20480);
+  EXPECT_EQ(yi.vocab, 64000);
+  auto& dsv2 = by_model.at("DeepSeek-Coder-V2-Instruct");
+  EXPECT_EQ(dsv2.shape.experts, 160);
+  EXPECT_EQ(dsv2.shape.expert_ffn, 1536);
+  EXPECT_EQ(dsv2.nodes * dsv2.gpus_per_node, 48);
+  EXPECT_NEAR(double(dsv2.gpu_memory) / double(1ull << 30), 79.32, 1e-9);
+  auto& il = by_model.at("internlm2-chat-20b").shape;
+  EXPECT_EQ(il.width, 6144);
+  EXPECT_EQ(il.layers, 48);
+  EXPECT_EQ(by_model.at("Qwen2.5-72B").shape.layers, 80);
+}
+
+TEST(ReproScenario, InlineDeepSpeedGoesThroughTheLoader) {
+  test::TempDir dir;
+  repro::Scenario s;
+  ASSERT_TRUE(repro::load_scenario(write(dir, "t.yaml", kGood), &s));
+  trainer::TrainConfig c;
+  ASSERT_TRUE(repro::resolve_config(s, Variant::Full, false, std::nullopt, &c));
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_TRUE(c.zero.offload_optimizer);
+  EXPECT_EQ(c.zero.max_live_parameters, 1000000000) << "1e9 unquoted reads as a number";
+  EXPECT_EQ(c.precision, "bf16");
+  EXPECT_NE(c.ds_config.find("t.yaml:"), std::string::npos) << c.ds_config;
+  EXPECT_EQ(c.faults, std::vector<std::string>{"zero.norm_on_device=return"});
+  trainer::TrainConfig f;
+  ASSERT_TRUE(repro::resolve_config(s, Variant::Full, true, 7, &f));
+  EXPECT_TRUE(f.faults.empty()) << "remove_faults drops the spec";
+  EXPECT_EQ(f.seed, 7u) << "--seed replaces the scenario's";
+  trainer::TrainConfig small;
+  ASSERT_TRUE(repro::resolve_config(s, Variant::Small, false, std::nullopt, &small));
+  EXPECT_EQ(small.model, "tiny");
+  EXPECT_EQ(small.world_size, 2);
+  EXPECT_EQ(small.device_memory, 64ull << 20);
+  EXPECT_FALSE(small.virtual_mode);
+}
+
+TEST(ReproScenario, OverridesMergeInOrder) {
+  std::string text = kGood;
+  text += R"(  deepspeed:
+    zero_optimization: {offload_optimizer: {device: none}}
+  expect:
+    when: {step: 1}
+  fix:
+    world_size: 4
+    nodes: 2
+    train: {steps: 5}
+)";
+  test::TempDir dir;
+  repro::Scenario s;
+  Status st = repro::load_scenario(write(dir, "t.yaml", text), &s);
+  ASSERT_TRUE(st) << st.message();
+  trainer::TrainConfig bug, fix;
+  ASSERT_TRUE(repro::resolve_config(s, Variant::Small, false, std::nullopt, &bug));
+  ASSERT_TRUE(repro::resolve_config(s, Variant::Small, true, std::nullopt, &fix));
+  EXPECT_FALSE(bug.zero.offload_optimizer) << "small.deepspeed is a merge patch over the scenario's";
+  EXPECT_EQ(bug.zero.stage, 3) << "keys it does not name stay";
+  EXPECT_EQ(fix.world_size, 4);
+  EXPECT_EQ(fix.ranks_per_node, 2);
+  EXPECT_EQ(fix.steps, 5);
+  repro::Expectation x = repro::expectation(s, Variant::Small);
+  EXPECT_EQ(x.error, "device_mismatch") << "small.expect keeps the keys it does not name";
+  EXPECT_EQ(x.step, 1);
+  EXPECT_FALSE(x.micro_step) << "when is replaced as a whole";
+  EXPECT_EQ(repro::expectation(s, Variant::Full).micro_step, -2) << "micro_step: last";
+}
+
+TEST(ReproScenario, UnknownKeysNameFileAndLine) {
+  expect_refused(std::string(kGood) + "extra: 1\n", line_of(std::string(kGood) + "extra: 1\n", "extra:"),
+                 "unknown key 'extra'");
+  std::string t = variant("  layers: 2", "  layres: 2");
+  expect_refused(t, line_of(t, "layres"), "unknown key 'layres' in model");
+  t = variant("  when: {step: 0, micro_step: last}", "  when: {stp: 0}");
+  expect_refused(t, line_of(t, "stp"), "unknown key 'stp' in expect.when");
+  t = variant("  steps: 2", "  stepz: 2");
+  expect_refused(t, line_of(t, "stepz"), "unknown key 'stepz' in train");
+}
+
+TEST(ReproScenario, UnknownFaultsAndBadSyntaxNameTheLine) {
+  std::string t = variant("  - zero.norm_on_device=return", "  - zero.nrom_on_device=return");
+  expect_refused(t, line_of(t, "nrom"), "unknown fault 'zero.nrom_on_device'");
+  t = variant("  - zero.norm_on_device=return", "  - zero.norm_on_device=retrun");
+  expect_refused(t, line_of(t, "retrun"), "faults:");
+  t = variant("  - zero.norm_on_device=return", "  - zero.norm_on_device[stepp>1]=return");
+  expect_refused(t, line_of(t, "stepp"), "faults:");
+  t = variant("  remove_faults: [zero.norm_on_device]", "  remove_faults: [zero.norm]");
+  expect_refused(t, line_of(t, "zero.norm]"), "unknown fault 'zero.norm'");
+}
+
+TEST(ReproScenario, ImpossibleSizesAreRefused) {
+  std::string t = variant("  width: 64", "  width: -64");
+  expect_refused(t, line_of(t, "-64"), "width: -64 is impossible");
+  t = variant("  heads: 4", "  heads: 5");
+  expect_refused(t, line_of(t, "heads: 5"), "5 heads do not divide the width 64");
+  t = variant("  heads: 4", "  heads: 4\n  kv_heads: 3");
+  expect_refused(t, line_of(t, "kv_heads: 3"), "key/value heads do not divide");
+  t = variant("  gpu_memory: 1GiB", "  gpu_memory: 80GB?");
+  expect_refused(t, line_of(t, "80GB?"), "not a size");
+  t = variant("  gpu_memory: 1GiB", "  gpu_memory: -1GiB");
+  expect_refused(t, line_of(t, "-1GiB"), "negative");
+  t = variant("  nodes: 1", "  nodes: 0");
+  expect_refused(t, line_of(t, "nodes: 0"), "at least 1");
+  t = variant("  steps: 2", "  steps: two");
+  expect_refused(t, line_of(t, "two"), "not an integer");
+  t = variant("  world_size: 2", "  world_size: 0");
+  expect_refused(t, line_of(t, "world_size: 0"), "rank threads");
+  t = variant("  model: tiny", "  model: 7B");
+  expect_refused(t, line_of(t, "model: 7B"), "not a GPT-2 preset");
+}
+
+TEST(ReproScenario, BadYamlAndBadDeepSpeedAreRefused) {
+  std::string t = variant("  layers: 2", "  layers: [2");
+  test::TempDir dir;
+  repro::Scenario s;
+  Status st = repro::load_scenario(write(dir, "b.yaml", t), &s);
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.message().find("not valid YAML"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(dir.file("b.yaml") + ":"), std::string::npos) << st.message();
+  // The DeepSpeed loader's own checks, named with the block's line.
+  t = variant("  zero_optimization: {stage: 3, stage3_max_live_parameters: 1e9, offload_optimizer: {device: cpu}}",
+              "  zero_optimization: {stage: 7}");
+  expect_refused(t, line_of(t, "deepspeed:") + 1, "stage must be 0, 1, 2 or 3");
+  t = variant("  error: device_mismatch", "  message: '(unclosed'");
+  expect_refused(t, line_of(t, "(unclosed"), "not a regular expression");
+  t = variant("  error: device_mismatch", "  site: x");
+  expect_refused(t, line_of(t, "expect:") + 1, "say what the trace must show");  // the block's first line
+  // A missing section names what to write.
+  std::string no_fix = kGood;
+  no_fix.erase(no_fix.find("fix:\n"), std::string("fix:\n  remove_faults: [zero.norm_on_device]\n").size());
+  st = repro::load_scenario(write(dir, "c.yaml", no_fix), &s);
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.message().find("fix is missing"), std::string::npos) << st.message();
+  EXPECT_FALSE(repro::load_scenario(dir.file("absent.yaml"), &s));
+}

@@ -1,0 +1,261 @@
+// Verdicts: Jepsen-style composition, the evidence read back from a hand-built trace, and the
+// judgement of bug and fix runs.
+#include <gtest/gtest.h>
+
+#include "../test_util.h"
+#include "zt/probe/recorder.h"
+#include "zt/repro/verdict.h"
+
+using namespace zt;
+using repro::Outcome;
+
+namespace {
+
+constexpr int64_t MiB = 1 << 20;
+
+// One rank's trace with a host OOM inside epoch 1, step 4 (the first of the epoch: 4 steps
+// per epoch), micro-step 3, phase backward; rank 1 fails a little earlier (the primary error
+// is still rank 0's: ranks are symmetric and race).
+std::string build_trace(const test::TempDir& dir) {
+  const std::string path = dir.file("t.db");
+  probe::RecorderOptions o;
+  o.path = path;
+  o.crash_handlers = false;
+  std::unique_ptr<probe::Recorder> rec;
+  EXPECT_TRUE(probe::Recorder::open(o, &rec));
+  rec->add_rank(0, 2);
+  rec->add_rank(1, 2);
+  auto gpu = rec->add_device(0, probe::DeviceKind::Sim, 0, "cuda:0", "simulated GPU", 1024 * MiB, true);
+  auto cpu = rec->add_device(0, probe::DeviceKind::Cpu, 0, "cpu", "host", 4 * MiB, false);
+  rec->counter(0, 0, rec->intern("data.steps_per_epoch"), 4, 1);
+  rec->counter(0, 0, rec->intern("data.steps_planned"), 8, 1);
+  auto marker = [&](probe::MarkerKind k, const char* name, int64_t step, int64_t micro, int64_t epoch, int64_t t0,
+                    int64_t t1) {
+    probe::MarkerEvent m;
+    m.rank = 0;
+    m.kind = k;
+    m.name = rec->intern(name);
+    m.step = step;
+    m.micro_step = micro;
+    m.epoch = epoch;
+    m.t = t0;
+    auto id = rec->marker_begin(m);
+    if (t1 > 0) rec->marker_end(id, INT64_MIN, t1);
+  };
+  for (int s = 0; s < 4; ++s) marker(probe::MarkerKind::Step, "step", s, -1, 0, 10 + 10 * s, 15 + 10 * s);
+  marker(probe::MarkerKind::Epoch, "epoch 1", -1, -1, 1, 100, 0);  // never ended: the run died in it
+  marker(probe::MarkerKind::Step, "step 4", 4, -1, 1, 110, 0);
+  marker(probe::MarkerKind::MicroStep, "micro-step 3", 4, 3, 1, 500, 0);
+  marker(probe::MarkerKind::Phase, "backward", 4, 3, 1, 550, 0);
+  marker(probe::MarkerKind::Phase, "forward", 4, 3, 1, 510, 540);  // ended before the error
+  probe::AllocEvent a;
+  a.rank = 0;
+  a.device = gpu;
+  a.bytes = 1 * MiB;
+  a.name = rec->intern("activations");
+  a.t = 120;
+  rec->alloc(a);
+  rec->counter(0, gpu, rec->intern("allocated"), double(1 * MiB), 130);
+  rec->counter(0, gpu, rec->intern("reserved"), double(2 * MiB), 130);
+  probe::AllocEvent seg;
+  seg.rank = 0;
+  seg.device = cpu;
+  seg.memory_kind = probe::MemoryKind::PinnedHost;
+  seg.level = probe::AllocLevel::Segment;
+  seg.bytes = 3 * MiB;
+  seg.name = rec->intern("adam.m[block0]");
+  seg.t = 200;
+  probe::AllocEvent blk = seg;
+  blk.level = probe::AllocLevel::Block;
+  blk.segment = rec->alloc(seg);
+  rec->alloc(blk);
+  rec->counter(0, cpu, rec->intern("pinned"), double(3 * MiB), 200);
+  db::FaultRow f;
+  f.rank = 0;
+  f.t = 105;
+  f.step = 4;
+  f.name = "host.epoch_leak";
+  f.trigger = "host.epoch_leak=return (call 1, rank 0, seed 1)";
+  f.details = "return(pinned)";
+  rec->fault(f);
+  db::ErrorRow e;
+  e.rank = 1;
+  e.t = 590;
+  e.kind = "host_oom";
+  e.message = "Host out of memory (pinned): rank 1";
+  rec->error(e);
+  e.rank = 0;
+  e.t = 600;
+  e.message = "Host out of memory (pinned): tried to pin 1.00 MiB for 'fp32_partitioned_groups_flat[1].grad'";
+  e.tensors = R"(["fp32_partitioned_groups_flat[1].grad"])";
+  e.device_id = cpu;
+  rec->error(e);
+  EXPECT_TRUE(rec->close(db::RunStatus::Failed, 1, "host OOM"));
+  return path;
+}
+
+repro::Expectation host_oom() {
+  repro::Expectation x;
+  x.error = "host_oom";
+  x.message = R"(Host out of memory \(pinned\))";
+  x.tensors = {R"(fp32_partitioned_groups_flat\[\d+\]\.grad)"};
+  x.epoch = 1;
+  x.step_in_epoch = 0;
+  x.micro_step = -2;  // last
+  x.phase = "backward";
+  x.faults_fired = {"host.epoch_leak"};
+  return x;
+}
+
+const repro::Check* find(const repro::RunJudgement& j, const std::string& name) {
+  for (auto& c : j.checks)
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(ReproVerdict, InvalidDominatesUnknownDominatesValid) {
+  EXPECT_EQ(repro::compose({}), Outcome::Valid);
+  EXPECT_EQ(repro::compose({Outcome::Valid, Outcome::Valid}), Outcome::Valid);
+  EXPECT_EQ(repro::compose({Outcome::Valid, Outcome::Unknown}), Outcome::Unknown);
+  EXPECT_EQ(repro::compose({Outcome::Unknown, Outcome::Invalid, Outcome::Valid}), Outcome::Invalid);
+  EXPECT_EQ(repro::verdict_word(Outcome::Valid), "REPRODUCED");
+  EXPECT_EQ(repro::verdict_word(Outcome::Invalid), "NOT REPRODUCED");
+  EXPECT_EQ(repro::verdict_word(Outcome::Unknown), "INCONCLUSIVE");
+  EXPECT_EQ(repro::cure_word(Outcome::Valid), "CURED");
+}
+
+TEST(ReproVerdict, EvidenceComesFromTheTrace) {
+  test::TempDir dir;
+  repro::Evidence e = repro::read_evidence(build_trace(dir), "host_oom");
+  ASSERT_TRUE(e.readable) << e.read_error;
+  EXPECT_EQ(e.run_status, "failed");
+  EXPECT_EQ(e.world_size, 2);
+  EXPECT_EQ(e.steps_completed, 4) << "step 4 never ended";
+  EXPECT_EQ(e.error_count, 2);
+  EXPECT_EQ(e.error_rank, 0) << "the lowest rank's error is the primary one";
+  EXPECT_EQ(e.error_kind, "host_oom");
+  EXPECT_EQ(e.error_tensors, std::vector<std::string>{"fp32_partitioned_groups_flat[1].grad"});
+  EXPECT_EQ(e.error_device, "cpu");
+  EXPECT_EQ(e.step, 4);
+  EXPECT_EQ(e.epoch, 1);
+  EXPECT_EQ(e.micro_step, 3);
+  EXPECT_EQ(e.step_in_epoch, 0) << "step 4 - epoch 1 x 4 steps per epoch";
+  EXPECT_EQ(e.phases, std::vector<std::string>{"backward"}) << "forward had ended";
+  EXPECT_FALSE(e.before_first_step);
+  EXPECT_EQ(e.device_label, "cuda:0");
+  EXPECT_EQ(e.device_allocated, 1 * MiB);
+  EXPECT_EQ(e.device_reserved, 2 * MiB);
+  EXPECT_EQ(e.device_capacity, 1024 * MiB);
+  EXPECT_EQ(e.host_live, 3 * MiB);
+  EXPECT_EQ(e.host_pinned, 3 * MiB);
+  EXPECT_EQ(e.host_capacity, 4 * MiB);
+  ASSERT_GE(e.largest_alive.size(), 2u);
+  EXPECT_EQ(e.largest_alive[0].name, "adam.m[block0]");
+  EXPECT_EQ(e.largest_alive[0].kind, "pinned_host");
+  ASSERT_EQ(e.faults.size(), 1u);
+  EXPECT_EQ(e.faults[0].name, "host.epoch_leak");
+  EXPECT_EQ(e.faults[0].step, 4);
+  EXPECT_EQ(e.steps_planned, 8);
+}
+
+TEST(ReproVerdict, MatchingEvidenceReproduces) {
+  test::TempDir dir;
+  repro::Evidence e = repro::read_evidence(build_trace(dir), "host_oom");
+  repro::JudgeContext ctx;
+  ctx.grad_accum = 4;
+  repro::RunJudgement j = repro::judge_bug(host_oom(), ctx, e);
+  for (auto& c : j.checks) EXPECT_EQ(c.outcome, Outcome::Valid) << c.name << ": " << c.detail;
+  EXPECT_EQ(j.outcome, Outcome::Valid);
+
+  // The same trace against an expectation it does not meet.
+  repro::Expectation x = host_oom();
+  x.micro_step = 2;
+  j = repro::judge_bug(x, ctx, e);
+  EXPECT_EQ(j.outcome, Outcome::Invalid);
+  ASSERT_NE(find(j, "when: micro_step"), nullptr);
+  EXPECT_EQ(find(j, "when: micro_step")->detail, "expected 2, was 3");
+  x = host_oom();
+  x.error = "oom";
+  j = repro::judge_bug(x, ctx, e);
+  EXPECT_EQ(j.outcome, Outcome::Invalid);
+  EXPECT_NE(j.checks[0].detail.find("failed with host_oom instead"), std::string::npos) << j.checks[0].detail;
+  x = host_oom();
+  x.faults_fired = {"zero.norm_on_device"};
+  EXPECT_EQ(repro::judge_bug(x, ctx, e).outcome, Outcome::Invalid) << "the symptom without its mechanism";
+}
+
+TEST(ReproVerdict, WhatCannotBeToldIsInconclusive) {
+  repro::JudgeContext ctx;
+  repro::Evidence none = repro::read_evidence("/nonexistent/zt-trace.db", "oom");
+  EXPECT_FALSE(none.readable);
+  EXPECT_EQ(repro::judge_bug(host_oom(), ctx, none).outcome, Outcome::Unknown);
+  EXPECT_EQ(repro::judge_fix(host_oom(), ctx, none).outcome, Outcome::Unknown);
+
+  repro::Evidence e;
+  e.readable = true;
+  e.run_status = "running";  // killed: the end is unknown
+  EXPECT_EQ(repro::judge_bug(host_oom(), ctx, e).outcome, Outcome::Unknown);
+
+  // The run stopped cleanly before the epoch where the symptom is expected.
+  e.run_status = "ok";
+  e.steps_completed = 3;
+  e.last_epoch = 0;
+  EXPECT_EQ(repro::judge_bug(host_oom(), ctx, e).outcome, Outcome::Unknown);
+  // It went past it without the symptom: not reproduced.
+  e.last_epoch = 2;
+  EXPECT_EQ(repro::judge_bug(host_oom(), ctx, e).outcome, Outcome::Invalid);
+
+  // The right error, but no marker to tell the micro-step: unknown, unless it was before any step.
+  e.has_error = true;
+  e.error_kind = "host_oom";
+  e.error_message = "Host out of memory (pinned): x";
+  e.error_tensors = {"fp32_partitioned_groups_flat[0].grad"};
+  e.faults_by_name = {{"host.epoch_leak", 1}};
+  e.epoch = 1;
+  e.step_in_epoch = 0;
+  repro::Expectation x = host_oom();
+  x.phase.clear();
+  EXPECT_EQ(repro::judge_bug(x, ctx, e).outcome, Outcome::Unknown);
+  // The run did not start at all: no verdict either way.
+  repro::Evidence empty;
+  empty.readable = true;
+  empty.run_status = "failed";
+  ctx.train_status = Status::Error("invalid configuration");
+  EXPECT_EQ(repro::judge_bug(host_oom(), ctx, empty).outcome, Outcome::Unknown);
+}
+
+TEST(ReproVerdict, StepsLostAndFixRuns) {
+  repro::Expectation lost;
+  lost.steps_lost = true;
+  repro::JudgeContext ctx;
+  ctx.expected_steps = 160;
+  repro::Evidence e;
+  e.readable = true;
+  e.run_status = "ok";
+  e.steps_completed = 8;
+  EXPECT_EQ(repro::judge_bug(lost, ctx, e).outcome, Outcome::Valid);
+  EXPECT_EQ(repro::judge_fix(lost, ctx, e).outcome, Outcome::Invalid) << "8 of 160 is not cured";
+  e.steps_completed = 160;
+  EXPECT_EQ(repro::judge_bug(lost, ctx, e).outcome, Outcome::Invalid);
+  EXPECT_EQ(repro::judge_fix(lost, ctx, e).outcome, Outcome::Valid);
+  ctx.expected_steps = -1;
+  EXPECT_EQ(repro::judge_bug(lost, ctx, e).outcome, Outcome::Unknown);
+
+  // A fix run that dies of something else does not cure.
+  repro::JudgeContext fctx;
+  fctx.planned_steps = 4;
+  repro::Evidence f;
+  f.readable = true;
+  f.run_status = "ok";
+  f.steps_completed = 4;
+  EXPECT_EQ(repro::judge_fix(host_oom(), fctx, f).outcome, Outcome::Valid);
+  f.steps_completed = 3;
+  EXPECT_EQ(repro::judge_fix(host_oom(), fctx, f).outcome, Outcome::Invalid);
+  f.steps_completed = 4;
+  f.error_count = 1;
+  f.has_error = true;
+  f.error_kind = "oom";
+  EXPECT_EQ(repro::judge_fix(host_oom(), fctx, f).outcome, Outcome::Invalid);
+}

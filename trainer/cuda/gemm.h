@@ -1,0 +1,55 @@
+// trainer/cuda/gemm.h: GPT-2's GEMMs through cuBLAS (cublasGemmEx), in fp32, bf16 or fp16 with
+// fp32 accumulation, mirroring model/kernels.h's matmul_forward and matmul_backward.
+//
+// Owns: one cuBLAS handle per Blas object (a handle is not thread-safe: one per rank thread).
+// May call: cuBLAS, kernels.h (bias rows, column sums). Called by: the CUDA path of the model.
+//
+// Row-major tensors are handed to column-major cuBLAS as their transposes (llm.c's mapping):
+//   out[N, OC] = inp[N, IC] @ w[OC, IC]^T   is  out^T = w^T(op T) * inp^T      (m=OC, n=N, k=IC)
+//   dinp[N, IC] = dout[N, OC] @ w[OC, IC]   is  dinp^T = w^T * dout^T          (m=IC, n=N, k=OC)
+//   dw[OC, IC] += dout^T @ inp              is  dw^T += inp^T * dout(op T)     (m=IC, n=OC, k=N)
+// Precision: compute type CUBLAS_COMPUTE_32F everywhere (fp32 accumulation); for fp32 tensors
+// that is true fp32 (no TF32: the default math mode, so parity with the CPU reference holds).
+// Outputs out and dinp are in the tensors' dtype; dw and dbias are fp32 (gradients accumulate in
+// fp32, as the reference's). The bias is written into out first and the GEMM adds with beta = 1,
+// as the reference does.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+typedef struct cublasContext* cublasHandle_t;
+
+namespace zt::cuda {
+
+using trainer::DType;
+
+class Blas {
+ public:
+  explicit Blas(int device);  // creates the handle on `device`; throws CudaError (cuBLAS status text)
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+  cublasHandle_t handle() const { return handle_; }
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  cublasHandle_t handle_ = nullptr;
+};
+
+// out[N, OC] = inp[N, IC] @ w[OC, IC]^T + bias[OC] (bias may be null); with accumulate, out +=.
+void matmul_forward(Blas& blas, void* out, const void* inp, const void* w, const void* bias, int64_t N, int64_t IC,
+                    int64_t OC, DType t, cudaStream_t stream, bool accumulate = false);
+// dinp[N, IC] = dout @ w (or += with accumulate_dinp; skipped when dinp is null);
+// dw[OC, IC] += dout^T @ inp (fp32); dbias[OC] += column sums of dout (fp32; skipped when null).
+void matmul_backward(Blas& blas, void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* w,
+                     int64_t N, int64_t IC, int64_t OC, DType t, cudaStream_t stream, bool accumulate_dinp = false);
+
+// The text of a cuBLAS status, "CUBLAS_STATUS_NOT_SUPPORTED: the functionality requested is not supported".
+const char* cublas_status_text(int status);
+
+}  // namespace zt::cuda

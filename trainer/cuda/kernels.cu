@@ -1,0 +1,672 @@
+// trainer/cuda/kernels.cu: see kernels.h. Plain, readable kernels first: one block per row for
+// the row reductions, one thread per element elsewhere, fixed-order reductions (warp shuffles in
+// a fixed pattern, then warps in order) so results do not depend on scheduling. Not tuned:
+// no vectorized loads, no tensor-core attention; the GEMMs (gemm.cpp) carry the FLOPs.
+#include "cuda/kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/runtime.h"
+
+namespace zt::cuda {
+
+namespace {
+
+// ---- storage types: load as fp32, store rounded to nearest even ----
+
+template <typename T>
+__device__ __forceinline__ float ld(const T* p, int64_t i);
+template <>
+__device__ __forceinline__ float ld<float>(const float* p, int64_t i) {
+  return p[i];
+}
+template <>
+__device__ __forceinline__ float ld<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+template <>
+__device__ __forceinline__ float ld<__half>(const __half* p, int64_t i) {
+  return __half2float(p[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ void st(T* p, int64_t i, float v);
+template <>
+__device__ __forceinline__ void st<float>(float* p, int64_t i, float v) {
+  p[i] = v;
+}
+template <>
+__device__ __forceinline__ void st<__nv_bfloat16>(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ void st<__half>(__half* p, int64_t i, float v) {
+  p[i] = __float2half_rn(v);
+}
+
+// Calls f with a value of the storage type of `t`; int32 (or anything else) is refused.
+template <typename F>
+void dispatch(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::F32: f(float{}); return;
+    case DType::BF16: f(__nv_bfloat16{}); return;
+    case DType::F16: f(__half{}); return;
+    default: break;
+  }
+  throw std::invalid_argument(std::string(op) + ": dtype must be fp32, bf16 or fp16");
+}
+
+void require(bool ok, const char* op, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string(op) + ": " + what);
+}
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(int64_t n, int threads = kThreads) {
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks > (int64_t(1) << 20)) blocks = int64_t(1) << 20;  // grid-stride loops cover the rest
+  return unsigned(blocks < 1 ? 1 : blocks);
+}
+
+// ---- fixed-order reductions (blockDim.x a multiple of 32, at most 1024) ----
+
+template <typename V>
+__device__ __forceinline__ V warp_sum(V v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Every thread gets the block's sum. `scratch` holds 32 values; the leading __syncthreads makes
+// back-to-back calls with the same scratch safe.
+template <typename V>
+__device__ V block_sum(V v, V* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : V(0);
+  return warp_sum(v);
+}
+__device__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+// ---- elementwise ----
+
+template <typename S, typename D>
+__global__ void cast_kernel(D* dst, const S* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    st(dst, i, ld(src, i));
+}
+
+template <typename T>
+__global__ void scale_kernel(T* x, int64_t n, float a) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    st(x, i, ld(x, i) * a);
+}
+
+template <typename T>
+__global__ void squared_norm_partial_kernel(double* partials, const T* x, int64_t n) {
+  __shared__ double scratch[32];
+  double acc = 0.0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const double v = ld(x, i);
+    acc += v * v;
+  }
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+__global__ void squared_norm_final_kernel(double* out, const double* partials, int count, bool accumulate) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double s = 0.0;
+  for (int i = 0; i < count; ++i) s += partials[i];  // block order: deterministic
+  *out = accumulate ? *out + s : s;
+}
+
+// Columns in blocks of 32 (one warp wide, so each row read is coalesced), rows split over 8
+// lanes that each walk their rows in order; the 8 partial sums are then added in lane order.
+constexpr int kColWidth = 32, kColLanes = 8;
+
+template <typename T>
+__global__ void column_sums_kernel(float* sums, const T* in, int64_t rows, int64_t cols) {
+  __shared__ float part[kColLanes][kColWidth];
+  const int64_t c = blockIdx.x * int64_t(kColWidth) + threadIdx.x;
+  float acc = 0.0f;
+  if (c < cols)
+    for (int64_t r = threadIdx.y; r < rows; r += kColLanes) acc += ld(in, r * cols + c);
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float s = 0.0f;
+    for (int l = 0; l < kColLanes; ++l) s += part[l][threadIdx.x];
+    sums[c] += s;
+  }
+}
+
+template <typename T>
+__global__ void add_bias_rows_kernel(T* out, const T* bias, int64_t N, int64_t OC, bool accumulate) {
+  const int64_t n = N * OC;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float b = ld(bias, i % OC);
+    st(out, i, accumulate ? ld(out, i) + b : b);
+  }
+}
+
+// ---- LayerNorm ----
+
+constexpr float kLayerNormEps = 1e-5f;  // GPT-2's layer_norm_epsilon
+constexpr int kRowThreads = 256;
+
+template <typename T>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b,
+                                         int C) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const T* x = inp + row * C;
+  // Two passes, as the reference: the variance of centred values carries no cancellation error.
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) s += ld(x, i);
+  const float m = block_sum(s, scratch) / float(C);
+  float v = 0.0f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    const float d = ld(x, i) - m;
+    v += d * d;
+  }
+  const float r = 1.0f / sqrtf(block_sum(v, scratch) / float(C) + kLayerNormEps);
+  T* y = out + row * C;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) st(y, i, (ld(x, i) - m) * r * ld(w, i) + ld(b, i));
+  if (threadIdx.x == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+template <typename T>
+__global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp, const T* w, const float* mean,
+                                               const float* rstd, int C, bool accumulate) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const T* x = inp + row * C;
+  const T* dy = dout + row * C;
+  const float m = mean[row], r = rstd[row];
+  float a = 0.0f, bb = 0.0f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    const float norm = (ld(x, i) - m) * r;
+    const float dnorm = ld(w, i) * ld(dy, i);
+    a += dnorm;
+    bb += dnorm * norm;
+  }
+  a = block_sum(a, scratch) / float(C);
+  bb = block_sum(bb, scratch) / float(C);
+  T* dx = dinp + row * C;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    const float norm = (ld(x, i) - m) * r;
+    const float g = (ld(w, i) * ld(dy, i) - a - norm * bb) * r;
+    st(dx, i, accumulate ? ld(dx, i) + g : g);
+  }
+}
+
+template <typename T>
+__global__ void layernorm_backward_params_kernel(float* dw, float* db, const T* dout, const T* inp, const float* mean,
+                                                 const float* rstd, int64_t N, int64_t C) {
+  __shared__ float pw[kColLanes][kColWidth], pb[kColLanes][kColWidth];
+  const int64_t c = blockIdx.x * int64_t(kColWidth) + threadIdx.x;
+  float aw = 0.0f, ab = 0.0f;
+  if (c < C)
+    for (int64_t n = threadIdx.y; n < N; n += kColLanes) {
+      const float dy = ld(dout, n * C + c);
+      aw += (ld(inp, n * C + c) - mean[n]) * rstd[n] * dy;
+      ab += dy;
+    }
+  pw[threadIdx.y][threadIdx.x] = aw;
+  pb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float sw = 0.0f, sb = 0.0f;
+    for (int l = 0; l < kColLanes; ++l) {
+      sw += pw[l][threadIdx.x];
+      sb += pb[l][threadIdx.x];
+    }
+    dw[c] += sw;
+    db[c] += sb;
+  }
+}
+
+// ---- GELU (tanh approximation) ----
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+
+template <typename T>
+__global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = ld(inp, i);
+    st(out, i, 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x))));
+  }
+}
+
+template <typename T>
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = ld(inp, i);
+    const float th = tanhf(kGeluScale * (x + 0.044715f * x * x * x));
+    const float sech2 = 1.0f - th * th;
+    const float local = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    st(dinp, i, local * ld(dout, i));
+  }
+}
+
+// ---- attention ----
+
+constexpr int kAttnThreads = 128;
+constexpr int64_t kMaxAttnT = 8192;
+constexpr int64_t kMaxHeadSize = 1024;
+
+// One block per (query t, head h, batch b). Shared: the row's scores [T], then q [hs].
+template <typename T>
+__global__ void attention_forward_kernel(T* out, float* att, const T* qkv, int Tn, int C, int H, float scale) {
+  extern __shared__ float shared[];
+  __shared__ float scratch[32];
+  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int hs = C / H, C3 = 3 * C;
+  float* row = shared;
+  float* q = shared + Tn;
+  const T* base = qkv + int64_t(b) * Tn * C3;
+  for (int i = threadIdx.x; i < hs; i += blockDim.x) q[i] = ld(base, int64_t(t) * C3 + h * hs + i);
+  __syncthreads();
+  float local_max = -INFINITY;
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+    const T* k = base + int64_t(t2) * C3 + C + h * hs;
+    float s = 0.0f;
+    for (int i = 0; i < hs; ++i) s += q[i] * ld(k, i);
+    s *= scale;
+    row[t2] = s;
+    local_max = fmaxf(local_max, s);
+  }
+  const float m = block_max(local_max, scratch);
+  float local_sum = 0.0f;
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+    const float e = expf(row[t2] - m);
+    row[t2] = e;
+    local_sum += e;
+  }
+  const float inv = 1.0f / block_sum(local_sum, scratch);
+  float* att_row = att + ((int64_t(b) * H + h) * Tn + t) * Tn;
+  for (int t2 = threadIdx.x; t2 < Tn; t2 += blockDim.x) {
+    const float p = t2 <= t ? row[t2] * inv : 0.0f;  // zeros above the diagonal, as the reference
+    att_row[t2] = p;
+    if (t2 <= t) row[t2] = p;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < hs; i += blockDim.x) {
+    float y = 0.0f;
+    for (int t2 = 0; t2 <= t; ++t2) y += row[t2] * ld(base, int64_t(t2) * C3 + 2 * C + h * hs + i);
+    st(out, (int64_t(b) * Tn + t) * C + h * hs + i, y);
+  }
+}
+
+// Backward, rows: for query t, datt[t2] = dy_t . v[t2]; g = att * (datt - sum att*datt) * scale
+// (the softmax's input gradient, kept in `scratch` for the column kernel); dq[t] = sum g * k[t2].
+template <typename T>
+__global__ void attention_backward_rows_kernel(T* dqkv, float* scratch_g, const T* dout, const T* qkv,
+                                               const float* att, int Tn, int C, int H, float scale) {
+  extern __shared__ float shared[];
+  __shared__ float red[32];
+  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int hs = C / H, C3 = 3 * C;
+  float* g = shared;        // [T]
+  float* dy = shared + Tn;  // [hs]
+  const T* base = qkv + int64_t(b) * Tn * C3;
+  const int64_t bh = int64_t(b) * H + h;
+  const float* att_row = att + (bh * Tn + t) * Tn;
+  for (int i = threadIdx.x; i < hs; i += blockDim.x) dy[i] = ld(dout, (int64_t(b) * Tn + t) * C + h * hs + i);
+  __syncthreads();
+  float local = 0.0f;
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+    const T* v = base + int64_t(t2) * C3 + 2 * C + h * hs;
+    float s = 0.0f;
+    for (int i = 0; i < hs; ++i) s += dy[i] * ld(v, i);
+    g[t2] = s;
+    local += att_row[t2] * s;
+  }
+  const float dot = block_sum(local, red);
+  float* g_row = scratch_g + (bh * Tn + t) * Tn;
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+    const float gi = att_row[t2] * (g[t2] - dot) * scale;
+    g[t2] = gi;
+    g_row[t2] = gi;
+  }
+  __syncthreads();
+  T* dbase = dqkv + int64_t(b) * Tn * C3;
+  for (int i = threadIdx.x; i < hs; i += blockDim.x) {
+    float dq = 0.0f;
+    for (int t2 = 0; t2 <= t; ++t2) dq += g[t2] * ld(base, int64_t(t2) * C3 + C + h * hs + i);
+    st(dbase, int64_t(t) * C3 + h * hs + i, dq);
+  }
+}
+
+// Backward, columns: for key/value position t2, dv[t2] = sum over t >= t2 of att[t, t2] * dy_t and
+// dk[t2] = sum over t >= t2 of g[t, t2] * q_t, t in increasing order as in the reference.
+template <typename T>
+__global__ void attention_backward_cols_kernel(T* dqkv, const float* scratch_g, const T* dout, const T* qkv,
+                                               const float* att, int Tn, int C, int H) {
+  const int t2 = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int hs = C / H, C3 = 3 * C;
+  const T* base = qkv + int64_t(b) * Tn * C3;
+  T* dbase = dqkv + int64_t(b) * Tn * C3;
+  const int64_t bh = int64_t(b) * H + h;
+  for (int i = threadIdx.x; i < hs; i += blockDim.x) {
+    float dv = 0.0f, dk = 0.0f;
+    for (int t = t2; t < Tn; ++t) {
+      const int64_t at = (bh * Tn + t) * Tn + t2;
+      dv += att[at] * ld(dout, (int64_t(b) * Tn + t) * C + h * hs + i);
+      dk += scratch_g[at] * ld(base, int64_t(t) * C3 + h * hs + i);
+    }
+    st(dbase, int64_t(t2) * C3 + C + h * hs + i, dk);
+    st(dbase, int64_t(t2) * C3 + 2 * C + h * hs + i, dv);
+  }
+}
+
+// ---- cross-entropy ----
+
+template <typename T>
+__global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t V,
+                                     float dscale) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * V;
+  const int32_t target = targets[row];
+  const float target_logit = ld(x, target);  // read before any write (dlogits may be logits)
+  float local_max = -INFINITY;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local_max = fmaxf(local_max, ld(x, i));
+  const float m = block_max(local_max, scratch);
+  float local_sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local_sum += expf(ld(x, i) - m);
+  const float sum = block_sum(local_sum, scratch);  // its barriers order every read before the writes
+  if (threadIdx.x == 0) losses[row] = logf(sum) + m - target_logit;
+  if (dlogits == nullptr) return;
+  const float inv = (1.0f / sum) * dscale;
+  T* d = dlogits + row * V;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    float p = expf(ld(x, i) - m) * inv;
+    if (i == target) p -= dscale;
+    st(d, i, p);
+  }
+}
+
+// ---- embeddings ----
+
+template <typename T>
+__global__ void embedding_forward_kernel(T* x, const int32_t* tokens, const T* wte, const T* wpe, int64_t N, int64_t T_,
+                                         int64_t C) {
+  const int64_t n_el = N * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_el; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / C, c = i % C;
+    st(x, i, ld(wte, int64_t(tokens[n]) * C + c) + ld(wpe, (n % T_) * C + c));
+  }
+}
+
+// dwpe[t, c] += dx[b, t, c] for b in order: the same additions, in the same order, as the reference.
+template <typename T>
+__global__ void embedding_backward_wpe_kernel(float* dwpe, const T* dx, int64_t B, int64_t T_, int64_t C) {
+  const int64_t n_el = T_ * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_el; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / C, c = i % C;
+    float v = dwpe[i];
+    for (int64_t b = 0; b < B; ++b) v += ld(dx, (b * T_ + t) * C + c);
+    dwpe[i] = v;
+  }
+}
+
+// Block (channel chunk, token group): a thread per channel walks every position in order and adds
+// the positions whose token falls in its group; each dwte element has exactly one writer thread.
+constexpr int kEmbedGroups = 32;
+constexpr int kEmbedThreads = 128;
+
+template <typename T>
+__global__ void embedding_backward_wte_kernel(float* dwte, const int32_t* tokens, const T* dx, int64_t N, int64_t C) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int group = blockIdx.y;
+  if (c >= C) return;
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t tok = tokens[n];
+    if (tok % kEmbedGroups != group) continue;
+    dwte[int64_t(tok) * C + c] += ld(dx, n * C + c);
+  }
+}
+
+void check_attention_shape(const char* op, int64_t B, int64_t T, int64_t C, int64_t H) {
+  require(B >= 0 && T >= 0 && C >= 0 && H >= 1, op, "B, T, C must be >= 0 and H >= 1");
+  require(C % H == 0, op, "C must be a multiple of H");
+  require(T <= kMaxAttnT, op, "T must be at most 8192");
+  require(C / H <= kMaxHeadSize, op, "the head size C / H must be at most 1024");
+  require(B <= 65535 && H <= 65535, op, "B and H must be at most 65535 (grid dimensions)");
+  require(3 * C <= INT32_MAX && T * 3 * C <= INT32_MAX, op, "a sequence of qkv must have fewer than 2^31 elements");
+}
+
+}  // namespace
+
+// ---- host entry points ----
+
+void cast(void* dst, DType dst_t, const void* src, DType src_t, int64_t n, cudaStream_t stream) {
+  require(n >= 0, "cast", "n must be >= 0");
+  if (n == 0) return;
+  if (dst_t == src_t) {
+    dispatch(src_t, "cast", [&](auto) {});  // refuses int32 like every other path
+    if (dst != src)
+      check(cudaMemcpyAsync(dst, src, size_t(n) * trainer::dtype_size(src_t), cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpyAsync (cast)");
+    return;
+  }
+  dispatch(src_t, "cast", [&](auto s_tag) {
+    using S = decltype(s_tag);
+    dispatch(dst_t, "cast", [&](auto d_tag) {
+      using D = decltype(d_tag);
+      cast_kernel<S, D><<<grid_for(n), kThreads, 0, stream>>>(static_cast<D*>(dst), static_cast<const S*>(src), n);
+    });
+  });
+  check_launch("cast_kernel");
+}
+
+void scale_inplace(void* x, DType t, int64_t n, float a, cudaStream_t stream) {
+  require(n >= 0, "scale_inplace", "n must be >= 0");
+  if (n == 0) return;
+  dispatch(t, "scale_inplace", [&](auto tag) {
+    using T = decltype(tag);
+    scale_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(x), n, a);
+  });
+  check_launch("scale_kernel");
+}
+
+void squared_norm(double* out, double* scratch, const void* x, DType t, int64_t n, cudaStream_t stream,
+                  bool accumulate) {
+  require(n >= 0, "squared_norm", "n must be >= 0");
+  dispatch(t, "squared_norm", [&](auto tag) {
+    using T = decltype(tag);
+    squared_norm_partial_kernel<T><<<kSquaredNormBlocks, kThreads, 0, stream>>>(scratch, static_cast<const T*>(x), n);
+  });
+  check_launch("squared_norm_partial_kernel");
+  squared_norm_final_kernel<<<1, 32, 0, stream>>>(out, scratch, kSquaredNormBlocks, accumulate);
+  check_launch("squared_norm_final_kernel");
+}
+
+void column_sums_accumulate(float* sums, const void* in, int64_t rows, int64_t cols, DType t, cudaStream_t stream) {
+  require(rows >= 0 && cols >= 0, "column_sums_accumulate", "rows and cols must be >= 0");
+  if (rows == 0 || cols == 0) return;
+  dispatch(t, "column_sums_accumulate", [&](auto tag) {
+    using T = decltype(tag);
+    const unsigned blocks = unsigned((cols + kColWidth - 1) / kColWidth);
+    column_sums_kernel<T><<<blocks, dim3(kColWidth, kColLanes), 0, stream>>>(sums, static_cast<const T*>(in), rows, cols);
+  });
+  check_launch("column_sums_kernel");
+}
+
+void add_bias_rows(void* out, const void* bias, int64_t N, int64_t OC, bool accumulate, DType t, cudaStream_t stream) {
+  require(N >= 0 && OC >= 0, "add_bias_rows", "N and OC must be >= 0");
+  if (N == 0 || OC == 0) return;
+  dispatch(t, "add_bias_rows", [&](auto tag) {
+    using T = decltype(tag);
+    add_bias_rows_kernel<T><<<grid_for(N * OC), kThreads, 0, stream>>>(static_cast<T*>(out),
+                                                                       static_cast<const T*>(bias), N, OC, accumulate);
+  });
+  check_launch("add_bias_rows_kernel");
+}
+
+void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b, int64_t N,
+                       int64_t C, DType t, cudaStream_t stream) {
+  require(N >= 0 && C >= 1 && C <= INT32_MAX, "layernorm_forward", "N must be >= 0 and 1 <= C < 2^31");
+  require(N <= INT32_MAX, "layernorm_forward", "N must be below 2^31 (one block per row)");
+  if (N == 0) return;
+  dispatch(t, "layernorm_forward", [&](auto tag) {
+    using T = decltype(tag);
+    layernorm_forward_kernel<T><<<unsigned(N), kRowThreads, 0, stream>>>(
+        static_cast<T*>(out), mean, rstd, static_cast<const T*>(inp), static_cast<const T*>(w),
+        static_cast<const T*>(b), int(C));
+  });
+  check_launch("layernorm_forward_kernel");
+}
+
+void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp, const void* w,
+                        const float* mean, const float* rstd, int64_t N, int64_t C, bool accumulate_dinp, DType t,
+                        cudaStream_t stream) {
+  require(N >= 0 && C >= 1 && C <= INT32_MAX, "layernorm_backward", "N must be >= 0 and 1 <= C < 2^31");
+  require(N <= INT32_MAX, "layernorm_backward", "N must be below 2^31 (one block per row)");
+  if (N == 0) return;
+  dispatch(t, "layernorm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    layernorm_backward_dinp_kernel<T><<<unsigned(N), kRowThreads, 0, stream>>>(
+        static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), static_cast<const T*>(w), mean,
+        rstd, int(C), accumulate_dinp);
+    check_launch("layernorm_backward_dinp_kernel");
+    const unsigned blocks = unsigned((C + kColWidth - 1) / kColWidth);
+    layernorm_backward_params_kernel<T><<<blocks, dim3(kColWidth, kColLanes), 0, stream>>>(
+        dw, db, static_cast<const T*>(dout), static_cast<const T*>(inp), mean, rstd, N, C);
+    check_launch("layernorm_backward_params_kernel");
+  });
+}
+
+void gelu_forward(void* out, const void* inp, int64_t n, DType t, cudaStream_t stream) {
+  require(n >= 0, "gelu_forward", "n must be >= 0");
+  if (n == 0) return;
+  dispatch(t, "gelu_forward", [&](auto tag) {
+    using T = decltype(tag);
+    gelu_forward_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(inp), n);
+  });
+  check_launch("gelu_forward_kernel");
+}
+
+void gelu_backward(void* dinp, const void* inp, const void* dout, int64_t n, DType t, cudaStream_t stream) {
+  require(n >= 0, "gelu_backward", "n must be >= 0");
+  if (n == 0) return;
+  dispatch(t, "gelu_backward", [&](auto tag) {
+    using T = decltype(tag);
+    gelu_backward_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(dinp), static_cast<const T*>(inp),
+                                                                  static_cast<const T*>(dout), n);
+  });
+  check_launch("gelu_backward_kernel");
+}
+
+void attention_forward(void* out, float* att, const void* qkv, int64_t B, int64_t T, int64_t C, int64_t H, DType t,
+                       cudaStream_t stream) {
+  check_attention_shape("attention_forward", B, T, C, H);
+  if (B == 0 || T == 0 || C == 0) return;
+  const size_t shared = size_t(T + C / H) * sizeof(float);
+  const float scale = 1.0f / std::sqrt(float(C / H));
+  dispatch(t, "attention_forward", [&](auto tag) {
+    using T_ = decltype(tag);
+    attention_forward_kernel<T_><<<dim3(unsigned(T), unsigned(H), unsigned(B)), kAttnThreads, shared, stream>>>(
+        static_cast<T_*>(out), att, static_cast<const T_*>(qkv), int(T), int(C), int(H), scale);
+  });
+  check_launch("attention_forward_kernel");
+}
+
+void attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv, const float* att, int64_t B,
+                        int64_t T, int64_t C, int64_t H, DType t, cudaStream_t stream) {
+  check_attention_shape("attention_backward", B, T, C, H);
+  if (B == 0 || T == 0 || C == 0) return;
+  const size_t shared = size_t(T + C / H) * sizeof(float);
+  const float scale = 1.0f / std::sqrt(float(C / H));
+  const dim3 grid{unsigned(T), unsigned(H), unsigned(B)};
+  dispatch(t, "attention_backward", [&](auto tag) {
+    using T_ = decltype(tag);
+    attention_backward_rows_kernel<T_><<<grid, kAttnThreads, shared, stream>>>(
+        static_cast<T_*>(dqkv), scratch, static_cast<const T_*>(dout), static_cast<const T_*>(qkv), att, int(T), int(C),
+        int(H), scale);
+    check_launch("attention_backward_rows_kernel");
+    attention_backward_cols_kernel<T_><<<grid, 64, 0, stream>>>(static_cast<T_*>(dqkv), scratch,
+                                                                static_cast<const T_*>(dout),
+                                                                static_cast<const T_*>(qkv), att, int(T), int(C), int(H));
+    check_launch("attention_backward_cols_kernel");
+  });
+}
+
+void cross_entropy_forward(float* losses, const void* logits, const int32_t* targets, int64_t N, int64_t V, DType t,
+                           cudaStream_t stream) {
+  require(N >= 0 && V >= 1 && N <= INT32_MAX, "cross_entropy_forward", "N must be in [0, 2^31) and V >= 1");
+  if (N == 0) return;
+  dispatch(t, "cross_entropy_forward", [&](auto tag) {
+    using T = decltype(tag);
+    cross_entropy_kernel<T><<<unsigned(N), kRowThreads, 0, stream>>>(losses, static_cast<T*>(nullptr),
+                                                                     static_cast<const T*>(logits), targets, V, 0.0f);
+  });
+  check_launch("cross_entropy_kernel");
+}
+
+void cross_entropy_forward_backward(float* losses, void* dlogits, const void* logits, const int32_t* targets,
+                                    int64_t N, int64_t V, float dscale, DType t, cudaStream_t stream) {
+  require(N >= 0 && V >= 1 && N <= INT32_MAX, "cross_entropy_forward_backward", "N must be in [0, 2^31) and V >= 1");
+  require(dlogits != nullptr, "cross_entropy_forward_backward", "dlogits must not be null");
+  if (N == 0) return;
+  dispatch(t, "cross_entropy_forward_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cross_entropy_kernel<T><<<unsigned(N), kRowThreads, 0, stream>>>(
+        losses, static_cast<T*>(dlogits), static_cast<const T*>(logits), targets, V, dscale);
+  });
+  check_launch("cross_entropy_kernel");
+}
+
+void embedding_forward(void* x, const int32_t* tokens, const void* wte, const void* wpe, int64_t B, int64_t T,
+                       int64_t C, DType t, cudaStream_t stream) {
+  require(B >= 0 && T >= 1 && C >= 0, "embedding_forward", "B, C must be >= 0 and T >= 1");
+  if (B == 0 || C == 0) return;
+  dispatch(t, "embedding_forward", [&](auto tag) {
+    using T_ = decltype(tag);
+    embedding_forward_kernel<T_><<<grid_for(B * T * C), kThreads, 0, stream>>>(
+        static_cast<T_*>(x), tokens, static_cast<const T_*>(wte), static_cast<const T_*>(wpe), B * T, T, C);
+  });
+  check_launch("embedding_forward_kernel");
+}
+
+void embedding_backward(float* dwte, float* dwpe, const int32_t* tokens, const void* dx, int64_t B, int64_t T,
+                        int64_t C, DType t, cudaStream_t stream) {
+  require(B >= 0 && T >= 1 && C >= 0, "embedding_backward", "B, C must be >= 0 and T >= 1");
+  if (B == 0 || C == 0) return;
+  dispatch(t, "embedding_backward", [&](auto tag) {
+    using T_ = decltype(tag);
+    const dim3 grid(unsigned((C + kEmbedThreads - 1) / kEmbedThreads), kEmbedGroups);
+    embedding_backward_wte_kernel<T_><<<grid, kEmbedThreads, 0, stream>>>(dwte, tokens, static_cast<const T_*>(dx),
+                                                                          B * T, C);
+    check_launch("embedding_backward_wte_kernel");
+    embedding_backward_wpe_kernel<T_><<<grid_for(T * C), kThreads, 0, stream>>>(dwpe, static_cast<const T_*>(dx), B, T, C);
+    check_launch("embedding_backward_wpe_kernel");
+  });
+}
+
+}  // namespace zt::cuda

@@ -1,0 +1,44 @@
+// trainer/train/model_shape.h: the bug reports' real models as module tables, for virtual
+// mode (issue 9). A ModelShape (train_config.h) describes a transformer by width, layers,
+// heads, kv-heads, FFN, vocab and experts; this file turns it into the per-module parameter
+// counts the ZeRO engine partitions, and estimates the activation memory of a micro-batch.
+// Owns: those formulas and the checks that refuse impossible shapes. Nothing here does math
+// on weights: a shape is for sizes only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/layout.h"
+#include "train/train_config.h"
+#include "zt/common/status.h"
+
+namespace zt::trainer {
+
+// GPT-2's layout as a shape (kv_heads = heads, ffn = 4 width, tied embeddings, learned positions).
+ModelShape shape_of(const model::Config& gpt2, const std::string& name);
+
+// Ok, or one line naming the field: positive sizes, heads dividing width, kv_heads dividing
+// heads, experts with an expert_ffn, counts that fit int64.
+Status validate_shape(const ModelShape& s);
+
+// The modules, in the engine's order: "embeddings" (token embedding, plus learned positions
+// when the shape is GPT-2's), "block0".."block{L-1}" (attention with grouped KV heads, two
+// norms, a dense or gated FFN, or a router with routed and shared experts after the first
+// dense_layers), "final_ln", and "lm_head" when the embeddings are not tied.
+std::vector<model::ModuleSpec> shape_modules(const ModelShape& s, bool learned_positions);
+
+int64_t shape_params(const ModelShape& s, bool learned_positions);
+
+// Bytes of activations kept for backward by one micro-batch of B sequences of T tokens, in a
+// 16-bit dtype (Korthikanti et al. 2022, no sequence parallelism, no flash attention): per
+// layer T*B*width*34 + 5*heads*T^2*B; with activation checkpointing each layer keeps only its
+// input (2*T*B*width) and one layer's full set is live during its recomputation.
+int64_t activation_bytes(const ModelShape& s, int64_t B, int64_t T, bool checkpointing);
+
+// "Yi-34B: 34.39 B parameters, 60 layers, width 7168, 56 heads (8 KV), FFN 20480, vocab 64000".
+std::string describe_shape(const ModelShape& s, bool learned_positions);
+
+}  // namespace zt::trainer
