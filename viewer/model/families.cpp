@@ -3,6 +3,8 @@
 #include <array>
 #include <cctype>
 
+#include "zt/db/names.h"
+
 namespace zt::viewer {
 namespace {
 bool has(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
@@ -33,24 +35,7 @@ std::string_view to_string(Family f) {
   return names[static_cast<size_t>(f)];
 }
 
-std::string leak_group_name(std::string_view name) {
-  std::string out;
-  int depth = 0;
-  bool in_digits = false;
-  for (char c : name) {
-    if (c == '[') ++depth;
-    if (c == ']' && depth > 0) --depth;
-    bool digit = std::isdigit(static_cast<unsigned char>(c)) != 0;
-    if (depth > 0 && digit) {
-      if (!in_digits) out += '*';
-      in_digits = true;
-      continue;
-    }
-    in_digits = false;
-    out += c;
-  }
-  return out;
-}
+std::string leak_group_name(std::string_view name) { return db::tensor_group(name); }
 
 std::string sibling_pattern(std::string_view name) {
   std::string out;

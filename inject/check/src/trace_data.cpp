@@ -6,6 +6,7 @@
 #include <cctype>
 
 #include "zt/common/units.h"
+#include "zt/db/names.h"
 
 namespace zt::check::detail {
 
@@ -187,24 +188,7 @@ std::string TraceData::stack_brief(int64_t stack_id, int frames) {
   return out;
 }
 
-std::string group_name(const std::string& name) {
-  std::string out;
-  int depth = 0;
-  bool in_digits = false;
-  for (char c : name) {
-    if (c == '[') ++depth;
-    if (c == ']' && depth > 0) --depth;
-    bool digit = std::isdigit(static_cast<unsigned char>(c)) != 0;
-    if (depth > 0 && digit) {
-      if (!in_digits) out += '*';
-      in_digits = true;
-      continue;
-    }
-    in_digits = false;
-    out += c;
-  }
-  return out;
-}
+std::string group_name(const std::string& name) { return db::tensor_group(name); }
 
 std::vector<NamedBytes> sort_groups(std::map<std::string, NamedBytes>& groups, size_t top) {
   std::vector<NamedBytes> v;
