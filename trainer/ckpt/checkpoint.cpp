@@ -75,12 +75,6 @@ std::vector<std::string> list_tags(const std::string& dir) {
   return out;
 }
 
-// A failpoint site with details (the form ZT_FAIL has no room for them).
-std::optional<fail::Fired> fault(const char* name, const fail::Context& ctx, const std::string& details) {
-  if (!fail::any_configured()) return std::nullopt;
-  return fail::eval(name, ctx, details);
-}
-
 // ---------------------------------------------------------------- reading shards
 
 struct ShardHeader {
@@ -238,7 +232,7 @@ int64_t save(const std::string& dir_arg, const TrainConfig& cfg, const Position&
   const int rank = comm.rank(), W = comm.world_size();
   const fail::Context ctx{rank, options.step, -1, options.epoch, options.rec};
   // Every boundary between two writes (crash tests stop the process at the Nth).
-  auto boundary = [&](const std::string& what) { fault("ckpt.between_writes", ctx, what); };
+  auto boundary = [&](const std::string& what) { ZT_FAIL_D("ckpt.between_writes", ctx, what); };
 
   SaveReport rep;
   rep.optimizer_state = !cfg.save_only_model;
@@ -248,7 +242,7 @@ int64_t save(const std::string& dir_arg, const TrainConfig& cfg, const Position&
                                                                        : ZeroEngine::WeightsGather::Streamed;
   // The fault is the full-state save's gather; save_only_model does not take that path (R4's cure).
   if (rep.weights && !cfg.save_only_model &&
-      fault("ckpt.gather_on_device", ctx, "the consolidated weights gathered on the device all at once")) {
+      ZT_FAIL_D("ckpt.gather_on_device", ctx, "the consolidated weights gathered on the device all at once")) {
     how = ZeroEngine::WeightsGather::Device;
     rep.gather_forced_by_fault = true;
   }
@@ -371,7 +365,7 @@ int64_t save(const std::string& dir_arg, const TrainConfig& cfg, const Position&
     mine.sum = w.checksum();
     written += mine.bytes;
   }
-  mine.torn = fault("ckpt.torn_write", ctx, "the save stops after the shards, before the manifest: " + tmp + " is left torn")
+  mine.torn = ZT_FAIL_D("ckpt.torn_write", ctx, "the save stops after the shards, before the manifest: " + tmp + " is left torn")
                   ? 1
                   : 0;
   std::vector<Digest> all(static_cast<size_t>(W));

@@ -236,15 +236,13 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
   if (cfg.ranks_per_node < 0) return Status::Error("ranks_per_node must not be negative");
 
   // Faults (inject/failpoint): --fault specs and ZT_FAULTS, for this run, from one seed.
+  std::vector<std::pair<std::string, std::string>> sources;  // (where it came from, the spec text)
+  for (const std::string& text : cfg.faults) sources.emplace_back("--fault ", text);
+  if (const char* env = std::getenv("ZT_FAULTS")) sources.emplace_back("ZT_FAULTS: ", env);
   std::vector<fail::Spec> specs;
-  for (const std::string& text : cfg.faults) {
+  for (const auto& [origin, text] : sources) {
     std::vector<fail::Spec> more;
-    if (Status s = fail::parse_specs(text, &more); !s) return Status::Error("--fault " + s.message());
-    specs.insert(specs.end(), more.begin(), more.end());
-  }
-  if (const char* env = std::getenv("ZT_FAULTS")) {
-    std::vector<fail::Spec> more;
-    if (Status s = fail::parse_specs(env, &more); !s) return Status::Error("ZT_FAULTS: " + s.message());
+    if (Status s = fail::parse_specs(text, &more); !s) return Status::Error(origin + s.message());
     specs.insert(specs.end(), more.begin(), more.end());
   }
   fail::Scope fault_scope(specs, cfg.fault_seed ? cfg.fault_seed : cfg.seed);

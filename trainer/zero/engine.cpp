@@ -29,6 +29,10 @@ struct ZeroEngine::Part {
 
 namespace {
 
+// DeepSpeed's name for a module's fp32 partition (its gradient is NAME.grad): the name users
+// see in R2 and R5's tracebacks.
+std::string partition_name(int64_t module) { return "fp32_partitioned_groups_flat[" + std::to_string(module) + "]"; }
+
 // dst (a float dtype) += src, element by element, in fp32.
 void add_into(Tensor& dst, int64_t dst_offset, const float* src, int64_t n) {
   if (!dst.raw()) return;
@@ -119,7 +123,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     p->opt_n = z_.stage == 0 ? p->padded : p->shard;
     Device& opt = z_.offload_optimizer ? host : accel;
     const bool opt_pin = z_.offload_optimizer && pin;
-    const std::string group = "fp32_partitioned_groups_flat[" + std::to_string(spec.index) + "]";
+    const std::string group = partition_name(spec.index);
     p->master = Tensor::empty(group, {p->opt_n}, DType::F32, opt, opt_pin);
     if (p->master.raw()) std::memcpy(p->master.f32(), vals.data() + p->opt_lo, size_t(p->opt_n) * sizeof(float));
     p->m = Tensor::zeros("adam.m[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
@@ -403,7 +407,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     } else if (dtype_ == DType::F32) {
       g32[mi] = p.grad;
     } else {
-      g32[mi] = Tensor::empty("fp32_partitioned_groups_flat[" + std::to_string(mi) + "].grad", {p.shard}, DType::F32, accel);
+      g32[mi] = Tensor::empty(partition_name(int64_t(mi)) + ".grad", {p.shard}, DType::F32, accel);
       read_into(p.grad, 0, g32[mi].f32(), p.shard);
     }
   }
@@ -595,7 +599,7 @@ const Tensor& ZeroEngine::grad32_of(int mi) const {
 void ZeroEngine::offload_grad(int mi, const Tensor& grad, int64_t step) {
   Part& p = *parts_[size_t(mi)];
   Device& host = rt_.host();
-  const std::string group = "fp32_partitioned_groups_flat[" + std::to_string(p.spec.index) + "].grad";
+  const std::string group = partition_name(p.spec.index) + ".grad";
   if (mi == stays_on_device_) {
     // zero.grad_partition_stays_on_device: this partition is made on the device and never
     // offloaded; the optimizer's ops then meet it beside host partitions.
