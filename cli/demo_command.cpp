@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "core/backend.h"
 #include "train/trainer.h"
 #include "zt/check/check.h"
 #include "zt/common/units.h"
@@ -54,9 +55,13 @@ void add_demo_command(CLI::App& app, Action& action) {
                                           "for Perfetto\nExample: zt demo --dir demo-out");
   auto dir = std::make_shared<std::string>("demo-out");
   auto steps = std::make_shared<int64_t>(80);
+  auto device = std::make_shared<std::string>("auto");
   demo->add_option("--dir", *dir, "where the demo writes its files");
+  demo->add_option("--device", *device, "where the first run trains: auto (a GPU when there is a usable one, else the "
+                                        "simulated GPU), sim or cuda")
+      ->check(CLI::IsMember({"auto", "sim", "cuda"}));
   demo->add_option("--steps", *steps, "training steps of the first run");
-  demo->callback([&action, dir, steps] {
+  demo->callback([&action, dir, steps, device] {
     action = [=]() -> int {
       std::error_code ec;
       std::filesystem::create_directories(*dir, ec);
@@ -76,12 +81,19 @@ void add_demo_command(CLI::App& app, Action& action) {
       // (1e5 parameters), which would keep them whole on every GPU; shard them all.
       cfg.zero.param_persistence_threshold = 0;
       cfg.trace = *dir + "/train.db";
-      const char* cmd = "zt train --device sim --model tiny --precision bf16 --world-size 2 --zero-stage 3 "
-                        "--offload-optimizer --offload-param (stage3_param_persistence_threshold 0)";
+      std::string why;
+      cfg.device = *device;
+      if (*device == "auto") cfg.device = trainer::make_cuda_backend(0, &why) ? "cuda" : "sim";
+      const bool gpu = cfg.device == "cuda";
+      const std::string cmd = "zt train --device " + cfg.device +
+                              " --model tiny --precision bf16 --world-size 2 --zero-stage 3 "
+                              "--offload-optimizer --offload-param (stage3_param_persistence_threshold 0)";
       std::cout << "== 1. " << cmd << " --steps " << *steps << " --trace " << cfg.trace << "\n"
-                << "   GPT-2 (tiny) trained with ZeRO-3 and CPU offload by two ranks, each on its own simulated GPU\n"
+                << (gpu ? "   GPT-2 (tiny) trained with ZeRO-3 and CPU offload by two ranks sharing this machine's GPU\n"
+                        : "   GPT-2 (tiny) trained with ZeRO-3 and CPU offload by two ranks, each on its own simulated GPU\n")
                 << "   (shown as cuda:0 and cuda:1), on the built-in synthetic corpus\n";
-      if (int rc = run_training(cfg, std::string("zt demo: ") + cmd, false); rc != 0) return rc;
+      if (!gpu && *device == "auto") std::cout << "   (no GPU used: " << why << ")\n";
+      if (int rc = run_training(cfg, "zt demo: " + cmd, false); rc != 0) return rc;
       std::cout << "\n== 2. zt db info " << cfg.trace << "\n";
       if (int rc = db_info(cfg.trace); rc != 0) return rc;
       std::cout << "\n== 3. where rank 0's model states live, by SQL (zt db sql): ZeRO-3 with offload keeps the\n"
@@ -102,6 +114,7 @@ void add_demo_command(CLI::App& app, Action& action) {
       oom.zero = trainer::ZeroSettings{};
       oom.device_memory = 3ull << 20;
       oom.trace = *dir + "/oom.db";
+      oom.device = "sim";
       std::cout << "\n== 4. the same run on a GPU of 3 MiB: the caching allocator really runs out\n"
                 << "   zt train ... --device-memory 3MiB --trace " << oom.trace << "\n";
       if (int rc = run_training(oom, "zt demo: zt train --device sim --model tiny --device-memory 3MiB", true); rc != 0)

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "zero/launcher_env.h"
 #include "train/trainer.h"
 #include "zt/common/units.h"
 
@@ -15,7 +16,9 @@ void add_train_command(CLI::App& app, Action& action) {
   auto device_memory = std::make_shared<std::string>();
   auto host_memory = std::make_shared<std::string>();
   sub->add_option("--config", *config_file, "YAML file with the same settings (flags given too win)");
-  sub->add_option("--device", cfg->device, "sim (a simulated GPU, shown as cuda:N), cpu, or cuda");
+  sub->add_option("--device", cfg->device,
+                  "sim (a simulated GPU, shown as cuda:N), cpu, or cuda (a real GPU; under torchrun/mpirun/srun one "
+                  "process per GPU joined by NCCL)");
   sub->add_option("--model", cfg->model, "tiny, 124M, 350M, 774M or 1.5B");
   sub->add_option("--steps", cfg->steps, "optimizer steps");
   sub->add_option("--epochs", cfg->epochs, "epochs (instead of --steps)");
@@ -25,7 +28,8 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--seq-len", cfg->seq_len, "tokens per sequence (default: the model's context)");
   sub->add_option("--seed", cfg->seed, "seed of init, data order and synthetic data");
   sub->add_option("--precision", cfg->precision, "fp32, bf16 or fp16 weights (math in fp32)");
-  sub->add_option("--device-memory", *device_memory, "simulated GPU capacity, e.g. 80GiB");
+  sub->add_option("--device-memory", *device_memory,
+                  "simulated GPU capacity, e.g. 80GiB (default 80GiB); with --device cuda a cap below the GPU's memory");
   sub->add_option("--host-memory", *host_memory, "host memory cap for pinned + pageable buffers, e.g. 1TiB");
   sub->add_option("--data", cfg->data, "text file (byte-level) or token file; default: built-in synthetic corpus");
   sub->add_option("--max-doc-tokens", cfg->max_doc_tokens, "cut each document to this many tokens");
@@ -122,6 +126,22 @@ void add_train_command(CLI::App& app, Action& action) {
       }
       if (Status s = trainer::validate(c); !s) return fail(s.message());
       if (c.steps == 0 && c.epochs == 0) c.steps = 50;
+      if (c.device == "cuda") {
+        // A real GPU has its own size: --device-memory caps it only when given.
+        if (device_memory->empty() && c.device_memory == trainer::TrainConfig{}.device_memory) c.device_memory = 0;
+        // One process per GPU under a launcher: one trace per process (zt db merge joins them).
+        try {
+          const trainer::LaunchInfo li = trainer::read_launch_info(trainer::process_environment());
+          if (li.world_size > 1 && !c.trace.empty()) {
+            const size_t dot = c.trace.rfind('.');
+            const size_t slash = c.trace.rfind('/');
+            const size_t at = dot != std::string::npos && (slash == std::string::npos || dot > slash) ? dot : c.trace.size();
+            c.trace.insert(at, ".rank" + std::to_string(li.rank));
+          }
+        } catch (const trainer::LaunchError&) {
+          // trainer::train reports it, naming the variable
+        }
+      }
 
       std::unique_ptr<probe::Recorder> rec;
       if (!c.trace.empty()) {

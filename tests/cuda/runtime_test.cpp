@@ -73,3 +73,10 @@ TEST(CudaRuntime, BadArgumentsAreRefusedBeforeAnyCudaCall) {
   EXPECT_NO_THROW(layernorm_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8, DType::F32, nullptr));
   EXPECT_NO_THROW(embedding_forward(nullptr, nullptr, nullptr, nullptr, 0, 4, 8, DType::BF16, nullptr));
 }
+
+// cuBLAS is loaded on first use, not linked (gemm.cpp): the toolkit this was built with has it, and
+// the five functions the GEMMs call are found in it. No GPU needed.
+TEST(CudaRuntime, CublasIsLoadedOnDemand) {
+  std::string why;
+  EXPECT_TRUE(zt::cuda::cublas_loadable(&why)) << why;
+}

@@ -84,7 +84,9 @@ TEST_P(SmallScenario, ReproducedAndCuredInSeconds) {
   EXPECT_EQ(r.bug.judgement.evidence.trace, dir.file("bug.db"));
   // The bug run's faults fired; the fix run has none of the removed ones.
   const repro::Evidence& e = r.bug.judgement.evidence;
-  if (!r.bug.config.faults.empty()) EXPECT_GT(e.fault_count, 0) << explain(r);
+  if (!r.bug.config.faults.empty()) {
+    EXPECT_GT(e.fault_count, 0) << explain(r);
+  }
 }
 
 TEST_P(SmallScenario, SameSeedSameEvidence) {

@@ -356,3 +356,50 @@ TEST(Zero, PrefetchFollowsTheRecordedOrderAndChangesNothing) {
   EXPECT_EQ(q.rows[0][0], "1");  // none in step 0: the order is recorded there
   EXPECT_NE(q.rows[0][1], "0");
 }
+
+// Transfers overlap compute (the copy lanes of core/backend.h, threads on the simulated GPU): under
+// offload_param the prefetch's host->device shard copies run while earlier modules compute, and
+// under offload_optimizer the gradient partitions go to the host while backward goes on. The trace
+// shows it: transfer rows whose real times fall inside another module's compute marker. The
+// losses are those of the run without prefetch (where every copy is waited for at once).
+TEST(Zero, TransfersOverlapComputeAndChangeNothing) {
+  zt::test::TempDir dir;
+  TrainConfig c = base(3);
+  c.model = "custom";  // blocks big enough that a copy takes a while: 3.1M parameters each
+  c.shape.name = "overlap test";
+  c.shape.vocab = 512;
+  c.shape.context = 64;
+  c.shape.layers = 4;
+  c.shape.heads = 8;
+  c.shape.kv_heads = 8;
+  c.shape.width = 512;
+  c.shape.ffn = 2048;
+  c.micro_batch = 2;
+  c.seq_len = 64;
+  c.grad_accum = 2;
+  c.precision = "bf16";
+  c.zero.stage = 3;
+  c.zero.offload_optimizer = true;
+  c.zero.offload_param = true;
+  c.zero.param_persistence_threshold = 0;
+  c.zero.max_reuse_distance = 0;
+  TrainConfig no_prefetch = c;
+  no_prefetch.zero.prefetch_bucket_size = 0;
+  zt::test::TracedRun run = zt::test::train_traced(c, dir.file("o.db"));
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  ASSERT_NE(run.reader, nullptr);
+  EXPECT_EQ(run.summary.losses, losses(no_prefetch));
+  zt::db::QueryResult q;
+  // Per kind: transfers of a module's tensors whose interval meets the compute of another module.
+  ASSERT_TRUE(run.reader
+                  ->query("SELECT t.kind, count(DISTINCT t.id) FROM transfer_v t JOIN marker_v m ON m.rank = t.rank"
+                          " AND (m.name LIKE 'forward %' OR m.name LIKE 'backward %') AND m.name NOT IN ('forward', "
+                          "'backward') AND t.t_start < m.t_end AND m.t_start < t.t_end"
+                          " WHERE t.kind IN ('H2D', 'D2H') AND t.bytes > 1000000 GROUP BY 1 ORDER BY 1",
+                          &q)
+                  .ok());
+  std::map<std::string, int64_t> overlapping;
+  for (auto& row : q.rows) overlapping[row[0]] = std::stoll(row[1]);
+  EXPECT_GT(overlapping["H2D"], 0) << "no parameter shard copy overlapped a module's compute";
+  EXPECT_GT(overlapping["D2H"], 0) << "no gradient partition copy overlapped a module's compute";
+}

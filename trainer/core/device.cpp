@@ -2,6 +2,8 @@
 
 #include <charconv>
 
+#include "core/backend.h"
+
 namespace zt::trainer {
 
 std::optional<DeviceRef> parse_device(std::string_view text) {
@@ -24,7 +26,7 @@ std::optional<DeviceRef> parse_device(std::string_view text) {
 }
 
 Device::Device(DeviceType type, int index, int rank, probe::Recorder* rec, probe::DeviceId trace_id,
-               StorageAllocator* memory, StorageAllocator* pinned)
+               StorageAllocator* memory, StorageAllocator* pinned, DeviceOps* ops)
     : type_(type),
       index_(index),
       rank_(rank),
@@ -32,6 +34,7 @@ Device::Device(DeviceType type, int index, int rank, probe::Recorder* rec, probe
       rec_(rec),
       trace_id_(trace_id),
       memory_(memory),
-      pinned_(pinned) {}
+      pinned_(pinned),
+      ops_(ops ? ops : &host_ops()) {}
 
 }  // namespace zt::trainer

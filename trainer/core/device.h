@@ -1,7 +1,7 @@
 // trainer/core/device.h: where tensors live.
 //
 // Owns: the device model that both the simulated GPU and CUDA plug into. A Device is one
-// rank's view of one memory space: `cuda:N` (a real GPU, later), `sim:N` (a simulated GPU:
+// rank's view of one memory space: `cuda:N` (a real GPU: its kernels and copies through its DeviceOps), `sim:N` (a simulated GPU:
 // memory from the host up to a capacity, kernels on the CPU, copies counted as
 // H2D/D2H/D2D) or `cpu`. A simulated GPU calls itself `cuda:N` in every message users see,
 // because that is what the bug reports say; the trace's device table records that it is
@@ -52,10 +52,13 @@ class StorageAllocator {
   virtual bool backed() const { return true; }
 };
 
+class DeviceOps;  // core/backend.h
+
 class Device {
  public:
+  // `ops` null: the host's (CPU loops over host-addressable memory: the host, a simulated GPU).
   Device(DeviceType type, int index, int rank, probe::Recorder* rec, probe::DeviceId trace_id,
-         StorageAllocator* memory, StorageAllocator* pinned = nullptr);
+         StorageAllocator* memory, StorageAllocator* pinned = nullptr, DeviceOps* ops = nullptr);
 
   DeviceType type() const { return type_; }
   int index() const { return index_; }
@@ -68,6 +71,8 @@ class Device {
   StorageAllocator& memory() const { return *memory_; }
   // Pinned host memory (host devices only); null when this host has no pinned allocator.
   StorageAllocator* pinned() const { return pinned_; }
+  // Copies and arithmetic on this device's memory (core/backend.h).
+  DeviceOps& ops() const { return *ops_; }
 
  private:
   DeviceType type_;
@@ -78,6 +83,7 @@ class Device {
   probe::DeviceId trace_id_;
   StorageAllocator* memory_;
   StorageAllocator* pinned_;
+  DeviceOps* ops_;
 };
 
 }  // namespace zt::trainer

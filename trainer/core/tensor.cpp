@@ -2,7 +2,9 @@
 
 #include <cstring>
 #include <sstream>
+#include <vector>
 
+#include "core/backend.h"
 #include "zt/db/rows.h"
 
 namespace zt::trainer {
@@ -41,7 +43,7 @@ Tensor Tensor::empty(std::string name, std::vector<int64_t> shape, DType dtype, 
 
 Tensor Tensor::zeros(std::string name, std::vector<int64_t> shape, DType dtype, Device& device, bool pinned) {
   Tensor t = empty(std::move(name), std::move(shape), dtype, device, pinned);
-  if (t.raw()) std::memset(t.raw(), 0, t.bytes());
+  if (t.raw()) device.ops().zero(t.raw(), t.bytes());
   return t;
 }
 
@@ -67,18 +69,36 @@ probe::TransferKind kind_of(const Device& src, const Device& dst) {
   return probe::TransferKind::D2D;
 }
 
+// Host-addressable memory on both sides (the host, a simulated GPU): CPU loops. A real GPU on
+// either side: that device's copy, with any dtype conversion done on the host side of it (or on
+// the GPU itself for a copy within one GPU).
 void move_bytes(const Tensor& src, Tensor& dst) {
   if (!src.raw() || !dst.raw()) return;  // virtual memory: sizes only, nothing to move
+  DeviceOps& so = src.device().ops();
+  DeviceOps& dop = dst.device().ops();
+  if (so.host_addressable() && dop.host_addressable()) {
+    host_ops().convert(dst.raw(), dst.dtype(), src.raw(), src.dtype(), src.numel());
+    return;
+  }
+  DeviceOps& gpu = dop.host_addressable() ? so : dop;
   if (src.dtype() == dst.dtype()) {
-    std::memcpy(dst.raw(), src.raw(), src.bytes());
-  } else if (src.dtype() == DType::F32) {
-    from_float(dst.dtype(), src.data<float>(), dst.raw(), size_t(src.numel()));
-  } else if (dst.dtype() == DType::F32) {
-    to_float(src.dtype(), src.raw(), dst.data<float>(), size_t(src.numel()));
-  } else {
-    std::vector<float> tmp(size_t(src.numel()));
-    to_float(src.dtype(), src.raw(), tmp.data(), tmp.size());
-    from_float(dst.dtype(), tmp.data(), dst.raw(), tmp.size());
+    gpu.copy(dst.raw(), src.raw(), src.bytes());
+  } else if (&so == &dop) {
+    dop.convert(dst.raw(), dst.dtype(), src.raw(), src.dtype(), src.numel());
+  } else if (so.host_addressable()) {  // convert on the host, then one copy up
+    std::vector<char> tmp(dst.bytes());
+    host_ops().convert(tmp.data(), dst.dtype(), src.raw(), src.dtype(), src.numel());
+    dop.copy(dst.raw(), tmp.data(), tmp.size());
+  } else {  // one copy down, then convert on the host (or on the way between two GPUs)
+    std::vector<char> tmp(src.bytes());
+    so.copy(tmp.data(), src.raw(), tmp.size());
+    if (dop.host_addressable()) {
+      host_ops().convert(dst.raw(), dst.dtype(), tmp.data(), src.dtype(), src.numel());
+    } else {
+      std::vector<char> conv(dst.bytes());
+      host_ops().convert(conv.data(), dst.dtype(), tmp.data(), src.dtype(), src.numel());
+      dop.copy(dst.raw(), conv.data(), conv.size());
+    }
   }
 }
 
@@ -120,6 +140,50 @@ void copy_into(Tensor& dst, const Tensor& src) {
   move_bytes(src, dst);
   if (&src.device() != &dst.device() || src.device().is_host() != dst.device().is_host())
     record_transfer(src, dst, t0, probe::now_ns());
+}
+
+PendingCopy& PendingCopy::operator=(PendingCopy&& o) noexcept {
+  if (this != &o) {
+    wait();
+    src_ = std::move(o.src_);
+    dst_ = std::move(o.dst_);
+    ops_ = o.ops_;
+    fence_ = o.fence_;
+    o.ops_ = nullptr;
+    o.fence_ = 0;
+  }
+  return *this;
+}
+
+void PendingCopy::wait() {
+  if (!ops_) return;
+  DeviceOps* ops = ops_;
+  ops_ = nullptr;
+  ops->wait(fence_);
+  src_.reset();
+  dst_.reset();
+}
+
+PendingCopy copy_into_async(Tensor& dst, const Tensor& src) {
+  if (dst.numel() != src.numel() || dst.dtype() != src.dtype())
+    throw std::invalid_argument("async copy " + src.describe() + " into " + dst.describe() +
+                                ": sizes or dtypes differ");
+  PendingCopy p;
+  const bool h2d = src.device().is_host() && !dst.device().is_host();
+  const bool d2h = !src.device().is_host() && dst.device().is_host();
+  if ((!h2d && !d2h) || !src.raw() || !dst.raw()) {
+    copy_into(dst, src);  // within one side, or virtual memory (nothing moves)
+    return p;
+  }
+  DeviceOps& ops = (h2d ? dst : src).device().ops();
+  p.src_ = src;
+  p.dst_ = dst;
+  p.ops_ = &ops;
+  // The callback may run on another thread after this returns: it holds its own references.
+  Tensor s = src, d = dst;
+  p.fence_ = ops.copy_async(dst.raw(), src.raw(), src.bytes(), h2d ? DeviceOps::Lane::H2D : DeviceOps::Lane::D2H,
+                            [s, d](int64_t t0, int64_t t1) { record_transfer(s, d, t0, t1); });
+  return p;
 }
 
 namespace {

@@ -21,6 +21,8 @@
 
 namespace zt::trainer {
 
+class DeviceOps;  // core/backend.h
+
 class Storage {
  public:
   Storage(Device& device, StorageAllocator& allocator, MemoryBlock block, std::string name, bool pinned);
@@ -82,6 +84,31 @@ Tensor copy_to(const Tensor& src, Device& dst, bool pinned = false, std::string 
                std::optional<DType> dtype = std::nullopt);
 // dst := src, element for element (dtypes may differ; shapes must hold the same numel).
 void copy_into(Tensor& dst, const Tensor& src);
+
+// An asynchronous copy (copy_into_async), finished by wait() or the destructor; it keeps both
+// tensors alive until then. Moves, not copies.
+class PendingCopy {
+ public:
+  PendingCopy() = default;
+  PendingCopy(PendingCopy&& o) noexcept { *this = std::move(o); }
+  PendingCopy& operator=(PendingCopy&& o) noexcept;
+  ~PendingCopy() { wait(); }
+  // The copy is finished for its consumer (core/backend.h, DeviceOps::wait); then both tensors
+  // are released from here.
+  void wait();
+  bool pending() const { return ops_ != nullptr; }
+
+ private:
+  friend PendingCopy copy_into_async(Tensor& dst, const Tensor& src);
+  Tensor src_, dst_;
+  DeviceOps* ops_ = nullptr;
+  uint64_t fence_ = 0;
+};
+// dst := src, the same dtype and numel, between the host and an accelerator, on the
+// accelerator's H2D or D2H copy lane: it overlaps the rank's later work until wait(). Neither
+// tensor may be touched until then. Recorded as a transfer (its real start and end) when it
+// finishes. A copy within one side is done at once (synchronously).
+PendingCopy copy_into_async(Tensor& dst, const Tensor& src);
 
 // --- the device guard ---
 class DeviceMismatchError : public std::runtime_error {

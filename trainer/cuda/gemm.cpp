@@ -2,8 +2,10 @@
 #include "cuda/gemm.h"
 
 #include <cublas_v2.h>
+#include <dlfcn.h>
 
 #include <climits>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -13,6 +15,51 @@
 namespace zt::cuda {
 
 namespace {
+
+// cuBLAS is loaded on first use (dlopen), not linked: mapping libcublas and libcublasLt costs
+// about 150 MiB of resident memory in every process that links them, and most runs of zt (the
+// simulated GPU, zt db, zt check) never multiply a matrix on a GPU.
+struct CublasApi {
+  cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
+  cublasStatus_t (*destroy)(cublasHandle_t) = nullptr;
+  cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) = nullptr;
+  cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t) = nullptr;
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                            const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+};
+
+const CublasApi& cublas() {
+  static CublasApi api;
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+    void* lib = nullptr;
+    std::string tried;
+    for (const std::string& path : {soname, std::string(ZT_CUDA_LIBRARY_DIR) + "/" + soname}) {
+      if ((lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
+      const char* e = dlerror();
+      tried += (tried.empty() ? "" : "; ") + (e ? std::string(e) : path);
+    }
+    if (!lib) {
+      error = "cuBLAS could not be loaded: " + tried;
+      return;
+    }
+    auto sym = [&](const char* name) {
+      void* f = dlsym(lib, name);
+      if (!f && error.empty()) error = "cuBLAS (" + soname + ") has no symbol " + name;
+      return f;
+    };
+    api.create = reinterpret_cast<decltype(api.create)>(sym("cublasCreate_v2"));
+    api.destroy = reinterpret_cast<decltype(api.destroy)>(sym("cublasDestroy_v2"));
+    api.set_stream = reinterpret_cast<decltype(api.set_stream)>(sym("cublasSetStream_v2"));
+    api.set_math_mode = reinterpret_cast<decltype(api.set_math_mode)>(sym("cublasSetMathMode"));
+    api.gemm_ex = reinterpret_cast<decltype(api.gemm_ex)>(sym("cublasGemmEx"));
+  });
+  if (!error.empty()) throw std::runtime_error(error);
+  return api;
+}
 
 void check_blas(cublasStatus_t s, const char* call) {
   if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(call) + ": " + cublas_status_text(int(s)));
@@ -35,10 +82,11 @@ void gemm(Blas& blas, cudaStream_t stream, cublasOperation_t ta, cublasOperation
           cudaDataType_t ct, const char* what) {
   for (int64_t d : {m, n, k, lda, ldb, ldc})
     if (d > INT_MAX) throw std::invalid_argument(std::string(what) + ": a dimension does not fit cuBLAS's int");
-  check_blas(cublasSetStream(blas.handle(), stream), "cublasSetStream");
+  const CublasApi& api = cublas();
+  check_blas(api.set_stream(blas.handle(), stream), "cublasSetStream");
   const float alpha = 1.0f;
-  check_blas(cublasGemmEx(blas.handle(), ta, tb, int(m), int(n), int(k), &alpha, a, ab, int(lda), b, ab, int(ldb),
-                          &beta, c, ct, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  check_blas(api.gemm_ex(blas.handle(), ta, tb, int(m), int(n), int(k), &alpha, a, ab, int(lda), b, ab, int(ldb), &beta,
+                         c, ct, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
              what);
 }
 
@@ -47,6 +95,16 @@ void require_dims(const char* op, int64_t N, int64_t IC, int64_t OC) {
 }
 
 }  // namespace
+
+bool cublas_loadable(std::string* why) {
+  try {
+    (void)cublas();
+    return true;
+  } catch (const std::runtime_error& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+}
 
 const char* cublas_status_text(int status) {
   switch (cublasStatus_t(status)) {
@@ -66,13 +124,14 @@ const char* cublas_status_text(int status) {
 
 Blas::Blas(int device) : device_(device) {
   DeviceGuard guard(device);
-  check_blas(cublasCreate(&handle_), "cublasCreate");
+  const CublasApi& api = cublas();
+  check_blas(api.create(&handle_), "cublasCreate");
   // No TF32 for fp32 GEMMs: the default math mode, stated explicitly (see gemm.h).
-  check_blas(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  check_blas(api.set_math_mode(handle_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 }
 
 Blas::~Blas() {
-  if (handle_) (void)cublasDestroy(handle_);
+  if (handle_) (void)cublas().destroy(handle_);
 }
 
 void matmul_forward(Blas& blas, void* out, const void* inp, const void* w, const void* bias, int64_t N, int64_t IC,

@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -48,6 +49,10 @@ void matmul_forward(Blas& blas, void* out, const void* inp, const void* w, const
 // dw[OC, IC] += dout^T @ inp (fp32); dbias[OC] += column sums of dout (fp32; skipped when null).
 void matmul_backward(Blas& blas, void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* w,
                      int64_t N, int64_t IC, int64_t OC, DType t, cudaStream_t stream, bool accumulate_dinp = false);
+
+// Whether cuBLAS (loaded on first use with dlopen, not linked) and the functions used here can be
+// found; *why says what is missing. Needs no GPU.
+bool cublas_loadable(std::string* why = nullptr);
 
 // The text of a cuBLAS status, "CUBLAS_STATUS_NOT_SUPPORTED: the functionality requested is not supported".
 const char* cublas_status_text(int status);

@@ -85,4 +85,33 @@ void embedding_forward(void* x, const int32_t* tokens, const void* wte, const vo
 void embedding_backward(float* dwte, float* dwpe, const int32_t* tokens, const void* dx, int64_t B, int64_t T,
                         int64_t C, DType t, cudaStream_t stream);
 
+// ---- the engine's optimizer step and gradient accumulation: bit-identical to the CPU ----
+// These two are exact twins, not tolerance twins: every operation is one IEEE fp32 operation
+// (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn, __fsqrt_rn: nvcc cannot contract them into FMA),
+// in the CPU's order, and the bf16/fp16 roundings are core/dtype.h's integer code. Equal to the
+// bit for every non-NaN result; a NaN where the CPU has one (its payload and sign may differ: the
+// GPU's arithmetic returns the canonical NaN, as cpu_adam.h allows between its own ISAs).
+
+// The fp32 constants of one AdamW step, rounded from the double hyperparameters exactly as
+// optim::cpu_adamw_step rounds them; cuda/adamw.h forms them from optim::AdamParams and the step.
+struct AdamWConsts {
+  float decay;                  // (float)(1 - lr * weight_decay)
+  float beta1, beta2;           // (float)beta1, (float)beta2
+  float one_minus_beta1;        // (float)(1 - beta1)
+  float one_minus_beta2;        // (float)(1 - beta2)
+  float bias_correction2_sqrt;  // (float)sqrt(1 - beta2^step)
+  float eps;                    // (float)eps
+  float step_size;              // (float)(lr / (1 - beta1^step))
+};
+// One AdamW step over n elements, in place on params, m and v (all fp32; grads fp32), in
+// cpu_adamw_step's order: p = p*decay; m = m*b1 + g*(1-b1); v = v*b2 + (g*g)*(1-b2);
+// p -= step_size * (m / (sqrt(v)/bc2_sqrt + eps)). low_t F32 means no fused output (low_out
+// ignored); BF16 or F16 writes the updated p rounded to low_out (which must then not be null).
+// None of the buffers may overlap.
+void adamw_step(float* params, const float* grads, float* m, float* v, int64_t n, const AdamWConsts& c, void* low_out,
+                DType low_t, cudaStream_t stream);
+// dst[i] = dst[i] + src[i] in fp32, rounded back to dst_t (fp32: one add; bf16/fp16: widened,
+// added, rounded to nearest even): the engine's add_into (zero/engine.cpp) on the device.
+void add_inplace(void* dst, DType dst_t, const float* src, int64_t n, cudaStream_t stream);
+
 }  // namespace zt::cuda

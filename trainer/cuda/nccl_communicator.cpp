@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cuda/kernels.h"
+#include "zt/fail/failpoint.h"
 
 namespace zt::cuda {
 
@@ -204,6 +205,22 @@ std::string NcclCommunicator::describe() const {
          describe_device(device_) + "), rendezvous " + plan_.describe();
 }
 
+// The faults comm.rank_exit and comm.hang, at the start of every collective, as the in-process
+// transport has them: an exit leaves the peers to their watchdog; a hang never enqueues the
+// collective, so this rank's own watchdog fires when the timeout has passed (or it is aborted).
+void NcclCommunicator::faults(const Op& op) {
+  if (!fail::any_configured()) return;
+  const std::string where = std::string(op.type) + " SeqNum=" + std::to_string(op.seq);
+  const fail::Context ctx{launch_.rank, -1, -1, -1, options_.recorder};
+  if (fail::eval("comm.rank_exit", ctx, "exits before " + where))
+    throw trainer::RankExited("rank " + std::to_string(launch_.rank) + " exited before " + where + " (fault comm.rank_exit)");
+  if (fail::eval("comm.hang", ctx, "hangs in " + where)) {
+    while (!aborted_ && ms_since(op.start) <= options_.timeout_ms) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (aborted_) throw CommAborted(abort_reason_);
+    watchdog(op);
+  }
+}
+
 void NcclCommunicator::ensure_usable() {
   if (aborted_) throw CommAborted(abort_reason_);
   if (!comm_) throw CommAborted("the NCCL communicator of rank " + std::to_string(launch_.rank) + " is gone");
@@ -309,6 +326,7 @@ void NcclCommunicator::all_gather(const void* send, void* recv, size_t bytes, co
   ensure_usable();
   const size_t world = size_t(launch_.world_size);
   Op op{"ALLGATHER", ++seq_, int64_t(bytes), int64_t(bytes * world), probe::now_ns(), std::chrono::steady_clock::now()};
+  faults(op);
   if (bytes == 0) return finish(op, "all_gather", 0, what);
   if (!send || !recv) throw std::invalid_argument("all_gather: null buffer for '" + what + "'");
   DeviceGuard guard(device_);
@@ -326,6 +344,7 @@ void NcclCommunicator::reduce_scatter(const float* send, float* recv, size_t cou
   const size_t world = size_t(launch_.world_size);
   Op op{"REDUCE_SCATTER", ++seq_, int64_t(count * world), int64_t(count), probe::now_ns(),
         std::chrono::steady_clock::now()};
+  faults(op);
   const size_t in_bytes = count * world * sizeof(float), out_bytes = count * sizeof(float);
   if (count == 0) return finish(op, "reduce_scatter", 0, what);
   if (!send || !recv) throw std::invalid_argument("reduce_scatter: null buffer for '" + what + "'");
@@ -342,6 +361,7 @@ void NcclCommunicator::reduce_scatter(const float* send, float* recv, size_t cou
 void NcclCommunicator::all_reduce(float* data, size_t count, float scale, const std::string& what) {
   ensure_usable();
   Op op{"ALLREDUCE", ++seq_, int64_t(count), int64_t(count), probe::now_ns(), std::chrono::steady_clock::now()};
+  faults(op);
   const size_t bytes = count * sizeof(float);
   if (count == 0) return finish(op, "all_reduce", 0, what);
   if (!data) throw std::invalid_argument("all_reduce: null buffer for '" + what + "'");
@@ -357,6 +377,7 @@ void NcclCommunicator::all_reduce(float* data, size_t count, float scale, const 
 void NcclCommunicator::all_reduce(double* data, size_t count, const std::string& what) {
   ensure_usable();
   Op op{"ALLREDUCE", ++seq_, int64_t(count), int64_t(count), probe::now_ns(), std::chrono::steady_clock::now()};
+  faults(op);
   const size_t bytes = count * sizeof(double);
   if (count == 0) return finish(op, "all_reduce", 0, what);
   if (!data) throw std::invalid_argument("all_reduce: null buffer for '" + what + "'");
@@ -374,6 +395,7 @@ void NcclCommunicator::broadcast(void* data, size_t bytes, int root, const std::
     throw std::invalid_argument("broadcast: root " + std::to_string(root) + " is not a rank of a world of " +
                                 std::to_string(launch_.world_size));
   Op op{"BROADCAST", ++seq_, int64_t(bytes), int64_t(bytes), probe::now_ns(), std::chrono::steady_clock::now()};
+  faults(op);
   if (bytes == 0) return finish(op, "broadcast", 0, what);
   if (!data) throw std::invalid_argument("broadcast: null buffer for '" + what + "'");
   DeviceGuard guard(device_);
@@ -387,6 +409,7 @@ void NcclCommunicator::broadcast(void* data, size_t bytes, int root, const std::
 void NcclCommunicator::barrier() {
   ensure_usable();
   Op op{"BARRIER", ++seq_, 1, 1, probe::now_ns(), std::chrono::steady_clock::now()};
+  faults(op);
   DeviceGuard guard(device_);
   check_nccl(ncclAllReduce(barrier_buf_.get(), barrier_buf_.get(), 1, ncclFloat32, ncclSum, comm_, stream_),
              "ncclAllReduce (barrier)");

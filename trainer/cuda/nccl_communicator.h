@@ -89,6 +89,7 @@ class NcclCommunicator final : public trainer::Communicator {
   void finish(Op& op, const char* name, size_t bytes, const std::string& what);
   [[noreturn]] void watchdog(const Op& op);
   void ensure_usable();
+  void faults(const Op& op);
 
   trainer::LaunchInfo launch_;
   trainer::RendezvousPlan plan_;

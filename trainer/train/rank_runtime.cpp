@@ -1,5 +1,7 @@
 #include "train/rank_runtime.h"
 
+#include <stdexcept>
+
 namespace zt::trainer {
 
 class RankRuntime::DeviceStorage : public StorageAllocator {
@@ -57,6 +59,15 @@ class RankRuntime::PageableStorage : public HostStorage<memory::PageableHostAllo
 };
 
 RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : options_(o), rec_(rec) {
+  if (o.accelerator == DeviceType::Cuda && !o.backend)
+    throw std::invalid_argument("RankRuntime: a cuda accelerator needs its backend");
+  if (o.accelerator == DeviceType::Cuda && o.virtual_memory)
+    throw std::invalid_argument("virtual mode runs on the simulated GPU (--device sim), not on cuda");
+  // A real GPU: its own memory unless capped below it.
+  if (o.accelerator == DeviceType::Cuda) {
+    const size_t have = o.backend->device_capacity(o.rank);
+    if (options_.device_capacity == 0 || options_.device_capacity > have) options_.device_capacity = have;
+  }
   probe::DeviceId host_id = 0, accel_id = 0;
   if (rec) {
     rec->add_rank(o.rank, o.world_size, o.rank);
@@ -66,6 +77,9 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
       accel_id = rec->add_device(o.rank, probe::DeviceKind::Sim, o.rank, "cuda:" + std::to_string(o.rank),
                                  o.virtual_memory ? "simulated GPU (virtual: sizes only)" : "simulated GPU",
                                  int64_t(o.device_capacity), true);
+    else if (o.accelerator == DeviceType::Cuda)
+      accel_id = rec->add_device(o.rank, probe::DeviceKind::Cuda, o.rank, "cuda:" + std::to_string(o.rank),
+                                 o.backend->describe(o.rank), int64_t(options_.device_capacity), false);
   }
   memory::HostAllocatorOptions ho;
   ho.recorder = rec;
@@ -80,14 +94,22 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
     else host_source_ = std::make_unique<memory::HostBackedSource>(o.host_capacity);
     ho.source = host_source_.get();
   }
-  pinned_ = std::make_unique<memory::PinnedHostAllocator>(ho);
+  if (o.accelerator == DeviceType::Cuda) {
+    // Pinned memory from cudaHostAlloc (under the host cap, when one is given, of its own).
+    pinned_source_ = o.backend->pinned_source(o.host_capacity);
+    memory::HostAllocatorOptions po = ho;
+    po.source = pinned_source_.get();
+    pinned_ = std::make_unique<memory::PinnedHostAllocator>(po);
+  }
+  if (!pinned_) pinned_ = std::make_unique<memory::PinnedHostAllocator>(ho);
   pageable_ = std::make_unique<memory::PageableHostAllocator>(ho);
   pinned_storage_ = std::make_unique<PinnedStorage>(*pinned_, !o.virtual_memory);
   pageable_storage_ = std::make_unique<PageableStorage>(*pageable_, !o.virtual_memory);
   host_ = std::make_unique<Device>(DeviceType::Cpu, 0, o.rank, rec, host_id, pageable_storage_.get(),
                                    pinned_storage_.get());
-  if (o.accelerator == DeviceType::Sim) {
-    if (o.virtual_memory) source_ = std::make_unique<memory::VirtualSource>(o.device_capacity);
+  if (o.accelerator == DeviceType::Sim || o.accelerator == DeviceType::Cuda) {
+    if (o.accelerator == DeviceType::Cuda) source_ = o.backend->device_source(o.rank, options_.device_capacity);
+    else if (o.virtual_memory) source_ = std::make_unique<memory::VirtualSource>(o.device_capacity);
     else source_ = std::make_unique<memory::HostBackedSource>(o.device_capacity);
     memory::DeviceAllocatorOptions dopt;
     dopt.recorder = rec;
@@ -96,7 +118,14 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
     dopt.device_ordinal = o.rank;
     device_alloc_ = std::make_unique<memory::DeviceAllocator>(source_.get(), dopt);
     device_storage_ = std::make_unique<DeviceStorage>(*device_alloc_, !o.virtual_memory);
-    accel_ = std::make_unique<Device>(DeviceType::Sim, o.rank, o.rank, rec, accel_id, device_storage_.get());
+    DeviceOps* ops = nullptr;
+    if (o.accelerator == DeviceType::Cuda) {
+      ops = &o.backend->ops(o.rank);
+    } else if (!o.virtual_memory) {
+      sim_ops_ = make_sim_ops();
+      ops = sim_ops_.get();
+    }
+    accel_ = std::make_unique<Device>(o.accelerator, o.rank, o.rank, rec, accel_id, device_storage_.get(), nullptr, ops);
   } else {
     // Training on the CPU: the "accelerator" is the host itself.
     accel_ = std::make_unique<Device>(DeviceType::Cpu, 0, o.rank, rec, host_id, pageable_storage_.get(),
@@ -105,5 +134,10 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
 }
 
 RankRuntime::~RankRuntime() = default;
+
+std::unique_ptr<ModelPasses> RankRuntime::model_passes(const model::Config& config, int B, int T, bool checkpointing) {
+  if (options_.accelerator == DeviceType::Cuda) return options_.backend->model_passes(options_.rank, config, B, T, checkpointing);
+  return cpu_model_passes(config, B, T, checkpointing);
+}
 
 }  // namespace zt::trainer

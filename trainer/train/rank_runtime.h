@@ -1,7 +1,7 @@
 // trainer/train/rank_runtime.h: one rank's devices and their memory.
 //
-// Owns: for one rank, its accelerator (a simulated GPU `sim:N` shown as `cuda:N`, or the
-// host when training on `cpu`) and its host, each with its allocators: the caching device
+// Owns: for one rank, its accelerator (a simulated GPU `sim:N` shown as `cuda:N`, a real GPU
+// through a Backend (core/backend.h), or the host when training on `cpu`) and its host, each with its allocators: the caching device
 // allocator over a memory source with the device's capacity, the caching pinned host
 // allocator and the pageable host allocator (both under the host cap). Registers both
 // devices and the rank in the trace. No global state: a rank is an object.
@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "core/backend.h"
 #include "core/device.h"
 #include "zt/memory/device_allocator.h"
 #include "zt/memory/host_allocator.h"
@@ -19,10 +20,11 @@
 namespace zt::trainer {
 
 struct RuntimeOptions {
-  DeviceType accelerator = DeviceType::Sim;  // Sim or Cpu (Cuda arrives with the CUDA backend)
+  DeviceType accelerator = DeviceType::Sim;  // Sim, Cpu, or Cuda (with `backend`)
+  Backend* backend = nullptr;                // Cuda: the GPU's memory, ops and model passes
   int rank = 0;
   int world_size = 1;
-  size_t device_capacity = 80ull << 30;
+  size_t device_capacity = 80ull << 30;  // Cuda: a cap below the GPU's own memory (0: the GPU's)
   size_t host_capacity = 0;  // 0: no cap
   bool virtual_memory = false;  // sizes only, no backing memory (replays for memory alone)
 };
@@ -39,6 +41,8 @@ class RankRuntime {
   memory::PinnedHostAllocator& pinned_allocator() { return *pinned_; }
   memory::PageableHostAllocator& pageable_allocator() { return *pageable_; }
   probe::Recorder* recorder() const { return rec_; }
+  // GPT-2's passes on the accelerator: the CPU reference, or the backend's kernels.
+  std::unique_ptr<ModelPasses> model_passes(const model::Config& config, int B, int T, bool checkpointing);
 
  private:
   class DeviceStorage;
@@ -48,10 +52,12 @@ class RankRuntime {
   probe::Recorder* rec_;
   std::unique_ptr<memory::MemorySource> source_;       // the accelerator's memory
   std::unique_ptr<memory::MemorySource> host_source_;  // shared by pinned and pageable under a host cap
+  std::unique_ptr<memory::MemorySource> pinned_source_;  // a GPU's page-locked memory (Cuda)
   std::unique_ptr<memory::DeviceAllocator> device_alloc_;
   std::unique_ptr<memory::PinnedHostAllocator> pinned_;
   std::unique_ptr<memory::PageableHostAllocator> pageable_;
   std::unique_ptr<StorageAllocator> device_storage_, pinned_storage_, pageable_storage_;
+  std::unique_ptr<DeviceOps> sim_ops_;  // the simulated GPU's (its copy lanes' threads)
   std::unique_ptr<Device> accel_, host_;
 };
 

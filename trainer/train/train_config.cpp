@@ -146,7 +146,7 @@ Status validate(const TrainConfig& c) {
   if (c.seq_len < 0) return bad("seq_len must be positive (or 0 for the model's context)");
   if (c.precision != "fp32" && c.precision != "bf16" && c.precision != "fp16")
     return bad("precision '" + c.precision + "': use fp32, bf16 or fp16");
-  if (c.device_memory == 0) return bad("device_memory must be positive");
+  if (c.device_memory == 0 && c.device != "cuda") return bad("device_memory must be positive (0: a real GPU's own size, with --device cuda)");
   if (!(c.lr > 0)) return bad("lr must be positive");
   if (c.beta1 < 0 || c.beta1 >= 1 || c.beta2 < 0 || c.beta2 >= 1) return bad("beta1 and beta2 must lie in [0, 1)");
   if (!(c.eps > 0)) return bad("eps must be positive");

@@ -60,7 +60,7 @@ struct TrainConfig {
   int64_t seq_len = 0;          // 0 = the model's context
   uint64_t seed = 1;
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (storage; math is fp32)
-  uint64_t device_memory = 80ull << 30;
+  uint64_t device_memory = 80ull << 30;  // the simulated GPU's size; with cuda a cap (0: the GPU's own)
   uint64_t host_memory = 0;        // 0 = no cap
   std::string data;                // text or token file; empty = the built-in synthetic corpus
   int64_t max_doc_tokens = 0;      // cut each document to this many tokens (0 = off)

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "ckpt/checkpoint.h"
+#include "core/backend.h"
 #include "core/tensor.h"
 #include "model/adamw.h"
 #include "model/gpt2.h"
@@ -19,6 +20,7 @@
 #include "train/rank_runtime.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
+#include "zero/launcher_env.h"
 #include <thread>
 #include "zt/common/units.h"
 #include "zt/memory/errors.h"
@@ -197,15 +199,40 @@ Status load_corpus(const TrainConfig& cfg, Corpus* out) {
   return load_text_corpus(cfg.data, cfg.max_doc_tokens, out);
 }
 
-Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progress, TrainSummary* summary) {
+Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progress, TrainSummary* summary,
+             Backend* given_backend) {
   *summary = TrainSummary{};
   if (Status s = validate(cfg); !s) return s;
-  if (cfg.device == "cuda")
-    return Status::Error(
-        "--device cuda: the CUDA kernels, allocators and NCCL communicator are built (trainer/cuda/, where a CUDA "
-        "toolkit is found) but the trainer does not use them yet, and they are unverified without a GPU; use "
-        "--device sim (a simulated GPU)");
   const bool virt = cfg.virtual_mode;
+  // --device cuda: the GPU backend (core/backend.h). Under a launcher (torchrun, mpirun, srun)
+  // with more than one process, this process is one rank on its local rank's GPU, joined to the
+  // others by NCCL; otherwise every rank is a thread here, all on one GPU.
+  std::unique_ptr<Backend> own_backend;
+  Backend* backend = given_backend;
+  LaunchInfo launch;
+  bool multi_process = false;
+  if (given_backend && cfg.device != "cuda") return Status::Error("train: a backend was given for --device " + cfg.device);
+  if (cfg.device == "cuda" && !given_backend) {
+    if (virt) return Status::Error("--virtual runs on the simulated GPU (--device sim): it keeps sizes only, no data");
+    try {
+      launch = read_launch_info(process_environment());
+    } catch (const LaunchError& e) {
+      return Status::Error(std::string("--device cuda: ") + e.what());
+    }
+    multi_process = launch.world_size > 1;
+    if (multi_process && cfg.world_size != launch.world_size) {
+      if (cfg.world_size != 1)
+        return Status::Error("--world-size " + std::to_string(cfg.world_size) + " disagrees with the launcher: " +
+                             launch.describe());
+      TrainConfig c = cfg;  // the launcher's world
+      c.world_size = launch.world_size;
+      return train(c, rec, progress, summary, given_backend);
+    }
+    std::string why;
+    own_backend = make_cuda_backend(multi_process ? launch.local_rank : 0, &why);
+    if (!own_backend) return Status::Error("--device cuda: " + why);
+    backend = own_backend.get();
+  }
   std::optional<model::Config> mc;
   if (cfg.model == "custom") {
     // A real model's layout (issue 9's scenarios): sizes only, unless it is GPT-2's own layout
@@ -341,7 +368,8 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
 
   // One thread per rank, each with its own simulated GPU, joined by the in-process transport.
   // Virtual mode: rank 0 alone stands for every rank (they are symmetric).
-  const int threads_n = virt ? 1 : int(cfg.world_size);
+  const int threads_n = virt || multi_process ? 1 : int(cfg.world_size);
+  const int lead = multi_process ? launch.rank : 0;  // the rank this process reports for
   InProcessGroup group = virt ? InProcessGroup::representative(int(cfg.world_size), cfg.comm_timeout_ms)
                               : InProcessGroup(int(cfg.world_size), cfg.comm_timeout_ms);
   const uint64_t host_per_rank = cfg.ranks_per_node > 0 ? cfg.host_memory / uint64_t(cfg.ranks_per_node) : cfg.host_memory;
@@ -360,7 +388,8 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
   auto run_rank = [&](int rank) {
     if (cfg.world_size > 1) omp_set_num_threads(std::max(1, cores / int(cfg.world_size)));
     RuntimeOptions ro;
-    ro.accelerator = cfg.device == "cpu" ? DeviceType::Cpu : DeviceType::Sim;
+    ro.accelerator = cfg.device == "cpu" ? DeviceType::Cpu : backend ? DeviceType::Cuda : DeviceType::Sim;
+    ro.backend = backend;
     ro.rank = rank;
     ro.world_size = int(cfg.world_size);
     ro.device_capacity = cfg.device_memory;
@@ -371,9 +400,16 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     int64_t step = 0;
     try {
       rt = std::make_unique<RankRuntime>(ro, rec);
-      comm = group.communicator(rank, rec, rt->accelerator().trace_id());
+      if (multi_process) {
+        std::string why;
+        comm = backend->process_communicator(rank, rec, rt->accelerator().trace_id(), cfg.comm_timeout_ms, &why);
+        if (!comm) throw std::invalid_argument("--device cuda under " + launch.launcher + ": " + why);
+      } else {
+        comm = group.communicator(rank, rec, rt->accelerator().trace_id(),
+                                  backend ? &rt->accelerator().ops() : nullptr);
+      }
       train_rank(cfg, *mc, int(B), int(T), corpus, plan, total_steps, *rt, *comm, rank == 0 ? progress : nullptr,
-                 rank == 0 ? summary : nullptr, &step, cfg.resume ? &resume : nullptr);
+                 rank == lead ? summary : nullptr, &step, cfg.resume ? &resume : nullptr);
     } catch (const memory::OutOfMemoryError& e) {
       failures[size_t(rank)] = e.what();  // the allocator recorded the error row
     } catch (const memory::HostOutOfMemoryError& e) {
@@ -395,12 +431,16 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
       failures[size_t(rank)] = std::string("checkpoint: ") + e.what();
     } catch (const std::invalid_argument& e) {
       failures[size_t(rank)] = std::string("invalid configuration: ") + e.what();
+    } catch (const LaunchError& e) {
+      failures[size_t(rank)] = std::string("invalid configuration: ") + e.what();
+    } catch (const std::runtime_error& e) {
+      failures[size_t(rank)] = e.what();  // a CUDA, cuBLAS or NCCL call failed (its name and error in the text)
     }
     if (!failures[size_t(rank)].empty() && comm) comm->abort(failures[size_t(rank)]);
     steps_done[size_t(rank)] = step;
   };
   if (threads_n == 1) {
-    run_rank(0);
+    run_rank(lead);
   } else {
     std::vector<std::thread> threads;
     for (int r = 0; r < int(cfg.world_size); ++r) threads.emplace_back(run_rank, r);

@@ -1,5 +1,7 @@
-// trainer/train/trainer.h: the training run: rank threads, each with its own simulated GPU
-// and ZeRO engine (zero/engine.h), joined by the in-process transport.
+// trainer/train/trainer.h: the training run: rank threads, each with its own simulated GPU (or
+// a real one through the CUDA backend) and ZeRO engine (zero/engine.h), joined by the
+// in-process transport; or, under a launcher with --device cuda, one rank per process joined
+// by NCCL.
 //
 // Owns: the run from a TrainConfig to a finished (or failed) training: the data plan, the
 // rank's devices, the model state as named tensors on the accelerator (params, grads,
@@ -43,7 +45,12 @@ struct TrainSummary {
 // Loads the data named by the config (text, token file, or the synthetic corpus).
 Status load_corpus(const TrainConfig& cfg, Corpus* out);
 
-// Runs the whole training. `progress`, when not null, gets one line per step.
-Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progress, TrainSummary* summary);
+class Backend;  // core/backend.h
+
+// Runs the whole training. `progress`, when not null, gets one line per step. `backend`, when not
+// null, is the accelerator of every rank instead of the one cfg.device names (tests drive the
+// GPU code path with a backend of their own through it); cfg.device must then be "cuda".
+Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progress, TrainSummary* summary,
+             Backend* backend = nullptr);
 
 }  // namespace zt::trainer

@@ -1,5 +1,7 @@
 #include "zero/communicator.h"
 
+#include "core/backend.h"
+
 #include "zt/fail/failpoint.h"
 
 #include <chrono>
@@ -81,8 +83,9 @@ namespace {
 
 class InProcessCommunicator : public Communicator {
  public:
-  InProcessCommunicator(std::shared_ptr<InProcessGroup::State> s, int rank, probe::Recorder* rec, probe::DeviceId dev)
-      : s_(std::move(s)), rank_(rank), rec_(rec), dev_(dev) {}
+  InProcessCommunicator(std::shared_ptr<InProcessGroup::State> s, int rank, probe::Recorder* rec, probe::DeviceId dev,
+                        DeviceOps* ops)
+      : s_(std::move(s)), rank_(rank), rec_(rec), dev_(dev), ops_(ops ? ops : &host_ops()) {}
   int rank() const override { return rank_; }
   int world_size() const override { return s_->represented; }
 
@@ -93,7 +96,7 @@ class InProcessCommunicator : public Communicator {
     wait();
     if (recv)
       for (int r = 0; r < s_->world; ++r)
-        if (s_->send[size_t(r)]) std::memcpy(static_cast<char*>(recv) + size_t(r) * bytes, s_->send[size_t(r)], bytes);
+        if (s_->send[size_t(r)]) ops_->copy(static_cast<char*>(recv) + size_t(r) * bytes, s_->send[size_t(r)], bytes);
     wait();
     record("all_gather", bytes * size_t(s_->represented), what, t0);
   }
@@ -103,7 +106,14 @@ class InProcessCommunicator : public Communicator {
     int64_t t0 = probe::now_ns();
     s_->send[size_t(rank_)] = send;
     wait();
-    if (recv && send) {
+    if (recv && send && !ops_->host_addressable()) {
+      // On a GPU: recv = send[0] + send[1] + ... in rank order, then scaled (the loop's order).
+      const size_t base = size_t(rank_) * count;
+      ops_->copy(recv, static_cast<const float*>(s_->send[0]) + base, count * sizeof(float));
+      for (int r = 1; r < s_->world; ++r)
+        ops_->add(recv, DType::F32, static_cast<const float*>(s_->send[size_t(r)]) + base, int64_t(count));
+      if (scale != 1.0f) ops_->scale(recv, int64_t(count), scale);
+    } else if (recv && send) {
       const size_t base = size_t(rank_) * count;
       for (size_t i = 0; i < count; ++i) {
         float sum = 0;
@@ -121,14 +131,21 @@ class InProcessCommunicator : public Communicator {
     std::vector<float> out(data ? count : 0);
     s_->send[size_t(rank_)] = data;
     wait();
+    // On a GPU the inputs are staged through the host (the NCCL communicator is the fast path).
+    const bool staged = !ops_->host_addressable();
+    std::vector<float> in(data && staged ? count : 0);
     if (data)
-      for (size_t i = 0; i < count; ++i) {
-        float sum = 0;
-        for (int r = 0; r < s_->world; ++r) sum += static_cast<const float*>(s_->send[size_t(r)])[i];
-        out[i] = sum * scale;
+      for (int r = 0; r < s_->world; ++r) {
+        const float* x = static_cast<const float*>(s_->send[size_t(r)]);
+        if (staged) {
+          ops_->copy(in.data(), x, count * sizeof(float));
+          x = in.data();
+        }
+        for (size_t i = 0; i < count; ++i) out[i] = r == 0 ? x[i] : out[i] + x[i];
       }
+    for (float& v : out) v *= scale;
     wait();  // everyone has read everyone's input before anyone overwrites its own
-    if (data) std::memcpy(data, out.data(), count * sizeof(float));
+    if (data) ops_->copy(data, out.data(), count * sizeof(float));
     record("all_reduce", count * sizeof(float), what, t0);
   }
 
@@ -153,7 +170,7 @@ class InProcessCommunicator : public Communicator {
     int64_t t0 = probe::now_ns();
     s_->send[size_t(rank_)] = data;
     wait();
-    if (rank_ != root && data && s_->send[size_t(root)]) std::memcpy(data, s_->send[size_t(root)], bytes);
+    if (rank_ != root && data && s_->send[size_t(root)]) ops_->copy(data, s_->send[size_t(root)], bytes);
     wait();
     record("broadcast", bytes, what, t0);
   }
@@ -173,7 +190,12 @@ class InProcessCommunicator : public Communicator {
   }
 
  private:
-  void wait() { s_->barrier(rank_, current_, rec_); }
+  // Whatever this rank queued on its device is finished before others read it, and what it
+  // read is finished before others overwrite it.
+  void wait() {
+    ops_->synchronize();
+    s_->barrier(rank_, current_, rec_);
+  }
 
   // The start of a collective: its sequence number, and the faults that act there.
   void enter(const char* op, int64_t numel_in, int64_t numel_out) {
@@ -212,6 +234,7 @@ class InProcessCommunicator : public Communicator {
   int rank_;
   probe::Recorder* rec_;
   probe::DeviceId dev_;
+  DeviceOps* ops_;
   int64_t seq_ = 0;
   Collective current_;
 };
@@ -228,8 +251,9 @@ InProcessGroup InProcessGroup::representative(int represented_world, int64_t tim
 }
 InProcessGroup::~InProcessGroup() = default;
 
-std::unique_ptr<Communicator> InProcessGroup::communicator(int rank, probe::Recorder* rec, probe::DeviceId device) {
-  return std::make_unique<InProcessCommunicator>(state_, rank, rec, device);
+std::unique_ptr<Communicator> InProcessGroup::communicator(int rank, probe::Recorder* rec, probe::DeviceId device,
+                                                          DeviceOps* ops) {
+  return std::make_unique<InProcessCommunicator>(state_, rank, rec, device, ops);
 }
 
 }  // namespace zt::trainer

@@ -19,6 +19,8 @@
 
 namespace zt::trainer {
 
+class DeviceOps;  // core/backend.h
+
 class CommAborted : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -65,8 +67,10 @@ class InProcessGroup {
   // and their full byte counts, and moves no data between ranks (there is one).
   static InProcessGroup representative(int represented_world, int64_t timeout_ms);
   ~InProcessGroup();
-  // `device` is the rank's accelerator in the trace (the collectives' endpoint).
-  std::unique_ptr<Communicator> communicator(int rank, probe::Recorder* rec, probe::DeviceId device);
+  // `device` is the rank's accelerator in the trace (the collectives' endpoint); `ops` copies and
+  // reduces its buffers (null: host memory; a real GPU's ops when the ranks share GPUs).
+  std::unique_ptr<Communicator> communicator(int rank, probe::Recorder* rec, probe::DeviceId device,
+                                             DeviceOps* ops = nullptr);
   struct State;
 
  private:

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "core/backend.h"
 #include "optim/cpu_adam.h"
 #include "train/model_shape.h"
 #include "zt/fail/failpoint.h"
@@ -24,6 +25,8 @@ struct ZeroEngine::Part {
   Tensor grad32;       // fp32 [opt_n] on the host with offload_optimizer (persistent)
   Tensor grad32_dev;   // fault zero.grad_partition_stays_on_device: the partition left on the device
   Tensor gathered, compute;  // live while fetched
+  Tensor staged;             // offload_param: the shard copied to the device ahead of its gather
+  PendingCopy staging;       // ... that copy, while it is in flight
   size_t last_pos = 0;
 };
 
@@ -33,31 +36,52 @@ namespace {
 // see in R2 and R5's tracebacks.
 std::string partition_name(int64_t module) { return "fp32_partitioned_groups_flat[" + std::to_string(module) + "]"; }
 
-// dst (a float dtype) += src, element by element, in fp32.
+// The engine's element-wise work goes through the device's ops (core/backend.h): CPU loops on
+// the host and the simulated GPU, kernels on a real GPU. Null storage (virtual mode): nothing.
+
+// dst (a float dtype) += src (fp32, on dst's device), element by element, in fp32.
 void add_into(Tensor& dst, int64_t dst_offset, const float* src, int64_t n) {
-  if (!dst.raw()) return;
-  if (dst.dtype() == DType::F32) {
-    float* d = dst.f32() + dst_offset;
-    for (int64_t i = 0; i < n; ++i) d[i] += src[i];
-    return;
-  }
-  auto* d = static_cast<uint16_t*>(dst.raw()) + dst_offset;
-  const bool bf = dst.dtype() == DType::BF16;
-  for (int64_t i = 0; i < n; ++i) {
-    float x = (bf ? bf16_to_float(d[i]) : fp16_to_float(d[i])) + src[i];
-    d[i] = bf ? float_to_bf16(x) : float_to_fp16(x);
-  }
+  if (!dst.raw() || !src) return;
+  dst.device().ops().add(static_cast<char*>(dst.raw()) + size_t(dst_offset) * dtype_size(dst.dtype()), dst.dtype(), src, n);
 }
 
+// dst[dst_offset..] := src (fp32, on dst's device), converted to dst's dtype.
 void set_from(Tensor& dst, int64_t dst_offset, const float* src, int64_t n) {
-  if (!dst.raw()) return;
-  from_float(dst.dtype(), src, static_cast<char*>(dst.raw()) + size_t(dst_offset) * dtype_size(dst.dtype()), size_t(n));
+  if (!dst.raw() || !src) return;
+  dst.device().ops().convert(static_cast<char*>(dst.raw()) + size_t(dst_offset) * dtype_size(dst.dtype()), dst.dtype(),
+                             src, DType::F32, n);
 }
 
+// dst (fp32, on src's device) := src[src_offset..] converted.
 void read_into(const Tensor& src, int64_t src_offset, float* dst, int64_t n) {
   if (!src.raw() || !dst) return;  // virtual mode: sizes only
-  to_float(src.dtype(), static_cast<const char*>(src.raw()) + size_t(src_offset) * dtype_size(src.dtype()), dst,
-           size_t(n));
+  src.device().ops().convert(dst, DType::F32, static_cast<const char*>(src.raw()) + size_t(src_offset) * dtype_size(src.dtype()),
+                             src.dtype(), n);
+}
+
+// dst[dst_offset..] := host fp32 values, converted to dst's dtype (one copy up on a GPU).
+void upload(Tensor& dst, int64_t dst_offset, const float* host_src, int64_t n) {
+  if (!dst.raw() || !host_src) return;
+  DeviceOps& ops = dst.device().ops();
+  char* d = static_cast<char*>(dst.raw()) + size_t(dst_offset) * dtype_size(dst.dtype());
+  if (ops.host_addressable()) {
+    host_ops().convert(d, dst.dtype(), host_src, DType::F32, n);
+    return;
+  }
+  std::vector<char> tmp(size_t(n) * dtype_size(dst.dtype()));
+  host_ops().convert(tmp.data(), dst.dtype(), host_src, DType::F32, n);
+  ops.copy(d, tmp.data(), tmp.size());
+}
+
+void zero_tensor(Tensor& t) {
+  if (t.raw()) t.device().ops().zero(t.raw(), t.bytes());
+}
+
+// A one-element fp32 tensor's value, read back to the host.
+float scalar_of(const Tensor& t) {
+  float v = 0;
+  t.device().ops().copy(&v, t.raw(), sizeof v);
+  return v;
 }
 
 }  // namespace
@@ -112,10 +136,10 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     if (p->sharded) {
       Device& where = z_.offload_param ? host : accel;
       p->param_shard = Tensor::empty(n + ".shard", {p->shard}, dtype_, where, z_.offload_param && pin);
-      set_from(p->param_shard, 0, vals.data() + p->lo, p->shard);
+      upload(p->param_shard, 0, vals.data() + p->lo, p->shard);
     } else {
       p->param = Tensor::empty(n + ".param", {p->padded}, dtype_, accel);
-      set_from(p->param, 0, vals.data(), p->padded);
+      upload(p->param, 0, vals.data(), p->padded);
     }
     p->grad = z_.stage <= 1 ? Tensor::zeros(n + ".grad", {p->padded}, dtype_, accel)
                             : Tensor::zeros(n + ".grad[shard]", {p->shard}, dtype_, accel);
@@ -125,7 +149,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     const bool opt_pin = z_.offload_optimizer && pin;
     const std::string group = partition_name(spec.index);
     p->master = Tensor::empty(group, {p->opt_n}, DType::F32, opt, opt_pin);
-    if (p->master.raw()) std::memcpy(p->master.f32(), vals.data() + p->opt_lo, size_t(p->opt_n) * sizeof(float));
+    upload(p->master, 0, vals.data() + p->opt_lo, p->opt_n);
     p->m = Tensor::zeros("adam.m[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
     p->v = Tensor::zeros("adam.v[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
     if (z_.offload_optimizer) p->grad32 = Tensor::zeros(group + ".grad", {p->opt_n}, DType::F32, host, opt_pin);
@@ -135,10 +159,11 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   if (virt) {
     act_bytes = activation_bytes(shape, B, T, cfg.activation_checkpointing);
   } else {
-    ws_ = std::make_unique<model::Workspace>(mc, B, T, cfg.activation_checkpointing);
-    act_bytes = int64_t(ws_->bytes());
+    passes_ = rt.model_passes(mc, B, T, cfg.activation_checkpointing);
+    act_bytes = int64_t(passes_->bytes());
   }
   activations_ = Tensor::empty("activations", {(act_bytes + 3) / 4}, DType::F32, accel);
+  if (passes_) passes_->bind(activations_.raw());
   head_ = int(parts_.size()) > int(mc.layers) + 2 ? int(mc.layers) + 2 : 0;
   host_tokens_ = Tensor::empty("batch.tokens", {B, T}, DType::I32, host, true);
   host_targets_ = Tensor::empty("batch.targets", {B, T}, DType::I32, host, true);
@@ -171,15 +196,44 @@ int64_t ZeroEngine::model_state_bytes() const {
 
 // ---------------------------------------------------------------- fetch and release
 
-// The whole module on the device: its shard (copied host->device first under offload_param)
-// all-gathered from every rank.
+// The whole module on the device: its shard (copied host->device first under offload_param,
+// perhaps ahead of time by the prefetch) all-gathered from every rank.
 void ZeroEngine::gather(Part& p) {
   Device& accel = rt_.accelerator();
-  Tensor staged;
-  if (z_.offload_param) staged = copy_to(p.param_shard, accel, false, p.spec.name + ".shard");  // H2D
-  const Tensor& src = staged.defined() ? staged : p.param_shard;
+  if (z_.offload_param) stage_shard(p);
+  p.staging.wait();  // the H2D copy has landed before the all-gather reads it
+  const Tensor& src = p.staged.defined() ? p.staged : p.param_shard;
   p.gathered = Tensor::empty(p.spec.name + ".gathered", {p.padded}, dtype_, accel);
   comm_.all_gather(src.raw(), p.gathered.raw(), size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".gathered");
+  p.staged.reset();
+}
+
+// offload_param: the module's host shard on its way to the device, on the H2D copy lane, so
+// that it overlaps the compute queued after it (the prefetch stages the next modules' shards
+// while the current one computes).
+void ZeroEngine::stage_shard(Part& p) {
+  if (p.staged.defined()) return;
+  Device& accel = rt_.accelerator();
+  p.staged = Tensor::empty(p.spec.name + ".shard", {p.shard}, dtype_, accel);
+  if (rec_)
+    rec_->placement(rank_, rec_->intern(p.staged.name()), accel.trace_id(), probe::PlacementWhy::Moved,
+                    int64_t(p.staged.bytes()));
+  p.staging = copy_into_async(p.staged, p.param_shard);  // H2D
+}
+
+// A gradient partition on its way to the host has landed, in fp32.
+void ZeroEngine::finish_offload(Offload& o) {
+  o.copy.wait();
+  if (o.staging.defined()) {
+    host_ops().convert(o.part->grad32.raw(), DType::F32, o.staging.raw(), o.staging.dtype(), o.staging.numel());
+    o.staging.reset();
+  }
+}
+
+// Every gradient partition on its way to the host (optimizer offload) has landed.
+void ZeroEngine::finish_offloads() {
+  for (Offload& o : offloads_) finish_offload(o);
+  offloads_.clear();
 }
 
 const float* ZeroEngine::fetch(int mi, int64_t step) {
@@ -214,16 +268,20 @@ const float* ZeroEngine::fetch(int mi, int64_t step) {
 // From the second step on, the modules that follow in the recorded order are gathered ahead
 // of use, up to the prefetch bucket and below the bound on live parameters.
 void ZeroEngine::prefetch_after(int, int64_t step) {
+  // Under offload_param the prefetch starts the shards' host->device copies (which overlap the
+  // compute in between) and each module is all-gathered when it is fetched; otherwise it is
+  // all-gathered now.
   int64_t live = 0;
   for (const auto& q : parts_)
-    if (q->sharded && q->gathered.defined()) live += q->spec.numel;
+    if (q->sharded && (q->gathered.defined() || q->staged.defined())) live += q->spec.numel;
   int64_t budget = z_.prefetch_bucket_size;
   for (size_t j = order_pos_; j < order_.size(); ++j) {
     Part& q = *parts_[size_t(order_[j])];
-    if (!q.sharded || q.gathered.defined()) continue;
+    if (!q.sharded || q.gathered.defined() || q.staged.defined()) continue;
     if (q.spec.numel > budget || live + q.spec.numel > z_.max_live_parameters) break;
     probe::MarkerId ph = phase("prefetch " + q.spec.name, step);
-    gather(q);
+    if (z_.offload_param) stage_shard(q);
+    else gather(q);
     end(ph);
     budget -= q.spec.numel;
     live += q.spec.numel;
@@ -309,13 +367,13 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     probe::MarkerId ph = phase("forward", global_step, micro);
     const float* P = fetch(0, global_step);
     probe::MarkerId mp = module_phase("forward", 0);
-    if (!virt_) model::embed_forward(*ws_, P, tokens.data<int32_t>(), ws_->residual(0));
+    if (!virt_) passes_->embed_forward(P, tokens.data<int32_t>(), passes_->residual(0));
     end(mp);
     release(0, global_step);
     for (int l = 0; l < L; ++l) {
       P = fetch(l + 1, global_step);
       mp = module_phase("forward", l + 1);
-      if (!virt_) model::block_forward(*ws_, l, P, ws_->residual(l), ws_->residual(l + 1));
+      if (!virt_) passes_->block_forward(l, P, passes_->residual(l), passes_->residual(l + 1));
       end(mp);
       release(l + 1, global_step);
     }
@@ -326,10 +384,10 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     const float* Pe = fetch(0, global_step);
     Tensor emb_bucket = Tensor::zeros("grad.bucket0", {parts_[0]->padded}, DType::F32, accel);
     Tensor fin_bucket = Tensor::zeros("grad.bucket" + std::to_string(fin), {parts_[size_t(fin)]->padded}, DType::F32, accel);
-    float* dx = virt_ ? nullptr : ws_->grad_residual();
+    float* dx = virt_ ? nullptr : passes_->grad_residual();
     if (!virt_)
-      loss_sum += model::head_forward_backward(*ws_, Pf, Pe + wte, ws_->residual(L), targets.data<int32_t>(), dx,
-                                               fin_bucket.f32(), emb_bucket.f32() + wte, grad_scale);
+      loss_sum += passes_->head_forward_backward(Pf, Pe + wte, passes_->residual(L), targets.data<int32_t>(), dx,
+                                                 fin_bucket.f32(), emb_bucket.f32() + wte, grad_scale);
     release(fin, global_step);
     release(0, global_step);
     reduce_module_grad(fin, fin_bucket, global_step);
@@ -346,13 +404,13 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       P = fetch(l + 1, global_step);
       Tensor bucket = Tensor::zeros("grad.bucket" + std::to_string(l + 1), {parts_[size_t(l) + 1]->padded}, DType::F32, accel);
       mp = module_phase("backward", l + 1);
-      if (!virt_) model::block_backward(*ws_, l, P, ws_->residual(l), dx, dx, bucket.f32());
+      if (!virt_) passes_->block_backward(l, P, passes_->residual(l), dx, dx, bucket.f32());
       end(mp);
       release(l + 1, global_step);
       reduce_module_grad(l + 1, bucket, global_step);
     }
     mp = module_phase("backward", 0);
-    if (!virt_) model::embed_backward(*ws_, tokens.data<int32_t>(), dx, emb_bucket.f32());
+    if (!virt_) passes_->embed_backward(tokens.data<int32_t>(), dx, emb_bucket.f32());
     end(mp);
     reduce_module_grad(0, emb_bucket, global_step);
     end(ph);
@@ -360,6 +418,8 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
   }
   // Gathered buffers are stale once the optimizer runs.
   for (auto& p : parts_) {
+    p->staging.wait();
+    p->staged.reset();
     p->gathered.reset();
     p->compute.reset();
   }
@@ -412,13 +472,13 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     }
   }
 
+  finish_offloads();  // every partition has reached the host
+
   // 2. The global norm. Each rank sums the squares of its own partition (at stage 0 every
   // rank holds all of it, so one rank's sum is the total), then the sums are all-reduced.
   double sq = 0;
-  for (auto& g : g32) {
-    const float* x = g.raw() ? g.f32() : nullptr;
-    for (int64_t i = 0; x && i < g.numel(); ++i) sq += double(x[i]) * double(x[i]);
-  }
+  for (auto& g : g32)
+    if (g.raw()) sq += g.device().ops().sum_squares(g.f32(), g.numel());
   if (z_.stage > 0) comm_.all_reduce(&sq, 1, "grad_norm");
   // Virtual mode has no gradients: the norm is the configured one.
   const double norm = virt_ ? cfg_.virtual_grad_norm : std::sqrt(sq) / loss_scale_;
@@ -432,7 +492,8 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       norm_on_host)
     norm_on_host = false;
   Tensor norm_t = Tensor::empty("global_grad_norm", {1}, DType::F32, norm_on_host ? host : accel);
-  if (norm_t.raw()) norm_t.f32()[0] = float(norm);
+  const float norm_f = float(norm);
+  if (norm_t.raw()) norm_t.device().ops().copy(norm_t.raw(), &norm_f, sizeof norm_f);
   r.grad_norm = norm;
 
   if (!std::isfinite(norm)) {
@@ -450,8 +511,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       end(s);
       rec_->counter(rank_, 0, rec_->intern("loss_scale"), loss_scale_);
     }
-    for (auto& p : parts_)
-      if (p->grad.raw()) std::memset(p->grad.raw(), 0, p->grad.bytes());
+    for (auto& p : parts_) zero_tensor(p->grad);
     end_boundary();
     end(ph);
     return r;
@@ -471,20 +531,17 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     if (r.clipped) {
       // The clip coefficient comes from the norm tensor, so it lives where the norm lives.
       Tensor combined_scale = Tensor::empty("combined_scale", {1}, DType::F32, norm_t.device());
-      if (combined_scale.raw()) combined_scale.f32()[0] = float(combined);
+      const float combined_f = float(combined);
+      if (combined_scale.raw()) combined_scale.device().ops().copy(combined_scale.raw(), &combined_f, sizeof combined_f);
       for (auto& g : g32) {
         check_same_device("unscale_and_clip_grads", {&combined_scale, &g}, step);
         if (!g.raw() || !combined_scale.raw()) continue;  // virtual mode
-        const float inv = 1.0f / combined_scale.f32()[0];
-        float* x = g.f32();
-        for (int64_t i = 0; i < g.numel(); ++i) x[i] *= inv;
+        g.device().ops().scale(g.f32(), g.numel(), 1.0f / scalar_of(combined_scale));
       }
     } else if (combined != 1.0) {
       const float inv = float(1.0 / combined);  // a host scalar: valid against any device
-      for (auto& g : g32) {
-        float* x = g.raw() ? g.f32() : nullptr;
-        for (int64_t i = 0; x && i < g.numel(); ++i) x[i] *= inv;
-      }
+      for (auto& g : g32)
+        if (g.raw()) g.device().ops().scale(g.f32(), g.numel(), inv);
     }
     end(uc);
   }
@@ -523,9 +580,10 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       }
     }
     if (!virt_)
-      optim::cpu_adamw_step(p.master.f32(), g32[mi].f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_steps_, low_out, low);
+      p.master.device().ops().adamw(p.master.f32(), g32[mi].f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_steps_,
+                                    low_out, low);
     if (!written_in_place) write_back(int(mi), fused);
-    if (p.grad.raw()) std::memset(p.grad.raw(), 0, p.grad.bytes());
+    zero_tensor(p.grad);
   }
   if (dtype_ == DType::F16 && z_.static_loss_scale <= 0 && ++good_steps_ % z_.loss_scale_window == 0) loss_scale_ *= 2;
   end_boundary();
@@ -619,7 +677,27 @@ void ZeroEngine::offload_grad(int mi, const Tensor& grad, int64_t step) {
       leaked_.push_back(Tensor::empty("dataloader.worker" + std::to_string(w) + " copy-on-write of " + group,
                                       {p.opt_n}, DType::F32, host, false));
   }
-  copy_into(p.grad32, grad);  // D2H, upcast to fp32 on the host
+  if (!leak_active_.empty() || !grad.raw()) {
+    copy_into(p.grad32, grad);  // D2H, upcast to fp32 on the host
+    return;
+  }
+  // D2H on the copy lane, overlapping what follows (the rest of backward), in the compute dtype
+  // (half the bytes of fp32 over the link for bf16/fp16) into a pinned staging buffer, widened
+  // into the fp32 partition on the host once it has landed (finish_offloads). Two in flight at
+  // most (double buffering): the older one finishes before a third starts.
+  while (offloads_.size() >= 2) {
+    finish_offload(offloads_.front());
+    offloads_.pop_front();
+  }
+  Offload o;
+  o.part = &p;
+  if (grad.dtype() == DType::F32) {
+    o.copy = copy_into_async(p.grad32, grad);
+  } else {
+    o.staging = Tensor::empty("grad.from_device[" + p.spec.name + "]", {p.opt_n}, grad.dtype(), host, z_.pin_memory);
+    o.copy = copy_into_async(o.staging, grad);
+  }
+  offloads_.push_back(std::move(o));
 }
 
 // The updated fp32 weights, in the compute dtype, back where the parameters live. `fused`,
@@ -708,7 +786,7 @@ void ZeroEngine::import_states(const OptimizerScalars& scalars, const StateFille
   hysteresis_left_ = scalars.hysteresis_left;
   loss_scale_ = scalars.loss_scale;
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
-    if (parts_[mi]->grad.raw()) std::memset(parts_[mi]->grad.raw(), 0, parts_[mi]->grad.bytes());
+    zero_tensor(parts_[mi]->grad);
     write_back(int(mi), Tensor());  // collective at stages 1-3 (all-gather of the updated shard)
   }
 }

@@ -19,6 +19,12 @@
 // (up to the prefetch bucket, below max_live_parameters) from the second step on.
 // Gradients are reduce-scattered per module (stages 2, 3) or at the accumulation boundary
 // (all-reduce at stage 0, reduce-scatter at stage 1) and averaged over ranks.
+// Transfers overlap compute on the accelerator's copy lanes (core/backend.h): under
+// offload_param the prefetch starts the next modules' host->device shard copies while the
+// current module computes (each is all-gathered when fetched), and under offload_optimizer each
+// module's gradient partition goes to the host during the rest of backward (two in flight at
+// most); the optimizer step waits for them. The trace's transfer rows carry the copies' real
+// times, so the overlap shows against the compute markers.
 //
 // The global norm and unscale_and_clip_grads are an explicit step: the norm is a tensor on
 // the host under offload_optimizer and on the device otherwise; when clipping is active the
@@ -27,11 +33,13 @@
 // a device scalar against host partitions (bug reports R2 and R5).
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <vector>
 
+#include "core/backend.h"
 #include "core/tensor.h"
 #include "data/corpus.h"
 #include "model/gpt2.h"
@@ -118,6 +126,14 @@ class ZeroEngine {
 
  private:
   void gather(Part& p);
+  void stage_shard(Part& p);
+  struct Offload {
+    Part* part = nullptr;
+    PendingCopy copy;  // D2H into part->grad32, or into `staging` (compute dtype, pinned)
+    Tensor staging;
+  };
+  void finish_offload(Offload& o);
+  void finish_offloads();
   const float* fetch(int m, int64_t step);
   void release(int m, int64_t step);
   void prefetch_after(int m, int64_t step);
@@ -148,8 +164,9 @@ class ZeroEngine {
   int head_ = 0;       // index of an untied LM head module (virtual shapes), 0: tied
   std::vector<model::ModuleSpec> modules_;
   std::vector<std::unique_ptr<Part>> parts_;
-  std::unique_ptr<model::Workspace> ws_;
-  Tensor activations_;  // the device is charged the workspace's bytes (see trainer/README.md)
+  std::deque<Offload> offloads_;  // gradient partitions in flight to the host (at most two)
+  std::unique_ptr<ModelPasses> passes_;  // the model's passes on the accelerator (null in virtual mode)
+  Tensor activations_;  // their activation memory, from the device allocator (see trainer/README.md)
   Tensor host_tokens_, host_targets_;
   // Fetch order recorded in the first step, and where the current step is in it.
   std::vector<int> order_;

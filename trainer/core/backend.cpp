@@ -1,0 +1,189 @@
+#include "core/backend.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "model/gpt2.h"
+
+namespace zt::trainer {
+
+namespace {
+
+class HostOps : public DeviceOps {
+ public:
+  bool host_addressable() const override { return true; }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void zero(void* p, size_t bytes) override {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+  void convert(void* dst, DType dst_t, const void* src, DType src_t, int64_t n) override {
+    if (dst_t == src_t) {
+      copy(dst, src, size_t(n) * dtype_size(dst_t));
+    } else if (src_t == DType::F32) {
+      from_float(dst_t, static_cast<const float*>(src), dst, size_t(n));
+    } else if (dst_t == DType::F32) {
+      to_float(src_t, src, static_cast<float*>(dst), size_t(n));
+    } else {
+      std::vector<float> tmp(static_cast<size_t>(n));
+      to_float(src_t, src, tmp.data(), tmp.size());
+      from_float(dst_t, tmp.data(), dst, tmp.size());
+    }
+  }
+  void add(void* dst, DType dst_t, const float* src, int64_t n) override {
+    if (dst_t == DType::F32) {
+      float* d = static_cast<float*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] += src[i];
+      return;
+    }
+    auto* d = static_cast<uint16_t*>(dst);
+    const bool bf = dst_t == DType::BF16;
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = (bf ? bf16_to_float(d[i]) : fp16_to_float(d[i])) + src[i];
+      d[i] = bf ? float_to_bf16(x) : float_to_fp16(x);
+    }
+  }
+  void scale(float* x, int64_t n, float a) override {
+    for (int64_t i = 0; i < n; ++i) x[i] *= a;
+  }
+  double sum_squares(const float* x, int64_t n) override {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
+    return s;
+  }
+  void adamw(float* params, const float* grads, float* m, float* v, int64_t n, const optim::AdamParams& hp,
+             int64_t step, void* low_out, optim::LowDType low) override {
+    optim::cpu_adamw_step(params, grads, m, v, n, hp, step, low_out, low);
+  }
+};
+
+// One copy lane of a simulated GPU: a thread doing the copies in order.
+class CopyLane {
+ public:
+  ~CopyLane() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+  DeviceOps::Fence push(void* dst, const void* src, size_t bytes, const DeviceOps::CopyDone& done) {
+    std::lock_guard lock(mu_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
+    jobs_.push_back({dst, src, bytes, done, ++queued_});
+    cv_.notify_all();
+    return queued_;
+  }
+  void wait(uint64_t n) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return finished_ >= n; });
+  }
+
+ private:
+  struct Job {
+    void* dst;
+    const void* src;
+    size_t bytes;
+    DeviceOps::CopyDone done;
+    uint64_t n;
+  };
+  void run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping, nothing left
+      Job j = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      const int64_t t0 = probe::now_ns();
+      if (j.bytes) std::memcpy(j.dst, j.src, j.bytes);
+      if (j.done) j.done(t0, probe::now_ns());
+      j.done = nullptr;  // what it holds is released before the waiter can release the rest
+      lock.lock();
+      finished_ = j.n;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  uint64_t queued_ = 0, finished_ = 0;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+// Fences carry their lane in the top bit.
+constexpr uint64_t kD2HBit = uint64_t(1) << 63;
+
+class SimOps final : public HostOps {
+ public:
+  Fence copy_async(void* dst, const void* src, size_t bytes, Lane lane, const CopyDone& done) override {
+    CopyLane& l = lane == Lane::H2D ? h2d_ : d2h_;
+    return l.push(dst, src, bytes, done) | (lane == Lane::D2H ? kD2HBit : 0);
+  }
+  void wait(Fence f) override {
+    if (f == 0) return;
+    if (f & kD2HBit) d2h_.wait(f & ~kD2HBit);
+    else h2d_.wait(f);
+  }
+
+ private:
+  CopyLane h2d_, d2h_;
+};
+
+class CpuModelPasses final : public ModelPasses {
+ public:
+  CpuModelPasses(const model::Config& c, int B, int T, bool checkpointing) : ws_(c, B, T, checkpointing) {}
+  size_t bytes() const override { return ws_.bytes(); }
+  void bind(void*) override {}
+  float* residual(int i) override { return ws_.residual(i); }
+  float* grad_residual() override { return ws_.grad_residual(); }
+  void embed_forward(const float* p, const int32_t* tokens, float* x_out) override {
+    model::embed_forward(ws_, p, tokens, x_out);
+  }
+  void block_forward(int layer, const float* p, const float* x_in, float* x_out) override {
+    model::block_forward(ws_, layer, p, x_in, x_out);
+  }
+  float head_forward_backward(const float* pf, const float* wte, const float* x, const int32_t* targets, float* dx,
+                              float* d_final, float* d_wte, float grad_scale) override {
+    return model::head_forward_backward(ws_, pf, wte, x, targets, dx, d_final, d_wte, grad_scale);
+  }
+  void block_backward(int layer, const float* p, const float* x_in, const float* dx_out, float* dx_in,
+                      float* d_block) override {
+    model::block_backward(ws_, layer, p, x_in, dx_out, dx_in, d_block);
+  }
+  void embed_backward(const int32_t* tokens, const float* dx, float* d_emb) override {
+    model::embed_backward(ws_, tokens, dx, d_emb);
+  }
+
+ private:
+  model::Workspace ws_;
+};
+
+}  // namespace
+
+DeviceOps::Fence DeviceOps::copy_async(void* dst, const void* src, size_t bytes, Lane, const CopyDone& done) {
+  const int64_t t0 = probe::now_ns();
+  copy(dst, src, bytes);
+  if (done) done(t0, probe::now_ns());
+  return 0;
+}
+
+std::unique_ptr<DeviceOps> make_sim_ops() { return std::make_unique<SimOps>(); }
+
+DeviceOps& host_ops() {
+  static HostOps ops;
+  return ops;
+}
+
+std::unique_ptr<ModelPasses> cpu_model_passes(const model::Config& config, int B, int T, bool checkpointing) {
+  return std::make_unique<CpuModelPasses>(config, B, T, checkpointing);
+}
+
+}  // namespace zt::trainer

@@ -1,0 +1,149 @@
+// trainer/cuda/model_passes.h: GPT-2's per-module passes on a GPU (trainer::ModelPasses), the CUDA
+// twin of the CPU reference's Workspace and passes (model/gpt2.h).
+//
+// Semantics exactly model/gpt2.h's: parameter pointers point at one module's fp32 parameters
+// (offsets of layout.h relative to the module), gradients are accumulated (+=), activation
+// gradients overwritten, block_backward's dx_in may alias dx_out, and with checkpointing
+// block_backward recomputes the block's forward from x_in into one shared cache. All fp32: the
+// DType::F32 instances of kernels.h and gemm.h (cuBLAS, fp32 accumulation, no TF32). The same
+// buffers as the reference, plus attention_backward's B*H*T*T scratch (kernels.h). The LM head
+// materializes logits head_rows_per_chunk() rows at a time, as the reference does, so B*T*vocab
+// never has to fit at once.
+//
+// Memory: the passes allocate no device memory. bytes() (fixed by the constructor) is what they
+// need: the residual streams, grad_residual, the per-layer block caches (one shared cache with
+// checkpointing), the backward scratch, the LM head's buffers and logits chunk and the per-row
+// losses, each sub-buffer starting on a 256-byte boundary; bind() hands over one device allocation
+// of that size (256-byte aligned) and the buffers are carved from it. The loss is read back into
+// a host vector of B*T floats and averaged on the host in row order, in double, exactly as
+// gpt2.cpp averages its per-row losses.
+//
+// Streams: every pass runs on `stream` on the Blas's device (a DeviceGuard per pass). Passes are
+// synchronous for the caller by default (the stream is synchronized before a pass returns, the
+// convention of trainer::DeviceOps); set_synchronous(false) leaves them queued on `stream` for a
+// caller that orders its own work after them on that stream. head_forward_backward always
+// synchronizes: it returns the loss.
+// Not thread-safe: one pass at a time. May call: kernels.h, gemm.h, runtime.h, model/layout.h.
+// Called by: the CUDA backend's model_passes().
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/backend.h"
+#include "cuda/gemm.h"
+#include "model/config.h"
+#include "model/layout.h"
+
+namespace zt::cuda {
+
+class CudaModelPasses final : public trainer::ModelPasses {
+ public:
+  // Device bytes the passes need for (config, B, T, checkpointing), without constructing them
+  // (no CUDA call). Throws std::invalid_argument when the shape cannot run: model::Workspace::check
+  // fails, or a CUDA kernel's limit is exceeded (T > 8192, head size > 1024, B or heads > 65535).
+  // head_rows_per_chunk: as model::Workspace's (0: about 32 MiB of logits, always within 1..B*T).
+  static size_t required_bytes(const model::Config& config, int B, int T, bool checkpointing,
+                               int64_t head_rows_per_chunk = 0);
+
+  // Throws as required_bytes does. Makes no CUDA call; `blas` (its handle and device) and `stream`
+  // must outlive the passes.
+  CudaModelPasses(const model::Config& config, int B, int T, bool checkpointing, cudaStream_t stream, Blas& blas,
+                  int64_t head_rows_per_chunk = 0);
+  ~CudaModelPasses() override;
+  CudaModelPasses(const CudaModelPasses&) = delete;
+  CudaModelPasses& operator=(const CudaModelPasses&) = delete;
+
+  size_t bytes() const override { return bytes_; }
+  // `memory`: bytes() of device memory, 256-byte aligned (std::invalid_argument otherwise, and for
+  // null). May be called again with another allocation (the buffers move there; nothing is kept).
+  void bind(void* memory) override;
+  bool bound() const { return base_ != nullptr; }
+
+  // Both throw std::logic_error before bind(); residual throws std::out_of_range outside 0..layers.
+  float* residual(int i) override;
+  float* grad_residual() override;
+
+  // The passes of model/gpt2.h. Each throws std::logic_error before bind().
+  void embed_forward(const float* emb_params, const int32_t* tokens, float* x_out) override;
+  void block_forward(int layer, const float* block_params, const float* x_in, float* x_out) override;
+  float head_forward_backward(const float* final_params, const float* wte, const float* x, const int32_t* targets,
+                              float* dx, float* d_final_params, float* d_wte, float grad_scale) override;
+  void block_backward(int layer, const float* block_params, const float* x_in, const float* dx_out, float* dx_in,
+                      float* d_block_params) override;
+  void embed_backward(const int32_t* tokens, const float* dx, float* d_emb_params) override;
+
+  void set_synchronous(bool synchronous) { synchronous_ = synchronous; }
+  bool synchronous() const { return synchronous_; }
+  int64_t head_rows_per_chunk() const { return chunk_rows_; }
+  const model::Config& config() const { return config_; }
+  int B() const { return B_; }
+  int T() const { return T_; }
+  bool checkpointing() const { return checkpoint_; }
+
+ private:
+  // What one block keeps from its forward for its backward (gpt2.cpp's BlockCache).
+  struct BlockCache {
+    float* ln1;       // [N, C]
+    float* ln1_mean;  // [N]
+    float* ln1_rstd;  // [N]
+    float* qkv;       // [N, 3C]
+    float* att;       // [B, H, T, T]
+    float* atty;      // [N, C] attention output before its projection
+    float* res2;      // [N, C] x_in + attention branch
+    float* ln2;       // [N, C]
+    float* ln2_mean;  // [N]
+    float* ln2_rstd;  // [N]
+    float* fch;       // [N, 4C] MLP pre-activation
+    float* fch_gelu;  // [N, 4C]
+  };
+  // Every buffer, carved from the bound allocation.
+  struct Buffers {
+    std::vector<BlockCache> caches;  // L, or 1 shared when checkpointing
+    std::vector<float*> residual;    // L + 1 of [N, C]
+    float* grad_residual = nullptr;  // [N, C]
+    // backward scratch, shared by all blocks
+    float* dres2 = nullptr;        // [N, C]
+    float* dfch = nullptr;         // [N, 4C]
+    float* dln = nullptr;          // [N, C]
+    float* datty = nullptr;        // [N, C]
+    float* dqkv = nullptr;         // [N, 3C]
+    float* att_scratch = nullptr;  // [B, H, T, T] (attention_backward's softmax gradient)
+    // LM head
+    float* lnf = nullptr;       // [N, C]
+    float* lnf_mean = nullptr;  // [N]
+    float* lnf_rstd = nullptr;  // [N]
+    float* dlnf = nullptr;      // [N, C]
+    float* logits = nullptr;    // [chunk_rows, V]
+    float* row_loss = nullptr;  // [N]
+  };
+  // Lays the buffers out from `base` (null: only counts) and returns the bytes they take.
+  static size_t carve(const model::Config& config, int B, int T, bool checkpointing, int64_t chunk_rows, char* base,
+                      Buffers* out);
+  void require_bound(const char* pass) const;
+  BlockCache& cache(int layer);
+  void run_block_forward(BlockCache& c, const float* p, const float* x_in, float* x_out);
+  void finish();  // synchronizes the stream when synchronous_
+
+  model::Config config_;
+  int B_ = 0, T_ = 0;
+  int64_t N_ = 0;
+  bool checkpoint_ = false;
+  cudaStream_t stream_ = nullptr;
+  Blas& blas_;
+  int64_t chunk_rows_ = 0;
+  size_t bytes_ = 0;
+  bool synchronous_ = true;
+  model::BlockOffsets block_{};
+  model::EmbeddingOffsets emb_{};
+  model::FinalOffsets fin_{};
+
+  char* base_ = nullptr;  // the bound allocation
+  Buffers buf_;
+  std::vector<float> host_loss_;  // [N], the per-row losses read back
+};
+
+}  // namespace zt::cuda
