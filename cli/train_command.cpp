@@ -127,15 +127,18 @@ void add_train_command(CLI::App& app, Action& action) {
       if (Status s = trainer::validate(c); !s) return fail(s.message());
       if (c.steps == 0 && c.epochs == 0) c.steps = 50;
       if (c.device == "cuda") {
-        // A real GPU has its own size: --device-memory caps it only when given.
+        // A real GPU has its own size: --device-memory caps it only when given (a config file's
+        // device_memory equal to the 80 GiB default counts as not given).
         if (device_memory->empty() && c.device_memory == trainer::TrainConfig{}.device_memory) c.device_memory = 0;
         // One process per GPU under a launcher: one trace per process (zt db merge joins them).
         try {
           const trainer::LaunchInfo li = trainer::read_launch_info(trainer::process_environment());
           if (li.world_size > 1 && !c.trace.empty()) {
+            // Before the extension of the file name ("run.db" -> "run.rank1.db"); a name with none,
+            // or only a leading dot (".trace"), gets it at the end.
+            const size_t base = c.trace.rfind('/') == std::string::npos ? 0 : c.trace.rfind('/') + 1;
             const size_t dot = c.trace.rfind('.');
-            const size_t slash = c.trace.rfind('/');
-            const size_t at = dot != std::string::npos && (slash == std::string::npos || dot > slash) ? dot : c.trace.size();
+            const size_t at = dot != std::string::npos && dot > base ? dot : c.trace.size();
             c.trace.insert(at, ".rank" + std::to_string(li.rank));
           }
         } catch (const trainer::LaunchError&) {

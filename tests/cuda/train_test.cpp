@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "../trainer/traced_run.h"
 #include "cuda_test_util.h"
 #include "train/trainer.h"
 
@@ -13,15 +14,7 @@ using namespace zt::trainer;
 
 namespace {
 
-TrainConfig tiny(int64_t steps) {
-  TrainConfig c;
-  c.model = "tiny";
-  c.steps = steps;
-  c.micro_batch = 2;
-  c.seq_len = 32;
-  c.seed = 3;
-  return c;
-}
+TrainConfig tiny(int64_t steps) { return zt::test::tiny_run(steps); }
 
 std::vector<double> losses(const TrainConfig& c, TrainSummary* out = nullptr) {
   TrainSummary s;

@@ -102,21 +102,28 @@ void move_bytes(const Tensor& src, Tensor& dst) {
   }
 }
 
-void record_transfer(const Tensor& src, const Tensor& dst, int64_t t0, int64_t t1) {
+// The transfer row of src -> dst, all but its times; null recorder: none.
+probe::Recorder* transfer_event(const Tensor& src, const Tensor& dst, probe::TransferEvent* e) {
   probe::Recorder* rec = src.device().recorder();
   if (!rec) rec = dst.device().recorder();
-  if (!rec) return;
+  if (!rec) return nullptr;
+  e->rank = src.device().is_host() ? dst.device().rank() : src.device().rank();
+  e->kind = kind_of(src.device(), dst.device());
+  e->bytes = static_cast<int64_t>(src.bytes());
+  e->src = src.device().trace_id();
+  e->dst = dst.device().trace_id();
+  if (e->kind == probe::TransferKind::H2D) e->pinned = src.pinned() ? 1 : 0;
+  else if (e->kind == probe::TransferKind::D2H) e->pinned = dst.pinned() ? 1 : 0;
+  e->name = rec->intern(dst.name());
+  return rec;
+}
+
+void record_transfer(const Tensor& src, const Tensor& dst, int64_t t0, int64_t t1) {
   probe::TransferEvent e;
-  e.rank = src.device().is_host() ? dst.device().rank() : src.device().rank();
-  e.kind = kind_of(src.device(), dst.device());
-  e.bytes = static_cast<int64_t>(src.bytes());
-  e.src = src.device().trace_id();
-  e.dst = dst.device().trace_id();
-  if (e.kind == probe::TransferKind::H2D) e.pinned = src.pinned() ? 1 : 0;
-  else if (e.kind == probe::TransferKind::D2H) e.pinned = dst.pinned() ? 1 : 0;
+  probe::Recorder* rec = transfer_event(src, dst, &e);
+  if (!rec) return;
   e.t_start = t0;
   e.t_end = t1;
-  e.name = rec->intern(dst.name());
   rec->transfer(e);
 }
 }  // namespace
@@ -142,9 +149,20 @@ void copy_into(Tensor& dst, const Tensor& src) {
     record_transfer(src, dst, t0, probe::now_ns());
 }
 
+PendingCopy::~PendingCopy() {
+  try {
+    wait();
+  } catch (const std::exception&) {
+    // A device error while unwinding: the run already failed, and says why elsewhere.
+  }
+}
+
 PendingCopy& PendingCopy::operator=(PendingCopy&& o) noexcept {
   if (this != &o) {
-    wait();
+    try {
+      wait();
+    } catch (const std::exception&) {
+    }
     src_ = std::move(o.src_);
     dst_ = std::move(o.dst_);
     ops_ = o.ops_;
@@ -179,10 +197,18 @@ PendingCopy copy_into_async(Tensor& dst, const Tensor& src) {
   p.src_ = src;
   p.dst_ = dst;
   p.ops_ = &ops;
-  // The callback may run on another thread after this returns: it holds its own references.
-  Tensor s = src, d = dst;
-  p.fence_ = ops.copy_async(dst.raw(), src.raw(), src.bytes(), h2d ? DeviceOps::Lane::H2D : DeviceOps::Lane::D2H,
-                            [s, d](int64_t t0, int64_t t1) { record_transfer(s, d, t0, t1); });
+  // The callback may run on another thread, even after wait() (an H2D copy's wait only orders the
+  // device's later work): it holds the row, never a tensor, so it can never free one.
+  probe::TransferEvent e;
+  probe::Recorder* rec = transfer_event(src, dst, &e);
+  DeviceOps::CopyDone done;
+  if (rec)
+    done = [rec, e](int64_t t0, int64_t t1) mutable {
+      e.t_start = t0;
+      e.t_end = t1;
+      rec->transfer(e);
+    };
+  p.fence_ = ops.copy_async(dst.raw(), src.raw(), src.bytes(), h2d ? DeviceOps::Lane::H2D : DeviceOps::Lane::D2H, done);
   return p;
 }
 

@@ -92,9 +92,11 @@ class PendingCopy {
   PendingCopy() = default;
   PendingCopy(PendingCopy&& o) noexcept { *this = std::move(o); }
   PendingCopy& operator=(PendingCopy&& o) noexcept;
-  ~PendingCopy() { wait(); }
+  ~PendingCopy();  // wait(), an error swallowed (it runs while unwinding too)
   // The copy is finished for its consumer (core/backend.h, DeviceOps::wait); then both tensors
-  // are released from here.
+  // are released from here. On a GPU an H2D copy's wait orders the device's later work after
+  // the copy, without blocking the host: the host must not write its source again before the
+  // device is synchronized (DeviceOps::synchronize; collectives do it).
   void wait();
   bool pending() const { return ops_ != nullptr; }
 

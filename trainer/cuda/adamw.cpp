@@ -1,5 +1,4 @@
-// trainer/cuda/adamw.cpp: see adamw.h. Compiled with -ffp-contract=off (CMakeLists.txt), as
-// optim/ is, so the double expressions below round exactly as cpu_adam.cpp's do.
+// trainer/cuda/adamw.cpp: see adamw.h. The constants are optim::adam_consts's, the CPU's own.
 #include "cuda/adamw.h"
 
 #include <cmath>
@@ -8,22 +7,7 @@
 
 namespace zt::cuda {
 
-AdamWConsts adamw_consts(const optim::AdamParams& hp, int64_t step) {
-  if (step < 1) throw std::invalid_argument("cuda adamw_step: step counts from 1, got " + std::to_string(step));
-  // Exactly as cpu_adamw_step (and zt::model::adamw_step) forms them: in double, rounded once.
-  const double bias_correction1 = 1.0 - std::pow(hp.beta1, (double)step);
-  const double bias_correction2 = 1.0 - std::pow(hp.beta2, (double)step);
-  AdamWConsts c;
-  c.step_size = (float)(hp.lr / bias_correction1);
-  c.bias_correction2_sqrt = (float)std::sqrt(bias_correction2);
-  c.decay = (float)(1.0 - hp.lr * hp.weight_decay);
-  c.beta1 = (float)hp.beta1;
-  c.beta2 = (float)hp.beta2;
-  c.eps = (float)hp.eps;
-  c.one_minus_beta1 = (float)(1.0 - hp.beta1);
-  c.one_minus_beta2 = (float)(1.0 - hp.beta2);
-  return c;
-}
+AdamWConsts adamw_consts(const optim::AdamParams& hp, int64_t step) { return optim::adam_consts(hp, step); }
 
 void adamw_step(float* params, const float* grads, float* m, float* v, int64_t n, const optim::AdamParams& hp,
                 int64_t step, void* low_out, optim::LowDType low, cudaStream_t stream) {

@@ -1,5 +1,5 @@
 // trainer/cuda/adamw.h: optim::cpu_adamw_step's contract on device pointers: the same checks, the
-// same fp32 constants (formed in double and rounded once, exactly as cpu_adam.cpp forms them), and
+// same fp32 constants (optim::adam_consts, which every CPU ISA uses), and
 // kernels.h's adamw_step, which applies them with one IEEE operation each in the same order. So a
 // step on the GPU gives p, m, v (and the fused bf16/fp16 copy) bit-identical to the CPU for every
 // non-NaN value, and a NaN wherever the CPU has one.

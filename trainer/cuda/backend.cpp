@@ -95,7 +95,11 @@ class CudaOps final : public DeviceOps {
     cuda::check(cudaStreamWaitEvent(s, after, 0), "cudaStreamWaitEvent");
     give_event(after);  // reusable once recorded and waited on: the wait took its state
     Stamp* stamp = done ? new Stamp{done, 0} : nullptr;
-    if (stamp) cuda::check(cudaLaunchHostFunc(s, &Stamp::start, stamp), "cudaLaunchHostFunc");
+    if (stamp) {
+      const cudaError_t e = cudaLaunchHostFunc(s, &Stamp::start, stamp);
+      if (e != cudaSuccess) delete stamp;  // nothing queued refers to it (once queued, it is left)
+      cuda::check(e, "cudaLaunchHostFunc");
+    }
     cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
     if (stamp) cuda::check(cudaLaunchHostFunc(s, &Stamp::end, stamp), "cudaLaunchHostFunc");
     cudaEvent_t fence = take_event();

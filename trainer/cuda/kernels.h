@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "optim/cpu_adam.h"
 
 namespace zt::cuda {
 
@@ -92,17 +93,8 @@ void embedding_backward(float* dwte, float* dwpe, const int32_t* tokens, const v
 // bit for every non-NaN result; a NaN where the CPU has one (its payload and sign may differ: the
 // GPU's arithmetic returns the canonical NaN, as cpu_adam.h allows between its own ISAs).
 
-// The fp32 constants of one AdamW step, rounded from the double hyperparameters exactly as
-// optim::cpu_adamw_step rounds them; cuda/adamw.h forms them from optim::AdamParams and the step.
-struct AdamWConsts {
-  float decay;                  // (float)(1 - lr * weight_decay)
-  float beta1, beta2;           // (float)beta1, (float)beta2
-  float one_minus_beta1;        // (float)(1 - beta1)
-  float one_minus_beta2;        // (float)(1 - beta2)
-  float bias_correction2_sqrt;  // (float)sqrt(1 - beta2^step)
-  float eps;                    // (float)eps
-  float step_size;              // (float)(lr / (1 - beta1^step))
-};
+// The fp32 constants of one AdamW step: optim::adam_consts's, the ones every CPU ISA uses.
+using AdamWConsts = optim::AdamConsts;
 // One AdamW step over n elements, in place on params, m and v (all fp32; grads fp32), in
 // cpu_adamw_step's order: p = p*decay; m = m*b1 + g*(1-b1); v = v*b2 + (g*g)*(1-b2);
 // p -= step_size * (m / (sqrt(v)/bc2_sqrt + eps)). low_t F32 means no fused output (low_out

@@ -143,18 +143,12 @@ void cpu_adam_force_isa(CpuAdamIsa isa) {
 
 void cpu_adam_unforce_isa() { g_forced.store(-1, std::memory_order_relaxed); }
 
-void cpu_adamw_step(float* params, const float* grads, float* m, float* v, int64_t n,
-                    const AdamParams& hp, int64_t step, void* low_out, LowDType low) {
-  if (step < 1)
-    throw std::invalid_argument("cpu_adamw_step: step counts from 1, got " + std::to_string(step));
-  if (low != LowDType::None && low_out == nullptr)
-    throw std::invalid_argument("cpu_adamw_step: a bf16/fp16 output was asked for but low_out is null");
-  if (n <= 0) return;
-
+AdamConsts adam_consts(const AdamParams& hp, int64_t step) {
+  if (step < 1) throw std::invalid_argument("AdamW: step counts from 1, got " + std::to_string(step));
   // Exactly as zt::model::adamw_step forms them: in double, rounded once to fp32.
   const double bias_correction1 = 1.0 - std::pow(hp.beta1, (double)step);
   const double bias_correction2 = 1.0 - std::pow(hp.beta2, (double)step);
-  detail::AdamConsts c;
+  AdamConsts c;
   c.step_size = (float)(hp.lr / bias_correction1);
   c.bias_correction2_sqrt = (float)std::sqrt(bias_correction2);
   c.decay = (float)(1.0 - hp.lr * hp.weight_decay);
@@ -163,6 +157,17 @@ void cpu_adamw_step(float* params, const float* grads, float* m, float* v, int64
   c.eps = (float)hp.eps;
   c.one_minus_beta1 = (float)(1.0 - hp.beta1);
   c.one_minus_beta2 = (float)(1.0 - hp.beta2);
+  return c;
+}
+
+void cpu_adamw_step(float* params, const float* grads, float* m, float* v, int64_t n,
+                    const AdamParams& hp, int64_t step, void* low_out, LowDType low) {
+  if (step < 1)
+    throw std::invalid_argument("cpu_adamw_step: step counts from 1, got " + std::to_string(step));
+  if (low != LowDType::None && low_out == nullptr)
+    throw std::invalid_argument("cpu_adamw_step: a bf16/fp16 output was asked for but low_out is null");
+  if (n <= 0) return;
+  const AdamConsts c = adam_consts(hp, step);
 
   const detail::AdamKernel kernel = kernel_for(cpu_adam_active_isa());
   uint16_t* lo = low == LowDType::None ? nullptr : static_cast<uint16_t*>(low_out);

@@ -48,6 +48,21 @@ enum class LowDType : uint8_t { None, BF16, F16 };
 
 enum class CpuAdamIsa : uint8_t { Scalar, Avx2, Avx512 };
 
+// The fp32 constants of one step, rounded once from the double hyperparameters exactly as the
+// reference (model/adamw.cpp) forms them. Every AdamW here (each CPU ISA, the CUDA kernel) takes
+// them from adam_consts(), so they cannot drift apart.
+struct AdamConsts {
+  float decay;                  // (float)(1 - lr * weight_decay)
+  float beta1, beta2;           // (float)beta1, (float)beta2
+  float one_minus_beta1;        // (float)(1 - beta1)
+  float one_minus_beta2;        // (float)(1 - beta2)
+  float bias_correction2_sqrt;  // (float)sqrt(1 - beta2^step)
+  float eps;                    // (float)eps
+  float step_size;              // (float)(lr / (1 - beta1^step))
+};
+// Throws std::invalid_argument when step < 1.
+AdamConsts adam_consts(const AdamParams& hp, int64_t step);
+
 // One AdamW step over n elements of a shard, in place on params, m and v. Throws
 // std::invalid_argument when step < 1, or when low != None and low_out is null.
 void cpu_adamw_step(float* params, const float* grads, float* m, float* v, int64_t n,

@@ -23,15 +23,8 @@
 
 namespace zt::optim::detail {
 
-// The hyperparameters as the reference rounds them to fp32 (model/adamw.cpp), formed once per call.
-struct AdamConsts {
-  float decay;          // 1 - lr * weight_decay
-  float beta1, beta2;
-  float one_minus_beta1, one_minus_beta2;
-  float bias_correction2_sqrt;
-  float eps;
-  float step_size;      // lr / (1 - beta1^step)
-};
+// The hyperparameters as the reference rounds them to fp32 (cpu_adam.h, adam_consts).
+using AdamConsts = optim::AdamConsts;
 
 // One ISA's kernel: n elements on the calling thread. low_out is null when low is None.
 using AdamKernel = void (*)(float* p, const float* g, float* m, float* v, uint16_t* low_out,

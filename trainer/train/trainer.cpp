@@ -384,9 +384,9 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
   // Rank threads share the cores: each gets its share of OpenMP threads, and OpenBLAS (which
   // keeps its own pool, whose idle threads spin) runs single-threaded inside each rank.
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  if (cfg.world_size > 1) openblas_set_num_threads(1);
+  if (threads_n > 1) openblas_set_num_threads(1);
   auto run_rank = [&](int rank) {
-    if (cfg.world_size > 1) omp_set_num_threads(std::max(1, cores / int(cfg.world_size)));
+    if (threads_n > 1) omp_set_num_threads(std::max(1, cores / threads_n));
     RuntimeOptions ro;
     ro.accelerator = cfg.device == "cpu" ? DeviceType::Cpu : backend ? DeviceType::Cuda : DeviceType::Sim;
     ro.backend = backend;

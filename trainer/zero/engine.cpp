@@ -169,7 +169,17 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   host_targets_ = Tensor::empty("batch.targets", {B, T}, DType::I32, host, true);
 }
 
-ZeroEngine::~ZeroEngine() = default;
+// In-flight copies finish, and the device's queue drains, before any tensor of this engine is
+// freed (a failed step leaves both behind).
+ZeroEngine::~ZeroEngine() {
+  try {
+    for (auto& p : parts_) p->staging.wait();
+    finish_offloads();
+    rt_.accelerator().ops().synchronize();
+  } catch (const std::exception&) {
+    // the device failed: the run reports that; nothing more to wait for
+  }
+}
 
 probe::MarkerId ZeroEngine::phase(const std::string& name, int64_t step, int64_t micro) {
   if (!rec_) return 0;
@@ -561,6 +571,8 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       require_accelerator("optimizer.step", {&p.master, &g32[mi], &p.m, &p.v}, step);
     }
   ++adam_steps_;
+  // The fused pass may write host parameter shards that H2D copies read earlier in the step.
+  rt_.accelerator().ops().synchronize();
   const optim::AdamParams hp{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
     Part& p = *parts_[mi];
