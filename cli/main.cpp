@@ -16,9 +16,9 @@ int fail(const std::string& message) {
 }
 
 namespace {
-// Subcommands whose module has not landed yet: they exist so `zt --help` shows the whole
-// tool, and they say so plainly instead of pretending.
-void add_not_built(CLI::App& app, Action& action, const char* name, const char* what, const char* module) {
+// Subcommands whose module is not in this build (the viewer without ImGui/GLFW): they exist so
+// `zt --help` shows the whole tool, and they say so plainly instead of pretending.
+[[maybe_unused]] void add_not_built(CLI::App& app, Action& action, const char* name, const char* what, const char* module) {
   auto* sub = app.add_subcommand(name, what);
   sub->allow_extras();
   sub->prefix_command();

@@ -276,8 +276,6 @@ __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64
 // ---- attention ----
 
 constexpr int kAttnThreads = 128;
-constexpr int64_t kMaxAttnT = 8192;
-constexpr int64_t kMaxHeadSize = 1024;
 
 // One block per (query t, head h, batch b). Shared: the row's scores [T], then q [hs].
 template <typename T>
@@ -457,7 +455,7 @@ void check_attention_shape(const char* op, int64_t B, int64_t T, int64_t C, int6
   require(C % H == 0, op, "C must be a multiple of H");
   require(T <= kMaxAttnT, op, "T must be at most 8192");
   require(C / H <= kMaxHeadSize, op, "the head size C / H must be at most 1024");
-  require(B <= 65535 && H <= 65535, op, "B and H must be at most 65535 (grid dimensions)");
+  require(B <= kMaxGridY && H <= kMaxGridY, op, "B and H must be at most 65535 (grid dimensions)");
   require(3 * C <= INT32_MAX && T * 3 * C <= INT32_MAX, op, "a sequence of qkv must have fewer than 2^31 elements");
 }
 

@@ -58,6 +58,11 @@ void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, cons
 void gelu_forward(void* out, const void* inp, int64_t n, DType t, cudaStream_t stream);
 void gelu_backward(void* dinp, const void* inp, const void* dout, int64_t n, DType t, cudaStream_t stream);
 
+// The attention kernels' limits (checked by them, and up front by CudaModelPasses).
+inline constexpr int64_t kMaxAttnT = 8192;       // T: shared memory holds (T + head size) floats
+inline constexpr int64_t kMaxHeadSize = 1024;    // C / H: one thread per channel of a head
+inline constexpr int64_t kMaxGridY = 65535;      // B and H: CUDA's grid y/z dimensions
+
 // Causal self-attention with the softmax fused into one kernel per query row: scores, row max,
 // exp, normalization and the weighted sum of values never leave the block. qkv [B, T, 3C]
 // (q | k | v, head h at columns h*hs..), att [B, H, T, T] fp32 probabilities (zero above the

@@ -25,10 +25,13 @@ constexpr size_t kAlign = 256;  // every sub-buffer starts on a 256-byte boundar
 void check_shape(const model::Config& c, int B, int T) {
   if (Status s = model::Workspace::check(c, B, T); !s.ok()) throw std::invalid_argument(s.message());
   auto fail = [](const std::string& why) { throw std::invalid_argument("cuda model passes: " + why); };
-  if (T > 8192) fail("sequence length T = " + std::to_string(T) + " exceeds the attention kernels' 8192");
-  if (c.head_size() > 1024)
-    fail("head size " + std::to_string(c.head_size()) + " exceeds the attention kernels' 1024");
-  if (B > 65535 || c.heads > 65535) fail("B and heads must be at most 65535 (CUDA grid dimensions)");
+  if (T > kMaxAttnT)
+    fail("sequence length T = " + std::to_string(T) + " exceeds the attention kernels' " + std::to_string(kMaxAttnT));
+  if (c.head_size() > kMaxHeadSize)
+    fail("head size " + std::to_string(c.head_size()) + " exceeds the attention kernels' " +
+         std::to_string(kMaxHeadSize));
+  if (B > kMaxGridY || c.heads > kMaxGridY)
+    fail("B and heads must be at most " + std::to_string(kMaxGridY) + " (CUDA grid dimensions)");
 }
 
 // gpt2.cpp's head_chunk_rows: about 32 MiB of logits when not asked, always within 1..N.
