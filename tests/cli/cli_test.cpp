@@ -32,7 +32,7 @@ TEST(Cli, HelpAndVersion) {
 
 TEST(Cli, EverySubcommandIsBuiltAndNamesAMissingFile) {
   // repro, check, ckpt and faults were placeholders once; none may say "not built" now.
-  for (const std::string& cmd : {"repro /nonexistent/scenario.yaml", "check /nonexistent/trace.db",
+  for (const char* cmd : {"repro /nonexistent/scenario.yaml", "check /nonexistent/trace.db",
                                  "ckpt info /nonexistent/ckpt"}) {
     Result r = run_zt(cmd);
     EXPECT_EQ(r.code, 2) << cmd;
@@ -135,4 +135,28 @@ TEST(Cli, TrainExitCodes) {
   EXPECT_EQ(ds.code, 0) << ds.out;
   EXPECT_NE(ds.out.find("zt train: warning: "), std::string::npos) << ds.out;
   EXPECT_NE(ds.out.find("monitor_config is not implemented by zerotrace; ignored"), std::string::npos) << ds.out;
+}
+
+// --device cuda under a launcher, on any machine: the launcher's settings are checked (and named)
+// before any GPU is looked for; without a usable GPU the run is refused with the reason.
+TEST(Cli, DeviceCudaChecksTheLauncherAndSaysWhyThereIsNoGpu) {
+  zt::test::TempDir dir;
+  const std::string train = std::string(ZT_EXE) + " train --device cuda --model tiny --steps 1 --trace " + dir.file("run.db");
+  // torchrun's variables, one missing.
+  Result partial = zt::test::run_command("env -u LOCAL_RANK RANK=1 WORLD_SIZE=2 " + train + " 2>&1");
+  EXPECT_EQ(partial.code, 2) << partial.out;
+  EXPECT_NE(partial.out.find("LOCAL_RANK not"), std::string::npos) << partial.out;
+  // A world size that disagrees with the launcher's.
+  Result world = zt::test::run_command("RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 " + train + " --world-size 3 2>&1");
+  EXPECT_EQ(world.code, 2) << world.out;
+  EXPECT_NE(world.out.find("--world-size 3 disagrees with the launcher: rank 1 of 2"), std::string::npos) << world.out;
+  // Each process writes its own trace (run.rank1.db), even when the run is refused.
+  Result ok = zt::test::run_command("RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 " + train + " 2>&1");
+  EXPECT_NE(ok.out.find(dir.file("run.rank1.db")), std::string::npos) << ok.out;
+  // No launcher: on a machine without a usable GPU, the reason (a machine with one trains here).
+  Result single = zt::test::run_command("env -u RANK -u WORLD_SIZE -u LOCAL_RANK " + train + " 2>&1");
+  if (single.code != 0) {
+    EXPECT_EQ(single.code, 2) << single.out;
+    EXPECT_NE(single.out.find("--device cuda: "), std::string::npos) << single.out;
+  }
 }
