@@ -9,6 +9,8 @@
 #include <optional>
 #include <string_view>
 
+#include "core/dtype_bits.h"
+
 namespace zt::trainer {
 
 // I32 holds token ids; it has no conversion to or from fp32.
@@ -18,21 +20,11 @@ constexpr size_t dtype_size(DType t) { return t == DType::BF16 || t == DType::F1
 std::string_view dtype_name(DType t);                        // "fp32", "bf16", "fp16"
 std::optional<DType> parse_dtype(std::string_view name);     // also "float32", "bfloat16", "float16"
 
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-inline float bf16_to_float(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t float_to_fp16(float f);
-float fp16_to_float(uint16_t h);
+// The conversions themselves live in dtype_bits.h, shared with the CUDA kernels.
+inline uint16_t float_to_bf16(float f) { return bits::float_to_bf16(f); }
+inline float bf16_to_float(uint16_t h) { return bits::bf16_to_float(h); }
+inline uint16_t float_to_fp16(float f) { return bits::float_to_fp16(f); }
+inline float fp16_to_float(uint16_t h) { return bits::fp16_to_float(h); }
 
 // Converts n elements between a buffer of `t` (a float dtype) and fp32.
 void to_float(DType t, const void* src, float* dst, size_t n);

@@ -671,62 +671,12 @@ void embedding_backward(float* dwte, float* dwpe, const int32_t* tokens, const v
 
 namespace {
 
-// core/dtype.h's conversions, the same integer code (the CUDA intrinsics agree for numbers but
-// canonicalize NaNs, and these must match the CPU's bits).
-__device__ __forceinline__ uint16_t exact_float_to_bf16(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-__device__ __forceinline__ float exact_bf16_to_float(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
-
-__device__ __forceinline__ uint16_t exact_float_to_fp16(float f) {
-  const uint32_t x = __float_as_uint(f);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t mant = x & 0x007fffffu;
-  const int32_t exp = int32_t((x >> 23) & 0xff);
-  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));  // inf / NaN
-  const int32_t e = exp - 127 + 15;
-  if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow: inf
-  if (e <= 0) {
-    if (e < -10) return static_cast<uint16_t>(sign);  // underflow: signed zero
-    mant |= 0x00800000u;                               // subnormal: the implicit bit made explicit
-    const uint32_t shift = uint32_t(14 - e);
-    uint32_t half = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1);
-    const uint32_t mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1u))) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  uint32_t half = sign | (uint32_t(e) << 10) | (mant >> 13);
-  const uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into the exponent
-  return static_cast<uint16_t>(half);
-}
-__device__ __forceinline__ float exact_fp16_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t out;
-  if (exp == 0) {
-    if (mant == 0) {
-      out = sign;
-    } else {  // subnormal: normalize
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while ((mant & 0x400u) == 0);
-      out = sign | (uint32_t(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 0x1f) {
-    out = sign | 0x7f800000u | (mant << 13);
-  } else {
-    out = sign | ((exp - 15 + 127) << 23) | (mant << 13);
-  }
-  return __uint_as_float(out);
-}
+// core/dtype_bits.h's conversions (the CUDA intrinsics agree for numbers but canonicalize NaNs,
+// and these must match the CPU's bits).
+using trainer::bits::bf16_to_float;
+using trainer::bits::float_to_bf16;
+using trainer::bits::float_to_fp16;
+using trainer::bits::fp16_to_float;
 
 // Low: 0 none, 1 bf16, 2 fp16. One IEEE operation per step, in cpu_adam_kernel.h's order.
 template <int Low>
@@ -742,8 +692,8 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, uint1
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
-    if constexpr (Low == 1) lo[i] = exact_float_to_bf16(pi);
-    if constexpr (Low == 2) lo[i] = exact_float_to_fp16(pi);
+    if constexpr (Low == 1) lo[i] = float_to_bf16(pi);
+    if constexpr (Low == 2) lo[i] = float_to_fp16(pi);
   }
 }
 
@@ -756,9 +706,9 @@ template <bool Bf16>
 __global__ void add_inplace_low_kernel(uint16_t* dst, const float* src, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     if constexpr (Bf16) {
-      dst[i] = exact_float_to_bf16(__fadd_rn(exact_bf16_to_float(dst[i]), src[i]));
+      dst[i] = float_to_bf16(__fadd_rn(bf16_to_float(dst[i]), src[i]));
     } else {
-      dst[i] = exact_float_to_fp16(__fadd_rn(exact_fp16_to_float(dst[i]), src[i]));
+      dst[i] = float_to_fp16(__fadd_rn(fp16_to_float(dst[i]), src[i]));
     }
   }
 }

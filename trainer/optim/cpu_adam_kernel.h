@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/dtype_bits.h"
 #include "optim/cpu_adam.h"
 
 // Set by optim/CMakeLists.txt to 1 where the per-ISA file is compiled.
@@ -43,40 +44,10 @@ void adam_kernel_avx512(float* p, const float* g, float* m, float* v, uint16_t* 
 
 namespace {
 
-// Scalar conversions, bit-identical to zt::trainer::float_to_bf16 / float_to_fp16
-// (trainer/core/dtype.h), which zt_optim does not link.
-inline uint16_t round_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-inline uint16_t round_to_fp16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t mant = x & 0x007fffffu;
-  const int32_t exp = int32_t((x >> 23) & 0xff);
-  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));  // inf / NaN
-  const int32_t e = exp - 127 + 15;
-  if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow: inf
-  if (e <= 0) {
-    if (e < -10) return static_cast<uint16_t>(sign);  // underflow: signed zero
-    mant |= 0x00800000u;                               // subnormal: the implicit bit made explicit
-    const uint32_t shift = uint32_t(14 - e);
-    uint32_t half = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1);
-    const uint32_t mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1u))) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  uint32_t half = sign | (uint32_t(e) << 10) | (mant >> 13);
-  const uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into the exponent
-  return static_cast<uint16_t>(half);
-}
+// Scalar conversions: core/dtype_bits.h's (header-only, shared with the host's dtype.h and the
+// CUDA kernels), so every AdamW rounds its fused output identically.
+inline uint16_t round_to_bf16(float f) { return trainer::bits::float_to_bf16(f); }
+inline uint16_t round_to_fp16(float f) { return trainer::bits::float_to_fp16(f); }
 
 // One vector of W elements; returns the updated p. V supplies reg, W, load/store/set1/mul/add/sub/
 // div/sqrt and store_bf16/store_fp16 (and may supply store_bf16x2, see adam_loop). The operations
