@@ -94,7 +94,7 @@ void embedding_backward(float* dwte, float* dwpe, const int32_t* tokens, const v
 // ---- the engine's optimizer step and gradient accumulation: bit-identical to the CPU ----
 // These two are exact twins, not tolerance twins: every operation is one IEEE fp32 operation
 // (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn, __fsqrt_rn: nvcc cannot contract them into FMA),
-// in the CPU's order, and the bf16/fp16 roundings are core/dtype.h's integer code. Equal to the
+// in the CPU's order, and the bf16/fp16 roundings are core/dtype_bits.h's integer code (the host's own). Equal to the
 // bit for every non-NaN result; a NaN where the CPU has one (its payload and sign may differ: the
 // GPU's arithmetic returns the canonical NaN, as cpu_adam.h allows between its own ISAs).
 
