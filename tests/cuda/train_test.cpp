@@ -14,32 +14,21 @@ using namespace zt::trainer;
 
 namespace {
 
-TrainConfig tiny(int64_t steps) { return zt::test::tiny_run(steps); }
-
-std::vector<double> losses(const TrainConfig& c, TrainSummary* out = nullptr) {
-  TrainSummary s;
-  zt::Status st = train(c, nullptr, nullptr, &s);
-  EXPECT_TRUE(st.ok()) << c.device << ": " << st.message();
-  if (out) *out = s;
-  return s.losses;
-}
-
-// Per step, relative. The passes agree with the CPU reference to 1e-4 of each tensor's largest
+// The loss tolerances of the tests below, per step, relative. The passes agree with the CPU reference to 1e-4 of each tensor's largest
 // value (tests/cuda/model_passes_test.cpp); AdamW and the engine's element-wise ops are exact. A
 // few steps of training amplify the first differences only mildly at lr 1e-3 on the tiny model,
 // so the losses are held to 1e-3 (fp32) and 2e-2 (bf16: a rounding to 8 bits of mantissa of a
 // parameter that differs in its last fp32 bit can flip to the neighbouring bf16 value).
-void expect_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], rel * std::fabs(want[i])) << "step " << i;
-}
+using zt::test::expect_losses_close;
+using zt::test::tiny_run;
+using zt::test::train_losses;
 
 }  // namespace
 
 TEST(CudaTrain, WithoutAGpuTheDeviceIsRefusedWithTheReason) {
   std::string why;
   if (zt::cuda::cuda_available(&why)) GTEST_SKIP() << "a GPU is here: the refusal is not what happens";
-  TrainConfig c = tiny(1);
+  TrainConfig c = tiny_run(1);
   c.device = "cuda";
   TrainSummary s;
   zt::Status st = train(c, nullptr, nullptr, &s);
@@ -54,7 +43,7 @@ TEST(CudaTrain, Zero3OffloadMatchesTheSimulatedGpuOn1And4Ranks) {
   for (int world : {1, 4}) {
     for (const char* precision : {"fp32", "bf16"}) {
       SCOPED_TRACE(std::to_string(world) + " ranks, " + precision);
-      TrainConfig c = tiny(6);
+      TrainConfig c = tiny_run(6);
       c.world_size = world;
       c.grad_accum = 2;
       c.precision = precision;
@@ -62,10 +51,10 @@ TEST(CudaTrain, Zero3OffloadMatchesTheSimulatedGpuOn1And4Ranks) {
       c.zero.offload_optimizer = true;
       c.zero.offload_param = true;
       c.zero.param_persistence_threshold = 0;
-      const std::vector<double> want = losses(c);
+      const std::vector<double> want = train_losses(c);
       c.device = "cuda";
-      const std::vector<double> got = losses(c);
-      expect_close(got, want, std::string(precision) == "fp32" ? 1e-3 : 2e-2);
+      const std::vector<double> got = train_losses(c);
+      expect_losses_close(got, want, std::string(precision) == "fp32" ? 1e-3 : 2e-2);
     }
   }
 }
@@ -75,19 +64,19 @@ TEST(CudaTrain, OptimizerOnTheGpuMatchesTheSimulatedGpu) {
   ZT_REQUIRE_GPU();
   for (int stage : {0, 2}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
-    TrainConfig c = tiny(6);
+    TrainConfig c = tiny_run(6);
     c.world_size = 2;
     c.zero.stage = stage;
-    const std::vector<double> want = losses(c);
+    const std::vector<double> want = train_losses(c);
     c.device = "cuda";
-    expect_close(losses(c), want, 1e-3);
+    expect_losses_close(train_losses(c), want, 1e-3);
   }
 }
 
 // A GPU capped below what the model needs runs out with PyTorch's text and the real figures.
 TEST(CudaTrain, OutOfMemoryUnderACapSaysSo) {
   ZT_REQUIRE_GPU();
-  TrainConfig c = tiny(2);
+  TrainConfig c = tiny_run(2);
   c.device = "cuda";
   c.model = "124M";
   c.seq_len = 128;

@@ -134,14 +134,6 @@ class OpaqueBackend final : public Backend {
   }
 };
 
-std::vector<double> run(TrainConfig c, Backend* backend) {
-  if (backend) c.device = "cuda";
-  TrainSummary s;
-  zt::Status st = train(c, nullptr, nullptr, &s, backend);
-  EXPECT_TRUE(st.ok()) << st.message();
-  return s.losses;
-}
-
 }  // namespace
 
 TEST(OpaqueDevice, PointersReallyCannotBeDereferenced) {
@@ -173,7 +165,9 @@ TEST(OpaqueDevice, TrainsExactlyAsTheSimulatedGpu) {
     c.zero.offload_param = k.off_param;
     c.zero.param_persistence_threshold = 0;
     OpaqueBackend b;
-    const std::vector<double> want = run(c, nullptr), got = run(c, &b);
+    const std::vector<double> want = zt::test::train_losses(c);
+    c.device = "cuda";
+    const std::vector<double> got = zt::test::train_losses(c, &b);
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i;
     EXPECT_GT(b.ops_.calls.load(), 0);

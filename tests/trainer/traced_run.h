@@ -2,8 +2,12 @@
 // trainer's trace tests, in one place.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "train/trainer.h"
 #include "zt/db/trace_reader.h"
@@ -19,6 +23,21 @@ inline trainer::TrainConfig tiny_run(int64_t steps) {
   c.seq_len = 32;
   c.seed = 3;
   return c;
+}
+
+// The loss of every step of a run without a trace (a test failure when it fails). `backend`: as
+// trainer::train's (tests drive the GPU code path with their own).
+inline std::vector<double> train_losses(const trainer::TrainConfig& cfg, trainer::Backend* backend = nullptr) {
+  trainer::TrainSummary s;
+  Status st = trainer::train(cfg, nullptr, nullptr, &s, backend);
+  EXPECT_TRUE(st.ok()) << cfg.device << ": " << st.message();
+  return s.losses;
+}
+
+// Step by step, |got - want| <= rel * |want|.
+inline void expect_losses_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], rel * std::fabs(want[i])) << "step " << i;
 }
 
 struct TracedRun {

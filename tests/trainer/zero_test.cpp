@@ -16,19 +16,10 @@ using namespace zt::trainer;
 
 namespace {
 
+using zt::test::expect_losses_close;
+using zt::test::train_losses;
+
 TrainConfig base(int64_t steps) { return zt::test::tiny_run(steps); }
-
-std::vector<double> losses(const TrainConfig& c) {
-  TrainSummary s;
-  zt::Status st = train(c, nullptr, nullptr, &s);
-  EXPECT_TRUE(st.ok()) << st.message();
-  return s.losses;
-}
-
-void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], rel * std::fabs(b[i])) << "step " << i;
-}
 
 }  // namespace
 
@@ -42,22 +33,22 @@ TEST(Zero, Stage3WithOffloadOn4RanksMatchesStage0On1Rank) {
   z3.zero.offload_optimizer = true;
   z3.zero.offload_param = true;
   z3.zero.param_persistence_threshold = 0;  // shard everything, the final LayerNorm too
-  auto a = losses(ref), b = losses(z3);
-  expect_close(b, a, 1e-5);
+  auto a = train_losses(ref), b = train_losses(z3);
+  expect_losses_close(b, a, 1e-5);
   EXPECT_LT(a.back(), a.front() - 1.0);  // and it learns
 }
 
 TEST(Zero, Stages1And2OnTwoRanksMatch) {
   TrainConfig ref = base(8);
   ref.grad_accum = 4;
-  auto a = losses(ref);
+  auto a = train_losses(ref);
   for (int stage : {1, 2}) {
     TrainConfig z = base(8);
     z.world_size = 2;
     z.grad_accum = 2;
     z.zero.stage = stage;
     z.zero.offload_optimizer = stage == 2;
-    expect_close(losses(z), a, 1e-5);
+    expect_losses_close(train_losses(z), a, 1e-5);
   }
 }
 
@@ -67,7 +58,7 @@ TEST(Zero, ThreeRanksNeedPaddingAndStillMatch) {
   TrainConfig z = base(8);
   z.world_size = 3;
   z.zero.stage = 3;
-  expect_close(losses(z), losses(ref), 1e-5);
+  expect_losses_close(train_losses(z), train_losses(ref), 1e-5);
 }
 
 TEST(Zero, Bf16Stage3MatchesBf16Stage0WithinTolerance) {
@@ -80,7 +71,7 @@ TEST(Zero, Bf16Stage3MatchesBf16Stage0WithinTolerance) {
   z.zero.stage = 3;
   z.zero.offload_optimizer = true;
   // bf16 gradients are summed in a different order (per rank, then across ranks).
-  expect_close(losses(z), losses(ref), 2e-2);
+  expect_losses_close(train_losses(z), train_losses(ref), 2e-2);
 }
 
 // Per-rank model-state bytes in the trace, against the ZeRO rule computed here from the
@@ -349,7 +340,7 @@ TEST(Zero, PrefetchFollowsTheRecordedOrderAndChangesNothing) {
   ASSERT_TRUE(run.status.ok()) << run.status.message();
   ASSERT_NE(run.reader, nullptr);
   const TrainSummary& s = run.summary;
-  EXPECT_EQ(s.losses, losses(no_prefetch));
+  EXPECT_EQ(s.losses, train_losses(no_prefetch));
   zt::db::TraceReader* r = run.reader.get();
   zt::db::QueryResult q;
   ASSERT_TRUE(r->query("SELECT min(step), count(*) FROM marker_v WHERE rank = 0 AND name LIKE 'prefetch %'", &q).ok());
@@ -388,7 +379,7 @@ TEST(Zero, TransfersOverlapComputeAndChangeNothing) {
   zt::test::TracedRun run = zt::test::train_traced(c, dir.file("o.db"));
   ASSERT_TRUE(run.status.ok()) << run.status.message();
   ASSERT_NE(run.reader, nullptr);
-  EXPECT_EQ(run.summary.losses, losses(no_prefetch));
+  EXPECT_EQ(run.summary.losses, train_losses(no_prefetch));
   zt::db::QueryResult q;
   // Per kind: transfers of a module's tensors whose interval meets the compute of another module.
   ASSERT_TRUE(run.reader

@@ -77,6 +77,11 @@ void zero_tensor(Tensor& t) {
   if (t.raw()) t.device().ops().zero(t.raw(), t.bytes());
 }
 
+// A one-element fp32 tensor's value, written from the host (nothing in virtual mode).
+void set_scalar(Tensor& t, float v) {
+  if (t.raw()) t.device().ops().copy(t.raw(), &v, sizeof v);
+}
+
 // A one-element fp32 tensor's value, read back to the host.
 float scalar_of(const Tensor& t) {
   float v = 0;
@@ -502,8 +507,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       norm_on_host)
     norm_on_host = false;
   Tensor norm_t = Tensor::empty("global_grad_norm", {1}, DType::F32, norm_on_host ? host : accel);
-  const float norm_f = float(norm);
-  if (norm_t.raw()) norm_t.device().ops().copy(norm_t.raw(), &norm_f, sizeof norm_f);
+  set_scalar(norm_t, float(norm));
   r.grad_norm = norm;
 
   if (!std::isfinite(norm)) {
@@ -541,8 +545,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     if (r.clipped) {
       // The clip coefficient comes from the norm tensor, so it lives where the norm lives.
       Tensor combined_scale = Tensor::empty("combined_scale", {1}, DType::F32, norm_t.device());
-      const float combined_f = float(combined);
-      if (combined_scale.raw()) combined_scale.device().ops().copy(combined_scale.raw(), &combined_f, sizeof combined_f);
+      set_scalar(combined_scale, float(combined));
       for (auto& g : g32) {
         check_same_device("unscale_and_clip_grads", {&combined_scale, &g}, step);
         if (!g.raw() || !combined_scale.raw()) continue;  // virtual mode
