@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "model/adamw.h"
 #include "optim/cpu_adam.h"
 
@@ -42,29 +43,8 @@ using zt::optim::AdamParams;
 using zt::optim::CpuAdamIsa;
 using zt::optim::LowDType;
 
-struct Buffer {
-  explicit Buffer(size_t bytes) : ptr(std::aligned_alloc(64, (bytes + 63) / 64 * 64)) {
-    if (!ptr) {
-      std::fprintf(stderr, "bench_cpu_adam: out of memory (%zu bytes)\n", bytes);
-      std::exit(1);
-    }
-  }
-  ~Buffer() { std::free(ptr); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  float* f() const { return static_cast<float*>(ptr); }
-  void* ptr;
-};
-
-// First touch on the threads that will use the pages, with values that keep AdamW finite.
-void fill(float* x, int64_t n, float scale, uint32_t seed) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i++) {
-    uint32_t h = uint32_t(i) * 2654435761u + seed;
-    h ^= h >> 15;
-    x[i] = scale * (float(h & 0xffff) / 65536.0f - 0.5f);
-  }
-}
+using Buffer = zt::bench::HostArray;
+using zt::bench::fill;
 
 void triad(float* a, const float* b, const float* c, float s, int64_t n) {
 #pragma omp parallel for simd schedule(static)
@@ -145,7 +125,7 @@ std::vector<int> parse_threads(const char* s) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   int64_t n = int64_t(64) << 20;
   int reps = 5;
   std::vector<int> threads = {1, omp_get_max_threads()};
@@ -254,4 +234,13 @@ int main(int argc, char** argv) {
               " (the faster of the two) with the same threads\n");
   std::printf("total %.1f s\n", std::chrono::duration<double>(Clock::now() - t_start).count());
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // an allocation the machine could not give
+    std::fprintf(stderr, "bench_cpu_adam: %s\n", e.what());
+    return 1;
+  }
 }

@@ -42,6 +42,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
 #include "cuda/runtime.h"
 #include "model/config.h"
 #include "optim/cpu_adam.h"
@@ -92,27 +93,8 @@ std::vector<std::string> split_commas(const std::string& s) {
 
 // ------------------------------------------------------------------------------------------ CPU
 
-struct HostArray {
-  explicit HostArray(size_t bytes) : bytes(bytes), ptr(std::aligned_alloc(64, (bytes + 63) / 64 * 64)) {
-    if (!ptr) throw std::runtime_error("host allocation of " + std::to_string(bytes) + " bytes failed");
-  }
-  ~HostArray() { std::free(ptr); }
-  HostArray(const HostArray&) = delete;
-  HostArray& operator=(const HostArray&) = delete;
-  float* f() const { return static_cast<float*>(ptr); }
-  size_t bytes;
-  void* ptr;
-};
-
-// First touch on the threads that use the pages; values that keep AdamW finite.
-void fill(float* x, int64_t n, float scale, uint32_t seed) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i++) {
-    uint32_t h = uint32_t(i) * 2654435761u + seed;
-    h ^= h >> 15;
-    x[i] = scale * (float(h & 0xffff) / 65536.0f - 0.5f);
-  }
-}
+using zt::bench::fill;
+using zt::bench::HostArray;
 
 void parallel_memcpy(void* dst, const void* src, size_t bytes) {
   const int T = omp_get_max_threads();
