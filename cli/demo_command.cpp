@@ -100,10 +100,24 @@ void add_demo_command(CLI::App& app, Action& action) {
                    "   parameter shards, fp32 master weights and Adam moments on the host, gathers on the GPU\n";
       if (int rc = db_sql(cfg.trace,
                           "SELECT device, CASE WHEN name LIKE '%.gathered' THEN '<module>.gathered' WHEN name LIKE "
-                          "'%.shard' THEN '<module>.shard' WHEN name LIKE 'adam.%' THEN 'adam.m/v[<module>]' WHEN name "
+                          "'%.shard' THEN '<module>.shard' WHEN name LIKE 'adam.%' THEN 'adam.m/v[<module>]' WHEN name LIKE "
+                          "'grad.from_device[%' THEN 'grad.from_device[<module>]' WHEN name "
                           "LIKE 'fp32_partitioned_groups_flat%' THEN 'fp32_partitioned_groups_flat[<i>]...' ELSE name "
                           "END AS tensor, count(*) AS blocks, max(bytes) AS largest FROM allocation_v WHERE rank = 0 "
                           "AND level = 'block' GROUP BY 1, 2 ORDER BY 1, 4 DESC LIMIT 16",
+                          false);
+          rc != 0)
+        return rc;
+      std::cout << "   and the offload traffic: parameter shards go up (H2D) while earlier modules compute, gradient\n"
+                   "   partitions go down (D2H) during the rest of backward; the time each copy spent inside a\n"
+                   "   module's forward or backward marker is hidden under compute\n";
+      if (int rc = db_sql(cfg.trace,
+                          "SELECT t.kind, count(*) AS copies, sum(t.bytes) AS bytes, round(sum(t.t_end - t.t_start) / "
+                          "1e3) AS busy_us, round(100.0 * sum(coalesce((SELECT sum(min(t.t_end, m.t_end) - "
+                          "max(t.t_start, m.t_start)) FROM marker_v m WHERE m.rank = t.rank AND (m.name LIKE 'forward %' "
+                          "OR m.name LIKE 'backward %') AND m.t_start < t.t_end AND t.t_start < m.t_end), 0)) / "
+                          "max(sum(t.t_end - t.t_start), 1), 1) AS pct_hidden FROM transfer_v t WHERE t.rank = 0 AND "
+                          "t.kind IN ('H2D', 'D2H') AND t.name NOT LIKE 'batch.%' GROUP BY 1 ORDER BY 1",
                           false);
           rc != 0)
         return rc;
