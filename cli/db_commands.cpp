@@ -97,6 +97,17 @@ int db_info(const std::string& path) {
                             "live at end", "allocations"},
                 rows, {true, false, false, false, true, true, true, true, true}, "  ");
   }
+  if (sum.driver) {
+    const db::DriverRecords& d = *sum.driver;
+    std::cout << "CUPTI's view: " << d.cupti_segments << " segments, " << d.paired
+              << " of them the trainer's own (counted once); outside its allocators: " << d.outside_count
+              << " device segment" << (d.outside_count == 1 ? "" : "s") << " (peak "
+              << format_bytes(double(d.outside_peak_bytes))
+              << ", " << format_bytes(double(d.outside_live_at_end)) << " live at the end)";
+    if (d.api_unpaired)
+      std::cout << "; " << d.api_unpaired << " of the trainer's segments have no CUPTI record (see dropped)";
+    std::cout << "\n";
+  }
   std::cout << "rows:";
   for (auto& [t, n] : sum.rows_per_table) std::cout << " " << t << "=" << n;
   std::cout << "\n";

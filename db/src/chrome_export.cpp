@@ -97,7 +97,8 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
     struct Ev { int64_t t; int64_t delta; int64_t device; int level; int64_t rank; };
     std::vector<Ev> sweep;
     Stmt a(reader->handle(),
-           "SELECT id, rank, device_id, memory_kind, level, bytes, t_alloc, t_free, name_id FROM allocation ORDER BY t_alloc, id");
+           "SELECT id, rank, device_id, memory_kind, level, bytes, t_alloc, t_free, name_id, segment_id FROM allocation"
+           " ORDER BY t_alloc, id");
     while (a.step()) {
       int64_t id = a.i64(0), rank = a.i64(1), dev = a.i64(2), bytes = a.i64(5), ta = a.i64(6);
       bool alive = a.is_null(7);
@@ -111,6 +112,7 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
                 q(std::string(to_string(MemoryKind(a.i64(3))))) + ",\"level\":" +
                 q(std::string(to_string(AllocLevel(level)))) + ",\"alive_at_end\":" + (alive ? "true" : "false") + "}");
       out.event(common + ",\"ph\":\"e\",\"ts\":" + us(tf, t0));
+      if (is_second_record(AllocLevel(level), a.is_null(9) ? 0 : a.i64(9))) continue;  // counted by its twin
       sweep.push_back({ta, bytes, dev, level, rank});
       if (!alive) sweep.push_back({tf, -bytes, dev, level, rank});
     }

@@ -73,6 +73,36 @@ Status TraceReader::read_rows(const char* sql, std::vector<Row>* out, Fill fill)
 
 namespace {
 int64_t id0(const Stmt& s, int c) { return s.is_null(c) ? 0 : s.i64(c); }
+
+// CUPTI's segments beside the trainer's (see DriverRecords); nothing when either is missing.
+void summarize_driver_records(sqlite3* db, TraceSummary* out) {
+  const std::string seg = "level = " + std::to_string(int(AllocLevel::Segment));
+  const std::string api = std::to_string(int(Source::Api)), cupti = std::to_string(int(Source::Cupti));
+  Stmt counts(db, "SELECT coalesce(sum(source = " + cupti + "), 0), coalesce(sum(source = " + cupti +
+                      " AND segment_id IS NOT NULL), 0), coalesce(sum(source = " + api +
+                      " AND NOT EXISTS(SELECT 1 FROM allocation c WHERE c.segment_id = a.id AND c." + seg +
+                      ")), 0), coalesce(sum(source = " + api + "), 0) FROM allocation a WHERE " + seg);
+  if (!counts.step() || counts.i64(0) == 0 || counts.i64(3) == 0) return;
+  DriverRecords d;
+  d.cupti_segments = counts.i64(0);
+  d.paired = counts.i64(1);
+  d.api_unpaired = counts.i64(2);
+  // Outside: CUPTI's device segments with no twin; their live bytes per device, at the highest.
+  Stmt outside(db, "WITH o AS (SELECT * FROM allocation WHERE source = " + cupti + " AND " + seg +
+                       " AND segment_id IS NULL AND memory_kind = " + std::to_string(int(MemoryKind::Device)) +
+                       "), ev AS (SELECT device_id, t_alloc AS t, bytes AS b FROM o UNION ALL"
+                       " SELECT device_id, t_free, -bytes FROM o WHERE t_free IS NOT NULL)"
+                       " SELECT (SELECT count(*) FROM o), (SELECT coalesce(sum(bytes), 0) FROM o WHERE t_free IS NULL),"
+                       " coalesce((SELECT sum(p) FROM (SELECT max(live) AS p FROM (SELECT device_id, sum(b) OVER"
+                       " (PARTITION BY device_id ORDER BY t, b ROWS UNBOUNDED PRECEDING) AS live FROM ev)"
+                       " GROUP BY device_id)), 0)");
+  if (outside.step()) {
+    d.outside_count = outside.i64(0);
+    d.outside_live_at_end = outside.i64(1);
+    d.outside_peak_bytes = outside.i64(2);
+  }
+  out->driver = d;
+}
 }  // namespace
 
 Status TraceReader::read(std::vector<RunRow>* out) {
@@ -300,8 +330,9 @@ Status TraceReader::summarize(TraceSummary* out) {
     std::map<int64_t, DevicePeak> peaks;
     for (auto& d : devices) peaks[d.id].device = d;
     Stmt peak(db_,
-              "WITH ev AS (SELECT device_id, level, t_alloc AS t, bytes AS d FROM allocation"
-              " UNION ALL SELECT device_id, level, t_free, -bytes FROM allocation WHERE t_free IS NOT NULL)"
+              std::string("WITH a AS (SELECT * FROM allocation WHERE NOT ") + kSecondRecordSql + "),"
+              " ev AS (SELECT device_id, level, t_alloc AS t, bytes AS d FROM a"
+              " UNION ALL SELECT device_id, level, t_free, -bytes FROM a WHERE t_free IS NOT NULL)"
               " SELECT device_id, level, max(live) FROM (SELECT device_id, level, sum(d) OVER"
               " (PARTITION BY device_id, level ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS live FROM ev)"
               " GROUP BY device_id, level");
@@ -311,13 +342,14 @@ Status TraceReader::summarize(TraceSummary* out) {
       else p.peak_allocated = peak.i64(2);
     }
     Stmt live(db_,
-              "SELECT device_id, count(*), sum(CASE WHEN t_free IS NULL THEN bytes ELSE 0 END) FROM allocation"
-              " GROUP BY device_id");
+              std::string("SELECT device_id, count(*), sum(CASE WHEN t_free IS NULL THEN bytes ELSE 0 END) FROM"
+                          " allocation WHERE NOT ") + kSecondRecordSql + " GROUP BY device_id");
     while (live.step()) {
       auto& p = peaks[live.i64(0)];
       p.allocations = live.i64(1);
       p.live_at_end = live.i64(2);
     }
+    summarize_driver_records(db_, out);
     for (auto& [id, p] : peaks) {
       if (p.device.id == 0) p.device.id = id, p.device.label = "device#" + std::to_string(id);
       out->devices.push_back(p);

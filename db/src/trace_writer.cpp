@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "match.h"
 #include "sqlite.h"
 #include "zt/db/trace_file.h"
 
@@ -260,6 +261,7 @@ void TraceWriter::set_meta(const std::string& key, const std::string& value) {
 Status TraceWriter::finish() {
   try {
     commit();
+    detail::match_driver_records(db_);
     detail::exec(db_, index_sql());
     detail::exec(db_, "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;");
   } catch (const detail::SqlError& e) {

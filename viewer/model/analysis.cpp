@@ -8,10 +8,10 @@ namespace zt::viewer {
 namespace {
 using db::AllocLevel;
 
-// A segment whose blocks are recorded double-counts them; everything else is memory a
-// tensor (or a buffer) holds.
+// A segment whose blocks are recorded double-counts them, and so does a second record of a
+// segment (CUPTI's twin of the trainer's); everything else is memory a tensor (or a buffer) holds.
 bool counts_as_live(const Allocations& a, size_t i) {
-  return !(a.level[i] == uint8_t(AllocLevel::Segment) && a.holds_blocks[i]);
+  return !(a.level[i] == uint8_t(AllocLevel::Segment) && (a.holds_blocks[i] || a.second_record[i]));
 }
 }  // namespace
 

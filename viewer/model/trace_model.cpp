@@ -295,20 +295,22 @@ Status TraceModel::read_all(LoadProgress* progress) {
         });
     if (!alloc_status) return;
     std::vector<int64_t> containers;
-    for (int64_t sid : segment_of)
-      if (sid) containers.push_back(sid);
+    for (size_t i = 0; i < a.size(); ++i)
+      if (segment_of[i] && a.level[i] == uint8_t(AllocLevel::Block)) containers.push_back(segment_of[i]);
     std::sort(containers.begin(), containers.end());
     a.in_segment.resize(a.size());
     a.holds_blocks.resize(a.size());
+    a.second_record.resize(a.size());
     for (size_t i = 0; i < a.size(); ++i) {
-      a.in_segment[i] = segment_of[i] != 0;
+      a.second_record[i] = db::is_second_record(AllocLevel(a.level[i]), segment_of[i]);
+      a.in_segment[i] = segment_of[i] != 0 && !a.second_record[i];
       a.holds_blocks[i] = std::binary_search(containers.begin(), containers.end(), a.id[i]);
     }
     auto order = sort_order(a.t_alloc);
     permute(a.id, order), permute(a.t_alloc, order), permute(a.t_free, order), permute(a.bytes, order);
     permute(a.stack, order), permute(a.device, order), permute(a.name, order), permute(a.kind, order);
     permute(a.level, order), permute(a.freed, order), permute(a.in_segment, order);
-    permute(a.holds_blocks, order);
+    permute(a.holds_blocks, order), permute(a.second_record, order);
     std::vector<uint8_t> family_of(strings_.size());
     for (size_t i = 0; i < strings_.size(); ++i) family_of[i] = uint8_t(classify_tensor(strings_[i]));
     a.family.resize(a.size());
@@ -476,7 +478,7 @@ void TraceModel::build_tracks() {
     std::vector<std::array<std::vector<uint32_t>, kKinds>> members(n_dev);
     for (uint32_t i = 0; i < alloc.size(); ++i) {
       int d = alloc.device[i];
-      if (d < 0) continue;
+      if (d < 0 || alloc.second_record[i]) continue;  // counted by its twin
       auto kind = MemoryKind(alloc.kind[i]);
       bool segment = alloc.level[i] == uint8_t(AllocLevel::Segment);
       if (kind == MemoryKind::Device || kind == MemoryKind::Managed) {

@@ -41,8 +41,10 @@ struct Allocations {
   std::vector<int32_t> device, name;  // device: index into TraceModel::devices
   std::vector<uint8_t> kind, level, family, freed;
   // in_segment: a block carved from a recorded segment; holds_blocks: a segment that blocks
-  // were carved from. Together they keep live-byte sums from counting memory twice.
-  std::vector<uint8_t> in_segment, holds_blocks;
+  // were carved from; second_record: a segment another source also recorded (CUPTI's twin of
+  // the trainer's segment, db::is_second_record). Together they keep live-byte sums from
+  // counting memory twice.
+  std::vector<uint8_t> in_segment, holds_blocks, second_record;
   size_t size() const { return t_alloc.size(); }
 };
 

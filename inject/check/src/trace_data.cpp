@@ -50,8 +50,10 @@ Status TraceData::load(const std::string& path, std::unique_ptr<TraceData>* out)
 }
 
 Status TraceData::load_allocations() {
-  return for_each_row(reader_->handle(), path_,
-                      "SELECT id,rank,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id FROM allocation",
+  // A second record of a segment (CUPTI's twin of the trainer's) is the same memory: not loaded.
+  const std::string sql = std::string("SELECT id,rank,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id "
+                                      "FROM allocation WHERE NOT ") + db::kSecondRecordSql;
+  return for_each_row(reader_->handle(), path_, sql.c_str(),
                       [&](sqlite3_stmt* st) {
                         Alloc a;
                         a.id = sqlite3_column_int64(st, 0);

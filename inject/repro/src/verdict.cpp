@@ -261,7 +261,8 @@ Evidence read_evidence(const std::string& trace, const std::string& expected_kin
   auto live_at = [&](const db::DeviceRow* d, int level) -> std::optional<int64_t> {
     if (!d) return std::nullopt;
     return cell_int(r, "SELECT coalesce(sum(bytes), 0) FROM allocation WHERE device_id = " + sql_int(d->id) +
-                           " AND level = " + std::to_string(level) + " AND t_alloc <= " + T +
+                           " AND level = " + std::to_string(level) + " AND NOT " + db::kSecondRecordSql +
+                           " AND t_alloc <= " + T +
                            " AND (t_free IS NULL OR t_free > " + T + ")");
   };
   if (accel) {

@@ -25,6 +25,14 @@ enum class MemoryKind : uint8_t { Unknown = 0, Device = 1, PinnedHost = 2, Pagea
 // Block: a piece an allocator carved out of a segment for one tensor.
 enum class AllocLevel : uint8_t { Block = 0, Segment = 1 };
 enum class Source : uint8_t { Api = 0, Cupti = 1, HostHook = 2, Synthetic = 3 };
+// An allocation row that is a second record of a segment recorded by another source (CUPTI's
+// record of a cudaMalloc the trainer's allocator also recorded; the pairing is made when a
+// trace is finished: db/src/match.h). Sums of live bytes skip these rows:
+// `... WHERE NOT <kSecondRecordSql>`, or is_second_record() on a row already read.
+inline constexpr const char* kSecondRecordSql = "(level = 1 AND segment_id IS NOT NULL)";
+inline bool is_second_record(AllocLevel level, int64_t segment_id) {
+  return level == AllocLevel::Segment && segment_id != 0;
+}
 enum class TransferKind : uint8_t { H2D = 0, D2H = 1, D2D = 2, H2H = 3, P2P = 4, Collective = 5 };
 enum class PlacementWhy : uint8_t { Created = 0, Moved = 1, Freed = 2 };
 enum class MarkerKind : uint8_t { Step = 0, MicroStep = 1, Epoch = 2, Phase = 3, Range = 4 };

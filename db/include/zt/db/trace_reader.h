@@ -31,6 +31,7 @@ struct DevicePeak {
   int64_t peak_allocated = 0;  // live block bytes at their highest
   int64_t peak_reserved = 0;   // live segment bytes at their highest
   int64_t live_at_end = 0;     // bytes of allocations never freed (blocks + segments)
+  // Second records of a segment (CUPTI's, paired with the trainer's) count in none of these.
   int64_t allocations = 0;
 };
 
@@ -39,6 +40,18 @@ struct TransferTotal {
   int64_t count = 0;
   int64_t bytes = 0;
   int64_t busy_ns = 0;
+};
+
+// CUPTI's segments beside the trainer's own (a trace with both sources, e.g. `zt train
+// --cupti`): how many were paired when the trace was finished, and what CUPTI saw outside the
+// trainer's allocators (cuBLAS's workspace, NCCL's buffers, ...).
+struct DriverRecords {
+  int64_t cupti_segments = 0;      // CUPTI segment rows (cudaMalloc, cudaHostAlloc, ...)
+  int64_t paired = 0;              // ... that are a second record of one of the trainer's segments
+  int64_t api_unpaired = 0;        // the trainer's segments CUPTI has no record of
+  int64_t outside_count = 0;       // CUPTI device segments outside the trainer's allocators
+  int64_t outside_peak_bytes = 0;  // ... their live bytes at the highest (summed over devices)
+  int64_t outside_live_at_end = 0;  // ... and still live at the end
 };
 
 // Bytes one rank moved per optimizer step (transfers that started inside its step markers).
@@ -56,6 +69,7 @@ struct TraceSummary {
   int64_t t_first = 0, t_last = 0;  // span of every timestamp in the trace
   std::vector<TransferTotal> transfers;
   std::vector<StepTraffic> step_traffic;
+  std::optional<DriverRecords> driver;  // only when the trace has CUPTI and api segments
   int64_t steps = 0, epochs = 0;
   int64_t dropped_events = 0;
   std::vector<FaultRow> faults;
