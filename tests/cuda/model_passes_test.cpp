@@ -203,7 +203,8 @@ TEST(CudaModelPassesLayout, BytesCoverEveryBufferOn256ByteBoundaries) {
   const size_t cache = 4 * f(N * C) + 4 * f(N) + f(N * 3 * C) + f(att) + 2 * f(N * 4 * C);
   const size_t residuals = size_t(L + 1) * f(N * C);
   const size_t scratch = f(N * C) /*grad_residual*/ + f(N * C) + f(N * 4 * C) + f(N * C) + f(N * C) + f(N * 3 * C) +
-                         f(att) + f(N * C) + 2 * f(N) + f(N * C) + f(N) /*row losses*/;
+                         f(att) + f(N * C) + 2 * f(N) + f(N * C) + f(N) /*row losses*/ +
+                         kCublasWorkspaceBytes /*cuBLAS's workspace, under the allocator*/;
   for (int64_t rows : {int64_t(0), int64_t(10)}) {
     const size_t logits = f((rows == 0 ? N : rows) * V);  // tiny: 32 MiB of logits is more than N rows
     EXPECT_EQ(CudaModelPasses::required_bytes(c, kB, kT, false, rows), size_t(L) * cache + residuals + scratch + logits);

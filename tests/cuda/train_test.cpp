@@ -73,6 +73,23 @@ TEST(CudaTrain, OptimizerOnTheGpuMatchesTheSimulatedGpu) {
   }
 }
 
+// --tf32: the fp32 GEMMs on TF32 tensor cores (inputs rounded to 10 bits of mantissa) stay within
+// the bf16 tolerance of the CPU reference (bf16 storage rounds to 8 bits, coarser).
+TEST(CudaTrain, Tf32GemmsStayWithinTheBf16Tolerance) {
+  ZT_REQUIRE_GPU();
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    TrainConfig c = tiny_run(6);
+    c.precision = precision;
+    c.zero.stage = 3;
+    c.zero.offload_optimizer = true;
+    const std::vector<double> want = train_losses(c);
+    c.device = "cuda";
+    c.tf32 = true;
+    expect_losses_close(train_losses(c), want, 2e-2);
+  }
+}
+
 // A GPU capped below what the model needs runs out with PyTorch's text and the real figures.
 TEST(CudaTrain, OutOfMemoryUnderACapSaysSo) {
   ZT_REQUIRE_GPU();

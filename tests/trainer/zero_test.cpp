@@ -239,6 +239,12 @@ TEST(Zero, BadDeepSpeedConfigsAreRejected) {
   c.zero.offload_param = true;
   c.zero.stage = 2;
   EXPECT_NE(validate(c).message().find("offload_param needs ZeRO stage 3"), std::string::npos);
+  TrainConfig t = base(1);
+  t.tf32 = true;  // a real GPU's matrix precision: refused on the simulated GPU, not ignored
+  EXPECT_NE(validate(t).message().find("tf32 chooses how a real GPU multiplies matrices: it needs --device cuda"),
+            std::string::npos);
+  t.device = "cuda";
+  EXPECT_TRUE(validate(t).ok());
 }
 
 // fp16 with a loss scale far too large: the scaled gradients really overflow fp16, the

@@ -143,6 +143,10 @@ class Backend {
 // rank's GPU; where only one GPU is visible (CUDA_VISIBLE_DEVICES, Slurm's --gpus-per-task) that
 // one, whatever `device` says). Null with the reason in *why when this build has no CUDA, the
 // machine no usable GPU, or `device` is out of range.
-std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why);
+// tf32: fp32 GEMMs on TF32 tensor cores (TrainConfig::tf32); off, true fp32.
+struct CudaBackendOptions {
+  bool tf32 = false;
+};
+std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, CudaBackendOptions options = {});
 
 }  // namespace zt::trainer

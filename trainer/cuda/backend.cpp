@@ -183,14 +183,15 @@ class CudaOps final : public DeviceOps {
 };
 
 struct Slot {
-  explicit Slot(int device) : ops(device), blas(device) {}
+  Slot(int device, bool tf32) : ops(device), blas(device) { blas.set_tf32(tf32); }
   CudaOps ops;
   cuda::Blas blas;
 };
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device), capacity_(cuda::CudaDeviceSource(device, 0).capacity()) {}
+  CudaBackend(int device, CudaBackendOptions options)
+      : device_(device), options_(options), capacity_(cuda::CudaDeviceSource(device, 0).capacity()) {}
 
   std::string describe(int) const override { return cuda::describe_device(device_); }
   size_t device_capacity(int) const override { return capacity_; }
@@ -232,10 +233,11 @@ class CudaBackend final : public Backend {
   Slot& slot(int rank) {
     std::lock_guard lock(mu_);
     auto& s = slots_[rank];
-    if (!s) s = std::make_unique<Slot>(device_);
+    if (!s) s = std::make_unique<Slot>(device_, options_.tf32);
     return *s;
   }
   int device_;
+  CudaBackendOptions options_;
   size_t capacity_;
   std::mutex mu_;
   std::map<int, std::unique_ptr<Slot>> slots_;
@@ -243,7 +245,7 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why) {
+std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, CudaBackendOptions options) {
   std::string reason;
   if (!cuda::cuda_available(&reason)) {
     if (why) *why = reason;
@@ -256,7 +258,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why) {
              std::to_string(cuda::device_count()) + " usable GPU(s)";
     return nullptr;
   }
-  return std::make_unique<CudaBackend>(device);
+  return std::make_unique<CudaBackend>(device, options);
 }
 
 }  // namespace zt::trainer

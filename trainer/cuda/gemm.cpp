@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <climits>
+#include <cstdint>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -24,6 +25,7 @@ struct CublasApi {
   cublasStatus_t (*destroy)(cublasHandle_t) = nullptr;
   cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) = nullptr;
   cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t) = nullptr;
+  cublasStatus_t (*set_workspace)(cublasHandle_t, void*, size_t) = nullptr;
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
                             const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
@@ -55,6 +57,7 @@ const CublasApi& cublas() {
     api.destroy = reinterpret_cast<decltype(api.destroy)>(sym("cublasDestroy_v2"));
     api.set_stream = reinterpret_cast<decltype(api.set_stream)>(sym("cublasSetStream_v2"));
     api.set_math_mode = reinterpret_cast<decltype(api.set_math_mode)>(sym("cublasSetMathMode"));
+    api.set_workspace = reinterpret_cast<decltype(api.set_workspace)>(sym("cublasSetWorkspace_v2"));
     api.gemm_ex = reinterpret_cast<decltype(api.gemm_ex)>(sym("cublasGemmEx"));
   });
   if (!error.empty()) throw std::runtime_error(error);
@@ -84,9 +87,12 @@ void gemm(Blas& blas, cudaStream_t stream, cublasOperation_t ta, cublasOperation
     if (d > INT_MAX) throw std::invalid_argument(std::string(what) + ": a dimension does not fit cuBLAS's int");
   const CublasApi& api = cublas();
   check_blas(api.set_stream(blas.handle(), stream), "cublasSetStream");
+  if (blas.workspace() != nullptr)
+    check_blas(api.set_workspace(blas.handle(), blas.workspace(), blas.workspace_bytes()), "cublasSetWorkspace");
   const float alpha = 1.0f;
   check_blas(api.gemm_ex(blas.handle(), ta, tb, int(m), int(n), int(k), &alpha, a, ab, int(lda), b, ab, int(ldb), &beta,
-                         c, ct, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         c, ct, int(ldc), ab == CUDA_R_32F && blas.tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT),
              what);
 }
 
@@ -128,6 +134,13 @@ Blas::Blas(int device) : device_(device) {
   check_blas(api.create(&handle_), "cublasCreate");
   // No TF32 for fp32 GEMMs: the default math mode, stated explicitly (see gemm.h).
   check_blas(api.set_math_mode(handle_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+}
+
+void Blas::set_workspace(void* memory, size_t bytes) {
+  if (memory != nullptr && reinterpret_cast<uintptr_t>(memory) % 256 != 0)
+    throw std::invalid_argument("Blas::set_workspace: cuBLAS needs a 256-byte aligned workspace");
+  workspace_ = memory;
+  workspace_bytes_ = memory != nullptr ? bytes : 0;
 }
 
 Blas::~Blas() {

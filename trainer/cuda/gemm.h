@@ -9,7 +9,8 @@
 //   dinp[N, IC] = dout[N, OC] @ w[OC, IC]   is  dinp^T = w^T * dout^T          (m=IC, n=N, k=OC)
 //   dw[OC, IC] += dout^T @ inp              is  dw^T += inp^T * dout(op T)     (m=IC, n=OC, k=N)
 // Precision: compute type CUBLAS_COMPUTE_32F everywhere (fp32 accumulation); for fp32 tensors
-// that is true fp32 (no TF32: the default math mode, so parity with the CPU reference holds).
+// that is true fp32 (no TF32: the default math mode, so parity with the CPU reference holds),
+// unless the Blas has set_tf32(true) (CUBLAS_COMPUTE_32F_FAST_TF32 for fp32 tensors only).
 // Outputs out and dinp are in the tensors' dtype; dw and dbias are fp32 (gradients accumulate in
 // fp32, as the reference's). The bias is written into out first and the GEMM adds with beta = 1,
 // as the reference does.
@@ -36,10 +37,24 @@ class Blas {
   Blas& operator=(const Blas&) = delete;
   cublasHandle_t handle() const { return handle_; }
   int device() const { return device_; }
+  // cuBLAS's workspace from memory we own (256-byte aligned; null: cuBLAS's own pool), so that
+  // it is inside the caching allocator's figures and cap. Makes no CUDA call: every GEMM sets it
+  // again after setting its stream (cublasSetStream resets the workspace to cuBLAS's pool).
+  void set_workspace(void* memory, size_t bytes);
+  void* workspace() const { return workspace_; }
+  // fp32 GEMMs on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to a 10-bit
+  // mantissa, fp32 accumulation), as torch.backends.cuda.matmul.allow_tf32. Off by default: true
+  // fp32, what the parity tests hold to 1e-4. bf16/fp16 GEMMs are unaffected.
+  void set_tf32(bool on) { tf32_ = on; }
+  bool tf32() const { return tf32_; }
+  size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
   int device_;
   cublasHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  bool tf32_ = false;
 };
 
 // out[N, OC] = inp[N, IC] @ w[OC, IC]^T + bias[OC] (bias may be null); with accumulate, out +=.

@@ -100,6 +100,7 @@ size_t CudaModelPasses::carve(const model::Config& config, int B, int T, bool ch
   b.dlnf = k.take(N * C);
   b.logits = k.take(chunk_rows * V);
   b.row_loss = k.take(N);
+  b.blas_workspace = k.take(int64_t(kCublasWorkspaceBytes / sizeof(float)));
   if (out != nullptr) *out = std::move(b);
   return k.used();
 }
@@ -123,7 +124,9 @@ CudaModelPasses::CudaModelPasses(const model::Config& config, int B, int T, bool
   host_loss_.assign(size_t(N_), 0.0f);
 }
 
-CudaModelPasses::~CudaModelPasses() = default;
+CudaModelPasses::~CudaModelPasses() {
+  if (base_ != nullptr) blas_.set_workspace(nullptr, 0);  // the memory goes back to the engine
+}
 
 void CudaModelPasses::bind(void* memory) {
   if (memory == nullptr) throw std::invalid_argument("CudaModelPasses::bind: null memory");
@@ -131,6 +134,7 @@ void CudaModelPasses::bind(void* memory) {
     throw std::invalid_argument("CudaModelPasses::bind: the memory must be 256-byte aligned");
   base_ = static_cast<char*>(memory);
   carve(config_, B_, T_, checkpoint_, chunk_rows_, base_, &buf_);
+  blas_.set_workspace(buf_.blas_workspace, kCublasWorkspaceBytes);
 }
 
 void CudaModelPasses::require_bound(const char* pass) const {

@@ -12,8 +12,10 @@
 //
 // Memory: the passes allocate no device memory. bytes() (fixed by the constructor) is what they
 // need: the residual streams, grad_residual, the per-layer block caches (one shared cache with
-// checkpointing), the backward scratch, the LM head's buffers and logits chunk and the per-row
-// losses, each sub-buffer starting on a 256-byte boundary; bind() hands over one device allocation
+// checkpointing), the backward scratch, the LM head's buffers and logits chunk, the per-row
+// losses and cuBLAS's workspace (kCublasWorkspaceBytes, given to the Blas by bind(), so it is
+// counted by the caching allocator and under its cap like every other byte), each sub-buffer
+// starting on a 256-byte boundary; bind() hands over one device allocation
 // of that size (256-byte aligned) and the buffers are carved from it. The loss is read back into
 // a host vector of B*T floats and averaged on the host in row order, in double, exactly as
 // gpt2.cpp averages its per-row losses.
@@ -40,6 +42,10 @@
 
 namespace zt::cuda {
 
+// cuBLAS's workspace inside bytes(): NVIDIA's recommendation for Hopper (4 MiB for Ampere; the
+// larger size serves both), as PyTorch sizes its own on sm_90.
+inline constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+
 class CudaModelPasses final : public trainer::ModelPasses {
  public:
   // Device bytes the passes need for (config, B, T, checkpointing), without constructing them
@@ -60,6 +66,7 @@ class CudaModelPasses final : public trainer::ModelPasses {
   size_t bytes() const override { return bytes_; }
   // `memory`: bytes() of device memory, 256-byte aligned (std::invalid_argument otherwise, and for
   // null). May be called again with another allocation (the buffers move there; nothing is kept).
+  // Also gives the Blas its workspace inside `memory` (taken back by the destructor).
   void bind(void* memory) override;
   bool bound() const { return base_ != nullptr; }
 
@@ -119,6 +126,7 @@ class CudaModelPasses final : public trainer::ModelPasses {
     float* dlnf = nullptr;      // [N, C]
     float* logits = nullptr;    // [chunk_rows, V]
     float* row_loss = nullptr;  // [N]
+    void* blas_workspace = nullptr;  // kCublasWorkspaceBytes, handed to cuBLAS by bind()
   };
   // Lays the buffers out from `base` (null: only counts) and returns the bytes they take.
   static size_t carve(const model::Config& config, int B, int T, bool checkpointing, int64_t chunk_rows, char* base,

@@ -60,6 +60,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg) {
       {"eps", [&](const YAML::Node& n) { c.eps = n.as<double>(); }},
       {"grad_clip", [&](const YAML::Node& n) { c.grad_clip = n.as<double>(); }},
       {"activation_checkpointing", [&](const YAML::Node& n) { c.activation_checkpointing = n.as<bool>(); }},
+      {"tf32", [&](const YAML::Node& n) { c.tf32 = n.as<bool>(); }},
       {"checkpoint_dir", [&](const YAML::Node& n) { c.checkpoint_dir = n.as<std::string>(); }},
       {"save_every", [&](const YAML::Node& n) { c.save_every = n.as<int64_t>(); }},
       {"resume", [&](const YAML::Node& n) { c.resume = n.as<bool>(); }},
@@ -146,6 +147,8 @@ Status validate(const TrainConfig& c) {
   if (c.seq_len < 0) return bad("seq_len must be positive (or 0 for the model's context)");
   if (c.precision != "fp32" && c.precision != "bf16" && c.precision != "fp16")
     return bad("precision '" + c.precision + "': use fp32, bf16 or fp16");
+  if (c.tf32 && c.device != "cuda")
+    return bad("tf32 chooses how a real GPU multiplies matrices: it needs --device cuda (the CPU and the simulated GPU compute in fp32)");
   if (c.device_memory == 0 && c.device != "cuda") return bad("device_memory must be positive (0: a real GPU's own size, with --device cuda)");
   if (!(c.lr > 0)) return bad("lr must be positive");
   if (c.beta1 < 0 || c.beta1 >= 1 || c.beta2 < 0 || c.beta2 >= 1) return bad("beta1 and beta2 must lie in [0, 1)");
@@ -187,6 +190,7 @@ std::string to_json(const TrainConfig& c) {
                       {"eps", c.eps},
                       {"grad_clip", c.grad_clip},
                       {"activation_checkpointing", c.activation_checkpointing},
+                      {"tf32", c.tf32},
                       {"zero_optimization", {{"stage", c.zero.stage},
                                              {"offload_optimizer", c.zero.offload_optimizer},
                                              {"offload_param", c.zero.offload_param},

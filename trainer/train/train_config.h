@@ -71,6 +71,9 @@ struct TrainConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 0.0;          // 0 = off
   bool activation_checkpointing = false;
+  // --device cuda: the fp32 GEMMs on the GPU's TF32 tensor cores (10-bit mantissa, fp32
+  // accumulation), as torch.backends.cuda.matmul.allow_tf32; off: true fp32, the CPU's results.
+  bool tf32 = false;
   bool quiet = false;
   // Checkpoints (issue 5; trainer/ckpt/checkpoint.h). Flags and YAML keys of the same names.
   std::string checkpoint_dir;      // where checkpoints go (and are resumed from)

@@ -229,7 +229,9 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
       return train(c, rec, progress, summary, given_backend);
     }
     std::string why;
-    own_backend = make_cuda_backend(multi_process ? launch.local_rank : 0, &why);
+    CudaBackendOptions bo;
+    bo.tf32 = cfg.tf32;
+    own_backend = make_cuda_backend(multi_process ? launch.local_rank : 0, &why, bo);
     if (!own_backend) return Status::Error("--device cuda: " + why);
     backend = own_backend.get();
   }
