@@ -5,6 +5,9 @@
 #include "zero/launcher_env.h"
 #include "train/trainer.h"
 #include "zt/common/units.h"
+#if ZT_HAVE_CUPTI
+#include "zt/probe/cupti_collector.h"
+#endif
 
 namespace zt::cli {
 
@@ -38,6 +41,9 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--weight-decay", cfg->weight_decay, "AdamW weight decay");
   sub->add_option("--grad-clip", cfg->grad_clip, "clip the global gradient norm to this (0: off)");
   sub->add_flag("--activation-checkpointing", cfg->activation_checkpointing, "recompute each block in backward");
+  sub->add_flag("--tf32", cfg->tf32,
+                "--device cuda: fp32 matrix multiplies on TF32 tensor cores (10-bit mantissa, fp32 accumulation), as "
+                "torch.backends.cuda.matmul.allow_tf32; default: true fp32");
   sub->add_flag("-q,--quiet", cfg->quiet, "no progress lines");
   // Checkpoints (issue 5).
   sub->add_option("--checkpoint-dir", cfg->checkpoint_dir, "directory of sharded checkpoints (DIR/stepNNNNNN, DIR/latest)");
@@ -63,14 +69,21 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--zero-stage", cfg->zero.stage, "ZeRO stage 0, 1, 2 or 3")->check(CLI::Range(0, 3));
   sub->add_flag("--offload-optimizer", cfg->zero.offload_optimizer, "fp32 master weights and Adam moments on the host");
   sub->add_flag("--offload-param", cfg->zero.offload_param, "stage 3: parameter shards on the host");
+  auto cupti = std::make_shared<bool>(false);
+  sub->add_flag("--cupti", *cupti,
+                "record CUPTI's view too (cudaMalloc, copies, kernels) into the trace, matched to the trainer's "
+                "allocator rows; needs --device cuda and --trace");
   std::vector<std::string> argv_words;
-  sub->callback([&action, sub, cfg, config_file, device_memory, host_memory, ds_config] {
-    action = [sub, cfg, config_file, device_memory, host_memory, ds_config]() -> int {
+  sub->callback([&action, sub, cfg, config_file, device_memory, host_memory, ds_config, cupti] {
+    action = [sub, cfg, config_file, device_memory, host_memory, ds_config, cupti]() -> int {
       trainer::TrainConfig c = *cfg;
+      bool memory_given = !device_memory->empty();  // --device-memory, or device_memory in the file
       if (!config_file->empty()) {
         // File first, then every flag the user typed on top of it.
         trainer::TrainConfig from_file;
-        if (Status s = trainer::load_train_config(*config_file, &from_file); !s) return fail(s.message());
+        std::vector<std::string> file_keys;
+        if (Status s = trainer::load_train_config(*config_file, &from_file, &file_keys); !s) return fail(s.message());
+        for (const std::string& k : file_keys) memory_given = memory_given || k == "device_memory";
         for (auto* opt : sub->get_options()) {
           if (opt->count() == 0) continue;
           std::string n = opt->get_name();
@@ -91,6 +104,7 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--weight-decay") from_file.weight_decay = c.weight_decay;
           else if (n == "--grad-clip") from_file.grad_clip = c.grad_clip;
           else if (n == "--activation-checkpointing") from_file.activation_checkpointing = c.activation_checkpointing;
+          else if (n == "--tf32") from_file.tf32 = c.tf32;
           else if (n == "--quiet") from_file.quiet = c.quiet;
           else if (n == "--checkpoint-dir") from_file.checkpoint_dir = c.checkpoint_dir;
           else if (n == "--save-every") from_file.save_every = c.save_every;
@@ -126,13 +140,23 @@ void add_train_command(CLI::App& app, Action& action) {
       }
       if (Status s = trainer::validate(c); !s) return fail(s.message());
       if (c.steps == 0 && c.epochs == 0) c.steps = 50;
+      if (*cupti) {
+        if (c.device != "cuda")
+          return fail("--cupti needs --device cuda (CUPTI traces a real GPU; --device " + c.device + " has none)");
+        if (c.trace.empty()) return fail("--cupti needs --trace (CUPTI's rows go into the trace)");
+#if !ZT_HAVE_CUPTI
+        return fail("--cupti: this build has no CUPTI (built without a CUDA toolkit)");
+#endif
+      }
+      int process_rank = 0;  // under a launcher, this process's rank: the rank of CUPTI's rows
       if (c.device == "cuda") {
-        // A real GPU has its own size: --device-memory caps it only when given (a config file's
-        // device_memory equal to the 80 GiB default counts as not given).
-        if (device_memory->empty() && c.device_memory == trainer::TrainConfig{}.device_memory) c.device_memory = 0;
+        // A real GPU has its own size: --device-memory (or the config file's device_memory) caps it
+        // only when given.
+        if (!memory_given) c.device_memory = 0;
         // One process per GPU under a launcher: one trace per process (zt db merge joins them).
         try {
           const trainer::LaunchInfo li = trainer::read_launch_info(trainer::process_environment());
+          process_rank = li.rank;
           if (li.world_size > 1 && !c.trace.empty()) {
             // Before the extension of the file name ("run.db" -> "run.rank1.db"); a name with none,
             // or only a leading dot (".trace"), gets it at the end.
@@ -158,8 +182,43 @@ void add_train_command(CLI::App& app, Action& action) {
         ro.seed = static_cast<int64_t>(c.seed);
         if (Status s = probe::Recorder::open(ro, &rec); !s) return fail(s.message());
       }
+      // --cupti: CUPTI inside this process, from before the first CUDA call (the caching
+      // allocator's first cudaMalloc) until training is over; its rows are source cupti.
+      bool cupti_running = false;
+#if ZT_HAVE_CUPTI
+      if (*cupti && rec) {
+        probe::cupti::CollectorOptions co;
+        co.recorder = rec.get();
+        // Host endpoints (pinned memory, the host side of copies) on this rank's cpu device. The
+        // trainer adds the same device (rank, cpu, 0, "cpu") itself once it starts; finishing the
+        // trace folds the two rows into one.
+        co.host_device = rec->add_device(process_rank, probe::DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false);
+        co.stacks = true;
+        co.rank = process_rank;
+        const std::string why = probe::cupti::start(co);
+        cupti_running = why.empty();
+        if (!cupti_running) {
+          // As zt probe does: say why, record why, and train all the same.
+          std::fprintf(stderr, "zt train: CUDA tracing (--cupti) is off: %s\n", why.c_str());
+          db::ErrorRow e;
+          e.kind = "cuda_tracing_off";
+          e.site = "zt train --cupti";
+          e.rank = process_rank;
+          e.message = "CUDA tracing (--cupti) was off: " + why + "; the trainer's own rows were recorded";
+          rec->error(e);
+        }
+      }
+#endif
       trainer::TrainSummary sum;
       Status s = trainer::train(c, rec.get(), c.quiet ? nullptr : &std::cout, &sum);
+#if ZT_HAVE_CUPTI
+      // Before the close: CUPTI's last buffers decoded and written, nothing left that touches the
+      // recorder (the atexit stop the collector registers then has nothing to do).
+      if (cupti_running) probe::cupti::stop();
+#else
+      (void)cupti_running;
+      (void)process_rank;
+#endif
       if (rec) {
         Status closed = s ? rec->close(db::RunStatus::Ok, 0) : rec->close(db::RunStatus::Failed, 1, s.message());
         if (!closed) std::fprintf(stderr, "zt: %s\n", closed.message().c_str());

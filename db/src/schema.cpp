@@ -117,8 +117,9 @@ CREATE VIEW allocation_v AS
   LEFT JOIN string s ON s.id = a.name_id LEFT JOIN enum_source src ON src.code = a.source;
 CREATE VIEW transfer_v AS
   SELECT t.id, t.rank, k.name AS kind, t.bytes, sd.label AS src_device, dd.label AS dst_device, t.pinned,
-         t.t_start, t.t_end, t.stream, n.text AS name, o.text AS op, t.participants, t.correlation_id, t.stack_id
-  FROM transfer t LEFT JOIN enum_transfer_kind k ON k.code = t.kind
+         t.t_start, t.t_end, t.stream, n.text AS name, o.text AS op, t.participants, t.correlation_id, t.stack_id,
+         src.name AS source
+  FROM transfer t LEFT JOIN enum_transfer_kind k ON k.code = t.kind LEFT JOIN enum_source src ON src.code = t.source
   LEFT JOIN device sd ON sd.id = t.src_device_id LEFT JOIN device dd ON dd.id = t.dst_device_id
   LEFT JOIN string n ON n.id = t.name_id LEFT JOIN string o ON o.id = t.op_id;
 CREATE VIEW marker_v AS
@@ -132,8 +133,10 @@ CREATE VIEW counter_v AS
   SELECT c.id, c.rank, d.label AS device, n.text AS name, c.t, c.value
   FROM counter c LEFT JOIN device d ON d.id = c.device_id LEFT JOIN string n ON n.id = c.name_id;
 CREATE VIEW kernel_v AS
-  SELECT k.id, k.rank, d.label AS device, n.text AS name, k.t_start, k.t_end, k.stream, k.correlation_id
-  FROM kernel k LEFT JOIN device d ON d.id = k.device_id LEFT JOIN string n ON n.id = k.name_id;
+  SELECT k.id, k.rank, d.label AS device, n.text AS name, k.t_start, k.t_end, k.stream, k.correlation_id,
+         src.name AS source
+  FROM kernel k LEFT JOIN device d ON d.id = k.device_id LEFT JOIN string n ON n.id = k.name_id
+  LEFT JOIN enum_source src ON src.code = k.source;
 )SQL";
 }
 

@@ -160,3 +160,79 @@ TEST(Cli, DeviceCudaChecksTheLauncherAndSaysWhyThereIsNoGpu) {
     EXPECT_NE(single.out.find("--device cuda: "), std::string::npos) << single.out;
   }
 }
+
+// zt train --cupti: CUPTI inside the trainer. Refused (exit 2, one line) without --device cuda, without
+// --trace, and in a build without CUPTI; on a machine without a GPU it says why CUDA tracing is off,
+// records that in the trace, and fails as --device cuda does there (no crash, no hang).
+// --device cuda: the GPU's own memory unless a cap is given, on the command line or in the config
+// file (even one equal to the simulated GPU's default 80 GiB); --tf32 reaches the resolved config.
+// The trace's run.config_json shows what the run was given (the run itself needs a GPU).
+TEST(Cli, TrainCudaCapsMemoryOnlyWhenAskedAndTakesTf32) {
+  zt::test::TempDir dir;
+  auto config_of = [&](const std::string& yaml, const std::string& flags) {
+    const std::string cfg = dir.file("c.yaml"), trace = dir.file("t.db");
+    std::ofstream(cfg) << yaml;
+    std::filesystem::remove(trace);
+    Result r = zt::test::run_command("env -u RANK -u WORLD_SIZE -u LOCAL_RANK " + std::string(ZT_EXE) +
+                                     " train --device cuda --model tiny --steps 1 -q --config " + cfg + " --trace " +
+                                     trace + " " + flags + " 2>&1");
+    Result q = run_zt("db sql --csv " + trace + " \"SELECT config_json FROM run\"");
+    return std::make_pair(r.code, q.out);
+  };
+  auto [code, plain] = config_of("steps: 1\n", "");
+  if (code == 0) GTEST_SKIP() << "a GPU is here: the run trained";
+  EXPECT_NE(plain.find("\"\"device_memory\"\":0,"), std::string::npos) << plain;
+  EXPECT_NE(plain.find("\"\"tf32\"\":false"), std::string::npos) << plain;
+  auto [code2, capped] = config_of("device_memory: 80GiB\n", "--tf32");
+  EXPECT_NE(capped.find("\"\"device_memory\"\":85899345920,"), std::string::npos) << capped;
+  EXPECT_NE(capped.find("\"\"tf32\"\":true"), std::string::npos) << capped;
+  auto [code3, flag] = config_of("steps: 1\n", "--device-memory 1GiB");
+  EXPECT_NE(flag.find("\"\"device_memory\"\":1073741824,"), std::string::npos) << flag;
+  Result sim = run_zt("train --tf32 --model tiny --steps 1");
+  EXPECT_EQ(sim.code, 2) << sim.out;
+  EXPECT_NE(sim.out.find("tf32 chooses how a real GPU multiplies matrices: it needs --device cuda"), std::string::npos)
+      << sim.out;
+}
+
+TEST(Cli, TrainCuptiNeedsDeviceCudaATraceAndSaysWhyItIsOff) {
+  zt::test::TempDir dir;
+  Result sim = run_zt("train --cupti --model tiny --steps 1 --trace " + dir.file("sim.db"));
+  EXPECT_EQ(sim.code, 2) << sim.out;
+  EXPECT_EQ(sim.out, "zt: --cupti needs --device cuda (CUPTI traces a real GPU; --device sim has none)\n");
+  Result cpu = run_zt("train --cupti --device cpu --model tiny --steps 1 --trace " + dir.file("cpu.db"));
+  EXPECT_EQ(cpu.code, 2) << cpu.out;
+  EXPECT_NE(cpu.out.find("--cupti needs --device cuda"), std::string::npos) << cpu.out;
+  Result untraced = run_zt("train --cupti --device cuda --model tiny --steps 1");
+  EXPECT_EQ(untraced.code, 2) << untraced.out;
+  EXPECT_EQ(untraced.out, "zt: --cupti needs --trace (CUPTI's rows go into the trace)\n");
+  // Refusals come before any trace is opened.
+  EXPECT_FALSE(std::filesystem::exists(dir.file("sim.db")));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("cpu.db")));
+
+  const std::string trace = dir.file("cuda.db");
+  // timeout: a hang in CUPTI without a driver must fail here, not stall the suite (124).
+  Result r = zt::test::run_command("env -u RANK -u WORLD_SIZE -u LOCAL_RANK timeout 300 " + std::string(ZT_EXE) +
+                                   " train --device cuda --cupti --model tiny --steps 1 --seq-len 32 -q --trace " +
+                                   trace + " 2>&1");
+#if !ZT_TEST_HAVE_CUPTI
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.out, "zt: --cupti: this build has no CUPTI (built without a CUDA toolkit)\n");
+#else
+  if (r.code == 0) return;  // a machine with a usable GPU trained (tests/probe/train_cupti_gpu_test.cpp checks the rows)
+  EXPECT_EQ(r.code, 2) << r.out;  // as --device cuda without --cupti
+  EXPECT_NE(r.out.find("--device cuda: "), std::string::npos) << r.out;
+  const std::string off_line = "zt train: CUDA tracing (--cupti) is off: ";
+  const size_t off = r.out.find(off_line);
+  if (off != std::string::npos) {
+    // Said once, before training was tried, and kept in the trace.
+    EXPECT_EQ(r.out.find(off_line, off + 1), std::string::npos) << r.out;
+    EXPECT_LT(off, r.out.find("--device cuda: ")) << r.out;
+    Result q = run_zt("db sql --csv " + trace +
+                      " \"SELECT count(*) AS n FROM error WHERE kind = 'cuda_tracing_off' AND message LIKE "
+                      "'CUDA tracing (--cupti) was off: %'\"");
+    EXPECT_EQ(q.out, "n\n1\n");
+  }
+  Result info = run_zt("db info " + trace);
+  EXPECT_NE(info.out.find("status: failed"), std::string::npos) << info.out;
+#endif
+}

@@ -43,7 +43,7 @@ TEST(ProbeGpu, CudaProgramCountsAndBytes) {
 
   // Allocations (CUPTI rows): device segments 1, 2, 4 MiB with zt_cuda_allocate in the stack;
   // pinned 1 + 2 MiB on the cpu device; managed 1 MiB; a 256 KiB pool block. All freed.
-  const std::string cupti = "source = 1 AND ";
+  const std::string cupti = "source = 'cupti' AND ";  // allocation_v names the source
   EXPECT_EQ(n("SELECT count(*) FROM allocation_v WHERE " + cupti +
               "memory_kind = 'device' AND level = 'segment' AND bytes IN (1048576, 2097152, 4194304)"),
             3);

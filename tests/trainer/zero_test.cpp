@@ -382,21 +382,29 @@ TEST(Zero, TransfersOverlapComputeAndChangeNothing) {
   c.zero.max_reuse_distance = 0;
   TrainConfig no_prefetch = c;
   no_prefetch.zero.prefetch_bucket_size = 0;
-  zt::test::TracedRun run = zt::test::train_traced(c, dir.file("o.db"));
-  ASSERT_TRUE(run.status.ok()) << run.status.message();
-  ASSERT_NE(run.reader, nullptr);
-  EXPECT_EQ(run.summary.losses, train_losses(no_prefetch));
-  zt::db::QueryResult q;
-  // Per kind: transfers of a module's tensors whose interval meets the compute of another module.
-  ASSERT_TRUE(run.reader
-                  ->query("SELECT t.kind, count(DISTINCT t.id) FROM transfer_v t JOIN marker_v m ON m.rank = t.rank"
-                          " AND (m.name LIKE 'forward %' OR m.name LIKE 'backward %') AND m.name NOT IN ('forward', "
-                          "'backward') AND t.t_start < m.t_end AND m.t_start < t.t_end"
-                          " WHERE t.kind IN ('H2D', 'D2H') AND t.bytes > 1000000 GROUP BY 1 ORDER BY 1",
-                          &q)
-                  .ok());
+  const std::vector<double> want = train_losses(no_prefetch);
+  // Overlap in wall time needs the copy lanes' threads to run beside the rank thread: on a 2-core
+  // machine running other tests at once the scheduler may hold them back for a whole backward
+  // pass, so up to three runs are made and one with both kinds of overlap is enough. The losses
+  // must equal the run without prefetch every time.
   std::map<std::string, int64_t> overlapping;
-  for (auto& row : q.rows) overlapping[row[0]] = std::stoll(row[1]);
-  EXPECT_GT(overlapping["H2D"], 0) << "no parameter shard copy overlapped a module's compute";
-  EXPECT_GT(overlapping["D2H"], 0) << "no gradient partition copy overlapped a module's compute";
+  for (int attempt = 0; attempt < 3 && (overlapping["H2D"] == 0 || overlapping["D2H"] == 0); ++attempt) {
+    zt::test::TracedRun run = zt::test::train_traced(c, dir.file("o" + std::to_string(attempt) + ".db"));
+    ASSERT_TRUE(run.status.ok()) << run.status.message();
+    ASSERT_NE(run.reader, nullptr);
+    EXPECT_EQ(run.summary.losses, want);
+    zt::db::QueryResult q;
+    // Per kind: transfers of a module's tensors whose interval meets the compute of another module.
+    ASSERT_TRUE(run.reader
+                    ->query("SELECT t.kind, count(DISTINCT t.id) FROM transfer_v t JOIN marker_v m ON m.rank = t.rank"
+                            " AND (m.name LIKE 'forward %' OR m.name LIKE 'backward %') AND m.name NOT IN ('forward', "
+                            "'backward') AND t.t_start < m.t_end AND m.t_start < t.t_end"
+                            " WHERE t.kind IN ('H2D', 'D2H') AND t.bytes > 1000000 GROUP BY 1 ORDER BY 1",
+                            &q)
+                    .ok());
+    overlapping.clear();
+    for (auto& row : q.rows) overlapping[row[0]] = std::stoll(row[1]);
+  }
+  EXPECT_GT(overlapping["H2D"], 0) << "no parameter shard copy overlapped a module's compute (3 runs)";
+  EXPECT_GT(overlapping["D2H"], 0) << "no gradient partition copy overlapped a module's compute (3 runs)";
 }

@@ -18,7 +18,7 @@ std::string normalize(std::string key) {
 }
 }  // namespace
 
-Status load_train_config(const std::string& path, TrainConfig* cfg) {
+Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* keys) {
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
@@ -123,6 +123,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg) {
     }
     try {
       it->second(kv.second);
+      if (keys) keys->push_back(key);
     } catch (const YAML::Exception& e) {
       return Status::Error(path + ":" + std::to_string(kv.second.Mark().line + 1) + ": bad value for '" + key +
                            "': " + (e.msg.empty() ? "wrong type" : e.msg));

@@ -110,8 +110,9 @@ Status load_deepspeed_config(const std::string& path, TrainConfig* cfg, std::vec
 Status load_deepspeed_config_text(const std::string& text, const std::string& origin, TrainConfig* cfg,
                                   std::vector<std::string>* warnings);
 
-// Reads a YAML mapping into `cfg` (keys as the flags: micro_batch or micro-batch).
-Status load_train_config(const std::string& path, TrainConfig* cfg);
+// Reads a YAML mapping into `cfg` (keys as the flags: micro_batch or micro-batch). `keys`, when
+// given, receives the settings the file set (normalized: micro_batch).
+Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* keys = nullptr);
 // Checks ranges and combinations; the message names the setting and what to do.
 Status validate(const TrainConfig& cfg);
 // The resolved configuration as JSON (written into the trace's run row).

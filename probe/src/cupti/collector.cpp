@@ -1,4 +1,5 @@
-// The CUPTI collector (see collector.h for what it owns and which threads run what).
+// The CUPTI collector (see zt/probe/cupti_collector.h for what it owns, which threads run what,
+// and its two users: libzt_probe.so and `zt train --cupti`).
 //
 // Why it is shaped this way:
 //  - CUPTI's buffer callbacks run on CUPTI's threads and stall the application's CUDA work
@@ -10,10 +11,15 @@
 //    before any activity is enabled, so every row of a trace shares CLOCK_MONOTONIC ns.
 //  - CONCURRENT_KERNEL is enabled first: enabling it late can stall for seconds on module load.
 //  - Never call a flush from a resource callback (STREAM_DESTROY_STARTING deadlocks); we only
-//    flush at cudaDeviceReset entry, at exit and on fatal signals.
-//  - libcuda is never linked: the driver is looked up at run time (it is loaded by then,
-//    since the driver is what calls InitializeInjection), so the library loads without one.
-#include "collector.h"
+//    flush at cudaDeviceReset entry, at stop (exit) and on fatal signals.
+//  - libcuda is never linked: the driver is looked up at run time (under injection it is loaded
+//    by then, since the driver is what calls InitializeInjection; in `zt train` it is loaded by
+//    the time a record names a device), so the library, and zt, load without one.
+//  - In-process (zt train) the recorder is closed and destroyed soon after stop(), so stop()
+//    turns off everything that could reach it later: the Callback API checks `accepting` first,
+//    and once the decoder has written its last row the activities are disabled and the
+//    subscription dropped.
+#include "zt/probe/cupti_collector.h"
 
 #include <cupti.h>
 #include <dlfcn.h>
@@ -29,7 +35,7 @@
 #include <thread>
 #include <vector>
 
-#include "../interpose/host_hooks.h"
+#include "../interpose/guard.h"
 #include "correlation_stacks.h"
 #include "zt/probe/cupti_decoder.h"
 
@@ -43,6 +49,20 @@ constexpr size_t kBufferBytes = 4 << 20;
 constexpr int kPoolInitial = 8;
 constexpr int kPoolMax = 64;
 
+// The activity kinds recorded, CONCURRENT_KERNEL first (see the top comment).
+const std::pair<CUpti_ActivityKind, const char*> kKinds[] = {
+    {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, "CONCURRENT_KERNEL"},
+    {CUPTI_ACTIVITY_KIND_MEMORY2, "MEMORY2"},
+    {CUPTI_ACTIVITY_KIND_MEMORY_POOL, "MEMORY_POOL"},
+    {CUPTI_ACTIVITY_KIND_MEMCPY, "MEMCPY"},
+    {CUPTI_ACTIVITY_KIND_MEMCPY2, "MEMCPY2"},
+    {CUPTI_ACTIVITY_KIND_MEMSET, "MEMSET"},
+    {CUPTI_ACTIVITY_KIND_RUNTIME, "RUNTIME"},
+    {CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, "SYNCHRONIZATION"},
+    {CUPTI_ACTIVITY_KIND_MARKER, "MARKER"},
+    {CUPTI_ACTIVITY_KIND_MARKER_DATA, "MARKER_DATA"},
+};
+
 struct Completed {
   uint8_t* buffer;
   size_t valid;
@@ -52,9 +72,12 @@ struct Collector {
   CollectorOptions opt;
   CUpti_SubscriberHandle subscriber = nullptr;
   bool subscribed = false;
-  std::atomic<bool> running{false};
+  std::vector<CUpti_ActivityKind> enabled_kinds;
+  std::atomic<bool> running{false};    // started and not yet stopped
+  std::atomic<bool> accepting{false};  // the Callback API may write into the recorder
   std::atomic<bool> forked{false};
-  std::atomic<bool> stopped{false};
+  std::atomic<bool> stopped{false};  // stop() began: a process starts once
+  std::atomic<bool> decoded{false};  // the decoder thread has exited: late buffers go back to the pool
 
   std::mutex pool_mu;
   std::vector<uint8_t*> free_buffers;
@@ -74,7 +97,7 @@ struct Collector {
   std::unique_ptr<Decoder> decoder;
 
   // Address ranges of the code between the application and our callback (CUPTI, the driver,
-  // this library): their frames are dropped from the top of each stack.
+  // libzt_probe.so): their frames are dropped from the top of each stack.
   std::vector<std::pair<uintptr_t, uintptr_t>> skip_ranges;
 };
 Collector* g = nullptr;  // never freed: CUPTI may call back during exit
@@ -110,7 +133,7 @@ void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t* buffe
   if (cuptiActivityGetNumDroppedRecords(ctx, stream_id, &dropped) == CUPTI_SUCCESS && dropped)
     g->dropped_by_cupti.fetch_add(dropped);
   if (!buffer) return;
-  if (valid == 0 || g->forked.load()) {
+  if (valid == 0 || g->forked.load() || g->decoded.load()) {
     take_buffer_back(buffer);
     return;
   }
@@ -173,7 +196,10 @@ int collect_skip_range(dl_phdr_info* info, size_t, void* data) {
   const char* name = info->dlpi_name ? info->dlpi_name : "";
   Dl_info self{};
   dladdr(reinterpret_cast<void*>(&collect_skip_range), &self);
-  bool ours = self.dli_fname && std::strcmp(self.dli_fname, name) == 0;
+  // This collector's own object only when it is a shared library (libzt_probe.so): linked into
+  // an executable (zt train --cupti) that object is the application, whose frames are the story.
+  // (dl_iterate_phdr names the executable "", dladdr by argv[0]: the two never match.)
+  bool ours = name[0] != '\0' && self.dli_fname && std::strcmp(self.dli_fname, name) == 0;
   if (!ours && !std::strstr(name, "libcupti") && !std::strstr(name, "libcuda.so")) return 0;
   for (int i = 0; i < info->dlpi_phnum; ++i) {
     const auto& ph = info->dlpi_phdr[i];
@@ -191,7 +217,8 @@ bool in_skip_range(uintptr_t ip) {
 
 // Callback API, on the application's thread at API entry.
 void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
-  if (domain != CUPTI_CB_DOMAIN_RUNTIME_API || g->forked.load()) return;
+  if (domain != CUPTI_CB_DOMAIN_RUNTIME_API || !g->accepting.load(std::memory_order_acquire) || g->forked.load())
+    return;
   const auto* cb = static_cast<const CUpti_CallbackData*>(data);
   if (cb->callbackSite != CUPTI_API_ENTER) return;
   interpose::ScopedGuard guard;
@@ -202,7 +229,9 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, 
   if (!g->opt.stacks) return;
   void* raw[160];
   int n = unw_backtrace(raw, g->opt.stack_depth + 32);
-  int first = 0;
+  // raw[0] is this callback's own frame (in libzt_probe.so also inside a skip range; linked into
+  // zt it is not); CUPTI's and the driver's frames follow.
+  int first = 1;
   while (first < n && in_skip_range(reinterpret_cast<uintptr_t>(raw[first]))) ++first;
   uint64_t ips[160];
   int depth = 0;
@@ -242,6 +271,10 @@ void on_signal(int sig, siginfo_t* info, void* ctx) {
 }
 
 void install_signal_handlers() {
+  // Once per process: a second installation would save our own handler as "the previous one".
+  static bool installed = false;
+  if (installed) return;
+  installed = true;
   for (size_t i = 0; i < sizeof kSignals / sizeof kSignals[0]; ++i) {
     struct sigaction sa{};
     sa.sa_sigaction = on_signal;
@@ -259,14 +292,23 @@ std::string result_text(CUptiResult r) {
   return s ? s : ("CUPTI error " + std::to_string(int(r)));
 }
 
-// Device name and memory through the driver, looked up at run time (see the top comment).
+// A driver entry point: from the loaded libcuda.so.1 itself (the CUDA runtime may have opened it
+// RTLD_LOCAL, out of RTLD_DEFAULT's reach), else from the global scope.
+void* driver_symbol(const char* symbol) {
+  static void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  void* p = driver ? dlsym(driver, symbol) : nullptr;
+  return p ? p : dlsym(RTLD_DEFAULT, symbol);
+}
+
+// Device name and memory through the driver, looked up at run time (see the top comment). Called
+// on the decoder thread, when a record first names the device: the driver is loaded by then.
 DeviceInfo device_info(uint32_t ordinal) {
   using get_fn = int (*)(int*, int);
   using name_fn = int (*)(char*, int, int);
   using mem_fn = int (*)(size_t*, int);
-  static auto get = reinterpret_cast<get_fn>(dlsym(RTLD_DEFAULT, "cuDeviceGet"));
-  static auto name = reinterpret_cast<name_fn>(dlsym(RTLD_DEFAULT, "cuDeviceGetName"));
-  static auto mem = reinterpret_cast<mem_fn>(dlsym(RTLD_DEFAULT, "cuDeviceTotalMem_v2"));
+  static auto get = reinterpret_cast<get_fn>(driver_symbol("cuDeviceGet"));
+  static auto name = reinterpret_cast<name_fn>(driver_symbol("cuDeviceGetName"));
+  static auto mem = reinterpret_cast<mem_fn>(driver_symbol("cuDeviceTotalMem_v2"));
   DeviceInfo info;
   int dev = 0;
   if (!get || get(&dev, static_cast<int>(ordinal)) != 0) return info;
@@ -275,6 +317,33 @@ DeviceInfo device_info(uint32_t ordinal) {
   size_t bytes = 0;
   if (mem && mem(&bytes, dev) == 0) info.capacity_bytes = static_cast<int64_t>(bytes);
   return info;
+}
+
+// Without a driver CUPTI only says CUPTI_ERROR_UNKNOWN: name the cause. Asked only after a
+// failure (under injection the driver is loaded, so this adds nothing there).
+std::string driver_note() {
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (h) {
+    dlclose(h);
+    return "";
+  }
+  const char* e = dlerror();
+  return std::string(" (no CUDA driver: ") + (e ? e : "libcuda.so.1 cannot be loaded") + ")";
+}
+
+// Undoes a start() that failed part of the way, so that nothing refers to its recorder and a
+// later start() begins afresh. (The activity callbacks and the clock stay registered with CUPTI:
+// nothing takes them back, and with no activity enabled they are never called.)
+std::string start_failed(std::string why) {
+  for (CUpti_ActivityKind k : g->enabled_kinds) cuptiActivityDisable(k);
+  g->enabled_kinds.clear();
+  if (g->subscribed) {
+    cuptiUnsubscribe(g->subscriber);
+    g->subscribed = false;
+  }
+  g->decoder.reset();
+  g->skip_ranges.clear();
+  return why;
 }
 
 }  // namespace
@@ -289,7 +358,9 @@ const char* library_path() {
 }
 
 std::string start(const CollectorOptions& options) {
+  if (!options.recorder) return "no trace to record into";
   if (g && g->running.load()) return "";
+  if (g && g->stopped.load()) return "CUDA tracing already ran and stopped in this process (it starts once)";
   interpose::ScopedGuard guard;
   if (!g) g = new Collector();
   g->opt = options;
@@ -303,8 +374,9 @@ std::string start(const CollectorOptions& options) {
   params.oldSubscriberSize = sizeof other;
   CUptiResult r = cuptiSubscribe_v2(&g->subscriber, on_api, nullptr, &params);
   if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
-    return std::string("another profiler already holds CUPTI (") + (other[0] ? other : "name not given") + ")";
-  if (r != CUPTI_SUCCESS) return "CUPTI could not subscribe: " + result_text(r);
+    return start_failed(std::string("another profiler already holds CUPTI (") + (other[0] ? other : "name not given") +
+                        ")");
+  if (r != CUPTI_SUCCESS) return start_failed("CUPTI could not subscribe: " + result_text(r) + driver_note());
   g->subscribed = true;
 
   for (uint32_t cbid = 1; cbid < CUPTI_RUNTIME_TRACE_CBID_SIZE; ++cbid) {
@@ -328,37 +400,24 @@ std::string start(const CollectorOptions& options) {
 
   {
     std::lock_guard lock(g->pool_mu);
-    for (int i = 0; i < kPoolInitial; ++i)
+    for (int i = g->buffers_allocated; i < kPoolInitial; ++i)  // a retried start keeps its pool
       if (void* p = aligned_alloc(8, kBufferBytes)) {
         g->free_buffers.push_back(static_cast<uint8_t*>(p));
         ++g->buffers_allocated;
       }
   }
   if ((r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed)) != CUPTI_SUCCESS)
-    return "CUPTI refused the activity buffers: " + result_text(r);
+    return start_failed("CUPTI refused the activity buffers: " + result_text(r));
   if ((r = cuptiActivityRegisterTimestampCallback(timestamp_now)) != CUPTI_SUCCESS)
-    return "CUPTI would not use our clock (CLOCK_MONOTONIC): " + result_text(r);
+    return start_failed("CUPTI would not use our clock (CLOCK_MONOTONIC): " + result_text(r));
 
-  const std::pair<CUpti_ActivityKind, const char*> kinds[] = {
-      {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, "CONCURRENT_KERNEL"},
-      {CUPTI_ACTIVITY_KIND_MEMORY2, "MEMORY2"},
-      {CUPTI_ACTIVITY_KIND_MEMORY_POOL, "MEMORY_POOL"},
-      {CUPTI_ACTIVITY_KIND_MEMCPY, "MEMCPY"},
-      {CUPTI_ACTIVITY_KIND_MEMCPY2, "MEMCPY2"},
-      {CUPTI_ACTIVITY_KIND_MEMSET, "MEMSET"},
-      {CUPTI_ACTIVITY_KIND_RUNTIME, "RUNTIME"},
-      {CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, "SYNCHRONIZATION"},
-      {CUPTI_ACTIVITY_KIND_MARKER, "MARKER"},
-      {CUPTI_ACTIVITY_KIND_MARKER_DATA, "MARKER_DATA"},
-  };
   std::string failed;
-  int enabled = 0;
-  for (auto& [kind, label] : kinds) {
+  for (auto& [kind, label] : kKinds) {
     CUptiResult e = cuptiActivityEnable(kind);
-    if (e == CUPTI_SUCCESS) ++enabled;
+    if (e == CUPTI_SUCCESS) g->enabled_kinds.push_back(kind);
     else failed += std::string(failed.empty() ? "" : ", ") + label + " (" + result_text(e) + ")";
   }
-  if (enabled == 0) return "CUPTI enabled no activity kind: " + failed;
+  if (g->enabled_kinds.empty()) return start_failed("CUPTI enabled no activity kind: " + failed + driver_note());
   if (!failed.empty()) {
     db::ErrorRow e;
     e.kind = "cuda_tracing_partial";
@@ -369,23 +428,36 @@ std::string start(const CollectorOptions& options) {
 
   g->decoder_thread = std::thread(decoder_main);
   g->running.store(true);
+  g->accepting.store(true, std::memory_order_release);
   install_signal_handlers();
   // Registered after the CUDA runtime's own exit handler, so it runs first: the records are
-  // flushed while the contexts still exist (NVIDIA's injection sample does the same).
-  std::atexit(stop);
+  // flushed while the contexts still exist (NVIDIA's injection sample does the same). Where the
+  // caller stops explicitly (zt train) this one finds nothing to do.
+  static bool at_exit_registered = false;
+  if (!at_exit_registered) at_exit_registered = std::atexit(stop) == 0;
   return "";
 }
 
 void stop() {
   if (!g || !g->running.load() || g->forked.load() || g->stopped.exchange(true)) return;
   interpose::ScopedGuard guard;
-  cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  g->accepting.store(false, std::memory_order_release);  // no more stacks into the recorder
+  cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);  // blocking: every buffer is queued on return
   {
     std::lock_guard lock(g->q_mu);
     g->q_stop = true;
   }
   g->q_cv.notify_one();
-  if (g->decoder_thread.joinable()) g->decoder_thread.join();
+  if (g->decoder_thread.joinable()) g->decoder_thread.join();  // its last rows are in the recorder
+  g->decoded.store(true);
+  // From here on nothing may reach the recorder (zt train closes and destroys it next): no more
+  // records, no more callbacks.
+  for (CUpti_ActivityKind k : g->enabled_kinds) cuptiActivityDisable(k);
+  g->enabled_kinds.clear();
+  if (g->subscribed) {
+    cuptiUnsubscribe(g->subscriber);
+    g->subscribed = false;
+  }
   g->running.store(false);
 }
 

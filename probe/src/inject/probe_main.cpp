@@ -35,7 +35,7 @@
 #include "zt/probe/recorder.h"
 
 #if ZT_PROBE_WITH_CUPTI
-#include "../cupti/collector.h"
+#include "zt/probe/cupti_collector.h"
 #endif
 
 #define ZT_EXPORT extern "C" __attribute__((visibility("default")))

@@ -26,10 +26,9 @@ namespace zt::probe::interpose {
 namespace {
 
 // ---------------------------------------------------------------- thread state
-// One byte per thread. kUnknown: not yet classified (the first hook on a thread asks the
-// Recorder whether this is its writer). kApp: record. Anything else: pass through.
-enum : uint8_t { kUnknown = 0, kApp = 1, kProbeThread = 2, kGuardBit = 0x80 };
-thread_local uint8_t t_state ZT_TLS = kUnknown;
+// One byte per thread, t_state (guard.h, defined in guard.cpp so that the CUPTI collector can
+// be linked without these hooks). kUnknown: not yet classified (the first hook on a thread asks
+// the Recorder whether this is its writer). kApp: record. Anything else: pass through.
 thread_local bool t_resolving ZT_TLS = false;
 
 // Per-thread counters of small allocations. A thread owns its slot exclusively, so plain
@@ -270,11 +269,6 @@ inline void on_free(void* p) {
 }
 
 }  // namespace
-
-ScopedGuard::ScopedGuard() : saved_(t_state) { t_state = static_cast<uint8_t>(saved_ | kGuardBit); }
-ScopedGuard::~ScopedGuard() { t_state = saved_; }
-
-void mark_probe_thread() { t_state = kProbeThread; }
 
 void start(const HostHookConfig& cfg) {
   ensure_real();

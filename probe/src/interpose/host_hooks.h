@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "guard.h"
 #include "zt/probe/recorder.h"
 
 namespace zt::probe::interpose {
@@ -51,18 +52,6 @@ SmallTotals small_totals();
 int64_t large_live_count();  // recorded allocations not yet freed
 int64_t recorded_count();    // allocation rows written since start()
 
-// Marks the calling thread as inside the probe while alive: its allocations pass through.
-class ScopedGuard {
- public:
-  ScopedGuard();
-  ~ScopedGuard();
-  ScopedGuard(const ScopedGuard&) = delete;
-  ScopedGuard& operator=(const ScopedGuard&) = delete;
-
- private:
-  uint8_t saved_;
-};
-// For the probe's own long-lived threads (RSS sampler, CUPTI decoder): never record them.
-void mark_probe_thread();
+// ScopedGuard and mark_probe_thread (guard.h) say which threads the hooks pass through.
 
 }  // namespace zt::probe::interpose
