@@ -18,7 +18,7 @@
 //  - Device rows equal in (rank, kind, ordinal, label) are one device (CUPTI adds "cuda:0"
 //    for rank 0 beside the trainer's): every reference moves to the row that holds api
 //    allocations (else the lowest id) and the others are deleted.
-// Runs only when the trace has CUPTI rows and api rows; never changes any other trace.
+// Runs only when the trace has CUPTI and api allocation rows; never changes any other trace.
 // Idempotent: rows already paired are left alone. A trace whose process was killed never
 // reaches finish() and so keeps both records unpaired (summaries then count both).
 #pragma once
