@@ -208,13 +208,22 @@ void add_train_command(CLI::App& app, Action& action) {
           rec->error(e);
         }
       }
+      // Stops CUDA tracing before `rec` goes, also when an exception unwinds past here (declared
+      // after `rec`, so destroyed first): CUPTI's last buffers decoded and written, nothing left
+      // that touches the recorder (the atexit stop the collector registers then has nothing to do).
+      struct StopCupti {
+        bool running;
+        void now() {
+          if (running) probe::cupti::stop();
+          running = false;
+        }
+        ~StopCupti() { now(); }
+      } stop_cupti{cupti_running};
 #endif
       trainer::TrainSummary sum;
       Status s = trainer::train(c, rec.get(), c.quiet ? nullptr : &std::cout, &sum);
 #if ZT_HAVE_CUPTI
-      // Before the close: CUPTI's last buffers decoded and written, nothing left that touches the
-      // recorder (the atexit stop the collector registers then has nothing to do).
-      if (cupti_running) probe::cupti::stop();
+      stop_cupti.now();  // before the close
 #else
       (void)cupti_running;
       (void)process_rank;

@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <tuple>
+#include <unordered_set>
 #include <vector>
 
 #include "sqlite.h"
@@ -20,17 +21,10 @@ struct Seg {
 
 bool overlap(const Seg& a, const Seg& b) { return a.t_alloc <= b.t_free && b.t_alloc <= a.t_free; }
 
-// Device rows equal in (rank, kind, ordinal, label): references move to the row that holds
-// api allocations (else the lowest id); the others go.
-int64_t merge_duplicate_devices(sqlite3* db) {
-  std::vector<std::pair<int64_t, int64_t>> moves;  // (from, to)
-  Stmt dup(db,
-           "SELECT d.id, (SELECT k.id FROM device k WHERE k.rank = d.rank AND k.kind = d.kind AND"
-           " k.ordinal IS d.ordinal AND k.label IS d.label ORDER BY EXISTS(SELECT 1 FROM allocation a WHERE"
-           " a.device_id = k.id AND a.source = 0) DESC, k.id LIMIT 1) FROM device d");
-  while (dup.step())
-    if (dup.i64(0) != dup.i64(1)) moves.emplace_back(dup.i64(0), dup.i64(1));
-  if (moves.empty()) return 0;
+using Moves = std::vector<std::pair<int64_t, int64_t>>;  // device rows to fold: (from, to)
+
+// Every reference to device `from` moves to `to`, and `from` goes.
+void fold_devices(sqlite3* db, const Moves& moves) {
   const char* updates[] = {
       "UPDATE allocation SET device_id = ?2 WHERE device_id = ?1",
       "UPDATE transfer SET src_device_id = ?2 WHERE src_device_id = ?1",
@@ -45,7 +39,76 @@ int64_t merge_duplicate_devices(sqlite3* db) {
     Stmt st(db, sql);
     for (auto [from, to] : moves) st.bind(1, from).bind(2, to).step_done();
   }
+}
+
+bool referenced(sqlite3* db, int64_t device) {
+  Stmt st(db,
+          "SELECT EXISTS(SELECT 1 FROM allocation WHERE device_id = ?1) OR EXISTS(SELECT 1 FROM transfer WHERE"
+          " src_device_id = ?1 OR dst_device_id = ?1) OR EXISTS(SELECT 1 FROM kernel WHERE device_id = ?1) OR"
+          " EXISTS(SELECT 1 FROM placement WHERE device_id = ?1) OR EXISTS(SELECT 1 FROM counter WHERE device_id = ?1)"
+          " OR EXISTS(SELECT 1 FROM error WHERE device_id = ?1)");
+  st.bind(1, device);
+  return st.step() && st.i64(0) != 0;
+}
+
+// Device rows equal in (rank, kind, ordinal, label), as pairs (later id, an earlier twin).
+std::vector<std::pair<int64_t, int64_t>> equal_devices(sqlite3* db) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  Stmt st(db,
+          "SELECT d.id, min(k.id) FROM device d JOIN device k ON k.rank = d.rank AND k.kind = d.kind AND"
+          " k.ordinal IS d.ordinal AND k.label IS d.label AND k.id < d.id GROUP BY d.id");
+  while (st.step()) out.emplace_back(st.i64(0), st.i64(1));
+  return out;
+}
+
+// Any trace: a device row that nothing refers to and that equals another row is folded into it
+// (`zt train --cupti` adds the host device for CUPTI before it knows whether CUPTI starts).
+int64_t fold_unused_duplicates(sqlite3* db) {
+  Moves moves;
+  for (auto [later, earlier] : equal_devices(db)) {
+    if (!referenced(db, later)) moves.emplace_back(later, earlier);
+    else if (!referenced(db, earlier)) moves.emplace_back(earlier, later);
+  }
+  fold_devices(db, moves);
   return int64_t(moves.size());
+}
+
+// A trace with both sources: CUPTI's device rows are the trainer's devices seen again.
+//  - Equal rows (rank, kind, ordinal, label) fold into the one holding api allocations, else
+//    the lowest id.
+//  - Per rank, when exactly one CUDA device holds the trainer's allocations and exactly one other
+//    CUDA device holds none (CUPTI's: it names the GPU by its visible ordinal, the trainer by
+//    rank, so under a launcher "cuda:0" of rank 3 is the trainer's "cuda:3"), the second folds
+//    into the first.
+int64_t fold_cupti_devices(sqlite3* db) {
+  const std::string api = std::to_string(int(Source::Api));
+  auto holds_api = [&](int64_t device) {
+    Stmt st(db, "SELECT EXISTS(SELECT 1 FROM allocation WHERE device_id = ?1 AND source = " + api + ")");
+    st.bind(1, device);
+    return st.step() && st.i64(0) != 0;
+  };
+  Moves moves;
+  for (auto [later, earlier] : equal_devices(db)) {
+    if (holds_api(later) && !holds_api(earlier)) moves.emplace_back(earlier, later);
+    else moves.emplace_back(later, earlier);
+  }
+  // A chain (three equal rows) folds into one survivor.
+  for (auto& [from, to] : moves)
+    for (auto& [f2, t2] : moves)
+      if (f2 == to) to = t2;
+  fold_devices(db, moves);
+  int64_t folded = int64_t(moves.size());
+  Moves per_rank;
+  std::map<int64_t, std::pair<std::vector<int64_t>, std::vector<int64_t>>> cuda;  // rank -> (with api, without)
+  Stmt st(db, "SELECT id, rank FROM device WHERE kind = " + std::to_string(int(DeviceKind::Cuda)) + " ORDER BY id");
+  while (st.step()) {
+    auto& [with, without] = cuda[st.i64(1)];
+    (holds_api(st.i64(0)) ? with : without).push_back(st.i64(0));
+  }
+  for (auto& [rank, groups] : cuda)
+    if (groups.first.size() == 1 && groups.second.size() == 1) per_rank.emplace_back(groups.second[0], groups.first[0]);
+  fold_devices(db, per_rank);
+  return folded + int64_t(per_rank.size());
 }
 
 }  // namespace
@@ -55,14 +118,28 @@ MatchStats match_driver_records(sqlite3* db) {
   const std::string kinds = std::to_string(int(Source::Api)) + ", " + std::to_string(int(Source::Cupti));
   // Cheap test first: most traces have only one of the two sources (EXISTS stops at the first
   // row; a trace without CUPTI rows costs one scan of the allocation table, no sort).
-  if (query_int(db, ("SELECT EXISTS(SELECT 1 FROM allocation WHERE source = " + std::to_string(int(Source::Cupti)) +
+  const bool mixed =
+      query_int(db, ("SELECT EXISTS(SELECT 1 FROM allocation WHERE source = " + std::to_string(int(Source::Cupti)) +
                      ") AND EXISTS(SELECT 1 FROM allocation WHERE source = " + std::to_string(int(Source::Api)) + ")")
-                        .c_str()) == 0)
-    return out;
+                        .c_str()) != 0;
+  const bool duplicates = query_int(db,
+                                    "SELECT EXISTS(SELECT 1 FROM device d JOIN device k ON k.rank = d.rank AND k.kind = "
+                                    "d.kind AND k.ordinal IS d.ordinal AND k.label IS d.label AND k.id < d.id)") != 0;
+  if (!mixed && !duplicates) return out;
 
   exec(db, "BEGIN");
   try {
-    out.devices_merged = merge_duplicate_devices(db);
+    if (!mixed) {
+      out.devices_merged = fold_unused_duplicates(db);
+      exec(db, "COMMIT");
+      return out;
+    }
+    out.devices_merged = fold_cupti_devices(db);
+    // api segments that already have their second record (a trace finished before: zt db merge).
+    std::unordered_set<int64_t> twinned;
+    Stmt done(db, "SELECT segment_id FROM allocation WHERE level = " + std::to_string(int(AllocLevel::Segment)) +
+                      " AND segment_id IS NOT NULL");
+    while (done.step()) twinned.insert(done.i64(0));
     // Key: (run, memory kind, address, bytes). Unpaired segments of both sources.
     using Key = std::tuple<int64_t, int64_t, int64_t, int64_t>;
     std::map<Key, std::vector<Seg>> api, cupti;
@@ -76,6 +153,7 @@ MatchStats match_driver_records(sqlite3* db) {
             rows.is_null(9) ? std::numeric_limits<int64_t>::max() : rows.i64(9)};
       Key k{rows.i64(1), rows.i64(2), rows.i64(3), rows.i64(4)};
       bool from_cupti = Source(rows.i64(0)) == Source::Cupti;
+      if (!from_cupti && twinned.count(s.id)) continue;
       (from_cupti ? cupti : api)[k].push_back(s);
       ++(from_cupti ? out.cupti_segments : out.api_segments);
     }
@@ -104,7 +182,11 @@ MatchStats match_driver_records(sqlite3* db) {
     }
     exec(db, "COMMIT");
   } catch (...) {
-    exec(db, "ROLLBACK");
+    try {
+      exec(db, "ROLLBACK");
+    } catch (const SqlError&) {
+      // SQLite already rolled back (an I/O error or a full disk): the first error is the story.
+    }
     throw;
   }
   return out;

@@ -4,8 +4,8 @@
 // allocators (source api: a named segment, with the blocks carved from it) and once from CUPTI
 // (source cupti: the driver's view, with the stack of the API call), when `zt train --cupti`
 // records both into one trace. match_driver_records() pairs them so that nothing is counted
-// twice and what CUPTI saw outside the trainer's allocators (cuBLAS's workspace, NCCL's
-// buffers, ...) stands out:
+// twice and what CUPTI saw outside the trainer's allocators (NCCL's buffers, CUDA libraries'
+// own memory, ...) stands out:
 //  - Pairs: a CUPTI segment and an api segment of the same run (through `rank.run_id`), memory
 //    kind, address and size, whose lifetimes overlap; one to one, each CUPTI row taking the api
 //    row closest to it in allocation time. Unified virtual addressing makes an address unique
@@ -15,12 +15,14 @@
 //    device (the trainer knows whose memory it is; CUPTI knows only the GPU). A segment row
 //    with a segment_id is therefore "a second record of that segment": every sum of live
 //    bytes skips it (kSecondRecordSql in zt/db/schema.h).
-//  - Device rows equal in (rank, kind, ordinal, label) are one device (CUPTI adds "cuda:0"
-//    for rank 0 beside the trainer's): every reference moves to the row that holds api
-//    allocations (else the lowest id) and the others are deleted.
-// Runs only when the trace has CUPTI and api allocation rows; never changes any other trace.
-// Idempotent: rows already paired are left alone. A trace whose process was killed never
-// reaches finish() and so keeps both records unpaired (summaries then count both).
+//  - CUPTI's device rows are the trainer's devices seen again: rows equal in (rank, kind,
+//    ordinal, label) fold into the one holding api allocations (else the lowest id), and per
+//    rank, one CUDA device with the trainer's allocations and one other CUDA device without any
+//    fold into one (CUPTI names a GPU by its visible ordinal, the trainer by rank).
+// Pairing runs only when the trace has CUPTI and api allocation rows. In any trace, a device row
+// nothing refers to that equals another row is folded into it (nothing else changes).
+// Idempotent: rows already paired, on either side, are left alone. A trace whose process was
+// killed never reaches finish() and so keeps both records unpaired (summaries then count both).
 #pragma once
 
 #include <cstdint>

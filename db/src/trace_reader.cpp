@@ -78,11 +78,21 @@ int64_t id0(const Stmt& s, int c) { return s.is_null(c) ? 0 : s.i64(c); }
 void summarize_driver_records(sqlite3* db, TraceSummary* out) {
   const std::string seg = "level = " + std::to_string(int(AllocLevel::Segment));
   const std::string api = std::to_string(int(Source::Api)), cupti = std::to_string(int(Source::Cupti));
-  Stmt counts(db, "SELECT coalesce(sum(source = " + cupti + "), 0), coalesce(sum(source = " + cupti +
-                      " AND segment_id IS NOT NULL), 0), coalesce(sum(source = " + api +
-                      " AND NOT EXISTS(SELECT 1 FROM allocation c WHERE c.segment_id = a.id AND c." + seg +
-                      ")), 0), coalesce(sum(source = " + api + "), 0) FROM allocation a WHERE " + seg);
-  if (!counts.step() || counts.i64(0) == 0 || counts.i64(3) == 0) return;
+  // Most traces have one source: EXISTS stops at the first row, and nothing else runs.
+  Stmt both(db, "SELECT EXISTS(SELECT 1 FROM allocation WHERE source = " + cupti + " AND " + seg +
+                    ") AND EXISTS(SELECT 1 FROM allocation WHERE source = " + api + " AND " + seg + ")");
+  if (!both.step() || both.i64(0) == 0) return;
+  // The trainer's segments CUPTI could have seen (not pageable host memory: malloc is not CUDA's)
+  // and has no record of; uncorrelated, so one pass over the table (segment_id has no index).
+  const std::string seen_kinds = std::to_string(int(MemoryKind::Device)) + ", " +
+                                 std::to_string(int(MemoryKind::PinnedHost)) + ", " +
+                                 std::to_string(int(MemoryKind::Managed));
+  const std::string twins = "SELECT segment_id FROM allocation WHERE source = " + cupti + " AND " + seg +
+                            " AND segment_id IS NOT NULL";
+  Stmt counts(db, "SELECT (SELECT count(*) FROM allocation WHERE source = " + cupti + " AND " + seg +
+                      "), (SELECT count(*) FROM (" + twins + ")), (SELECT count(*) FROM allocation WHERE source = " +
+                      api + " AND " + seg + " AND memory_kind IN (" + seen_kinds + ") AND id NOT IN (" + twins + "))");
+  if (!counts.step()) return;
   DriverRecords d;
   d.cupti_segments = counts.i64(0);
   d.paired = counts.i64(1);

@@ -261,7 +261,13 @@ void TraceWriter::set_meta(const std::string& key, const std::string& value) {
 Status TraceWriter::finish() {
   try {
     commit();
-    detail::match_driver_records(db_);
+    try {
+      detail::match_driver_records(db_);
+    } catch (const detail::SqlError& e) {
+      // The pairing is a convenience: the rows are all there without it, so the trace is still
+      // finished (indexed, one file), and says why its CUPTI rows are unpaired.
+      set_meta("driver_records", std::string("not paired: ") + e.what());
+    }
     detail::exec(db_, index_sql());
     detail::exec(db_, "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;");
   } catch (const detail::SqlError& e) {

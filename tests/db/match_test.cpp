@@ -201,3 +201,68 @@ TEST(DriverRecords, MergeKeepsThePairs) {
   EXPECT_EQ(sum.driver->paired, 4);
   EXPECT_EQ(sum.driver->outside_count, 3);
 }
+
+namespace {
+void write_rows(const std::string& path, const std::vector<DeviceRow>& devices, const std::vector<AllocationRow>& rows,
+                const std::vector<KernelRow>& kernels = {}) {
+  std::unique_ptr<TraceWriter> w;
+  ASSERT_TRUE(TraceWriter::create(path, &w).ok());
+  w->begin();
+  RunRow run;
+  run.id = 1;
+  w->insert(run);
+  w->insert(RankRow{3, 1, 8, 3, "h", 1});
+  for (auto& d : devices) w->insert(d);
+  for (auto& a : rows) w->insert(a);
+  for (auto& k : kernels) w->insert(k);
+  w->commit();
+  zt::Status s = w->finish();
+  ASSERT_TRUE(s.ok()) << s.message();
+}
+}  // namespace
+
+// Under a launcher the trainer names rank 3's GPU "cuda:3", CUPTI by its visible ordinal "cuda:0":
+// one CUDA device with the trainer's allocations and one without, on one rank, are one device.
+TEST(DriverRecords, OneRanksGpuUnderTwoNamesIsOneDevice) {
+  Fixture f;
+  const auto dev = MemoryKind::Device;
+  write_rows(f.path,
+             {DeviceRow{1, 3, DeviceKind::Cuda, 3, "cuda:3", "H100 (cuda:0)", 80 * 1024 * MiB, false},
+              DeviceRow{2, 3, DeviceKind::Cuda, 0, "cuda:0", "H100", 80 * 1024 * MiB, false}},
+             {seg(10, 3, 1, dev, 0x1000, MiB, 10, 20, Source::Api), seg(11, 3, 2, dev, 0x1000, MiB, 11, 19, Source::Cupti),
+              seg(12, 3, 2, dev, 0x9000, 4 * MiB, 11, std::nullopt, Source::Cupti)},
+             {KernelRow{1, 3, 2, 0, 12, 13, 7, 1, "1,1,1", "1,1,1", Source::Cupti}});
+  ASSERT_TRUE(TraceReader::open(f.path, &f.reader).ok());
+  EXPECT_EQ(f.n("SELECT count(*) FROM device"), 1);
+  EXPECT_EQ(f.n("SELECT device_id FROM kernel"), 1);
+  EXPECT_EQ(f.n("SELECT device_id FROM allocation WHERE id = 12"), 1);  // outside memory, on the right GPU
+  EXPECT_EQ(f.n("SELECT segment_id FROM allocation WHERE id = 11"), 10);
+}
+
+// A device row nothing refers to (zt train --cupti adds CUPTI's host device before knowing
+// whether CUPTI starts) folds into its equal, in any trace; rows that are used never do.
+TEST(DriverRecords, AnUnusedDuplicateDeviceFolds) {
+  Fixture f;
+  write_rows(f.path,
+             {DeviceRow{1, 3, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false},
+              DeviceRow{2, 3, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false},
+              DeviceRow{3, 3, DeviceKind::Sim, 3, "cuda:3", "simulated GPU", MiB, true}},
+             {seg(10, 3, 2, MemoryKind::PinnedHost, 0x1000, MiB, 10, 20, Source::Api)});
+  ASSERT_TRUE(TraceReader::open(f.path, &f.reader).ok());
+  EXPECT_EQ(f.n("SELECT group_concat(id, '') FROM device"), 23);
+  EXPECT_EQ(f.n("SELECT device_id FROM allocation"), 2);
+}
+
+// An api segment that already has its second record takes no other (a trace finished twice).
+TEST(DriverRecords, ASegmentHasOneSecondRecordAtMost) {
+  Fixture f;
+  const auto dev = MemoryKind::Device;
+  AllocationRow paired = seg(11, 3, 1, dev, 0x1000, MiB, 11, 19, Source::Cupti);
+  paired.segment_id = 10;
+  write_rows(f.path, {DeviceRow{1, 3, DeviceKind::Cuda, 3, "cuda:3", "H100", 80 * 1024 * MiB, false}},
+             {seg(10, 3, 1, dev, 0x1000, MiB, 10, 20, Source::Api), paired,
+              seg(12, 3, 1, dev, 0x1000, MiB, 12, 18, Source::Cupti)});
+  ASSERT_TRUE(TraceReader::open(f.path, &f.reader).ok());
+  EXPECT_EQ(f.n("SELECT segment_id FROM allocation WHERE id = 11"), 10);
+  EXPECT_EQ(f.n("SELECT segment_id FROM allocation WHERE id = 12"), -1);
+}

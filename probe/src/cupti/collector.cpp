@@ -75,6 +75,7 @@ struct Collector {
   std::vector<CUpti_ActivityKind> enabled_kinds;
   std::atomic<bool> running{false};    // started and not yet stopped
   std::atomic<bool> accepting{false};  // the Callback API may write into the recorder
+  std::atomic<int> in_callback{0};     // Callback API calls under way (stop() waits for them)
   std::atomic<bool> forked{false};
   std::atomic<bool> stopped{false};  // stop() began: a process starts once
   std::atomic<bool> decoded{false};  // the decoder thread has exited: late buffers go back to the pool
@@ -217,8 +218,14 @@ bool in_skip_range(uintptr_t ip) {
 
 // Callback API, on the application's thread at API entry.
 void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
-  if (domain != CUPTI_CB_DOMAIN_RUNTIME_API || !g->accepting.load(std::memory_order_acquire) || g->forked.load())
-    return;
+  if (domain != CUPTI_CB_DOMAIN_RUNTIME_API) return;
+  // Counted before `accepting` is read (both sequentially consistent): either stop() sees this
+  // call under way and waits for it, or this call sees that stop() began and leaves.
+  g->in_callback.fetch_add(1);
+  struct Leave {
+    ~Leave() { g->in_callback.fetch_sub(1); }
+  } leave;
+  if (!g->accepting.load() || g->forked.load()) return;
   const auto* cb = static_cast<const CUpti_CallbackData*>(data);
   if (cb->callbackSite != CUPTI_API_ENTER) return;
   interpose::ScopedGuard guard;
@@ -428,7 +435,7 @@ std::string start(const CollectorOptions& options) {
 
   g->decoder_thread = std::thread(decoder_main);
   g->running.store(true);
-  g->accepting.store(true, std::memory_order_release);
+  g->accepting.store(true);
   install_signal_handlers();
   // Registered after the CUDA runtime's own exit handler, so it runs first: the records are
   // flushed while the contexts still exist (NVIDIA's injection sample does the same). Where the
@@ -441,7 +448,11 @@ std::string start(const CollectorOptions& options) {
 void stop() {
   if (!g || !g->running.load() || g->forked.load() || g->stopped.exchange(true)) return;
   interpose::ScopedGuard guard;
-  g->accepting.store(false, std::memory_order_release);  // no more stacks into the recorder
+  g->accepting.store(false);  // no more stacks into the recorder...
+  for (int waited_us = 0; g->in_callback.load() != 0 && waited_us < 5000000; waited_us += 100) {
+    timespec ts{0, 100000};  // ...once the calls already under way have left (at most 5 s)
+    nanosleep(&ts, nullptr);
+  }
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);  // blocking: every buffer is queued on return
   {
     std::lock_guard lock(g->q_mu);

@@ -44,11 +44,11 @@ struct TransferTotal {
 
 // CUPTI's segments beside the trainer's own (a trace with both sources, e.g. `zt train
 // --cupti`): how many were paired when the trace was finished, and what CUPTI saw outside the
-// trainer's allocators (cuBLAS's workspace, NCCL's buffers, ...).
+// trainer's allocators (NCCL's buffers, CUDA libraries' own memory, ...).
 struct DriverRecords {
   int64_t cupti_segments = 0;      // CUPTI segment rows (cudaMalloc, cudaHostAlloc, ...)
   int64_t paired = 0;              // ... that are a second record of one of the trainer's segments
-  int64_t api_unpaired = 0;        // the trainer's segments CUPTI has no record of
+  int64_t api_unpaired = 0;        // the trainer's device/pinned segments CUPTI has no record of
   int64_t outside_count = 0;       // CUPTI device segments outside the trainer's allocators
   int64_t outside_peak_bytes = 0;  // ... their live bytes at the highest (summed over devices)
   int64_t outside_live_at_end = 0;  // ... and still live at the end
