@@ -63,9 +63,9 @@ std::vector<std::pair<int64_t, int64_t>> equal_devices(sqlite3* db) {
 
 // Any trace: a device row that nothing refers to and that equals another row is folded into it
 // (`zt train --cupti` adds the host device for CUPTI before it knows whether CUPTI starts).
-int64_t fold_unused_duplicates(sqlite3* db) {
+int64_t fold_unused_duplicates(sqlite3* db, const std::vector<std::pair<int64_t, int64_t>>& equal) {
   Moves moves;
-  for (auto [later, earlier] : equal_devices(db)) {
+  for (auto [later, earlier] : equal) {
     if (!referenced(db, later)) moves.emplace_back(later, earlier);
     else if (!referenced(db, earlier)) moves.emplace_back(earlier, later);
   }
@@ -122,15 +122,13 @@ MatchStats match_driver_records(sqlite3* db) {
       query_int(db, ("SELECT EXISTS(SELECT 1 FROM allocation WHERE source = " + std::to_string(int(Source::Cupti)) +
                      ") AND EXISTS(SELECT 1 FROM allocation WHERE source = " + std::to_string(int(Source::Api)) + ")")
                         .c_str()) != 0;
-  const bool duplicates = query_int(db,
-                                    "SELECT EXISTS(SELECT 1 FROM device d JOIN device k ON k.rank = d.rank AND k.kind = "
-                                    "d.kind AND k.ordinal IS d.ordinal AND k.label IS d.label AND k.id < d.id)") != 0;
-  if (!mixed && !duplicates) return out;
+  const auto equal = equal_devices(db);  // the device table is small
+  if (!mixed && equal.empty()) return out;
 
   exec(db, "BEGIN");
   try {
     if (!mixed) {
-      out.devices_merged = fold_unused_duplicates(db);
+      out.devices_merged = fold_unused_duplicates(db, equal);
       exec(db, "COMMIT");
       return out;
     }
