@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <stdexcept>
@@ -29,6 +30,10 @@ struct CublasApi {
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
                             const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  cublasStatus_t (*gemm_strided_batched_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                            const void*, const void*, cudaDataType, int, long long, const void*,
+                                            cudaDataType, int, long long, const void*, void*, cudaDataType, int,
+                                            long long, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
 };
 
 const CublasApi& cublas() {
@@ -59,6 +64,8 @@ const CublasApi& cublas() {
     api.set_math_mode = reinterpret_cast<decltype(api.set_math_mode)>(sym("cublasSetMathMode"));
     api.set_workspace = reinterpret_cast<decltype(api.set_workspace)>(sym("cublasSetWorkspace_v2"));
     api.gemm_ex = reinterpret_cast<decltype(api.gemm_ex)>(sym("cublasGemmEx"));
+    api.gemm_strided_batched_ex =
+        reinterpret_cast<decltype(api.gemm_strided_batched_ex)>(sym("cublasGemmStridedBatchedEx"));
   });
   if (!error.empty()) throw std::runtime_error(error);
   return api;
@@ -93,6 +100,25 @@ void gemm(Blas& blas, cudaStream_t stream, cublasOperation_t ta, cublasOperation
   check_blas(api.gemm_ex(blas.handle(), ta, tb, int(m), int(n), int(k), &alpha, a, ab, int(lda), b, ab, int(ldb), &beta,
                          c, ct, int(ldc), ab == CUDA_R_32F && blas.tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
                          CUBLAS_GEMM_DEFAULT),
+             what);
+}
+
+// The same in fp32, `batch` times: the i-th product reads A + i*sa, B + i*sb and writes C + i*sc.
+void gemm_batched_f32(Blas& blas, cudaStream_t stream, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+                      int64_t k, float alpha, const float* a, int64_t lda, int64_t sa, const float* b, int64_t ldb,
+                      int64_t sb, float* c, int64_t ldc, int64_t sc, int64_t batch, const char* what) {
+  for (int64_t d : {m, n, k, lda, ldb, ldc, batch})
+    if (d > INT_MAX) throw std::invalid_argument(std::string(what) + ": a dimension does not fit cuBLAS's int");
+  const CublasApi& api = cublas();
+  check_blas(api.set_stream(blas.handle(), stream), "cublasSetStream");
+  if (blas.workspace() != nullptr)
+    check_blas(api.set_workspace(blas.handle(), blas.workspace(), blas.workspace_bytes()), "cublasSetWorkspace");
+  const float beta = 0.0f;
+  check_blas(api.gemm_strided_batched_ex(blas.handle(), ta, tb, int(m), int(n), int(k), &alpha, a, CUDA_R_32F, int(lda),
+                                         sa, b, CUDA_R_32F, int(ldb), sb, &beta, c, CUDA_R_32F, int(ldc), sc,
+                                         int(batch),
+                                         blas.tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT),
              what);
 }
 
@@ -179,6 +205,64 @@ void matmul_backward(Blas& blas, void* dinp, float* dw, float* dbias, const void
     gemm(blas, stream, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, OC, dt, 1.0f, dw, IC, CUDA_R_32F,
          "cublasGemmEx (matmul_backward dw)");
   if (dbias != nullptr) column_sums_accumulate(dbias, dout, N, OC, t, stream);
+}
+
+// ---- attention on cuBLAS (see gemm.h) ----
+// Row-major [T, hs] slices of qkv (row stride 3C) and of out/dout (row stride C) are column-major
+// [hs, T] matrices to cuBLAS; a row-major [T, T] att row block (ld T) is its column-major transpose.
+// One strided-batched product per sequence b, batched over the heads (stride hs in qkv, T*T in att).
+
+void attention_forward(Blas& blas, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t H,
+                       cudaStream_t stream) {
+  if (B < 0 || T < 0 || C < 0 || H < 1 || C % H != 0)
+    throw std::invalid_argument("attention_forward: B, T, C must be >= 0, H >= 1 and C a multiple of H");
+  if (B == 0 || T == 0 || C == 0) return;
+  const int64_t hs = C / H, C3 = 3 * C, TT = T * T;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  for (int64_t b = 0; b < B; ++b) {
+    const float* q = qkv + b * T * C3;
+    float* a = att + b * H * TT;
+    // scores[t, t2] = scale * q_t . k_t2   (column-major: scores^T = K^T(op T) * Q)
+    gemm_batched_f32(blas, stream, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, q + C, C3, hs, q, C3, hs, a, T, TT, H,
+                     "cublasGemmStridedBatchedEx (attention scores)");
+  }
+  causal_softmax_rows(att, B, T, H, stream);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* q = qkv + b * T * C3;
+    // out[t, :] = sum over t2 of att[t, t2] v_t2   (out^T = V^T * att^T)
+    gemm_batched_f32(blas, stream, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, q + 2 * C, C3, hs, att + b * H * TT, T, TT,
+                     out + b * T * C, C, hs, H, "cublasGemmStridedBatchedEx (attention values)");
+  }
+}
+
+void attention_backward(Blas& blas, float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
+                        int64_t B, int64_t T, int64_t C, int64_t H, cudaStream_t stream) {
+  if (B < 0 || T < 0 || C < 0 || H < 1 || C % H != 0)
+    throw std::invalid_argument("attention_backward: B, T, C must be >= 0, H >= 1 and C a multiple of H");
+  if (B == 0 || T == 0 || C == 0) return;
+  const int64_t hs = C / H, C3 = 3 * C, TT = T * T;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  for (int64_t b = 0; b < B; ++b) {
+    // datt[t, t2] = dy_t . v_t2   (datt^T = V^T(op T) * dY)
+    gemm_batched_f32(blas, stream, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, qkv + b * T * C3 + 2 * C, C3, hs,
+                     dout + b * T * C, C, hs, scratch + b * H * TT, T, TT, H,
+                     "cublasGemmStridedBatchedEx (attention datt)");
+  }
+  causal_softmax_backward_rows(scratch, att, B, T, H, scale, stream);  // scratch: the scores' gradient g
+  for (int64_t b = 0; b < B; ++b) {
+    const float* q = qkv + b * T * C3;
+    float* dq = dqkv + b * T * C3;
+    const float* g = scratch + b * H * TT;
+    // dq_t = sum over t2 of g[t, t2] k_t2   (dQ^T = K^T * g^T)
+    gemm_batched_f32(blas, stream, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, q + C, C3, hs, g, T, TT, dq, C3, hs, H,
+                     "cublasGemmStridedBatchedEx (attention dq)");
+    // dk_t2 = sum over t of g[t, t2] q_t   (dK^T = Q^T * g)
+    gemm_batched_f32(blas, stream, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, C3, hs, g, T, TT, dq + C, C3, hs, H,
+                     "cublasGemmStridedBatchedEx (attention dk)");
+    // dv_t2 = sum over t of att[t, t2] dy_t   (dV^T = dY^T * att)
+    gemm_batched_f32(blas, stream, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dout + b * T * C, C, hs, att + b * H * TT,
+                     T, TT, dq + 2 * C, C3, hs, H, "cublasGemmStridedBatchedEx (attention dv)");
+  }
 }
 
 }  // namespace zt::cuda

@@ -65,6 +65,18 @@ void matmul_forward(Blas& blas, void* out, const void* inp, const void* w, const
 void matmul_backward(Blas& blas, void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* w,
                      int64_t N, int64_t IC, int64_t OC, DType t, cudaStream_t stream, bool accumulate_dinp = false);
 
+// Causal self-attention in fp32 on cuBLAS: the same contract as kernels.h's attention_forward /
+// attention_backward (qkv [B, T, 3C], att [B, H, T, T] probabilities kept for the backward, zero
+// above the diagonal; dqkv overwritten; scratch B*H*T*T floats), computed as strided-batched GEMMs
+// (scores = scale * Q K^T, out = att V; datt = dY V^T, dQ = g K, dK = g^T Q, dV = att^T dY) around
+// kernels.h's causal_softmax_rows / causal_softmax_backward_rows. The scores are computed for the
+// whole square (the masked half is overwritten by the softmax). What CudaModelPasses runs; the
+// one-block-per-row kernels of kernels.h stay for bf16/fp16 storage. TF32 follows the Blas.
+void attention_forward(Blas& blas, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t H,
+                       cudaStream_t stream);
+void attention_backward(Blas& blas, float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
+                        int64_t B, int64_t T, int64_t C, int64_t H, cudaStream_t stream);
+
 // Whether cuBLAS (loaded on first use with dlopen, not linked) and the functions used here can be
 // found; *why says what is missing. Needs no GPU.
 bool cublas_loadable(std::string* why = nullptr);

@@ -382,6 +382,40 @@ __global__ void attention_backward_cols_kernel(T* dqkv, const float* scratch_g, 
   }
 }
 
+// The softmax halves of the GEMM attention (gemm.h attention_forward / attention_backward):
+// one block per (query t, head h, batch b), over a row of att [B, H, T, T] in place.
+// Forward: scaled scores in, probabilities out (zeros above the diagonal, as the reference keeps).
+__global__ void causal_softmax_rows_kernel(float* att, int Tn, int H) {
+  __shared__ float scratch[32];
+  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  float* row = att + ((int64_t(b) * H + h) * Tn + t) * Tn;
+  float local_max = -INFINITY;
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) local_max = fmaxf(local_max, row[t2]);
+  const float m = block_max(local_max, scratch);
+  float local_sum = 0.0f;
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+    const float e = expf(row[t2] - m);
+    row[t2] = e;
+    local_sum += e;
+  }
+  const float inv = 1.0f / block_sum(local_sum, scratch);
+  for (int t2 = threadIdx.x; t2 < Tn; t2 += blockDim.x) row[t2] = t2 <= t ? row[t2] * inv : 0.0f;
+}
+
+// Backward: datt = dy . v in `grad` (in place) becomes the scores' gradient
+// g = att * (datt - sum att*datt) * scale, zero above the diagonal.
+__global__ void causal_softmax_backward_rows_kernel(float* grad, const float* att, int Tn, int H, float scale) {
+  __shared__ float scratch[32];
+  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t off = ((int64_t(b) * H + h) * Tn + t) * Tn;
+  float* g = grad + off;
+  const float* p = att + off;
+  float local = 0.0f;
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) local += p[t2] * g[t2];
+  const float dot = block_sum(local, scratch);
+  for (int t2 = threadIdx.x; t2 < Tn; t2 += blockDim.x) g[t2] = t2 <= t ? p[t2] * (g[t2] - dot) * scale : 0.0f;
+}
+
 // ---- cross-entropy ----
 
 template <typename T>
@@ -613,6 +647,23 @@ void attention_backward(void* dqkv, float* scratch, const void* dout, const void
                                                                 static_cast<const T_*>(qkv), att, int(T), int(C), int(H));
     check_launch("attention_backward_cols_kernel");
   });
+}
+
+void causal_softmax_rows(float* att, int64_t B, int64_t T, int64_t H, cudaStream_t stream) {
+  check_attention_shape("causal_softmax_rows", B, T, H, H);
+  if (B == 0 || T == 0) return;
+  causal_softmax_rows_kernel<<<dim3(unsigned(T), unsigned(H), unsigned(B)), kAttnThreads, 0, stream>>>(att, int(T),
+                                                                                                        int(H));
+  check_launch("causal_softmax_rows_kernel");
+}
+
+void causal_softmax_backward_rows(float* grad, const float* att, int64_t B, int64_t T, int64_t H, float scale,
+                                  cudaStream_t stream) {
+  check_attention_shape("causal_softmax_backward_rows", B, T, H, H);
+  if (B == 0 || T == 0) return;
+  causal_softmax_backward_rows_kernel<<<dim3(unsigned(T), unsigned(H), unsigned(B)), kAttnThreads, 0, stream>>>(
+      grad, att, int(T), int(H), scale);
+  check_launch("causal_softmax_backward_rows_kernel");
 }
 
 void cross_entropy_forward(float* losses, const void* logits, const int32_t* targets, int64_t N, int64_t V, DType t,

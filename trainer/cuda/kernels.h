@@ -74,6 +74,13 @@ void attention_forward(void* out, float* att, const void* qkv, int64_t B, int64_
 void attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv, const float* att, int64_t B,
                         int64_t T, int64_t C, int64_t H, DType t, cudaStream_t stream);
 
+// The row halves of gemm.h's attention, in place over att-shaped [B, H, T, T] fp32 rows (one block
+// per row): scaled scores -> causal softmax probabilities (zero above the diagonal); and
+// datt -> the scores' gradient att * (datt - sum att*datt) * scale (zero above the diagonal).
+void causal_softmax_rows(float* att, int64_t B, int64_t T, int64_t H, cudaStream_t stream);
+void causal_softmax_backward_rows(float* grad, const float* att, int64_t B, int64_t T, int64_t H, float scale,
+                                  cudaStream_t stream);
+
 // losses[n] = logsumexp(logits[n, :]) - logits[n, targets[n]] (fp32), logits [N, V].
 // Targets must be in 0..V-1 (not checked, as in the CPU reference).
 void cross_entropy_forward(float* losses, const void* logits, const int32_t* targets, int64_t N, int64_t V, DType t,

@@ -34,9 +34,11 @@ void check_shape(const model::Config& c, int B, int T) {
     fail("B and heads must be at most " + std::to_string(kMaxGridY) + " (CUDA grid dimensions)");
 }
 
-// gpt2.cpp's head_chunk_rows: about 32 MiB of logits when not asked, always within 1..N.
+// gpt2.cpp's head_chunk_rows, with a larger budget when not asked: about 256 MiB of logits (the
+// reference's 32 MiB gave 124M's head 50 chunks of 164 rows at B*T = 8192, and each chunk's dwte
+// GEMM reads and writes the whole [V, C] fp32 gradient: 15 GB a step), always within 1..N.
 int64_t head_chunk_rows(const model::Config& c, int64_t N, int64_t asked) {
-  const int64_t budget_floats = int64_t{8} << 20;
+  const int64_t budget_floats = int64_t{64} << 20;
   const int64_t rows = asked > 0 ? asked : budget_floats / c.vocab;
   return std::max<int64_t>(1, std::min<int64_t>(N, rows));
 }
@@ -187,7 +189,7 @@ void CudaModelPasses::run_block_forward(BlockCache& c, const float* p, const flo
   const int64_t C = config_.width, N = N_;
   layernorm_forward(c.ln1, c.ln1_mean, c.ln1_rstd, x_in, p + o.ln1_w, p + o.ln1_b, N, C, F32, stream_);
   matmul_forward(blas_, c.qkv, c.ln1, p + o.qkv_w, p + o.qkv_b, N, C, 3 * C, F32, stream_);
-  attention_forward(c.atty, c.att, c.qkv, B_, T_, C, config_.heads, F32, stream_);
+  attention_forward(blas_, c.atty, c.att, c.qkv, B_, T_, C, config_.heads, stream_);
   copy_d2d(c.res2, x_in, N * C, stream_);  // the residual: res2 = x_in + proj(atty)
   matmul_forward(blas_, c.res2, c.atty, p + o.attn_proj_w, p + o.attn_proj_b, N, C, C, F32, stream_, true);
   layernorm_forward(c.ln2, c.ln2_mean, c.ln2_rstd, c.res2, p + o.ln2_w, p + o.ln2_b, N, C, F32, stream_);
@@ -228,7 +230,7 @@ void CudaModelPasses::block_backward(int layer, const float* p, const float* x_i
   // Attention branch (res2 = x_in + atty @ W^T + b).
   matmul_backward(blas_, w.datty, dp + o.attn_proj_w, dp + o.attn_proj_b, w.dres2, c.atty, p + o.attn_proj_w, N, C, C,
                   F32, stream_);
-  attention_backward(w.dqkv, w.att_scratch, w.datty, c.qkv, c.att, B_, T_, C, H, F32, stream_);
+  attention_backward(blas_, w.dqkv, w.att_scratch, w.datty, c.qkv, c.att, B_, T_, C, H, stream_);
   matmul_backward(blas_, w.dln, dp + o.qkv_w, dp + o.qkv_b, w.dqkv, c.ln1, p + o.qkv_w, N, C, 3 * C, F32, stream_);
   copy_d2d(dx_in, w.dres2, N * C, stream_);
   layernorm_backward(dx_in, dp + o.ln1_w, dp + o.ln1_b, w.dln, x_in, p + o.ln1_w, c.ln1_mean, c.ln1_rstd, N, C,

@@ -51,7 +51,7 @@ class CudaModelPasses final : public trainer::ModelPasses {
   // Device bytes the passes need for (config, B, T, checkpointing), without constructing them
   // (no CUDA call). Throws std::invalid_argument when the shape cannot run: model::Workspace::check
   // fails, or a CUDA kernel's limit is exceeded (T > 8192, head size > 1024, B or heads > 65535).
-  // head_rows_per_chunk: as model::Workspace's (0: about 32 MiB of logits, always within 1..B*T).
+  // head_rows_per_chunk: as model::Workspace's, but 0 means about 256 MiB of logits (always within 1..B*T).
   static size_t required_bytes(const model::Config& config, int B, int T, bool checkpointing,
                                int64_t head_rows_per_chunk = 0);
 
