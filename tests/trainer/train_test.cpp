@@ -58,16 +58,23 @@ TEST(Train, Bf16AndAccumulationAndTraceMarkers) {
   EXPECT_EQ(n["step"], "3");
   EXPECT_EQ(n["micro_step"], "6");
   EXPECT_EQ(n["epoch"], "1");
-  // Per micro-step: forward, loss, backward; per step: optimizer and unscale_and_clip_grads.
-  // (Per-module markers, "forward block0", "fetch block0", are named with the module.)
+  // Per micro-step: forward, loss, backward; per step: optimizer, global_grad_norm and
+  // unscale_and_clip_grads. (Per-module markers, "forward block0", "fetch block0", "adamw block0",
+  // are named with the module.)
   ASSERT_TRUE(r->query("SELECT name, count(*) FROM marker_v WHERE kind = 'phase' AND name NOT LIKE '% %'"
                        " GROUP BY name ORDER BY name", &q).ok());
-  ASSERT_EQ(q.rows.size(), 5u);
+  ASSERT_EQ(q.rows.size(), 6u);
   EXPECT_EQ(q.rows[0], (std::vector<std::string>{"backward", "6"}));
   EXPECT_EQ(q.rows[1], (std::vector<std::string>{"forward", "6"}));
-  EXPECT_EQ(q.rows[2], (std::vector<std::string>{"loss", "6"}));
-  EXPECT_EQ(q.rows[3], (std::vector<std::string>{"optimizer", "3"}));
-  EXPECT_EQ(q.rows[4], (std::vector<std::string>{"unscale_and_clip_grads", "3"}));
+  EXPECT_EQ(q.rows[2], (std::vector<std::string>{"global_grad_norm", "3"}));
+  EXPECT_EQ(q.rows[3], (std::vector<std::string>{"loss", "6"}));
+  EXPECT_EQ(q.rows[4], (std::vector<std::string>{"optimizer", "3"}));
+  EXPECT_EQ(q.rows[5], (std::vector<std::string>{"unscale_and_clip_grads", "3"}));
+  ASSERT_TRUE(r->query("SELECT name, count(*) FROM marker_v WHERE name IN ('adamw block0', 'gradients landed')"
+                       " GROUP BY name ORDER BY name", &q).ok());
+  ASSERT_EQ(q.rows.size(), 2u);
+  EXPECT_EQ(q.rows[0], (std::vector<std::string>{"adamw block0", "3"}));
+  EXPECT_EQ(q.rows[1], (std::vector<std::string>{"gradients landed", "3"}));
   ASSERT_TRUE(r->query("SELECT name, count(*) FROM marker_v WHERE name IN ('forward block0', 'backward block0')"
                        " GROUP BY name ORDER BY name", &q).ok());
   ASSERT_EQ(q.rows.size(), 2u);

@@ -1,5 +1,8 @@
 #include "core/backend.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -13,6 +16,24 @@ namespace zt::trainer {
 
 namespace {
 
+// Host ops over large arrays run on OpenMP threads in fixed chunks of kHostChunk elements (the
+// optimizer step's unscale, norm and widening casts pass over every parameter of a rank under
+// optimizer offload: on one thread they cost more than the CPU Adam itself). Element-wise ops
+// are exact whatever the split; sum_squares sums each chunk in order in double, then the chunk
+// sums in chunk order, so its result depends on n alone, never on the thread count.
+constexpr int64_t kHostChunk = int64_t{1} << 16;
+
+template <class F>
+void for_chunks(int64_t n, const F& f) {
+  const int64_t chunks = (n + kHostChunk - 1) / kHostChunk;
+  if (chunks <= 1 || omp_in_parallel() || omp_get_max_threads() == 1) {
+    for (int64_t c = 0; c < chunks; ++c) f(c * kHostChunk, std::min(n, (c + 1) * kHostChunk));
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) f(c * kHostChunk, std::min(n, (c + 1) * kHostChunk));
+}
+
 class HostOps : public DeviceOps {
  public:
   bool host_addressable() const override { return true; }
@@ -23,37 +44,56 @@ class HostOps : public DeviceOps {
     if (bytes) std::memset(p, 0, bytes);
   }
   void convert(void* dst, DType dst_t, const void* src, DType src_t, int64_t n) override {
-    if (dst_t == src_t) {
-      copy(dst, src, size_t(n) * dtype_size(dst_t));
-    } else if (src_t == DType::F32) {
-      from_float(dst_t, static_cast<const float*>(src), dst, size_t(n));
-    } else if (dst_t == DType::F32) {
-      to_float(src_t, src, static_cast<float*>(dst), size_t(n));
-    } else {
-      std::vector<float> tmp(static_cast<size_t>(n));
-      to_float(src_t, src, tmp.data(), tmp.size());
-      from_float(dst_t, tmp.data(), dst, tmp.size());
-    }
+    const size_t ds = dtype_size(dst_t), ss = dtype_size(src_t);
+    for_chunks(n, [&](int64_t lo, int64_t hi) {
+      void* d = static_cast<char*>(dst) + size_t(lo) * ds;
+      const void* s = static_cast<const char*>(src) + size_t(lo) * ss;
+      const size_t k = size_t(hi - lo);
+      if (dst_t == src_t) {
+        std::memcpy(d, s, k * ds);
+      } else if (src_t == DType::F32) {
+        from_float(dst_t, static_cast<const float*>(s), d, k);
+      } else if (dst_t == DType::F32) {
+        to_float(src_t, s, static_cast<float*>(d), k);
+      } else {
+        std::vector<float> tmp(k);
+        to_float(src_t, s, tmp.data(), k);
+        from_float(dst_t, tmp.data(), d, k);
+      }
+    });
   }
   void add(void* dst, DType dst_t, const float* src, int64_t n) override {
     if (dst_t == DType::F32) {
       float* d = static_cast<float*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] += src[i];
+      for_chunks(n, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) d[i] += src[i];
+      });
       return;
     }
     auto* d = static_cast<uint16_t*>(dst);
     const bool bf = dst_t == DType::BF16;
-    for (int64_t i = 0; i < n; ++i) {
-      const float x = (bf ? bf16_to_float(d[i]) : fp16_to_float(d[i])) + src[i];
-      d[i] = bf ? float_to_bf16(x) : float_to_fp16(x);
-    }
+    for_chunks(n, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const float x = (bf ? bf16_to_float(d[i]) : fp16_to_float(d[i])) + src[i];
+        d[i] = bf ? float_to_bf16(x) : float_to_fp16(x);
+      }
+    });
   }
   void scale(float* x, int64_t n, float a) override {
-    for (int64_t i = 0; i < n; ++i) x[i] *= a;
+    for_chunks(n, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) x[i] *= a;
+    });
   }
   double sum_squares(const float* x, int64_t n) override {
+    const int64_t chunks = (n + kHostChunk - 1) / kHostChunk;
+    std::vector<double> part(size_t(std::max<int64_t>(chunks, 1)), 0.0);
+    for_chunks(n, [&](int64_t lo, int64_t hi) {
+      double s = 0;
+      for (int64_t i = lo; i < hi; ++i) s += double(x[i]) * double(x[i]);
+      part[size_t(lo / kHostChunk)] = s;
+    });
     double s = 0;
-    for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
+    for (double p : part) s += p;
     return s;
   }
   void adamw(float* params, const float* grads, float* m, float* v, int64_t n, const optim::AdamParams& hp,

@@ -23,7 +23,10 @@
 // offload_param the prefetch starts the next modules' host->device shard copies while the
 // current module computes (each is all-gathered when fetched), and under offload_optimizer each
 // module's gradient partition goes to the host during the rest of backward (two in flight at
-// most); the optimizer step waits for them. The trace's transfer rows carry the copies' real
+// most) and lands there (widened to fp32, its sum of squares taken for the global norm) while the
+// next module's backward runs; the optimizer step waits for the last ones. Its phases:
+// "gradients landed", "global_grad_norm", "unscale_and_clip_grads", "adamw <module>" (each
+// followed by that module's write-back). The trace's transfer rows carry the copies' real
 // times, so the overlap shows against the compute markers.
 //
 // The global norm and unscale_and_clip_grads are an explicit step: the norm is a tensor on
@@ -134,6 +137,7 @@ class ZeroEngine {
   };
   void finish_offload(Offload& o);
   void finish_offloads();
+  void land_offloads(size_t keep);
   const float* fetch(int m, int64_t step);
   void release(int m, int64_t step);
   void prefetch_after(int m, int64_t step);
