@@ -257,6 +257,49 @@ TEST_P(CudaKernels, CrossEntropy) {
   EXPECT_TRUE(close(download(dloss, N, DType::F32), want_loss, tol32(), tag("cross_entropy losses in place")));
 }
 
+// The LM head as CudaModelPasses runs it: logits rows V = 1001 (odd) apart by a stride of 1024, the
+// padding poisoned with NaN (nothing may read it): the GEMM into the strided buffer, the loss and
+// its gradient in place, and both backward GEMMs reading it; against the same ops unpadded.
+TEST(CudaLmHead, PaddedLogitsRowStrideGivesTheUnpaddedResults) {
+  ZT_REQUIRE_GPU();
+  const int64_t N = 19, C = 48, V = 1001, ld = 1024;
+  const Tolerance tol = tolerance_for(DType::F32);
+  const auto x = normal(N * C, 71), w = normal(V * C, 72, 0.2f);
+  std::vector<int32_t> targets(N);
+  for (int64_t r = 0; r < N; ++r) targets[r] = int32_t((r * 389 + 5) % V);
+  std::vector<float> logits(N * V), want_loss, want_d;
+  ref::matmul_forward(logits.data(), x.data(), w.data(), nullptr, N, C, V, false);
+  const float dscale = 0.25f;
+  cross_entropy_reference(want_loss, want_d, logits, targets, N, V, dscale);
+  std::vector<float> want_dx(N * C, 0.0f), want_dw(V * C, 0.0f);
+  ref::matmul_backward(want_dx.data(), want_dw.data(), nullptr, want_d.data(), x.data(), w.data(), N, C, V, false);
+
+  Blas blas(0);
+  DeviceBuffer dx = upload(x, DType::F32), dw = upload(w, DType::F32), dt = DeviceBuffer::from(targets);
+  DeviceBuffer dlog = upload(std::vector<float>(N * ld, std::nanf("")), DType::F32), dloss(N * 4);
+  DeviceBuffer ddx = upload(std::vector<float>(N * C, 5.0f), DType::F32), ddw = upload(std::vector<float>(V * C, 0.0f), DType::F32);
+  matmul_forward(blas, dlog.get(), dx.get(), dw.get(), nullptr, N, C, V, DType::F32, nullptr, false, ld);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const std::vector<float> got = download(dlog, N * ld, DType::F32);
+  std::vector<float> rows(N * V);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t i = 0; i < V; ++i) rows[r * V + i] = got[r * ld + i];
+  EXPECT_TRUE(close(rows, logits, tol, "strided logits"));
+  cross_entropy_forward_backward(dloss.as<float>(), dlog.get(), dlog.get(), dt.as<int32_t>(), N, V, dscale, DType::F32,
+                                 nullptr, ld);
+  matmul_backward(blas, ddx.get(), ddw.as<float>(), nullptr, dlog.get(), dx.get(), dw.get(), N, C, V, DType::F32,
+                  nullptr, false, ld);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  EXPECT_TRUE(close(download(dloss, N, DType::F32), want_loss, tol, "strided losses"));
+  EXPECT_TRUE(close(download(ddx, N * C, DType::F32), want_dx, tol, "strided dinp"));
+  EXPECT_TRUE(close(download(ddw, V * C, DType::F32), want_dw, tol, "strided dw"));
+  // A stride below the row, or beside a bias, is refused.
+  EXPECT_THROW(matmul_forward(blas, dlog.get(), dx.get(), dw.get(), nullptr, N, C, V, DType::F32, nullptr, false, V - 1),
+               std::invalid_argument);
+  EXPECT_THROW(matmul_forward(blas, dlog.get(), dx.get(), dw.get(), dw.get(), N, C, V, DType::F32, nullptr, false, ld),
+               std::invalid_argument);
+}
+
 // ---- embeddings --------------------------------------------------------------------------------
 
 TEST_P(CudaKernels, Embedding) {

@@ -193,7 +193,8 @@ size_t round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 // ---- runs anywhere ------------------------------------------------------------------------------
 
 // bytes(): every buffer of the reference (with attention_backward's B*H*T*T scratch), each on a
-// 256-byte boundary; L caches without checkpointing, one with; the logits chunk as asked.
+// 256-byte boundary; L caches without checkpointing, one with; the logits chunk as asked (its rows
+// V rounded up to 64 floats apart).
 TEST(CudaModelPassesLayout, BytesCoverEveryBufferOn256ByteBoundaries) {
   const model::Config c = tiny();
   const int64_t C = c.width, H = c.heads, L = c.layers, V = c.vocab, N = int64_t(kB) * kT;
@@ -206,7 +207,8 @@ TEST(CudaModelPassesLayout, BytesCoverEveryBufferOn256ByteBoundaries) {
                          f(att) + f(N * C) + 2 * f(N) + f(N * C) + f(N) /*row losses*/ +
                          kCublasWorkspaceBytes /*cuBLAS's workspace, under the allocator*/;
   for (int64_t rows : {int64_t(0), int64_t(10)}) {
-    const size_t logits = f((rows == 0 ? N : rows) * V);  // tiny: 32 MiB of logits is more than N rows
+    // tiny: 256 MiB of logits is more than N rows; rows are V rounded up to 64 floats apart.
+    const size_t logits = f((rows == 0 ? N : rows) * ((V + 63) / 64 * 64));
     EXPECT_EQ(CudaModelPasses::required_bytes(c, kB, kT, false, rows), size_t(L) * cache + residuals + scratch + logits);
     EXPECT_EQ(CudaModelPasses::required_bytes(c, kB, kT, true, rows), cache + residuals + scratch + logits);
   }

@@ -174,9 +174,12 @@ Blas::~Blas() {
 }
 
 void matmul_forward(Blas& blas, void* out, const void* inp, const void* w, const void* bias, int64_t N, int64_t IC,
-                    int64_t OC, DType t, cudaStream_t stream, bool accumulate) {
+                    int64_t OC, DType t, cudaStream_t stream, bool accumulate, int64_t ld_out) {
   require_dims("matmul_forward", N, IC, OC);
   const cudaDataType_t dt = data_type(t, "matmul_forward");
+  if (ld_out == 0) ld_out = OC;
+  if (ld_out < OC || (ld_out != OC && (bias != nullptr || IC == 0)))
+    throw std::invalid_argument("matmul_forward: ld_out must be >= OC, and equal to it with a bias or IC = 0");
   if (N == 0 || OC == 0) return;
   if (bias != nullptr) add_bias_rows(out, bias, N, OC, accumulate, t, stream);
   const float beta = (bias != nullptr || accumulate) ? 1.0f : 0.0f;
@@ -184,25 +187,29 @@ void matmul_forward(Blas& blas, void* out, const void* inp, const void* w, const
     if (beta == 0.0f) check(cudaMemsetAsync(out, 0, size_t(N * OC) * dtype_size(t), stream), "cudaMemsetAsync");
     return;
   }
-  gemm(blas, stream, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, w, IC, inp, IC, dt, beta, out, OC, dt,
+  gemm(blas, stream, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, w, IC, inp, IC, dt, beta, out, ld_out, dt,
        "cublasGemmEx (matmul_forward)");
 }
 
 void matmul_backward(Blas& blas, void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* w,
-                     int64_t N, int64_t IC, int64_t OC, DType t, cudaStream_t stream, bool accumulate_dinp) {
+                     int64_t N, int64_t IC, int64_t OC, DType t, cudaStream_t stream, bool accumulate_dinp,
+                     int64_t ld_dout) {
   require_dims("matmul_backward", N, IC, OC);
   const cudaDataType_t dt = data_type(t, "matmul_backward");
+  if (ld_dout == 0) ld_dout = OC;
+  if (ld_dout < OC || (ld_dout != OC && dbias != nullptr))
+    throw std::invalid_argument("matmul_backward: ld_dout must be >= OC, and equal to it with dbias");
   if (dinp != nullptr && N > 0 && IC > 0) {
     if (OC == 0) {
       if (!accumulate_dinp)
         check(cudaMemsetAsync(dinp, 0, size_t(N * IC) * dtype_size(t), stream), "cudaMemsetAsync");
     } else {
-      gemm(blas, stream, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, w, IC, dout, OC, dt, accumulate_dinp ? 1.0f : 0.0f, dinp,
-           IC, dt, "cublasGemmEx (matmul_backward dinp)");
+      gemm(blas, stream, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, w, IC, dout, ld_dout, dt, accumulate_dinp ? 1.0f : 0.0f,
+           dinp, IC, dt, "cublasGemmEx (matmul_backward dinp)");
     }
   }
   if (N > 0 && IC > 0 && OC > 0)
-    gemm(blas, stream, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, OC, dt, 1.0f, dw, IC, CUDA_R_32F,
+    gemm(blas, stream, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, ld_dout, dt, 1.0f, dw, IC, CUDA_R_32F,
          "cublasGemmEx (matmul_backward dw)");
   if (dbias != nullptr) column_sums_accumulate(dbias, dout, N, OC, t, stream);
 }

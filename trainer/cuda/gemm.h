@@ -58,12 +58,16 @@ class Blas {
 };
 
 // out[N, OC] = inp[N, IC] @ w[OC, IC]^T + bias[OC] (bias may be null); with accumulate, out +=.
+// ld_out: the row stride of out in elements (0: OC; larger only without a bias). A stride that is
+// a multiple of 16 bytes keeps cuBLAS on its aligned kernels when OC is odd (the LM head's vocab).
 void matmul_forward(Blas& blas, void* out, const void* inp, const void* w, const void* bias, int64_t N, int64_t IC,
-                    int64_t OC, DType t, cudaStream_t stream, bool accumulate = false);
+                    int64_t OC, DType t, cudaStream_t stream, bool accumulate = false, int64_t ld_out = 0);
 // dinp[N, IC] = dout @ w (or += with accumulate_dinp; skipped when dinp is null);
 // dw[OC, IC] += dout^T @ inp (fp32); dbias[OC] += column sums of dout (fp32; skipped when null).
+// ld_dout: the row stride of dout (0: OC; larger only without dbias).
 void matmul_backward(Blas& blas, void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* w,
-                     int64_t N, int64_t IC, int64_t OC, DType t, cudaStream_t stream, bool accumulate_dinp = false);
+                     int64_t N, int64_t IC, int64_t OC, DType t, cudaStream_t stream, bool accumulate_dinp = false,
+                     int64_t ld_dout = 0);
 
 // Causal self-attention in fp32 on cuBLAS: the same contract as kernels.h's attention_forward /
 // attention_backward (qkv [B, T, 3C], att [B, H, T, T] probabilities kept for the backward, zero

@@ -141,9 +141,9 @@ __global__ void squared_norm_final_kernel(double* out, const double* partials, i
   *out = accumulate ? *out + s : s;
 }
 
-// Columns in blocks of 32 (one warp wide, so each row read is coalesced), rows split over 8
-// lanes that each walk their rows in order; the 8 partial sums are then added in lane order.
-constexpr int kColWidth = 32, kColLanes = 8;
+// Columns in blocks of 32 (one warp wide, so each row read is coalesced), rows split over 32
+// lanes that each walk their rows in order; the 32 partial sums are then added in lane order.
+constexpr int kColWidth = 32, kColLanes = 32;
 
 template <typename T>
 __global__ void column_sums_kernel(float* sums, const T* in, int64_t rows, int64_t cols) {
@@ -174,6 +174,7 @@ __global__ void add_bias_rows_kernel(T* out, const T* bias, int64_t N, int64_t O
 
 constexpr float kLayerNormEps = 1e-5f;  // GPT-2's layer_norm_epsilon
 constexpr int kRowThreads = 256;
+constexpr int kCrossEntropyThreads = 1024;  // a row of V = 50257 logits: 50 elements per thread
 
 template <typename T>
 __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b,
@@ -420,10 +421,10 @@ __global__ void causal_softmax_backward_rows_kernel(float* grad, const float* at
 
 template <typename T>
 __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t V,
-                                     float dscale) {
+                                     int64_t stride, float dscale) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
-  const T* x = logits + row * V;
+  const T* x = logits + row * stride;
   const int32_t target = targets[row];
   const float target_logit = ld(x, target);  // read before any write (dlogits may be logits)
   float local_max = -INFINITY;
@@ -435,7 +436,7 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
   if (threadIdx.x == 0) losses[row] = logf(sum) + m - target_logit;
   if (dlogits == nullptr) return;
   const float inv = (1.0f / sum) * dscale;
-  T* d = dlogits + row * V;
+  T* d = dlogits + row * stride;
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
     float p = expf(ld(x, i) - m) * inv;
     if (i == target) p -= dscale;
@@ -672,21 +673,23 @@ void cross_entropy_forward(float* losses, const void* logits, const int32_t* tar
   if (N == 0) return;
   dispatch(t, "cross_entropy_forward", [&](auto tag) {
     using T = decltype(tag);
-    cross_entropy_kernel<T><<<unsigned(N), kRowThreads, 0, stream>>>(losses, static_cast<T*>(nullptr),
-                                                                     static_cast<const T*>(logits), targets, V, 0.0f);
+    cross_entropy_kernel<T><<<unsigned(N), kCrossEntropyThreads, 0, stream>>>(
+        losses, static_cast<T*>(nullptr), static_cast<const T*>(logits), targets, V, V, 0.0f);
   });
   check_launch("cross_entropy_kernel");
 }
 
 void cross_entropy_forward_backward(float* losses, void* dlogits, const void* logits, const int32_t* targets,
-                                    int64_t N, int64_t V, float dscale, DType t, cudaStream_t stream) {
+                                    int64_t N, int64_t V, float dscale, DType t, cudaStream_t stream, int64_t ld) {
   require(N >= 0 && V >= 1 && N <= INT32_MAX, "cross_entropy_forward_backward", "N must be in [0, 2^31) and V >= 1");
   require(dlogits != nullptr, "cross_entropy_forward_backward", "dlogits must not be null");
+  if (ld == 0) ld = V;
+  require(ld >= V, "cross_entropy_forward_backward", "the row stride ld must be >= V");
   if (N == 0) return;
   dispatch(t, "cross_entropy_forward_backward", [&](auto tag) {
     using T = decltype(tag);
-    cross_entropy_kernel<T><<<unsigned(N), kRowThreads, 0, stream>>>(
-        losses, static_cast<T*>(dlogits), static_cast<const T*>(logits), targets, V, dscale);
+    cross_entropy_kernel<T><<<unsigned(N), kCrossEntropyThreads, 0, stream>>>(
+        losses, static_cast<T*>(dlogits), static_cast<const T*>(logits), targets, V, ld, dscale);
   });
   check_launch("cross_entropy_kernel");
 }

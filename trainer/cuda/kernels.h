@@ -87,8 +87,9 @@ void cross_entropy_forward(float* losses, const void* logits, const int32_t* tar
                            cudaStream_t stream);
 // The same losses, and dlogits = (softmax(logits) - onehot(target)) * dscale (t). dlogits may
 // be logits itself (in place, as the CPU LM head does).
+// ld: the row stride of logits and dlogits in elements (0: V).
 void cross_entropy_forward_backward(float* losses, void* dlogits, const void* logits, const int32_t* targets,
-                                    int64_t N, int64_t V, float dscale, DType t, cudaStream_t stream);
+                                    int64_t N, int64_t V, float dscale, DType t, cudaStream_t stream, int64_t ld = 0);
 
 // x[b, t, :] = wte[tokens[b, t]] + wpe[t]. wte [V, C], wpe [>= T, C], x [B*T, C], all dtype t.
 void embedding_forward(void* x, const int32_t* tokens, const void* wte, const void* wpe, int64_t B, int64_t T,

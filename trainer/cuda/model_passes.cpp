@@ -43,6 +43,10 @@ int64_t head_chunk_rows(const model::Config& c, int64_t N, int64_t asked) {
   return std::max<int64_t>(1, std::min<int64_t>(N, rows));
 }
 
+// The logits chunk's row stride: the vocab rounded up to 64 floats (GPT-2's 50257 is odd, and an
+// odd stride sends cuBLAS to its unaligned kernels for all three of the head's GEMMs).
+int64_t logits_ld(const model::Config& c) { return (c.vocab + 63) / 64 * 64; }
+
 class Carver {
  public:
   explicit Carver(char* base) : base_(base) {}
@@ -67,7 +71,7 @@ void copy_d2d(float* dst, const float* src, int64_t n, cudaStream_t stream) {
 
 size_t CudaModelPasses::carve(const model::Config& config, int B, int T, bool checkpointing, int64_t chunk_rows,
                               char* base, Buffers* out) {
-  const int64_t C = config.width, H = config.heads, L = config.layers, V = config.vocab;
+  const int64_t C = config.width, H = config.heads, L = config.layers;
   const int64_t N = int64_t(B) * T;
   const int64_t att = int64_t(B) * H * T * T;
   Carver k(base);
@@ -100,7 +104,7 @@ size_t CudaModelPasses::carve(const model::Config& config, int B, int T, bool ch
   b.lnf_mean = k.take(N);
   b.lnf_rstd = k.take(N);
   b.dlnf = k.take(N * C);
-  b.logits = k.take(chunk_rows * V);
+  b.logits = k.take(chunk_rows * logits_ld(config));
   b.row_loss = k.take(N);
   b.blas_workspace = k.take(int64_t(kCublasWorkspaceBytes / sizeof(float)));
   if (out != nullptr) *out = std::move(b);
@@ -252,11 +256,14 @@ float CudaModelPasses::head_forward_backward(const float* fp, const float* wte, 
   Buffers& w = buf_;
   layernorm_forward(w.lnf, w.lnf_mean, w.lnf_rstd, x, fp + fin_.ln_w, fp + fin_.ln_b, N, C, F32, stream_);
   const float dscale = grad_scale / (float)N;  // d(mean loss) / d(row loss), times the scale
+  const int64_t ld = logits_ld(config_);
   for (int64_t r0 = 0; r0 < N; r0 += chunk_rows_) {
     const int64_t rows = std::min(chunk_rows_, N - r0);
-    matmul_forward(blas_, w.logits, w.lnf + r0 * C, wte, nullptr, rows, C, V, F32, stream_);
-    cross_entropy_forward_backward(w.row_loss + r0, w.logits, w.logits, targets + r0, rows, V, dscale, F32, stream_);
-    matmul_backward(blas_, w.dlnf + r0 * C, dwte, nullptr, w.logits, w.lnf + r0 * C, wte, rows, C, V, F32, stream_);
+    matmul_forward(blas_, w.logits, w.lnf + r0 * C, wte, nullptr, rows, C, V, F32, stream_, false, ld);
+    cross_entropy_forward_backward(w.row_loss + r0, w.logits, w.logits, targets + r0, rows, V, dscale, F32, stream_,
+                                   ld);
+    matmul_backward(blas_, w.dlnf + r0 * C, dwte, nullptr, w.logits, w.lnf + r0 * C, wte, rows, C, V, F32, stream_,
+                    false, ld);
   }
   layernorm_backward(dx, dfp + fin_.ln_w, dfp + fin_.ln_b, w.dlnf, x, fp + fin_.ln_w, w.lnf_mean, w.lnf_rstd, N, C,
                      /*accumulate_dinp=*/false, F32, stream_);

@@ -124,7 +124,7 @@ class CudaModelPasses final : public trainer::ModelPasses {
     float* lnf_mean = nullptr;  // [N]
     float* lnf_rstd = nullptr;  // [N]
     float* dlnf = nullptr;      // [N, C]
-    float* logits = nullptr;    // [chunk_rows, V]
+    float* logits = nullptr;    // [chunk_rows, V rounded up to 64] (the row stride: aligned GEMMs)
     float* row_loss = nullptr;  // [N]
     void* blas_workspace = nullptr;  // kCublasWorkspaceBytes, handed to cuBLAS by bind()
   };
