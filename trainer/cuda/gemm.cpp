@@ -7,6 +7,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -85,17 +86,24 @@ cudaDataType_t data_type(DType t, const char* op) {
   throw std::invalid_argument(std::string(op) + ": dtype must be fp32, bf16 or fp16");
 }
 
-// C (ldc) = alpha * op(A) op(B) + beta * C, column-major, A and B of type ab, C of type c,
-// fp32 accumulation.
-void gemm(Blas& blas, cudaStream_t stream, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-          const void* a, int64_t lda, const void* b, int64_t ldb, cudaDataType_t ab, float beta, void* c, int64_t ldc,
-          cudaDataType_t ct, const char* what) {
-  for (int64_t d : {m, n, k, lda, ldb, ldc})
+// Before every product: the dimensions fit cuBLAS's int, the handle is on `stream`, and our
+// workspace is set again (cublasSetStream resets it to cuBLAS's own pool).
+const CublasApi& prepare(Blas& blas, cudaStream_t stream, std::initializer_list<int64_t> dims, const char* what) {
+  for (int64_t d : dims)
     if (d > INT_MAX) throw std::invalid_argument(std::string(what) + ": a dimension does not fit cuBLAS's int");
   const CublasApi& api = cublas();
   check_blas(api.set_stream(blas.handle(), stream), "cublasSetStream");
   if (blas.workspace() != nullptr)
     check_blas(api.set_workspace(blas.handle(), blas.workspace(), blas.workspace_bytes()), "cublasSetWorkspace");
+  return api;
+}
+
+// C (ldc) = alpha * op(A) op(B) + beta * C, column-major, A and B of type ab, C of type c,
+// fp32 accumulation.
+void gemm(Blas& blas, cudaStream_t stream, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+          const void* a, int64_t lda, const void* b, int64_t ldb, cudaDataType_t ab, float beta, void* c, int64_t ldc,
+          cudaDataType_t ct, const char* what) {
+  const CublasApi& api = prepare(blas, stream, {m, n, k, lda, ldb, ldc}, what);
   const float alpha = 1.0f;
   check_blas(api.gemm_ex(blas.handle(), ta, tb, int(m), int(n), int(k), &alpha, a, ab, int(lda), b, ab, int(ldb), &beta,
                          c, ct, int(ldc), ab == CUDA_R_32F && blas.tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
@@ -107,12 +115,7 @@ void gemm(Blas& blas, cudaStream_t stream, cublasOperation_t ta, cublasOperation
 void gemm_batched_f32(Blas& blas, cudaStream_t stream, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
                       int64_t k, float alpha, const float* a, int64_t lda, int64_t sa, const float* b, int64_t ldb,
                       int64_t sb, float* c, int64_t ldc, int64_t sc, int64_t batch, const char* what) {
-  for (int64_t d : {m, n, k, lda, ldb, ldc, batch})
-    if (d > INT_MAX) throw std::invalid_argument(std::string(what) + ": a dimension does not fit cuBLAS's int");
-  const CublasApi& api = cublas();
-  check_blas(api.set_stream(blas.handle(), stream), "cublasSetStream");
-  if (blas.workspace() != nullptr)
-    check_blas(api.set_workspace(blas.handle(), blas.workspace(), blas.workspace_bytes()), "cublasSetWorkspace");
+  const CublasApi& api = prepare(blas, stream, {m, n, k, lda, ldb, ldc, batch}, what);
   const float beta = 0.0f;
   check_blas(api.gemm_strided_batched_ex(blas.handle(), ta, tb, int(m), int(n), int(k), &alpha, a, CUDA_R_32F, int(lda),
                                          sa, b, CUDA_R_32F, int(ldb), sb, &beta, c, CUDA_R_32F, int(ldc), sc,
