@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -44,6 +45,9 @@ class HostOps : public DeviceOps {
     if (bytes) std::memset(p, 0, bytes);
   }
   void convert(void* dst, DType dst_t, const void* src, DType src_t, int64_t n) override {
+    // Refused here, not inside the threads (an exception may not leave an OpenMP region).
+    if (dst_t != src_t && src_t == DType::I32) throw std::logic_error("int32 tensors do not convert to fp32");
+    if (dst_t != src_t && dst_t == DType::I32) throw std::logic_error("fp32 does not convert to int32 tensors");
     const size_t ds = dtype_size(dst_t), ss = dtype_size(src_t);
     for_chunks(n, [&](int64_t lo, int64_t hi) {
       void* d = static_cast<char*>(dst) + size_t(lo) * ds;

@@ -706,6 +706,7 @@ const Tensor& ZeroEngine::grad32_of(int mi) const {
 
 void ZeroEngine::offload_grad(int mi, const Tensor& grad, int64_t step) {
   Part& p = *parts_[size_t(mi)];
+  p.grad32_sq_ready = false;  // summed again when this partition lands (finish_offload)
   Device& host = rt_.host();
   const std::string group = partition_name(p.spec.index) + ".grad";
   if (mi == stays_on_device_) {
