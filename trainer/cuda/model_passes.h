@@ -8,7 +8,8 @@
 // DType::F32 instances of kernels.h and gemm.h (cuBLAS, fp32 accumulation, no TF32). The same
 // buffers as the reference, plus attention_backward's B*H*T*T scratch (kernels.h). The LM head
 // materializes logits head_rows_per_chunk() rows at a time, as the reference does, so B*T*vocab
-// never has to fit at once.
+// never has to fit at once; but its default chunk is about 256 MiB (the reference's: 32 MiB), and
+// its rows are the vocab rounded up to 64 floats apart (aligned GEMMs).
 //
 // Memory: the passes allocate no device memory. bytes() (fixed by the constructor) is what they
 // need: the residual streams, grad_residual, the per-layer block caches (one shared cache with
