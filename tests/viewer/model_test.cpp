@@ -3,6 +3,7 @@
 // the playhead state and range summaries.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 
@@ -11,6 +12,7 @@
 #include "model/time_view.h"
 #include "model/trace_model.h"
 #include "test_util.h"
+#include "zt/db/trace_writer.h"
 
 using namespace zt::viewer;
 using K = zt::test::KnownTrace;
@@ -239,6 +241,58 @@ TEST_F(KnownTraceTest, RangeSummaryCountsBytesPeaksAndKeptAllocations) {
   RangeSummary e = summarize_range(*model_, K::step_start(5) - 2 * K::kMs, K::step_start(5), 5);
   EXPECT_EQ(e.kept, 1);
   EXPECT_EQ(e.kept_bytes, K::kGiB);
+}
+
+// zt train --cupti: CUPTI's record of the trainer's segment (paired when the trace is finished)
+// is counted once and drawn once; what CUPTI alone saw is drawn.
+TEST(TraceModelTwins, ASecondRecordIsNeitherCountedNorDrawnTwice) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("twins.db");
+  const int64_t MiB = 1 << 20;
+  {
+    std::unique_ptr<TraceWriter> w;
+    ASSERT_TRUE(TraceWriter::create(path, &w).ok());
+    w->begin();
+    RunRow run;
+    run.id = 1, run.command_line = "zt train --device cuda --cupti", run.t_start = 0;
+    w->insert(run);
+    w->insert(RankRow{0, 1, 1, 0, "h", 1});
+    w->insert(DeviceRow{1, 0, DeviceKind::Cuda, 0, "cuda:0", "GPU", 80 * 1024 * MiB, false});
+    auto seg = [&](int64_t id, uint64_t address, int64_t bytes, int64_t t0, int64_t t1, Source source) {
+      AllocationRow a;
+      a.id = id, a.rank = 0, a.device_id = 1, a.memory_kind = MemoryKind::Device, a.level = AllocLevel::Segment;
+      a.address = address, a.bytes = a.requested_bytes = bytes, a.t_alloc = t0, a.t_free = t1, a.source = source;
+      w->insert(a);
+    };
+    seg(10, 0x1000, 20 * MiB, 100, 900, Source::Api);            // the trainer's segment
+    seg(20, 0x1000, 20 * MiB, 101, 899, Source::Cupti);          // CUPTI's record of it
+    seg(23, 0x20000000, 32 * MiB, 105, 950, Source::Cupti);      // outside the trainer's allocators
+    w->commit();
+    zt::Status s = w->finish();
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  std::unique_ptr<TraceModel> m;
+  auto s = TraceModel::load(path, &m);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<int64_t> drawn;
+  for (const Track& t : m->tracks)
+    if (t.kind == TrackKind::Allocations)
+      for (const IntervalLane& lane : t.lanes)
+        for (uint32_t row : lane.item) drawn.push_back(m->alloc.id[row]);
+  std::sort(drawn.begin(), drawn.end());
+  EXPECT_EQ(drawn, (std::vector<int64_t>{10, 23}));
+  ASSERT_EQ(m->alloc.size(), 3u);  // all three are loaded (the inspector and SQL still see the twin)
+  int twins = 0;
+  for (size_t i = 0; i < m->alloc.size(); ++i) twins += m->alloc.second_record[i];
+  EXPECT_EQ(twins, 1);
+  // The memory track's reserved bytes: 20 + 32 MiB at the peak, not 72 (the twin once).
+  double reserved_peak = -1;
+  for (const Track& t : m->tracks)
+    if (t.kind == TrackKind::Memory)
+      for (const SeriesRef& r : t.series)
+        if (r.name == "reserved") reserved_peak = m->series[size_t(r.series)].peak;
+  EXPECT_EQ(reserved_peak, double(52 * MiB));
 }
 
 TEST(TraceModelErrors, BadFileGivesAnErrorNamingIt) {

@@ -539,7 +539,9 @@ void TraceModel::build_tracks() {
     std::vector<LaneAssigner> assigners(n_dev, LaneAssigner(kMaxAllocationLanes));
     for (uint32_t i = 0; i < alloc.size(); ++i) {
       int d = alloc.device[i];
-      if (d < 0) continue;
+      // A second record (CUPTI's twin of the trainer's segment) is the same memory as the
+      // segment drawn already: one box, not two side by side.
+      if (d < 0 || alloc.second_record[i]) continue;
       Track& t = alloc_tracks[size_t(d)];
       size_t lane = size_t(assigners[size_t(d)].assign(alloc.t_alloc[i], alloc.t_free[i]));
       if (t.lanes.size() <= lane) t.lanes.resize(lane + 1);
