@@ -439,14 +439,16 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       mp = module_phase("backward", l + 1);
       if (!virt_) passes_->block_backward(l, P, passes_->residual(l), dx, dx, bucket.f32());
       end(mp);
-      land_offloads(0);  // the earlier modules' gradient partitions, while this backward runs
+      // The earlier modules' gradient partitions land while this backward runs, but the newest:
+      // its copy (queued after the last reduce) runs beside this backward and lands after the next.
+      land_offloads(1);
       release(l + 1, global_step);
       reduce_module_grad(l + 1, bucket, global_step);
     }
     mp = module_phase("backward", 0);
     if (!virt_) passes_->embed_backward(tokens.data<int32_t>(), dx, emb_bucket.f32());
     end(mp);
-    land_offloads(0);
+    land_offloads(1);
     reduce_module_grad(0, emb_bucket, global_step);
     end(ph);
     if (rec_) rec_->marker_end(mm);

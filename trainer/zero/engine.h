@@ -24,7 +24,8 @@
 // current module computes (each is all-gathered when fetched), and under offload_optimizer each
 // module's gradient partition goes to the host during the rest of backward (two in flight at
 // most) and lands there (widened to fp32, its sum of squares taken for the global norm) while the
-// next module's backward runs; the optimizer step waits for the last ones. Its phases:
+// module after next computes its backward (so each copy has a module's backward to run beside);
+// the optimizer step waits for the last two. Its phases:
 // "gradients landed", "global_grad_norm", "unscale_and_clip_grads", "adamw <module>" (each
 // followed by that module's write-back). The trace's transfer rows carry the copies' real
 // times, so the overlap shows against the compute markers.
