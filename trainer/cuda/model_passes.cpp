@@ -34,14 +34,10 @@ void check_shape(const model::Config& c, int B, int T) {
     fail("B and heads must be at most " + std::to_string(kMaxGridY) + " (CUDA grid dimensions)");
 }
 
-// gpt2.cpp's head_chunk_rows, with a larger budget when not asked: about 256 MiB of logits (the
+// The LM head's logits chunk when not asked (model::head_chunk_rows' budget): about 256 MiB. The
 // reference's 32 MiB gave 124M's head 50 chunks of 164 rows at B*T = 8192, and each chunk's dwte
-// GEMM reads and writes the whole [V, C] fp32 gradient: 15 GB a step), always within 1..N.
-int64_t head_chunk_rows(const model::Config& c, int64_t N, int64_t asked) {
-  const int64_t budget_floats = int64_t{64} << 20;
-  const int64_t rows = asked > 0 ? asked : budget_floats / c.vocab;
-  return std::max<int64_t>(1, std::min<int64_t>(N, rows));
-}
+// GEMM reads and writes the whole [V, C] fp32 gradient: 15 GB a step.
+constexpr int64_t kLogitsChunkBytes = int64_t{256} << 20;
 
 // The logits chunk's row stride: the vocab rounded up to 64 floats (GPT-2's 50257 is odd, and an
 // odd stride sends cuBLAS to its unaligned kernels for all three of the head's GEMMs).
@@ -114,7 +110,7 @@ size_t CudaModelPasses::carve(const model::Config& config, int B, int T, bool ch
 size_t CudaModelPasses::required_bytes(const model::Config& config, int B, int T, bool checkpointing,
                                        int64_t head_rows_per_chunk) {
   check_shape(config, B, T);
-  const int64_t rows = head_chunk_rows(config, int64_t(B) * T, head_rows_per_chunk);
+  const int64_t rows = model::head_chunk_rows(config, int64_t(B) * T, head_rows_per_chunk, kLogitsChunkBytes);
   return carve(config, B, T, checkpointing, rows, nullptr, nullptr);
 }
 
@@ -122,7 +118,7 @@ CudaModelPasses::CudaModelPasses(const model::Config& config, int B, int T, bool
                                  Blas& blas, int64_t head_rows_per_chunk)
     : config_(config), B_(B), T_(T), N_(int64_t(B) * T), checkpoint_(checkpointing), stream_(stream), blas_(blas) {
   check_shape(config, B, T);
-  chunk_rows_ = head_chunk_rows(config, N_, head_rows_per_chunk);
+  chunk_rows_ = model::head_chunk_rows(config, N_, head_rows_per_chunk, kLogitsChunkBytes);
   bytes_ = carve(config, B, T, checkpointing, chunk_rows_, nullptr, nullptr);
   block_ = model::block_offsets(config);
   emb_ = model::embedding_offsets(config);

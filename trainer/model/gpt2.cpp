@@ -125,15 +125,13 @@ class Carver {
   int64_t used_ = 0;
 };
 
-// Rows of logits the LM head materializes at a time (see the Workspace constructor): about 32 MiB
-// of logits when not asked, always within 1..N.
-int64_t head_chunk_rows(const Config& c, int64_t N, int64_t asked) {
-  const int64_t budget_floats = int64_t{8} << 20;
+}  // namespace
+
+int64_t head_chunk_rows(const Config& c, int64_t N, int64_t asked, int64_t budget_bytes) {
+  const int64_t budget_floats = budget_bytes / int64_t(sizeof(float));
   const int64_t rows = asked > 0 ? asked : budget_floats / c.vocab;
   return std::max<int64_t>(1, std::min<int64_t>(N, rows));
 }
-
-}  // namespace
 
 struct Workspace::Impl {
   Config config;

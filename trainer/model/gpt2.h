@@ -40,6 +40,11 @@ void init_params(const Config& config, uint64_t seed, float* params);
 // Ok, or which token / target at which position is out of 0..vocab-1.
 Status check_tokens(const Config& config, const int32_t* tokens, int64_t n, const char* what);
 
+// Rows of logits the LM head materializes at a time: `asked` when > 0, else as many as fit in
+// `budget_bytes` of fp32 logits (the Workspace's 32 MiB; the CUDA passes ask for more), always
+// within 1..N.
+int64_t head_chunk_rows(const Config& c, int64_t N, int64_t asked, int64_t budget_bytes = int64_t{32} << 20);
+
 // All activation and scratch memory of the passes, allocated once in the constructor for
 // micro-batches of exactly B sequences of T tokens (1 <= T <= context). With checkpointing, only the
 // input of each block is kept (the residual streams below) and block_backward recomputes the
