@@ -7,7 +7,6 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
-#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -18,8 +17,9 @@ namespace zt::trainer {
 namespace {
 
 // Host ops over large arrays run on OpenMP threads in fixed chunks of kHostChunk elements (the
-// optimizer step's unscale, norm and widening casts pass over every parameter of a rank under
-// optimizer offload: on one thread they cost more than the CPU Adam itself). Element-wise ops
+// optimizer step's unscale and norm pass over every parameter of a rank under optimizer offload:
+// on one thread they cost more than the CPU Adam itself; the casts are dtype.cpp's, threaded
+// already). Element-wise ops
 // are exact whatever the split; sum_squares sums each chunk in order in double, then the chunk
 // sums in chunk order, so its result depends on n alone, never on the thread count.
 constexpr int64_t kHostChunk = int64_t{1} << 16;
@@ -45,26 +45,18 @@ class HostOps : public DeviceOps {
     if (bytes) std::memset(p, 0, bytes);
   }
   void convert(void* dst, DType dst_t, const void* src, DType src_t, int64_t n) override {
-    // Refused here, not inside the threads (an exception may not leave an OpenMP region).
-    if (dst_t != src_t && src_t == DType::I32) throw std::logic_error("int32 tensors do not convert to fp32");
-    if (dst_t != src_t && dst_t == DType::I32) throw std::logic_error("fp32 does not convert to int32 tensors");
-    const size_t ds = dtype_size(dst_t), ss = dtype_size(src_t);
-    for_chunks(n, [&](int64_t lo, int64_t hi) {
-      void* d = static_cast<char*>(dst) + size_t(lo) * ds;
-      const void* s = static_cast<const char*>(src) + size_t(lo) * ss;
-      const size_t k = size_t(hi - lo);
-      if (dst_t == src_t) {
-        std::memcpy(d, s, k * ds);
-      } else if (src_t == DType::F32) {
-        from_float(dst_t, static_cast<const float*>(s), d, k);
-      } else if (dst_t == DType::F32) {
-        to_float(src_t, s, static_cast<float*>(d), k);
-      } else {
-        std::vector<float> tmp(k);
-        to_float(src_t, s, tmp.data(), k);
-        from_float(dst_t, tmp.data(), d, k);
-      }
-    });
+    // to_float / from_float run on OpenMP threads themselves (core/dtype.cpp).
+    if (dst_t == src_t) {
+      copy(dst, src, size_t(n) * dtype_size(dst_t));
+    } else if (src_t == DType::F32) {
+      from_float(dst_t, static_cast<const float*>(src), dst, size_t(n));
+    } else if (dst_t == DType::F32) {
+      to_float(src_t, src, static_cast<float*>(dst), size_t(n));
+    } else {
+      std::vector<float> tmp(static_cast<size_t>(n));
+      to_float(src_t, src, tmp.data(), tmp.size());
+      from_float(dst_t, tmp.data(), dst, tmp.size());
+    }
   }
   void add(void* dst, DType dst_t, const float* src, int64_t n) override {
     if (dst_t == DType::F32) {
