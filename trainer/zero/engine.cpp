@@ -183,7 +183,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
 ZeroEngine::~ZeroEngine() {
   try {
     for (auto& p : parts_) p->staging.wait();
-    finish_offloads();
+    land_offloads(0);
     rt_.accelerator().ops().synchronize();
   } catch (const std::exception&) {
     // the device failed: the run reports that; nothing more to wait for
@@ -263,11 +263,6 @@ void ZeroEngine::land_offloads(size_t keep) {
   }
 }
 
-// Every gradient partition on its way to the host (optimizer offload) has landed.
-void ZeroEngine::finish_offloads() {
-  for (Offload& o : offloads_) finish_offload(o);
-  offloads_.clear();
-}
 
 const float* ZeroEngine::fetch(int mi, int64_t step) {
   Part& p = *parts_[size_t(mi)];
@@ -510,7 +505,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   }
 
   probe::MarkerId gl = phase("gradients landed", step);
-  finish_offloads();  // every partition has reached the host
+  land_offloads(0);  // every partition has reached the host
   end(gl);
 
   // 2. The global norm. Each rank sums the squares of its own partition (at stage 0 every
@@ -736,12 +731,9 @@ void ZeroEngine::offload_grad(int mi, const Tensor& grad, int64_t step) {
   }
   // D2H on the copy lane, overlapping what follows (the rest of backward), in the compute dtype
   // (half the bytes of fp32 over the link for bf16/fp16) into a pinned staging buffer, widened
-  // into the fp32 partition on the host once it has landed (finish_offloads). Two in flight at
+  // into the fp32 partition on the host once it has landed (land_offloads). Two in flight at
   // most (double buffering): the older one finishes before a third starts.
-  while (offloads_.size() >= 2) {
-    finish_offload(offloads_.front());
-    offloads_.pop_front();
-  }
+  land_offloads(1);
   Offload o;
   o.part = &p;
   if (grad.dtype() == DType::F32) {

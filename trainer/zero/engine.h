@@ -137,7 +137,7 @@ class ZeroEngine {
     Tensor staging;
   };
   void finish_offload(Offload& o);
-  void finish_offloads();
+  // Every partition on its way to the host lands, but the `keep` newest.
   void land_offloads(size_t keep);
   const float* fetch(int m, int64_t step);
   void release(int m, int64_t step);
