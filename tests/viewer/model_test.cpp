@@ -295,6 +295,60 @@ TEST(TraceModelTwins, ASecondRecordIsNeitherCountedNorDrawnTwice) {
   EXPECT_EQ(reserved_peak, double(52 * MiB));
 }
 
+// A phase of step s that runs into step s+1 (the delayed update's AdamW, on a background thread
+// beside the next step) is drawn on a "background" lane of its own, so the next step's phases stay
+// on the first phase lane; a phase between two steps (a checkpoint) stays with the phases.
+TEST(TraceModelBackground, PhasesThatOutliveTheirStepGetTheirOwnLane) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("background.db");
+  {
+    std::unique_ptr<TraceWriter> w;
+    ASSERT_TRUE(TraceWriter::create(path, &w).ok());
+    w->begin();
+    RunRow run;
+    run.id = 1, run.command_line = "zt train --delayed-update 0", run.t_start = 0;
+    w->insert(run);
+    w->insert(RankRow{0, 1, 1, 0, "h", 1});
+    std::map<std::string, int64_t> names;
+    int64_t id = 0;
+    auto marker = [&](MarkerKind kind, const std::string& name, int64_t t0, int64_t t1, int64_t step) {
+      auto [it, fresh] = names.emplace(name, int64_t(names.size()) + 1);
+      if (fresh) w->insert(StringRow{it->second, name});
+      MarkerRow m;
+      m.id = ++id, m.kind = kind, m.name_id = it->second, m.t_start = t0, m.t_end = t1, m.step = step;
+      w->insert(m);
+    };
+    marker(MarkerKind::Step, "step 0", 0, 100, 0);
+    marker(MarkerKind::Phase, "forward", 0, 40, 0);
+    marker(MarkerKind::Phase, "optimizer", 60, 100, 0);
+    marker(MarkerKind::Phase, "adamw block0", 90, 130, 0);  // into step 1
+    marker(MarkerKind::Phase, "checkpoint", 100, 110, 0);    // between the steps
+    marker(MarkerKind::Step, "step 1", 110, 210, 1);
+    marker(MarkerKind::Phase, "forward", 110, 150, 1);
+    marker(MarkerKind::Phase, "adamw block1", 140, 160, 0);  // starts in step 1
+    marker(MarkerKind::Phase, "optimizer", 170, 210, 1);
+    w->commit();
+    zt::Status s = w->finish();
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  std::unique_ptr<TraceModel> m;
+  auto s = TraceModel::load(path, &m);
+  ASSERT_TRUE(s.ok()) << s.message();
+  const Track& t = m->tracks.at(0);
+  ASSERT_EQ(t.kind, TrackKind::Markers);
+  std::map<std::string, std::vector<std::string>> by_lane;  // lane name (or index) -> marker names
+  std::string name;
+  for (size_t l = 0; l < t.lanes.size(); ++l) {
+    if (!t.lane_names[l].empty()) name = t.lane_names[l];
+    for (uint32_t row : t.lanes[l].item)
+      by_lane[name + "/" + std::to_string(l)].push_back(m->str(m->mark.name[row]));
+  }
+  EXPECT_EQ(by_lane["phases/2"], (std::vector<std::string>{"forward", "optimizer", "checkpoint", "forward", "optimizer"}));
+  EXPECT_EQ(by_lane["background/3"], (std::vector<std::string>{"adamw block0", "adamw block1"}));
+  EXPECT_EQ(t.lane_names, (std::vector<std::string>{"epochs", "steps", "phases", "background"}));
+}
+
 TEST(TraceModelErrors, BadFileGivesAnErrorNamingIt) {
   zt::test::TempDir dir;
   std::string path = dir.file("not-a-trace.db");

@@ -566,21 +566,54 @@ void TraceModel::build_tracks() {
     x.lanes.resize(kDirectionCount);
     for (int d = 0; d < kDirectionCount; ++d) x.lane_names.push_back(to_string(Direction(d)));
   }
+  // A phase of step s that overlaps another step's marker ran beside the rank's thread (the
+  // delayed parameter update's AdamW, on a background thread while step s+1 computes): it goes to
+  // "background" lanes below the phases, so the rank thread's phases keep their nesting. A phase
+  // between two steps (a checkpoint) is the rank thread's.
+  std::map<std::pair<int, int64_t>, int64_t> step_start;  // (rank, step) -> start of the step marker
+  for (uint32_t i = 0; i < mark.size(); ++i)
+    if (MarkerKind(mark.kind[i]) == MarkerKind::Step && mark.step[i] >= 0)
+      step_start[{mark.rank[i], mark.step[i]}] = mark.t_start[i];
+  auto beside_the_next_step = [&](uint32_t i) {
+    if (MarkerKind(mark.kind[i]) != MarkerKind::Phase || mark.step[i] < 0) return false;
+    auto it = step_start.find({mark.rank[i], mark.step[i] + 1});
+    return it != step_start.end() && mark.t_end[i] > it->second;
+  };
   std::vector<LaneAssigner> phase_lanes(static_cast<size_t>(ranks), LaneAssigner(kMaxPhaseLanes));
+  std::vector<LaneAssigner> background_lanes(static_cast<size_t>(ranks), LaneAssigner(kMaxPhaseLanes));
+  std::vector<std::vector<std::pair<int, uint32_t>>> background(static_cast<size_t>(ranks));  // (lane, marker)
   for (uint32_t i = 0; i < mark.size(); ++i) {
     int r = mark.rank[i];
     if (r < 0 || r >= ranks) continue;
     Track& t = marker_tracks[size_t(r)];
     auto kind = MarkerKind(mark.kind[i]);
     size_t lane;
-    if (kind == MarkerKind::Epoch) lane = 0;
-    else if (kind == MarkerKind::Step) lane = 1;
-    else lane = 2 + size_t(phase_lanes[size_t(r)].assign(mark.t_start[i], mark.t_end[i]));
+    if (kind == MarkerKind::Epoch) {
+      lane = 0;
+    } else if (kind == MarkerKind::Step) {
+      lane = 1;
+    } else if (beside_the_next_step(i)) {
+      background[size_t(r)].push_back({background_lanes[size_t(r)].assign(mark.t_start[i], mark.t_end[i]), i});
+      continue;
+    } else {
+      lane = 2 + size_t(phase_lanes[size_t(r)].assign(mark.t_start[i], mark.t_end[i]));
+    }
     while (t.lanes.size() <= lane) {
       t.lanes.emplace_back();
       t.lane_names.push_back(t.lane_names.size() == 2 ? "phases" : "");
     }
     t.lanes[lane].push(mark.t_start[i], mark.t_end[i], i);
+  }
+  for (int r = 0; r < ranks; ++r) {
+    Track& t = marker_tracks[size_t(r)];
+    const size_t first = t.lanes.size();
+    for (auto [lane, i] : background[size_t(r)]) {
+      while (t.lanes.size() <= first + size_t(lane)) {
+        t.lanes.emplace_back();
+        t.lane_names.push_back(t.lanes.size() == first + 1 ? "background" : "");
+      }
+      t.lanes[first + size_t(lane)].push(mark.t_start[i], mark.t_end[i], i);
+    }
   }
   for (uint32_t i = 0; i < xfer.size(); ++i) {
     int r = xfer.rank[i];
