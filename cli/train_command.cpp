@@ -1,5 +1,6 @@
 // zt train: flags and a config file into a TrainConfig, then the trainer, with a trace.
 #include <iostream>
+#include <limits>
 
 #include "commands.h"
 #include "zero/launcher_env.h"
@@ -44,6 +45,10 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_flag("--tf32", cfg->tf32,
                 "--device cuda: fp32 matrix multiplies on TF32 tensor cores (10-bit mantissa, fp32 accumulation), as "
                 "torch.backends.cuda.matmul.allow_tf32; default: true fp32");
+  sub->add_option("--delayed-update", cfg->delayed_update,
+                  "ZeRO-Offload's delayed parameter update from optimizer step N on (needs --offload-optimizer): step s's "
+                  "CPU AdamW runs beside step s+1's forward and backward, which see weights one update behind; -1: off")
+      ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()));
   sub->add_flag("-q,--quiet", cfg->quiet, "no progress lines");
   // Checkpoints (issue 5).
   sub->add_option("--checkpoint-dir", cfg->checkpoint_dir, "directory of sharded checkpoints (DIR/stepNNNNNN, DIR/latest)");
@@ -105,6 +110,7 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--grad-clip") from_file.grad_clip = c.grad_clip;
           else if (n == "--activation-checkpointing") from_file.activation_checkpointing = c.activation_checkpointing;
           else if (n == "--tf32") from_file.tf32 = c.tf32;
+          else if (n == "--delayed-update") from_file.delayed_update = c.delayed_update;
           else if (n == "--quiet") from_file.quiet = c.quiet;
           else if (n == "--checkpoint-dir") from_file.checkpoint_dir = c.checkpoint_dir;
           else if (n == "--save-every") from_file.save_every = c.save_every;

@@ -231,6 +231,10 @@ int64_t save(const std::string& dir_arg, const TrainConfig& cfg, const Position&
   const std::string tmp = dir + "/.tmp-" + tag, final_dir = dir + "/" + tag;
   const int rank = comm.rank(), W = comm.world_size();
   const fail::Context ctx{rank, options.step, -1, options.epoch, options.rec};
+  // A delayed parameter update still in flight is applied first (every rank saves: it is
+  // collective): the save holds the weights after the step it is named for, and the run goes
+  // on from there as a run resumed from it would.
+  engine.finish_update();
   // Every boundary between two writes (crash tests stop the process at the Nth).
   auto boundary = [&](const std::string& what) { ZT_FAIL_D("ckpt.between_writes", ctx, what); };
 

@@ -61,6 +61,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
       {"grad_clip", [&](const YAML::Node& n) { c.grad_clip = n.as<double>(); }},
       {"activation_checkpointing", [&](const YAML::Node& n) { c.activation_checkpointing = n.as<bool>(); }},
       {"tf32", [&](const YAML::Node& n) { c.tf32 = n.as<bool>(); }},
+      {"delayed_update", [&](const YAML::Node& n) { c.delayed_update = n.as<int64_t>(); }},
       {"checkpoint_dir", [&](const YAML::Node& n) { c.checkpoint_dir = n.as<std::string>(); }},
       {"save_every", [&](const YAML::Node& n) { c.save_every = n.as<int64_t>(); }},
       {"resume", [&](const YAML::Node& n) { c.resume = n.as<bool>(); }},
@@ -161,6 +162,9 @@ Status validate(const TrainConfig& c) {
   if (c.zero.offload_optimizer && c.zero.stage == 0)
     return bad("offload_optimizer needs ZeRO stage 1, 2 or 3 (it offloads the optimizer partition)");
   if (c.zero.offload_param && c.zero.stage != 3) return bad("offload_param needs ZeRO stage 3 (only stage 3 partitions parameters)");
+  if (c.delayed_update < -1) return bad("delayed_update must be a step (0 or more), or -1 for off");
+  if (c.delayed_update >= 0 && !c.zero.offload_optimizer)
+    return bad("delayed_update runs CPU AdamW beside the next step: it needs the optimizer on the host (offload_optimizer, ZeRO stage 1-3)");
   if (c.checkpoint_gather != "streamed" && c.checkpoint_gather != "device")
     return bad("checkpoint_gather '" + c.checkpoint_gather + "': use streamed (one module at a time) or device (all at once)");
   if (c.world_size > 256 && !c.virtual_mode)
@@ -192,6 +196,7 @@ std::string to_json(const TrainConfig& c) {
                       {"grad_clip", c.grad_clip},
                       {"activation_checkpointing", c.activation_checkpointing},
                       {"tf32", c.tf32},
+                      {"delayed_update", c.delayed_update},
                       {"zero_optimization", {{"stage", c.zero.stage},
                                              {"offload_optimizer", c.zero.offload_optimizer},
                                              {"offload_param", c.zero.offload_param},

@@ -74,6 +74,11 @@ struct TrainConfig {
   // --device cuda: the fp32 GEMMs on the GPU's TF32 tensor cores (10-bit mantissa, fp32
   // accumulation), as torch.backends.cuda.matmul.allow_tf32; off: true fp32, the CPU's results.
   bool tf32 = false;
+  // ZeRO-Offload's delayed parameter update (DPU), from optimizer step N on (-1: off; needs
+  // offload_optimizer): step s's CPU AdamW runs on a background thread while step s+1's forward
+  // and backward run on weights one update behind. The first N steps update in order (the
+  // paper's warm-up); a checkpoint save applies the update in flight first (a sync point).
+  int64_t delayed_update = -1;
   bool quiet = false;
   // Checkpoints (issue 5; trainer/ckpt/checkpoint.h). Flags and YAML keys of the same names.
   std::string checkpoint_dir;      // where checkpoints go (and are resumed from)

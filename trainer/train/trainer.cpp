@@ -176,6 +176,7 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
       rec->marker_end(em);
     }
   }
+  engine.finish_update();  // the last step's update, when it was delayed
   if (summary) {
     summary->seconds = double(probe::now_ns() - t_run) / 1e9;
     summary->samples_used = loader.samples_used() * cfg.world_size;

@@ -1,5 +1,7 @@
 #include "zero/engine.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -24,6 +26,9 @@ struct ZeroEngine::Part {
   Tensor master, m, v; // fp32 [opt_n]: pinned host with offload_optimizer, else accelerator
   Tensor grad32;       // fp32 [opt_n] on the host with offload_optimizer (persistent)
   Tensor grad32_dev;   // fault zero.grad_partition_stays_on_device: the partition left on the device
+  // Delayed parameter update: grad32's second buffer (the background AdamW reads one while the
+  // next step's partition lands in the other) and the module's compute-dtype update on the host.
+  Tensor grad32_spare, update;
   Tensor gathered, compute;  // live while fetched
   Tensor staged;             // offload_param: the shard copied to the device ahead of its gather
   PendingCopy staging;       // ... that copy, while it is in flight
@@ -117,6 +122,13 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     throw std::invalid_argument("offload_optimizer needs ZeRO stage 1, 2 or 3 (it offloads the optimizer partition)");
   if (z_.offload_param && z_.stage != 3)
     throw std::invalid_argument("offload_param needs ZeRO stage 3 (only stage 3 partitions parameters)");
+  if (cfg.delayed_update >= 0) {
+    if (!z_.offload_optimizer)
+      throw std::invalid_argument("delayed_update runs CPU AdamW beside the next step: it needs offload_optimizer");
+    // The rank thread keeps one of its OpenMP threads to itself: it queues the next step's
+    // kernels and lands its gradient partitions while AdamW runs.
+    background_ = std::make_unique<BackgroundThread>(std::max(1, omp_get_max_threads() - 1));
+  }
   if (dtype_ == DType::F16) loss_scale_ = z_.static_loss_scale > 0 ? z_.static_loss_scale : std::pow(2.0, z_.initial_scale_power);
   hysteresis_left_ = z_.hysteresis;
 
@@ -182,6 +194,11 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
 // freed (a failed step leaves both behind).
 ZeroEngine::~ZeroEngine() {
   try {
+    if (background_) background_->wait();  // its jobs read this engine's tensors
+  } catch (const std::exception&) {
+    // the run reports the step that failed
+  }
+  try {
     for (auto& p : parts_) p->staging.wait();
     land_offloads(0);
     rt_.accelerator().ops().synchronize();
@@ -208,7 +225,7 @@ void ZeroEngine::end(probe::MarkerId id) {
 int64_t ZeroEngine::model_state_bytes() const {
   int64_t b = 0;
   for (const auto& p : parts_)
-    for (const Tensor* t : {&p->param, &p->param_shard, &p->grad, &p->master, &p->m, &p->v, &p->grad32})
+    for (const Tensor* t : {&p->param, &p->param_shard, &p->grad, &p->master, &p->m, &p->v, &p->grad32, &p->grad32_spare})
       if (t->defined()) b += int64_t(t->bytes());
   return b;
 }
@@ -603,34 +620,60 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   ++adam_steps_;
   // The fused pass may write host parameter shards that H2D copies read earlier in the step.
   rt_.accelerator().ops().synchronize();
+  // The update of the step before, when it was delayed, is applied before this one starts: its
+  // AdamW has finished and its weights are written back before its buffers are used again.
+  apply_update(step);
+  const bool delayed = cfg_.delayed_update >= 0 && step >= cfg_.delayed_update;
   const optim::AdamParams hp{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
-  // Each module's Adam ("adamw X"), then its updated shard to the device: serially, since both
-  // are bound by host memory bandwidth (measured on an H100 host: a copy running beside the next
-  // module's Adam slowed both, and 124M's step went from 158 to 185 ms).
+  std::vector<AdamJob> jobs;
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
     Part& p = *parts_[mi];
     check_same_device("adamw_step", {&p.master, &g32[mi], &p.m, &p.v}, step);
-    Tensor fused;
-    void* low_out = nullptr;
-    optim::LowDType low = optim::LowDType::None;
-    bool written_in_place = false;  // the fused pass wrote the host parameter shard itself
+    AdamJob j;
+    j.mi = int(mi);
+    j.grad = g32[mi];
     if (p.master.device().is_host() && dtype_ != DType::F32) {
-      low = dtype_ == DType::BF16 ? optim::LowDType::BF16 : optim::LowDType::F16;
-      if (p.sharded && p.param_shard.device().is_host()) {
-        low_out = p.param_shard.raw();
-        written_in_place = true;
+      j.low = dtype_ == DType::BF16 ? optim::LowDType::BF16 : optim::LowDType::F16;
+      if (!delayed && p.sharded && p.param_shard.device().is_host()) {
+        j.low_out = p.param_shard.raw();
+        j.in_place = true;
       } else {
-        fused = Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
-        low_out = fused.raw();
+        // Delayed, the update has a buffer of its own, kept from step to step: the next step's
+        // prefetch reads the host parameter shards while the background pass runs.
+        if (delayed && !p.update.defined())
+          p.update = Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
+        j.fused = delayed ? p.update : Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
+        j.low_out = j.fused.raw();
       }
     }
-    probe::MarkerId am = phase("adamw " + p.spec.name, step);
-    if (!virt_)
-      p.master.device().ops().adamw(p.master.f32(), g32[mi].f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_steps_,
-                                    low_out, low);
-    end(am);
-    if (!written_in_place) write_back(int(mi), fused);
-    zero_tensor(p.grad);
+    jobs.push_back(std::move(j));
+  }
+  if (!delayed) {
+    // Each module's Adam ("adamw X"), then its updated shard to the device: serially, since both
+    // are bound by host memory bandwidth (measured on an H100 host: a copy running beside the next
+    // module's Adam slowed both, and 124M's step went from 158 to 185 ms).
+    for (const AdamJob& j : jobs) {
+      run_adam(j, hp, step, adam_steps_);
+      if (!j.in_place) write_back(j.mi, j.fused);
+      zero_tensor(parts_[size_t(j.mi)]->grad);
+    }
+  } else {
+    // The whole AdamW pass to the background thread; the next step's forward and backward run
+    // meanwhile on the weights as they are, and its partitions land in the other buffers.
+    for (auto& p : parts_) zero_tensor(p->grad);
+    pending_ = std::move(jobs);
+    pending_step_ = step;
+    const int64_t adam_step = adam_steps_;
+    background_->submit([this, hp, step, adam_step] {
+      for (const AdamJob& j : pending_) run_adam(j, hp, step, adam_step);
+    });
+    for (auto& p : parts_) {
+      if (!p->grad32.defined()) continue;
+      if (!p->grad32_spare.defined())
+        p->grad32_spare = Tensor::zeros(p->grad32.name(), {p->opt_n}, DType::F32, rt_.host(), z_.pin_memory);
+      std::swap(p->grad32, p->grad32_spare);
+      p->grad32_sq_ready = false;
+    }
   }
   if (dtype_ == DType::F16 && z_.static_loss_scale <= 0 && ++good_steps_ % z_.loss_scale_window == 0) loss_scale_ *= 2;
   end_boundary();
@@ -640,6 +683,46 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   }
   end(ph);
   return r;
+}
+
+// One module's AdamW where its optimizer state lives (the vectorized CPU Adam on the host,
+// bit-identical to the reference), writing the compute-dtype weights too when asked (DeepSpeed's
+// fused copy). On the background thread under the delayed update: it touches the module's
+// master weights and moments, the gradient partition and the output named in the job only.
+void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t step, int64_t adam_step) {
+  Part& p = *parts_[size_t(j.mi)];
+  probe::MarkerId am = phase("adamw " + p.spec.name, step);
+  if (!virt_)
+    p.master.device().ops().adamw(p.master.f32(), j.grad.f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_step, j.low_out,
+                                  j.low);
+  end(am);
+}
+
+// The delayed update in flight, if any: its AdamW pass finished, then each module's updated
+// weights written back where the parameters live (the all-gathers of whole modules included).
+void ZeroEngine::apply_update(int64_t at_step) {
+  if (!update_pending()) return;
+  probe::MarkerId ph = phase("apply delayed update of step " + std::to_string(pending_step_), at_step);
+  try {
+    background_->wait();  // only then is pending_ the rank thread's again: the job reads it
+  } catch (...) {
+    pending_.clear();
+    end(ph);
+    throw;
+  }
+  const std::vector<AdamJob> jobs = std::move(pending_);
+  pending_.clear();
+  for (const AdamJob& j : jobs)
+    if (!j.in_place) write_back(j.mi, j.fused);
+  end(ph);
+}
+
+void ZeroEngine::finish_update() { apply_update(pending_step_); }
+
+void ZeroEngine::require_no_pending_update(const char* what) const {
+  if (update_pending())
+    throw std::logic_error(std::string("ZeroEngine::") + what + ": the delayed update of step " +
+                           std::to_string(pending_step_) + " is still in flight: call finish_update() first");
 }
 
 // ---------------------------------------------------------------- faults at the boundary
@@ -766,7 +849,9 @@ void ZeroEngine::write_back(int mi, const Tensor& fused) {
     return low;
   };
   if (p.sharded) {
-    if (p.param_shard.device().is_host() == master_on_host) {
+    if (fused.defined() && p.param_shard.device().is_host()) {
+      if (fused.raw()) host_ops().copy(p.param_shard.raw(), fused.raw(), fused.bytes());  // the delayed update's own buffer
+    } else if (p.param_shard.device().is_host() == master_on_host) {
       set_from(p.param_shard, 0, p.master.f32(), p.shard);
     } else {
       Tensor low = host_low();
@@ -794,6 +879,7 @@ ZeroEngine::OptimizerScalars ZeroEngine::checkpoint_scalars() const {
 }
 
 void ZeroEngine::export_states(const StateVisitor& visit) {
+  require_no_pending_update("export_states");
   const std::vector<ModuleLayout> layout = checkpoint_layout();
   Device& host = rt_.host();
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
@@ -809,6 +895,7 @@ void ZeroEngine::export_states(const StateVisitor& visit) {
 }
 
 void ZeroEngine::import_states(const OptimizerScalars& scalars, const StateFiller& fill) {
+  require_no_pending_update("import_states");
   const std::vector<ModuleLayout> layout = checkpoint_layout();
   Device& host = rt_.host();
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
@@ -837,6 +924,7 @@ void ZeroEngine::import_states(const OptimizerScalars& scalars, const StateFille
 }
 
 ZeroEngine::GatherStats ZeroEngine::gather_weights(WeightsGather how, bool to_host, const WeightsVisitor& visit) {
+  require_no_pending_update("gather_weights");
   const std::vector<ModuleLayout> layout = checkpoint_layout();
   Device& accel = rt_.accelerator();
   Device& host = rt_.host();

@@ -30,6 +30,19 @@
 // followed by that module's write-back). The trace's transfer rows carry the copies' real
 // times, so the overlap shows against the compute markers.
 //
+// Delayed parameter update (cfg.delayed_update >= 0, ZeRO-Offload's DPU; offload_optimizer):
+// from that step on, a step's "adamw <module>" phases run on a background thread (background.h)
+// while the rank thread goes on with the next step's forward and backward, which use the
+// weights as they were before that update. That next step's optimizer phase first applies it
+// ("apply delayed update": waits for the AdamW pass, then writes every module's updated
+// weights back), then starts its own. So step s+1's gradients are taken at the weights of
+// step s-1's update: one update stale, as in the paper. The fp32 gradient partitions on the
+// host are double-buffered (AdamW reads one while backward lands the next step's in the other),
+// and the compute-dtype update of each module goes to a host buffer of its own (the parameter
+// shards on the host are read by the next step's prefetch meanwhile). finish_update() applies
+// an update still in flight: a checkpoint save and the end of a run call it, so a save is a
+// sync point and a run resumed from it continues exactly as the run that saved it.
+//
 // The global norm and unscale_and_clip_grads are an explicit step: the norm is a tensor on
 // the host under offload_optimizer and on the device otherwise; when clipping is active the
 // combined scale is a tensor on the norm's device, and every fp32 gradient partition passes
@@ -50,6 +63,7 @@
 #include "model/layout.h"
 #include "train/rank_runtime.h"
 #include "train/train_config.h"
+#include "zero/background.h"
 #include "zero/communicator.h"
 
 namespace zt::trainer {
@@ -71,6 +85,12 @@ class ZeroEngine {
   StepResult step(DataLoader& loader, int64_t epoch, int64_t step_in_epoch, int64_t global_step);
 
   const ZeroSettings& settings() const { return z_; }
+  // The delayed parameter update still in flight, if any: waited for (its error thrown) and
+  // written back. Collective at stages 1-3 when an update is pending (the write-back all-gathers
+  // whole modules): every rank calls it at the same point. export_states, import_states and
+  // gather_weights below need none pending (they throw std::logic_error otherwise).
+  void finish_update();
+  bool update_pending() const { return background_ && background_->pending(); }
   // The epoch boundary: called by the run before the first step of each epoch after the
   // first. Where the fault host.epoch_leak (R1) re-creates the offload buffers.
   void on_epoch_boundary(int64_t epoch, int64_t global_step);
@@ -153,6 +173,18 @@ class ZeroEngine {
   void boundary_reduce(int64_t step);
   StepResult optimizer_step(int64_t step);
   void write_back(int m, const Tensor& fused);
+  // One module's AdamW of one step, on the rank thread or the background thread.
+  struct AdamJob {
+    int mi = 0;
+    Tensor grad;              // the fp32 gradient partition it reads
+    Tensor fused;             // the compute-dtype update it writes, when not in place (or none)
+    void* low_out = nullptr;  // fused's storage, or the host parameter shard itself
+    optim::LowDType low = optim::LowDType::None;
+    bool in_place = false;    // it writes the host parameter shard itself: no write-back
+  };
+  void run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t step, int64_t adam_step);
+  void apply_update(int64_t at_step);
+  void require_no_pending_update(const char* what) const;
   probe::MarkerId phase(const std::string& name, int64_t step, int64_t micro = -1);
   void end(probe::MarkerId id);
 
@@ -183,6 +215,11 @@ class ZeroEngine {
   std::string leak_active_;       // ... acting at this boundary
   std::vector<Tensor> leaked_;    // buffers the leak keeps alive (never released)
   int stays_on_device_ = -1;      // module whose fp32 gradient partition stays on the device this step
+  // Delayed parameter update: the background thread, the jobs it runs (owned here, read there
+  // until waited for) and the step they belong to.
+  std::unique_ptr<BackgroundThread> background_;
+  std::vector<AdamJob> pending_;
+  int64_t pending_step_ = -1;
   double loss_scale_ = 1;
   int64_t good_steps_ = 0, hysteresis_left_ = 0, adam_steps_ = 0;
 };

@@ -1,0 +1,221 @@
+// The delayed parameter update (cfg.delayed_update; zero/engine.h): step s's CPU AdamW runs on a
+// background thread beside step s+1's forward and backward, which see the weights one update
+// behind. Checked against the same schedule written out by hand with the reference model, across
+// stages and ranks, in the trace (AdamW beside the next step), at a checkpoint (a sync point: a
+// resumed run goes on exactly), and for bad settings. The GPU code path (an opaque device) is in
+// opaque_device_test.cpp.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <stdexcept>
+
+#include "../test_util.h"
+#include "data/corpus.h"
+#include "model/adamw.h"
+#include "model/config.h"
+#include "model/gpt2.h"
+#include "traced_run.h"
+#include "train/trainer.h"
+#include "zero/background.h"
+#include "zt/db/trace_reader.h"
+
+using namespace zt::trainer;
+
+namespace {
+
+// One rank, ZeRO-1 with the optimizer on the host, fp32: the engine's arithmetic is then the
+// reference model's, bit for bit.
+TrainConfig dpu_run(int64_t steps, int64_t delayed_from) {
+  TrainConfig c = zt::test::tiny_run(steps);
+  c.zero.stage = 1;
+  c.zero.offload_optimizer = true;
+  c.delayed_update = delayed_from;
+  return c;
+}
+
+}  // namespace
+
+// The schedule by hand: the whole-model forward/backward of model/gpt2.h at the weights the
+// device holds, and the reference AdamW on the master weights. Up to step `from` each update is
+// applied before the next step; from it on, step s's update is applied only at step s+1's
+// optimizer step, after step s+1's gradients were taken.
+TEST(DelayedUpdate, EachGradientIsTakenOneUpdateBehind) {
+  constexpr int64_t kSteps = 6, kFrom = 2;
+  const TrainConfig c = dpu_run(kSteps, kFrom);
+  const std::vector<double> got = zt::test::train_losses(c);
+
+  const zt::model::Config mc = *zt::model::preset("tiny");
+  const int B = int(c.micro_batch), T = int(c.seq_len);
+  const Corpus corpus = synthetic_corpus(c.seed, c.synthetic_bytes);
+  const DataPlan plan = plan_data(corpus, T, B, 1, 1);
+  DataLoader loader(corpus, plan, c.seed);
+  const size_t n = size_t(zt::model::num_params(mc));
+  std::vector<float> weights(n), master(n), grads(n), m(n, 0.0f), v(n, 0.0f);
+  zt::model::init_params(mc, c.seed, master.data());
+  weights = master;
+  zt::model::Workspace ws(mc, B, T, false);
+  std::vector<int32_t> tokens(size_t(B) * T), targets(size_t(B) * T);
+  std::vector<double> want, sync;
+  bool pending = false;
+  for (int64_t s = 0; s < kSteps; ++s) {
+    loader.micro_batch(0, s, 0, 0, tokens.data(), targets.data());
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    want.push_back(zt::model::forward_backward(ws, weights.data(), tokens.data(), targets.data(), grads.data()));
+    if (pending) weights = master;  // the update of step s-1, applied now
+    zt::model::adamw_step(master.data(), grads.data(), m.data(), v.data(), int64_t(n), c.lr, c.beta1, c.beta2, c.eps,
+                          c.weight_decay, s + 1);
+    pending = s >= kFrom;
+    if (!pending) weights = master;
+  }
+  EXPECT_EQ(got, want);  // bit for bit
+
+  // And it is a different run from the ordinary one from step kFrom + 1 on, the same before.
+  TrainConfig plain = c;
+  plain.delayed_update = -1;
+  const std::vector<double> ord = zt::test::train_losses(plain);
+  ASSERT_EQ(ord.size(), got.size());
+  for (int64_t s = 0; s <= kFrom; ++s) EXPECT_EQ(got[size_t(s)], ord[size_t(s)]) << "step " << s;
+  EXPECT_NE(got[kFrom + 1], ord[kFrom + 1]);
+}
+
+// Every stage's write-back of the delayed update (the all-gather of whole modules, the host and
+// device parameter shards, the sharded ones in bf16 through the update buffers) gives the run of
+// one rank with the same global batch, as the ordinary update does.
+TEST(DelayedUpdate, StagesAndRanksAgree) {
+  TrainConfig ref = dpu_run(8, 0);
+  ref.grad_accum = 4;
+  const std::vector<double> want = zt::test::train_losses(ref);
+  struct Case {
+    int stage, world;
+    bool off_param;
+    const char* precision;
+  };
+  for (const Case& k : {Case{2, 2, false, "fp32"}, Case{3, 4, true, "fp32"}, Case{3, 2, false, "fp32"},
+                        Case{3, 2, true, "bf16"}}) {
+    SCOPED_TRACE("stage " + std::to_string(k.stage) + ", " + std::to_string(k.world) + " ranks, " + k.precision +
+                 (k.off_param ? ", offload_param" : ""));
+    TrainConfig c = dpu_run(8, 0);
+    c.world_size = k.world;
+    c.grad_accum = 4 / k.world;
+    c.zero.stage = k.stage;
+    c.zero.offload_param = k.off_param;
+    c.zero.param_persistence_threshold = k.stage == 3 && k.world == 2 && !k.off_param ? -1 : 0;  // some whole modules
+    c.precision = k.precision;
+    zt::test::expect_losses_close(zt::test::train_losses(c), want, std::string(k.precision) == "bf16" ? 2e-2 : 1e-5);
+  }
+}
+
+// The trace shows the overlap: step s's "adamw <module>" phases (on the background thread) meet
+// step s+1's forward, loss or backward phases in time, and each step from the second on applies
+// the update before it ("apply delayed update of step s", inside step s+1's optimizer phase).
+TEST(DelayedUpdate, AdamRunsBesideTheNextStepInTheTrace) {
+  zt::test::TempDir dir;
+  TrainConfig c = dpu_run(5, 0);
+  c.zero.stage = 3;
+  c.zero.offload_param = true;
+  c.precision = "bf16";
+  const std::vector<double> want = zt::test::train_losses(c);
+  // The background thread must get a core while the rank thread runs the next step: on a 2-core
+  // machine running other tests it may not, so up to five runs are made.
+  int64_t overlapping = 0;
+  for (int attempt = 0; attempt < 5 && overlapping == 0; ++attempt) {
+    zt::test::TracedRun run = zt::test::train_traced(c, dir.file("d" + std::to_string(attempt) + ".db"));
+    ASSERT_TRUE(run.status.ok()) << run.status.message();
+    ASSERT_NE(run.reader, nullptr);
+    EXPECT_EQ(run.summary.losses, want);  // the trace changes nothing
+    zt::db::QueryResult q;
+    ASSERT_TRUE(run.reader
+                    ->query("SELECT step, name FROM marker_v WHERE rank = 0 AND name LIKE 'apply delayed update%' ORDER BY step",
+                            &q)
+                    .ok());
+    // Steps 1-4 apply the updates of steps 0-3; the last one is applied at the end of the run.
+    ASSERT_EQ(q.rows.size(), 5u);
+    for (int s = 1; s <= 4; ++s)
+      EXPECT_EQ(q.rows[size_t(s) - 1], (std::vector<std::string>{std::to_string(s), "apply delayed update of step " +
+                                                                                         std::to_string(s - 1)}));
+    ASSERT_TRUE(run.reader
+                    ->query("SELECT count(DISTINCT a.id) FROM marker_v a JOIN marker_v f ON f.rank = a.rank AND f.step = "
+                            "a.step + 1 AND f.name IN ('forward', 'loss', 'backward') AND a.t_start < f.t_end AND "
+                            "f.t_start < a.t_end WHERE a.rank = 0 AND a.name LIKE 'adamw %'",
+                            &q)
+                    .ok());
+    overlapping = std::stoll(q.rows[0][0]);
+  }
+  EXPECT_GT(overlapping, 0) << "no AdamW phase overlapped the next step's forward or backward (5 runs)";
+}
+
+// A save applies the update in flight: the saved state is that after the step it is named for,
+// and the run goes on from it. So a run resumed from a save continues bit for bit, and a run that
+// saves is not the run that does not from the first save on.
+TEST(DelayedUpdate, ACheckpointIsASyncPointAndResumesExactly) {
+  zt::test::TempDir tmp;
+  TrainConfig c = dpu_run(6, 0);
+  c.world_size = 2;
+  c.zero.stage = 3;
+  c.zero.offload_param = true;
+  c.zero.param_persistence_threshold = 0;
+  const std::vector<double> unsaved = zt::test::train_losses(c);
+  c.checkpoint_dir = tmp.file("ckpt");
+  c.save_every = 2;
+  const std::vector<double> saved = zt::test::train_losses(c);
+  ASSERT_EQ(saved.size(), 6u);
+  EXPECT_EQ(std::vector<double>(saved.begin(), saved.begin() + 2), std::vector<double>(unsaved.begin(), unsaved.begin() + 2));
+  EXPECT_NE(saved[2], unsaved[2]);  // step 2 saw step 1's update, applied by the save
+
+  // A run that stops after the step-4 save, then resumes from it to step 6.
+  TrainConfig first = c;
+  first.steps = 4;
+  first.checkpoint_dir = tmp.file("stopped");
+  EXPECT_EQ(zt::test::train_losses(first), std::vector<double>(saved.begin(), saved.begin() + 4));
+  TrainConfig second = first;
+  second.steps = 6;
+  second.resume = true;
+  TrainSummary s;
+  zt::Status st = train(second, nullptr, nullptr, &s);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(s.resumed_from_step, 4);
+  EXPECT_EQ(s.losses, std::vector<double>(saved.begin() + 4, saved.end()));  // bit for bit
+}
+
+TEST(DelayedUpdate, BadSettingsAreRefused) {
+  TrainConfig c = zt::test::tiny_run(2);
+  c.delayed_update = 0;
+  zt::Status st = validate(c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("delayed_update"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("offload_optimizer"), std::string::npos) << st.message();
+  c.zero.stage = 2;
+  c.zero.offload_optimizer = true;
+  EXPECT_TRUE(validate(c).ok());
+  c.delayed_update = -2;
+  st = validate(c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("-1 for off"), std::string::npos) << st.message();
+}
+
+// The thread the update runs on: a job's exception reaches the wait() after it; jobs run in order,
+// one at a time.
+TEST(BackgroundThread, RunsJobsInOrderAndRethrowsTheirErrors) {
+  BackgroundThread bt(1);
+  EXPECT_FALSE(bt.pending());
+  bt.wait();  // nothing handed over: returns at once
+  std::vector<int> seen;
+  for (int i = 0; i < 3; ++i) {
+    bt.submit([&seen, i] { seen.push_back(i); });
+    EXPECT_TRUE(bt.pending());
+    EXPECT_THROW(bt.submit([] {}), std::logic_error);  // one at a time
+    bt.wait();
+  }
+  EXPECT_EQ(seen, (std::vector<int>{0, 1, 2}));
+  bt.submit([] { throw std::runtime_error("adam failed"); });
+  try {
+    bt.wait();
+    ADD_FAILURE() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "adam failed");
+  }
+  EXPECT_FALSE(bt.pending());
+  bt.submit([&seen] { seen.push_back(9); });  // still usable
+  bt.wait();
+  EXPECT_EQ(seen.back(), 9);
+}

@@ -1,0 +1,69 @@
+#include "zero/background.h"
+
+#include <omp.h>
+
+#include <stdexcept>
+
+namespace zt::trainer {
+
+BackgroundThread::BackgroundThread(int omp_threads) : omp_threads_(omp_threads < 1 ? 1 : omp_threads) {}
+
+BackgroundThread::~BackgroundThread() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void BackgroundThread::submit(std::function<void()> job) {
+  if (pending_) throw std::logic_error("BackgroundThread::submit: the previous job was not waited for");
+  {
+    std::lock_guard lock(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    job_ = std::move(job);
+    error_ = nullptr;
+  }
+  pending_ = true;
+  cv_.notify_all();
+}
+
+void BackgroundThread::wait() {
+  if (!pending_) return;
+  std::exception_ptr err;
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !job_ && !running_; });
+    err = error_;
+    error_ = nullptr;
+  }
+  pending_ = false;
+  if (err) std::rethrow_exception(err);
+}
+
+void BackgroundThread::run() {
+  omp_set_num_threads(omp_threads_);
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || job_; });
+    if (stop_) return;  // a job handed over but not started is dropped
+    std::function<void()> job = std::move(job_);
+    job_ = nullptr;
+    running_ = true;
+    lock.unlock();
+    std::exception_ptr err;
+    try {
+      job();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    job = nullptr;  // what it holds is released before the waiter goes on
+    lock.lock();
+    running_ = false;
+    error_ = err;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace zt::trainer

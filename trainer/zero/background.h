@@ -1,0 +1,49 @@
+// trainer/zero/background.h: one thread that runs the jobs handed to it, one at a time, beside
+// the thread that hands them over. The engine's delayed parameter update (engine.h) runs a
+// step's CPU AdamW on it while the rank thread queues the next step's forward and backward.
+//
+// Owns: the thread and its OpenMP width (set once on the thread: OpenMP's thread count is a
+// per-thread setting, and the rank thread keeps its own). A job's exception is kept and thrown
+// by the wait() that follows it. May call: nothing of the trainer's. Called by: zero/engine.cpp.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace zt::trainer {
+
+class BackgroundThread {
+ public:
+  // The thread starts with the first job; its OpenMP regions use `omp_threads` threads.
+  explicit BackgroundThread(int omp_threads);
+  // Lets the job under way finish (its exception, if any, is dropped; one handed over but not
+  // started is not run), then stops the thread.
+  ~BackgroundThread();
+  BackgroundThread(const BackgroundThread&) = delete;
+  BackgroundThread& operator=(const BackgroundThread&) = delete;
+
+  // Hands over a job. One at a time: a job still unwaited-for is a logic error (throws).
+  void submit(std::function<void()> job);
+  // Returns when the job handed over last has finished (at once when there is none); throws
+  // what it threw.
+  void wait();
+  // True from submit() until the wait() that follows it.
+  bool pending() const { return pending_; }
+
+ private:
+  void run();
+  const int omp_threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> job_;  // handed over, not yet started
+  bool running_ = false;       // a job has been taken and has not finished
+  bool pending_ = false;       // submitted and not yet waited for (the owner's thread only)
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+}  // namespace zt::trainer
