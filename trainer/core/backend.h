@@ -48,6 +48,10 @@ class DeviceOps {
   virtual bool host_addressable() const = 0;
   // dst := src, `bytes` bytes; either side may be this device or the host.
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // dst := src, both on this device, ordered with the rest of this rank's device work (later ops,
+  // copies and passes of this rank see it) but not waited for by the caller: the one exception to
+  // the rule above, for a collective of one rank (zero/communicator.cpp). Default: copy().
+  virtual void copy_ordered(void* dst, const void* src, size_t bytes) { copy(dst, src, bytes); }
   virtual void zero(void* p, size_t bytes) = 0;
   // dst[i] = src[i] converted (fp32/bf16/fp16, round to nearest even); same dtype: a copy.
   virtual void convert(void* dst, DType dst_t, const void* src, DType src_t, int64_t n) = 0;

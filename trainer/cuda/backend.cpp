@@ -45,6 +45,11 @@ class CudaOps final : public DeviceOps {
     cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()), "cudaMemcpyAsync");
     cuda::check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
   }
+  void copy_ordered(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    set(device_);
+    cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()), "cudaMemcpyAsync");
+  }
   void zero(void* p, size_t bytes) override {
     if (!bytes) return;
     set(device_);
