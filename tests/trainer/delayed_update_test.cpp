@@ -6,6 +6,7 @@
 // opaque_device_test.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 
@@ -125,14 +126,15 @@ TEST(DelayedUpdate, AdamRunsBesideTheNextStepInTheTrace) {
     EXPECT_EQ(run.summary.losses, want);  // the trace changes nothing
     zt::db::QueryResult q;
     ASSERT_TRUE(run.reader
-                    ->query("SELECT step, name FROM marker_v WHERE rank = 0 AND name LIKE 'apply delayed update%' ORDER BY step",
+                    ->query("SELECT step, name FROM marker_v WHERE rank = 0 AND name LIKE 'apply delayed update%' "
+                            "ORDER BY t_start",
                             &q)
                     .ok());
-    // Steps 1-4 apply the updates of steps 0-3; the last one is applied at the end of the run.
+    // Steps 1-4 apply the updates of steps 0-3; step 4's is applied at the end of the run.
     ASSERT_EQ(q.rows.size(), 5u);
-    for (int s = 1; s <= 4; ++s)
-      EXPECT_EQ(q.rows[size_t(s) - 1], (std::vector<std::string>{std::to_string(s), "apply delayed update of step " +
-                                                                                         std::to_string(s - 1)}));
+    for (int s = 1; s <= 5; ++s)
+      EXPECT_EQ(q.rows[size_t(s) - 1], (std::vector<std::string>{std::to_string(std::min(s, 4)),
+                                                                  "apply delayed update of step " + std::to_string(s - 1)}));
     ASSERT_TRUE(run.reader
                     ->query("SELECT count(DISTINCT a.id) FROM marker_v a JOIN marker_v f ON f.rank = a.rank AND f.step = "
                             "a.step + 1 AND f.name IN ('forward', 'loss', 'backward') AND a.t_start < f.t_end AND "
@@ -175,6 +177,64 @@ TEST(DelayedUpdate, ACheckpointIsASyncPointAndResumesExactly) {
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(s.resumed_from_step, 4);
   EXPECT_EQ(s.losses, std::vector<double>(saved.begin() + 4, saved.end()));  // bit for bit
+}
+
+// fp16 whose loss scale doubles after every good step, so that overflows follow updates: a step
+// skipped for an overflow still applies the update in flight, so every update is applied in the
+// step after its own (or at the end of the run), never two steps later.
+TEST(DelayedUpdate, ASkippedStepStillAppliesTheUpdateInFlight) {
+  zt::test::TempDir dir;
+  TrainConfig c = dpu_run(16, 0);
+  c.zero.stage = 2;
+  c.precision = "fp16";
+  c.zero.initial_scale_power = 20;
+  c.zero.hysteresis = 1;
+  c.zero.loss_scale_window = 1;  // the scale doubles after each good step: the next one overflows
+  zt::test::TracedRun run = zt::test::train_traced(c, dir.file("fp16.db"));
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  ASSERT_NE(run.reader, nullptr);
+  zt::db::QueryResult q;
+  ASSERT_TRUE(run.reader
+                  ->query("SELECT step, substr(name, length('apply delayed update of step ') + 1) FROM marker_v WHERE "
+                          "rank = 0 AND name LIKE 'apply delayed update of step %' ORDER BY t_start",
+                          &q)
+                  .ok());
+  ASSERT_FALSE(q.rows.empty());
+  for (const auto& row : q.rows) {
+    const int64_t at = std::stoll(row[0]), of = std::stoll(row[1]);
+    EXPECT_TRUE(at == of + 1 || (at == of && of == c.steps - 1)) << "the update of step " << of << " applied at step " << at;
+  }
+  // The case this is about happened: updates applied in steps that were skipped.
+  ASSERT_TRUE(run.reader
+                  ->query("SELECT count(*) FROM marker_v a JOIN marker_v k ON k.rank = a.rank AND k.step = a.step AND "
+                          "k.name = 'skipped step (gradient overflow)' WHERE a.rank = 0 AND a.name LIKE "
+                          "'apply delayed update of step %'",
+                          &q)
+                  .ok());
+  EXPECT_GT(std::stoll(q.rows[0][0]), 0);
+  EXPECT_GT(run.summary.skipped_steps, 0);
+  EXPECT_LT(run.summary.skipped_steps, int64_t(c.steps));
+}
+
+// The update buffers' two ways to the parameters: copied into the host shards (offload_param) or up
+// to the device shards; bf16 on two ranks, stage 3: the same run, bit for bit, and not the run
+// without the delayed update.
+TEST(DelayedUpdate, HostAndDeviceShardsTakeTheSameUpdate) {
+  TrainConfig c = dpu_run(6, 1);
+  c.world_size = 2;
+  c.zero.stage = 3;
+  c.zero.param_persistence_threshold = 0;
+  c.precision = "bf16";
+  TrainConfig host = c;
+  host.zero.offload_param = true;
+  const std::vector<double> on_device = zt::test::train_losses(c), on_host = zt::test::train_losses(host);
+  EXPECT_EQ(on_device, on_host);
+  TrainConfig plain = host;
+  plain.delayed_update = -1;
+  const std::vector<double> ord = zt::test::train_losses(plain);
+  ASSERT_EQ(ord.size(), on_host.size());
+  EXPECT_EQ(ord[1], on_host[1]);
+  EXPECT_NE(ord[2], on_host[2]);
 }
 
 TEST(DelayedUpdate, BadSettingsAreRefused) {

@@ -125,8 +125,10 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   if (cfg.delayed_update >= 0) {
     if (!z_.offload_optimizer)
       throw std::invalid_argument("delayed_update runs CPU AdamW beside the next step: it needs offload_optimizer");
-    // The rank thread keeps one of its OpenMP threads to itself: it queues the next step's
-    // kernels and lands its gradient partitions while AdamW runs.
+    // AdamW gets all but one of the rank's OpenMP threads; the rank thread keeps its own team for
+    // what it does meanwhile (on a GPU: queueing kernels and landing gradient partitions; on the
+    // simulated GPU: the model's compute), so the two teams share the cores while they overlap.
+    // How to split them on a real GPU host is not measured yet.
     background_ = std::make_unique<BackgroundThread>(std::max(1, omp_get_max_threads() - 1));
   }
   if (dtype_ == DType::F16) loss_scale_ = z_.static_loss_scale > 0 ? z_.static_loss_scale : std::pow(2.0, z_.initial_scale_power);
@@ -195,7 +197,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
 ZeroEngine::~ZeroEngine() {
   try {
     if (background_) background_->wait();  // its jobs read this engine's tensors
-  } catch (const std::exception&) {
+  } catch (...) {
     // the run reports the step that failed
   }
   try {
@@ -570,6 +572,9 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       rec_->counter(rank_, 0, rec_->intern("loss_scale"), loss_scale_);
     }
     for (auto& p : parts_) zero_tensor(p->grad);
+    // A delayed update in flight is applied all the same: the next step is one update behind,
+    // as every other step, not two.
+    apply_update(step);
     end_boundary();
     end(ph);
     return r;
@@ -703,6 +708,8 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
 void ZeroEngine::apply_update(int64_t at_step) {
   if (!update_pending()) return;
   probe::MarkerId ph = phase("apply delayed update of step " + std::to_string(pending_step_), at_step);
+  // The step's host->device copies read the host parameter shards the write-back overwrites.
+  rt_.accelerator().ops().synchronize();
   try {
     background_->wait();  // only then is pending_ the rank thread's again: the job reads it
   } catch (...) {
