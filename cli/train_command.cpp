@@ -45,6 +45,10 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_flag("--tf32", cfg->tf32,
                 "--device cuda: fp32 matrix multiplies on TF32 tensor cores (10-bit mantissa, fp32 accumulation), as "
                 "torch.backends.cuda.matmul.allow_tf32; default: true fp32");
+  sub->add_option("--matmul-precision", cfg->matmul_precision,
+                  "--device cuda: fp32 matrix multiplies as torch.set_float32_matmul_precision: highest (true fp32, "
+                  "default), high (TF32 tensor cores, as --tf32) or medium (bf16 tensor cores)")
+      ->check(CLI::IsMember({"highest", "high", "medium"}));
   sub->add_option("--delayed-update", cfg->delayed_update,
                   "ZeRO-Offload's delayed parameter update from optimizer step N on (needs --offload-optimizer): step s's "
                   "CPU AdamW runs beside step s+1's forward and backward, which see weights one update behind; -1: off")
@@ -111,6 +115,7 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--activation-checkpointing") from_file.activation_checkpointing = c.activation_checkpointing;
           else if (n == "--tf32") from_file.tf32 = c.tf32;
           else if (n == "--delayed-update") from_file.delayed_update = c.delayed_update;
+          else if (n == "--matmul-precision") from_file.matmul_precision = c.matmul_precision;
           else if (n == "--quiet") from_file.quiet = c.quiet;
           else if (n == "--checkpoint-dir") from_file.checkpoint_dir = c.checkpoint_dir;
           else if (n == "--save-every") from_file.save_every = c.save_every;

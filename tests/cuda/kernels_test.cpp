@@ -5,6 +5,7 @@
 // values in fp32. Label gpu: every test skips, saying why, without a usable GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -16,6 +17,7 @@
 
 using namespace zt::cuda;
 using namespace zt::cuda::test;
+using zt::trainer::MatmulPrecision;
 namespace ref = zt::model::kernels;
 
 namespace {
@@ -56,6 +58,42 @@ TEST_P(CudaKernels, MatmulForward) {
       EXPECT_TRUE(close(download(dout, N * OC, t()), want, tol(),
                         tag(std::string("matmul_forward bias=") + (with_bias ? "1" : "0") +
                             " accumulate=" + (accumulate ? "1" : "0"))));
+    }
+  }
+}
+
+// The matmul precision of fp32 GEMMs (torch.set_float32_matmul_precision): highest is fp32, high
+// rounds the inputs to TF32 and medium to bf16 inside cuBLAS, accumulating in fp32. So medium's
+// result is the fp32 product of the bf16-rounded inputs (within fp32 accumulation error), and is
+// nearer that than the product of the inputs as given; highest is the other way round.
+TEST(CudaMatmulPrecision, MediumMultipliesTheBf16RoundedInputs) {
+  ZT_REQUIRE_GPU();
+  const int64_t N = 256, IC = 512, OC = 256;  // tensor-core shapes
+  const auto x = normal(size_t(N * IC), 11), w = normal(size_t(OC * IC), 12, 0.05f);
+  std::vector<float> exact(size_t(N * OC)), of_bf16(size_t(N * OC));
+  ref::matmul_forward(exact.data(), x.data(), w.data(), nullptr, N, IC, OC, false);
+  const auto xb = rounded(x, DType::BF16), wb = rounded(w, DType::BF16);
+  ref::matmul_forward(of_bf16.data(), xb.data(), wb.data(), nullptr, N, IC, OC, false);
+  auto max_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double m = 0;
+    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
+    return m;
+  };
+  for (MatmulPrecision p : {MatmulPrecision::Highest, MatmulPrecision::Medium}) {
+    SCOPED_TRACE(std::string(zt::trainer::matmul_precision_name(p)));
+    Blas blas(0);
+    blas.set_matmul_precision(p);
+    DeviceBuffer dx = upload(x, DType::F32), dw = upload(w, DType::F32), dout(size_t(N * OC) * 4);
+    matmul_forward(blas, dout.get(), dx.get(), dw.get(), nullptr, N, IC, OC, DType::F32, nullptr, false);
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    const std::vector<float> got = download(dout, size_t(N * OC), DType::F32);
+    const double to_exact = max_diff(got, exact), to_bf16 = max_diff(got, of_bf16);
+    if (p == MatmulPrecision::Medium) {
+      EXPECT_LT(to_bf16, to_exact) << "medium did not round the inputs to bf16";
+      EXPECT_TRUE(close(got, of_bf16, tolerance_for(DType::F32), "medium vs the product of the bf16-rounded inputs"));
+    } else {
+      EXPECT_LT(to_exact, to_bf16);
+      EXPECT_TRUE(close(got, exact, tolerance_for(DType::F32), "highest vs the fp32 product"));
     }
   }
 }

@@ -90,6 +90,23 @@ TEST(CudaTrain, Tf32GemmsStayWithinTheBf16Tolerance) {
   }
 }
 
+// --matmul-precision medium: the fp32 GEMMs on bf16 tensor cores (inputs rounded to 8 bits of
+// mantissa inside cuBLAS, fp32 accumulation) train the tiny model close to the CPU reference.
+TEST(CudaTrain, MediumMatmulPrecisionStaysNearTheReference) {
+  ZT_REQUIRE_GPU();
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    TrainConfig c = tiny_run(6);
+    c.precision = precision;
+    c.zero.stage = 3;
+    c.zero.offload_optimizer = true;
+    const std::vector<double> want = train_losses(c);
+    c.device = "cuda";
+    c.matmul_precision = "medium";
+    expect_losses_close(train_losses(c), want, 3e-2);
+  }
+}
+
 // A GPU capped below what the model needs runs out with PyTorch's text and the real figures.
 TEST(CudaTrain, OutOfMemoryUnderACapSaysSo) {
   ZT_REQUIRE_GPU();

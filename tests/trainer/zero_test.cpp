@@ -246,6 +246,17 @@ TEST(Zero, BadDeepSpeedConfigsAreRejected) {
             std::string::npos);
   t.device = "cuda";
   EXPECT_TRUE(validate(t).ok());
+  t.matmul_precision = "medium";  // and tf32: two precisions asked for
+  EXPECT_NE(validate(t).message().find("tf32 and matmul_precision medium ask for two precisions"), std::string::npos);
+  TrainConfig m = base(1);
+  m.matmul_precision = "medium";
+  EXPECT_NE(validate(m).message().find("matmul_precision chooses how a real GPU multiplies matrices: it needs --device cuda"),
+            std::string::npos);
+  m.device = "cuda";
+  EXPECT_TRUE(validate(m).ok());
+  m.matmul_precision = "low";
+  EXPECT_NE(validate(m).message().find("matmul_precision 'low': use highest (fp32), high (TF32) or medium (bf16)"),
+            std::string::npos);
 }
 
 // fp16 with a loss scale far too large: the scaled gradients really overflow fp16, the

@@ -147,9 +147,9 @@ class Backend {
 // rank's GPU; where only one GPU is visible (CUDA_VISIBLE_DEVICES, Slurm's --gpus-per-task) that
 // one, whatever `device` says). Null with the reason in *why when this build has no CUDA, the
 // machine no usable GPU, or `device` is out of range.
-// tf32: fp32 GEMMs on TF32 tensor cores (TrainConfig::tf32); off, true fp32.
+// matmul: how the fp32 GEMMs run (TrainConfig::matmul_precision; core/dtype.h).
 struct CudaBackendOptions {
-  bool tf32 = false;
+  MatmulPrecision matmul = MatmulPrecision::Highest;
 };
 std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, CudaBackendOptions options = {});
 

@@ -22,6 +22,22 @@ std::optional<DType> parse_dtype(std::string_view s) {
   return std::nullopt;
 }
 
+std::string_view matmul_precision_name(MatmulPrecision p) {
+  switch (p) {
+    case MatmulPrecision::Highest: return "highest";
+    case MatmulPrecision::High: return "high";
+    case MatmulPrecision::Medium: return "medium";
+  }
+  return "?";
+}
+
+std::optional<MatmulPrecision> parse_matmul_precision(std::string_view s) {
+  if (s == "highest") return MatmulPrecision::Highest;
+  if (s == "high") return MatmulPrecision::High;
+  if (s == "medium") return MatmulPrecision::Medium;
+  return std::nullopt;
+}
+
 void to_float(DType t, const void* src, float* dst, size_t n) {
   switch (t) {
     case DType::I32:

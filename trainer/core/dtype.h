@@ -16,6 +16,13 @@ namespace zt::trainer {
 // I32 holds token ids; it has no conversion to or from fp32.
 enum class DType : uint8_t { F32, BF16, F16, I32 };
 
+// How a GPU multiplies fp32 matrices, as torch.set_float32_matmul_precision: Highest is true fp32
+// (the CPU reference's results), High rounds the inputs to TF32 (10-bit mantissa) and Medium to
+// bf16 (8-bit mantissa) for the tensor cores; fp32 accumulation and fp32 results in all three.
+enum class MatmulPrecision : uint8_t { Highest, High, Medium };
+std::string_view matmul_precision_name(MatmulPrecision p);  // "highest", "high", "medium"
+std::optional<MatmulPrecision> parse_matmul_precision(std::string_view name);
+
 constexpr size_t dtype_size(DType t) { return t == DType::BF16 || t == DType::F16 ? 2 : 4; }
 std::string_view dtype_name(DType t);                        // "fp32", "bf16", "fp16"
 std::optional<DType> parse_dtype(std::string_view name);     // also "float32", "bfloat16", "float16"

@@ -188,7 +188,7 @@ class CudaOps final : public DeviceOps {
 };
 
 struct Slot {
-  Slot(int device, bool tf32) : ops(device), blas(device) { blas.set_tf32(tf32); }
+  Slot(int device, MatmulPrecision matmul) : ops(device), blas(device) { blas.set_matmul_precision(matmul); }
   CudaOps ops;
   cuda::Blas blas;
 };
@@ -238,7 +238,7 @@ class CudaBackend final : public Backend {
   Slot& slot(int rank) {
     std::lock_guard lock(mu_);
     auto& s = slots_[rank];
-    if (!s) s = std::make_unique<Slot>(device_, options_.tf32);
+    if (!s) s = std::make_unique<Slot>(device_, options_.matmul);
     return *s;
   }
   int device_;

@@ -98,6 +98,17 @@ const CublasApi& prepare(Blas& blas, cudaStream_t stream, std::initializer_list<
   return api;
 }
 
+// The compute type of a GEMM on inputs of type ab: fp32 inputs follow the Blas's matmul precision.
+cublasComputeType_t compute_type(const Blas& blas, cudaDataType_t ab) {
+  if (ab != CUDA_R_32F) return CUBLAS_COMPUTE_32F;
+  switch (blas.matmul_precision()) {
+    case trainer::MatmulPrecision::High: return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case trainer::MatmulPrecision::Medium: return CUBLAS_COMPUTE_32F_FAST_16BF;
+    case trainer::MatmulPrecision::Highest: break;
+  }
+  return CUBLAS_COMPUTE_32F;
+}
+
 // C (ldc) = alpha * op(A) op(B) + beta * C, column-major, A and B of type ab, C of type c,
 // fp32 accumulation.
 void gemm(Blas& blas, cudaStream_t stream, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
@@ -106,8 +117,7 @@ void gemm(Blas& blas, cudaStream_t stream, cublasOperation_t ta, cublasOperation
   const CublasApi& api = prepare(blas, stream, {m, n, k, lda, ldb, ldc}, what);
   const float alpha = 1.0f;
   check_blas(api.gemm_ex(blas.handle(), ta, tb, int(m), int(n), int(k), &alpha, a, ab, int(lda), b, ab, int(ldb), &beta,
-                         c, ct, int(ldc), ab == CUDA_R_32F && blas.tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT),
+                         c, ct, int(ldc), compute_type(blas, ab), CUBLAS_GEMM_DEFAULT),
              what);
 }
 
@@ -120,8 +130,7 @@ void gemm_batched_f32(Blas& blas, cudaStream_t stream, cublasOperation_t ta, cub
   check_blas(api.gemm_strided_batched_ex(blas.handle(), ta, tb, int(m), int(n), int(k), &alpha, a, CUDA_R_32F, int(lda),
                                          sa, b, CUDA_R_32F, int(ldb), sb, &beta, c, CUDA_R_32F, int(ldc), sc,
                                          int(batch),
-                                         blas.tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT),
+                                         compute_type(blas, CUDA_R_32F), CUBLAS_GEMM_DEFAULT),
              what);
 }
 

@@ -10,7 +10,8 @@
 //   dw[OC, IC] += dout^T @ inp              is  dw^T += inp^T * dout(op T)     (m=IC, n=OC, k=N)
 // Precision: compute type CUBLAS_COMPUTE_32F everywhere (fp32 accumulation); for fp32 tensors
 // that is true fp32 (no TF32: the default math mode, so parity with the CPU reference holds),
-// unless the Blas has set_tf32(true) (CUBLAS_COMPUTE_32F_FAST_TF32 for fp32 tensors only).
+// unless the Blas's matmul precision says otherwise (for fp32 tensors only: High is
+// CUBLAS_COMPUTE_32F_FAST_TF32, Medium CUBLAS_COMPUTE_32F_FAST_16BF).
 // Outputs out and dinp are in the tensors' dtype; dw and dbias are fp32 (gradients accumulate in
 // fp32, as the reference's). The bias is written into out first and the GEMM adds with beta = 1,
 // as the reference does.
@@ -42,11 +43,14 @@ class Blas {
   // again after setting its stream (cublasSetStream resets the workspace to cuBLAS's pool).
   void set_workspace(void* memory, size_t bytes);
   void* workspace() const { return workspace_; }
-  // fp32 GEMMs on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to a 10-bit
-  // mantissa, fp32 accumulation), as torch.backends.cuda.matmul.allow_tf32. Off by default: true
-  // fp32, what the parity tests hold to 1e-4. bf16/fp16 GEMMs are unaffected.
-  void set_tf32(bool on) { tf32_ = on; }
-  bool tf32() const { return tf32_; }
+  // How fp32 GEMMs run, as torch.set_float32_matmul_precision (core/dtype.h): Highest (default)
+  // true fp32, what the parity tests hold to 1e-4; High on TF32 tensor cores
+  // (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to a 10-bit mantissa, as
+  // torch.backends.cuda.matmul.allow_tf32); Medium on bf16 tensor cores
+  // (CUBLAS_COMPUTE_32F_FAST_16BF: inputs rounded to bf16 inside cuBLAS). fp32 accumulation and
+  // output in all three; bf16/fp16 GEMMs are unaffected.
+  void set_matmul_precision(trainer::MatmulPrecision p) { matmul_ = p; }
+  trainer::MatmulPrecision matmul_precision() const { return matmul_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
@@ -54,7 +58,7 @@ class Blas {
   cublasHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  bool tf32_ = false;
+  trainer::MatmulPrecision matmul_ = trainer::MatmulPrecision::Highest;
 };
 
 // out[N, OC] = inp[N, IC] @ w[OC, IC]^T + bias[OC] (bias may be null); with accumulate, out +=.

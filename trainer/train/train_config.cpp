@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
 #include "zt/common/units.h"
 
 namespace zt::trainer {
@@ -62,6 +63,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
       {"activation_checkpointing", [&](const YAML::Node& n) { c.activation_checkpointing = n.as<bool>(); }},
       {"tf32", [&](const YAML::Node& n) { c.tf32 = n.as<bool>(); }},
       {"delayed_update", [&](const YAML::Node& n) { c.delayed_update = n.as<int64_t>(); }},
+      {"matmul_precision", [&](const YAML::Node& n) { c.matmul_precision = n.as<std::string>(); }},
       {"checkpoint_dir", [&](const YAML::Node& n) { c.checkpoint_dir = n.as<std::string>(); }},
       {"save_every", [&](const YAML::Node& n) { c.save_every = n.as<int64_t>(); }},
       {"resume", [&](const YAML::Node& n) { c.resume = n.as<bool>(); }},
@@ -151,6 +153,12 @@ Status validate(const TrainConfig& c) {
     return bad("precision '" + c.precision + "': use fp32, bf16 or fp16");
   if (c.tf32 && c.device != "cuda")
     return bad("tf32 chooses how a real GPU multiplies matrices: it needs --device cuda (the CPU and the simulated GPU compute in fp32)");
+  if (!parse_matmul_precision(c.matmul_precision))
+    return bad("matmul_precision '" + c.matmul_precision + "': use highest (fp32), high (TF32) or medium (bf16)");
+  if (c.matmul_precision != "highest" && c.device != "cuda")
+    return bad("matmul_precision chooses how a real GPU multiplies matrices: it needs --device cuda (the CPU and the simulated GPU compute in fp32)");
+  if (c.tf32 && c.matmul_precision == "medium")
+    return bad("tf32 and matmul_precision medium ask for two precisions: give one (tf32 is matmul_precision high)");
   if (c.device_memory == 0 && c.device != "cuda") return bad("device_memory must be positive (0: a real GPU's own size, with --device cuda)");
   if (!(c.lr > 0)) return bad("lr must be positive");
   if (c.beta1 < 0 || c.beta1 >= 1 || c.beta2 < 0 || c.beta2 >= 1) return bad("beta1 and beta2 must lie in [0, 1)");
@@ -196,6 +204,7 @@ std::string to_json(const TrainConfig& c) {
                       {"grad_clip", c.grad_clip},
                       {"activation_checkpointing", c.activation_checkpointing},
                       {"tf32", c.tf32},
+                      {"matmul_precision", c.tf32 ? std::string("high") : c.matmul_precision},
                       {"delayed_update", c.delayed_update},
                       {"zero_optimization", {{"stage", c.zero.stage},
                                              {"offload_optimizer", c.zero.offload_optimizer},

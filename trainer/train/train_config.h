@@ -74,6 +74,10 @@ struct TrainConfig {
   // --device cuda: the fp32 GEMMs on the GPU's TF32 tensor cores (10-bit mantissa, fp32
   // accumulation), as torch.backends.cuda.matmul.allow_tf32; off: true fp32, the CPU's results.
   bool tf32 = false;
+  // --device cuda: how the fp32 GEMMs run, as torch.set_float32_matmul_precision: highest (true
+  // fp32, the default), high (TF32 tensor cores: what tf32 says) or medium (bf16 tensor cores:
+  // inputs rounded to bf16 inside cuBLAS, fp32 accumulation and results).
+  std::string matmul_precision = "highest";
   // ZeRO-Offload's delayed parameter update (DPU), from optimizer step N on (-1: off; needs
   // offload_optimizer): step s's CPU AdamW runs on a background thread while step s+1's forward
   // and backward run on weights one update behind. The first N steps update in order (the
