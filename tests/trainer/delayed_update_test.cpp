@@ -235,6 +235,29 @@ TEST(DelayedUpdate, HostAndDeviceShardsTakeTheSameUpdate) {
   ASSERT_EQ(ord.size(), on_host.size());
   EXPECT_EQ(ord[1], on_host[1]);
   EXPECT_NE(ord[2], on_host[2]);
+
+  // Up to the device shards the write-back is asynchronous (the H2D lane; the next fetch waits for
+  // it): in the trace, some copies into "<module>.shard" made after an "apply delayed update" began
+  // end after it has ended (the shards are on the device here: no other H2D copy writes them). Up to five runs, for a loaded machine (the lane must lag once).
+  zt::test::TempDir dir;
+  int64_t applied = 0, outlived = 0;
+  for (int attempt = 0; attempt < 5 && outlived == 0; ++attempt) {
+    zt::test::TracedRun run = zt::test::train_traced(c, dir.file("w" + std::to_string(attempt) + ".db"));
+    ASSERT_TRUE(run.status.ok()) << run.status.message();
+    EXPECT_EQ(run.summary.losses, on_device);
+    zt::db::QueryResult q;
+    ASSERT_TRUE(run.reader
+                    ->query("WITH c AS (SELECT t.t_end, (SELECT m.t_end FROM marker_v m WHERE m.rank = t.rank AND m.name "
+                            "LIKE 'apply delayed update%' AND m.t_start <= t.t_start ORDER BY m.t_start DESC LIMIT 1) AS "
+                            "apply_end FROM transfer_v t WHERE t.rank = 0 AND t.kind = 'H2D' AND t.name LIKE '%.shard') "
+                            "SELECT count(apply_end), coalesce(sum(t_end > apply_end), 0) FROM c",
+                            &q)
+                    .ok());
+    applied = std::stoll(q.rows[0][0]);
+    outlived = std::stoll(q.rows[0][1]);
+    EXPECT_GT(applied, 0) << "no write-back copy after an apply began";
+  }
+  EXPECT_GT(outlived, 0) << "every write-back copy finished inside its apply (5 runs): not asynchronous";
 }
 
 TEST(DelayedUpdate, BadSettingsAreRefused) {

@@ -27,8 +27,13 @@ struct ZeroEngine::Part {
   Tensor grad32;       // fp32 [opt_n] on the host with offload_optimizer (persistent)
   Tensor grad32_dev;   // fault zero.grad_partition_stays_on_device: the partition left on the device
   // Delayed parameter update: grad32's second buffer (the background AdamW reads one while the
-  // next step's partition lands in the other) and the module's compute-dtype update on the host.
-  Tensor grad32_spare, update;
+  // next step's partition lands in the other); the module's compute-dtype update on the host, two
+  // buffers by the step's parity (AdamW writes one while the other is still on its way up); and
+  // that way up: the update's H2D copy into a device parameter shard, which the next fetch waits
+  // for on the device (gather) while the host goes on.
+  Tensor grad32_spare;
+  Tensor update[2];
+  PendingCopy written;
   Tensor gathered, compute;  // live while fetched
   Tensor staged;             // offload_param: the shard copied to the device ahead of its gather
   PendingCopy staging;       // ... that copy, while it is in flight
@@ -201,7 +206,10 @@ ZeroEngine::~ZeroEngine() {
     // the run reports the step that failed
   }
   try {
-    for (auto& p : parts_) p->staging.wait();
+    for (auto& p : parts_) {
+      p->staging.wait();
+      p->written.wait();
+    }
     land_offloads(0);
     rt_.accelerator().ops().synchronize();
   } catch (const std::exception&) {
@@ -240,6 +248,7 @@ void ZeroEngine::gather(Part& p) {
   Device& accel = rt_.accelerator();
   if (z_.offload_param) stage_shard(p);
   p.staging.wait();  // the H2D copy has landed before the all-gather reads it
+  p.written.wait();  // ... and the delayed update's write-back into the shard
   const Tensor& src = p.staged.defined() ? p.staged : p.param_shard;
   p.gathered = Tensor::empty(p.spec.name + ".gathered", {p.padded}, dtype_, accel);
   comm_.all_gather(src.raw(), p.gathered.raw(), size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".gathered");
@@ -645,9 +654,10 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       } else {
         // Delayed, the update has a buffer of its own, kept from step to step: the next step's
         // prefetch reads the host parameter shards while the background pass runs.
-        if (delayed && !p.update.defined())
-          p.update = Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
-        j.fused = delayed ? p.update : Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
+        Tensor& buf = p.update[step & 1];
+        if (delayed && !buf.defined())
+          buf = Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
+        j.fused = delayed ? buf : Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
         j.low_out = j.fused.raw();
       }
     }
@@ -708,7 +718,10 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
 void ZeroEngine::apply_update(int64_t at_step) {
   if (!update_pending()) return;
   probe::MarkerId ph = phase("apply delayed update of step " + std::to_string(pending_step_), at_step);
-  // The step's host->device copies read the host parameter shards the write-back overwrites.
+  // The step's host->device copies read the host parameter shards the write-back overwrites, and
+  // the write-backs of the update before read the update buffers the job after this one writes:
+  // all of them finish first.
+  for (auto& p : parts_) p->written.wait();
   rt_.accelerator().ops().synchronize();
   try {
     background_->wait();  // only then is pending_ the rank thread's again: the job reads it
@@ -720,7 +733,7 @@ void ZeroEngine::apply_update(int64_t at_step) {
   const std::vector<AdamJob> jobs = std::move(pending_);
   pending_.clear();
   for (const AdamJob& j : jobs)
-    if (!j.in_place) write_back(j.mi, j.fused);
+    if (!j.in_place) write_back(j.mi, j.fused, true);
   end(ph);
 }
 
@@ -836,9 +849,13 @@ void ZeroEngine::offload_grad(int mi, const Tensor& grad, int64_t step) {
 }
 
 // The updated fp32 weights, in the compute dtype, back where the parameters live. `fused`,
-// when defined, already holds them in the compute dtype on the host (from the Adam pass).
-void ZeroEngine::write_back(int mi, const Tensor& fused) {
+// when defined, already holds them in the compute dtype on the host (from the Adam pass). With
+// `async` (the delayed update, whose `fused` is a buffer of the engine's), a device parameter
+// shard's copy goes up on the H2D lane while the host goes on; the next fetch of the module waits
+// for it on the device.
+void ZeroEngine::write_back(int mi, const Tensor& fused, bool async) {
   Part& p = *parts_[size_t(mi)];
+  p.written.wait();  // a write-back still on its way into the shard lands before this one
   Device& accel = rt_.accelerator();
   Device& host = rt_.host();
   const bool master_on_host = p.master.device().is_host();
@@ -860,6 +877,8 @@ void ZeroEngine::write_back(int mi, const Tensor& fused) {
       if (fused.raw()) host_ops().copy(p.param_shard.raw(), fused.raw(), fused.bytes());  // the delayed update's own buffer
     } else if (p.param_shard.device().is_host() == master_on_host) {
       set_from(p.param_shard, 0, p.master.f32(), p.shard);
+    } else if (async && fused.defined()) {
+      p.written = copy_into_async(p.param_shard, fused);  // H2D, waited for by gather()
     } else {
       Tensor low = host_low();
       copy_into(p.param_shard, low);  // H2D
@@ -932,6 +951,7 @@ void ZeroEngine::import_states(const OptimizerScalars& scalars, const StateFille
 
 ZeroEngine::GatherStats ZeroEngine::gather_weights(WeightsGather how, bool to_host, const WeightsVisitor& visit) {
   require_no_pending_update("gather_weights");
+  for (auto& p : parts_) p->written.wait();  // the last update's write-backs, before the shards are read
   const std::vector<ModuleLayout> layout = checkpoint_layout();
   Device& accel = rt_.accelerator();
   Device& host = rt_.host();

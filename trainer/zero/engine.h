@@ -38,8 +38,10 @@
 // weights back), then starts its own. So step s+1's gradients are taken at the weights of
 // step s-1's update: one update stale, as in the paper. The fp32 gradient partitions on the
 // host are double-buffered (AdamW reads one while backward lands the next step's in the other),
-// and the compute-dtype update of each module goes to a host buffer of its own (the parameter
-// shards on the host are read by the next step's prefetch meanwhile). finish_update() applies
+// and the compute-dtype update of each module goes to a host buffer of its own, two by the step's
+// parity (the parameter shards on the host are read by the next step's prefetch meanwhile). Into
+// device parameter shards the write-back is asynchronous: the H2D copy runs on the copy lane while
+// the next step starts, and each module's fetch waits for its own on the device. finish_update() applies
 // an update still in flight: a checkpoint save and the end of a run call it, so a save is a
 // sync point and a run resumed from it continues exactly as the run that saved it.
 //
@@ -172,7 +174,7 @@ class ZeroEngine {
   void end_boundary();
   void boundary_reduce(int64_t step);
   StepResult optimizer_step(int64_t step);
-  void write_back(int m, const Tensor& fused);
+  void write_back(int m, const Tensor& fused, bool async = false);
   // One module's AdamW of one step, on the rank thread or the background thread.
   struct AdamJob {
     int mi = 0;
