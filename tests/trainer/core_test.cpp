@@ -2,9 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <stdexcept>
+#include <vector>
 
 #include "../test_util.h"
+#include "core/backend.h"
 #include "core/tensor.h"
 #include "train/rank_runtime.h"
 #include "zt/db/trace_reader.h"
@@ -30,6 +34,36 @@ TEST(DType, Fp16RoundTripsAndSaturates) {
   EXPECT_TRUE(std::isnan(fp16_to_float(float_to_fp16(std::nanf("")))));
   EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);
   EXPECT_EQ(fp16_to_float(float_to_fp16(0.1f)), 0.0999755859375f);
+}
+
+// A gradient partition landing on the host: widened and summed in one pass, the same values as
+// convert() and the same sum, bit for bit, as sum_squares() (n spans several chunks and a tail).
+TEST(HostOps, WidenAndSumSquaresIsConvertThenSumSquares) {
+  const int64_t n = 3 * (int64_t{1} << 16) + 123;
+  std::vector<float> src(static_cast<size_t>(n));
+  uint64_t state = 7;
+  for (auto& v : src) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    v = float(int64_t(state >> 33) % 20001 - 10000) * 1e-3f;
+  }
+  for (DType t : {DType::BF16, DType::F16, DType::F32}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    std::vector<uint16_t> low(static_cast<size_t>(n));
+    const void* in = src.data();
+    if (t != DType::F32) {
+      host_ops().convert(low.data(), t, src.data(), DType::F32, n);
+      in = low.data();
+    }
+    std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n), -1.0f);
+    host_ops().convert(want.data(), DType::F32, in, t, n);
+    const double sum = widen_and_sum_squares(got.data(), in, t, n);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), size_t(n) * sizeof(float)));
+    EXPECT_EQ(sum, host_ops().sum_squares(want.data(), n));
+    EXPECT_GT(sum, 0.0);
+  }
+  float dst = 0;
+  int32_t token = 1;
+  EXPECT_THROW(widen_and_sum_squares(&dst, &token, DType::I32, 1), std::invalid_argument);
 }
 
 TEST(DeviceNames, ParseAndLabel) {

@@ -272,14 +272,15 @@ void ZeroEngine::stage_shard(Part& p) {
 // global norm) is taken now, while the device computes the rest of backward.
 void ZeroEngine::finish_offload(Offload& o) {
   o.copy.wait();
-  if (o.staging.defined()) {
-    host_ops().convert(o.part->grad32.raw(), DType::F32, o.staging.raw(), o.staging.dtype(), o.staging.numel());
-    o.staging.reset();
-  }
-  if (o.part->grad32.raw()) {
-    o.part->grad32_sq = host_ops().sum_squares(o.part->grad32.f32(), o.part->grad32.numel());
+  Tensor& g = o.part->grad32;
+  if (g.raw()) {
+    // Widened from the compute dtype and summed in one pass (the same sum as sum_squares).
+    o.part->grad32_sq = o.staging.defined()
+                            ? widen_and_sum_squares(g.f32(), o.staging.raw(), o.staging.dtype(), g.numel())
+                            : host_ops().sum_squares(g.f32(), g.numel());
     o.part->grad32_sq_ready = true;
   }
+  o.staging.reset();
 }
 
 // The partitions already on their way to the host land, but `keep`: called while the device
