@@ -243,6 +243,19 @@ TEST_F(KnownTraceTest, RangeSummaryCountsBytesPeaksAndKeptAllocations) {
   EXPECT_EQ(e.kept_bytes, K::kGiB);
 }
 
+// A trace of one rank written by hand: the writer, begun, with its run row (`command`) and rank row.
+std::unique_ptr<zt::db::TraceWriter> hand_written_trace(const std::string& path, const std::string& command) {
+  using namespace zt::db;
+  std::unique_ptr<TraceWriter> w;
+  if (!TraceWriter::create(path, &w).ok()) return nullptr;
+  w->begin();
+  RunRow run;
+  run.id = 1, run.command_line = command, run.t_start = 0;
+  w->insert(run);
+  w->insert(RankRow{0, 1, 1, 0, "h", 1});
+  return w;
+}
+
 // zt train --cupti: CUPTI's record of the trainer's segment (paired when the trace is finished)
 // is counted once and drawn once; what CUPTI alone saw is drawn.
 TEST(TraceModelTwins, ASecondRecordIsNeitherCountedNorDrawnTwice) {
@@ -251,13 +264,8 @@ TEST(TraceModelTwins, ASecondRecordIsNeitherCountedNorDrawnTwice) {
   const std::string path = dir.file("twins.db");
   const int64_t MiB = 1 << 20;
   {
-    std::unique_ptr<TraceWriter> w;
-    ASSERT_TRUE(TraceWriter::create(path, &w).ok());
-    w->begin();
-    RunRow run;
-    run.id = 1, run.command_line = "zt train --device cuda --cupti", run.t_start = 0;
-    w->insert(run);
-    w->insert(RankRow{0, 1, 1, 0, "h", 1});
+    std::unique_ptr<TraceWriter> w = hand_written_trace(path, "zt train --device cuda --cupti");
+    ASSERT_NE(w, nullptr);
     w->insert(DeviceRow{1, 0, DeviceKind::Cuda, 0, "cuda:0", "GPU", 80 * 1024 * MiB, false});
     auto seg = [&](int64_t id, uint64_t address, int64_t bytes, int64_t t0, int64_t t1, Source source) {
       AllocationRow a;
@@ -303,13 +311,8 @@ TEST(TraceModelBackground, PhasesThatOutliveTheirStepGetTheirOwnLane) {
   zt::test::TempDir dir;
   const std::string path = dir.file("background.db");
   {
-    std::unique_ptr<TraceWriter> w;
-    ASSERT_TRUE(TraceWriter::create(path, &w).ok());
-    w->begin();
-    RunRow run;
-    run.id = 1, run.command_line = "zt train --delayed-update 0", run.t_start = 0;
-    w->insert(run);
-    w->insert(RankRow{0, 1, 1, 0, "h", 1});
+    std::unique_ptr<TraceWriter> w = hand_written_trace(path, "zt train --delayed-update 0");
+    ASSERT_NE(w, nullptr);
     std::map<std::string, int64_t> names;
     int64_t id = 0;
     auto marker = [&](MarkerKind kind, const std::string& name, int64_t t0, int64_t t1, int64_t step) {
