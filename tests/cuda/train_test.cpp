@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
+#include "../test_util.h"
 #include "../trainer/traced_run.h"
 #include "cuda_test_util.h"
 #include "train/trainer.h"
@@ -95,6 +98,39 @@ TEST(CudaTrain, FastMatmulPrecisionsStayNearTheReference) {
       c.matmul_precision = k.matmul;
       expect_losses_close(train_losses(c), want, k.rel);
     }
+}
+
+// A checkpoint of a one-rank GPU run (its collectives queue device copies and skip the stream
+// synchronizations, but the save's digest exchange passes host buffers: those copies are
+// synchronous), resumed, and the delayed update with it: the resumed run picks the save up (its
+// manifest's sizes and checksums hold) and goes on with the uninterrupted run's losses.
+TEST(CudaTrain, OneRankCheckpointResumesWithTheDelayedUpdate) {
+  ZT_REQUIRE_GPU();
+  zt::test::TempDir tmp;
+  TrainConfig c = tiny_run(4);
+  c.device = "cuda";
+  c.precision = "bf16";
+  c.zero.stage = 3;
+  c.zero.offload_optimizer = true;
+  c.zero.param_persistence_threshold = 0;
+  c.delayed_update = 0;
+  c.checkpoint_dir = tmp.file("ckpt");
+  c.save_every = 2;
+  const std::vector<double> whole = train_losses(c);
+  ASSERT_EQ(whole.size(), 4u);
+  std::filesystem::remove_all(c.checkpoint_dir + "/step000004");
+  {
+    std::ofstream latest(c.checkpoint_dir + "/latest", std::ios::trunc);
+    latest << "step000002\n";
+  }
+  c.resume = true;
+  c.save_every = 0;
+  TrainSummary s;
+  zt::Status st = train(c, nullptr, nullptr, &s);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(s.resumed_from_step, 2);
+  EXPECT_TRUE(s.resume_notes.empty()) << s.resume_notes;
+  expect_losses_close(s.losses, std::vector<double>(whole.begin() + 2, whole.end()), 1e-5);
 }
 
 // A GPU capped below what the model needs runs out with PyTorch's text and the real figures.

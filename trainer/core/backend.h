@@ -48,9 +48,10 @@ class DeviceOps {
   virtual bool host_addressable() const = 0;
   // dst := src, `bytes` bytes; either side may be this device or the host.
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
-  // dst := src, both on this device, ordered with the rest of this rank's device work (later ops,
-  // copies and passes of this rank see it) but not waited for by the caller: the one exception to
-  // the rule above, for a collective of one rank (zero/communicator.cpp). Default: copy().
+  // dst := src, ordered with the rest of this rank's device work (later ops, copies and passes of
+  // this rank see it) but, when both are this device's memory, not waited for by the caller: the
+  // one exception to the rule above, for a collective of one rank (zero/communicator.cpp). With
+  // either on the host it is copy(), synchronous. Default: copy().
   virtual void copy_ordered(void* dst, const void* src, size_t bytes) { copy(dst, src, bytes); }
   virtual void zero(void* p, size_t bytes) = 0;
   // dst[i] = src[i] converted (fp32/bf16/fp16, round to nearest even); same dtype: a copy.
@@ -59,7 +60,8 @@ class DeviceOps {
   virtual void add(void* dst, DType dst_t, const float* src, int64_t n) = 0;
   // x[i] *= a.
   virtual void scale(float* x, int64_t n, float a) = 0;
-  // Sum of x[i]^2 in fp64 (in index order on the host; a fixed order on a GPU).
+  // Sum of x[i]^2 in fp64, in a fixed order that depends on n alone (on the host: 8 lanes per
+  // chunk of 64Ki, core/backend.cpp; on a GPU its kernel's).
   virtual double sum_squares(const float* x, int64_t n) = 0;
   // One AdamW step, exactly optim::cpu_adamw_step's contract (and on the host, that function).
   virtual void adamw(float* params, const float* grads, float* m, float* v, int64_t n, const optim::AdamParams& hp,

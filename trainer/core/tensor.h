@@ -96,7 +96,8 @@ class PendingCopy {
   // The copy is finished for its consumer (core/backend.h, DeviceOps::wait); then both tensors
   // are released from here. On a GPU an H2D copy's wait orders the device's later work after
   // the copy, without blocking the host: the host must not write its source again before the
-  // device is synchronized (DeviceOps::synchronize; collectives do it).
+  // device is synchronized (DeviceOps::synchronize; collectives of several ranks do it, those of a
+  // one-rank world on a GPU do not).
   void wait();
   bool pending() const { return ops_ != nullptr; }
 

@@ -45,9 +45,15 @@ class CudaOps final : public DeviceOps {
     cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()), "cudaMemcpyAsync");
     cuda::check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
   }
+  // Queued when both sides are device memory; a side on the host (a collective of host buffers,
+  // such as a checkpoint's digests) makes it copy(): the host reads the result next.
   void copy_ordered(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
     set(device_);
+    if (!cuda::is_device_memory(dst) || !cuda::is_device_memory(src)) {
+      copy(dst, src, bytes);
+      return;
+    }
     cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()), "cudaMemcpyAsync");
   }
   void zero(void* p, size_t bytes) override {

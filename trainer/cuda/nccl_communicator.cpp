@@ -44,15 +44,6 @@ std::string nccl_text(ncclResult_t r, ncclComm_t comm) {
   return s;
 }
 
-bool is_device_memory(const void* p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-}
-
 int choose_device(const LaunchInfo& launch, const NcclOptions& o) {
   std::string why;
   if (!cuda_available(&why)) throw LaunchError("NCCL communicator: no usable GPU: " + why);

@@ -42,6 +42,9 @@ void check_launch(const char* kernel);
 bool cuda_available(std::string* why = nullptr);
 
 int device_count();  // 0 when cuda_available() is false
+// True for memory a GPU kernel or a device-to-device copy may use as device memory (cudaMalloc'd
+// or managed); false for host memory, pinned or not (and for anything CUDA does not know).
+bool is_device_memory(const void* p);
 // "NVIDIA H100 80GB HBM3, compute capability 9.0, 79.10 GiB"
 std::string describe_device(int device);
 // The runtime and driver versions, "CUDA runtime 13.0, driver 13.0" (driver "none" without one).
