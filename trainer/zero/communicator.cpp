@@ -109,11 +109,8 @@ class InProcessCommunicator : public Communicator {
   void reduce_scatter(const float* send, float* recv, size_t count, float scale, const std::string& what) override {
     enter("REDUCE_SCATTER", int64_t(count) * s_->represented, int64_t(count));
     int64_t t0 = probe::now_ns();
-    if (alone()) {
-      if (recv && send) {
-        if (recv != send) ops_->copy_ordered(recv, send, count * sizeof(float));
-        if (scale != 1.0f) ops_->scale(recv, int64_t(count), scale);
-      }
+    if (alone() && scale == 1.0f) {  // (a scale would be a kernel: on a host buffer, the general path)
+      if (recv && send && recv != send) ops_->copy_ordered(recv, send, count * sizeof(float));
       record("reduce_scatter", count * sizeof(float), what, t0);
       return;
     }
@@ -141,8 +138,7 @@ class InProcessCommunicator : public Communicator {
   void all_reduce(float* data, size_t count, float scale, const std::string& what) override {
     enter("ALLREDUCE", int64_t(count), int64_t(count));
     int64_t t0 = probe::now_ns();
-    if (alone()) {
-      if (data && scale != 1.0f) ops_->scale(data, int64_t(count), scale);
+    if (alone() && scale == 1.0f) {
       record("all_reduce", count * sizeof(float), what, t0);
       return;
     }
@@ -209,7 +205,7 @@ class InProcessCommunicator : public Communicator {
 
  private:
   // A world of one rank on a device the host cannot address (a GPU): nobody else reads this
-  // rank's buffers, so a collective is a copy (and a scale) queued on its device, without the two
+  // rank's buffers, so a collective (unscaled: 1/W is 1) is a copy queued on its device, without the two
   // stream synchronizations of wait() that would stall the host's queueing of the next module.
   // The host and the simulated GPU keep the general path (its results bit for bit, no stall).
   bool alone() const { return s_->world == 1 && s_->represented == 1 && !ops_->host_addressable(); }
