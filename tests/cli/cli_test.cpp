@@ -165,7 +165,8 @@ TEST(Cli, DeviceCudaChecksTheLauncherAndSaysWhyThereIsNoGpu) {
 // --trace, and in a build without CUPTI; on a machine without a GPU it says why CUDA tracing is off,
 // records that in the trace, and fails as --device cuda does there (no crash, no hang).
 // --device cuda: the GPU's own memory unless a cap is given, on the command line or in the config
-// file (even one equal to the simulated GPU's default 80 GiB); --tf32 reaches the resolved config.
+// file (even one equal to the simulated GPU's default 80 GiB); --tf32, --matmul-precision and
+// --delayed-update reach the resolved config, and are refused where they cannot act.
 // The trace's run.config_json shows what the run was given (the run itself needs a GPU).
 TEST(Cli, TrainCudaCapsMemoryOnlyWhenAskedAndTakesTf32) {
   zt::test::TempDir dir;
@@ -188,10 +189,23 @@ TEST(Cli, TrainCudaCapsMemoryOnlyWhenAskedAndTakesTf32) {
   EXPECT_NE(capped.find("\"\"tf32\"\":true"), std::string::npos) << capped;
   auto [code3, flag] = config_of("steps: 1\n", "--device-memory 1GiB");
   EXPECT_NE(flag.find("\"\"device_memory\"\":1073741824,"), std::string::npos) << flag;
+  auto [code4, medium] = config_of("matmul_precision: medium\n", "--delayed-update 1 --zero-stage 3 --offload-optimizer");
+  EXPECT_NE(medium.find("\"\"matmul_precision\"\":\"\"medium\"\""), std::string::npos) << medium;
+  EXPECT_NE(medium.find("\"\"delayed_update\"\":1"), std::string::npos) << medium;
+  auto [code5, high] = config_of("steps: 1\n", "--tf32");
+  EXPECT_NE(high.find("\"\"matmul_precision\"\":\"\"high\"\""), std::string::npos) << high;
   Result sim = run_zt("train --tf32 --model tiny --steps 1");
   EXPECT_EQ(sim.code, 2) << sim.out;
   EXPECT_NE(sim.out.find("tf32 chooses how a real GPU multiplies matrices: it needs --device cuda"), std::string::npos)
       << sim.out;
+  Result med = run_zt("train --matmul-precision medium --model tiny --steps 1");
+  EXPECT_EQ(med.code, 2) << med.out;
+  EXPECT_NE(med.out.find("matmul_precision chooses how a real GPU multiplies matrices"), std::string::npos) << med.out;
+  Result dpu = run_zt("train --delayed-update 0 --model tiny --steps 1");
+  EXPECT_EQ(dpu.code, 2) << dpu.out;
+  EXPECT_NE(dpu.out.find("delayed_update runs CPU AdamW beside the next step: it needs the optimizer on the host"),
+            std::string::npos)
+      << dpu.out;
 }
 
 TEST(Cli, TrainCuptiNeedsDeviceCudaATraceAndSaysWhyItIsOff) {
