@@ -50,8 +50,9 @@ void add_train_command(CLI::App& app, Action& action) {
                   "default), high (TF32 tensor cores, as --tf32) or medium (bf16 tensor cores)")
       ->check(CLI::IsMember({"highest", "high", "medium"}));
   sub->add_option("--delayed-update", cfg->delayed_update,
-                  "ZeRO-Offload's delayed parameter update from optimizer step N on (needs --offload-optimizer): step s's "
-                  "CPU AdamW runs beside step s+1's forward and backward, which see weights one update behind; -1: off")
+                  "ZeRO-Offload's delayed parameter update after N ordinary steps (needs --offload-optimizer): then each "
+                  "step's CPU AdamW runs beside the next step's forward and backward, which see weights one update "
+                  "behind; -1: off")
       ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()));
   sub->add_flag("-q,--quiet", cfg->quiet, "no progress lines");
   // Checkpoints (issue 5).

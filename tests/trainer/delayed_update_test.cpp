@@ -273,7 +273,8 @@ TEST(DelayedUpdate, BadSettingsAreRefused) {
   c.delayed_update = -2;
   st = validate(c);
   ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("-1 for off"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("a count of ordinary steps first (0 or more), or -1 for off"), std::string::npos)
+      << st.message();
 }
 
 // The thread the update runs on: a job's exception reaches the wait() after it; jobs run in order,

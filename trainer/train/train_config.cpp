@@ -170,7 +170,7 @@ Status validate(const TrainConfig& c) {
   if (c.zero.offload_optimizer && c.zero.stage == 0)
     return bad("offload_optimizer needs ZeRO stage 1, 2 or 3 (it offloads the optimizer partition)");
   if (c.zero.offload_param && c.zero.stage != 3) return bad("offload_param needs ZeRO stage 3 (only stage 3 partitions parameters)");
-  if (c.delayed_update < -1) return bad("delayed_update must be a step (0 or more), or -1 for off");
+  if (c.delayed_update < -1) return bad("delayed_update must be a count of ordinary steps first (0 or more), or -1 for off");
   if (c.delayed_update >= 0 && !c.zero.offload_optimizer)
     return bad("delayed_update runs CPU AdamW beside the next step: it needs the optimizer on the host (offload_optimizer, ZeRO stage 1-3)");
   if (c.checkpoint_gather != "streamed" && c.checkpoint_gather != "device")

@@ -78,10 +78,11 @@ struct TrainConfig {
   // fp32, the default), high (TF32 tensor cores: what tf32 says) or medium (bf16 tensor cores:
   // inputs rounded to bf16 inside cuBLAS, fp32 accumulation and results).
   std::string matmul_precision = "highest";
-  // ZeRO-Offload's delayed parameter update (DPU), from optimizer step N on (-1: off; needs
-  // offload_optimizer): step s's CPU AdamW runs on a background thread while step s+1's forward
-  // and backward run on weights one update behind. The first N steps update in order (the
-  // paper's warm-up); a checkpoint save applies the update in flight first (a sync point).
+  // ZeRO-Offload's delayed parameter update (DPU) after N ordinary steps (-1: off; needs
+  // offload_optimizer): the first N steps update in order (the paper's warm-up), then step s's
+  // CPU AdamW (s counted from 0: s >= N) runs on a background thread while step s+1's forward and
+  // backward run on weights one update behind. A checkpoint save applies the update in flight
+  // first (a sync point).
   int64_t delayed_update = -1;
   bool quiet = false;
   // Checkpoints (issue 5; trainer/ckpt/checkpoint.h). Flags and YAML keys of the same names.

@@ -367,6 +367,10 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
               << cfg.world_size << ") = " << plan.steps_per_epoch << " steps per epoch, "
               << plan.samples_dropped_per_epoch << " samples dropped per epoch; training " << total_steps
               << " steps\n";
+    if (cfg.delayed_update >= 0)
+      *progress << "delayed parameter update after " << cfg.delayed_update << " ordinary step"
+                << (cfg.delayed_update == 1 ? "" : "s") << ": from step " << cfg.delayed_update + 1
+                << " on, each step's CPU AdamW runs beside the next step, which sees the weights one update behind\n";
   }
 
   // One thread per rank, each with its own simulated GPU, joined by the in-process transport.

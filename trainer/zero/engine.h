@@ -30,8 +30,8 @@
 // followed by that module's write-back). The trace's transfer rows carry the copies' real
 // times, so the overlap shows against the compute markers.
 //
-// Delayed parameter update (cfg.delayed_update >= 0, ZeRO-Offload's DPU; offload_optimizer):
-// from that step on, a step's "adamw <module>" phases run on a background thread (background.h)
+// Delayed parameter update (cfg.delayed_update = N >= 0, ZeRO-Offload's DPU; offload_optimizer):
+// from step N on (counted from 0), a step's "adamw <module>" phases run on a background thread (background.h)
 // while the rank thread goes on with the next step's forward and backward, which use the
 // weights as they were before that update. That next step's optimizer phase first applies it
 // ("apply delayed update": waits for the AdamW pass, then writes every module's updated
