@@ -10,7 +10,10 @@
 //   stage 2  params P*p, grads P*p/W, optimizer 12P/W                   (+ gradients)
 //   stage 3  params P*p/W, grads P*p/W, optimizer 12P/W                 (+ parameters)
 // plus, when the compute dtype is not fp32, an fp32 gradient partition for the optimizer
-// (on the host with offload_optimizer: DeepSpeed's fp32_partitioned_groups_flat[i].grad).
+// (on the host with offload_optimizer: DeepSpeed's fp32_partitioned_groups_flat[i].grad); the
+// delayed update (below) keeps a second one (counted in model_state_bytes) and two compute-dtype
+// update buffers per module on the host (2 x 2 bytes per parameter of the partition in bf16/fp16;
+// not counted: staging, as the ordinary step's per-step update buffers are).
 // Modules smaller than the persistence threshold keep whole parameters on every rank.
 //
 // Stage 3 fetches a module before its forward or backward (host->device copy of the shard
