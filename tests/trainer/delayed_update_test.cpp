@@ -260,6 +260,24 @@ TEST(DelayedUpdate, HostAndDeviceShardsTakeTheSameUpdate) {
   EXPECT_GT(outlived, 0) << "every write-back copy finished inside its apply (5 runs): not asynchronous";
 }
 
+// ZT_ADAM_THREADS sets the background AdamW's OpenMP threads (a tuning knob for GPU hosts): any
+// count gives the same run; a bad one is refused by name.
+TEST(DelayedUpdate, AdamThreadsFromTheEnvironment) {
+  const TrainConfig c = dpu_run(4, 0);
+  const std::vector<double> want = zt::test::train_losses(c);
+  setenv("ZT_ADAM_THREADS", "1", 1);
+  const std::vector<double> one = zt::test::train_losses(c);
+  setenv("ZT_ADAM_THREADS", "0", 1);
+  TrainSummary s;
+  const zt::Status st = train(c, nullptr, nullptr, &s);
+  unsetenv("ZT_ADAM_THREADS");
+  EXPECT_EQ(one, want);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("ZT_ADAM_THREADS='0': the delayed update's AdamW threads, a count from 1 to 4096"),
+            std::string::npos)
+      << st.message();
+}
+
 TEST(DelayedUpdate, BadSettingsAreRefused) {
   TrainConfig c = zt::test::tiny_run(2);
   c.delayed_update = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -133,8 +134,17 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     // AdamW gets all but one of the rank's OpenMP threads; the rank thread keeps its own team for
     // what it does meanwhile (on a GPU: queueing kernels and landing gradient partitions; on the
     // simulated GPU: the model's compute), so the two teams share the cores while they overlap.
-    // How to split them on a real GPU host is not measured yet.
-    background_ = std::make_unique<BackgroundThread>(std::max(1, omp_get_max_threads() - 1));
+    // How to split them on a real GPU host is not measured yet: ZT_ADAM_THREADS sets AdamW's.
+    int adam_threads = std::max(1, omp_get_max_threads() - 1);
+    if (const char* env = std::getenv("ZT_ADAM_THREADS"); env && *env) {
+      char* end = nullptr;
+      const long v = std::strtol(env, &end, 10);
+      if (*end || v < 1 || v > 4096)
+        throw std::invalid_argument(std::string("ZT_ADAM_THREADS='") + env +
+                                    "': the delayed update's AdamW threads, a count from 1 to 4096");
+      adam_threads = int(v);
+    }
+    background_ = std::make_unique<BackgroundThread>(adam_threads);
   }
   if (dtype_ == DType::F16) loss_scale_ = z_.static_loss_scale > 0 ? z_.static_loss_scale : std::pow(2.0, z_.initial_scale_power);
   hysteresis_left_ = z_.hysteresis;
