@@ -29,7 +29,7 @@ struct ZeroEngine::Part {
   Tensor grad32_dev;   // fault zero.grad_partition_stays_on_device: the partition left on the device
   // Delayed parameter update: grad32's second buffer (the background AdamW reads one while the
   // next step's partition lands in the other); the module's compute-dtype update on the host, two
-  // buffers by the step's parity (AdamW writes one while the other is still on its way up); and
+  // buffers taken in turn (AdamW writes one while the other is still on its way up); and
   // that way up: the update's H2D copy into a device parameter shard, which the next fetch waits
   // for on the device (gather) while the host goes on.
   Tensor grad32_spare;
@@ -665,7 +665,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       } else {
         // Delayed, the update has a buffer of its own, kept from step to step: the next step's
         // prefetch reads the host parameter shards while the background pass runs.
-        Tensor& buf = p.update[step & 1];
+        Tensor& buf = p.update[update_slot_];
         if (delayed && !buf.defined())
           buf = Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
         j.fused = delayed ? buf : Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
@@ -693,6 +693,9 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     background_->submit([this, hp, step, adam_step] {
       for (const AdamJob& j : pending_) run_adam(j, hp, step, adam_step);
     });
+    // The next job writes the other buffers: these are read by this update's write-back, which
+    // the apply before that job waits for (skipped steps in between or not).
+    update_slot_ ^= 1;
     for (auto& p : parts_) {
       if (!p->grad32.defined()) continue;
       if (!p->grad32_spare.defined())

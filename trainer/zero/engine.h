@@ -41,8 +41,8 @@
 // weights back), then starts its own. So step s+1's gradients are taken at the weights of
 // step s-1's update: one update stale, as in the paper. The fp32 gradient partitions on the
 // host are double-buffered (AdamW reads one while backward lands the next step's in the other),
-// and the compute-dtype update of each module goes to a host buffer of its own, two by the step's
-// parity (the parameter shards on the host are read by the next step's prefetch meanwhile). Into
+// and the compute-dtype update of each module goes to a host buffer of its own, two taken in turn
+// (the parameter shards on the host are read by the next step's prefetch meanwhile). Into
 // device parameter shards the write-back is asynchronous: the H2D copy runs on the copy lane while
 // the next step starts, and each module's fetch waits for its own on the device. finish_update() applies
 // an update still in flight: a checkpoint save and the end of a run call it, so a save is a
@@ -225,6 +225,7 @@ class ZeroEngine {
   std::unique_ptr<BackgroundThread> background_;
   std::vector<AdamJob> pending_;
   int64_t pending_step_ = -1;
+  int update_slot_ = 0;  // which of each module's two update buffers the next job writes
   double loss_scale_ = 1;
   int64_t good_steps_ = 0, hysteresis_left_ = 0, adam_steps_ = 0;
 };
