@@ -1,6 +1,7 @@
 // zt db info|sql|merge, zt export, zt synth, zt demo.
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <iostream>
 #include <sstream>
 
@@ -50,6 +51,49 @@ std::string csv_field(const std::string& v) {
   std::string q = "\"";
   for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
   return q + "\"";
+}
+
+}  // namespace
+
+namespace {
+
+// zt train --delayed-update: per rank, how much of the background AdamW (its "adamw <module>"
+// phases of step s) ran beside step s+1's forward, loss or backward, and what the rank thread
+// waited in "apply delayed update" (the part of the update left on the step's critical path).
+// Nothing when the trace has no such phases.
+void print_delayed_update(db::TraceReader& reader) {
+  db::QueryResult applied, total, hidden;
+  const char* adam = "SELECT rank, step, t_start, t_end FROM marker_v WHERE kind = 'phase' AND name LIKE 'adamw %' "
+                     "AND t_end IS NOT NULL";
+  if (!reader.query("SELECT rank, count(*), sum(t_end - t_start) FROM marker_v WHERE kind = 'phase' AND name LIKE "
+                    "'apply delayed update of step %' AND t_end IS NOT NULL GROUP BY rank ORDER BY rank",
+                    &applied) ||
+      applied.rows.empty())
+    return;
+  if (!reader.query(std::string("SELECT rank, sum(t_end - t_start) FROM (") + adam + ") GROUP BY rank", &total) ||
+      !reader.query(std::string("WITH a AS (") + adam +
+                        "), c AS (SELECT rank, step, t_start, t_end FROM marker_v WHERE kind = 'phase' AND name IN "
+                        "('forward', 'loss', 'backward') AND t_end IS NOT NULL) SELECT a.rank, sum(min(a.t_end, c.t_end) - "
+                        "max(a.t_start, c.t_start)) FROM a JOIN c ON c.rank = a.rank AND c.step = a.step + 1 AND "
+                        "c.t_start < a.t_end AND a.t_start < c.t_end GROUP BY a.rank",
+                    &hidden))
+    return;
+  auto by_rank = [](const db::QueryResult& q) {
+    std::map<std::string, double> m;
+    for (auto& r : q.rows) m[r[0]] = r[1].empty() ? 0.0 : std::stod(r[1]);
+    return m;
+  };
+  const auto adam_ns = by_rank(total), hidden_ns = by_rank(hidden);
+  std::cout << "delayed parameter update (AdamW of step s beside step s+1's forward and backward):\n";
+  std::vector<std::vector<std::string>> rows;
+  for (auto& r : applied.rows) {
+    const double updates = std::stod(r[1]), wait = r[2].empty() ? 0.0 : std::stod(r[2]);
+    const double a = adam_ns.count(r[0]) ? adam_ns.at(r[0]) : 0.0, h = hidden_ns.count(r[0]) ? hidden_ns.at(r[0]) : 0.0;
+    rows.push_back({r[0], r[1], format_duration_ns(a / updates), a > 0 ? std::to_string(int(100.0 * h / a + 0.5)) + "%" : "-",
+                    format_duration_ns(wait / updates)});
+  }
+  print_table(std::cout, {"rank", "updates", "AdamW a step", "beside the next step", "apply a step"}, rows,
+              {true, true, true, true, true}, "  ");
 }
 
 }  // namespace
@@ -138,6 +182,7 @@ int db_info(const std::string& path) {
                       format_bytes(s.collective)});
     print_table(std::cout, {"rank", "steps", "H2D", "D2H", "collective"}, rows, {true, true, true, true, true}, "  ");
   }
+  print_delayed_update(*reader);
   std::cout << "dropped events: " << sum.dropped_events << (sum.dropped_events ? " (see the dropped table)" : "")
             << "\n";
   std::cout << "faults: " << (sum.faults.empty() ? "none" : std::to_string(sum.faults.size())) << "\n";

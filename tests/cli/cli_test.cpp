@@ -104,6 +104,31 @@ TEST(Cli, SynthInfoSqlExportMerge) {
   EXPECT_EQ(run_zt("db merge --force " + dir.file("m.db") + " " + dir.file("b.db")).code, 0);
 }
 
+// zt train --delayed-update: the run says so at the start, and zt db info shows, per rank, the
+// delayed updates, AdamW's time a step, the share of it beside the next step's compute, and the
+// apply's wait; a run without it has no such section.
+TEST(Cli, DelayedUpdateIsAnnouncedAndSummarized) {
+  zt::test::TempDir dir;
+  Result run = run_zt("train --model tiny --steps 6 --seq-len 32 --zero-stage 3 --offload-optimizer --delayed-update 1 "
+                      "--trace " + dir.file("d.db"));
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_NE(run.out.find("delayed parameter update after 1 ordinary step: from step 2 on, each step's CPU AdamW runs "
+                         "beside the next step"),
+            std::string::npos)
+      << run.out;
+  Result info = run_zt("db info " + dir.file("d.db"));
+  ASSERT_EQ(info.code, 0) << info.out;
+  const size_t at = info.out.find("delayed parameter update (AdamW of step s beside step s+1's forward and backward):");
+  ASSERT_NE(at, std::string::npos) << info.out;
+  const std::string section = info.out.substr(at);
+  EXPECT_NE(section.find("rank  updates  AdamW a step  beside the next step  apply a step"), std::string::npos) << section;
+  // Steps 2-6 were delayed: five updates, the last applied at the end of the run.
+  EXPECT_NE(section.find("\n     0        5 "), std::string::npos) << section;
+  Result plain = run_zt("train --model tiny --steps 2 --seq-len 32 -q --trace " + dir.file("p.db"));
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(run_zt("db info " + dir.file("p.db")).out.find("delayed parameter update"), std::string::npos);
+}
+
 TEST(Cli, TrainExitCodes) {
   zt::test::TempDir dir;
   Result ok = run_zt("train --model tiny --steps 2 --seq-len 32 --trace " + dir.file("t.db"));
