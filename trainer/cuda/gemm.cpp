@@ -231,11 +231,17 @@ void matmul_backward(Blas& blas, void* dinp, float* dw, float* dbias, const void
 // [hs, T] matrices to cuBLAS; a row-major [T, T] att row block (ld T) is its column-major transpose.
 // One strided-batched product per sequence b, batched over the heads (stride hs in qkv, T*T in att).
 
+// Both attentions' shape check: throws naming `op` for an impossible shape; false when there is
+// nothing to compute.
+static bool attention_shape(int64_t B, int64_t T, int64_t C, int64_t H, const char* op) {
+  if (B < 0 || T < 0 || C < 0 || H < 1 || C % H != 0)
+    throw std::invalid_argument(std::string(op) + ": B, T, C must be >= 0, H >= 1 and C a multiple of H");
+  return B != 0 && T != 0 && C != 0;
+}
+
 void attention_forward(Blas& blas, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t H,
                        cudaStream_t stream) {
-  if (B < 0 || T < 0 || C < 0 || H < 1 || C % H != 0)
-    throw std::invalid_argument("attention_forward: B, T, C must be >= 0, H >= 1 and C a multiple of H");
-  if (B == 0 || T == 0 || C == 0) return;
+  if (!attention_shape(B, T, C, H, "attention_forward")) return;
   const int64_t hs = C / H, C3 = 3 * C, TT = T * T;
   const float scale = 1.0f / std::sqrt(float(hs));
   for (int64_t b = 0; b < B; ++b) {
@@ -256,9 +262,7 @@ void attention_forward(Blas& blas, float* out, float* att, const float* qkv, int
 
 void attention_backward(Blas& blas, float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
                         int64_t B, int64_t T, int64_t C, int64_t H, cudaStream_t stream) {
-  if (B < 0 || T < 0 || C < 0 || H < 1 || C % H != 0)
-    throw std::invalid_argument("attention_backward: B, T, C must be >= 0, H >= 1 and C a multiple of H");
-  if (B == 0 || T == 0 || C == 0) return;
+  if (!attention_shape(B, T, C, H, "attention_backward")) return;
   const int64_t hs = C / H, C3 = 3 * C, TT = T * T;
   const float scale = 1.0f / std::sqrt(float(hs));
   for (int64_t b = 0; b < B; ++b) {

@@ -278,6 +278,18 @@ __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64
 
 constexpr int kAttnThreads = 128;
 
+// The causal softmax's middle, shared by both attentions' row kernels: row[t2] = exp(row[t2] - m)
+// for t2 <= t, and 1 / their sum over the block (the row's max m taken by the caller).
+__device__ float causal_softmax_exp(float* row, int t, float m, float* scratch) {
+  float local_sum = 0.0f;
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+    const float e = expf(row[t2] - m);
+    row[t2] = e;
+    local_sum += e;
+  }
+  return 1.0f / block_sum(local_sum, scratch);
+}
+
 // One block per (query t, head h, batch b). Shared: the row's scores [T], then q [hs].
 template <typename T>
 __global__ void attention_forward_kernel(T* out, float* att, const T* qkv, int Tn, int C, int H, float scale) {
@@ -299,14 +311,7 @@ __global__ void attention_forward_kernel(T* out, float* att, const T* qkv, int T
     row[t2] = s;
     local_max = fmaxf(local_max, s);
   }
-  const float m = block_max(local_max, scratch);
-  float local_sum = 0.0f;
-  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
-    const float e = expf(row[t2] - m);
-    row[t2] = e;
-    local_sum += e;
-  }
-  const float inv = 1.0f / block_sum(local_sum, scratch);
+  const float inv = causal_softmax_exp(row, t, block_max(local_max, scratch), scratch);
   float* att_row = att + ((int64_t(b) * H + h) * Tn + t) * Tn;
   for (int t2 = threadIdx.x; t2 < Tn; t2 += blockDim.x) {
     const float p = t2 <= t ? row[t2] * inv : 0.0f;  // zeros above the diagonal, as the reference
@@ -392,14 +397,7 @@ __global__ void causal_softmax_rows_kernel(float* att, int Tn, int H) {
   float* row = att + ((int64_t(b) * H + h) * Tn + t) * Tn;
   float local_max = -INFINITY;
   for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) local_max = fmaxf(local_max, row[t2]);
-  const float m = block_max(local_max, scratch);
-  float local_sum = 0.0f;
-  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
-    const float e = expf(row[t2] - m);
-    row[t2] = e;
-    local_sum += e;
-  }
-  const float inv = 1.0f / block_sum(local_sum, scratch);
+  const float inv = causal_softmax_exp(row, t, block_max(local_max, scratch), scratch);
   for (int t2 = threadIdx.x; t2 < Tn; t2 += blockDim.x) row[t2] = t2 <= t ? row[t2] * inv : 0.0f;
 }
 
