@@ -36,6 +36,14 @@ class CudaKernels : public ::testing::TestWithParam<DType> {
 
 std::string dtype_param_name(const ::testing::TestParamInfo<DType>& info) { return name_of(info.param); }
 
+// An attention test's shape, and its text for messages (" B=2 T=17 C=48 H=3").
+struct AttentionShape {
+  int64_t B, T, C, H;
+  std::string text() const {
+    return " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) + " H=" + std::to_string(H);
+  }
+};
+
 }  // namespace
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaKernels, ::testing::Values(DType::F32, DType::BF16, DType::F16), dtype_param_name);
@@ -174,14 +182,10 @@ TEST_P(CudaKernels, Gelu) {
 // ---- attention ---------------------------------------------------------------------------------
 
 TEST_P(CudaKernels, AttentionForwardAndBackward) {
-  struct Shape {
-    int64_t B, T, C, H;
-  };
   // T = 1; T odd; T above the block's 128 threads; one head of 64.
-  for (Shape s : {Shape{1, 1, 32, 2}, Shape{2, 17, 48, 3}, Shape{1, 130, 64, 1}}) {
+  for (AttentionShape s : {AttentionShape{1, 1, 32, 2}, AttentionShape{2, 17, 48, 3}, AttentionShape{1, 130, 64, 1}}) {
     const int64_t B = s.B, T = s.T, C = s.C, H = s.H;
-    const std::string shape = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
-                              " H=" + std::to_string(H);
+    const std::string shape = s.text();
     const auto qkv = in(B * T * 3 * C, 41);
     std::vector<float> out(B * T * C), att(B * H * T * T);
     ref::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
@@ -208,16 +212,13 @@ TEST_P(CudaKernels, AttentionForwardAndBackward) {
 // causal softmax rows), against the same CPU reference, with the masked half poisoned first.
 TEST(CudaAttentionOnBlas, ForwardAndBackwardMatchTheReference) {
   ZT_REQUIRE_GPU();
-  struct Shape {
-    int64_t B, T, C, H;
-  };
   Blas blas(0);
   const Tolerance tol = tolerance_for(DType::F32);
   // T = 1; T odd; T above the row kernel's 128 threads; several sequences and heads of 64.
-  for (Shape s : {Shape{1, 1, 32, 2}, Shape{2, 17, 48, 3}, Shape{1, 130, 64, 1}, Shape{3, 200, 256, 4}}) {
+  for (AttentionShape s : {AttentionShape{1, 1, 32, 2}, AttentionShape{2, 17, 48, 3}, AttentionShape{1, 130, 64, 1},
+                            AttentionShape{3, 200, 256, 4}}) {
     const int64_t B = s.B, T = s.T, C = s.C, H = s.H;
-    const std::string shape = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
-                              " H=" + std::to_string(H);
+    const std::string shape = s.text();
     const auto qkv = normal(B * T * 3 * C, 61);
     std::vector<float> out(B * T * C), att(B * H * T * T);
     ref::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);

@@ -256,12 +256,24 @@ std::unique_ptr<zt::db::TraceWriter> hand_written_trace(const std::string& path,
   return w;
 }
 
+// ... committed, finished and loaded into the viewer's model (null, with a failure, when any fails).
+std::unique_ptr<TraceModel> finish_and_load(zt::db::TraceWriter& w, const std::string& path) {
+  w.commit();
+  zt::Status s = w.finish();
+  EXPECT_TRUE(s.ok()) << s.message();
+  std::unique_ptr<TraceModel> m;
+  if (s.ok()) s = TraceModel::load(path, &m);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return s.ok() ? std::move(m) : nullptr;
+}
+
 // zt train --cupti: CUPTI's record of the trainer's segment (paired when the trace is finished)
 // is counted once and drawn once; what CUPTI alone saw is drawn.
 TEST(TraceModelTwins, ASecondRecordIsNeitherCountedNorDrawnTwice) {
   using namespace zt::db;
   zt::test::TempDir dir;
   const std::string path = dir.file("twins.db");
+  std::unique_ptr<TraceModel> m;
   const int64_t MiB = 1 << 20;
   {
     std::unique_ptr<TraceWriter> w = hand_written_trace(path, "zt train --device cuda --cupti");
@@ -276,13 +288,9 @@ TEST(TraceModelTwins, ASecondRecordIsNeitherCountedNorDrawnTwice) {
     seg(10, 0x1000, 20 * MiB, 100, 900, Source::Api);            // the trainer's segment
     seg(20, 0x1000, 20 * MiB, 101, 899, Source::Cupti);          // CUPTI's record of it
     seg(23, 0x20000000, 32 * MiB, 105, 950, Source::Cupti);      // outside the trainer's allocators
-    w->commit();
-    zt::Status s = w->finish();
-    ASSERT_TRUE(s.ok()) << s.message();
+    m = finish_and_load(*w, path);
   }
-  std::unique_ptr<TraceModel> m;
-  auto s = TraceModel::load(path, &m);
-  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_NE(m, nullptr);
   std::vector<int64_t> drawn;
   for (const Track& t : m->tracks)
     if (t.kind == TrackKind::Allocations)
@@ -310,6 +318,7 @@ TEST(TraceModelBackground, PhasesThatOutliveTheirStepGetTheirOwnLane) {
   using namespace zt::db;
   zt::test::TempDir dir;
   const std::string path = dir.file("background.db");
+  std::unique_ptr<TraceModel> m;
   {
     std::unique_ptr<TraceWriter> w = hand_written_trace(path, "zt train --delayed-update 0");
     ASSERT_NE(w, nullptr);
@@ -331,13 +340,9 @@ TEST(TraceModelBackground, PhasesThatOutliveTheirStepGetTheirOwnLane) {
     marker(MarkerKind::Phase, "forward", 110, 150, 1);
     marker(MarkerKind::Phase, "adamw block1", 140, 160, 0);  // starts in step 1
     marker(MarkerKind::Phase, "optimizer", 170, 210, 1);
-    w->commit();
-    zt::Status s = w->finish();
-    ASSERT_TRUE(s.ok()) << s.message();
+    m = finish_and_load(*w, path);
   }
-  std::unique_ptr<TraceModel> m;
-  auto s = TraceModel::load(path, &m);
-  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_NE(m, nullptr);
   const Track& t = m->tracks.at(0);
   ASSERT_EQ(t.kind, TrackKind::Markers);
   std::map<std::string, std::vector<std::string>> by_lane;  // lane name (or index) -> marker names
