@@ -56,6 +56,18 @@ void for_chunks(int64_t n, const F& f) {
   for (int64_t c = 0; c < chunks; ++c) f(c * kHostChunk, std::min(n, (c + 1) * kHostChunk));
 }
 
+// The sum of squares' one order: `chunk(lo, hi)` sums [lo, hi) (sum_squares_lanes), the chunk
+// sums are added in chunk order.
+template <class F>
+double chunked_sum_squares(int64_t n, const F& chunk) {
+  const int64_t chunks = (n + kHostChunk - 1) / kHostChunk;
+  std::vector<double> part(size_t(std::max<int64_t>(chunks, 1)), 0.0);
+  for_chunks(n, [&](int64_t lo, int64_t hi) { part[size_t(lo / kHostChunk)] = chunk(lo, hi); });
+  double s = 0;
+  for (double p : part) s += p;
+  return s;
+}
+
 class HostOps : public DeviceOps {
  public:
   bool host_addressable() const override { return true; }
@@ -107,17 +119,6 @@ class HostOps : public DeviceOps {
     });
   }
 
-  // The sum of squares' one order: `chunk(lo, hi)` sums [lo, hi) (sum_squares_lanes), the chunk
-  // sums are added in chunk order.
-  template <class F>
-  static double chunked_sum_squares(int64_t n, const F& chunk) {
-    const int64_t chunks = (n + kHostChunk - 1) / kHostChunk;
-    std::vector<double> part(size_t(std::max<int64_t>(chunks, 1)), 0.0);
-    for_chunks(n, [&](int64_t lo, int64_t hi) { part[size_t(lo / kHostChunk)] = chunk(lo, hi); });
-    double s = 0;
-    for (double p : part) s += p;
-    return s;
-  }
   void adamw(float* params, const float* grads, float* m, float* v, int64_t n, const optim::AdamParams& hp,
              int64_t step, void* low_out, optim::LowDType low) override {
     optim::cpu_adamw_step(params, grads, m, v, n, hp, step, low_out, low);
@@ -247,7 +248,7 @@ DeviceOps& host_ops() {
 double widen_and_sum_squares(float* dst, const void* src, DType src_t, int64_t n) {
   if (src_t != DType::F32 && src_t != DType::BF16 && src_t != DType::F16)
     throw std::invalid_argument("widen_and_sum_squares: " + std::string(dtype_name(src_t)) + " is not a float dtype");
-  return HostOps::chunked_sum_squares(n, [&](int64_t lo, int64_t hi) {
+  return chunked_sum_squares(n, [&](int64_t lo, int64_t hi) {
     if (src_t == DType::F32) {
       const float* x = static_cast<const float*>(src);
       return sum_squares_lanes(lo, hi, [&](int64_t i) { return double(dst[i] = x[i]); });

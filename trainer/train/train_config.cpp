@@ -6,7 +6,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "core/dtype.h"
 #include "zt/common/units.h"
 
 namespace zt::trainer {
@@ -181,6 +180,10 @@ Status validate(const TrainConfig& c) {
   return Status::Ok();
 }
 
+MatmulPrecision matmul_precision_of(const TrainConfig& c) {
+  return c.tf32 ? MatmulPrecision::High : parse_matmul_precision(c.matmul_precision).value_or(MatmulPrecision::Highest);
+}
+
 std::string to_json(const TrainConfig& c) {
   nlohmann::json j = {{"device", c.device},
                       {"model", c.model},
@@ -204,7 +207,7 @@ std::string to_json(const TrainConfig& c) {
                       {"grad_clip", c.grad_clip},
                       {"activation_checkpointing", c.activation_checkpointing},
                       {"tf32", c.tf32},
-                      {"matmul_precision", c.tf32 ? std::string("high") : c.matmul_precision},
+                      {"matmul_precision", std::string(matmul_precision_name(matmul_precision_of(c)))},
                       {"delayed_update", c.delayed_update},
                       {"zero_optimization", {{"stage", c.zero.stage},
                                              {"offload_optimizer", c.zero.offload_optimizer},

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "zt/common/status.h"
 
 namespace zt::trainer {
@@ -125,6 +126,8 @@ Status load_deepspeed_config_text(const std::string& text, const std::string& or
 Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* keys = nullptr);
 // Checks ranges and combinations; the message names the setting and what to do.
 Status validate(const TrainConfig& cfg);
+// The matmul precision a validated config asks for: tf32 is high.
+MatmulPrecision matmul_precision_of(const TrainConfig& cfg);
 // The resolved configuration as JSON (written into the trace's run row).
 std::string to_json(const TrainConfig& cfg);
 

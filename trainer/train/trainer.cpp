@@ -231,7 +231,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     }
     std::string why;
     CudaBackendOptions bo;
-    bo.matmul = cfg.tf32 ? MatmulPrecision::High : parse_matmul_precision(cfg.matmul_precision).value_or(MatmulPrecision::Highest);
+    bo.matmul = matmul_precision_of(cfg);
     own_backend = make_cuda_backend(multi_process ? launch.local_rank : 0, &why, bo);
     if (!own_backend) return Status::Error("--device cuda: " + why);
     backend = own_backend.get();

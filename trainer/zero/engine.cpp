@@ -663,12 +663,18 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
         j.low_out = p.param_shard.raw();
         j.in_place = true;
       } else {
-        // Delayed, the update has a buffer of its own, kept from step to step: the next step's
-        // prefetch reads the host parameter shards while the background pass runs.
-        Tensor& buf = p.update[update_slot_];
-        if (delayed && !buf.defined())
-          buf = Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
-        j.fused = delayed ? buf : Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
+        auto update_buffer = [&] {
+          return Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
+        };
+        if (!delayed) {
+          j.fused = update_buffer();
+        } else {
+          // Delayed, the update has a buffer of its own, kept from step to step: the next step's
+          // prefetch reads the host parameter shards while the background pass runs.
+          Tensor& buf = p.update[update_slot_];
+          if (!buf.defined()) buf = update_buffer();
+          j.fused = buf;
+        }
         j.low_out = j.fused.raw();
       }
     }
