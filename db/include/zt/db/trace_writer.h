@@ -6,6 +6,11 @@
 //  - create() either leaves a complete empty version-1 trace, or nothing at all.
 //  - Rows become durable at commit(); WAL mode, so a process killed with SIGKILL leaves a
 //    file that opens with every committed transaction in it.
+//  - Inside a transaction, rows of the busy tables (allocation, transfer, kernel, placement,
+//    marker, counter) wait in memory and go in as multi-row INSERTs at commit() (or after 16Ki
+//    waiting rows, or at handle()); a free or marker end for a waiting row is written into it.
+//    So an error of such an insert (a duplicate id) is thrown by commit(), not by insert().
+//    Outside a transaction every insert goes in at once.
 //  - finish() builds the indexes, folds the WAL back into the one file and closes it.
 #pragma once
 
@@ -60,7 +65,8 @@ class TraceWriter {
   // Builds indexes, checkpoints the WAL into the main file, switches to a single-file journal.
   Status finish();
 
-  sqlite3* handle() const { return db_; }
+  // The connection, for SQL of the caller's own; every waiting row is written first.
+  sqlite3* handle();
 
  private:
   struct Statements;
