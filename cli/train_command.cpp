@@ -54,6 +54,11 @@ void add_train_command(CLI::App& app, Action& action) {
                   "step's CPU AdamW runs beside the next step's forward and backward, which see weights one update "
                   "behind; -1: off")
       ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()));
+  sub->add_option("--attention", cfg->attention,
+                  "materialized (default: the fp32 reference, keeps the B x H x T x T probabilities) or flash "
+                  "(FlashAttention-2: keeps one value per row, multiplies in bf16; on a GPU tensor-core kernels for "
+                  "head size 16, 32 or 64)")
+      ->check(CLI::IsMember({"materialized", "flash"}));
   sub->add_flag("-q,--quiet", cfg->quiet, "no progress lines");
   // Checkpoints (issue 5).
   sub->add_option("--checkpoint-dir", cfg->checkpoint_dir, "directory of sharded checkpoints (DIR/stepNNNNNN, DIR/latest)");
@@ -117,6 +122,7 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--tf32") from_file.tf32 = c.tf32;
           else if (n == "--delayed-update") from_file.delayed_update = c.delayed_update;
           else if (n == "--matmul-precision") from_file.matmul_precision = c.matmul_precision;
+          else if (n == "--attention") from_file.attention = c.attention;
           else if (n == "--quiet") from_file.quiet = c.quiet;
           else if (n == "--checkpoint-dir") from_file.checkpoint_dir = c.checkpoint_dir;
           else if (n == "--save-every") from_file.save_every = c.save_every;

@@ -233,6 +233,20 @@ TEST(Cli, TrainCudaCapsMemoryOnlyWhenAskedAndTakesTf32) {
       << dpu.out;
 }
 
+// --attention: reaches the run's config in the trace, and a value we have no attention for is
+// refused with the ones we have.
+TEST(Cli, AttentionFlashReachesTheRunAndOthersAreRefused) {
+  zt::test::TempDir dir;
+  const std::string trace = dir.file("t.db");
+  Result r = run_zt("train --model tiny --steps 1 -q --attention flash --trace " + trace);
+  ASSERT_EQ(r.code, 0) << r.out;
+  Result q = run_zt("db sql --csv " + trace + " \"SELECT config_json FROM run\"");
+  EXPECT_NE(q.out.find("\"\"attention\"\":\"\"flash\"\""), std::string::npos) << q.out;
+  Result bad = run_zt("train --model tiny --steps 1 --attention sdpa");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--attention: sdpa not in {materialized,flash}"), std::string::npos) << bad.out;
+}
+
 TEST(Cli, TrainCuptiNeedsDeviceCudaATraceAndSaysWhyItIsOff) {
   zt::test::TempDir dir;
   Result sim = run_zt("train --cupti --model tiny --steps 1 --trace " + dir.file("sim.db"));

@@ -10,9 +10,11 @@
 #include <cstring>
 #include <limits>
 
+#include "cuda/flash_attention.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
 #include "cuda_test_util.h"
+#include "model/flash_attention.h"
 #include "model/kernels.h"
 
 using namespace zt::cuda;
@@ -241,6 +243,71 @@ TEST(CudaAttentionOnBlas, ForwardAndBackwardMatchTheReference) {
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     EXPECT_TRUE(close(download(dqkv, B * T * 3 * C, DType::F32), want, tol, "blas attention_backward dqkv" + shape));
   }
+}
+
+// The flash attention kernels against model/flash_attention.h (the same algorithm and roundings
+// as loops on the CPU) and against the fp32 reference. Against their twin the kernels differ only
+// by the order of fp32 sums inside the tensor cores, and by a bf16 rounding of P or dS that such a
+// difference can tip: 1e-2 of the tensor's largest value (a guess, not yet measured on a GPU);
+// against the fp32 reference, the CPU twin's own bounds (tests/trainer/model/flash_attention_test).
+// Head sizes 16, 32 and 64; one token, one full tile, partial tiles, several heads.
+TEST(CudaFlashAttention, MatchesItsCpuTwinAndTheFp32Reference) {
+  ZT_REQUIRE_GPU();
+  const Tolerance twin{0.0, 1e-2}, fwd_ref{0.0, 1.5e-2}, bwd_ref{0.0, 3e-2};
+  for (AttentionShape s : {AttentionShape{1, 1, 32, 2}, AttentionShape{1, 64, 32, 2}, AttentionShape{2, 100, 128, 2},
+                            AttentionShape{2, 130, 64, 2}, AttentionShape{1, 200, 192, 3}}) {
+    const int64_t B = s.B, T = s.T, C = s.C, H = s.H, N = B * T;
+    const std::string shape = s.text();
+    ASSERT_EQ(flash_attention_unsupported(B, T, C, H), "") << shape;
+    const auto qkv = normal(N * 3 * C, 71, 1.5f);
+    const auto dy = normal(N * C, 72);
+    std::vector<float> out(N * C), lse(B * H * T), dsum(B * H * T), dqkv(N * 3 * C);
+    zt::model::flash_attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, H);
+    zt::model::flash_attention_backward(dqkv.data(), dsum.data(), dy.data(), qkv.data(), out.data(), lse.data(), B, T,
+                                        C, H);
+    std::vector<float> ref_out(N * C), att(B * H * T * T), scratch(B * H * T), ref_dqkv(N * 3 * C);
+    ref::attention_forward(ref_out.data(), att.data(), qkv.data(), B, T, C, H);
+    ref::attention_backward(ref_dqkv.data(), scratch.data(), dy.data(), qkv.data(), att.data(), B, T, C, H);
+
+    DeviceBuffer d_qkv = upload(qkv, DType::F32), d_dy = upload(dy, DType::F32);
+    DeviceBuffer d_out = upload(std::vector<float>(N * C, std::nanf("")), DType::F32);  // every value written
+    DeviceBuffer d_lse = upload(std::vector<float>(B * H * T, std::nanf("")), DType::F32);
+    flash_attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), B, T, C, H, nullptr);
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    const auto got_out = download(d_out, N * C, DType::F32);
+    EXPECT_TRUE(close(got_out, out, twin, "flash forward out vs its CPU twin" + shape));
+    EXPECT_TRUE(close(download(d_lse, B * H * T, DType::F32), lse, twin, "flash forward lse vs its CPU twin" + shape));
+    EXPECT_TRUE(close(got_out, ref_out, fwd_ref, "flash forward out vs the fp32 reference" + shape));
+
+    // The backward from the CPU twin's forward results, so both sides start from the same values.
+    DeviceBuffer c_out = upload(out, DType::F32), c_lse = upload(lse, DType::F32);
+    DeviceBuffer d_dsum = upload(std::vector<float>(B * H * T, std::nanf("")), DType::F32);
+    DeviceBuffer d_dqkv = upload(std::vector<float>(N * 3 * C, 123.0f), DType::F32);  // overwritten entirely
+    flash_attention_backward(d_dqkv.as<float>(), d_dsum.as<float>(), d_dy.as<float>(), d_qkv.as<float>(),
+                             c_out.as<float>(), c_lse.as<float>(), B, T, C, H, nullptr);
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    const auto got = download(d_dqkv, N * 3 * C, DType::F32);
+    for (int part = 0; part < 3; ++part) {  // dq, dk, dv: each against its own scale
+      std::vector<float> g, want, r;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c) {
+          const size_t i = size_t(n * 3 * C + part * C + c);
+          g.push_back(got[i]), want.push_back(dqkv[i]), r.push_back(ref_dqkv[i]);
+        }
+      const std::string what = std::string("flash backward d") + "qkv"[part];
+      EXPECT_TRUE(close(g, want, twin, what + " vs its CPU twin" + shape));
+      EXPECT_TRUE(close(g, r, bwd_ref, what + " vs the fp32 reference" + shape));
+    }
+    EXPECT_TRUE(close(download(d_dsum, B * H * T, DType::F32), dsum, Tolerance{1e-5, 1e-6}, "flash dsum" + shape));
+  }
+}
+
+// Shapes the kernels do not take are refused with the reason, before any launch.
+TEST(CudaFlashAttention, RefusesHeadSizesItHasNoKernelFor) {
+  EXPECT_NE(flash_attention_unsupported(1, 64, 256, 2).find("head size C / H = 128"), std::string::npos);
+  EXPECT_NE(flash_attention_unsupported(1, 64, 48, 1).find("16, 32 or 64"), std::string::npos);
+  EXPECT_EQ(flash_attention_unsupported(8, 1024, 768, 12), "");  // GPT-2 124M
+  EXPECT_THROW(flash_attention_forward(nullptr, nullptr, nullptr, 1, 64, 256, 2, nullptr), std::invalid_argument);
 }
 
 // ---- cross-entropy -----------------------------------------------------------------------------

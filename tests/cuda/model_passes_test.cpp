@@ -219,6 +219,31 @@ TEST(CudaModelPassesLayout, BytesCoverEveryBufferOn256ByteBoundaries) {
   EXPECT_GE(b, ws.bytes());
 }
 
+// Flash attention: both [B, H, T, T] buffers (each layer's probabilities, the backward's scratch)
+// become one float per row; everything else stays as it was. A head size without a flash kernel
+// is refused up front, saying so.
+TEST(CudaModelPassesLayout, FlashAttentionKeepsOneValuePerRow) {
+  const model::Config c = tiny();
+  const int64_t H = c.heads, L = c.layers;
+  auto f = [](int64_t floats) { return round256(size_t(floats) * 4); };
+  const size_t saved = f(int64_t(kB) * H * kT * kT) - f(int64_t(kB) * H * kT);
+  for (bool ckpt : {false, true}) {
+    const size_t materialized = CudaModelPasses::required_bytes(c, kB, kT, ckpt, 0, model::Attention::Materialized);
+    const size_t flash = CudaModelPasses::required_bytes(c, kB, kT, ckpt, 0, model::Attention::Flash);
+    EXPECT_EQ(materialized - flash, size_t((ckpt ? 1 : L) + 1) * saved) << (ckpt ? "checkpointing" : "kept");
+  }
+  model::Config wide = c;  // head size 128
+  wide.width = 256;
+  wide.heads = 2;
+  try {
+    CudaModelPasses::required_bytes(wide, 1, 4, false, 0, model::Attention::Flash);
+    ADD_FAILURE() << "a head size of 128 was accepted for flash attention";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("flash attention: head size C / H = 128"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(CudaModelPasses::required_bytes(wide, 1, 4, false));  // the cuBLAS attention takes it
+}
+
 TEST(CudaModelPassesLayout, RefusesShapesThatCannotRun) {
   const model::Config c = tiny();
   EXPECT_THROW(CudaModelPasses::required_bytes(c, 0, kT, false), std::invalid_argument);

@@ -100,6 +100,27 @@ TEST(CudaTrain, FastMatmulPrecisionsStayNearTheReference) {
     }
 }
 
+// --attention flash on the GPU: near the simulated GPU's run with the same attention (the CPU twin
+// of the kernels, model/flash_attention.h) and, less near, the fp32 materialized attention. The
+// tolerances are guesses, not yet measured on a GPU.
+TEST(CudaTrain, FlashAttentionStaysNearItsCpuTwinAndTheReference) {
+  ZT_REQUIRE_GPU();
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    TrainConfig c = tiny_run(6);
+    c.precision = precision;
+    c.zero.stage = 3;
+    c.zero.offload_optimizer = true;
+    const std::vector<double> materialized = train_losses(c);
+    c.attention = "flash";
+    const std::vector<double> twin = train_losses(c);
+    c.device = "cuda";
+    const std::vector<double> got = train_losses(c);
+    expect_losses_close(got, twin, 1e-2);
+    expect_losses_close(got, materialized, 3e-2);
+  }
+}
+
 // A checkpoint of a one-rank GPU run (its collectives queue device copies and skip the stream
 // synchronizations, but the save's digest exchange passes host buffers: those copies are
 // synchronous), resumed, and the delayed update with it: the resumed run picks the save up (its

@@ -124,8 +124,9 @@ class OpaqueBackend final : public Backend {
     return std::make_unique<zt::memory::HostBackedSource>(cap ? cap : size_t(4) << 30);
   }
   DeviceOps& ops(int) override { return ops_; }
-  std::unique_ptr<ModelPasses> model_passes(int, const zt::model::Config& c, int B, int T, bool ckpt) override {
-    return std::make_unique<OpaquePasses>(cpu_model_passes(c, B, T, ckpt));
+  std::unique_ptr<ModelPasses> model_passes(int, const zt::model::Config& c, int B, int T, bool ckpt,
+                                            zt::model::Attention attention) override {
+    return std::make_unique<OpaquePasses>(cpu_model_passes(c, B, T, ckpt, attention));
   }
   std::unique_ptr<Communicator> process_communicator(int, zt::probe::Recorder*, zt::probe::DeviceId, int64_t,
                                                      std::string* why) override {

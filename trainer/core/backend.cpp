@@ -202,7 +202,8 @@ class SimOps final : public HostOps {
 
 class CpuModelPasses final : public ModelPasses {
  public:
-  CpuModelPasses(const model::Config& c, int B, int T, bool checkpointing) : ws_(c, B, T, checkpointing) {}
+  CpuModelPasses(const model::Config& c, int B, int T, bool checkpointing, model::Attention attention)
+      : ws_(c, B, T, checkpointing, 0, attention) {}
   size_t bytes() const override { return ws_.bytes(); }
   void bind(void*) override {}
   float* residual(int i) override { return ws_.residual(i); }
@@ -259,8 +260,9 @@ double widen_and_sum_squares(float* dst, const void* src, DType src_t, int64_t n
   });
 }
 
-std::unique_ptr<ModelPasses> cpu_model_passes(const model::Config& config, int B, int T, bool checkpointing) {
-  return std::make_unique<CpuModelPasses>(config, B, T, checkpointing);
+std::unique_ptr<ModelPasses> cpu_model_passes(const model::Config& config, int B, int T, bool checkpointing,
+                                              model::Attention attention) {
+  return std::make_unique<CpuModelPasses>(config, B, T, checkpointing, attention);
 }
 
 }  // namespace zt::trainer

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "model/gpt2.h"
 #include "optim/cpu_adam.h"
 #include "zt/probe/recorder.h"
 
@@ -123,7 +124,8 @@ class ModelPasses {
 };
 
 // The CPU reference (model::Workspace and the passes of model/gpt2.h).
-std::unique_ptr<ModelPasses> cpu_model_passes(const model::Config& config, int B, int T, bool checkpointing);
+std::unique_ptr<ModelPasses> cpu_model_passes(const model::Config& config, int B, int T, bool checkpointing,
+                                              model::Attention attention = model::Attention::Materialized);
 
 // One kind of accelerator. Thread-safe: rank threads call it concurrently.
 class Backend {
@@ -139,8 +141,9 @@ class Backend {
   virtual std::unique_ptr<memory::MemorySource> pinned_source(size_t cap) = 0;
   // The rank's ops (valid while the backend lives; the rank thread is their only user).
   virtual DeviceOps& ops(int rank) = 0;
+  // attention: Flash runs cuda/flash_attention.h; Materialized the cuBLAS attention (gemm.h).
   virtual std::unique_ptr<ModelPasses> model_passes(int rank, const model::Config& config, int B, int T,
-                                                    bool checkpointing) = 0;
+                                                    bool checkpointing, model::Attention attention) = 0;
   // This process as rank `rank` of a multi-process job (one GPU per process), its collectives
   // ordered after the rank's work on the device: NCCL, from the launcher's variables and the
   // rendezvous settings (zero/launcher_env.h). Throws LaunchError for missing or inconsistent

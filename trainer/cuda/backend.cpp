@@ -213,10 +213,11 @@ class CudaBackend final : public Backend {
     return std::make_unique<cuda::CudaPinnedSource>(cap ? cap : memory::kNoLimit);
   }
   DeviceOps& ops(int rank) override { return slot(rank).ops; }
-  std::unique_ptr<ModelPasses> model_passes(int rank, const model::Config& config, int B, int T,
-                                            bool checkpointing) override {
+  std::unique_ptr<ModelPasses> model_passes(int rank, const model::Config& config, int B, int T, bool checkpointing,
+                                            model::Attention attention) override {
     Slot& s = slot(rank);
-    auto passes = std::make_unique<cuda::CudaModelPasses>(config, B, T, checkpointing, s.ops.stream(), s.blas);
+    auto passes =
+        std::make_unique<cuda::CudaModelPasses>(config, B, T, checkpointing, s.ops.stream(), s.blas, 0, attention);
     // Queued only: the ops, copies and collectives that read their results run later on the same
     // stream or synchronize it first (the communicator does), so no pass needs to wait.
     passes->set_synchronous(false);

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/flash_attention.h"
 #include "cuda/kernels.h"
 #include "cuda/runtime.h"
 #include "model/gpt2.h"
@@ -22,7 +23,7 @@ constexpr size_t kAlign = 256;  // every sub-buffer starts on a 256-byte boundar
 
 // The CUDA kernels' own limits (kernels.cu check_attention_shape), checked up front so a shape
 // that cannot run is refused when the passes are built, not in the middle of a step.
-void check_shape(const model::Config& c, int B, int T) {
+void check_shape(const model::Config& c, int B, int T, model::Attention attention) {
   if (Status s = model::Workspace::check(c, B, T); !s.ok()) throw std::invalid_argument(s.message());
   auto fail = [](const std::string& why) { throw std::invalid_argument("cuda model passes: " + why); };
   if (T > kMaxAttnT)
@@ -32,6 +33,9 @@ void check_shape(const model::Config& c, int B, int T) {
          std::to_string(kMaxHeadSize));
   if (B > kMaxGridY || c.heads > kMaxGridY)
     fail("B and heads must be at most " + std::to_string(kMaxGridY) + " (CUDA grid dimensions)");
+  if (attention == model::Attention::Flash)
+    if (std::string why = flash_attention_unsupported(B, T, c.width, c.heads); !why.empty())
+      fail("flash attention: " + why + " (--attention materialized runs any shape)");
 }
 
 // The LM head's logits chunk when not asked (model::head_chunk_rows' budget): about 256 MiB. The
@@ -66,10 +70,10 @@ void copy_d2d(float* dst, const float* src, int64_t n, cudaStream_t stream) {
 }  // namespace
 
 size_t CudaModelPasses::carve(const model::Config& config, int B, int T, bool checkpointing, int64_t chunk_rows,
-                              char* base, Buffers* out) {
+                              model::Attention attention, char* base, Buffers* out) {
   const int64_t C = config.width, H = config.heads, L = config.layers;
   const int64_t N = int64_t(B) * T;
-  const int64_t att = int64_t(B) * H * T * T;
+  const int64_t att = int64_t(B) * H * T * (attention == model::Attention::Flash ? 1 : T);
   Carver k(base);
   Buffers b;
   b.caches.assign(checkpointing ? 1 : size_t(L), BlockCache{});
@@ -108,18 +112,25 @@ size_t CudaModelPasses::carve(const model::Config& config, int B, int T, bool ch
 }
 
 size_t CudaModelPasses::required_bytes(const model::Config& config, int B, int T, bool checkpointing,
-                                       int64_t head_rows_per_chunk) {
-  check_shape(config, B, T);
+                                       int64_t head_rows_per_chunk, model::Attention attention) {
+  check_shape(config, B, T, attention);
   const int64_t rows = model::head_chunk_rows(config, int64_t(B) * T, head_rows_per_chunk, kLogitsChunkBytes);
-  return carve(config, B, T, checkpointing, rows, nullptr, nullptr);
+  return carve(config, B, T, checkpointing, rows, attention, nullptr, nullptr);
 }
 
 CudaModelPasses::CudaModelPasses(const model::Config& config, int B, int T, bool checkpointing, cudaStream_t stream,
-                                 Blas& blas, int64_t head_rows_per_chunk)
-    : config_(config), B_(B), T_(T), N_(int64_t(B) * T), checkpoint_(checkpointing), stream_(stream), blas_(blas) {
-  check_shape(config, B, T);
+                                 Blas& blas, int64_t head_rows_per_chunk, model::Attention attention)
+    : config_(config),
+      B_(B),
+      T_(T),
+      N_(int64_t(B) * T),
+      checkpoint_(checkpointing),
+      attention_(attention),
+      stream_(stream),
+      blas_(blas) {
+  check_shape(config, B, T, attention);
   chunk_rows_ = model::head_chunk_rows(config, N_, head_rows_per_chunk, kLogitsChunkBytes);
-  bytes_ = carve(config, B, T, checkpointing, chunk_rows_, nullptr, nullptr);
+  bytes_ = carve(config, B, T, checkpointing, chunk_rows_, attention, nullptr, nullptr);
   block_ = model::block_offsets(config);
   emb_ = model::embedding_offsets(config);
   fin_ = model::final_offsets(config);
@@ -135,7 +146,7 @@ void CudaModelPasses::bind(void* memory) {
   if (reinterpret_cast<uintptr_t>(memory) % kAlign != 0)
     throw std::invalid_argument("CudaModelPasses::bind: the memory must be 256-byte aligned");
   base_ = static_cast<char*>(memory);
-  carve(config_, B_, T_, checkpoint_, chunk_rows_, base_, &buf_);
+  carve(config_, B_, T_, checkpoint_, chunk_rows_, attention_, base_, &buf_);
   blas_.set_workspace(buf_.blas_workspace, kCublasWorkspaceBytes);
 }
 
@@ -189,7 +200,10 @@ void CudaModelPasses::run_block_forward(BlockCache& c, const float* p, const flo
   const int64_t C = config_.width, N = N_;
   layernorm_forward(c.ln1, c.ln1_mean, c.ln1_rstd, x_in, p + o.ln1_w, p + o.ln1_b, N, C, F32, stream_);
   matmul_forward(blas_, c.qkv, c.ln1, p + o.qkv_w, p + o.qkv_b, N, C, 3 * C, F32, stream_);
-  attention_forward(blas_, c.atty, c.att, c.qkv, B_, T_, C, config_.heads, stream_);
+  if (attention_ == model::Attention::Flash)
+    flash_attention_forward(c.atty, c.att, c.qkv, B_, T_, C, config_.heads, stream_);
+  else
+    attention_forward(blas_, c.atty, c.att, c.qkv, B_, T_, C, config_.heads, stream_);
   copy_d2d(c.res2, x_in, N * C, stream_);  // the residual: res2 = x_in + proj(atty)
   matmul_forward(blas_, c.res2, c.atty, p + o.attn_proj_w, p + o.attn_proj_b, N, C, C, F32, stream_, true);
   layernorm_forward(c.ln2, c.ln2_mean, c.ln2_rstd, c.res2, p + o.ln2_w, p + o.ln2_b, N, C, F32, stream_);
@@ -230,7 +244,10 @@ void CudaModelPasses::block_backward(int layer, const float* p, const float* x_i
   // Attention branch (res2 = x_in + atty @ W^T + b).
   matmul_backward(blas_, w.datty, dp + o.attn_proj_w, dp + o.attn_proj_b, w.dres2, c.atty, p + o.attn_proj_w, N, C, C,
                   F32, stream_);
-  attention_backward(blas_, w.dqkv, w.att_scratch, w.datty, c.qkv, c.att, B_, T_, C, H, stream_);
+  if (attention_ == model::Attention::Flash)
+    flash_attention_backward(w.dqkv, w.att_scratch, w.datty, c.qkv, c.atty, c.att, B_, T_, C, H, stream_);
+  else
+    attention_backward(blas_, w.dqkv, w.att_scratch, w.datty, c.qkv, c.att, B_, T_, C, H, stream_);
   matmul_backward(blas_, w.dln, dp + o.qkv_w, dp + o.qkv_b, w.dqkv, c.ln1, p + o.qkv_w, N, C, 3 * C, F32, stream_);
   copy_d2d(dx_in, w.dres2, N * C, stream_);
   layernorm_backward(dx_in, dp + o.ln1_w, dp + o.ln1_b, w.dln, x_in, p + o.ln1_w, c.ln1_mean, c.ln1_rstd, N, C,

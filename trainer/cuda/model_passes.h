@@ -6,7 +6,9 @@
 // gradients overwritten, block_backward's dx_in may alias dx_out, and with checkpointing
 // block_backward recomputes the block's forward from x_in into one shared cache. All fp32: the
 // DType::F32 instances of kernels.h and gemm.h (cuBLAS, fp32 accumulation, no TF32). The same
-// buffers as the reference, plus attention_backward's B*H*T*T scratch (kernels.h). The LM head
+// buffers as the reference, plus attention_backward's B*H*T*T scratch (kernels.h). With
+// model::Attention::Flash the attention is flash_attention.h's (bf16 tensor cores, the
+// workspace's Flash twin) and both T x T buffers shrink to one float per row. The LM head
 // materializes logits head_rows_per_chunk() rows at a time, as the reference does, so B*T*vocab
 // never has to fit at once; but its default chunk is about 256 MiB (the reference's: 32 MiB), and
 // its rows are the vocab rounded up to 64 floats apart (aligned GEMMs).
@@ -39,6 +41,7 @@
 #include "core/backend.h"
 #include "cuda/gemm.h"
 #include "model/config.h"
+#include "model/gpt2.h"
 #include "model/layout.h"
 
 namespace zt::cuda {
@@ -53,13 +56,16 @@ class CudaModelPasses final : public trainer::ModelPasses {
   // (no CUDA call). Throws std::invalid_argument when the shape cannot run: model::Workspace::check
   // fails, or a CUDA kernel's limit is exceeded (T > 8192, head size > 1024, B or heads > 65535).
   // head_rows_per_chunk: as model::Workspace's, but 0 means about 256 MiB of logits (always within 1..B*T).
+  // attention: Materialized keeps [B, H, T, T] probabilities (cuBLAS, gemm.h); Flash keeps [B, H, T]
+  // log-sum-exps (flash_attention.h) and is refused for a shape its kernels do not take.
   static size_t required_bytes(const model::Config& config, int B, int T, bool checkpointing,
-                               int64_t head_rows_per_chunk = 0);
+                               int64_t head_rows_per_chunk = 0,
+                               model::Attention attention = model::Attention::Materialized);
 
   // Throws as required_bytes does. Makes no CUDA call; `blas` (its handle and device) and `stream`
   // must outlive the passes.
   CudaModelPasses(const model::Config& config, int B, int T, bool checkpointing, cudaStream_t stream, Blas& blas,
-                  int64_t head_rows_per_chunk = 0);
+                  int64_t head_rows_per_chunk = 0, model::Attention attention = model::Attention::Materialized);
   ~CudaModelPasses() override;
   CudaModelPasses(const CudaModelPasses&) = delete;
   CudaModelPasses& operator=(const CudaModelPasses&) = delete;
@@ -91,6 +97,7 @@ class CudaModelPasses final : public trainer::ModelPasses {
   int B() const { return B_; }
   int T() const { return T_; }
   bool checkpointing() const { return checkpoint_; }
+  model::Attention attention() const { return attention_; }
 
  private:
   // What one block keeps from its forward for its backward (gpt2.cpp's BlockCache).
@@ -99,7 +106,7 @@ class CudaModelPasses final : public trainer::ModelPasses {
     float* ln1_mean;  // [N]
     float* ln1_rstd;  // [N]
     float* qkv;       // [N, 3C]
-    float* att;       // [B, H, T, T]
+    float* att;       // [B, H, T, T] probabilities; flash: [B, H, T] log-sum-exps
     float* atty;      // [N, C] attention output before its projection
     float* res2;      // [N, C] x_in + attention branch
     float* ln2;       // [N, C]
@@ -119,7 +126,7 @@ class CudaModelPasses final : public trainer::ModelPasses {
     float* dln = nullptr;          // [N, C]
     float* datty = nullptr;        // [N, C]
     float* dqkv = nullptr;         // [N, 3C]
-    float* att_scratch = nullptr;  // [B, H, T, T] (attention_backward's softmax gradient)
+    float* att_scratch = nullptr;  // [B, H, T, T] (attention_backward's softmax gradient); flash: [B, H, T] dsum
     // LM head
     float* lnf = nullptr;       // [N, C]
     float* lnf_mean = nullptr;  // [N]
@@ -130,8 +137,8 @@ class CudaModelPasses final : public trainer::ModelPasses {
     void* blas_workspace = nullptr;  // kCublasWorkspaceBytes, handed to cuBLAS by bind()
   };
   // Lays the buffers out from `base` (null: only counts) and returns the bytes they take.
-  static size_t carve(const model::Config& config, int B, int T, bool checkpointing, int64_t chunk_rows, char* base,
-                      Buffers* out);
+  static size_t carve(const model::Config& config, int B, int T, bool checkpointing, int64_t chunk_rows,
+                      model::Attention attention, char* base, Buffers* out);
   void require_bound(const char* pass) const;
   BlockCache& cache(int layer);
   void run_block_forward(BlockCache& c, const float* p, const float* x_in, float* x_out);
@@ -141,6 +148,7 @@ class CudaModelPasses final : public trainer::ModelPasses {
   int B_ = 0, T_ = 0;
   int64_t N_ = 0;
   bool checkpoint_ = false;
+  model::Attention attention_ = model::Attention::Materialized;
   cudaStream_t stream_ = nullptr;
   Blas& blas_;
   int64_t chunk_rows_ = 0;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "model/flash_attention.h"
 #include "model/kernels.h"
 
 namespace zt::model {
@@ -95,7 +96,7 @@ struct BlockCache {
   float* ln1_mean;  // [N]
   float* ln1_rstd;  // [N]
   float* qkv;       // [N, 3C]
-  float* att;       // [B, H, T, T]
+  float* att;       // [B, H, T, T] probabilities; with flash attention [B, H, T] log-sum-exps
   float* atty;      // [N, C] attention output before its projection
   float* res2;      // [N, C] x_in + attention branch
   float* ln2;       // [N, C]
@@ -138,6 +139,7 @@ struct Workspace::Impl {
   int B = 0, T = 0;
   int64_t N = 0;
   bool checkpoint = false;
+  Attention attention = Attention::Materialized;
   BlockOffsets block;
   EmbeddingOffsets emb;
   FinalOffsets fin;
@@ -154,7 +156,7 @@ struct Workspace::Impl {
   float* dln = nullptr;          // [N, C]
   float* datty = nullptr;        // [N, C]
   float* dqkv = nullptr;         // [N, 3C]
-  float* att_scratch = nullptr;  // [B, H, T]
+  float* att_scratch = nullptr;  // [B, H, T] (flash: rowsum(dout * out))
 
   // LM head
   float* lnf = nullptr;       // [N, C]
@@ -176,7 +178,7 @@ struct Workspace::Impl {
       c.ln1_mean = kept.take(N);
       c.ln1_rstd = kept.take(N);
       c.qkv = kept.take(N * 3 * C);
-      c.att = kept.take((int64_t)B * H * T * T);
+      c.att = kept.take((int64_t)B * H * T * (attention == Attention::Flash ? 1 : T));
       c.atty = kept.take(N * C);
       c.res2 = kept.take(N * C);
       c.ln2 = kept.take(N * C);
@@ -223,7 +225,7 @@ Status Workspace::check(const Config& config, int B, int T) {
 }
 
 Workspace::Workspace(const Config& config, int B, int T, bool checkpoint_activations,
-                     int64_t head_rows_per_chunk)
+                     int64_t head_rows_per_chunk, Attention attention)
     : impl_(std::make_unique<Impl>()) {
   if (Status s = check(config, B, T); !s.ok()) throw std::invalid_argument(s.message());
   Impl& w = *impl_;
@@ -232,6 +234,7 @@ Workspace::Workspace(const Config& config, int B, int T, bool checkpoint_activat
   w.T = T;
   w.N = (int64_t)B * T;
   w.checkpoint = checkpoint_activations;
+  w.attention = attention;
   w.chunk_rows = head_rows_per_chunk;  // carve() turns the request into the actual row count
   w.block = block_offsets(config);
   w.emb = embedding_offsets(config);
@@ -251,6 +254,15 @@ const Config& Workspace::config() const { return impl_->config; }
 int Workspace::B() const { return impl_->B; }
 int Workspace::T() const { return impl_->T; }
 bool Workspace::checkpointing() const { return impl_->checkpoint; }
+Attention Workspace::attention() const { return impl_->attention; }
+
+const char* attention_name(Attention a) { return a == Attention::Flash ? "flash" : "materialized"; }
+bool parse_attention(const std::string& name, Attention* out) {
+  if (name == "materialized") *out = Attention::Materialized;
+  else if (name == "flash") *out = Attention::Flash;
+  else return false;
+  return true;
+}
 size_t Workspace::bytes_kept() const { return impl_->kept_storage.size() * sizeof(float); }
 size_t Workspace::bytes_scratch() const { return impl_->scratch_storage.size() * sizeof(float); }
 size_t Workspace::bytes() const { return bytes_kept() + bytes_scratch(); }
@@ -313,7 +325,10 @@ void run_block_forward(Workspace::Impl& w, BlockCache& c, const float* p, const 
   const int64_t C = w.config.width, N = w.N;
   k::layernorm_forward(c.ln1, c.ln1_mean, c.ln1_rstd, x_in, p + o.ln1_w, p + o.ln1_b, N, C);
   k::matmul_forward(c.qkv, c.ln1, p + o.qkv_w, p + o.qkv_b, N, C, 3 * C);
-  k::attention_forward(c.atty, c.att, c.qkv, w.B, w.T, C, w.config.heads);
+  if (w.attention == Attention::Flash)
+    flash_attention_forward(c.atty, c.att, c.qkv, w.B, w.T, C, w.config.heads);
+  else
+    k::attention_forward(c.atty, c.att, c.qkv, w.B, w.T, C, w.config.heads);
   std::memcpy(c.res2, x_in, sizeof(float) * N * C);  // the residual: res2 = x_in + proj(atty)
   k::matmul_forward(c.res2, c.atty, p + o.attn_proj_w, p + o.attn_proj_b, N, C, C, true);
   k::layernorm_forward(c.ln2, c.ln2_mean, c.ln2_rstd, c.res2, p + o.ln2_w, p + o.ln2_b, N, C);
@@ -353,7 +368,10 @@ void block_backward(Workspace& ws, int layer, const float* p, const float* x_in,
   // Attention branch (res2 = x_in + atty @ W^T + b).
   k::matmul_backward(w.datty, dp + o.attn_proj_w, dp + o.attn_proj_b, w.dres2, c.atty,
                      p + o.attn_proj_w, N, C, C);
-  k::attention_backward(w.dqkv, w.att_scratch, w.datty, c.qkv, c.att, w.B, w.T, C, w.config.heads);
+  if (w.attention == Attention::Flash)
+    flash_attention_backward(w.dqkv, w.att_scratch, w.datty, c.qkv, c.atty, c.att, w.B, w.T, C, w.config.heads);
+  else
+    k::attention_backward(w.dqkv, w.att_scratch, w.datty, c.qkv, c.att, w.B, w.T, C, w.config.heads);
   k::matmul_backward(w.dln, dp + o.qkv_w, dp + o.qkv_b, w.dqkv, c.ln1, p + o.qkv_w, N, C, 3 * C);
   std::memcpy(dx_in, w.dres2, sizeof(float) * N * C);
   k::layernorm_backward(dx_in, dp + o.ln1_w, dp + o.ln1_b, w.dln, x_in, p + o.ln1_w, c.ln1_mean,

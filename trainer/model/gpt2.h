@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "model/config.h"
 #include "model/layout.h"
@@ -45,6 +46,14 @@ Status check_tokens(const Config& config, const int32_t* tokens, int64_t n, cons
 // within 1..N.
 int64_t head_chunk_rows(const Config& c, int64_t N, int64_t asked, int64_t budget_bytes = int64_t{32} << 20);
 
+// How the passes compute causal self-attention. Materialized: the fp32 reference (kernels.h), which
+// keeps the [B, H, T, T] probabilities for the backward. Flash: model/flash_attention.h, which keeps
+// one log-sum-exp per row ([B, H, T]) and multiplies in bf16 (fp32 accumulation), as the CUDA
+// flash kernels do; results agree with Materialized to bf16 accuracy, not bit for bit.
+enum class Attention { Materialized, Flash };
+const char* attention_name(Attention a);  // "materialized", "flash"
+bool parse_attention(const std::string& name, Attention* out);
+
 // All activation and scratch memory of the passes, allocated once in the constructor for
 // micro-batches of exactly B sequences of T tokens (1 <= T <= context). With checkpointing, only the
 // input of each block is kept (the residual streams below) and block_backward recomputes the
@@ -58,7 +67,7 @@ class Workspace {
   // head_rows_per_chunk: rows of logits the LM head materializes at a time; 0 picks about 32 MiB
   // of logits (166 rows at vocab 50257), so B*T*vocab never has to fit at once.
   Workspace(const Config& config, int B, int T, bool checkpoint_activations,
-            int64_t head_rows_per_chunk = 0);
+            int64_t head_rows_per_chunk = 0, Attention attention = Attention::Materialized);
   ~Workspace();
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
@@ -67,6 +76,7 @@ class Workspace {
   int B() const;
   int T() const;
   bool checkpointing() const;
+  Attention attention() const;
 
   // Bytes of everything this workspace allocated, and how they split: what is kept between a
   // forward and its backward (block caches + residual streams), what is reused by every pass

@@ -79,8 +79,9 @@ int64_t shape_params(const ModelShape& s, bool learned_positions) {
   return n;
 }
 
-int64_t activation_bytes(const ModelShape& s, int64_t B, int64_t T, bool checkpointing) {
-  const int64_t per_layer = T * B * s.width * 34 + 5 * s.heads * T * T * B;
+int64_t activation_bytes(const ModelShape& s, int64_t B, int64_t T, bool checkpointing, bool flash_attention) {
+  // Flash attention keeps no T x T term (one log-sum-exp per row, inside the first term's slack).
+  const int64_t per_layer = T * B * s.width * 34 + (flash_attention ? 0 : 5 * s.heads * T * T * B);
   if (checkpointing) return s.layers * 2 * T * B * s.width + per_layer;
   return s.layers * per_layer;
 }

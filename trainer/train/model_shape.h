@@ -33,10 +33,10 @@ std::vector<model::ModuleSpec> shape_modules(const ModelShape& s, bool learned_p
 int64_t shape_params(const ModelShape& s, bool learned_positions);
 
 // Bytes of activations kept for backward by one micro-batch of B sequences of T tokens, in a
-// 16-bit dtype (Korthikanti et al. 2022, no sequence parallelism, no flash attention): per
-// layer T*B*width*34 + 5*heads*T^2*B; with activation checkpointing each layer keeps only its
+// 16-bit dtype (Korthikanti et al. 2022, no sequence parallelism): per layer T*B*width*34 +
+// 5*heads*T^2*B, without the second term under flash attention; with activation checkpointing each layer keeps only its
 // input (2*T*B*width) and one layer's full set is live during its recomputation.
-int64_t activation_bytes(const ModelShape& s, int64_t B, int64_t T, bool checkpointing);
+int64_t activation_bytes(const ModelShape& s, int64_t B, int64_t T, bool checkpointing, bool flash_attention = false);
 
 // "Yi-34B: 34.39 B parameters, 60 layers, width 7168, 56 heads (8 KV), FFN 20480, vocab 64000".
 std::string describe_shape(const ModelShape& s, bool learned_positions);

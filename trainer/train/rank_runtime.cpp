@@ -135,9 +135,11 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
 
 RankRuntime::~RankRuntime() = default;
 
-std::unique_ptr<ModelPasses> RankRuntime::model_passes(const model::Config& config, int B, int T, bool checkpointing) {
-  if (options_.accelerator == DeviceType::Cuda) return options_.backend->model_passes(options_.rank, config, B, T, checkpointing);
-  return cpu_model_passes(config, B, T, checkpointing);
+std::unique_ptr<ModelPasses> RankRuntime::model_passes(const model::Config& config, int B, int T, bool checkpointing,
+                                                      model::Attention attention) {
+  if (options_.accelerator == DeviceType::Cuda)
+    return options_.backend->model_passes(options_.rank, config, B, T, checkpointing, attention);
+  return cpu_model_passes(config, B, T, checkpointing, attention);
 }
 
 }  // namespace zt::trainer

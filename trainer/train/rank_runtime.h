@@ -42,7 +42,8 @@ class RankRuntime {
   memory::PageableHostAllocator& pageable_allocator() { return *pageable_; }
   probe::Recorder* recorder() const { return rec_; }
   // GPT-2's passes on the accelerator: the CPU reference, or the backend's kernels.
-  std::unique_ptr<ModelPasses> model_passes(const model::Config& config, int B, int T, bool checkpointing);
+  std::unique_ptr<ModelPasses> model_passes(const model::Config& config, int B, int T, bool checkpointing,
+                                            model::Attention attention = model::Attention::Materialized);
 
  private:
   class DeviceStorage;

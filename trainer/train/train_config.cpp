@@ -63,6 +63,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
       {"tf32", [&](const YAML::Node& n) { c.tf32 = n.as<bool>(); }},
       {"delayed_update", [&](const YAML::Node& n) { c.delayed_update = n.as<int64_t>(); }},
       {"matmul_precision", [&](const YAML::Node& n) { c.matmul_precision = n.as<std::string>(); }},
+      {"attention", [&](const YAML::Node& n) { c.attention = n.as<std::string>(); }},
       {"checkpoint_dir", [&](const YAML::Node& n) { c.checkpoint_dir = n.as<std::string>(); }},
       {"save_every", [&](const YAML::Node& n) { c.save_every = n.as<int64_t>(); }},
       {"resume", [&](const YAML::Node& n) { c.resume = n.as<bool>(); }},
@@ -169,6 +170,8 @@ Status validate(const TrainConfig& c) {
   if (c.zero.offload_optimizer && c.zero.stage == 0)
     return bad("offload_optimizer needs ZeRO stage 1, 2 or 3 (it offloads the optimizer partition)");
   if (c.zero.offload_param && c.zero.stage != 3) return bad("offload_param needs ZeRO stage 3 (only stage 3 partitions parameters)");
+  if (model::Attention a; !model::parse_attention(c.attention, &a))
+    return bad("attention '" + c.attention + "': use materialized (the fp32 reference) or flash (FlashAttention-2, bf16 products)");
   if (c.delayed_update < -1) return bad("delayed_update must be a count of ordinary steps first (0 or more), or -1 for off");
   if (c.delayed_update >= 0 && !c.zero.offload_optimizer)
     return bad("delayed_update runs CPU AdamW beside the next step: it needs the optimizer on the host (offload_optimizer, ZeRO stage 1-3)");
@@ -178,6 +181,12 @@ Status validate(const TrainConfig& c) {
     return bad("world_size above 256 rank threads is not supported in one process (virtual mode simulates one rank for all)");
   if (c.comm_timeout_ms < 1) return bad("comm_timeout_ms must be at least 1");
   return Status::Ok();
+}
+
+model::Attention attention_of(const TrainConfig& c) {
+  model::Attention a = model::Attention::Materialized;
+  model::parse_attention(c.attention, &a);
+  return a;
 }
 
 MatmulPrecision matmul_precision_of(const TrainConfig& c) {
@@ -209,6 +218,7 @@ std::string to_json(const TrainConfig& c) {
                       {"tf32", c.tf32},
                       {"matmul_precision", std::string(matmul_precision_name(matmul_precision_of(c)))},
                       {"delayed_update", c.delayed_update},
+                      {"attention", c.attention},
                       {"zero_optimization", {{"stage", c.zero.stage},
                                              {"offload_optimizer", c.zero.offload_optimizer},
                                              {"offload_param", c.zero.offload_param},

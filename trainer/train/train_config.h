@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "model/gpt2.h"
 #include "zt/common/status.h"
 
 namespace zt::trainer {
@@ -85,6 +86,11 @@ struct TrainConfig {
   // backward run on weights one update behind. A checkpoint save applies the update in flight
   // first (a sync point).
   int64_t delayed_update = -1;
+  // How attention runs (model::Attention): materialized (the fp32 reference; on a GPU cuBLAS with
+  // the [B, H, T, T] probabilities kept) or flash (FlashAttention-2: one log-sum-exp per row kept,
+  // bf16 products with fp32 accumulation; on a GPU the tensor-core kernels of
+  // cuda/flash_attention.h, head size 16, 32 or 64).
+  std::string attention = "materialized";
   bool quiet = false;
   // Checkpoints (issue 5; trainer/ckpt/checkpoint.h). Flags and YAML keys of the same names.
   std::string checkpoint_dir;      // where checkpoints go (and are resumed from)
@@ -128,6 +134,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
 Status validate(const TrainConfig& cfg);
 // The matmul precision a validated config asks for: tf32 is high.
 MatmulPrecision matmul_precision_of(const TrainConfig& cfg);
+model::Attention attention_of(const TrainConfig& cfg);
 // The resolved configuration as JSON (written into the trace's run row).
 std::string to_json(const TrainConfig& cfg);
 

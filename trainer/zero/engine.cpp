@@ -195,9 +195,9 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   }
   int64_t act_bytes = 0;
   if (virt) {
-    act_bytes = activation_bytes(shape, B, T, cfg.activation_checkpointing);
+    act_bytes = activation_bytes(shape, B, T, cfg.activation_checkpointing, attention_of(cfg) == model::Attention::Flash);
   } else {
-    passes_ = rt.model_passes(mc, B, T, cfg.activation_checkpointing);
+    passes_ = rt.model_passes(mc, B, T, cfg.activation_checkpointing, attention_of(cfg));
     act_bytes = int64_t(passes_->bytes());
   }
   activations_ = Tensor::empty("activations", {(act_bytes + 3) / 4}, DType::F32, accel);
