@@ -1,0 +1,289 @@
+// trainer/cuda/flash_attention_kernels.cuh: the device code of flash_attention.cu, in a header of
+// its own so that tests/cuda_emulation/ can compile the same text on the CPU against an emulation
+// of the CUDA features it uses (threads, barriers, shuffles, WMMA) and run it without a GPU.
+// The includer provides them first: flash_attention.cu includes <cuda_bf16.h> and <mma.h>; both
+// provide dynamic_shared(), the block's dynamic shared memory. Everything here is in an unnamed
+// namespace of the includer's namespace.
+//
+// One block of 4 warps per (batch*head, tile of 64 rows). Each warp owns 16 rows of the tile for
+// the products it starts (WMMA 16x16x16), and each thread owns one row r = tid / 2 of those 16
+// and every other column from tid % 2 for the elementwise work, so the only block-wide barriers
+// are around the tiles all warps read (K, V; in the backward also Q, dO, P, dS).
+//  forward  (grid: B*H x query tiles, the longest rows first): per key tile, S = Q K^T, online
+//           softmax of the row (max and sum over the two threads of a row by one shuffle), P in
+//           bf16, O = O * alpha + P V with O in registers; at the end O / l and lse = m + log l.
+//  backward (grid: B*H x key tiles): per query tile from the key tile on, S = Q K^T and
+//           dP = dO V^T, then P = exp(S scale - lse) and dS = P (dP - dsum) in bf16; dV += P^T dO
+//           and dK += dS^T Q stay in WMMA accumulators over the query tiles; dQ += scale dS K
+//           goes to global memory with atomicAdd. dsum = rowsum(dO * O) by a kernel before.
+// The few elementwise products that feed a rounding to bf16 or the running sums are written as
+// __fmul_rn / __fadd_rn, so nvcc cannot fuse them into FMAs the CPU twin does not have.
+// Shared memory rows are padded (bf16: +8, fp32: +4 elements), which keeps every fragment
+// pointer 32-byte aligned and spreads the elementwise accesses over the banks.
+
+namespace wmma = nvcuda::wmma;
+using bf16 = __nv_bfloat16;
+
+constexpr int kTile = 64;     // rows of a query or key tile (model::kFlashTile)
+constexpr int kThreads = 128;  // 4 warps x 16 rows
+constexpr int kPadB = 8;      // bf16 row padding: the WMMA ldm stays a multiple of 8
+constexpr int kPadF = 4;      // fp32 row padding: a multiple of 4
+
+template <int D>
+struct alignas(32) ForwardShared {
+  bf16 q[kTile][D + kPadB];
+  bf16 kv[kTile][D + kPadB];  // the key tile, then the same tile's values
+  float s[kTile][kTile + kPadF];  // scores, then P V (each warp its own 16 rows)
+  bf16 p[kTile][kTile + kPadB];
+};
+
+template <int D>
+struct alignas(32) BackwardShared {
+  bf16 k[kTile][D + kPadB], v[kTile][D + kPadB], q[kTile][D + kPadB], g[kTile][D + kPadB];  // g: dO
+  bf16 p[kTile][kTile + kPadB], ds[kTile][kTile + kPadB];
+  float s[kTile][kTile + kPadF], dp[kTile][kTile + kPadF];  // S and dP; later dQ, dK, dV on the way out
+  float lse[kTile], dsum[kTile];
+};
+
+using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+template <typename Layout>
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, Layout>;
+template <typename Layout>
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, Layout>;
+
+// Rows row0.. of a tile from a [T, ld] fp32 matrix (its first D columns), rounded to bf16 (as
+// __float2bfloat16_rn: to nearest even), zeros past T.
+template <int D>
+__device__ void load_tile(bf16 (*dst)[D + kPadB], const float* src, int64_t ld, int row0, int Tn) {
+  for (int i = threadIdx.x; i < kTile * D; i += kThreads) {
+    const int r = i / D, d = i % D, t = row0 + r;
+    dst[r][d] = __float2bfloat16_rn(t < Tn ? src[int64_t(t) * ld + d] : 0.0f);
+  }
+}
+
+// out's rows 16*warp.. (fp32) = a's rows 16*warp.. ([kTile][kTile] bf16: P or dS) times b
+// ([kTile][D] bf16: V or K): this warp's rows of P V in the forward and of dS K in the backward.
+template <int D>
+__device__ void warp_rows_times_tile(float (*out)[kTile + kPadF], const bf16 (*a)[kTile + kPadB],
+                                     const bf16 (*b)[D + kPadB], int warp) {
+  Acc acc[D / 16];
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
+#pragma unroll
+  for (int kk = 0; kk < kTile; kk += 16) {
+    FragA<wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, &a[16 * warp][kk], kTile + kPadB);
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n) {
+      FragB<wmma::row_major> fb;
+      wmma::load_matrix_sync(fb, &b[kk][16 * n], D + kPadB);
+      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n)
+    wmma::store_matrix_sync(&out[16 * warp][16 * n], acc[n], kTile + kPadF, wmma::mem_row_major);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_forward_kernel(float* out, float* lse, const float* qkv, int Tn, int C, int H, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  __shared__ ForwardShared<D> sm;
+  const int bh = blockIdx.x, qt = int(gridDim.y) - 1 - int(blockIdx.y);  // the longest rows first
+  const int b = bh / H, h = bh % H, C3 = 3 * C, q0 = qt * kTile;
+  const float* base = qkv + int64_t(b) * Tn * C3 + int64_t(h) * D;
+  const int warp = threadIdx.x >> 5, r = threadIdx.x >> 1, half = threadIdx.x & 1, t = q0 + r;
+  load_tile<D>(sm.q, base, C3, q0, Tn);
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * kTile;
+    __syncthreads();  // every warp is done with the previous values
+    load_tile<D>(sm.kv, base + C, C3, k0, Tn);
+    __syncthreads();
+    {  // S = Q K^T, this warp's 16 rows
+      Acc acc[kTile / 16];
+#pragma unroll
+      for (int n = 0; n < kTile / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < D; kk += 16) {
+        FragA<wmma::row_major> a;
+        wmma::load_matrix_sync(a, &sm.q[16 * warp][kk], D + kPadB);
+#pragma unroll
+        for (int n = 0; n < kTile / 16; ++n) {
+          FragB<wmma::col_major> bk;  // K^T: column n of it is key row n
+          wmma::load_matrix_sync(bk, &sm.kv[16 * n][kk], D + kPadB);
+          wmma::mma_sync(acc[n], a, bk, acc[n]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kTile / 16; ++n)
+        wmma::store_matrix_sync(&sm.s[16 * warp][16 * n], acc[n], kTile + kPadF, wmma::mem_row_major);
+    }
+    __syncwarp();
+    // Online softmax of row r: the two threads of the row meet by one shuffle (lanes 2r', 2r'+1).
+    float mx = -INFINITY;
+    for (int j = 0; j < kTile / 2; ++j) {
+      const int c = 2 * j + half;
+      if (k0 + c <= t) mx = fmaxf(mx, __fmul_rn(sm.s[r][c], scale));
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    const float m_new = fmaxf(m, mx);  // finite: key 0 of the first tile is in every row
+    float sum = 0.0f;
+    for (int j = 0; j < kTile / 2; ++j) {
+      const int c = 2 * j + half;
+      const float e = k0 + c <= t ? expf(__fmul_rn(sm.s[r][c], scale) - m_new) : 0.0f;
+      sum += e;
+      sm.p[r][c] = __float2bfloat16_rn(e);
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    const float alpha = expf(m - m_new);  // 0 on the first tile (m = -inf)
+    l = __fadd_rn(__fmul_rn(l, alpha), sum);
+    m = m_new;
+    __syncthreads();  // every warp is done with the keys
+    load_tile<D>(sm.kv, base + 2 * C, C3, k0, Tn);
+    __syncthreads();
+    warp_rows_times_tile<D>(sm.s, sm.p, sm.kv, warp);  // P V, this warp's 16 rows, into its rows of s
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = __fadd_rn(__fmul_rn(o[i], alpha), sm.s[r][2 * i + half]);
+  }
+  if (t < Tn) {
+    const float inv = 1.0f / l;
+    float* y = out + (int64_t(b) * Tn + t) * C + int64_t(h) * D;
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) y[2 * i + half] = o[i] * inv;
+    if (half == 0) lse[int64_t(bh) * Tn + t] = m + logf(l);
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for a GPU without bf16 tensor cores: fail loudly rather than leave out unwritten
+#endif
+}
+
+// dsum[bh, t] = sum over the head's columns of dout * out: one warp per row.
+__global__ void flash_dsum_kernel(float* dsum, const float* dout, const float* out, int Tn, int C, int H, int D,
+                                  int64_t rows) {
+  const int64_t row = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;  // the whole warp: `row` is the warp's
+  const int64_t bh = row / Tn;
+  const int t = int(row % Tn), b = int(bh / H), h = int(bh % H);
+  const int64_t off = (int64_t(b) * Tn + t) * C + int64_t(h) * D;
+  float acc = 0.0f;
+  for (int d = lane; d < D; d += 32) acc += dout[off + d] * out[off + d];
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) dsum[row] = acc;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* dsum,
+                          int Tn, int C, int H, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  BackwardShared<D>& sm = *reinterpret_cast<BackwardShared<D>*>(dynamic_shared());
+  const int bh = blockIdx.x, kt = blockIdx.y, tiles = int(gridDim.y);  // key tile 0 has the most work: first
+  const int b = bh / H, h = bh % H, C3 = 3 * C, k0 = kt * kTile;
+  const float* base = qkv + int64_t(b) * Tn * C3 + int64_t(h) * D;
+  const float* gbase = dout + int64_t(b) * Tn * C + int64_t(h) * D;
+  float* dbase = dqkv + int64_t(b) * Tn * C3 + int64_t(h) * D;
+  const int warp = threadIdx.x >> 5, r = threadIdx.x >> 1, half = threadIdx.x & 1;
+  load_tile<D>(sm.k, base + C, C3, k0, Tn);
+  load_tile<D>(sm.v, base + 2 * C, C3, k0, Tn);
+  Acc dk[D / 16], dv[D / 16];  // this warp's 16 key rows
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dk[n], 0.0f), wmma::fill_fragment(dv[n], 0.0f);
+  for (int qt = kt; qt < tiles; ++qt) {
+    const int q0 = qt * kTile;
+    __syncthreads();  // every warp is done with the previous query tile
+    load_tile<D>(sm.q, base, C3, q0, Tn);
+    load_tile<D>(sm.g, gbase, C, q0, Tn);
+    for (int i = threadIdx.x; i < kTile; i += kThreads) {
+      const int t = q0 + i;
+      sm.lse[i] = t < Tn ? lse[int64_t(bh) * Tn + t] : 0.0f;
+      sm.dsum[i] = t < Tn ? dsum[int64_t(bh) * Tn + t] : 0.0f;
+    }
+    __syncthreads();
+    {  // S = Q K^T and dP = dO V^T, this warp's 16 query rows
+      Acc acc_s[kTile / 16], acc_dp[kTile / 16];
+#pragma unroll
+      for (int n = 0; n < kTile / 16; ++n) wmma::fill_fragment(acc_s[n], 0.0f), wmma::fill_fragment(acc_dp[n], 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < D; kk += 16) {
+        FragA<wmma::row_major> aq, ag;
+        wmma::load_matrix_sync(aq, &sm.q[16 * warp][kk], D + kPadB);
+        wmma::load_matrix_sync(ag, &sm.g[16 * warp][kk], D + kPadB);
+#pragma unroll
+        for (int n = 0; n < kTile / 16; ++n) {
+          FragB<wmma::col_major> bk, bv;
+          wmma::load_matrix_sync(bk, &sm.k[16 * n][kk], D + kPadB);
+          wmma::load_matrix_sync(bv, &sm.v[16 * n][kk], D + kPadB);
+          wmma::mma_sync(acc_s[n], aq, bk, acc_s[n]);
+          wmma::mma_sync(acc_dp[n], ag, bv, acc_dp[n]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kTile / 16; ++n) {
+        wmma::store_matrix_sync(&sm.s[16 * warp][16 * n], acc_s[n], kTile + kPadF, wmma::mem_row_major);
+        wmma::store_matrix_sync(&sm.dp[16 * warp][16 * n], acc_dp[n], kTile + kPadF, wmma::mem_row_major);
+      }
+    }
+    __syncwarp();
+    {  // P and dS of row r, in bf16
+      const int t = q0 + r;
+      const float L = sm.lse[r], Dr = sm.dsum[r];
+      for (int j = 0; j < kTile / 2; ++j) {
+        const int c = 2 * j + half;
+        const float pr = k0 + c <= t && t < Tn ? expf(__fmul_rn(sm.s[r][c], scale) - L) : 0.0f;
+        sm.p[r][c] = __float2bfloat16_rn(pr);
+        sm.ds[r][c] = __float2bfloat16_rn(pr * (sm.dp[r][c] - Dr));
+      }
+    }
+    __syncthreads();  // the next products read every query row of P and dS
+    // dV += P^T dO and dK += dS^T Q over the tile's 64 query rows (P^T, dS^T: column-major loads).
+#pragma unroll
+    for (int kk = 0; kk < kTile; kk += 16) {
+      FragA<wmma::col_major> ap, ads;
+      wmma::load_matrix_sync(ap, &sm.p[kk][16 * warp], kTile + kPadB);
+      wmma::load_matrix_sync(ads, &sm.ds[kk][16 * warp], kTile + kPadB);
+#pragma unroll
+      for (int n = 0; n < D / 16; ++n) {
+        FragB<wmma::row_major> bg, bq;
+        wmma::load_matrix_sync(bg, &sm.g[kk][16 * n], D + kPadB);
+        wmma::load_matrix_sync(bq, &sm.q[kk][16 * n], D + kPadB);
+        wmma::mma_sync(dv[n], ap, bg, dv[n]);
+        wmma::mma_sync(dk[n], ads, bq, dk[n]);
+      }
+    }
+    {  // dQ += scale * dS K, this warp's 16 query rows, through its rows of s
+      warp_rows_times_tile<D>(sm.s, sm.ds, sm.k, warp);
+      __syncwarp();
+      const int t = q0 + r;
+      if (t < Tn)
+        for (int i = 0; i < D / 2; ++i) {
+          const int d = 2 * i + half;
+          atomicAdd(dbase + int64_t(t) * C3 + d, scale * sm.s[r][d]);
+        }
+    }
+  }
+  // dK (scaled) and dV of this warp's key rows, through its own rows of s and dp.
+  __syncwarp();
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) {
+    wmma::store_matrix_sync(&sm.s[16 * warp][16 * n], dk[n], kTile + kPadF, wmma::mem_row_major);
+    wmma::store_matrix_sync(&sm.dp[16 * warp][16 * n], dv[n], kTile + kPadF, wmma::mem_row_major);
+  }
+  __syncwarp();
+  const int key = k0 + r;
+  if (key < Tn)
+    for (int i = 0; i < D / 2; ++i) {
+      const int d = 2 * i + half;
+      dbase[int64_t(key) * C3 + C + d] = scale * sm.s[r][d];
+      dbase[int64_t(key) * C3 + 2 * C + d] = sm.dp[r][d];
+    }
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
