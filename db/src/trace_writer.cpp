@@ -110,17 +110,24 @@ class Batched {
     return it != index_.end() ? &rows_[it->second] : nullptr;
   }
 
-  // Writes every waiting row; the waiting list is empty afterwards. A group whose multi-row
-  // INSERT fails (a duplicate id) goes in row by row, so only the bad rows are left out; the
-  // first error is thrown after every row was tried.
+  // Writes every waiting row; the waiting list is empty afterwards, also when it throws. A
+  // group whose multi-row INSERT breaks a constraint (a duplicate id) goes in row by row, so only
+  // the bad rows are left out, and the first such error is thrown after every row was tried. Any
+  // other error (disk full, I/O) is thrown at once: SQLite may have rolled the transaction back.
   void flush() {
     if (rows_.empty()) return;
+    struct Clear {
+      Batched& b;
+      ~Clear() { b.rows_.clear(), b.index_.clear(), b.indexed_ = 0, b.ascending_ = true; }
+    } clear{*this};
+    auto constraint = [](const detail::SqlError& e) { return (e.code & 0xff) == SQLITE_CONSTRAINT; };
     std::exception_ptr first;
     auto one = [&](const Row& r) {
       try {
         bind_row(one_, 0, r);
         one_.step_done();
-      } catch (const detail::SqlError&) {
+      } catch (const detail::SqlError& e) {
+        if (!constraint(e)) throw;
         if (!first) first = std::current_exception();
       }
     };
@@ -129,12 +136,12 @@ class Batched {
       try {
         for (int r = 0; r < kRowsPerInsert; ++r) bind_row(many_, r * ncols_, rows_[k + size_t(r)]);
         many_.step_done();
-      } catch (const detail::SqlError&) {
+      } catch (const detail::SqlError& e) {
+        if (!constraint(e)) throw;
         for (int r = 0; r < kRowsPerInsert; ++r) one(rows_[k + size_t(r)]);
       }
     }
     for (; k < rows_.size(); ++k) one(rows_[k]);
-    rows_.clear(), index_.clear(), indexed_ = 0, ascending_ = true;
     if (first) std::rethrow_exception(first);
   }
 
@@ -159,13 +166,15 @@ struct TraceWriter::Statements {
   Batched<MarkerRow> marker;
   Batched<CounterRow> counter;
 
-  // Every table's waiting rows; the first error is thrown after all of them were tried.
+  // Every table's waiting rows; the first error is thrown after all of them were tried (a
+  // constraint error leaves the transaction usable; after any other, the later tables' writes
+  // fail too, and their rows are dropped with it).
   void flush() {
     std::exception_ptr first;
     auto each = [&](auto& table) {
       try {
         table.flush();
-      } catch (const detail::SqlError&) {
+      } catch (...) {
         if (!first) first = std::current_exception();
       }
     };
@@ -307,17 +316,24 @@ void TraceWriter::begin() {
   }
 }
 
-// The waiting rows that can go in are committed also when some cannot; then their error is thrown.
+// The waiting rows that can go in are committed also when some cannot; then the first error is
+// thrown (rather than COMMIT's own, when an I/O error already ended the transaction).
 void TraceWriter::commit() {
   if (!in_tx_) return;
   in_tx_ = false;
   std::exception_ptr failed;
   try {
     st_->flush();
-  } catch (const detail::SqlError&) {
+  } catch (...) {
     failed = std::current_exception();
   }
-  detail::exec(db_, "COMMIT;");
+  if (!sqlite3_get_autocommit(db_)) {  // a transaction is still open
+    try {
+      detail::exec(db_, "COMMIT;");
+    } catch (...) {
+      if (!failed) throw;
+    }
+  }
   if (failed) std::rethrow_exception(failed);
 }
 

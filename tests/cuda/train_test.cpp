@@ -76,6 +76,17 @@ TEST(CudaTrain, OptimizerOnTheGpuMatchesTheSimulatedGpu) {
   }
 }
 
+namespace {
+// tiny, 6 steps, ZeRO-3 with the optimizer offloaded, on the simulated GPU until the test says cuda.
+TrainConfig optimizer_offload_run(const char* precision) {
+  TrainConfig c = tiny_run(6);
+  c.precision = precision;
+  c.zero.stage = 3;
+  c.zero.offload_optimizer = true;
+  return c;
+}
+}  // namespace
+
 // The fast matmul precisions: --tf32 / high (inputs rounded to 10 bits of mantissa on TF32 tensor
 // cores) stays within the bf16 tolerance of the CPU reference (bf16 storage rounds to 8 bits,
 // coarser); medium (bf16 tensor cores: the inputs themselves rounded to 8 bits inside cuBLAS)
@@ -89,10 +100,7 @@ TEST(CudaTrain, FastMatmulPrecisionsStayNearTheReference) {
   for (const Case& k : {Case{"high", 2e-2}, Case{"medium", 3e-2}})
     for (const char* precision : {"fp32", "bf16"}) {
       SCOPED_TRACE(std::string(k.matmul) + ", " + precision);
-      TrainConfig c = tiny_run(6);
-      c.precision = precision;
-      c.zero.stage = 3;
-      c.zero.offload_optimizer = true;
+      TrainConfig c = optimizer_offload_run(precision);
       const std::vector<double> want = train_losses(c);
       c.device = "cuda";
       c.matmul_precision = k.matmul;
@@ -107,10 +115,7 @@ TEST(CudaTrain, FlashAttentionStaysNearItsCpuTwinAndTheReference) {
   ZT_REQUIRE_GPU();
   for (const char* precision : {"fp32", "bf16"}) {
     SCOPED_TRACE(precision);
-    TrainConfig c = tiny_run(6);
-    c.precision = precision;
-    c.zero.stage = 3;
-    c.zero.offload_optimizer = true;
+    TrainConfig c = optimizer_offload_run(precision);
     const std::vector<double> materialized = train_losses(c);
     c.attention = "flash";
     const std::vector<double> twin = train_losses(c);

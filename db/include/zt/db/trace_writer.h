@@ -9,7 +9,8 @@
 //  - Inside a transaction, rows of the busy tables (allocation, transfer, kernel, placement,
 //    marker, counter) wait in memory and go in as multi-row INSERTs at commit() (or after 16Ki
 //    waiting rows, or at handle()); a free or marker end for a waiting row is written into it.
-//    So an error of such an insert (a duplicate id) is thrown by commit(), not by insert().
+//    So an error of such an insert (a duplicate id) is thrown when the waiting rows are written:
+//    by commit(), or by the insert() or handle() that writes them; the other rows still go in.
 //    Outside a transaction every insert goes in at once.
 //  - finish() builds the indexes, folds the WAL back into the one file and closes it.
 #pragma once
