@@ -14,7 +14,7 @@
 //    other lanes read it, as on a GPU). mma accumulates k in order, in fp32, from the
 //    accumulator's value. load/store check that the pointer is 32-byte aligned and that ldm is a
 //    multiple of 16 bytes, as the CUDA documentation requires;
-//  - __nv_bfloat16 with __float2bfloat16_rn (core/dtype_bits.h's rounding); atomicAdd on float
+//  - float4 / make_float4; __nv_bfloat16 with __float2bfloat16_rn (core/dtype_bits.h's rounding); atomicAdd on float
 //    under a mutex; __fmul_rn / __fadd_rn as plain float operations (no FMA on this build);
 //  - __trap aborts. __CUDA_ARCH__ is defined as 800 so guarded kernel bodies are compiled.
 #pragma once
@@ -121,6 +121,11 @@ inline float atomicAdd(float* p, float v) {
   return old;
 }
 [[noreturn]] inline void __trap() { cuda_emulation::fail("__trap()"); }
+
+struct float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 struct __nv_bfloat16 {
   uint16_t bits;

@@ -9,6 +9,8 @@
 #include <mma.h>
 
 #include <climits>
+#include <cstdint>
+#include <initializer_list>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -39,9 +41,15 @@ void with_head_size(int64_t hs, F&& f) {
   }
 }
 
-void require_supported(const char* op, int64_t B, int64_t T, int64_t C, int64_t H) {
+// The shape, and the 16-byte alignment the kernels' four-float loads need (cudaMalloc and the
+// passes' buffers give 256).
+void require_supported(const char* op, int64_t B, int64_t T, int64_t C, int64_t H,
+                       std::initializer_list<const void*> loaded) {
   if (std::string why = flash_attention_unsupported(B, T, C, H); !why.empty())
     throw std::invalid_argument(std::string(op) + ": " + why);
+  for (const void* p : loaded)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      throw std::invalid_argument(std::string(op) + ": qkv and dout must be 16-byte aligned (four-float loads)");
 }
 
 }  // namespace
@@ -61,7 +69,7 @@ std::string flash_attention_unsupported(int64_t B, int64_t T, int64_t C, int64_t
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t H,
                              cudaStream_t stream) {
-  require_supported("flash_attention_forward", B, T, C, H);
+  require_supported("flash_attention_forward", B, T, C, H, {qkv});
   const dim3 grid(unsigned(B * H), unsigned((T + kTile - 1) / kTile));
   const float scale = 1.0f / std::sqrt(float(C / H));
   with_head_size(C / H, [&](auto d) {
@@ -73,7 +81,7 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B
 
 void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* out,
                               const float* lse, int64_t B, int64_t T, int64_t C, int64_t H, cudaStream_t stream) {
-  require_supported("flash_attention_backward", B, T, C, H);
+  require_supported("flash_attention_backward", B, T, C, H, {qkv, dout});
   const int64_t hs = C / H, rows = B * H * T;
   const float scale = 1.0f / std::sqrt(float(hs));
   check(cudaMemsetAsync(dqkv, 0, size_t(B * T * 3 * C) * sizeof(float), stream), "cudaMemsetAsync (flash dQ)");

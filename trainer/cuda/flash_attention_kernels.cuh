@@ -52,12 +52,19 @@ template <typename Layout>
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, Layout>;
 
 // Rows row0.. of a tile from a [T, ld] fp32 matrix (its first D columns), rounded to bf16 (as
-// __float2bfloat16_rn: to nearest even), zeros past T.
+// __float2bfloat16_rn: to nearest even), zeros past T. Four columns a load: src and ld are
+// multiples of 4 floats (16 bytes; the launchers check the pointers, C = H * D is a multiple of 16).
 template <int D>
 __device__ void load_tile(bf16 (*dst)[D + kPadB], const float* src, int64_t ld, int row0, int Tn) {
-  for (int i = threadIdx.x; i < kTile * D; i += kThreads) {
-    const int r = i / D, d = i % D, t = row0 + r;
-    dst[r][d] = __float2bfloat16_rn(t < Tn ? src[int64_t(t) * ld + d] : 0.0f);
+  constexpr int kQuads = D / 4;
+  for (int i = threadIdx.x; i < kTile * kQuads; i += kThreads) {
+    const int r = i / kQuads, d = (i % kQuads) * 4, t = row0 + r;
+    const float4 v =
+        t < Tn ? *reinterpret_cast<const float4*>(src + int64_t(t) * ld + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    dst[r][d] = __float2bfloat16_rn(v.x);
+    dst[r][d + 1] = __float2bfloat16_rn(v.y);
+    dst[r][d + 2] = __float2bfloat16_rn(v.z);
+    dst[r][d + 3] = __float2bfloat16_rn(v.w);
   }
 }
 
