@@ -1,9 +1,9 @@
 // trainer/cuda/flash_attention_kernels.cuh: the device code of flash_attention.cu, in a header of
 // its own so that tests/cuda_emulation/ can compile the same text on the CPU against an emulation
 // of the CUDA features it uses (threads, barriers, shuffles, WMMA) and run it without a GPU.
-// The includer provides them first: flash_attention.cu includes <cuda_bf16.h> and <mma.h>; both
-// provide dynamic_shared(), the block's dynamic shared memory. Everything here is in an unnamed
-// namespace of the includer's namespace.
+// The includer provides them first, and <type_traits>: flash_attention.cu includes <cuda_bf16.h>
+// and <mma.h>; both provide dynamic_shared(), the block's dynamic shared memory. Everything here
+// is in an unnamed namespace of the includer's namespace.
 //
 // One block of 4 warps per (batch*head, tile of 64 rows). Each warp owns 16 rows of the tile for
 // the products it starts (WMMA 16x16x16), and each thread owns one row r = tid / 2 of those 16
@@ -68,27 +68,30 @@ __device__ void load_tile(bf16 (*dst)[D + kPadB], const float* src, int64_t ld, 
   }
 }
 
-// out's rows 16*warp.. (fp32) = a's rows 16*warp.. ([kTile][kTile] bf16: P or dS) times b
-// ([kTile][D] bf16: V or K): this warp's rows of P V in the forward and of dS K in the backward.
-template <int D>
-__device__ void warp_rows_times_tile(float (*out)[kTile + kPadF], const bf16 (*a)[kTile + kPadB],
-                                     const bf16 (*b)[D + kPadB], int warp) {
-  Acc acc[D / 16];
+// Rows 16*warp.. of out (fp32 [kTile][kTile + kPadF]) = rows 16*warp.. of a (bf16, K columns,
+// row stride lda) times b (K x N): stored row by row at b[k * ldb + n] (LayoutB row_major), or
+// transposed, b[n * ldb + k] (col_major: a tile's K^T or V^T from its rows). Every product of the
+// kernels whose result the warp reads back from shared memory: S = Q K^T, dP = dO V^T, P V, dS K.
+template <int K, int N, typename LayoutB>
+__device__ void warp_rows_product(float (*out)[kTile + kPadF], const bf16* a, int lda, const bf16* b, int ldb,
+                                  int warp) {
+  constexpr bool kTransposed = std::is_same_v<LayoutB, wmma::col_major>;
+  Acc acc[N / 16];
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
+  for (int n = 0; n < N / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
 #pragma unroll
-  for (int kk = 0; kk < kTile; kk += 16) {
+  for (int kk = 0; kk < K; kk += 16) {
     FragA<wmma::row_major> fa;
-    wmma::load_matrix_sync(fa, &a[16 * warp][kk], kTile + kPadB);
+    wmma::load_matrix_sync(fa, a + 16 * warp * lda + kk, lda);
 #pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      FragB<wmma::row_major> fb;
-      wmma::load_matrix_sync(fb, &b[kk][16 * n], D + kPadB);
+    for (int n = 0; n < N / 16; ++n) {
+      FragB<LayoutB> fb;
+      wmma::load_matrix_sync(fb, kTransposed ? b + 16 * n * ldb + kk : b + kk * ldb + 16 * n, ldb);
       wmma::mma_sync(acc[n], fa, fb, acc[n]);
     }
   }
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n)
+  for (int n = 0; n < N / 16; ++n)
     wmma::store_matrix_sync(&out[16 * warp][16 * n], acc[n], kTile + kPadF, wmma::mem_row_major);
 }
 
@@ -111,25 +114,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // every warp is done with the previous values
     load_tile<D>(sm.kv, base + C, C3, k0, Tn);
     __syncthreads();
-    {  // S = Q K^T, this warp's 16 rows
-      Acc acc[kTile / 16];
-#pragma unroll
-      for (int n = 0; n < kTile / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
-#pragma unroll
-      for (int kk = 0; kk < D; kk += 16) {
-        FragA<wmma::row_major> a;
-        wmma::load_matrix_sync(a, &sm.q[16 * warp][kk], D + kPadB);
-#pragma unroll
-        for (int n = 0; n < kTile / 16; ++n) {
-          FragB<wmma::col_major> bk;  // K^T: column n of it is key row n
-          wmma::load_matrix_sync(bk, &sm.kv[16 * n][kk], D + kPadB);
-          wmma::mma_sync(acc[n], a, bk, acc[n]);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < kTile / 16; ++n)
-        wmma::store_matrix_sync(&sm.s[16 * warp][16 * n], acc[n], kTile + kPadF, wmma::mem_row_major);
-    }
+    warp_rows_product<D, kTile, wmma::col_major>(sm.s, &sm.q[0][0], D + kPadB, &sm.kv[0][0], D + kPadB,
+                                                  warp);  // S = Q K^T, this warp's 16 rows
     __syncwarp();
     // Online softmax of row r: the two threads of the row meet by one shuffle (lanes 2r', 2r'+1).
     float mx = -INFINITY;
@@ -153,7 +139,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // every warp is done with the keys
     load_tile<D>(sm.kv, base + 2 * C, C3, k0, Tn);
     __syncthreads();
-    warp_rows_times_tile<D>(sm.s, sm.p, sm.kv, warp);  // P V, this warp's 16 rows, into its rows of s
+    warp_rows_product<kTile, D, wmma::row_major>(sm.s, &sm.p[0][0], kTile + kPadB, &sm.kv[0][0], D + kPadB,
+                                                  warp);  // P V, this warp's 16 rows, into its rows of s
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = __fadd_rn(__fmul_rn(o[i], alpha), sm.s[r][2 * i + half]);
@@ -213,30 +200,9 @@ __global__ void __launch_bounds__(kThreads)
       sm.dsum[i] = t < Tn ? dsum[int64_t(bh) * Tn + t] : 0.0f;
     }
     __syncthreads();
-    {  // S = Q K^T and dP = dO V^T, this warp's 16 query rows
-      Acc acc_s[kTile / 16], acc_dp[kTile / 16];
-#pragma unroll
-      for (int n = 0; n < kTile / 16; ++n) wmma::fill_fragment(acc_s[n], 0.0f), wmma::fill_fragment(acc_dp[n], 0.0f);
-#pragma unroll
-      for (int kk = 0; kk < D; kk += 16) {
-        FragA<wmma::row_major> aq, ag;
-        wmma::load_matrix_sync(aq, &sm.q[16 * warp][kk], D + kPadB);
-        wmma::load_matrix_sync(ag, &sm.g[16 * warp][kk], D + kPadB);
-#pragma unroll
-        for (int n = 0; n < kTile / 16; ++n) {
-          FragB<wmma::col_major> bk, bv;
-          wmma::load_matrix_sync(bk, &sm.k[16 * n][kk], D + kPadB);
-          wmma::load_matrix_sync(bv, &sm.v[16 * n][kk], D + kPadB);
-          wmma::mma_sync(acc_s[n], aq, bk, acc_s[n]);
-          wmma::mma_sync(acc_dp[n], ag, bv, acc_dp[n]);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < kTile / 16; ++n) {
-        wmma::store_matrix_sync(&sm.s[16 * warp][16 * n], acc_s[n], kTile + kPadF, wmma::mem_row_major);
-        wmma::store_matrix_sync(&sm.dp[16 * warp][16 * n], acc_dp[n], kTile + kPadF, wmma::mem_row_major);
-      }
-    }
+    // S = Q K^T and dP = dO V^T, this warp's 16 query rows
+    warp_rows_product<D, kTile, wmma::col_major>(sm.s, &sm.q[0][0], D + kPadB, &sm.k[0][0], D + kPadB, warp);
+    warp_rows_product<D, kTile, wmma::col_major>(sm.dp, &sm.g[0][0], D + kPadB, &sm.v[0][0], D + kPadB, warp);
     __syncwarp();
     {  // P and dS of row r, in bf16
       const int t = q0 + r;
@@ -265,7 +231,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     {  // dQ += scale * dS K, this warp's 16 query rows, through its rows of s
-      warp_rows_times_tile<D>(sm.s, sm.ds, sm.k, warp);
+      warp_rows_product<kTile, D, wmma::row_major>(sm.s, &sm.ds[0][0], kTile + kPadB, &sm.k[0][0], D + kPadB, warp);
       __syncwarp();
       const int t = q0 + r;
       if (t < Tn)
