@@ -57,19 +57,30 @@ std::string csv_field(const std::string& v) {
 
 namespace {
 
-// zt train --delayed-update: per rank, how much of the background AdamW (its "adamw <module>"
-// phases of step s) ran beside step s+1's forward, loss or backward, and what the rank thread
-// waited in "apply delayed update" (the part of the update left on the step's critical path).
-// Nothing when the trace has no such phases.
-void print_delayed_update(db::TraceReader& reader) {
+// zt train --delayed-update / --overlap-update: per rank, how much of the background AdamW (its
+// "adamw <module>" phases of step s) ran beside step s+1's forward, loss or backward, and what the
+// rank thread waited for it ("apply delayed update of step N"; overlapped: the "await update
+// <module>" phases of a step): the part of the update left on the step's critical path. Nothing
+// when the trace has no such phases.
+void print_background_update(db::TraceReader& reader) {
   db::QueryResult applied, total, hidden;
   const char* adam = "SELECT rank, step, t_start, t_end FROM marker_v WHERE kind = 'phase' AND name LIKE 'adamw %' "
                      "AND t_end IS NOT NULL";
+  bool overlapped = false;
   if (!reader.query("SELECT rank, count(*), sum(t_end - t_start) FROM marker_v WHERE kind = 'phase' AND name LIKE "
                     "'apply delayed update of step %' AND t_end IS NOT NULL GROUP BY rank ORDER BY rank",
-                    &applied) ||
-      applied.rows.empty())
+                    &applied))
     return;
+  if (applied.rows.empty()) {
+    // Overlapped: the updates are the steps that ran AdamW; the waits, every "await update".
+    if (!reader.query("SELECT rank, (SELECT count(DISTINCT b.step) FROM marker_v b WHERE b.rank = m.rank AND b.kind = "
+                      "'phase' AND b.name LIKE 'adamw %'), sum(t_end - t_start) FROM marker_v m WHERE kind = 'phase' AND "
+                      "name LIKE 'await update %' AND t_end IS NOT NULL GROUP BY rank ORDER BY rank",
+                      &applied) ||
+        applied.rows.empty())
+      return;
+    overlapped = true;
+  }
   if (!reader.query(std::string("SELECT rank, sum(t_end - t_start) FROM (") + adam + ") GROUP BY rank", &total) ||
       !reader.query(std::string("WITH a AS (") + adam +
                         "), c AS (SELECT rank, step, t_start, t_end FROM marker_v WHERE kind = 'phase' AND name IN "
@@ -84,7 +95,9 @@ void print_delayed_update(db::TraceReader& reader) {
     return m;
   };
   const auto adam_ns = by_rank(total), hidden_ns = by_rank(hidden);
-  std::cout << "delayed parameter update (AdamW of step s beside step s+1's forward and backward):\n";
+  std::cout << (overlapped ? "overlapped update (AdamW of step s beside step s+1's forward, each module awaited at its "
+                             "first use):\n"
+                           : "delayed parameter update (AdamW of step s beside step s+1's forward and backward):\n");
   std::vector<std::vector<std::string>> rows;
   for (auto& r : applied.rows) {
     const double updates = std::stod(r[1]), wait = r[2].empty() ? 0.0 : std::stod(r[2]);
@@ -92,7 +105,7 @@ void print_delayed_update(db::TraceReader& reader) {
     rows.push_back({r[0], r[1], format_duration_ns(a / updates), a > 0 ? std::to_string(int(100.0 * h / a + 0.5)) + "%" : "-",
                     format_duration_ns(wait / updates)});
   }
-  print_table(std::cout, {"rank", "updates", "AdamW a step", "beside the next step", "apply a step"}, rows,
+  print_table(std::cout, {"rank", "updates", "AdamW a step", "beside the next step", overlapped ? "awaited a step" : "apply a step"}, rows,
               {true, true, true, true, true}, "  ");
 }
 
@@ -182,7 +195,7 @@ int db_info(const std::string& path) {
                       format_bytes(s.collective)});
     print_table(std::cout, {"rank", "steps", "H2D", "D2H", "collective"}, rows, {true, true, true, true, true}, "  ");
   }
-  print_delayed_update(*reader);
+  print_background_update(*reader);
   std::cout << "dropped events: " << sum.dropped_events << (sum.dropped_events ? " (see the dropped table)" : "")
             << "\n";
   std::cout << "faults: " << (sum.faults.empty() ? "none" : std::to_string(sum.faults.size())) << "\n";

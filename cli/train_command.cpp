@@ -54,6 +54,10 @@ void add_train_command(CLI::App& app, Action& action) {
                   "step's CPU AdamW runs beside the next step's forward and backward, which see weights one update "
                   "behind; -1: off")
       ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()));
+  sub->add_flag("--overlap-update", cfg->overlap_update,
+                "run each step's CPU AdamW beside the next step's forward, module by module in the forward's order "
+                "(needs --offload-optimizer): each module waits for its own update, so the arithmetic is the ordinary "
+                "update's, bit for bit");
   sub->add_option("--attention", cfg->attention,
                   "materialized (default: the fp32 reference, keeps the B x H x T x T probabilities) or flash "
                   "(FlashAttention-2: keeps one value per row, multiplies in bf16; on a GPU tensor-core kernels for "
@@ -121,6 +125,7 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--activation-checkpointing") from_file.activation_checkpointing = c.activation_checkpointing;
           else if (n == "--tf32") from_file.tf32 = c.tf32;
           else if (n == "--delayed-update") from_file.delayed_update = c.delayed_update;
+          else if (n == "--overlap-update") from_file.overlap_update = c.overlap_update;
           else if (n == "--matmul-precision") from_file.matmul_precision = c.matmul_precision;
           else if (n == "--attention") from_file.attention = c.attention;
           else if (n == "--quiet") from_file.quiet = c.quiet;

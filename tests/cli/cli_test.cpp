@@ -129,6 +129,32 @@ TEST(Cli, DelayedUpdateIsAnnouncedAndSummarized) {
   EXPECT_EQ(run_zt("db info " + dir.file("p.db")).out.find("delayed parameter update"), std::string::npos);
 }
 
+// zt train --overlap-update: announced at the start, in the trace's config, summarized by zt db info
+// (the steps that awaited updates, and the wait); refused without the optimizer on the host.
+TEST(Cli, OverlapUpdateIsAnnouncedAndSummarized) {
+  zt::test::TempDir dir;
+  Result run = run_zt("train --model tiny --steps 4 --seq-len 32 --zero-stage 3 --offload-optimizer --overlap-update "
+                      "--trace " + dir.file("o.db"));
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_NE(run.out.find("overlapped update: each step's CPU AdamW runs beside the next step's forward"), std::string::npos)
+      << run.out;
+  Result info = run_zt("db info " + dir.file("o.db"));
+  ASSERT_EQ(info.code, 0) << info.out;
+  const size_t at = info.out.find("overlapped update (AdamW of step s beside step s+1's forward, each module awaited at "
+                                  "its first use):");
+  ASSERT_NE(at, std::string::npos) << info.out;
+  const std::string section = info.out.substr(at);
+  EXPECT_NE(section.find("rank  updates  AdamW a step  beside the next step  awaited a step"), std::string::npos) << section;
+  EXPECT_NE(section.find("\n     0        4 "), std::string::npos) << section;  // steps 0-3 (step 3's awaited at the end)
+  Result cfg = run_zt("db sql --csv " + dir.file("o.db") + " \"SELECT config_json FROM run\"");
+  EXPECT_NE(cfg.out.find("\"\"overlap_update\"\":true"), std::string::npos) << cfg.out;
+  Result bad = run_zt("train --overlap-update --model tiny --steps 1");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("overlap_update runs CPU AdamW beside the next step's forward: it needs the optimizer on the host"),
+            std::string::npos)
+      << bad.out;
+}
+
 TEST(Cli, TrainExitCodes) {
   zt::test::TempDir dir;
   Result ok = run_zt("train --model tiny --steps 2 --seq-len 32 --trace " + dir.file("t.db"));

@@ -144,7 +144,8 @@ TEST(OpaqueDevice, PointersReallyCannotBeDereferenced) {
   src.release(p, 4096);
 }
 
-// Every stage, with and without offloads, mixed precision, 1 and 2 ranks, the delayed update: the
+// Every stage, with and without offloads, mixed precision, 1 and 2 ranks, the delayed and the
+// overlapped update: the
 // same losses, bit for bit, as on the simulated GPU, and the optimizer where the config puts it.
 TEST(OpaqueDevice, TrainsExactlyAsTheSimulatedGpu) {
   struct Case {
@@ -152,14 +153,17 @@ TEST(OpaqueDevice, TrainsExactlyAsTheSimulatedGpu) {
     bool off_opt, off_param;
     const char* precision;
     int64_t delayed = -1;  // the delayed parameter update from this step on
+    bool overlap = false;  // the overlapped update
   };
   for (const Case& k : {Case{0, 1, false, false, "fp32"}, Case{1, 2, true, false, "bf16"}, Case{2, 2, false, false, "fp16"},
                         Case{3, 1, true, true, "bf16"}, Case{3, 2, true, false, "fp32"}, Case{3, 2, false, false, "bf16"},
                         Case{1, 2, true, false, "bf16", 1}, Case{3, 1, true, true, "bf16", 0},
-                        Case{3, 2, true, false, "fp32", 0}}) {
+                        Case{3, 2, true, false, "fp32", 0}, Case{3, 2, true, false, "bf16", -1, true},
+                        Case{3, 1, true, true, "bf16", -1, true}, Case{2, 2, true, false, "fp32", -1, true}}) {
     SCOPED_TRACE("stage " + std::to_string(k.stage) + ", " + std::to_string(k.world) + " ranks, " + k.precision +
                  (k.off_opt ? ", offload_optimizer" : "") + (k.off_param ? ", offload_param" : "") +
-                 (k.delayed >= 0 ? ", delayed_update " + std::to_string(k.delayed) : ""));
+                 (k.delayed >= 0 ? ", delayed_update " + std::to_string(k.delayed) : "") +
+                 (k.overlap ? ", overlap_update" : ""));
     TrainConfig c = zt::test::tiny_run(4);
     c.world_size = k.world;
     c.grad_accum = 2;
@@ -170,6 +174,7 @@ TEST(OpaqueDevice, TrainsExactlyAsTheSimulatedGpu) {
     c.zero.offload_param = k.off_param;
     c.zero.param_persistence_threshold = 0;
     c.delayed_update = k.delayed;
+    c.overlap_update = k.overlap;
     OpaqueBackend b;
     const std::vector<double> want = zt::test::train_losses(c);
     c.device = "cuda";

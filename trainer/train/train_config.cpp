@@ -62,6 +62,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
       {"activation_checkpointing", [&](const YAML::Node& n) { c.activation_checkpointing = n.as<bool>(); }},
       {"tf32", [&](const YAML::Node& n) { c.tf32 = n.as<bool>(); }},
       {"delayed_update", [&](const YAML::Node& n) { c.delayed_update = n.as<int64_t>(); }},
+      {"overlap_update", [&](const YAML::Node& n) { c.overlap_update = n.as<bool>(); }},
       {"matmul_precision", [&](const YAML::Node& n) { c.matmul_precision = n.as<std::string>(); }},
       {"attention", [&](const YAML::Node& n) { c.attention = n.as<std::string>(); }},
       {"checkpoint_dir", [&](const YAML::Node& n) { c.checkpoint_dir = n.as<std::string>(); }},
@@ -175,6 +176,10 @@ Status validate(const TrainConfig& c) {
   if (c.delayed_update < -1) return bad("delayed_update must be a count of ordinary steps first (0 or more), or -1 for off");
   if (c.delayed_update >= 0 && !c.zero.offload_optimizer)
     return bad("delayed_update runs CPU AdamW beside the next step: it needs the optimizer on the host (offload_optimizer, ZeRO stage 1-3)");
+  if (c.overlap_update && !c.zero.offload_optimizer)
+    return bad("overlap_update runs CPU AdamW beside the next step's forward: it needs the optimizer on the host (offload_optimizer, ZeRO stage 1-3)");
+  if (c.overlap_update && c.delayed_update >= 0)
+    return bad("overlap_update and delayed_update are two ways of running AdamW beside the next step (exact, and one update stale): give one");
   if (c.checkpoint_gather != "streamed" && c.checkpoint_gather != "device")
     return bad("checkpoint_gather '" + c.checkpoint_gather + "': use streamed (one module at a time) or device (all at once)");
   if (c.world_size > 256 && !c.virtual_mode)
@@ -218,6 +223,7 @@ std::string to_json(const TrainConfig& c) {
                       {"tf32", c.tf32},
                       {"matmul_precision", std::string(matmul_precision_name(matmul_precision_of(c)))},
                       {"delayed_update", c.delayed_update},
+                      {"overlap_update", c.overlap_update},
                       {"attention", c.attention},
                       {"zero_optimization", {{"stage", c.zero.stage},
                                              {"offload_optimizer", c.zero.offload_optimizer},

@@ -86,6 +86,11 @@ struct TrainConfig {
   // backward run on weights one update behind. A checkpoint save applies the update in flight
   // first (a sync point).
   int64_t delayed_update = -1;
+  // The overlapped update (needs offload_optimizer; not with delayed_update): step s's CPU AdamW
+  // runs on a background thread, module by module in the order the forward uses them, while step
+  // s+1 starts; each module's first use in step s+1 waits for its own update. The same arithmetic
+  // as the ordinary update, bit for bit: only the time it takes moves under the next forward.
+  bool overlap_update = false;
   // How attention runs (model::Attention): materialized (the fp32 reference; on a GPU cuBLAS with
   // the [B, H, T, T] probabilities kept) or flash (FlashAttention-2: one log-sum-exp per row kept,
   // bf16 products with fp32 accumulation; on a GPU the tensor-core kernels of

@@ -371,6 +371,9 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
       *progress << "delayed parameter update after " << cfg.delayed_update << " ordinary step"
                 << (cfg.delayed_update == 1 ? "" : "s") << ": from step " << cfg.delayed_update + 1
                 << " on, each step's CPU AdamW runs beside the next step, which sees the weights one update behind\n";
+    if (cfg.overlap_update)
+      *progress << "overlapped update: each step's CPU AdamW runs beside the next step's forward, module by module; "
+                   "each module waits for its own update (the ordinary update's arithmetic)\n";
   }
 
   // One thread per rank, each with its own simulated GPU, joined by the in-process transport.

@@ -35,6 +35,7 @@ struct ZeroEngine::Part {
   Tensor grad32_spare;
   Tensor update[2];
   PendingCopy written;
+  bool update_due = false;  // the overlapped update: this module's AdamW not yet awaited
   Tensor gathered, compute;  // live while fetched
   Tensor staged;             // offload_param: the shard copied to the device ahead of its gather
   PendingCopy staging;       // ... that copy, while it is in flight
@@ -128,9 +129,12 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     throw std::invalid_argument("offload_optimizer needs ZeRO stage 1, 2 or 3 (it offloads the optimizer partition)");
   if (z_.offload_param && z_.stage != 3)
     throw std::invalid_argument("offload_param needs ZeRO stage 3 (only stage 3 partitions parameters)");
-  if (cfg.delayed_update >= 0) {
+  if (cfg.overlap_update && cfg.delayed_update >= 0)
+    throw std::invalid_argument("overlap_update and delayed_update: give one");
+  if (cfg.delayed_update >= 0 || cfg.overlap_update) {
     if (!z_.offload_optimizer)
-      throw std::invalid_argument("delayed_update runs CPU AdamW beside the next step: it needs offload_optimizer");
+      throw std::invalid_argument(std::string(cfg.overlap_update ? "overlap_update" : "delayed_update") +
+                                  " runs CPU AdamW beside the next step: it needs offload_optimizer");
     // AdamW gets all but one of the rank's OpenMP threads; the rank thread keeps its own team for
     // what it does meanwhile (on a GPU: queueing kernels and landing gradient partitions; on the
     // simulated GPU: the model's compute), so the two teams share the cores while they overlap.
@@ -256,6 +260,7 @@ int64_t ZeroEngine::model_state_bytes() const {
 // perhaps ahead of time by the prefetch) all-gathered from every rank.
 void ZeroEngine::gather(Part& p) {
   Device& accel = rt_.accelerator();
+  await_update(p.spec.index);  // the overlapped update writes the shard first
   if (z_.offload_param) stage_shard(p);
   p.staging.wait();  // the H2D copy has landed before the all-gather reads it
   p.written.wait();  // ... and the delayed update's write-back into the shard
@@ -270,6 +275,7 @@ void ZeroEngine::gather(Part& p) {
 // while the current one computes).
 void ZeroEngine::stage_shard(Part& p) {
   if (p.staged.defined()) return;
+  await_update(p.spec.index);  // the overlapped update's AdamW writes the host shard
   Device& accel = rt_.accelerator();
   p.staged = Tensor::empty(p.spec.name + ".shard", {p.shard}, dtype_, accel);
   if (rec_)
@@ -305,6 +311,7 @@ void ZeroEngine::land_offloads(size_t keep) {
 
 const float* ZeroEngine::fetch(int mi, int64_t step) {
   Part& p = *parts_[size_t(mi)];
+  await_update(mi);
   if (!order_known_) {
     order_.push_back(mi);
   } else {
@@ -346,6 +353,10 @@ void ZeroEngine::prefetch_after(int, int64_t step) {
     Part& q = *parts_[size_t(order_[j])];
     if (!q.sharded || q.gathered.defined() || q.staged.defined()) continue;
     if (q.spec.numel > budget || live + q.spec.numel > z_.max_live_parameters) break;
+    // The overlapped update: a prefetch does not wait for a module's AdamW. Under offload_param it
+    // stages the shards whose update has finished (a copy of this rank's own); otherwise it would
+    // all-gather, a collective every rank must issue alike, so it stops at the first update due.
+    if (q.update_due && !(z_.offload_param && update_finished(q))) break;
     probe::MarkerId ph = phase("prefetch " + q.spec.name, step);
     if (z_.offload_param) stage_shard(q);
     else gather(q);
@@ -402,6 +413,7 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
   const int64_t wte = virt_ ? 0 : model::embedding_offsets(mc_).wte;
   const float grad_scale = float(loss_scale_ / double(cfg_.grad_accum));
   order_pos_ = 0;
+  step_now_ = global_step;
   double loss_sum = 0;
   epoch_ = epoch;
   for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
@@ -649,6 +661,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   // AdamW has finished and its weights are written back before its buffers are used again.
   apply_update(step);
   const bool delayed = cfg_.delayed_update >= 0 && step >= cfg_.delayed_update;
+  const bool overlapped = cfg_.overlap_update;
   const optim::AdamParams hp{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
   std::vector<AdamJob> jobs;
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
@@ -666,11 +679,12 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
         auto update_buffer = [&] {
           return Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
         };
-        if (!delayed) {
+        if (!delayed && !overlapped) {
           j.fused = update_buffer();
         } else {
           // Delayed, the update has a buffer of its own, kept from step to step: the next step's
-          // prefetch reads the host parameter shards while the background pass runs.
+          // prefetch reads the host parameter shards while the background pass runs. Overlapped,
+          // the write-back that reads it runs when the next step first uses the module.
           Tensor& buf = p.update[update_slot_];
           if (!buf.defined()) buf = update_buffer();
           j.fused = buf;
@@ -680,7 +694,50 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     }
     jobs.push_back(std::move(j));
   }
-  if (!delayed) {
+  if (overlapped) {
+    // The AdamW pass to the background thread, in the order the forward first uses the modules;
+    // the next step's first use of each waits for it (await_update).
+    for (auto& p : parts_) zero_tensor(p->grad);
+    std::vector<char> seen(parts_.size(), 0);
+    std::vector<int> order;
+    for (int mi : order_)
+      if (!seen[size_t(mi)]) seen[size_t(mi)] = 1, order.push_back(mi);
+    for (size_t mi = 0; mi < parts_.size(); ++mi)
+      if (!seen[mi]) order.push_back(int(mi));
+    update_pos_.assign(parts_.size(), 0);
+    pending_.clear();
+    for (int mi : order) {
+      update_pos_[size_t(mi)] = pending_.size();
+      pending_.push_back(std::move(jobs[size_t(mi)]));
+      parts_[size_t(mi)]->update_due = true;
+    }
+    {
+      std::lock_guard lock(update_mu_);
+      updates_done_ = 0;
+      update_failed_ = false;
+    }
+    overlapped_ = true;
+    pending_step_ = step;
+    const int64_t adam_step = adam_steps_;
+    background_->submit([this, hp, step, adam_step] {
+      try {
+        for (size_t k = 0; k < pending_.size(); ++k) {
+          run_adam(pending_[k], hp, step, adam_step);
+          std::lock_guard lock(update_mu_);
+          updates_done_ = k + 1;
+          update_cv_.notify_all();
+        }
+      } catch (...) {
+        {
+          std::lock_guard lock(update_mu_);
+          update_failed_ = true;
+        }
+        update_cv_.notify_all();
+        throw;  // kept by the background thread, thrown by the wait in await_update/apply_update
+      }
+    });
+    update_slot_ ^= 1;
+  } else if (!delayed) {
     // Each module's Adam ("adamw X"), then its updated shard to the device: serially, since both
     // are bound by host memory bandwidth (measured on an H100 host: a copy running beside the next
     // module's Adam slowed both, and 124M's step went from 158 to 185 ms).
@@ -737,6 +794,17 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
 // weights written back where the parameters live (the all-gathers of whole modules included).
 void ZeroEngine::apply_update(int64_t at_step) {
   if (!update_pending()) return;
+  if (overlapped_) {
+    // Each module not yet used since: awaited and written back now (in the job's order).
+    std::vector<int> due(pending_.size());
+    for (size_t mi = 0; mi < parts_.size(); ++mi) due[update_pos_[mi]] = int(mi);
+    for (int mi : due) await_update(mi);
+    background_->wait();  // finished: every module's AdamW was awaited
+    pending_.clear();
+    overlapped_ = false;
+    for (auto& p : parts_) p->written.wait();  // and nothing of it is on its way up
+    return;
+  }
   probe::MarkerId ph = phase("apply delayed update of step " + std::to_string(pending_step_), at_step);
   // The step's host->device copies read the host parameter shards the write-back overwrites, and
   // the write-backs of the update before read the update buffers the job after this one writes:
@@ -758,6 +826,46 @@ void ZeroEngine::apply_update(int64_t at_step) {
 }
 
 void ZeroEngine::finish_update() { apply_update(pending_step_); }
+
+bool ZeroEngine::update_finished(const Part& p) {
+  if (!p.update_due) return true;
+  std::lock_guard lock(update_mu_);
+  return updates_done_ > update_pos_[size_t(p.spec.index)];
+}
+
+void ZeroEngine::await_update(int mi) {
+  Part& p = *parts_[size_t(mi)];
+  if (!p.update_due) return;
+  probe::MarkerId ph = phase("await update " + p.spec.name, step_now_);
+  const size_t k = update_pos_[size_t(mi)];
+  bool failed = false;
+  {
+    std::unique_lock lock(update_mu_);
+    update_cv_.wait(lock, [&] { return updates_done_ > k || update_failed_; });
+    failed = update_failed_;
+  }
+  if (failed) {
+    // The job stopped at a module's AdamW: its error, thrown by the wait; no update is due now.
+    for (auto& q : parts_) q->update_due = false;
+    overlapped_ = false;
+    try {
+      background_->wait();
+    } catch (...) {
+      pending_.clear();
+      end(ph);
+      throw;
+    }
+    pending_.clear();
+    end(ph);
+    throw std::logic_error("ZeroEngine: the overlapped update failed without an error");
+  }
+  end(ph);
+  // The write-back (a host copy, an H2D copy the gather waits for on the device, or the all-gather
+  // of a whole module) is the ordinary update's, outside the wait's marker.
+  p.update_due = false;
+  const AdamJob& j = pending_[k];
+  if (!j.in_place) write_back(mi, j.fused, true);
+}
 
 void ZeroEngine::require_no_pending_update(const char* what) const {
   if (update_pending())
@@ -826,6 +934,7 @@ const Tensor& ZeroEngine::grad32_of(int mi) const {
 
 void ZeroEngine::offload_grad(int mi, const Tensor& grad, int64_t step) {
   Part& p = *parts_[size_t(mi)];
+  await_update(mi);  // the overlapped update's AdamW reads the partition this overwrites
   p.grad32_sq_ready = false;  // summed again when this partition lands (finish_offload)
   Device& host = rt_.host();
   const std::string group = partition_name(p.spec.index) + ".grad";

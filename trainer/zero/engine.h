@@ -48,6 +48,16 @@
 // an update still in flight: a checkpoint save and the end of a run call it, so a save is a
 // sync point and a run resumed from it continues exactly as the run that saved it.
 //
+// The overlapped update (cfg.overlap_update; offload_optimizer) uses the same background thread
+// and buffers, without the staleness: a step's AdamW pass runs module by module in the order the
+// forward first uses them (the recorded fetch order), and the rank thread goes on with the next
+// step; each module's first use there (its fetch, prefetch, host->device staging, or its next
+// gradient partition landing) waits for that module's AdamW ("await update <module>"), then
+// writes its weights back. The next forward thus computes on exactly the weights of the ordinary
+// update, and the losses are the ordinary run's bit for bit; the AdamW of every module but the
+// first runs under the forward of the modules before it. The gradient partitions need no second
+// buffer: a module's next partition lands only after its update was awaited.
+//
 // The global norm and unscale_and_clip_grads are an explicit step: the norm is a tensor on
 // the host under offload_optimizer and on the device otherwise; when clipping is active the
 // combined scale is a tensor on the norm's device, and every fp32 gradient partition passes
@@ -55,10 +65,12 @@
 // a device scalar against host partitions (bug reports R2 and R5).
 #pragma once
 
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "core/backend.h"
@@ -90,8 +102,8 @@ class ZeroEngine {
   StepResult step(DataLoader& loader, int64_t epoch, int64_t step_in_epoch, int64_t global_step);
 
   const ZeroSettings& settings() const { return z_; }
-  // The delayed parameter update still in flight, if any: waited for (its error thrown) and
-  // written back. Collective at stages 1-3 when an update is pending (the write-back all-gathers
+  // The delayed (or overlapped) parameter update still in flight, if any: waited for (its error
+  // thrown) and written back. Collective at stages 1-3 when an update is pending (the write-back all-gathers
   // whole modules): every rank calls it at the same point. export_states, import_states and
   // gather_weights below need none pending (they throw std::logic_error otherwise).
   void finish_update();
@@ -189,6 +201,10 @@ class ZeroEngine {
   };
   void run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t step, int64_t adam_step);
   void apply_update(int64_t at_step);
+  // The overlapped update: module m's AdamW awaited and its weights written back (no-op when
+  // none is due).
+  void await_update(int m);
+  bool update_finished(const Part& p);  // its AdamW has run (or none is due)
   void require_no_pending_update(const char* what) const;
   probe::MarkerId phase(const std::string& name, int64_t step, int64_t micro = -1);
   void end(probe::MarkerId id);
@@ -226,6 +242,15 @@ class ZeroEngine {
   std::vector<AdamJob> pending_;
   int64_t pending_step_ = -1;
   int update_slot_ = 0;  // which of each module's two update buffers the next job writes
+  // The overlapped update: pending_ is in the order the job runs it; update_pos_[m] is module m's
+  // place there; the job counts the modules it has finished (or says it failed) under update_mu_.
+  bool overlapped_ = false;  // the job in flight is an overlapped update
+  int64_t step_now_ = -1;    // the step under way (for the await markers)
+  std::vector<size_t> update_pos_;
+  std::mutex update_mu_;
+  std::condition_variable update_cv_;
+  size_t updates_done_ = 0;
+  bool update_failed_ = false;
   double loss_scale_ = 1;
   int64_t good_steps_ = 0, hysteresis_left_ = 0, adam_steps_ = 0;
 };
