@@ -684,8 +684,9 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
         } else {
           // Delayed, the update has a buffer of its own, kept from step to step: the next step's
           // prefetch reads the host parameter shards while the background pass runs. Overlapped,
-          // the write-back that reads it runs when the next step first uses the module.
-          Tensor& buf = p.update[update_slot_];
+          // the write-back that reads it runs when the next step first uses the module (one buffer:
+          // the last write-back out of it has landed before the pass starts, below).
+          Tensor& buf = p.update[overlapped ? 0 : update_slot_];
           if (!buf.defined()) buf = update_buffer();
           j.fused = buf;
         }
@@ -716,6 +717,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       updates_done_ = 0;
       update_failed_ = false;
     }
+    for (auto& p : parts_) p->written.wait();  // the update buffers are free again
     overlapped_ = true;
     pending_step_ = step;
     const int64_t adam_step = adam_steps_;
@@ -736,7 +738,6 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
         throw;  // kept by the background thread, thrown by the wait in await_update/apply_update
       }
     });
-    update_slot_ ^= 1;
   } else if (!delayed) {
     // Each module's Adam ("adamw X"), then its updated shard to the device: serially, since both
     // are bound by host memory bandwidth (measured on an H100 host: a copy running beside the next

@@ -56,7 +56,8 @@
 // writes its weights back. The next forward thus computes on exactly the weights of the ordinary
 // update, and the losses are the ordinary run's bit for bit; the AdamW of every module but the
 // first runs under the forward of the modules before it. The gradient partitions need no second
-// buffer: a module's next partition lands only after its update was awaited.
+// buffer: a module's next partition lands only after its update was awaited, and the compute-dtype
+// update one buffer per module: the pass starts after the last write-back out of it has landed.
 //
 // The global norm and unscale_and_clip_grads are an explicit step: the norm is a tensor on
 // the host under offload_optimizer and on the device otherwise; when clipping is active the
