@@ -275,7 +275,8 @@ TEST(DelayedUpdate, AdamThreadsFromTheEnvironment) {
   unsetenv("ZT_ADAM_THREADS");
   EXPECT_EQ(one, want);
   ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("ZT_ADAM_THREADS='0': the delayed update's AdamW threads, a count from 1 to 4096"),
+  EXPECT_NE(st.message().find("ZT_ADAM_THREADS='0': the background AdamW's threads (delayed or overlapped update), a "
+                              "count from 1 to 4096"),
             std::string::npos)
       << st.message();
 }

@@ -29,9 +29,9 @@ struct ZeroEngine::Part {
   Tensor grad32_dev;   // fault zero.grad_partition_stays_on_device: the partition left on the device
   // Delayed parameter update: grad32's second buffer (the background AdamW reads one while the
   // next step's partition lands in the other); the module's compute-dtype update on the host, two
-  // buffers taken in turn (AdamW writes one while the other is still on its way up); and
-  // that way up: the update's H2D copy into a device parameter shard, which the next fetch waits
-  // for on the device (gather) while the host goes on.
+  // buffers taken in turn (AdamW writes one while the other is still on its way up; the overlapped
+  // update uses update[0] only); and that way up: the update's H2D copy into a device parameter
+  // shard, which the next fetch waits for on the device (gather) while the host goes on.
   Tensor grad32_spare;
   Tensor update[2];
   PendingCopy written;
@@ -145,7 +145,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
       const long v = std::strtol(env, &end, 10);
       if (*end || v < 1 || v > 4096)
         throw std::invalid_argument(std::string("ZT_ADAM_THREADS='") + env +
-                                    "': the delayed update's AdamW threads, a count from 1 to 4096");
+                                    "': the background AdamW's threads (delayed or overlapped update), a count from 1 "
+                                    "to 4096");
       adam_threads = int(v);
     }
     background_ = std::make_unique<BackgroundThread>(adam_threads);
@@ -353,9 +354,11 @@ void ZeroEngine::prefetch_after(int, int64_t step) {
     Part& q = *parts_[size_t(order_[j])];
     if (!q.sharded || q.gathered.defined() || q.staged.defined()) continue;
     if (q.spec.numel > budget || live + q.spec.numel > z_.max_live_parameters) break;
-    // The overlapped update: a prefetch does not wait for a module's AdamW. Under offload_param it
-    // stages the shards whose update has finished (a copy of this rank's own); otherwise it would
-    // all-gather, a collective every rank must issue alike, so it stops at the first update due.
+    // The overlapped update: a prefetch does not block the rank thread on a module's AdamW (it
+    // runs before the current module's compute is queued). Under offload_param it stages the
+    // shards whose update has finished (a copy of this rank's own: timing may decide it); otherwise
+    // it would all-gather, a collective every rank must issue alike, so it stops at the first
+    // update due (the same on every rank), and that module is gathered when it is fetched.
     if (q.update_due && !(z_.offload_param && update_finished(q))) break;
     probe::MarkerId ph = phase("prefetch " + q.spec.name, step);
     if (z_.offload_param) stage_shard(q);
@@ -717,7 +720,11 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       updates_done_ = 0;
       update_failed_ = false;
     }
-    for (auto& p : parts_) p->written.wait();  // the update buffers are free again
+    // The update buffers (and, under offload_param, the host shards AdamW writes in place) are
+    // free again: the last write-backs out of them are ordered before the device's later work,
+    // which the synchronization then waits for (an H2D copy's wait does not block the host).
+    for (auto& p : parts_) p->written.wait();
+    accel.ops().synchronize();
     overlapped_ = true;
     pending_step_ = step;
     const int64_t adam_step = adam_steps_;
@@ -785,9 +792,14 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
 void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t step, int64_t adam_step) {
   Part& p = *parts_[size_t(j.mi)];
   probe::MarkerId am = phase("adamw " + p.spec.name, step);
-  if (!virt_)
-    p.master.device().ops().adamw(p.master.f32(), j.grad.f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_step, j.low_out,
-                                  j.low);
+  try {
+    if (!virt_)
+      p.master.device().ops().adamw(p.master.f32(), j.grad.f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_step,
+                                    j.low_out, j.low);
+  } catch (...) {
+    end(am);
+    throw;
+  }
   end(am);
 }
 
@@ -803,7 +815,9 @@ void ZeroEngine::apply_update(int64_t at_step) {
     background_->wait();  // finished: every module's AdamW was awaited
     pending_.clear();
     overlapped_ = false;
-    for (auto& p : parts_) p->written.wait();  // and nothing of it is on its way up
+    // Nothing of it is on its way up any more (ordered, then waited for: see optimizer_step).
+    for (auto& p : parts_) p->written.wait();
+    rt_.accelerator().ops().synchronize();
     return;
   }
   probe::MarkerId ph = phase("apply delayed update of step " + std::to_string(pending_step_), at_step);
@@ -870,7 +884,8 @@ void ZeroEngine::await_update(int mi) {
 
 void ZeroEngine::require_no_pending_update(const char* what) const {
   if (update_pending())
-    throw std::logic_error(std::string("ZeroEngine::") + what + ": the delayed update of step " +
+    throw std::logic_error(std::string("ZeroEngine::") + what + ": the " + (overlapped_ ? "overlapped" : "delayed") +
+                           " update of step " +
                            std::to_string(pending_step_) + " is still in flight: call finish_update() first");
 }
 
