@@ -1,4 +1,4 @@
-// zt db info|sql|merge, zt export, zt synth, zt demo.
+// zt db info|sql|kernels|merge, zt export, zt synth, zt demo.
 #include <ctime>
 #include <filesystem>
 #include <map>
@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "zt/common/units.h"
 #include "zt/db/export.h"
+#include "zt/db/kernel_summary.h"
 #include "zt/db/trace_reader.h"
 #include "zt/probe/recorder.h"
 #include "zt/probe/synthetic.h"
@@ -63,7 +64,7 @@ namespace {
 // <module>" phases of a step): the part of the update left on the step's critical path. Nothing
 // when the trace has no such phases.
 void print_background_update(db::TraceReader& reader) {
-  db::QueryResult applied, total, hidden;
+  db::QueryResult applied, total, hidden, waited;
   const char* adam = "SELECT rank, step, t_start, t_end FROM marker_v WHERE kind = 'phase' AND name LIKE 'adamw %' "
                      "AND t_end IS NOT NULL";
   bool overlapped = false;
@@ -87,21 +88,31 @@ void print_background_update(db::TraceReader& reader) {
                         "('forward', 'loss', 'backward') AND t_end IS NOT NULL) SELECT a.rank, sum(min(a.t_end, c.t_end) - "
                         "max(a.t_start, c.t_start)) FROM a JOIN c ON c.rank = a.rank AND c.step = a.step + 1 AND "
                         "c.t_start < a.t_end AND a.t_start < c.t_end GROUP BY a.rank",
-                    &hidden))
+                    &hidden) ||
+      // ... less the time the rank thread spent waiting for it inside those phases (the overlapped
+      // update's "await update" markers lie inside the forward and the loss): not beside compute.
+      !reader.query(std::string("WITH a AS (") + adam +
+                        "), w AS (SELECT rank, step, t_start, t_end FROM marker_v WHERE kind = 'phase' AND name LIKE "
+                        "'await update %' AND t_end IS NOT NULL) SELECT a.rank, sum(min(a.t_end, w.t_end) - "
+                        "max(a.t_start, w.t_start)) FROM a JOIN w ON w.rank = a.rank AND w.step = a.step + 1 AND "
+                        "w.t_start < a.t_end AND a.t_start < w.t_end GROUP BY a.rank",
+                    &waited))
     return;
   auto by_rank = [](const db::QueryResult& q) {
     std::map<std::string, double> m;
     for (auto& r : q.rows) m[r[0]] = r[1].empty() ? 0.0 : std::stod(r[1]);
     return m;
   };
-  const auto adam_ns = by_rank(total), hidden_ns = by_rank(hidden);
+  const auto adam_ns = by_rank(total), hidden_ns = by_rank(hidden), waited_ns = by_rank(waited);
   std::cout << (overlapped ? "overlapped update (AdamW of step s beside step s+1's forward, each module awaited at its "
                              "first use):\n"
                            : "delayed parameter update (AdamW of step s beside step s+1's forward and backward):\n");
   std::vector<std::vector<std::string>> rows;
   for (auto& r : applied.rows) {
     const double updates = std::stod(r[1]), wait = r[2].empty() ? 0.0 : std::stod(r[2]);
-    const double a = adam_ns.count(r[0]) ? adam_ns.at(r[0]) : 0.0, h = hidden_ns.count(r[0]) ? hidden_ns.at(r[0]) : 0.0;
+    if (!(updates > 0)) continue;
+    const double a = adam_ns.count(r[0]) ? adam_ns.at(r[0]) : 0.0,
+                 h = (hidden_ns.count(r[0]) ? hidden_ns.at(r[0]) : 0.0) - (waited_ns.count(r[0]) ? waited_ns.at(r[0]) : 0.0);
     rows.push_back({r[0], r[1], format_duration_ns(a / updates), a > 0 ? std::to_string(int(100.0 * h / a + 0.5)) + "%" : "-",
                     format_duration_ns(wait / updates)});
   }
@@ -237,6 +248,67 @@ int db_sql(const std::string& path, const std::string& sql, bool csv) {
   return kExitOk;
 }
 
+// zt db kernels: the GPU's time by kernel name, and its idle time by what the host was doing.
+int db_kernels(const std::string& path, const db::KernelSummaryOptions& opt, size_t top) {
+  std::unique_ptr<db::TraceReader> reader;
+  if (Status s = db::TraceReader::open(path, &reader); !s) return fail(s.message());
+  db::KernelSummary k;
+  if (Status s = db::summarize_kernels(*reader, opt, &k); !s) return fail(s.message());
+  auto pct = [](double part, double whole) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f%%", whole > 0 ? 100.0 * part / whole : 0.0);
+    return std::string(b);
+  };
+  const double window = double(k.window_ns());
+  std::cout << "kernels of rank " << k.rank << " on " << k.devices << ", ";
+  if (k.first_step >= 0) {
+    const int64_t n = k.last_step - k.first_step + 1;
+    std::cout << (n == 1 ? "step " + std::to_string(k.first_step)
+                         : "steps " + std::to_string(k.first_step) + "-" + std::to_string(k.last_step))
+              << " (" << format_duration_ns(window) << (n > 1 ? ", " + format_duration_ns(window / double(n)) + " a step" : "")
+              << ")";
+  } else {
+    std::cout << "the kernels' span (" << format_duration_ns(window) << "; the trace has no steps)";
+  }
+  std::cout << ": " << k.kernels << " kernels, " << format_duration_ns(double(k.kernel_ns)) << " of kernel time\n";
+  std::cout << "GPU busy " << format_duration_ns(double(k.busy_ns)) << " (" << pct(double(k.busy_ns), window)
+            << " of the window), idle " << format_duration_ns(window - double(k.busy_ns)) << " in " << k.gaps << " gap"
+            << (k.gaps == 1 ? "" : "s") << "\n\n";
+  std::vector<std::vector<std::string>> rows;
+  int64_t rest_ns = 0, rest_calls = 0;
+  for (size_t i = 0; i < k.by_name.size(); ++i) {
+    const db::KernelStat& s = k.by_name[i];
+    if (i >= top) {
+      rest_ns += s.total_ns;
+      rest_calls += s.calls;
+      continue;
+    }
+    rows.push_back({format_duration_ns(double(s.total_ns)), pct(double(s.total_ns), double(k.kernel_ns)),
+                    std::to_string(s.calls), format_duration_ns(double(s.total_ns) / double(s.calls)),
+                    format_duration_ns(double(s.min_ns)), format_duration_ns(double(s.max_ns)), s.name});
+  }
+  if (rest_calls > 0)
+    rows.push_back({format_duration_ns(double(rest_ns)), pct(double(rest_ns), double(k.kernel_ns)),
+                    std::to_string(rest_calls), "", "", "",
+                    "(" + std::to_string(k.by_name.size() - top) + " more kernel names)"});
+  print_table(std::cout, {"time", "share", "calls", "avg", "min", "max", "kernel"}, rows,
+              {true, true, true, true, true, true, false}, "  ");
+  std::cout << "\nGPU idle by host phase (the innermost phase at each gap's midpoint; digits shown as N):\n";
+  rows.clear();
+  for (const db::IdleByPhase& p : k.idle_by_phase)
+    rows.push_back({format_duration_ns(double(p.ns)), pct(double(p.ns), window), std::to_string(p.gaps), p.phase});
+  print_table(std::cout, {"idle", "of window", "gaps", "host phase"}, rows, {true, true, true, false}, "  ");
+  if (!k.longest.empty()) {
+    std::cout << "\nlongest idle gaps:\n";
+    rows.clear();
+    for (const db::IdleGap& g : k.longest)
+      rows.push_back({format_duration_ns(double(g.t_end - g.t_start)),
+                      "+" + format_duration_ns(double(g.t_start - k.t_start)), g.step >= 0 ? std::to_string(g.step) : "-",
+                      g.phase});
+    print_table(std::cout, {"idle", "at", "step", "host phase"}, rows, {true, true, true, false}, "  ");
+  }
+  return kExitOk;
+}
 
 namespace {
 
@@ -285,6 +357,41 @@ void add_db_commands(CLI::App& app, Action& action) {
     sql->add_option("SQL", *query, "one SELECT statement")->required();
     sql->add_flag("--csv", *csv, "print CSV instead of an aligned table");
     sql->callback([&action, path, query, csv] { action = [=] { return db_sql(*path, *query, *csv); }; });
+  }
+  {
+    auto* kern = dbc->add_subcommand(
+        "kernels",
+        "The GPU's time by kernel (as nsys' cuda_gpu_kern_sum) and its idle time by what the host was doing, from the "
+        "kernel rows CUPTI recorded (zt train --device cuda --cupti, zt probe)\n"
+        "Example: zt db kernels run.db --steps 2-4");
+    auto path = std::make_shared<std::string>();
+    auto steps = std::make_shared<std::string>();
+    auto rank = std::make_shared<int64_t>(-1);
+    auto top = std::make_shared<size_t>(20);
+    auto gaps = std::make_shared<size_t>(5);
+    kern->add_option("TRACE", *path, "trace file")->required();
+    kern->add_option("--steps", *steps, "steps N or A-B (default: every finished step but the first, the warm-up)");
+    kern->add_option("--rank", *rank, "rank (default: the lowest with kernel rows)")->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+    kern->add_option("--top", *top, "kernel names to list (the rest in one line)")->check(CLI::Range(size_t(1), size_t(100000)));
+    kern->add_option("--gaps", *gaps, "longest idle gaps to list")->check(CLI::Range(size_t(0), size_t(100000)));
+    kern->callback([&action, path, steps, rank, top, gaps] {
+      action = [=] {
+        db::KernelSummaryOptions o;
+        o.rank = *rank;
+        o.longest_gaps = *gaps;
+        if (!steps->empty()) {
+          const size_t dash = steps->find('-');
+          char* end = nullptr;
+          const std::string a = steps->substr(0, dash), b = dash == std::string::npos ? a : steps->substr(dash + 1);
+          o.first_step = std::strtoll(a.c_str(), &end, 10);
+          const bool ok_a = !a.empty() && *end == 0;
+          o.last_step = std::strtoll(b.c_str(), &end, 10);
+          if (!ok_a || b.empty() || *end || o.first_step < 0 || o.last_step < 0)
+            return fail("--steps '" + *steps + "': give a step (3) or a range (2-4) of steps counted from 0");
+        }
+        return db_kernels(*path, o, *top);
+      };
+    });
   }
   {
     auto* merge = dbc->add_subcommand("merge", "Merge per-rank traces into one (clocks kept, ranks kept apart)\n"

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
+#include "zt/db/trace_writer.h"
 
 namespace {
 
@@ -148,11 +149,74 @@ TEST(Cli, OverlapUpdateIsAnnouncedAndSummarized) {
   EXPECT_NE(section.find("\n     0        4 "), std::string::npos) << section;  // steps 0-3 (step 3's awaited at the end)
   Result cfg = run_zt("db sql --csv " + dir.file("o.db") + " \"SELECT config_json FROM run\"");
   EXPECT_NE(cfg.out.find("\"\"overlap_update\"\":true"), std::string::npos) << cfg.out;
+  Result plain = run_zt("train --model tiny --steps 2 --seq-len 32 -q --zero-stage 3 --offload-optimizer --trace " +
+                        dir.file("p.db"));
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(run_zt("db info " + dir.file("p.db")).out.find("overlapped update"), std::string::npos);
   Result bad = run_zt("train --overlap-update --model tiny --steps 1");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("overlap_update runs CPU AdamW beside the next step's forward: it needs the optimizer on the host"),
             std::string::npos)
       << bad.out;
+}
+
+// zt db kernels on a trace with kernel rows written by hand (two steps: gemm and softmax kernels, an
+// AdamW phase over the GPU's idle time): the header, the kernel table, the idle time by host phase;
+// bad --steps and a trace without kernels are refused with exit 2.
+TEST(Cli, DbKernelsSummarizesTheGpusTime) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("k.db");
+  {
+    std::unique_ptr<TraceWriter> w;
+    ASSERT_TRUE(TraceWriter::create(path, &w).ok());
+    w->begin();
+    RunRow run;
+    run.command_line = "zt train --device cuda --cupti";
+    w->insert(run);
+    w->insert(RankRow{0, 1, 1, 0, "h", 1});
+    w->insert(DeviceRow{1, 0, DeviceKind::Cuda, 0, "cuda:0", "GPU", std::nullopt, false});
+    const char* names[] = {"step", "gemm_bf16", "softmax_rows", "adamw block3"};
+    for (int64_t i = 0; i < 4; ++i) w->insert(StringRow{i + 1, names[i]});
+    int64_t id = 0;
+    const int64_t ms = 1000000;
+    for (int64_t s = 0; s < 3; ++s) {
+      MarkerRow m;
+      m.id = ++id, m.kind = MarkerKind::Step, m.name_id = 1, m.t_start = s * 10 * ms, m.t_end = (s + 1) * 10 * ms, m.step = s;
+      w->insert(m);
+      auto kernel = [&](int64_t name, int64_t t0, int64_t t1) {
+        KernelRow k;
+        k.id = ++id, k.device_id = 1, k.name_id = name, k.t_start = s * 10 * ms + t0, k.t_end = s * 10 * ms + t1;
+        w->insert(k);
+      };
+      kernel(2, 0, 4 * ms);
+      kernel(3, 4 * ms, 5 * ms);
+      MarkerRow a;
+      a.id = ++id, a.kind = MarkerKind::Phase, a.name_id = 4, a.t_start = s * 10 * ms + 5 * ms;
+      a.t_end = s * 10 * ms + 10 * ms, a.step = s;
+      w->insert(a);
+    }
+    w->commit();
+    ASSERT_TRUE(w->finish().ok());
+  }
+  Result r = run_zt("db kernels " + path);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("kernels of rank 0 on cuda:0, steps 1-2 (20.00 ms, 10.00 ms a step): 4 kernels, 10.00 ms of kernel time"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("GPU busy 10.00 ms (50.0% of the window), idle 10.00 ms in 2 gaps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("8.00 ms  80.0%      2  4.00 ms  4.00 ms  4.00 ms  gemm_bf16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("10.00 ms      50.0%     2  adamw blockN"), std::string::npos) << r.out;
+  Result one = run_zt("db kernels " + path + " --steps 2 --top 1");
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_NE(one.out.find("step 2 (10.00 ms): 2 kernels"), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("(1 more kernel names)"), std::string::npos) << one.out;
+  Result bad = run_zt("db kernels " + path + " --steps 2-x");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--steps '2-x': give a step (3) or a range (2-4) of steps counted from 0"), std::string::npos)
+      << bad.out;
+  Result none = run_zt("db kernels " + dir.file("missing.db"));
+  EXPECT_EQ(none.code, 2) << none.out;
 }
 
 TEST(Cli, TrainExitCodes) {

@@ -1,0 +1,178 @@
+// zt/db/kernel_summary.h on traces written by hand: the window (the steps but the first, a chosen
+// range, the kernels' span without steps), per-kernel totals, the union of overlapping kernels,
+// the idle gaps and the innermost host phase under each, and the errors that name the file.
+#include "zt/db/kernel_summary.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+
+#include "../test_util.h"
+#include "zt/db/trace_writer.h"
+
+using namespace zt::db;
+
+namespace {
+
+// Rank 0 with cuda:0. Steps 0 [0, 100), 1 [100, 200), 2 [200, 300). Phases in step 1:
+// "forward block0" [100, 140), "optimizer" [150, 195) with "adamw block3" [160, 190) inside.
+// Kernels: one in step 0; gemm [100, 120), gemm [125, 135) and softmax [130, 138) (overlapping)
+// in step 1; gemm [200, 250) in step 2.
+void write_trace(const std::string& path, bool steps, bool kernels = true) {
+  std::unique_ptr<TraceWriter> w;
+  ASSERT_TRUE(TraceWriter::create(path, &w).ok());
+  w->begin();
+  RunRow run;
+  run.command_line = "zt train --device cuda --cupti";
+  w->insert(run);
+  w->insert(RankRow{0, 1, 1, 0, "h", 1});
+  w->insert(DeviceRow{1, 0, DeviceKind::Cuda, 0, "cuda:0", "GPU", std::nullopt, false});
+  std::map<std::string, int64_t> names;
+  auto name = [&](const std::string& n) {
+    auto [it, fresh] = names.emplace(n, int64_t(names.size()) + 1);
+    if (fresh) w->insert(StringRow{it->second, n});
+    return it->second;
+  };
+  int64_t id = 0;
+  auto marker = [&](MarkerKind kind, const std::string& n, int64_t t0, int64_t t1, int64_t step) {
+    MarkerRow m;
+    m.id = ++id, m.kind = kind, m.name_id = name(n), m.t_start = t0, m.t_end = t1, m.step = step;
+    w->insert(m);
+  };
+  if (steps)
+    for (int64_t s = 0; s < 3; ++s) marker(MarkerKind::Step, "step " + std::to_string(s), 100 * s, 100 * s + 100, s);
+  marker(MarkerKind::Phase, "forward block0", 100, 140, 1);
+  marker(MarkerKind::Phase, "optimizer", 150, 195, 1);
+  marker(MarkerKind::Phase, "adamw block3", 160, 190, 1);
+  auto kernel = [&](const std::string& n, int64_t t0, int64_t t1) {
+    KernelRow k;
+    k.id = ++id, k.rank = 0, k.device_id = 1, k.name_id = name(n), k.t_start = t0, k.t_end = t1, k.source = Source::Cupti;
+    w->insert(k);
+  };
+  if (kernels) {
+    kernel("warmup", 10, 90);
+    kernel("gemm", 100, 120);
+    kernel("gemm", 125, 135);
+    kernel("softmax", 130, 138);
+    kernel("gemm", 200, 250);
+  }
+  w->commit();
+  ASSERT_TRUE(w->finish().ok());
+}
+
+KernelSummary summarize(const std::string& path, KernelSummaryOptions o = {}, std::string* error = nullptr) {
+  std::unique_ptr<TraceReader> r;
+  EXPECT_TRUE(TraceReader::open(path, &r).ok());
+  KernelSummary k;
+  if (!r) return k;
+  zt::Status s = summarize_kernels(*r, o, &k);
+  if (error) *error = s.ok() ? "" : s.message();
+  else EXPECT_TRUE(s.ok()) << s.message();
+  return k;
+}
+
+}  // namespace
+
+TEST(KernelSummary, StepsButTheFirstByDefault) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("k.db");
+  write_trace(path, true);
+  const KernelSummary k = summarize(path);
+  EXPECT_EQ(k.rank, 0);
+  EXPECT_EQ(k.devices, "cuda:0");
+  EXPECT_EQ(k.first_step, 1);
+  EXPECT_EQ(k.last_step, 2);
+  EXPECT_EQ(k.t_start, 100);
+  EXPECT_EQ(k.t_end, 300);
+  EXPECT_EQ(k.kernels, 4);
+  EXPECT_EQ(k.kernel_ns, 20 + 10 + 8 + 50);
+  EXPECT_EQ(k.busy_ns, 20 + 13 + 50);  // gemm and softmax overlap in [130, 135)
+  EXPECT_EQ(k.gaps, 3);
+  ASSERT_EQ(k.by_name.size(), 2u);
+  EXPECT_EQ(k.by_name[0].name, "gemm");
+  EXPECT_EQ(k.by_name[0].calls, 3);
+  EXPECT_EQ(k.by_name[0].total_ns, 80);
+  EXPECT_EQ(k.by_name[0].min_ns, 10);
+  EXPECT_EQ(k.by_name[0].max_ns, 50);
+  EXPECT_EQ(k.by_name[1].name, "softmax");
+  EXPECT_EQ(k.by_name[1].total_ns, 8);
+  // Gaps: [120, 125) under the forward, [138, 200) under AdamW (innermost, inside the optimizer),
+  // [250, 300) under no phase.
+  ASSERT_EQ(k.longest.size(), 3u);
+  EXPECT_EQ(k.longest[0].t_start, 138);
+  EXPECT_EQ(k.longest[0].t_end, 200);
+  EXPECT_EQ(k.longest[0].step, 1);
+  EXPECT_EQ(k.longest[0].phase, "adamw block3");
+  EXPECT_EQ(k.longest[1].phase, "(no phase)");
+  EXPECT_EQ(k.longest[1].step, 2);
+  EXPECT_EQ(k.longest[2].phase, "forward block0");
+  ASSERT_EQ(k.idle_by_phase.size(), 3u);
+  EXPECT_EQ(k.idle_by_phase[0].phase, "adamw blockN");
+  EXPECT_EQ(k.idle_by_phase[0].ns, 62);
+  EXPECT_EQ(k.idle_by_phase[1].phase, "(no phase)");
+  EXPECT_EQ(k.idle_by_phase[1].ns, 50);
+  EXPECT_EQ(k.idle_by_phase[2].phase, "forward blockN");
+  EXPECT_EQ(k.idle_by_phase[2].ns, 5);
+
+  KernelSummaryOptions o;
+  o.longest_gaps = 1;
+  EXPECT_EQ(summarize(path, o).longest.size(), 1u);
+}
+
+TEST(KernelSummary, ChosenStepsAndTheKernelsSpanWithoutSteps) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("k.db");
+  write_trace(path, true);
+  KernelSummaryOptions o;
+  o.first_step = o.last_step = 1;
+  KernelSummary k = summarize(path, o);
+  EXPECT_EQ(k.t_start, 100);
+  EXPECT_EQ(k.t_end, 200);
+  EXPECT_EQ(k.kernels, 3);
+  EXPECT_EQ(k.busy_ns, 33);
+  EXPECT_EQ(k.gaps, 2);
+  o.first_step = 0;
+  o.last_step = 0;
+  k = summarize(path, o);
+  EXPECT_EQ(k.kernels, 1);
+  EXPECT_EQ(k.by_name.at(0).name, "warmup");
+  EXPECT_EQ(k.busy_ns, 80);
+
+  const std::string bare = dir.file("bare.db");
+  write_trace(bare, false);
+  k = summarize(bare);
+  EXPECT_EQ(k.first_step, -1);
+  EXPECT_EQ(k.t_start, 10);
+  EXPECT_EQ(k.t_end, 250);
+  EXPECT_EQ(k.kernels, 5);
+  EXPECT_EQ(k.busy_ns, 80 + 20 + 13 + 50);
+}
+
+TEST(KernelSummary, ErrorsNameTheFile) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("k.db"), none = dir.file("none.db"), bare = dir.file("bare.db");
+  write_trace(path, true);
+  write_trace(none, true, false);
+  write_trace(bare, false);
+  std::string err;
+  summarize(none, {}, &err);
+  EXPECT_EQ(err, none + ": no kernel rows (they come from CUPTI: record with zt train --device cuda --cupti, or zt probe "
+                        "-- PROGRAM)");
+  KernelSummaryOptions o;
+  o.rank = 3;
+  summarize(path, o, &err);
+  EXPECT_EQ(err, path + ": rank 3 has no kernel rows");
+  o = {};
+  o.first_step = 7;
+  o.last_step = 9;
+  summarize(path, o, &err);
+  EXPECT_EQ(err, path + ": rank 0 has no finished step in 7-9 (its steps: 0-2)");
+  o.first_step = 2;
+  o.last_step = 1;
+  summarize(path, o, &err);
+  EXPECT_EQ(err, path + ": steps 2-1: the last comes first");
+  o.first_step = o.last_step = 1;
+  summarize(bare, o, &err);
+  EXPECT_EQ(err, bare + ": rank 0 has no step markers to choose steps from");
+}
