@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
-#include "zt/db/trace_writer.h"
+#include "../hand_trace.h"
 
 namespace {
 
@@ -168,13 +168,8 @@ TEST(Cli, DbKernelsSummarizesTheGpusTime) {
   zt::test::TempDir dir;
   const std::string path = dir.file("k.db");
   {
-    std::unique_ptr<TraceWriter> w;
-    ASSERT_TRUE(TraceWriter::create(path, &w).ok());
-    w->begin();
-    RunRow run;
-    run.command_line = "zt train --device cuda --cupti";
-    w->insert(run);
-    w->insert(RankRow{0, 1, 1, 0, "h", 1});
+    std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "zt train --device cuda --cupti");
+    ASSERT_NE(w, nullptr);
     w->insert(DeviceRow{1, 0, DeviceKind::Cuda, 0, "cuda:0", "GPU", std::nullopt, false});
     const char* names[] = {"step", "gemm_bf16", "softmax_rows", "adamw block3"};
     for (int64_t i = 0; i < 4; ++i) w->insert(StringRow{i + 1, names[i]});

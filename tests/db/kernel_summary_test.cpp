@@ -8,8 +8,8 @@
 #include <map>
 #include <memory>
 
+#include "../hand_trace.h"
 #include "../test_util.h"
-#include "zt/db/trace_writer.h"
 
 using namespace zt::db;
 
@@ -20,13 +20,8 @@ namespace {
 // Kernels: one in step 0; gemm [100, 120), gemm [125, 135) and softmax [130, 138) (overlapping)
 // in step 1; gemm [200, 250) in step 2.
 void write_trace(const std::string& path, bool steps, bool kernels = true) {
-  std::unique_ptr<TraceWriter> w;
-  ASSERT_TRUE(TraceWriter::create(path, &w).ok());
-  w->begin();
-  RunRow run;
-  run.command_line = "zt train --device cuda --cupti";
-  w->insert(run);
-  w->insert(RankRow{0, 1, 1, 0, "h", 1});
+  std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "zt train --device cuda --cupti");
+  ASSERT_NE(w, nullptr);
   w->insert(DeviceRow{1, 0, DeviceKind::Cuda, 0, "cuda:0", "GPU", std::nullopt, false});
   std::map<std::string, int64_t> names;
   auto name = [&](const std::string& n) {

@@ -34,6 +34,27 @@ inline std::vector<double> train_losses(const trainer::TrainConfig& cfg, trainer
   return s.losses;
 }
 
+// A run stopped after `stop` steps (cfg saves into its checkpoint_dir on the way), then resumed
+// from its last save up to cfg.steps: the losses before the stop and those after the resume (a
+// test failure when the resume fails or starts elsewhere than at `stop`).
+struct StopAndResume {
+  std::vector<double> before, after;
+};
+inline StopAndResume stop_and_resume(trainer::TrainConfig cfg, int64_t stop) {
+  StopAndResume r;
+  const int64_t total = cfg.steps;
+  cfg.steps = stop;
+  r.before = train_losses(cfg);
+  cfg.steps = total;
+  cfg.resume = true;
+  trainer::TrainSummary s;
+  Status st = trainer::train(cfg, nullptr, nullptr, &s);
+  EXPECT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(s.resumed_from_step, stop);
+  r.after = s.losses;
+  return r;
+}
+
 // Step by step, |got - want| <= rel * |want|.
 inline void expect_losses_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
   ASSERT_EQ(got.size(), want.size());

@@ -11,6 +11,7 @@
 #include "model/analysis.h"
 #include "model/time_view.h"
 #include "model/trace_model.h"
+#include "hand_trace.h"
 #include "test_util.h"
 #include "zt/db/trace_writer.h"
 
@@ -243,19 +244,6 @@ TEST_F(KnownTraceTest, RangeSummaryCountsBytesPeaksAndKeptAllocations) {
   EXPECT_EQ(e.kept_bytes, K::kGiB);
 }
 
-// A trace of one rank written by hand: the writer, begun, with its run row (`command`) and rank row.
-std::unique_ptr<zt::db::TraceWriter> hand_written_trace(const std::string& path, const std::string& command) {
-  using namespace zt::db;
-  std::unique_ptr<TraceWriter> w;
-  if (!TraceWriter::create(path, &w).ok()) return nullptr;
-  w->begin();
-  RunRow run;
-  run.id = 1, run.command_line = command, run.t_start = 0;
-  w->insert(run);
-  w->insert(RankRow{0, 1, 1, 0, "h", 1});
-  return w;
-}
-
 // ... committed, finished and loaded into the viewer's model (null, with a failure, when any fails).
 std::unique_ptr<TraceModel> finish_and_load(zt::db::TraceWriter& w, const std::string& path) {
   w.commit();
@@ -276,7 +264,7 @@ TEST(TraceModelTwins, ASecondRecordIsNeitherCountedNorDrawnTwice) {
   std::unique_ptr<TraceModel> m;
   const int64_t MiB = 1 << 20;
   {
-    std::unique_ptr<TraceWriter> w = hand_written_trace(path, "zt train --device cuda --cupti");
+    std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "zt train --device cuda --cupti");
     ASSERT_NE(w, nullptr);
     w->insert(DeviceRow{1, 0, DeviceKind::Cuda, 0, "cuda:0", "GPU", 80 * 1024 * MiB, false});
     auto seg = [&](int64_t id, uint64_t address, int64_t bytes, int64_t t0, int64_t t1, Source source) {
@@ -320,7 +308,7 @@ TEST(TraceModelBackground, PhasesThatOutliveTheirStepGetTheirOwnLane) {
   const std::string path = dir.file("background.db");
   std::unique_ptr<TraceModel> m;
   {
-    std::unique_ptr<TraceWriter> w = hand_written_trace(path, "zt train --delayed-update 0");
+    std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "zt train --delayed-update 0");
     ASSERT_NE(w, nullptr);
     std::map<std::string, int64_t> names;
     int64_t id = 0;
