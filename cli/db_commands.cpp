@@ -262,10 +262,11 @@ int db_kernels(const std::string& path, const db::KernelSummaryOptions& opt, siz
   const double window = double(k.window_ns());
   std::cout << "kernels of rank " << k.rank << " on " << k.devices << ", ";
   if (k.first_step >= 0) {
-    const int64_t n = k.last_step - k.first_step + 1;
+    const int64_t n = k.steps;
     std::cout << (n == 1 ? "step " + std::to_string(k.first_step)
                          : "steps " + std::to_string(k.first_step) + "-" + std::to_string(k.last_step))
-              << " (" << format_duration_ns(window) << (n > 1 ? ", " + format_duration_ns(window / double(n)) + " a step" : "")
+              << " (" << (k.last_step - k.first_step + 1 != n ? std::to_string(n) + " finished, " : "")
+              << format_duration_ns(window) << (n > 1 ? ", " + format_duration_ns(window / double(n)) + " a step" : "")
               << ")";
   } else {
     std::cout << "the kernels' span (" << format_duration_ns(window) << "; the trace has no steps)";

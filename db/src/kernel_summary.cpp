@@ -38,23 +38,25 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
   try {
     sqlite3* db = reader.handle();
     KernelSummary s;
-    if (detail::query_int(db, "SELECT count(*) FROM kernel") == 0)
+    // A rank's kernels are those of its devices (the index kernel_by_time is on device_id, t_start).
+    if (detail::query_int(db, "SELECT EXISTS (SELECT 1 FROM kernel)") == 0)
       return Status::Error(path + ": no kernel rows (they come from CUPTI: record with zt train --device cuda --cupti, "
                                   "or zt probe -- PROGRAM)");
     s.rank = options.rank;
-    if (s.rank < 0) s.rank = detail::query_int(db, "SELECT min(rank) FROM kernel");
+    if (s.rank < 0)
+      s.rank = detail::query_int(db, "SELECT min(d.rank) FROM device d WHERE EXISTS (SELECT 1 FROM kernel k WHERE "
+                                     "k.device_id = d.id)");
+    std::vector<std::string> labels;
     {
-      Stmt q(db, "SELECT count(*) FROM kernel WHERE rank = ?");
+      Stmt q(db, "SELECT d.label FROM device d WHERE d.rank = ? AND EXISTS (SELECT 1 FROM kernel k WHERE k.device_id = "
+                 "d.id) ORDER BY d.label");
       q.bind(1, s.rank);
-      if (!q.step() || q.i64(0) == 0)
-        return Status::Error(path + ": rank " + std::to_string(s.rank) + " has no kernel rows");
+      while (q.step())
+        if (std::find(labels.begin(), labels.end(), q.text(0)) == labels.end()) labels.push_back(q.text(0));
     }
-    {
-      Stmt q(db, "SELECT group_concat(label, ', ') FROM (SELECT DISTINCT d.label FROM kernel k JOIN device d ON d.id = "
-                 "k.device_id WHERE k.rank = ? ORDER BY d.label)");
-      q.bind(1, s.rank);
-      if (q.step()) s.devices = q.text(0);
-    }
+    if (labels.empty()) return Status::Error(path + ": rank " + std::to_string(s.rank) + " has no kernel rows");
+    for (const std::string& l : labels) s.devices += (s.devices.empty() ? "" : ", ") + l;
+    const std::string rank_devices = "device_id IN (SELECT id FROM device WHERE rank = " + std::to_string(s.rank) + ")";
 
     // The window: the rank's finished steps.
     std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> steps;  // step, [t_start, t_end)
@@ -67,8 +69,7 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
     if (steps.empty()) {
       if (options.first_step >= 0 || options.last_step >= 0)
         return Status::Error(path + ": rank " + std::to_string(s.rank) + " has no step markers to choose steps from");
-      Stmt q(db, "SELECT min(t_start), max(t_end) FROM kernel WHERE rank = ?");
-      q.bind(1, s.rank);
+      Stmt q(db, "SELECT min(t_start), max(t_end) FROM kernel WHERE " + rank_devices);
       q.step();
       s.t_start = q.i64(0);
       s.t_end = q.i64(1);
@@ -83,29 +84,56 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
       }
       if (last < first)
         return Status::Error(path + ": steps " + std::to_string(first) + "-" + std::to_string(last) + ": the last comes first");
-      int64_t lo = -1, hi = -1;
+      bool found = false;
+      int64_t lo = 0, hi = 0;
       for (auto& [step, span] : steps)
         if (step >= first && step <= last) {
-          lo = lo < 0 ? span.first : std::min(lo, span.first);
-          hi = std::max(hi, span.second);
+          lo = found ? std::min(lo, span.first) : span.first;
+          hi = found ? std::max(hi, span.second) : span.second;
+          s.first_step = found ? std::min(s.first_step, step) : step;
+          s.last_step = found ? std::max(s.last_step, step) : step;
+          ++s.steps;
+          found = true;
         }
-      if (lo < 0)
+      if (!found)
         return Status::Error(path + ": rank " + std::to_string(s.rank) + " has no finished step in " +
                              std::to_string(first) + "-" + std::to_string(last) + " (its steps: " +
                              std::to_string(steps.front().first) + "-" + std::to_string(steps.back().first) + ")");
-      s.first_step = first;
-      s.last_step = last;
       s.t_start = lo;
       s.t_end = hi;
     }
 
-    // Kernels that started in the window, in time order: totals per name, and their union.
+    // Kernels that started in the window, in time order: totals per name (a kernel belongs to the
+    // window it starts in, so adjacent windows count none twice), and the union of all kernels'
+    // intervals inside the window (busy), clipped at both ends: it starts with what kernels that
+    // began before the window still ran into it (found among the last 256 kernels of each of the
+    // rank's devices before it: a kernel still running then began shortly before).
     std::unordered_map<int64_t, KernelStat> by_id;
-    std::vector<std::pair<int64_t, int64_t>> busy;  // merged [start, end), clipped to the window
+    std::vector<std::pair<int64_t, int64_t>> busy;  // merged [start, end) inside the window
+    auto add_busy = [&](int64_t a, int64_t e) {
+      a = std::max(a, s.t_start);
+      e = std::min(e, s.t_end);
+      if (e <= a) return;  // nothing inside the window (or a zero-length kernel): no interval, no split gap
+      if (!busy.empty() && a <= busy.back().second) busy.back().second = std::max(busy.back().second, e);
+      else busy.push_back({a, e});
+    };
     {
-      Stmt q(db, "SELECT name_id, t_start, t_end FROM kernel WHERE rank = ? AND t_start >= ? AND t_start < ? ORDER BY "
-                 "t_start");
-      q.bind(1, s.rank).bind(2, s.t_start).bind(3, s.t_end);
+      std::vector<int64_t> devices;
+      Stmt d(db, "SELECT id FROM device WHERE rank = ?");
+      d.bind(1, s.rank);
+      while (d.step()) devices.push_back(d.i64(0));
+      Stmt q(db, "SELECT max(t_end) FROM (SELECT t_end FROM kernel WHERE device_id = ? AND t_start < ? ORDER BY t_start "
+                 "DESC LIMIT 256)");
+      for (int64_t dev : devices) {
+        q.bind(1, dev).bind(2, s.t_start);
+        if (q.step() && !q.is_null(0)) add_busy(s.t_start, q.i64(0));
+        q.reset();
+      }
+    }
+    {
+      Stmt q(db, "SELECT name_id, t_start, t_end FROM kernel WHERE " + rank_devices +
+                     " AND t_start >= ? AND t_start < ? ORDER BY t_start");
+      q.bind(1, s.t_start).bind(2, s.t_end);
       while (q.step()) {
         const int64_t id = q.i64(0), a = q.i64(1), b = std::max(q.i64(2), q.i64(1)), d = b - a;
         KernelStat& k = by_id[id];
@@ -116,9 +144,7 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
         k.max_ns = std::max(k.max_ns, d);
         ++s.kernels;
         s.kernel_ns += d;
-        const int64_t e = std::min(b, s.t_end);
-        if (!busy.empty() && a <= busy.back().second) busy.back().second = std::max(busy.back().second, e);
-        else busy.push_back({a, e});
+        add_busy(a, b);
       }
     }
     {
@@ -159,6 +185,7 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
     std::multimap<int64_t, size_t> ending;                   // t_end -> index
     size_t next = 0;
     std::map<std::string, IdleByPhase> idle;
+    size_t step_at = 0;  // the first step that may hold the next gap's midpoint (both in time order)
     for (IdleGap& g : gaps) {
       const int64_t mid = g.t_start + (g.t_end - g.t_start) / 2;
       while (next < phases.size() && phases[next].t_start <= mid) {
@@ -172,8 +199,8 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
         ending.erase(ending.begin());
       }
       g.phase = active.empty() ? "(no phase)" : phases[active.rbegin()->second].name;
-      for (auto& [step, span] : steps)
-        if (mid >= span.first && mid < span.second) g.step = step;
+      while (step_at < steps.size() && steps[step_at].second.second <= mid) ++step_at;
+      if (step_at < steps.size() && steps[step_at].second.first <= mid) g.step = steps[step_at].first;
       IdleByPhase& p = idle[digits_as_n(g.phase)];
       p.phase = digits_as_n(g.phase);
       p.ns += g.t_end - g.t_start;

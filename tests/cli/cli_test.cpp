@@ -162,7 +162,7 @@ TEST(Cli, OverlapUpdateIsAnnouncedAndSummarized) {
 
 // zt db kernels on a trace with kernel rows written by hand (two steps: gemm and softmax kernels, an
 // AdamW phase over the GPU's idle time): the header, the kernel table, the idle time by host phase;
-// bad --steps and a trace without kernels are refused with exit 2.
+// bad --steps and a missing trace are refused with exit 2.
 TEST(Cli, DbKernelsSummarizesTheGpusTime) {
   using namespace zt::db;
   zt::test::TempDir dir;

@@ -144,6 +144,70 @@ TEST(KernelSummary, ChosenStepsAndTheKernelsSpanWithoutSteps) {
   EXPECT_EQ(k.busy_ns, 80 + 20 + 13 + 50);
 }
 
+// The window's edges: a kernel that began before it counts in the busy time for what it ran inside
+// (not in the per-name totals), one that runs past its end is clipped in the busy time (whole in
+// the totals), a zero-length kernel splits no gap; a range partly beyond the steps uses those there;
+// the lowest rank with kernels is the default, another can be asked for.
+TEST(KernelSummary, TheWindowsEdgesAndRanks) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("edges.db");
+  {
+    std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "zt train --device cuda --cupti");
+    ASSERT_NE(w, nullptr);
+    w->insert(DeviceRow{1, 0, DeviceKind::Cuda, 0, "cuda:0", "GPU", std::nullopt, false});
+    w->insert(DeviceRow{2, 1, DeviceKind::Cuda, 1, "cuda:1", "GPU", std::nullopt, false});
+    const char* names[] = {"step", "A", "B", "C", "D", "E"};
+    for (int64_t i = 0; i < 6; ++i) w->insert(StringRow{i + 1, names[i]});
+    int64_t id = 0;
+    for (int64_t s = 0; s < 3; ++s) {
+      MarkerRow m;
+      m.id = ++id, m.kind = MarkerKind::Step, m.name_id = 1, m.t_start = 100 * s, m.t_end = 100 * s + 100, m.step = s;
+      w->insert(m);
+    }
+    auto kernel = [&](int64_t device, int64_t rank, int64_t name, int64_t t0, int64_t t1) {
+      KernelRow k;
+      k.id = ++id, k.rank = rank, k.device_id = device, k.name_id = name, k.t_start = t0, k.t_end = t1;
+      w->insert(k);
+    };
+    kernel(1, 0, 2, 90, 110);   // A: from step 0 into step 1
+    kernel(1, 0, 3, 150, 150);  // B: zero length
+    kernel(1, 0, 4, 290, 320);  // C: past the end of step 2
+    kernel(1, 0, 5, 120, 130);  // D
+    kernel(2, 1, 6, 100, 200);  // E: rank 1's
+    w->commit();
+    ASSERT_TRUE(w->finish().ok());
+  }
+  KernelSummary k = summarize(path);
+  EXPECT_EQ(k.rank, 0);
+  EXPECT_EQ(k.devices, "cuda:0");
+  EXPECT_EQ(k.t_start, 100);
+  EXPECT_EQ(k.t_end, 300);
+  EXPECT_EQ(k.kernels, 3);              // B, C, D
+  EXPECT_EQ(k.kernel_ns, 0 + 30 + 10);  // C whole
+  EXPECT_EQ(k.busy_ns, 10 + 10 + 10);   // A's [100, 110), D, C's [290, 300)
+  EXPECT_EQ(k.gaps, 2);                 // [110, 120) and [130, 290): B splits nothing
+  ASSERT_FALSE(k.longest.empty());
+  EXPECT_EQ(k.longest[0].t_start, 130);
+  EXPECT_EQ(k.longest[0].t_end, 290);
+
+  KernelSummaryOptions o;
+  o.first_step = 1;
+  o.last_step = 99;
+  k = summarize(path, o);
+  EXPECT_EQ(k.first_step, 1);
+  EXPECT_EQ(k.last_step, 2);
+  EXPECT_EQ(k.steps, 2);
+
+  o = {};
+  o.rank = 1;
+  k = summarize(path, o);
+  EXPECT_EQ(k.devices, "cuda:1");
+  EXPECT_EQ(k.first_step, -1);  // rank 1 has no steps: the kernels' span
+  EXPECT_EQ(k.kernels, 1);
+  EXPECT_EQ(k.busy_ns, 100);
+  EXPECT_EQ(k.gaps, 0);
+}
+
 TEST(KernelSummary, ErrorsNameTheFile) {
   zt::test::TempDir dir;
   const std::string path = dir.file("k.db"), none = dir.file("none.db"), bare = dir.file("bare.db");

@@ -6,7 +6,9 @@
 // the warm-up; a trace without step markers: the kernels' own span), the totals per kernel name,
 // the union of the kernels' intervals (busy), the gaps between them (idle) and the host phase
 // under each gap (the innermost phase marker of the rank at the gap's midpoint, digits shown as
-// N so that "reduce block3" and "reduce block7" add up). May call: the trace's SQLite connection
+// N so that "reduce block3" and "reduce block7" add up; the marker table has no thread column, so a
+// phase of the rank's background AdamW thread that started later counts as innermost there). A
+// rank's kernels are those on its devices. May call: the trace's SQLite connection
 // (read-only). Called by: `zt db kernels` (cli/db_commands.cpp), bench/gpu_compare (through it).
 #pragma once
 
@@ -46,11 +48,12 @@ struct IdleByPhase {
 struct KernelSummary {
   int64_t rank = 0;
   std::string devices;                      // the labels of the rank's devices with kernels ("cuda:0")
-  int64_t first_step = -1, last_step = -1;  // -1: no step markers (the kernels' span)
+  int64_t first_step = -1, last_step = -1;  // the finished steps found in the range asked for; -1: no step markers
+  int64_t steps = 0;                        // how many (the window spans them)
   int64_t t_start = 0, t_end = 0;           // the window
   int64_t kernels = 0;                      // kernels that started in it
-  int64_t kernel_ns = 0;                    // the sum of their durations
-  int64_t busy_ns = 0;                      // the union of their intervals, inside the window
+  int64_t kernel_ns = 0;                    // the sum of their durations (whole, also past the window's end)
+  int64_t busy_ns = 0;                      // the union of all kernels' intervals, clipped to the window
   int64_t gaps = 0;                         // idle intervals (window - busy)
   std::vector<KernelStat> by_name;          // most time first
   std::vector<IdleGap> longest;             // longest first
