@@ -141,6 +141,30 @@ TEST(OverlapUpdate, ASaveAndAResumeChangeNothing) {
   EXPECT_EQ(run.after, std::vector<double>(unsaved.begin() + 4, unsaved.end()));
 }
 
+// A module's CPU AdamW that raises (the fault optim.cpu_adam_error; tiny has 4 modules, so call 10
+// of a rank is block0's AdamW of step 2) ends the run with that error, and nothing hangs: on the
+// rank thread (the ordinary update), or on the background thread (overlapped, delayed), where the
+// rank thread meets it at its next wait in step 3; on one rank, or on one of two (the other rank is
+// aborted, not left waiting in a collective).
+TEST(OverlapUpdate, AnAdamWErrorOnTheBackgroundThreadEndsTheRun) {
+  for (int world : {1, 2})
+    for (const char* mode : {"ordinary", "overlapped", "delayed"}) {
+      SCOPED_TRACE(std::string(mode) + ", " + std::to_string(world) + " ranks");
+      TrainConfig c = overlap_run(6);
+      c.world_size = world;
+      c.overlap_update = std::string(mode) == "overlapped";
+      c.delayed_update = std::string(mode) == "delayed" ? 0 : -1;
+      c.faults = {"optim.cpu_adam_error[rank=" + std::to_string(world - 1) + ",call=10]=return"};
+      TrainSummary s;
+      const zt::Status st = train(c, nullptr, nullptr, &s);
+      ASSERT_FALSE(st.ok());
+      EXPECT_NE(st.message().find("CPU AdamW of block0 at step 2 failed (fault optim.cpu_adam_error)"), std::string::npos)
+          << st.message();
+      EXPECT_NE(st.message().find(std::string("step ") + (std::string(mode) == "ordinary" ? "2" : "3")), std::string::npos)
+          << st.message();
+    }
+}
+
 TEST(OverlapUpdate, BadSettingsAreRefused) {
   TrainConfig c = zt::test::tiny_run(2);
   c.overlap_update = true;

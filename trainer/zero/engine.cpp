@@ -793,6 +793,12 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
   Part& p = *parts_[size_t(j.mi)];
   probe::MarkerId am = phase("adamw " + p.spec.name, step);
   try {
+    // The fault optim.cpu_adam_error: this module's AdamW raises (on whichever thread runs it; the
+    // epoch is left out: the rank thread may be changing it meanwhile).
+    if (p.master.device().is_host() &&
+        ZT_FAIL_D("optim.cpu_adam_error", (fail::Context{rank_, step, -1, -1, rec_}), "CPU AdamW of " + p.spec.name + " raises"))
+      throw std::runtime_error("CPU AdamW of " + p.spec.name + " at step " + std::to_string(step) +
+                                 " failed (fault optim.cpu_adam_error)");
     if (!virt_)
       p.master.device().ops().adamw(p.master.f32(), j.grad.f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_step,
                                     j.low_out, j.low);
