@@ -795,10 +795,10 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
   try {
     // The fault optim.cpu_adam_error: this module's AdamW raises (on whichever thread runs it; the
     // epoch is left out: the rank thread may be changing it meanwhile).
-    if (p.master.device().is_host() &&
-        ZT_FAIL_D("optim.cpu_adam_error", (fail::Context{rank_, step, -1, -1, rec_}), "CPU AdamW of " + p.spec.name + " raises"))
+    if (p.master.device().is_host() && ZT_FAIL_D("optim.cpu_adam_error", (fail::Context{rank_, step, -1, -1, rec_}),
+                                                 "CPU AdamW of " + p.spec.name + " raises"))
       throw std::runtime_error("CPU AdamW of " + p.spec.name + " at step " + std::to_string(step) +
-                                 " failed (fault optim.cpu_adam_error)");
+                               " failed (fault optim.cpu_adam_error)");
     if (!virt_)
       p.master.device().ops().adamw(p.master.f32(), j.grad.f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_step,
                                     j.low_out, j.low);
@@ -863,10 +863,11 @@ void ZeroEngine::await_update(int mi) {
   {
     std::unique_lock lock(update_mu_);
     update_cv_.wait(lock, [&] { return updates_done_ > k || update_failed_; });
-    failed = update_failed_;
+    failed = updates_done_ <= k;  // this module's AdamW never ran (a later module's failure waits for its own)
   }
   if (failed) {
-    // The job stopped at a module's AdamW: its error, thrown by the wait; no update is due now.
+    // The job stopped at this or an earlier module's AdamW: its error, thrown by the wait; no
+    // update is due now.
     for (auto& q : parts_) q->update_due = false;
     overlapped_ = false;
     try {
