@@ -725,7 +725,6 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     // which the synchronization then waits for (an H2D copy's wait does not block the host).
     for (auto& p : parts_) p->written.wait();
     accel.ops().synchronize();
-    overlapped_ = true;
     pending_step_ = step;
     const int64_t adam_step = adam_steps_;
     background_->submit([this, hp, step, adam_step] {
@@ -813,14 +812,13 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
 // weights written back where the parameters live (the all-gathers of whole modules included).
 void ZeroEngine::apply_update(int64_t at_step) {
   if (!update_pending()) return;
-  if (overlapped_) {
+  if (cfg_.overlap_update) {
     // Each module not yet used since: awaited and written back now (in the job's order).
     std::vector<int> due(pending_.size());
     for (size_t mi = 0; mi < parts_.size(); ++mi) due[update_pos_[mi]] = int(mi);
     for (int mi : due) await_update(mi);
     background_->wait();  // finished: every module's AdamW was awaited
     pending_.clear();
-    overlapped_ = false;
     // Nothing of it is on its way up any more (ordered, then waited for: see optimizer_step).
     for (auto& p : parts_) p->written.wait();
     rt_.accelerator().ops().synchronize();
@@ -869,7 +867,6 @@ void ZeroEngine::await_update(int mi) {
     // The job stopped at this or an earlier module's AdamW: its error, thrown by the wait; no
     // update is due now.
     for (auto& q : parts_) q->update_due = false;
-    overlapped_ = false;
     try {
       background_->wait();
     } catch (...) {
@@ -891,7 +888,7 @@ void ZeroEngine::await_update(int mi) {
 
 void ZeroEngine::require_no_pending_update(const char* what) const {
   if (update_pending())
-    throw std::logic_error(std::string("ZeroEngine::") + what + ": the " + (overlapped_ ? "overlapped" : "delayed") +
+    throw std::logic_error(std::string("ZeroEngine::") + what + ": the " + (cfg_.overlap_update ? "overlapped" : "delayed") +
                            " update of step " +
                            std::to_string(pending_step_) + " is still in flight: call finish_update() first");
 }

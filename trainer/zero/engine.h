@@ -243,9 +243,9 @@ class ZeroEngine {
   std::vector<AdamJob> pending_;
   int64_t pending_step_ = -1;
   int update_slot_ = 0;  // which of each module's two update buffers the next job writes
-  // The overlapped update: pending_ is in the order the job runs it; update_pos_[m] is module m's
-  // place there; the job counts the modules it has finished (or says it failed) under update_mu_.
-  bool overlapped_ = false;  // the job in flight is an overlapped update
+  // The overlapped update (cfg_.overlap_update: the job in flight, if any, is one): pending_ is in
+  // the order the job runs it; update_pos_[m] is module m's place there; the job counts the modules
+  // it has finished (or says it failed) under update_mu_.
   int64_t step_now_ = -1;    // the step under way (for the await markers)
   std::vector<size_t> update_pos_;
   std::mutex update_mu_;
