@@ -64,7 +64,7 @@ namespace {
 // <module>" phases of a step): the part of the update left on the step's critical path. Nothing
 // when the trace has no such phases.
 void print_background_update(db::TraceReader& reader) {
-  db::QueryResult applied, total, hidden, waited;
+  db::QueryResult applied, total, hidden;
   const char* adam = "SELECT rank, step, t_start, t_end FROM marker_v WHERE kind = 'phase' AND name LIKE 'adamw %' "
                      "AND t_end IS NOT NULL";
   bool overlapped = false;
@@ -82,28 +82,24 @@ void print_background_update(db::TraceReader& reader) {
       return;
     overlapped = true;
   }
+  // Beside the next step: AdamW's overlap with step s+1's forward, loss and backward phases, less
+  // its overlap with the rank thread's waits for it inside them (the overlapped update's "await
+  // update" markers lie inside the forward and the loss): waiting is not computing beside it.
   if (!reader.query(std::string("SELECT rank, sum(t_end - t_start) FROM (") + adam + ") GROUP BY rank", &total) ||
       !reader.query(std::string("WITH a AS (") + adam +
-                        "), c AS (SELECT rank, step, t_start, t_end FROM marker_v WHERE kind = 'phase' AND name IN "
-                        "('forward', 'loss', 'backward') AND t_end IS NOT NULL) SELECT a.rank, sum(min(a.t_end, c.t_end) - "
-                        "max(a.t_start, c.t_start)) FROM a JOIN c ON c.rank = a.rank AND c.step = a.step + 1 AND "
-                        "c.t_start < a.t_end AND a.t_start < c.t_end GROUP BY a.rank",
-                    &hidden) ||
-      // ... less the time the rank thread spent waiting for it inside those phases (the overlapped
-      // update's "await update" markers lie inside the forward and the loss): not beside compute.
-      !reader.query(std::string("WITH a AS (") + adam +
-                        "), w AS (SELECT rank, step, t_start, t_end FROM marker_v WHERE kind = 'phase' AND name LIKE "
-                        "'await update %' AND t_end IS NOT NULL) SELECT a.rank, sum(min(a.t_end, w.t_end) - "
-                        "max(a.t_start, w.t_start)) FROM a JOIN w ON w.rank = a.rank AND w.step = a.step + 1 AND "
-                        "w.t_start < a.t_end AND a.t_start < w.t_end GROUP BY a.rank",
-                    &waited))
+                        "), c AS (SELECT rank, step, t_start, t_end, CASE WHEN name LIKE 'await update %' THEN -1 ELSE 1 "
+                        "END AS sign FROM marker_v WHERE kind = 'phase' AND (name IN ('forward', 'loss', 'backward') OR "
+                        "name LIKE 'await update %') AND t_end IS NOT NULL) SELECT a.rank, sum(c.sign * (min(a.t_end, "
+                        "c.t_end) - max(a.t_start, c.t_start))) FROM a JOIN c ON c.rank = a.rank AND c.step = a.step + 1 "
+                        "AND c.t_start < a.t_end AND a.t_start < c.t_end GROUP BY a.rank",
+                    &hidden))
     return;
   auto by_rank = [](const db::QueryResult& q) {
     std::map<std::string, double> m;
     for (auto& r : q.rows) m[r[0]] = r[1].empty() ? 0.0 : std::stod(r[1]);
     return m;
   };
-  const auto adam_ns = by_rank(total), hidden_ns = by_rank(hidden), waited_ns = by_rank(waited);
+  const auto adam_ns = by_rank(total), hidden_ns = by_rank(hidden);
   std::cout << (overlapped ? "overlapped update (AdamW of step s beside step s+1's forward, each module awaited at its "
                              "first use):\n"
                            : "delayed parameter update (AdamW of step s beside step s+1's forward and backward):\n");
@@ -111,8 +107,7 @@ void print_background_update(db::TraceReader& reader) {
   for (auto& r : applied.rows) {
     const double updates = std::stod(r[1]), wait = r[2].empty() ? 0.0 : std::stod(r[2]);
     if (!(updates > 0)) continue;
-    const double a = adam_ns.count(r[0]) ? adam_ns.at(r[0]) : 0.0,
-                 h = (hidden_ns.count(r[0]) ? hidden_ns.at(r[0]) : 0.0) - (waited_ns.count(r[0]) ? waited_ns.at(r[0]) : 0.0);
+    const double a = adam_ns.count(r[0]) ? adam_ns.at(r[0]) : 0.0, h = hidden_ns.count(r[0]) ? hidden_ns.at(r[0]) : 0.0;
     rows.push_back({r[0], r[1], format_duration_ns(a / updates), a > 0 ? std::to_string(int(100.0 * h / a + 0.5)) + "%" : "-",
                     format_duration_ns(wait / updates)});
   }
@@ -248,6 +243,8 @@ int db_sql(const std::string& path, const std::string& sql, bool csv) {
   return kExitOk;
 }
 
+namespace {
+
 // zt db kernels: the GPU's time by kernel name, and its idle time by what the host was doing.
 int db_kernels(const std::string& path, const db::KernelSummaryOptions& opt, size_t top) {
   std::unique_ptr<db::TraceReader> reader;
@@ -310,8 +307,6 @@ int db_kernels(const std::string& path, const db::KernelSummaryOptions& opt, siz
   }
   return kExitOk;
 }
-
-namespace {
 
 int synth(const std::string& out, const probe::SyntheticOptions& opt, const std::string& command, bool quiet) {
   probe::RecorderOptions ro;
