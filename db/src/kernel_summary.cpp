@@ -46,17 +46,23 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
     if (s.rank < 0)
       s.rank = detail::query_int(db, "SELECT min(d.rank) FROM device d WHERE EXISTS (SELECT 1 FROM kernel k WHERE "
                                      "k.device_id = d.id)");
+    // The rank's devices with kernels: their ids (every later kernel query names them) and labels.
+    std::vector<int64_t> devices;
     std::vector<std::string> labels;
     {
-      Stmt q(db, "SELECT d.label FROM device d WHERE d.rank = ? AND EXISTS (SELECT 1 FROM kernel k WHERE k.device_id = "
-                 "d.id) ORDER BY d.label");
+      Stmt q(db, "SELECT d.id, d.label FROM device d WHERE d.rank = ? AND EXISTS (SELECT 1 FROM kernel k WHERE "
+                 "k.device_id = d.id) ORDER BY d.label");
       q.bind(1, s.rank);
-      while (q.step())
-        if (std::find(labels.begin(), labels.end(), q.text(0)) == labels.end()) labels.push_back(q.text(0));
+      while (q.step()) {
+        devices.push_back(q.i64(0));
+        if (std::find(labels.begin(), labels.end(), q.text(1)) == labels.end()) labels.push_back(q.text(1));
+      }
     }
-    if (labels.empty()) return Status::Error(path + ": rank " + std::to_string(s.rank) + " has no kernel rows");
+    if (devices.empty()) return Status::Error(path + ": rank " + std::to_string(s.rank) + " has no kernel rows");
     for (const std::string& l : labels) s.devices += (s.devices.empty() ? "" : ", ") + l;
-    const std::string rank_devices = "device_id IN (SELECT id FROM device WHERE rank = " + std::to_string(s.rank) + ")";
+    std::string rank_devices = "device_id IN (";
+    for (size_t i = 0; i < devices.size(); ++i) rank_devices += (i ? ", " : "") + std::to_string(devices[i]);
+    rank_devices += ")";
 
     // The window: the rank's finished steps.
     std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> steps;  // step, [t_start, t_end)
@@ -118,10 +124,6 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
       else busy.push_back({a, e});
     };
     {
-      std::vector<int64_t> devices;
-      Stmt d(db, "SELECT id FROM device WHERE rank = ?");
-      d.bind(1, s.rank);
-      while (d.step()) devices.push_back(d.i64(0));
       Stmt q(db, "SELECT max(t_end) FROM (SELECT t_end FROM kernel WHERE device_id = ? AND t_start < ? ORDER BY t_start "
                  "DESC LIMIT 256)");
       for (int64_t dev : devices) {
@@ -201,8 +203,9 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
       g.phase = active.empty() ? "(no phase)" : phases[active.rbegin()->second].name;
       while (step_at < steps.size() && steps[step_at].second.second <= mid) ++step_at;
       if (step_at < steps.size() && steps[step_at].second.first <= mid) g.step = steps[step_at].first;
-      IdleByPhase& p = idle[digits_as_n(g.phase)];
-      p.phase = digits_as_n(g.phase);
+      const std::string phase = digits_as_n(g.phase);
+      IdleByPhase& p = idle[phase];
+      p.phase = phase;
       p.ns += g.t_end - g.t_start;
       ++p.gaps;
     }
