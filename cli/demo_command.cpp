@@ -52,7 +52,7 @@ std::string scenario_path(const std::string& file) {
 void add_demo_command(CLI::App& app, Action& action) {
   auto* demo = app.add_subcommand("demo", "The demo: train on a simulated GPU with a trace, explain it, run out of "
                                           "memory for real, reproduce bug report R2 and cure it, check the trace, export "
-                                          "for Perfetto, train again with flash attention\nExample: zt demo --dir demo-out");
+                                          "for Perfetto, train again with flash attention and with the overlapped update\nExample: zt demo --dir demo-out");
   auto dir = std::make_shared<std::string>("demo-out");
   auto steps = std::make_shared<int64_t>(80);
   auto device = std::make_shared<std::string>("auto");
@@ -188,6 +188,21 @@ void add_demo_command(CLI::App& app, Action& action) {
           "'activations' LIMIT 1";
       if (int rc = db_sql(cfg.trace, activations, false); rc != 0) return rc;
       if (int rc = db_sql(flash.trace, activations, false); rc != 0) return rc;
+
+      // The overlapped update, written for the GPU (issue 8): exact, so its losses are run 1's.
+      trainer::TrainConfig overlap = cfg;
+      overlap.steps = 20;
+      overlap.overlap_update = true;
+      overlap.trace = *dir + "/overlap.db";
+      std::cout << "\n== 9. the same run with --overlap-update --steps 20 --trace " << overlap.trace << "\n"
+                << "   each step's CPU AdamW runs on a background thread beside the next step's forward, module by\n"
+                << "   module; each module waits for its own update (the 'await update' phases), so the arithmetic\n"
+                << "   is the ordinary update's: rank 0's loss at step 20 in run 1 and in this run:\n";
+      if (int rc = run_training(overlap, "zt demo: zt train ... --overlap-update", false); rc != 0) return rc;
+      const std::string loss20 =
+          "SELECT value AS loss_at_step_20 FROM counter_v WHERE rank = 0 AND name = 'loss' ORDER BY t LIMIT 1 OFFSET 19";
+      if (int rc = db_sql(cfg.trace, loss20, false); rc != 0) return rc;
+      if (int rc = db_sql(overlap.trace, loss20, false); rc != 0) return rc;
 
       std::cout << "\nNext: zt view " << cfg.trace << " (the timeline viewer); zt repro inject/scenarios/*.yaml "
                    "(all five reports; --virtual for their real sizes); zt faults (the fault catalog).\n";
