@@ -291,7 +291,7 @@ int db_kernels(const std::string& path, const db::KernelSummaryOptions& opt, siz
                     "(" + std::to_string(k.by_name.size() - top) + " more kernel names)"});
   print_table(std::cout, {"time", "share", "calls", "avg", "min", "max", "kernel"}, rows,
               {true, true, true, true, true, true, false}, "  ");
-  std::cout << "\nGPU idle by host phase (the innermost phase at each gap's midpoint; digits shown as N):\n";
+  std::cout << "\nGPU idle by host phase (the rank thread's innermost phase at each gap's midpoint; digits shown as N):\n";
   rows.clear();
   for (const db::IdleByPhase& p : k.idle_by_phase)
     rows.push_back({format_duration_ns(double(p.ns)), pct(double(p.ns), window), std::to_string(p.gaps), p.phase});

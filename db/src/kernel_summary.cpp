@@ -174,14 +174,25 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
     s.gaps = int64_t(gaps.size());
 
     // The host's innermost phase at each gap's midpoint (the latest-started phase around it), by
-    // a sweep over the rank's phases in start order.
+    // a sweep over the rank thread's phases in start order. A phase of step s that ends after
+    // step s+1 began ran on the rank's background thread (the delayed or overlapped update's
+    // AdamW beside the next step's compute): it is left out, so the gap goes to what the rank
+    // thread was doing. The viewer draws the same phases on its "background" lanes by the same rule.
     std::vector<Phase> phases;
     {
-      Stmt q(db, "SELECT m.t_start, coalesce(m.t_end, ?), coalesce(n.text, '') FROM marker m LEFT JOIN string n ON n.id "
-                 "= m.name_id WHERE m.rank = ? AND m.kind = 3 AND m.t_start < ? AND coalesce(m.t_end, ?) > ? ORDER BY "
-                 "m.t_start");
+      std::map<int64_t, int64_t> step_start;  // step -> its start (finished steps: the window has no other)
+      for (auto& [step, span] : steps) step_start[step] = span.first;
+      Stmt q(db, "SELECT m.t_start, coalesce(m.t_end, ?), coalesce(n.text, ''), m.step FROM marker m LEFT JOIN string n "
+                 "ON n.id = m.name_id WHERE m.rank = ? AND m.kind = 3 AND m.t_start < ? AND coalesce(m.t_end, ?) > ? "
+                 "ORDER BY m.t_start");
       q.bind(1, s.t_end).bind(2, s.rank).bind(3, s.t_end).bind(4, s.t_end).bind(5, s.t_start);
-      while (q.step()) phases.push_back({q.i64(0), q.i64(1), q.text(2)});
+      while (q.step()) {
+        if (!q.is_null(3)) {
+          auto next = step_start.find(q.i64(3) + 1);
+          if (next != step_start.end() && q.i64(1) > next->second) continue;  // the background thread's
+        }
+        phases.push_back({q.i64(0), q.i64(1), q.text(2)});
+      }
     }
     std::set<std::pair<int64_t, size_t>> active;             // (t_start, index): innermost = last
     std::multimap<int64_t, size_t> ending;                   // t_end -> index

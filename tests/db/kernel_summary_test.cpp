@@ -16,7 +16,9 @@ using namespace zt::db;
 namespace {
 
 // Rank 0 with cuda:0. Steps 0 [0, 100), 1 [100, 200), 2 [200, 300). Phases in step 1:
-// "forward block0" [100, 140), "optimizer" [150, 195) with "adamw block3" [160, 190) inside.
+// "forward block0" [100, 140), "optimizer" [150, 195) with "adamw block3" [160, 190) inside; and
+// "adamw block5" of step 1 in [205, 290): it ends after step 2 began, so it is the background
+// thread's (the overlapped update's AdamW beside step 2) and never the phase under a gap.
 // Kernels: one in step 0; gemm [100, 120), gemm [125, 135) and softmax [130, 138) (overlapping)
 // in step 1; gemm [200, 250) in step 2.
 void write_trace(const std::string& path, bool steps, bool kernels = true) {
@@ -40,6 +42,7 @@ void write_trace(const std::string& path, bool steps, bool kernels = true) {
   marker(MarkerKind::Phase, "forward block0", 100, 140, 1);
   marker(MarkerKind::Phase, "optimizer", 150, 195, 1);
   marker(MarkerKind::Phase, "adamw block3", 160, 190, 1);
+  if (steps) marker(MarkerKind::Phase, "adamw block5", 205, 290, 1);
   auto kernel = [&](const std::string& n, int64_t t0, int64_t t1) {
     KernelRow k;
     k.id = ++id, k.rank = 0, k.device_id = 1, k.name_id = name(n), k.t_start = t0, k.t_end = t1, k.source = Source::Cupti;
@@ -93,7 +96,7 @@ TEST(KernelSummary, StepsButTheFirstByDefault) {
   EXPECT_EQ(k.by_name[1].name, "softmax");
   EXPECT_EQ(k.by_name[1].total_ns, 8);
   // Gaps: [120, 125) under the forward, [138, 200) under AdamW (innermost, inside the optimizer),
-  // [250, 300) under no phase.
+  // [250, 300) under no phase of the rank thread (the background "adamw block5" is beside it).
   ASSERT_EQ(k.longest.size(), 3u);
   EXPECT_EQ(k.longest[0].t_start, 138);
   EXPECT_EQ(k.longest[0].t_end, 200);

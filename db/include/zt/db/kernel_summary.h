@@ -5,10 +5,10 @@
 // Owns: choosing the window (steps of one rank; by default every finished step but the first,
 // the warm-up; a trace without step markers: the kernels' own span), the totals per kernel name,
 // the union of the kernels' intervals (busy), the gaps between them (idle) and the host phase
-// under each gap (the innermost phase marker of the rank at the gap's midpoint, digits shown as
-// N so that "reduce block3" and "reduce block7" add up; the marker table has no thread column, so a
-// phase of the rank's background AdamW thread that started later counts as innermost there). A
-// rank's kernels are those on its devices. May call: the trace's SQLite connection
+// under each gap (the innermost phase marker of the rank's own thread at the gap's midpoint,
+// digits shown as N so that "reduce block3" and "reduce block7" add up; a phase of step s that
+// ends after step s+1 began is the background AdamW's, as the viewer's lanes have it, and is left
+// out). A rank's kernels are those on its devices. May call: the trace's SQLite connection
 // (read-only). Called by: `zt db kernels` (cli/db_commands.cpp), bench/gpu_compare (through it).
 #pragma once
 
