@@ -358,7 +358,7 @@ void add_db_commands(CLI::App& app, Action& action) {
     auto* kern = dbc->add_subcommand(
         "kernels",
         "The GPU's time by kernel (as nsys' cuda_gpu_kern_sum) and its idle time by what the host was doing, from the "
-        "kernel rows CUPTI recorded (zt train --device cuda --cupti, zt probe)\n"
+        "kernel rows CUPTI recorded (zt train --device cuda --cupti, zt probe) or the simulated GPU's model passes\n"
         "Example: zt db kernels run.db --steps 2-4");
     auto path = std::make_shared<std::string>();
     auto steps = std::make_shared<std::string>();

@@ -8,6 +8,7 @@
 #include "../test_util.h"
 #include "traced_run.h"
 #include "train/trainer.h"
+#include "zt/db/kernel_summary.h"
 #include "zt/db/trace_reader.h"
 
 using namespace zt::trainer;
@@ -161,4 +162,63 @@ TEST(Train, BadConfigsAreRejectedClearly) {
   bad = tiny(1);
   bad.data = dir.file("nope.txt");
   EXPECT_NE(train(bad, nullptr, nullptr, &sum).message().find("nope.txt: cannot open the data file"), std::string::npos);
+}
+
+// The simulated GPU's compute in the trace: each pass of the model is one kernel row on the rank's
+// simulated device, inside the phase that ran it, one after another (the rank thread runs them),
+// and `zt db kernels`' summary reads them as it reads CUPTI's.
+TEST(Train, TheSimulatedGpusPassesAreKernelRows) {
+  zt::test::TempDir dir;
+  TrainConfig c = tiny(3);
+  c.world_size = 2;
+  c.zero.stage = 3;
+  c.zero.offload_optimizer = true;
+  c.grad_accum = 2;
+  c.activation_checkpointing = true;
+  const std::string path = dir.file("k.db");
+  zt::test::TracedRun run = zt::test::train_traced(c, path);
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  ASSERT_NE(run.reader, nullptr);
+  zt::db::TraceReader* r = run.reader.get();
+  zt::db::QueryResult q;
+  // Per rank, 3 steps x 2 micro-steps: one embedding, head and embedding-backward pass each, one
+  // forward and one backward pass per block (2 blocks); checkpointing recomputes inside the
+  // backward pass, which stays one row.
+  ASSERT_TRUE(r->query("SELECT rank, device, name, source, count(*) FROM kernel_v GROUP BY rank, device, name, source "
+                       "ORDER BY rank, name", &q).ok());
+  std::vector<std::vector<std::string>> want;
+  for (const std::string rank : {"0", "1"})
+    for (auto [name, n] : std::vector<std::pair<std::string, int>>{{"block_backward", 12},
+                                                                  {"block_forward", 12},
+                                                                  {"embed_backward", 6},
+                                                                  {"embed_forward", 6},
+                                                                  {"head_forward_backward", 6}})
+      want.push_back({rank, "cuda:" + rank, name, "api", std::to_string(n)});
+  EXPECT_EQ(q.rows, want);
+  // Each lies inside the phase that ran it ("forward block1" holds a block_forward row) ...
+  ASSERT_TRUE(r->query("SELECT count(*) FROM kernel_v k WHERE NOT EXISTS (SELECT 1 FROM marker_v p WHERE p.rank = k.rank "
+                       "AND p.kind = 'phase' AND p.name LIKE CASE k.name WHEN 'block_forward' THEN 'forward block%' "
+                       "WHEN 'block_backward' THEN 'backward block%' WHEN 'embed_forward' THEN 'forward embeddings' "
+                       "WHEN 'embed_backward' THEN 'backward embeddings' ELSE 'loss' END AND p.t_start <= k.t_start "
+                       "AND k.t_end <= p.t_end)",
+                       &q).ok());
+  EXPECT_EQ(q.rows[0][0], "0");
+  // ... and no two of a device overlap.
+  ASSERT_TRUE(r->query("SELECT count(*) FROM kernel a JOIN kernel b ON a.device_id = b.device_id AND a.id < b.id AND "
+                       "a.t_start < b.t_end AND b.t_start < a.t_end",
+                       &q).ok());
+  EXPECT_EQ(q.rows[0][0], "0");
+
+  zt::db::KernelSummaryOptions o;
+  o.rank = 1;
+  zt::db::KernelSummary k;
+  ASSERT_TRUE(zt::db::summarize_kernels(*r, o, &k).ok());
+  EXPECT_EQ(k.devices, "cuda:1");
+  EXPECT_EQ(k.first_step, 1);
+  EXPECT_EQ(k.last_step, 2);
+  EXPECT_EQ(k.kernels, 2 * 2 * (1 + 2 + 1 + 2 + 1));
+  ASSERT_EQ(k.by_name.size(), 5u);
+  EXPECT_GT(k.busy_ns, 0);
+  EXPECT_LT(k.busy_ns, k.window_ns());  // idle under the optimizer step at least
+  EXPECT_FALSE(k.idle_by_phase.empty());
 }

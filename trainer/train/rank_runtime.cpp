@@ -1,6 +1,8 @@
 #include "train/rank_runtime.h"
 
 #include <stdexcept>
+#include <string_view>
+#include <utility>
 
 namespace zt::trainer {
 
@@ -135,11 +137,79 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
 
 RankRuntime::~RankRuntime() = default;
 
+namespace {
+
+// The simulated GPU's compute as kernel rows: each pass of the CPU reference that runs as the
+// simulated device's work is one row on the device, named after the pass ("block_forward"),
+// from its start to its end on the rank thread, as CUPTI records a real GPU's kernels. So
+// `zt db kernels`, the viewer's kernel lanes and the Chrome export show when the simulated GPU
+// computed and when it sat idle (waiting on a transfer, CPU Adam, a collective). The simulated
+// device's other ops (casts, adds, AdamW on the device) are not recorded as kernels.
+class RecordedPasses final : public ModelPasses {
+ public:
+  RecordedPasses(std::unique_ptr<ModelPasses> inner, probe::Recorder* rec, int rank, probe::DeviceId device)
+      : inner_(std::move(inner)), rec_(rec), rank_(rank), device_(device) {}
+  size_t bytes() const override { return inner_->bytes(); }
+  void bind(void* memory) override { inner_->bind(memory); }
+  float* residual(int i) override { return inner_->residual(i); }
+  float* grad_residual() override { return inner_->grad_residual(); }
+  void embed_forward(const float* emb_params, const int32_t* tokens, float* x_out) override {
+    Kernel k(*this, "embed_forward");
+    inner_->embed_forward(emb_params, tokens, x_out);
+  }
+  void block_forward(int layer, const float* block_params, const float* x_in, float* x_out) override {
+    Kernel k(*this, "block_forward");
+    inner_->block_forward(layer, block_params, x_in, x_out);
+  }
+  float head_forward_backward(const float* final_params, const float* wte, const float* x, const int32_t* targets,
+                              float* dx, float* d_final_params, float* d_wte, float grad_scale) override {
+    Kernel k(*this, "head_forward_backward");
+    return inner_->head_forward_backward(final_params, wte, x, targets, dx, d_final_params, d_wte, grad_scale);
+  }
+  void block_backward(int layer, const float* block_params, const float* x_in, const float* dx_out, float* dx_in,
+                      float* d_block_params) override {
+    Kernel k(*this, "block_backward");
+    inner_->block_backward(layer, block_params, x_in, dx_out, dx_in, d_block_params);
+  }
+  void embed_backward(const int32_t* tokens, const float* dx, float* d_emb_params) override {
+    Kernel k(*this, "embed_backward");
+    inner_->embed_backward(tokens, dx, d_emb_params);
+  }
+
+ private:
+  // One row from construction to destruction (also when the pass throws: the device did work).
+  struct Kernel {
+    Kernel(RecordedPasses& p, std::string_view name) : p_(p), name_(name), t0_(probe::now_ns()) {}
+    ~Kernel() {
+      probe::KernelEvent e;
+      e.rank = p_.rank_;
+      e.device = p_.device_;
+      e.name = p_.rec_->intern(name_);
+      e.t_start = t0_;
+      e.t_end = probe::now_ns();
+      e.source = probe::Source::Api;
+      p_.rec_->kernel(e);
+    }
+    RecordedPasses& p_;
+    std::string_view name_;
+    int64_t t0_;
+  };
+  std::unique_ptr<ModelPasses> inner_;
+  probe::Recorder* rec_;
+  int rank_;
+  probe::DeviceId device_;
+};
+
+}  // namespace
+
 std::unique_ptr<ModelPasses> RankRuntime::model_passes(const model::Config& config, int B, int T, bool checkpointing,
                                                       model::Attention attention) {
   if (options_.accelerator == DeviceType::Cuda)
     return options_.backend->model_passes(options_.rank, config, B, T, checkpointing, attention);
-  return cpu_model_passes(config, B, T, checkpointing, attention);
+  std::unique_ptr<ModelPasses> passes = cpu_model_passes(config, B, T, checkpointing, attention);
+  if (options_.accelerator == DeviceType::Sim && rec_)
+    return std::make_unique<RecordedPasses>(std::move(passes), rec_, options_.rank, accel_->trace_id());
+  return passes;
 }
 
 }  // namespace zt::trainer

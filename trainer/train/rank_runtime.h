@@ -41,7 +41,8 @@ class RankRuntime {
   memory::PinnedHostAllocator& pinned_allocator() { return *pinned_; }
   memory::PageableHostAllocator& pageable_allocator() { return *pageable_; }
   probe::Recorder* recorder() const { return rec_; }
-  // GPT-2's passes on the accelerator: the CPU reference, or the backend's kernels.
+  // GPT-2's passes on the accelerator: the CPU reference, or the backend's kernels. On the
+  // simulated GPU with a recorder, each pass is also a kernel row on the device (named after it).
   std::unique_ptr<ModelPasses> model_passes(const model::Config& config, int B, int T, bool checkpointing,
                                             model::Attention attention = model::Attention::Materialized);
 
