@@ -1,0 +1,73 @@
+// bench/gpu_compare on the simulated GPU (--device sim, tiny preset, FSDP2 skipped): the script's
+// whole path except what needs a GPU or torch runs on every CI run, so a Python error or a change
+// of a trace's phase names shows here and not first in a GPU session: the run, the trace's
+// analysis (the step breakdown, the bound's terms), the report files, --profile's `zt db kernels`
+// of the simulated GPU's passes, and --analyze of the same trace.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "../test_util.h"
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string gpu_compare() { return std::string("python3 ") + ZT_SOURCE_DIR + "/bench/gpu_compare"; }
+
+}  // namespace
+
+TEST(GpuCompare, RunsProfilesAndAnalyzesOnTheSimulatedGpu) {
+  zt::test::TempDir dir;
+  const std::string out = dir.file("out");
+  const zt::test::CommandResult r =
+      zt::test::run_command(gpu_compare() + " --device sim --profile --skip-fsdp2 --no-build --build " ZT_BINARY_DIR
+                            " --steps 3 --zt-args=--overlap-update --out " + out + " 2>&1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("Traceback"), std::string::npos) << r.out;
+
+  const nlohmann::json j = nlohmann::json::parse(read_file(out + "/summary.json"));
+  ASSERT_EQ(j["presets"].size(), 1u);
+  const nlohmann::json& p = j["presets"][0];
+  EXPECT_EQ(p["model"], "tiny");
+  EXPECT_EQ(p["world_size"], 1);
+  EXPECT_GT(p["step_s"].get<double>(), 0.0);
+  EXPECT_GT(p["tokens_per_s"].get<double>(), 0.0);
+  EXPECT_NE(p["settings"].get<std::string>().find("overlapped update"), std::string::npos) << p["settings"];
+  if (j["limits"].is_object()) {  // bench_gpu_limits is built where the CUDA toolkit is; it measures CPU AdamW anywhere
+    EXPECT_GT(p["bound_adam_s"].get<double>(), 0.0);
+  }
+  EXPECT_NE(read_file(out + "/summary.md").find("| tiny |"), std::string::npos);
+
+  // --profile: the report of the simulated GPU's passes over the timed steps (2 warm-up, 3 timed).
+  const std::string kernels = read_file(out + "/tiny/kernels.txt");
+  EXPECT_EQ(kernels.rfind("kernels of rank 0 on cuda:0, steps 2-3", 0), 0u) << kernels;
+  for (const char* pass : {"block_forward", "block_backward", "head_forward_backward", "GPU idle by host phase"})
+    EXPECT_NE(kernels.find(pass), std::string::npos) << pass << " in\n" << kernels;
+  EXPECT_NE(r.out.find("GPU busy"), std::string::npos) << r.out;
+
+  // --analyze of the same trace gives the same step time.
+  const zt::test::CommandResult a = zt::test::run_command(gpu_compare() + " --analyze " + out + "/tiny/trace.db --out " +
+                                                          dir.file("analyze") + " 2>&1");
+  ASSERT_EQ(a.code, 0) << a.out;
+  const nlohmann::json ja = nlohmann::json::parse(read_file(dir.file("analyze") + "/summary.json"));
+  ASSERT_EQ(ja["presets"].size(), 1u);
+  EXPECT_DOUBLE_EQ(ja["presets"][0]["step_s"].get<double>(), p["step_s"].get<double>());
+}
+
+TEST(GpuCompare, BadArgumentsAreRefused) {
+  const zt::test::CommandResult r = zt::test::run_command(gpu_compare() + " --device sim --models 7B --no-build 2>&1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--models: '7B' is not one of"), std::string::npos) << r.out;
+  const zt::test::CommandResult m = zt::test::run_command(gpu_compare() + " --analyze /nonexistent/t.db 2>&1");
+  EXPECT_NE(m.code, 0);
+  EXPECT_NE(m.out.find("/nonexistent/t.db"), std::string::npos) << m.out;
+}
