@@ -141,25 +141,7 @@ __global__ void squared_norm_final_kernel(double* out, const double* partials, i
   *out = accumulate ? *out + s : s;
 }
 
-// Columns in blocks of 32 (one warp wide, so each row read is coalesced), rows split over 32
-// lanes that each walk their rows in order; the 32 partial sums are then added in lane order.
-constexpr int kColWidth = 32, kColLanes = 32;
-
-template <typename T>
-__global__ void column_sums_kernel(float* sums, const T* in, int64_t rows, int64_t cols) {
-  __shared__ float part[kColLanes][kColWidth];
-  const int64_t c = blockIdx.x * int64_t(kColWidth) + threadIdx.x;
-  float acc = 0.0f;
-  if (c < cols)
-    for (int64_t r = threadIdx.y; r < rows; r += kColLanes) acc += ld(in, r * cols + c);
-  part[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
-    float s = 0.0f;
-    for (int l = 0; l < kColLanes; ++l) s += part[l][threadIdx.x];
-    sums[c] += s;
-  }
-}
+#include "cuda/column_sums_kernels.cuh"  // column_sums_kernel, layernorm_backward_params_kernel
 
 template <typename T>
 __global__ void add_bias_rows_kernel(T* out, const T* bias, int64_t N, int64_t OC, bool accumulate) {
@@ -222,32 +204,6 @@ __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* 
     const float norm = (ld(x, i) - m) * r;
     const float g = (ld(w, i) * ld(dy, i) - a - norm * bb) * r;
     st(dx, i, accumulate ? ld(dx, i) + g : g);
-  }
-}
-
-template <typename T>
-__global__ void layernorm_backward_params_kernel(float* dw, float* db, const T* dout, const T* inp, const float* mean,
-                                                 const float* rstd, int64_t N, int64_t C) {
-  __shared__ float pw[kColLanes][kColWidth], pb[kColLanes][kColWidth];
-  const int64_t c = blockIdx.x * int64_t(kColWidth) + threadIdx.x;
-  float aw = 0.0f, ab = 0.0f;
-  if (c < C)
-    for (int64_t n = threadIdx.y; n < N; n += kColLanes) {
-      const float dy = ld(dout, n * C + c);
-      aw += (ld(inp, n * C + c) - mean[n]) * rstd[n] * dy;
-      ab += dy;
-    }
-  pw[threadIdx.y][threadIdx.x] = aw;
-  pb[threadIdx.y][threadIdx.x] = ab;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float sw = 0.0f, sb = 0.0f;
-    for (int l = 0; l < kColLanes; ++l) {
-      sw += pw[l][threadIdx.x];
-      sb += pb[l][threadIdx.x];
-    }
-    dw[c] += sw;
-    db[c] += sb;
   }
 }
 
@@ -543,8 +499,7 @@ void column_sums_accumulate(float* sums, const void* in, int64_t rows, int64_t c
   if (rows == 0 || cols == 0) return;
   dispatch(t, "column_sums_accumulate", [&](auto tag) {
     using T = decltype(tag);
-    const unsigned blocks = unsigned((cols + kColWidth - 1) / kColWidth);
-    column_sums_kernel<T><<<blocks, dim3(kColWidth, kColLanes), 0, stream>>>(sums, static_cast<const T*>(in), rows, cols);
+    column_sums_kernel<T><<<column_blocks<T>(cols), kColThreads, 0, stream>>>(sums, static_cast<const T*>(in), rows, cols);
   });
   check_launch("column_sums_kernel");
 }
@@ -586,8 +541,7 @@ void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, cons
         static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), static_cast<const T*>(w), mean,
         rstd, int(C), accumulate_dinp);
     check_launch("layernorm_backward_dinp_kernel");
-    const unsigned blocks = unsigned((C + kColWidth - 1) / kColWidth);
-    layernorm_backward_params_kernel<T><<<blocks, dim3(kColWidth, kColLanes), 0, stream>>>(
+    layernorm_backward_params_kernel<T><<<column_blocks<T>(C), kColThreads, 0, stream>>>(
         dw, db, static_cast<const T*>(dout), static_cast<const T*>(inp), mean, rstd, N, C);
     check_launch("layernorm_backward_params_kernel");
   });
