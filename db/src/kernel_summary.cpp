@@ -41,7 +41,8 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
     // A rank's kernels are those of its devices (the index kernel_by_time is on device_id, t_start).
     if (detail::query_int(db, "SELECT EXISTS (SELECT 1 FROM kernel)") == 0)
       return Status::Error(path + ": no kernel rows (they come from CUPTI: record with zt train --device cuda --cupti, "
-                                  "or zt probe -- PROGRAM)");
+                                  "or zt probe -- PROGRAM; on the simulated GPU from its passes, which a --virtual "
+                                  "run does not compute)");
     s.rank = options.rank;
     if (s.rank < 0)
       s.rank = detail::query_int(db, "SELECT min(d.rank) FROM device d WHERE EXISTS (SELECT 1 FROM kernel k WHERE "
@@ -180,18 +181,25 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
     // thread was doing. The viewer draws the same phases on its "background" lanes by the same rule.
     std::vector<Phase> phases;
     {
-      std::map<int64_t, int64_t> step_start;  // step -> its start (finished steps: the window has no other)
-      for (auto& [step, span] : steps) step_start[step] = span.first;
-      Stmt q(db, "SELECT m.t_start, coalesce(m.t_end, ?), coalesce(n.text, ''), m.step FROM marker m LEFT JOIN string n "
-                 "ON n.id = m.name_id WHERE m.rank = ? AND m.kind = 3 AND m.t_start < ? AND coalesce(m.t_end, ?) > ? "
-                 "ORDER BY m.t_start");
-      q.bind(1, s.t_end).bind(2, s.rank).bind(3, s.t_end).bind(4, s.t_end).bind(5, s.t_start);
+      // Every step's start, also of a step that never ended (the run died in it): the step after
+      // the window's last need not be finished.
+      std::map<int64_t, int64_t> step_start;
+      {
+        Stmt st(db, "SELECT step, t_start FROM marker WHERE rank = ? AND kind = 0 AND step IS NOT NULL");
+        st.bind(1, s.rank);
+        while (st.step()) step_start[st.i64(0)] = st.i64(1);
+      }
+      Stmt q(db, "SELECT m.t_start, m.t_end, coalesce(n.text, ''), m.step FROM marker m LEFT JOIN string n ON n.id = "
+                 "m.name_id WHERE m.rank = ? AND m.kind = 3 AND m.t_start < ? AND coalesce(m.t_end, ?) > ? ORDER BY "
+                 "m.t_start");
+      q.bind(1, s.rank).bind(2, s.t_end).bind(3, s.t_end).bind(4, s.t_start);
       while (q.step()) {
         if (!q.is_null(3)) {
+          // A phase that never ended (the run died while it ran) ends after any step began.
           auto next = step_start.find(q.i64(3) + 1);
-          if (next != step_start.end() && q.i64(1) > next->second) continue;  // the background thread's
+          if (next != step_start.end() && (q.is_null(1) || q.i64(1) > next->second)) continue;  // the background's
         }
-        phases.push_back({q.i64(0), q.i64(1), q.text(2)});
+        phases.push_back({q.i64(0), q.is_null(1) ? s.t_end : q.i64(1), q.text(2)});
       }
     }
     std::set<std::pair<int64_t, size_t>> active;             // (t_start, index): innermost = last

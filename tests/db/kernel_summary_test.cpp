@@ -211,6 +211,44 @@ TEST(KernelSummary, TheWindowsEdgesAndRanks) {
   EXPECT_EQ(k.gaps, 0);
 }
 
+// A run that died in step 2 while step 1's background AdamW still ran: step 2 and the AdamW phase
+// never ended. The phase is still the background thread's (step 2 began before it ended), so the
+// gap at the end of step 1 is the rank thread's "optimizer", not "adamw block9".
+TEST(KernelSummary, TheBackgroundUpdateOfARunThatDied) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("died.db");
+  {
+    std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "zt train --device cuda --cupti");
+    ASSERT_NE(w, nullptr);
+    w->insert(DeviceRow{1, 0, DeviceKind::Cuda, 0, "cuda:0", "GPU", std::nullopt, false});
+    const char* names[] = {"step", "optimizer", "adamw block9", "gemm"};
+    for (int64_t i = 0; i < 4; ++i) w->insert(StringRow{i + 1, names[i]});
+    int64_t id = 0;
+    auto marker = [&](MarkerKind kind, int64_t name, int64_t t0, std::optional<int64_t> t1, int64_t step) {
+      MarkerRow m;
+      m.id = ++id, m.kind = kind, m.name_id = name, m.t_start = t0, m.t_end = t1, m.step = step;
+      w->insert(m);
+    };
+    marker(MarkerKind::Step, 1, 0, 100, 0);
+    marker(MarkerKind::Step, 1, 100, 200, 1);
+    marker(MarkerKind::Step, 1, 200, std::nullopt, 2);
+    marker(MarkerKind::Phase, 2, 150, 200, 1);
+    marker(MarkerKind::Phase, 3, 170, std::nullopt, 1);
+    KernelRow k;
+    k.id = ++id, k.rank = 0, k.device_id = 1, k.name_id = 4, k.t_start = 100, k.t_end = 160;
+    w->insert(k);
+    w->commit();
+    ASSERT_TRUE(w->finish().ok());
+  }
+  const KernelSummary k = summarize(path);
+  EXPECT_EQ(k.first_step, 1);  // the finished steps but the first
+  EXPECT_EQ(k.last_step, 1);
+  ASSERT_EQ(k.longest.size(), 1u);
+  EXPECT_EQ(k.longest[0].t_start, 160);
+  EXPECT_EQ(k.longest[0].t_end, 200);
+  EXPECT_EQ(k.longest[0].phase, "optimizer");
+}
+
 TEST(KernelSummary, ErrorsNameTheFile) {
   zt::test::TempDir dir;
   const std::string path = dir.file("k.db"), none = dir.file("none.db"), bare = dir.file("bare.db");
@@ -220,7 +258,7 @@ TEST(KernelSummary, ErrorsNameTheFile) {
   std::string err;
   summarize(none, {}, &err);
   EXPECT_EQ(err, none + ": no kernel rows (they come from CUPTI: record with zt train --device cuda --cupti, or zt probe "
-                        "-- PROGRAM)");
+                        "-- PROGRAM; on the simulated GPU from its passes, which a --virtual run does not compute)");
   KernelSummaryOptions o;
   o.rank = 3;
   summarize(path, o, &err);
