@@ -1,7 +1,6 @@
 #include "train/rank_runtime.h"
 
 #include <stdexcept>
-#include <string_view>
 #include <utility>
 
 namespace zt::trainer {
@@ -148,52 +147,59 @@ namespace {
 class RecordedPasses final : public ModelPasses {
  public:
   RecordedPasses(std::unique_ptr<ModelPasses> inner, probe::Recorder* rec, int rank, probe::DeviceId device)
-      : inner_(std::move(inner)), rec_(rec), rank_(rank), device_(device) {}
+      : inner_(std::move(inner)), rec_(rec), rank_(rank), device_(device) {
+    for (int i = 0; i < kPasses; ++i) names_[i] = rec_->intern(kNames[i]);
+  }
   size_t bytes() const override { return inner_->bytes(); }
   void bind(void* memory) override { inner_->bind(memory); }
   float* residual(int i) override { return inner_->residual(i); }
   float* grad_residual() override { return inner_->grad_residual(); }
   void embed_forward(const float* emb_params, const int32_t* tokens, float* x_out) override {
-    Kernel k(*this, "embed_forward");
+    Kernel k(*this, 0);  // embed_forward
     inner_->embed_forward(emb_params, tokens, x_out);
   }
   void block_forward(int layer, const float* block_params, const float* x_in, float* x_out) override {
-    Kernel k(*this, "block_forward");
+    Kernel k(*this, 1);  // block_forward
     inner_->block_forward(layer, block_params, x_in, x_out);
   }
   float head_forward_backward(const float* final_params, const float* wte, const float* x, const int32_t* targets,
                               float* dx, float* d_final_params, float* d_wte, float grad_scale) override {
-    Kernel k(*this, "head_forward_backward");
+    Kernel k(*this, 2);  // head_forward_backward
     return inner_->head_forward_backward(final_params, wte, x, targets, dx, d_final_params, d_wte, grad_scale);
   }
   void block_backward(int layer, const float* block_params, const float* x_in, const float* dx_out, float* dx_in,
                       float* d_block_params) override {
-    Kernel k(*this, "block_backward");
+    Kernel k(*this, 3);  // block_backward
     inner_->block_backward(layer, block_params, x_in, dx_out, dx_in, d_block_params);
   }
   void embed_backward(const int32_t* tokens, const float* dx, float* d_emb_params) override {
-    Kernel k(*this, "embed_backward");
+    Kernel k(*this, 4);  // embed_backward
     inner_->embed_backward(tokens, dx, d_emb_params);
   }
 
  private:
+  static constexpr int kPasses = 5;
+  static constexpr const char* kNames[kPasses] = {"embed_forward", "block_forward", "head_forward_backward",
+                                                  "block_backward", "embed_backward"};
   // One row from construction to destruction (also when the pass throws: the device did work).
+  // Interned up front, so the destructor allocates nothing (it may run while an exception unwinds).
   struct Kernel {
-    Kernel(RecordedPasses& p, std::string_view name) : p_(p), name_(name), t0_(probe::now_ns()) {}
+    Kernel(RecordedPasses& p, int pass) : p_(p), pass_(pass), t0_(probe::now_ns()) {}
     ~Kernel() {
       probe::KernelEvent e;
       e.rank = p_.rank_;
       e.device = p_.device_;
-      e.name = p_.rec_->intern(name_);
+      e.name = p_.names_[pass_];
       e.t_start = t0_;
       e.t_end = probe::now_ns();
       e.source = probe::Source::Api;
       p_.rec_->kernel(e);
     }
     RecordedPasses& p_;
-    std::string_view name_;
+    int pass_;
     int64_t t0_;
   };
+  probe::NameId names_[kPasses] = {};
   std::unique_ptr<ModelPasses> inner_;
   probe::Recorder* rec_;
   int rank_;
