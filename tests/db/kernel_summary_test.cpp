@@ -7,6 +7,8 @@
 
 #include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "../hand_trace.h"
 #include "../test_util.h"
@@ -57,6 +59,15 @@ void write_trace(const std::string& path, bool steps, bool kernels = true) {
   }
   w->commit();
   ASSERT_TRUE(w->finish().ok());
+}
+
+// A trace written by hand with the GPU cuda:0 of rank 0 (device id 1) and `names` as string ids 1, 2, ...
+std::unique_ptr<TraceWriter> cuda_trace(const std::string& path, const std::vector<std::string>& names) {
+  std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "zt train --device cuda --cupti");
+  if (!w) return w;
+  w->insert(DeviceRow{1, 0, DeviceKind::Cuda, 0, "cuda:0", "GPU", std::nullopt, false});
+  for (size_t i = 0; i < names.size(); ++i) w->insert(StringRow{int64_t(i) + 1, names[i]});
+  return w;
 }
 
 KernelSummary summarize(const std::string& path, KernelSummaryOptions o = {}, std::string* error = nullptr) {
@@ -155,12 +166,9 @@ TEST(KernelSummary, TheWindowsEdgesAndRanks) {
   zt::test::TempDir dir;
   const std::string path = dir.file("edges.db");
   {
-    std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "zt train --device cuda --cupti");
+    std::unique_ptr<TraceWriter> w = cuda_trace(path, {"step", "A", "B", "C", "D", "E"});
     ASSERT_NE(w, nullptr);
-    w->insert(DeviceRow{1, 0, DeviceKind::Cuda, 0, "cuda:0", "GPU", std::nullopt, false});
     w->insert(DeviceRow{2, 1, DeviceKind::Cuda, 1, "cuda:1", "GPU", std::nullopt, false});
-    const char* names[] = {"step", "A", "B", "C", "D", "E"};
-    for (int64_t i = 0; i < 6; ++i) w->insert(StringRow{i + 1, names[i]});
     int64_t id = 0;
     for (int64_t s = 0; s < 3; ++s) {
       MarkerRow m;
@@ -218,11 +226,8 @@ TEST(KernelSummary, TheBackgroundUpdateOfARunThatDied) {
   zt::test::TempDir dir;
   const std::string path = dir.file("died.db");
   {
-    std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "zt train --device cuda --cupti");
+    std::unique_ptr<TraceWriter> w = cuda_trace(path, {"step", "optimizer", "adamw block9", "gemm"});
     ASSERT_NE(w, nullptr);
-    w->insert(DeviceRow{1, 0, DeviceKind::Cuda, 0, "cuda:0", "GPU", std::nullopt, false});
-    const char* names[] = {"step", "optimizer", "adamw block9", "gemm"};
-    for (int64_t i = 0; i < 4; ++i) w->insert(StringRow{i + 1, names[i]});
     int64_t id = 0;
     auto marker = [&](MarkerKind kind, int64_t name, int64_t t0, std::optional<int64_t> t1, int64_t step) {
       MarkerRow m;
