@@ -65,13 +65,18 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
     for (size_t i = 0; i < devices.size(); ++i) rank_devices += (i ? ", " : "") + std::to_string(devices[i]);
     rank_devices += ")";
 
-    // The window: the rank's finished steps.
+    // The window: the rank's finished steps. Every step's start, also of a step that never ended
+    // (the run died in it), tells the background thread's phases apart (below).
     std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> steps;  // step, [t_start, t_end)
+    std::map<int64_t, int64_t> step_start;
     {
-      Stmt q(db, "SELECT step, t_start, t_end FROM marker WHERE rank = ? AND kind = 0 AND t_end IS NOT NULL AND step IS "
-                 "NOT NULL ORDER BY t_start");
+      Stmt q(db, "SELECT step, t_start, t_end FROM marker WHERE rank = ? AND kind = 0 AND step IS NOT NULL ORDER BY "
+                 "t_start");
       q.bind(1, s.rank);
-      while (q.step()) steps.push_back({q.i64(0), {q.i64(1), q.i64(2)}});
+      while (q.step()) {
+        step_start[q.i64(0)] = q.i64(1);
+        if (!q.is_null(2)) steps.push_back({q.i64(0), {q.i64(1), q.i64(2)}});
+      }
     }
     if (steps.empty()) {
       if (options.first_step >= 0 || options.last_step >= 0)
@@ -181,14 +186,6 @@ Status summarize_kernels(TraceReader& reader, const KernelSummaryOptions& option
     // thread was doing. The viewer draws the same phases on its "background" lanes by the same rule.
     std::vector<Phase> phases;
     {
-      // Every step's start, also of a step that never ended (the run died in it): the step after
-      // the window's last need not be finished.
-      std::map<int64_t, int64_t> step_start;
-      {
-        Stmt st(db, "SELECT step, t_start FROM marker WHERE rank = ? AND kind = 0 AND step IS NOT NULL");
-        st.bind(1, s.rank);
-        while (st.step()) step_start[st.i64(0)] = st.i64(1);
-      }
       Stmt q(db, "SELECT m.t_start, m.t_end, coalesce(n.text, ''), m.step FROM marker m LEFT JOIN string n ON n.id = "
                  "m.name_id WHERE m.rank = ? AND m.kind = 3 AND m.t_start < ? AND coalesce(m.t_end, ?) > ? ORDER BY "
                  "m.t_start");
