@@ -155,36 +155,36 @@ class RecordedPasses final : public ModelPasses {
   float* residual(int i) override { return inner_->residual(i); }
   float* grad_residual() override { return inner_->grad_residual(); }
   void embed_forward(const float* emb_params, const int32_t* tokens, float* x_out) override {
-    Kernel k(*this, 0);  // embed_forward
+    Kernel k(*this, kEmbedForward);
     inner_->embed_forward(emb_params, tokens, x_out);
   }
   void block_forward(int layer, const float* block_params, const float* x_in, float* x_out) override {
-    Kernel k(*this, 1);  // block_forward
+    Kernel k(*this, kBlockForward);
     inner_->block_forward(layer, block_params, x_in, x_out);
   }
   float head_forward_backward(const float* final_params, const float* wte, const float* x, const int32_t* targets,
                               float* dx, float* d_final_params, float* d_wte, float grad_scale) override {
-    Kernel k(*this, 2);  // head_forward_backward
+    Kernel k(*this, kHead);
     return inner_->head_forward_backward(final_params, wte, x, targets, dx, d_final_params, d_wte, grad_scale);
   }
   void block_backward(int layer, const float* block_params, const float* x_in, const float* dx_out, float* dx_in,
                       float* d_block_params) override {
-    Kernel k(*this, 3);  // block_backward
+    Kernel k(*this, kBlockBackward);
     inner_->block_backward(layer, block_params, x_in, dx_out, dx_in, d_block_params);
   }
   void embed_backward(const int32_t* tokens, const float* dx, float* d_emb_params) override {
-    Kernel k(*this, 4);  // embed_backward
+    Kernel k(*this, kEmbedBackward);
     inner_->embed_backward(tokens, dx, d_emb_params);
   }
 
  private:
-  static constexpr int kPasses = 5;
+  enum Pass { kEmbedForward, kBlockForward, kHead, kBlockBackward, kEmbedBackward, kPasses };
   static constexpr const char* kNames[kPasses] = {"embed_forward", "block_forward", "head_forward_backward",
                                                   "block_backward", "embed_backward"};
   // One row from construction to destruction (also when the pass throws: the device did work).
   // Interned up front, so the destructor allocates nothing (it may run while an exception unwinds).
   struct Kernel {
-    Kernel(RecordedPasses& p, int pass) : p_(p), pass_(pass), t0_(probe::now_ns()) {}
+    Kernel(RecordedPasses& p, Pass pass) : p_(p), pass_(pass), t0_(probe::now_ns()) {}
     ~Kernel() {
       probe::KernelEvent e;
       e.rank = p_.rank_;
@@ -196,7 +196,7 @@ class RecordedPasses final : public ModelPasses {
       p_.rec_->kernel(e);
     }
     RecordedPasses& p_;
-    int pass_;
+    Pass pass_;
     int64_t t0_;
   };
   probe::NameId names_[kPasses] = {};
