@@ -1,14 +1,17 @@
-// tests/test_util.h: a scratch directory per test, removed afterwards.
+// tests/test_util.h: a scratch directory per test, removed afterwards; running a command; seeded
+// random inputs.
 #pragma once
 
 #include <stdlib.h>
 #include <sys/wait.h>
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
-
 #include <filesystem>
+#include <random>
 #include <string>
+#include <vector>
 
 namespace zt::test {
 
@@ -46,6 +49,15 @@ inline CommandResult run_command(const std::string& command) {
   int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// n values ~ N(mean, stddev^2) from std::mt19937_64(seed), the same on every platform and run.
+inline std::vector<float> normal_values(size_t n, uint64_t seed, float stddev = 1.0f, float mean = 0.0f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(mean, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
 }
 
 }  // namespace zt::test

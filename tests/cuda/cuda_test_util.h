@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_util.h"
 #include "core/dtype.h"
 #include "cuda/runtime.h"
 
@@ -30,11 +31,7 @@ namespace zt::cuda::test {
 using trainer::DType;
 
 inline std::vector<float> normal(size_t n, uint64_t seed, float stddev = 1.0f, float mean = 0.0f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(mean, stddev);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(g);
-  return v;
+  return zt::test::normal_values(n, seed, stddev, mean);
 }
 inline std::vector<float> uniform(size_t n, uint64_t seed, float lo, float hi) {
   std::mt19937_64 g(seed);

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../test_util.h"
 #include "cuda_emulation.h"
 
 namespace column_sums_emulated {
@@ -43,13 +44,6 @@ float ordered_sum(int64_t rows, int lanes, F value) {
   return lane[0];
 }
 
-std::vector<float> random_values(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(n);
-  for (float& v : x) v = nd(rng);
-  return x;
-}
 
 std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
   std::vector<__nv_bfloat16> y;
@@ -60,7 +54,7 @@ std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
 template <typename T>
 void check_column_sums(const std::vector<T>& in, int64_t rows, int64_t cols) {
   constexpr int L = kColLanes<T>;
-  std::vector<float> sums = random_values(size_t(cols), 7);  // accumulated into
+  std::vector<float> sums = zt::test::normal_values(size_t(cols), 7);  // accumulated into
   const std::vector<float> before = sums;
   cuda_emulation::launch({column_blocks<T>(cols), 1, 1}, kColThreads, 0,
                          [&] { column_sums_kernel<T>(sums.data(), in.data(), rows, cols); });
@@ -84,11 +78,11 @@ TEST(ColumnSumsEmulated, Fp32AndBf16WithTailsAndFewRows) {
   EXPECT_EQ(kColWidth<__nv_bfloat16>, 16);
   EXPECT_EQ(kColLanes<__nv_bfloat16>, 64);
   // 21 columns: blocks of 8, the last with 5; 300 rows: lanes with 2 or 3 rows each.
-  check_column_sums(random_values(300 * 21, 1), 300, 21);
+  check_column_sums(zt::test::normal_values(300 * 21, 1), 300, 21);
   // Fewer rows than lanes: most lanes add nothing.
-  check_column_sums(random_values(5 * 9, 2), 5, 9);
+  check_column_sums(zt::test::normal_values(5 * 9, 2), 5, 9);
   // bf16: blocks of 16 columns (37: 16 + 16 + 5).
-  check_column_sums(to_bf16(random_values(150 * 37, 3)), 150, 37);
+  check_column_sums(to_bf16(zt::test::normal_values(150 * 37, 3)), 150, 37);
 }
 
 namespace column_sums_emulated {
@@ -97,7 +91,7 @@ namespace {
 // LayerNorm's parameter gradients over N rows of C columns of T (dout, inp; mean and rstd fp32).
 template <typename T>
 void check_layernorm_params(int64_t N, int64_t C) {
-  const std::vector<float> dout_f = random_values(size_t(N * C), 4), inp_f = random_values(size_t(N * C), 5);
+  const std::vector<float> dout_f = zt::test::normal_values(size_t(N * C), 4), inp_f = zt::test::normal_values(size_t(N * C), 5);
   std::vector<T> dout, inp;
   for (size_t i = 0; i < dout_f.size(); ++i) {
     if constexpr (std::is_same_v<T, float>) {
@@ -117,7 +111,7 @@ void check_layernorm_params(int64_t N, int64_t C) {
     mean[size_t(n)] = float(m);
     rstd[size_t(n)] = float(1.0 / std::sqrt(v / double(C) + 1e-5));
   }
-  std::vector<float> dw = random_values(size_t(C), 6), db = random_values(size_t(C), 8);
+  std::vector<float> dw = zt::test::normal_values(size_t(C), 6), db = zt::test::normal_values(size_t(C), 8);
   const std::vector<float> dw0 = dw, db0 = db;
   cuda_emulation::launch({column_blocks<T>(C), 1, 1}, kColThreads, 0, [&] {
     layernorm_backward_params_kernel<T>(dw.data(), db.data(), dout.data(), inp.data(), mean.data(), rstd.data(), N, C);

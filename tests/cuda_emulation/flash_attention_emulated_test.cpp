@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_util.h"
 #include "cuda_emulation.h"
 #include "model/flash_attention.h"
 
@@ -35,13 +36,6 @@ struct Shape {
 
 void PrintTo(const Shape& s, std::ostream* os) { *os << s.text(); }
 
-std::vector<float> random_values(size_t n, uint64_t seed, float sd) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, sd);
-  std::vector<float> x(n);
-  for (float& v : x) v = nd(rng);
-  return x;
-}
 
 // max |got - want| over max |want|.
 double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
@@ -85,8 +79,8 @@ class FlashKernelsEmulated : public ::testing::TestWithParam<Shape> {};
 TEST_P(FlashKernelsEmulated, MatchTheirCpuTwin) {
   const Shape s = GetParam();
   const size_t N = size_t(s.B) * s.T;
-  const auto qkv = random_values(N * 3 * s.C, 31, 1.5f);
-  const auto dout = random_values(N * s.C, 32, 1.0f);
+  const auto qkv = zt::test::normal_values(N * 3 * s.C, 31, 1.5f);
+  const auto dout = zt::test::normal_values(N * s.C, 32, 1.0f);
   std::vector<float> out, lse, dsum, dqkv;
   switch (s.C / s.H) {
     case 16: run_kernels<16>(s, qkv, dout, out, lse, dsum, dqkv); break;

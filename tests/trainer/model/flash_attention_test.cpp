@@ -10,6 +10,7 @@
 
 #include "model/flash_attention.h"
 #include "model/kernels.h"
+#include "../../test_util.h"
 #include "model_test_util.h"
 
 namespace zt::model {
@@ -24,16 +25,6 @@ struct Shape {
   }
 };
 
-// Scores with a spread like a trained model's (|s * scale| up to ~5), so the softmax is peaked in
-// some rows and flat in others.
-std::vector<float> random_values(int64_t n, uint64_t seed, float sd) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, sd);
-  std::vector<float> x(size_t(n), 0.0f);
-  for (float& v : x) v = nd(rng);
-  return x;
-}
-
 // About twice the largest errors measured on these shapes (forward 7.0e-3 of the tensor's scale,
 // backward 1.5e-2, lse 0.017 absolute): bf16 inputs carry 8 bits, and the probabilities and
 // score gradients are rounded to bf16 too before their products.
@@ -45,7 +36,9 @@ class FlashAttention : public ::testing::TestWithParam<Shape> {};
 TEST_P(FlashAttention, ForwardAndLogSumExpMatchTheReference) {
   const Shape s = GetParam();
   const int64_t N = s.B * s.T, hs = s.C / s.H;
-  std::vector<float> qkv = random_values(N * 3 * s.C, 7, 1.5f);
+  // sd 1.5: scores with a spread like a trained model's (|s * scale| up to ~5), so the softmax is
+  // peaked in some rows and flat in others.
+  std::vector<float> qkv = zt::test::normal_values(N * 3 * s.C, 7, 1.5f);
   std::vector<float> ref(size_t(N * s.C)), att(size_t(s.B * s.H * s.T * s.T));
   kernels::attention_forward(ref.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.H);
   std::vector<float> out(size_t(N * s.C), -1.0f), lse(size_t(s.B * s.H * s.T), -1.0f);
@@ -79,8 +72,8 @@ TEST_P(FlashAttention, ForwardAndLogSumExpMatchTheReference) {
 TEST_P(FlashAttention, BackwardMatchesTheReference) {
   const Shape s = GetParam();
   const int64_t N = s.B * s.T;
-  std::vector<float> qkv = random_values(N * 3 * s.C, 11, 1.5f);
-  std::vector<float> dout = random_values(N * s.C, 12, 1.0f);
+  std::vector<float> qkv = zt::test::normal_values(N * 3 * s.C, 11, 1.5f);
+  std::vector<float> dout = zt::test::normal_values(N * s.C, 12, 1.0f);
   std::vector<float> y(size_t(N * s.C)), att(size_t(s.B * s.H * s.T * s.T)), scratch(size_t(s.B * s.H * s.T));
   std::vector<float> ref(size_t(N * 3 * s.C));
   kernels::attention_forward(y.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.H);
