@@ -7,6 +7,10 @@
 #include <functional>
 #include <string>
 
+namespace zt::db {
+struct KernelSummaryOptions;  // zt/db/kernel_summary.h
+}
+
 namespace zt::cli {
 
 constexpr int kExitOk = 0;
@@ -16,7 +20,7 @@ constexpr int kExitBadInput = 2;
 // The action a parsed subcommand runs; main() calls the one that was selected.
 using Action = std::function<int()>;
 
-void add_db_commands(CLI::App& app, Action& action);  // db info|sql|merge, export, synth, demo
+void add_db_commands(CLI::App& app, Action& action);  // db info|sql|kernels|merge, export, synth, demo
 void add_train_command(CLI::App& app, Action& action);  // train
 void add_probe_command(CLI::App& app, Action& action);  // probe (cli/probe_command.cpp)
 void add_faults_command(CLI::App& app, Action& action);  // faults (cli/faults_command.cpp)
@@ -32,6 +36,7 @@ int fail(const std::string& message);
 // Shared by several commands.
 int db_info(const std::string& path);
 int db_sql(const std::string& path, const std::string& sql, bool csv);
+int db_kernels(const std::string& path, const db::KernelSummaryOptions& opt, size_t top);
 void add_demo_command(CLI::App& app, Action& action);  // prints "zt: message" to stderr, returns kExitBadInput
 
 }  // namespace zt::cli

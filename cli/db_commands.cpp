@@ -243,8 +243,6 @@ int db_sql(const std::string& path, const std::string& sql, bool csv) {
   return kExitOk;
 }
 
-namespace {
-
 // zt db kernels: the GPU's time by kernel name, and its idle time by what the host was doing.
 int db_kernels(const std::string& path, const db::KernelSummaryOptions& opt, size_t top) {
   std::unique_ptr<db::TraceReader> reader;
@@ -307,6 +305,8 @@ int db_kernels(const std::string& path, const db::KernelSummaryOptions& opt, siz
   }
   return kExitOk;
 }
+
+namespace {
 
 int synth(const std::string& out, const probe::SyntheticOptions& opt, const std::string& command, bool quiet) {
   probe::RecorderOptions ro;

@@ -13,6 +13,7 @@
 #include "zt/check/check.h"
 #include "zt/common/units.h"
 #include "zt/db/export.h"
+#include "zt/db/kernel_summary.h"
 #include "zt/repro/runner.h"
 
 namespace zt::cli {
@@ -203,6 +204,17 @@ void add_demo_command(CLI::App& app, Action& action) {
           "SELECT value AS loss_at_step_20 FROM counter_v WHERE rank = 0 AND name = 'loss' ORDER BY t LIMIT 1 OFFSET 19";
       if (int rc = db_sql(cfg.trace, loss20, false); rc != 0) return rc;
       if (int rc = db_sql(overlap.trace, loss20, false); rc != 0) return rc;
+      if (gpu) {
+        std::cout << "   (zt train --cupti records the GPU's kernels; zt db kernels then shows when it computed and\n"
+                     "   what the rank thread did while it sat idle)\n";
+      } else {
+        std::cout << "   zt db kernels " << overlap.trace << " --top 5 --gaps 3: when rank 0's simulated GPU computed\n"
+                  << "   (each model pass is a kernel row) and what the rank thread did while it sat idle; the\n"
+                  << "   background AdamW is not the rank thread's, its waits ('await update') are\n";
+        db::KernelSummaryOptions ko;
+        ko.longest_gaps = 3;
+        if (int rc = db_kernels(overlap.trace, ko, 5); rc != 0) return rc;
+      }
 
       std::cout << "\nNext: zt view " << cfg.trace << " (the timeline viewer); zt repro inject/scenarios/*.yaml "
                    "(all five reports; --virtual for their real sizes); zt faults (the fault catalog).\n";
