@@ -12,7 +12,7 @@ namespace {
 
 struct CheckArgs {
   std::string trace;
-  bool leaks = false, placement = false;
+  bool run = false, leaks = false, placement = false;
   std::string budget;
   std::vector<std::string> steps;  // --steps [N]: empty value = against the plan
   bool steps_given = false;
@@ -22,6 +22,7 @@ struct CheckArgs {
 
 int run_check(const CheckArgs& a) {
   check::Options o;
+  o.run = a.run;
   o.leaks = a.leaks;
   o.placement = a.placement;
   if (!a.budget.empty()) {
@@ -63,13 +64,17 @@ int run_check(const CheckArgs& a) {
 void add_check_command(CLI::App& app, Action& action) {
   auto* c = app.add_subcommand(
       "check",
-      "Pass/fail checks on a trace for CI: memory that grows across epochs, tensors on the wrong device,\n"
-      "peak memory over a budget, steps lost. With no check named: --leaks, --placement and --steps (vs the plan).\n"
+      "Pass/fail checks on a trace for CI: a run that failed or was killed, memory that grows across epochs,\n"
+      "tensors on the wrong device, peak memory over a budget, steps lost. With no check named: --run, --leaks,\n"
+      "--placement and --steps (vs the plan).\n"
       "Exit 0 all passed, 1 a check failed, 2 bad input.\n"
       "Example: zt check run.db --junit check.xml\n"
       "         zt check run.db --budget cuda=70GiB,host=900GiB --steps 200 --leaks --leak-threshold 1MiB");
   auto a = std::make_shared<CheckArgs>();
   c->add_option("TRACE", a->trace, "trace file")->required();
+  c->add_flag("--run", a->run,
+              "the run must have ended ok: a run that failed, died on a signal, was terminated or never closed "
+              "its trace fails");
   c->add_flag("--leaks", a->leaks,
               "live host or device bytes at each epoch's start (and end) must not grow by the threshold per epoch");
   c->add_flag("--placement", a->placement,

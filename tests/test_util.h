@@ -1,5 +1,5 @@
-// tests/test_util.h: a scratch directory per test, removed afterwards; running a command; seeded
-// random inputs.
+// tests/test_util.h: a scratch directory per test, removed afterwards; running a command; reading a
+// file; seeded random inputs.
 #pragma once
 
 #include <stdlib.h>
@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -49,6 +51,12 @@ inline CommandResult run_command(const std::string& command) {
   int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// The whole file as bytes ("" when it cannot be read).
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
 // n values ~ N(mean, stddev^2) from std::mt19937_64(seed), the same on every platform and run.

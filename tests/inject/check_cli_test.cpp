@@ -21,12 +21,7 @@ using Result = zt::test::CommandResult;
 
 Result zt_check(const std::string& args) { return zt::test::run_command(std::string(ZT_BINARY_DIR) + "/zt check " + args + " 2>&1"); }
 
-std::string read(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+std::string read(const std::string& path) { return zt::test::read_file(path); }
 
 std::string make(const zt::test::TempDir& dir, const std::string& name, const RunShape& shape) {
   std::string path = dir.file(name);
@@ -44,7 +39,7 @@ TEST(CheckCli, HelpHasAnExample) {
   Result r = zt_check("--help");
   EXPECT_EQ(r.code, 0);
   EXPECT_TRUE(has(r.out, "Example: zt check run.db")) << r.out;
-  for (const char* flag : {"--leaks", "--placement", "--budget", "--steps", "--junit", "--leak-threshold"})
+  for (const char* flag : {"--run", "--leaks", "--placement", "--budget", "--steps", "--junit", "--leak-threshold"})
     EXPECT_TRUE(has(r.out, flag)) << flag << "\n" << r.out;
 }
 
@@ -56,10 +51,11 @@ TEST(CheckCli, CleanTracePassesWithExitZeroAndAJUnitFile) {
   EXPECT_TRUE(has(r.out, "PASS leaks: ")) << r.out;
   EXPECT_TRUE(has(r.out, "PASS placement: ")) << r.out;
   EXPECT_TRUE(has(r.out, "PASS steps: 12 of 12 planned steps run")) << r.out;
-  EXPECT_TRUE(has(r.out, "zt check: ok (3 passed)")) << r.out;
+  EXPECT_TRUE(has(r.out, "PASS run: the run ended ok")) << r.out;
+  EXPECT_TRUE(has(r.out, "zt check: ok (4 passed)")) << r.out;
   std::string x = read(dir.file("out.xml"));
-  EXPECT_TRUE(has(x, "<testsuite name=\"zt check\" tests=\"3\" failures=\"0\"")) << x;
-  for (const char* name : {"leaks", "placement", "steps"})
+  EXPECT_TRUE(has(x, "<testsuite name=\"zt check\" tests=\"4\" failures=\"0\"")) << x;
+  for (const char* name : {"run", "leaks", "placement", "steps"})
     EXPECT_TRUE(has(x, std::string("<testcase classname=\"zt check\" name=\"") + name + "\"")) << x;
   EXPECT_FALSE(has(x, "<failure")) << x;
   EXPECT_FALSE(std::filesystem::exists(dir.file("out.xml.tmp-0")));

@@ -356,16 +356,76 @@ TEST(CheckSteps, NoPlanIsSkipped) {
   EXPECT_FALSE(r.failed());
 }
 
-TEST(Check, DefaultSetIsLeaksPlacementSteps) {
+TEST(Check, DefaultSetIsRunLeaksPlacementSteps) {
   test::TempDir dir;
   Report r = run(make(dir, "d.db", RunShape{}), Options{});
-  ASSERT_EQ(r.checks.size(), 3u);
-  EXPECT_EQ(r.checks[0].name, "leaks");
-  EXPECT_EQ(r.checks[1].name, "placement");
-  EXPECT_EQ(r.checks[2].name, "steps");
+  ASSERT_EQ(r.checks.size(), 4u);
+  EXPECT_EQ(r.checks[0].name, "run");
+  EXPECT_EQ(r.checks[1].name, "leaks");
+  EXPECT_EQ(r.checks[2].name, "placement");
+  EXPECT_EQ(r.checks[3].name, "steps");
   EXPECT_FALSE(r.failed()) << format_text(r);
   std::string text = format_text(r);
-  EXPECT_TRUE(has(text, "zt check: ok (3 passed)")) << text;
+  EXPECT_TRUE(has(text, "PASS run: the run ended ok")) << text;
+  EXPECT_TRUE(has(text, "zt check: ok (4 passed)")) << text;
+}
+
+Options run_only() {
+  Options o;
+  o.run = true;
+  return o;
+}
+
+void oom_error(TraceBuilder& b) {
+  db::ErrorRow e;
+  e.rank = 0;
+  e.t = 1500;
+  e.step = 8;
+  e.kind = "device_oom";
+  e.site = "forward block0";
+  e.message = "CUDA out of memory. Tried to allocate 2.00 MiB.";
+  b.error(e);
+}
+
+// A run cut short fails the run check even where every memory check passes: a crash before the
+// first epoch ends leaves nothing for --leaks to compare, and no plan for --steps to miss.
+TEST(CheckRun, AFailedRunFailsWithHowItEndedAndItsErrors) {
+  test::TempDir dir;
+  RunShape s;
+  s.steps_run = 8;
+  s.write_plan = false;
+  Report all = run(make(dir, "failed.db", s, oom_error), Options{});
+  const CheckResult& c = only(all, "run");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(all);
+  EXPECT_EQ(c.summary, "the run did not end ok");
+  ASSERT_EQ(c.findings.size(), 1u);
+  EXPECT_EQ(c.findings[0], "run 1 ended with status failed, exit code 1: step 8: CUDA out of memory");
+  ASSERT_EQ(c.context.size(), 1u);
+  EXPECT_EQ(c.context[0],
+            "error on rank 0 at step 8 in forward block0: device_oom: CUDA out of memory. Tried to allocate 2.00 MiB.");
+  EXPECT_EQ(only(all, "steps").outcome, Outcome::Skip);  // no plan: only the run check sees the crash
+  EXPECT_TRUE(all.failed());
+  EXPECT_TRUE(has(format_text(all), "zt check: FAILED (run failed")) << format_text(all);
+
+  Report alone = run(dir.file("failed.db"), run_only());
+  ASSERT_EQ(alone.checks.size(), 1u);
+  EXPECT_EQ(alone.checks[0].name, "run");
+}
+
+TEST(CheckRun, ATraceNeverClosedFailsAndACleanOnePasses) {
+  test::TempDir dir;
+  RunShape s;
+  s.status = db::RunStatus::Running;
+  const Report killed = run(make(dir, "killed.db", s), run_only());
+  ASSERT_EQ(only(killed, "run").outcome, Outcome::Fail);
+  EXPECT_EQ(only(killed, "run").findings.at(0), "run 1 ended without closing the trace (killed, or still running)");
+  s.status = db::RunStatus::Signal;
+  const Report signal = run(make(dir, "signal.db", s), run_only());
+  ASSERT_EQ(only(signal, "run").outcome, Outcome::Fail);
+  EXPECT_EQ(only(signal, "run").findings.at(0), "run 1 ended with status signal, exit code 1");
+  const Report clean = run(make(dir, "clean.db", RunShape{}), run_only());
+  EXPECT_EQ(only(clean, "run").outcome, Outcome::Pass);
+  EXPECT_EQ(only(clean, "run").summary, "the run ended ok");
 }
 
 TEST(Check, BadInputIsAStatusNamingTheFile) {

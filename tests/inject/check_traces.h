@@ -36,10 +36,12 @@ class TraceBuilder {
     r.config_json = config_json;
     r.hostname = "testhost";
     r.t_start = 0;
-    r.t_end = 1'000'000'000'000;
     r.status = status;
-    r.exit_code = status == db::RunStatus::Ok ? 0 : 1;
-    if (status != db::RunStatus::Ok) r.exit_detail = "step 8: CUDA out of memory";
+    if (status != db::RunStatus::Running) {  // a process that died without closing its trace ends nothing
+      r.t_end = 1'000'000'000'000;
+      r.exit_code = status == db::RunStatus::Ok ? 0 : 1;
+    }
+    if (status == db::RunStatus::Failed) r.exit_detail = "step 8: CUDA out of memory";
     w_->insert(r);
   }
   void rank(int64_t rank, int64_t world) {
@@ -150,6 +152,7 @@ struct RunShape {
   bool offload = true;               // optimizer and parameter offload in the config
   std::optional<int64_t> steps_run;  // stop early: the run died after this many steps
   bool write_plan = true;            // the data.* counters
+  std::optional<db::RunStatus> status;  // how the run row says it ended (default: failed when cut short)
 };
 
 inline int64_t step_t0(int64_t step) { return 1000 + 100 * step; }
@@ -159,7 +162,7 @@ inline void build_run(TraceBuilder& b, const RunShape& s) {
                                     : R"({"model":"tiny","zero_optimization":{"stage":0}})";
   const int64_t planned = int64_t(s.epochs) * s.steps_per_epoch;
   const int64_t ran = s.steps_run.value_or(planned);
-  b.run(cfg, ran < planned ? db::RunStatus::Failed : db::RunStatus::Ok);
+  b.run(cfg, s.status.value_or(ran < planned ? db::RunStatus::Failed : db::RunStatus::Ok));
   const int64_t t_end = step_t0(planned) + 500;
   for (int r = 0; r < s.ranks; ++r) {
     b.rank(r, s.ranks);

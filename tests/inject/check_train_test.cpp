@@ -86,7 +86,7 @@ TEST_P(CleanRun, PassesEveryDefaultCheck) {
   Status s = check::run_checks(path, check::Options{}, &r);
   ASSERT_TRUE(s.ok()) << s.message();
   const std::string text = check::format_text(r);
-  ASSERT_EQ(r.checks.size(), 3u) << text;
+  ASSERT_EQ(r.checks.size(), 4u) << text;
   for (auto& k : r.checks) {
     EXPECT_EQ(k.outcome, check::Outcome::Pass) << k.name << " on " << v.name << ":\n" << text;  // not skipped either
     EXPECT_TRUE(k.findings.empty()) << text;

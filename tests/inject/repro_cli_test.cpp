@@ -61,12 +61,7 @@ Measured measure(const std::vector<std::string>& args, const std::string& log) {
   return m;
 }
 
-std::string read(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+std::string read(const std::string& path) { return zt::test::read_file(path); }
 
 }  // namespace
 

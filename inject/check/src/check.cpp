@@ -44,6 +44,8 @@ Status run_checks(const std::string& trace_path, const Options& options, Report*
     if (s) out->checks.push_back(std::move(r));
     return s;
   };
+  if (all || options.run)
+    if (Status s = timed([&](CheckResult* r) { return detail::check_run(*d, r); }); !s) return s;
   if (all || options.leaks)
     if (Status s = timed([&](CheckResult* r) { return detail::check_leaks(*d, options, r); }); !s) return s;
   if (all || options.placement)

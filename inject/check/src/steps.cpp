@@ -100,24 +100,9 @@ Status check_steps(TraceData& d, const Options& o, CheckResult* out) {
   }
   for (auto& p : problems) r.findings.push_back(p);
   // Evidence: how the run ended, its errors, and the data accounting.
-  for (auto& run : d.runs) {
-    if (run.status == db::RunStatus::Ok) continue;
-    std::string line = "run " + std::to_string(run.id) + " ";
-    if (run.status == db::RunStatus::Running) line += "ended without closing the trace (killed, or still running)";
-    else line += "ended with status " + std::string(db::to_string(run.status));
-    if (run.exit_code) line += ", exit code " + std::to_string(*run.exit_code);
-    if (!run.exit_detail.empty()) line += ": " + run.exit_detail;
-    r.context.push_back(std::move(line));
-  }
-  int shown = 0;
-  for (auto& e : d.errors) {
-    if (shown++ == 3) break;
-    std::string line = "error on rank " + std::to_string(e.rank);
-    if (e.step) line += " at step " + std::to_string(*e.step);
-    if (!e.site.empty()) line += " in " + e.site;
-    line += ": " + e.kind + ": " + e.message;
-    r.context.push_back(std::move(line));
-  }
+  for (auto& run : d.runs)
+    if (run.status != db::RunStatus::Ok) r.context.push_back(run_end_line(run));
+  for (auto& line : error_lines(d, 3)) r.context.push_back(std::move(line));
   if (!data.empty() || !samples_used.empty()) {
     std::string line = "data accounting:";
     const char* keys[] = {"data.documents",          "data.documents_dropped",      "data.documents_truncated",

@@ -104,10 +104,17 @@ std::string describe_groups(TraceData& d, const std::vector<NamedBytes>& groups,
 
 std::string memory_kind_words(db::MemoryKind k);
 
+// "run 1 ended with status failed, exit code 1: ..." (or "ended without closing the trace ...").
+std::string run_end_line(const db::RunRow& run);
+// The first `most` error rows as lines ("error on rank 0 at step 3 in site: kind: message"), then
+// a line counting the rest.
+std::vector<std::string> error_lines(const TraceData& d, size_t most);
+
 // Each check fills *r; a failed Status means the trace could not be read (bad input).
 Status check_leaks(TraceData& d, const Options& o, CheckResult* r);
 Status check_placement(TraceData& d, const Options& o, CheckResult* r);
 Status check_budget(TraceData& d, const Budget& b, CheckResult* r);
 Status check_steps(TraceData& d, const Options& o, CheckResult* r);
+Status check_run(TraceData& d, CheckResult* r);
 
 }  // namespace zt::check::detail

@@ -1,7 +1,7 @@
 // zt/check/check.h: pass/fail checks on a trace, for CI (`zt check`).
 //
-// Owns: the rules that turn one trace into verdicts (leaks across epochs, tensors on the
-// wrong device, peak memory over a budget, steps run against the plan), their text report
+// Owns: the rules that turn one trace into verdicts (how the run ended, leaks across epochs,
+// tensors on the wrong device, peak memory over a budget, steps run against the plan), their text report
 // and their JUnit XML. May call: db/ (TraceReader, read-only) and common/. It reads traces
 // and nothing else: it never runs a trainer and never writes a trace.
 //
@@ -31,6 +31,7 @@ struct Budget {
 Status parse_budget(const std::string& text, Budget* out);
 
 struct Options {
+  bool run = false;                      // how the run ended: failed, killed or never closed is a failure
   bool leaks = false;
   bool placement = false;
   bool steps = false;                    // steps run vs expected_steps, else vs the plan in the trace
@@ -38,15 +39,15 @@ struct Options {
   std::optional<Budget> budget;          // --budget: runs the budget check
   int64_t leak_threshold = 512 << 10;    // growth per epoch that counts as a leak (bytes)
 
-  // No check chosen: leaks, placement and steps against the plan.
-  bool none_chosen() const { return !leaks && !placement && !steps && !expected_steps && !budget; }
+  // No check chosen: run, leaks, placement and steps against the plan.
+  bool none_chosen() const { return !run && !leaks && !placement && !steps && !expected_steps && !budget; }
 };
 
 enum class Outcome { Pass, Fail, Skip };
 const char* to_string(Outcome);
 
 struct CheckResult {
-  std::string name;                   // "leaks", "placement", "budget", "steps"
+  std::string name;                   // "run", "leaks", "placement", "budget", "steps"
   Outcome outcome = Outcome::Pass;
   std::string summary;                // one line: what was checked, or why it failed / was skipped
   std::vector<std::string> findings;  // one line each, with the evidence
