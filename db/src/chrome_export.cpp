@@ -170,6 +170,7 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
     while (c.step()) {
       std::string nm = name_of(c.i64(2), "counter");
       if (!c.is_null(1)) nm += " " + label_of(c.i64(1));
+      if (c.is_null(4)) continue;  // NaN (stored as NULL): JSON has no number for it
       char val[64];
       std::snprintf(val, sizeof val, "%.17g", c.f64(4));
       out.event("\"ph\":\"C\",\"name\":" + q(nm) + ",\"pid\":" + std::to_string(c.i64(0)) + ",\"ts\":" +

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "sqlite.h"
 #include "zt/db/trace_file.h"
@@ -210,7 +211,8 @@ Status TraceReader::read(std::vector<CounterRow>* out) {
   return read_rows("SELECT id,rank,device_id,name_id,t,value FROM counter ORDER BY t, id", out,
                    [](const Stmt& s, CounterRow& r) {
                      r.id = s.i64(0); r.rank = s.i64(1); r.device_id = id0(s, 2); r.name_id = s.i64(3);
-                     r.t = s.i64(4); r.value = s.f64(5);
+                     r.t = s.i64(4);
+                     r.value = s.is_null(5) ? std::numeric_limits<double>::quiet_NaN() : s.f64(5);  // SQLite has no NaN
                    });
 }
 Status TraceReader::read(std::vector<FaultRow>* out) {

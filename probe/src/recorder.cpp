@@ -13,6 +13,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -210,7 +211,11 @@ Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>*
 }
 
 Recorder::~Recorder() {
-  if (impl_->w && !impl_->closed.load()) (void)close();
+  // Not closed by its owner: an exception is unwinding past it (a failed run, whatever caused it),
+  // or the owner simply let it go (an ended run). A writer that failed still has its thread to join.
+  if (impl_->w)
+    (void)close(std::uncaught_exceptions() > 0 ? RunStatus::Failed : RunStatus::Ok, std::nullopt,
+                std::uncaught_exceptions() > 0 ? "an exception ended the program before it closed the trace" : "");
 }
 
 // ---------------------------------------------------------------- slow path
@@ -863,7 +868,12 @@ void Recorder::Impl::symbolize() {
 
 Status Recorder::close(RunStatus status, std::optional<int64_t> exit_code, const std::string& detail) {
   Impl& m = *impl_;
-  if (m.closed.exchange(true)) return m.writer_status;
+  if (m.closed.exchange(true)) {
+    // Closed before, or the writer failed (it marks the recorder closed, so that producers drop
+    // instead of waiting): its thread has ended or is ending, and must be joined before it goes.
+    if (m.writer.joinable() && m.writer.get_id() != std::this_thread::get_id()) m.writer.join();
+    return m.writer_status;
+  }
   crash::unregister_recorder(this);
   {
     std::lock_guard lock(m.wmu);

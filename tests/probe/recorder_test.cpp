@@ -2,6 +2,11 @@
 // interned, commits happen while a run is live, and overflow is counted, never silent.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <cmath>
+#include <cstdlib>
 #include <thread>
 
 #include "../test_util.h"
@@ -236,4 +241,54 @@ TEST(Recorder, BlockPolicyLosesNothingWithATinyRing) {
   EXPECT_EQ(scalar(*r, "SELECT count(*) FROM counter"), std::to_string(kEvents));
   EXPECT_EQ(scalar(*r, "SELECT sum(value) FROM counter"), std::to_string(int64_t(kEvents) * (kEvents - 1) / 2));
   EXPECT_EQ(scalar(*r, "SELECT count(*) FROM dropped"), "0");
+}
+
+// SQLite stores no NaN: a counter that went NaN (a diverged loss) is a NULL value, read back as NaN,
+// and it does not stop the writer (it once failed the NOT NULL constraint and lost the trace's end).
+TEST(Recorder, ANaNCounterIsRecordedAndReadBackAsNaN) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("nan.db");
+  auto rec = open_recorder(path);
+  rec->add_rank(0, 1);
+  const NameId loss = rec->intern("loss");
+  rec->counter(0, 0, loss, 4.5, 10);
+  rec->counter(0, 0, loss, std::nan(""), 20);
+  rec->counter(0, 0, loss, INFINITY, 30);
+  ASSERT_TRUE(rec->close().ok());
+  auto r = open_reader(path);
+  std::vector<CounterRow> rows;
+  ASSERT_TRUE(r->read(&rows).ok());
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].value, 4.5);
+  EXPECT_TRUE(std::isnan(rows[1].value));
+  EXPECT_TRUE(std::isinf(rows[2].value));
+  EXPECT_EQ(scalar(*r, "SELECT count(*) FROM counter WHERE value IS NULL"), "1");
+  EXPECT_EQ(scalar(*r, "SELECT status FROM run"), "1");  // ok: the writer reached the end
+}
+
+namespace {
+// In a child process (EXPECT_EXIT forks): exits 0 when close() reported the writer's failure,
+// naming the trace, and the recorder then went without std::terminate.
+[[noreturn]] void write_past_the_file_size_limit(const std::string& path) {
+  ::signal(SIGXFSZ, SIG_IGN);  // the write fails with EFBIG instead of a signal
+  auto rec = open_recorder(path);
+  rlimit lim{};
+  lim.rlim_cur = lim.rlim_max = 256 << 10;
+  ::setrlimit(RLIMIT_FSIZE, &lim);
+  rec->add_rank(0, 1);
+  const NameId n = rec->intern("value");
+  for (int i = 0; i < 200000; ++i) rec->counter(0, 0, n, double(i), i + 1);
+  rec->flush();
+  zt::Status s = rec->close();
+  const bool named = !s.ok() && s.message().find(path + ": writing the trace failed") == 0;
+  rec.reset();  // nothing left to join
+  std::_Exit(named ? 0 : 3);
+}
+}  // namespace
+
+// The writer thread fails (here: the file size limit, as a full disk would): close() reports it
+// instead of destroying a joinable thread (std::terminate), and the caller's program goes on.
+TEST(Recorder, AWriterThatFailsIsReportedByClose) {
+  zt::test::TempDir dir;
+  EXPECT_EXIT(write_past_the_file_size_limit(dir.file("full.db")), ::testing::ExitedWithCode(0), "");
 }

@@ -148,7 +148,7 @@ struct CounterRow {
   int64_t device_id = 0;
   int64_t name_id = 0;
   int64_t t = 0;
-  double value = 0;
+  double value = 0;  // NaN where the column is NULL (a NaN recorded: SQLite stores none)
 };
 
 struct FaultRow {
