@@ -193,6 +193,8 @@ void add_train_command(CLI::App& app, Action& action) {
         }
       }
 
+      // Bad input is refused before the trace is opened: opening it replaces the file at that path.
+      if (Status s = trainer::check_inputs(c); !s) return fail(s.message());
       std::unique_ptr<probe::Recorder> rec;
       if (!c.trace.empty()) {
         probe::RecorderOptions ro;
@@ -251,9 +253,11 @@ void add_train_command(CLI::App& app, Action& action) {
       (void)cupti_running;
       (void)process_rank;
 #endif
+      bool trace_failed = false;
       if (rec) {
         Status closed = s ? rec->close(db::RunStatus::Ok, 0) : rec->close(db::RunStatus::Failed, 1, s.message());
         if (!closed) std::fprintf(stderr, "zt: %s\n", closed.message().c_str());
+        trace_failed = !closed;
       }
       if (!s) {
         // A failed training run is a result, not bad usage: exit 1 when it trained and died.
@@ -271,6 +275,12 @@ void add_train_command(CLI::App& app, Action& action) {
                     (long long)sum.steps, (long long)sum.tokens, format_duration_ns(sum.seconds * 1e9).c_str(),
                     sum.first_loss, sum.last_loss, (long long)sum.samples_used, format_bytes(double(sum.peak_allocated)).c_str(),
                     format_bytes(double(sum.peak_reserved)).c_str());
+      if (trace_failed) {
+        // The training ran, but its record did not: a CI job must not take the trace for a whole one.
+        std::fprintf(stderr, "zt train: the trace %s is incomplete: it holds what was written before the failure\n",
+                     c.trace.c_str());
+        return kExitFailed;
+      }
       if (!c.trace.empty()) std::printf("trace: %s (zt db info %s)\n", c.trace.c_str(), c.trace.c_str());
       return kExitOk;
     };

@@ -233,7 +233,7 @@ TEST(Cli, TrainExitCodes) {
   EXPECT_EQ(run_zt("train --device-memory 12parsecs").code, 2);
   Result missing = run_zt("train --config " + dir.file("none.yaml"));
   EXPECT_EQ(missing.code, 2);
-  EXPECT_NE(missing.out.find("none.yaml: cannot open the config file"), std::string::npos) << missing.out;
+  EXPECT_NE(missing.out.find("none.yaml: no such config file"), std::string::npos) << missing.out;
   Result bad = run_zt("train --zero-stage 2 --offload-param --steps 1");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("offload_param needs ZeRO stage 3"), std::string::npos) << bad.out;
@@ -245,6 +245,48 @@ TEST(Cli, TrainExitCodes) {
   EXPECT_EQ(ds.code, 0) << ds.out;
   EXPECT_NE(ds.out.find("zt train: warning: "), std::string::npos) << ds.out;
   EXPECT_NE(ds.out.find("monitor_config is not implemented by zerotrace; ignored"), std::string::npos) << ds.out;
+}
+
+// Bad input found before training starts is refused before the trace is opened: opening it replaces
+// the file, so the trace the user already had would be lost for a typo.
+TEST(Cli, BadInputLeavesAnExistingTraceAlone) {
+  zt::test::TempDir dir;
+  const std::string trace = dir.file("kept.db");
+  ASSERT_EQ(run_zt("train --model tiny --steps 2 --seq-len 32 -q --trace " + trace).code, 0);
+  const std::string before = zt::test::read_file(trace);
+  std::filesystem::create_directory(dir.file("adir"));
+  for (const std::string& bad : {std::string("--fault 'bogus=return'"), "--data " + dir.file("adir"),
+                                 "--data " + dir.file("none.txt"), std::string("--seq-len 100000"),
+                                 std::string("--save-every 2")}) {
+    Result r = run_zt("train --model tiny --steps 2 -q --trace " + trace + " " + bad);
+    EXPECT_EQ(r.code, 2) << bad << "\n" << r.out;
+    EXPECT_EQ(zt::test::read_file(trace), before) << bad << " replaced the trace";
+  }
+  Result dir_data = run_zt("train --model tiny --steps 2 -q --data " + dir.file("adir"));
+  EXPECT_NE(dir_data.out.find(dir.file("adir") + ": is a directory, not a data file"), std::string::npos) << dir_data.out;
+}
+
+// A DeepSpeed config of the wrong shape or with impossible values: one line naming the file and the key.
+TEST(Cli, DeepSpeedConfigErrorsNameTheFileAndTheKey) {
+  zt::test::TempDir dir;
+  const std::string ds = dir.file("ds.json");
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"fp16": {"enabled": true, "loss_scale_window": 0}})", "fp16.loss_scale_window must be at least 1"},
+      {R"({"bf16": true})", "bf16 must be an object ({...}), not true"},
+      {R"({"zero_optimization": {"stage": 2.7}})", "zero_optimization.stage must be a whole number, not 2.7"},
+      {R"({"optimizer": {"type": 5}})", "optimizer.type must be a string, not 5"},
+      {R"({"optimizer": {"params": {"lr": -1}}})", "lr must be a positive number"},
+      {R"({"optimizer": {"params": {"lr": 1e400}}})", "not valid JSON"},
+  };
+  for (auto& [text, want] : cases) {
+    std::ofstream(ds) << text;
+    Result r = run_zt("train --model tiny --steps 1 -q --ds-config " + ds);
+    EXPECT_EQ(r.code, 2) << text << "\n" << r.out;
+    EXPECT_NE(r.out.find(ds + ": " + want), std::string::npos) << text << "\n" << r.out;
+  }
+  Result overflow = run_zt("train --model tiny --steps 1 -q --grad-accum 4611686018427387904");
+  EXPECT_EQ(overflow.code, 2) << overflow.out;  // once a SIGFPE from the data plan's product
+  EXPECT_NE(overflow.out.find("grad_accum 4611686018427387904 is above the limit"), std::string::npos) << overflow.out;
 }
 
 // --device cuda under a launcher, on any machine: the launcher's settings are checked (and named)

@@ -2,8 +2,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
+
+#include "zt/common/files.h"
 
 namespace zt::trainer {
 
@@ -29,9 +32,8 @@ void add_document(Corpus& c, const std::string& doc, int64_t max_doc_tokens) {
 }  // namespace
 
 Status load_text_corpus(const std::string& path, int64_t max_doc_tokens, Corpus* out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status::Error(path + ": cannot open the data file: " + std::strerror(errno));
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string text;
+  if (Status s = read_text_file(path, "data file", &text); !s) return s;
   if (text.empty()) return Status::Error(path + ": the data file is empty");
   if (text.find('\0') != std::string::npos)
     return Status::Error(path + ": contains NUL bytes: not a text file (a token file starts with ZTTOKENS)");
@@ -51,6 +53,7 @@ Status load_text_corpus(const std::string& path, int64_t max_doc_tokens, Corpus*
 }
 
 Status load_token_file(const std::string& path, Corpus* out) {
+  if (Status s = check_input_file(path, "token file"); !s) return s;
   std::ifstream f(path, std::ios::binary);
   if (!f) return Status::Error(path + ": cannot open the token file: " + std::strerror(errno));
   char magic[8];
@@ -68,6 +71,13 @@ Status load_token_file(const std::string& path, Corpus* out) {
     return Status::Error(path + ": token file version " + std::to_string(version) + "; this zt reads version 1");
   if (width != 2) return Status::Error(path + ": token width " + std::to_string(width) + " bytes; only 2 (uint16) is supported");
   if (vocab == 0 || vocab > 65536) return Status::Error(path + ": invalid vocab size " + std::to_string(vocab));
+  // The header's count against the file's size, before allocating for it.
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  const uint64_t holds = !ec && size >= 32 ? (size - 32) / 2 : 0;
+  if (count > holds)
+    return Status::Error(path + ": truncated token file: header says " + std::to_string(count) + " tokens, file holds " +
+                         std::to_string(holds));
   std::vector<uint16_t> raw(count);
   f.read(reinterpret_cast<char*>(raw.data()), std::streamsize(count * 2));
   if (static_cast<uint64_t>(f.gcount()) != count * 2)

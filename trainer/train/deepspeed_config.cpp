@@ -1,9 +1,10 @@
 // DeepSpeed JSON configs, read as users write them for DeepSpeed and Hugging Face.
-#include <fstream>
-#include <iterator>
+#include <cmath>
+#include <type_traits>
 #include <nlohmann/json.hpp>
 
 #include "train/train_config.h"
+#include "zt/common/files.h"
 
 namespace zt::trainer {
 
@@ -16,6 +17,25 @@ struct Reader {
   std::string error;
 
   bool is_auto(const json& v) const { return v.is_string() && v.get<std::string>() == "auto"; }
+  // A block such as "fp16" or "zero_optimization.offload_param" must be a JSON object.
+  bool object(const json& v, const std::string& name) {
+    if (v.is_object()) return true;
+    error = path + ": " + name + " must be an object ({...}), not " + v.dump();
+    return false;
+  }
+  // A string member (absent: `fallback`); false with `error` set on a wrong type.
+  bool string(const json& obj, const char* key, const std::string& where, std::string& dst, const char* fallback) {
+    if (!obj.contains(key)) {
+      dst = fallback;
+      return true;
+    }
+    if (!obj[key].is_string()) {
+      error = path + ": " + where + key + " must be a string, not " + obj[key].dump();
+      return false;
+    }
+    dst = obj[key].get<std::string>();
+    return true;
+  }
   void unknown(const std::string& where, const json& obj, std::initializer_list<const char*> known) {
     for (auto it = obj.begin(); it != obj.end(); ++it) {
       bool ok = false;
@@ -36,6 +56,18 @@ struct Reader {
       error = path + ": " + where + key + " must be a number or \"auto\", not " + v.dump();
       return false;
     }
+    if constexpr (std::is_integral_v<T>) {
+      // 1.9 read as 1, or 1e30 wrapped around, would be a silent change of the user's setting.
+      const double d = v.get<double>();
+      if (!v.is_number_integer() && !(d == std::floor(d) && std::fabs(d) < 9.2e18)) {
+        error = path + ": " + where + key + " must be a whole number, not " + v.dump();
+        return false;
+      }
+      if (v.is_number_float()) {
+        dst = T(d);
+        return true;
+      }
+    }
     dst = v.get<T>();
     return true;
   }
@@ -51,12 +83,14 @@ struct Reader {
     return true;
   }
 };
+
+// Reads the DeepSpeed settings of `j` into *cfg (which may be left half-changed on an error).
+Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings);
 }  // namespace
 
 Status load_deepspeed_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings) {
-  std::ifstream f(path);
-  if (!f) return Status::Error(path + ": cannot open the DeepSpeed config");
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string text;
+  if (Status s = read_text_file(path, "DeepSpeed config", &text); !s) return s;
   return load_deepspeed_config_text(text, path, cfg, warnings);
 }
 
@@ -65,9 +99,30 @@ Status load_deepspeed_config_text(const std::string& text, const std::string& pa
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number out of range (1e400)
     return Status::Error(path + ": not valid JSON (" + std::string(e.what()) + ")");
   }
+  TrainConfig c = *cfg;  // *cfg changes only when the whole file is good
+  const bool valid_before = validate(c).ok();
+  try {
+    if (Status s = read_config(j, path, &c, warnings); !s) return s;
+  } catch (const json::exception& e) {  // a shape the reader did not foresee: still the file's fault
+    return Status::Error(path + ": " + e.what());
+  }
+  // The settings as a whole (lr > 0, fp16's loss scale window, ...): what was valid before this
+  // file and is not after it is this file's doing, and the error names it.
+  if (valid_before) {
+    TrainConfig named = c;
+    named.config_file = path;
+    if (Status s = validate(named); !s) return s;
+  }
+  *cfg = c;
+  return Status::Ok();
+}
+
+namespace {
+
+Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings) {
   if (!j.is_object()) return Status::Error(path + ": a DeepSpeed config is a JSON object");
   Reader r{path, warnings, {}};
   TrainConfig& c = *cfg;
@@ -94,11 +149,13 @@ Status load_deepspeed_config_text(const std::string& text, const std::string& pa
 
   bool bf16 = c.precision == "bf16", fp16 = c.precision == "fp16";
   if (j.contains("bf16")) {
+    if (!r.object(j["bf16"], "bf16")) return Status::Error(r.error);
     r.unknown("bf16.", j["bf16"], {"enabled"});
     if (!r.boolean(j["bf16"], "enabled", "bf16.", bf16)) return Status::Error(r.error);
   }
   if (j.contains("fp16")) {
     const json& f16 = j["fp16"];
+    if (!r.object(f16, "fp16")) return Status::Error(r.error);
     r.unknown("fp16.", f16, {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
                              "min_loss_scale"});
     if (!r.boolean(f16, "enabled", "fp16.", fp16) ||
@@ -114,12 +171,15 @@ Status load_deepspeed_config_text(const std::string& text, const std::string& pa
 
   if (j.contains("optimizer")) {
     const json& o = j["optimizer"];
+    if (!r.object(o, "optimizer")) return Status::Error(r.error);
     r.unknown("optimizer.", o, {"type", "params"});
-    std::string type = o.value("type", "AdamW");
+    std::string type;
+    if (!r.string(o, "type", "optimizer.", type, "AdamW")) return Status::Error(r.error);
     if (type != "AdamW" && type != "Adam" && type != "adamw")
       return Status::Error(path + ": optimizer.type " + type + ": only AdamW is implemented");
     if (o.contains("params")) {
       const json& p = o["params"];
+      if (!r.object(p, "optimizer.params")) return Status::Error(r.error);
       r.unknown("optimizer.params.", p, {"lr", "betas", "eps", "weight_decay"});
       if (!r.number(p, "lr", "optimizer.params.", c.lr, c.lr) || !r.number(p, "eps", "optimizer.params.", c.eps, c.eps) ||
           !r.number(p, "weight_decay", "optimizer.params.", c.weight_decay, c.weight_decay))
@@ -135,6 +195,7 @@ Status load_deepspeed_config_text(const std::string& text, const std::string& pa
 
   if (j.contains("zero_optimization")) {
     const json& zo = j["zero_optimization"];
+    if (!r.object(zo, "zero_optimization")) return Status::Error(r.error);
     r.unknown("zero_optimization.", zo,
               {"stage", "offload_optimizer", "offload_param", "overlap_comm", "contiguous_gradients",
                "reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
@@ -158,8 +219,10 @@ Status load_deepspeed_config_text(const std::string& text, const std::string& pa
     auto offload = [&](const char* key, bool& on) -> bool {
       if (!zo.contains(key)) return true;
       const json& o = zo[key];
+      if (!r.object(o, w + key)) return false;
       r.unknown(w + key + ".", o, {"device", "pin_memory", "buffer_count", "fast_init"});
-      std::string dev = o.value("device", "none");
+      std::string dev;
+      if (!r.string(o, "device", w + key + ".", dev, "none")) return false;
       if (dev != "cpu" && dev != "none") {
         r.error = path + ": " + w + key + ".device " + dev + ": use cpu or none (nvme is not implemented)";
         return false;
@@ -175,4 +238,5 @@ Status load_deepspeed_config_text(const std::string& text, const std::string& pa
   return Status::Ok();
 }
 
+}  // namespace
 }  // namespace zt::trainer

@@ -2,10 +2,12 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "zt/common/files.h"
 #include "zt/common/units.h"
 
 namespace zt::trainer {
@@ -20,10 +22,10 @@ std::string normalize(std::string key) {
 
 Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* keys) {
   YAML::Node root;
+  std::string text;
+  if (Status s = read_text_file(path, "config file", &text); !s) return s;
   try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    return Status::Error(path + ": cannot open the config file");
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     return Status::Error(path + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
@@ -161,11 +163,11 @@ Status validate(const TrainConfig& c) {
   if (c.tf32 && c.matmul_precision == "medium")
     return bad("tf32 and matmul_precision medium ask for two precisions: give one (tf32 is matmul_precision high)");
   if (c.device_memory == 0 && c.device != "cuda") return bad("device_memory must be positive (0: a real GPU's own size, with --device cuda)");
-  if (!(c.lr > 0)) return bad("lr must be positive");
+  if (!(c.lr > 0) || !std::isfinite(c.lr)) return bad("lr must be a positive number");
   if (c.beta1 < 0 || c.beta1 >= 1 || c.beta2 < 0 || c.beta2 >= 1) return bad("beta1 and beta2 must lie in [0, 1)");
-  if (!(c.eps > 0)) return bad("eps must be positive");
-  if (c.weight_decay < 0) return bad("weight_decay must not be negative");
-  if (c.grad_clip < 0) return bad("grad_clip must not be negative (0 turns it off)");
+  if (!(c.eps > 0) || !std::isfinite(c.eps)) return bad("eps must be a positive number");
+  if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay)) return bad("weight_decay must be a number, 0 or more");
+  if (!(c.grad_clip >= 0) || !std::isfinite(c.grad_clip)) return bad("grad_clip must be a number, 0 or more (0 turns it off)");
   if (c.max_doc_tokens < 0) return bad("max_doc_tokens must not be negative");
   if (c.zero.stage < 0 || c.zero.stage > 3) return bad("zero stage must be 0, 1, 2 or 3");
   if (c.zero.offload_optimizer && c.zero.stage == 0)
@@ -185,6 +187,23 @@ Status validate(const TrainConfig& c) {
   if (c.world_size > 256 && !c.virtual_mode)
     return bad("world_size above 256 rank threads is not supported in one process (virtual mode simulates one rank for all)");
   if (c.comm_timeout_ms < 1) return bad("comm_timeout_ms must be at least 1");
+  // Sizes the data plan multiplies together: each bounded, so no product overflows.
+  constexpr int64_t kMaxCount = int64_t(1) << 24;
+  if (c.micro_batch > kMaxCount) return bad("micro_batch " + std::to_string(c.micro_batch) + " is above the limit of 16777216");
+  if (c.grad_accum > kMaxCount) return bad("grad_accum " + std::to_string(c.grad_accum) + " is above the limit of 16777216");
+  if (c.world_size > kMaxCount) return bad("world_size " + std::to_string(c.world_size) + " is above the limit of 16777216");
+  if (c.seq_len > kMaxCount) return bad("seq_len " + std::to_string(c.seq_len) + " is above the limit of 16777216");
+  // fp16's dynamic loss scale (DeepSpeed's names).
+  const ZeroSettings& z = c.zero;
+  if (z.loss_scale_window < 1) return bad("fp16.loss_scale_window must be at least 1 (steps without overflow before the scale grows)");
+  if (z.hysteresis < 1) return bad("fp16.hysteresis must be at least 1 (overflows before the scale drops)");
+  if (!(z.min_loss_scale > 0) || !std::isfinite(z.min_loss_scale)) return bad("fp16.min_loss_scale must be a positive number");
+  if (!(z.initial_scale_power >= 0 && z.initial_scale_power <= 64))
+    return bad("fp16.initial_scale_power must lie in [0, 64] (the first scale is 2^power)");
+  if (!(z.static_loss_scale >= 0) || !std::isfinite(z.static_loss_scale))
+    return bad("fp16.loss_scale must be 0 (dynamic) or a positive number");
+  if (z.max_live_parameters < 0) return bad("zero_optimization.stage3_max_live_parameters must not be negative");
+  if (z.max_reuse_distance < 0) return bad("zero_optimization.stage3_max_reuse_distance must not be negative");
   return Status::Ok();
 }
 

@@ -22,6 +22,7 @@
 #include "zero/engine.h"
 #include "zero/launcher_env.h"
 #include <thread>
+#include "zt/common/files.h"
 #include "zt/common/units.h"
 #include "zt/memory/errors.h"
 #include "zt/fail/failpoint.h"
@@ -189,6 +190,64 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
   }
 }
 
+// The model the run trains (a preset, or a scenario's shape) and the batch shape it checks.
+Status model_config_of(const TrainConfig& cfg, model::Config* out) {
+  const bool virt = cfg.virtual_mode;
+  std::optional<model::Config> mc;
+  if (cfg.model == "custom") {
+    // A real model's layout (issue 9's scenarios): sizes only, unless it is GPT-2's own layout
+    // (the reference model computes any vocab/context/layers/heads/width; scenarios' small variants).
+    const ModelShape& sh = cfg.shape;
+    const bool gpt2_layout = sh.kv_heads == sh.heads && sh.ffn == 4 * sh.width && !sh.gated_ffn && sh.experts == 0 &&
+                             sh.tied_embeddings;
+    if (!virt && !gpt2_layout)
+      return Status::Error("--model custom (" + (sh.name.empty() ? std::string("a model shape") : sh.name) +
+                           "): a shape other than GPT-2's layout (kv_heads = heads, ffn = 4 x width, no gate, no experts, "
+                           "tied embeddings) runs in virtual mode only (--virtual)");
+    if (Status s = validate_shape(sh); !s) return s;
+    mc = model::Config{sh.vocab, sh.context, sh.layers, sh.heads, sh.width};
+    if (!virt)
+      if (Status s = model::validate(*mc); !s) return s;
+  } else {
+    mc = model::preset(cfg.model);
+  }
+  if (!mc) return Status::Error("--model '" + cfg.model + "': not a preset (tiny, 124M, 350M, 774M, 1.5B)");
+  const int64_t T = cfg.seq_len ? cfg.seq_len : mc->context;
+  const int64_t B = cfg.micro_batch;
+  if (!virt) {
+    if (Status s = model::Workspace::check(*mc, int(B), int(T)); !s) return s;
+  } else if (cfg.data_samples <= 0) {
+    return Status::Error("virtual mode needs data_samples (the size of the data set in samples of seq_len tokens): "
+                         "no corpus is read");
+  }
+  *out = *mc;
+  return Status::Ok();
+}
+
+// The fault specs of the run: --fault and ZT_FAULTS, each parsed (a bad one named by its origin).
+Status fault_specs_of(const TrainConfig& cfg, std::vector<fail::Spec>* out) {
+  std::vector<std::pair<std::string, std::string>> sources;  // (where it came from, the spec text)
+  for (const std::string& text : cfg.faults) sources.emplace_back("--fault ", text);
+  if (const char* env = std::getenv("ZT_FAULTS")) sources.emplace_back("ZT_FAULTS: ", env);
+  std::vector<fail::Spec> specs;
+  for (const auto& [origin, text] : sources) {
+    std::vector<fail::Spec> more;
+    if (Status s = fail::parse_specs(text, &more); !s) return Status::Error(origin + s.message());
+    specs.insert(specs.end(), more.begin(), more.end());
+  }
+  *out = std::move(specs);
+  return Status::Ok();
+}
+
+Status checkpoint_settings_ok(const TrainConfig& cfg) {
+  if (cfg.save_every < 0) return Status::Error("--save-every " + std::to_string(cfg.save_every) + ": must be 0 (never) or more");
+  if ((cfg.save_every > 0 || cfg.resume) && cfg.checkpoint_dir.empty())
+    return Status::Error(std::string(cfg.resume ? "--resume" : "--save-every") + " needs --checkpoint-dir DIR");
+  if (cfg.resume && cfg.virtual_mode)
+    return Status::Error("--resume: virtual mode keeps sizes only, so there is no model state to load a checkpoint into");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status load_corpus(const TrainConfig& cfg, Corpus* out) {
@@ -198,6 +257,20 @@ Status load_corpus(const TrainConfig& cfg, Corpus* out) {
   }
   if (is_token_file(cfg.data)) return load_token_file(cfg.data, out);
   return load_text_corpus(cfg.data, cfg.max_doc_tokens, out);
+}
+
+Status check_inputs(const TrainConfig& cfg) {
+  if (Status s = validate(cfg); !s) return s;
+  model::Config mc;
+  if (Status s = model_config_of(cfg, &mc); !s) return s;
+  std::vector<fail::Spec> specs;
+  if (Status s = fault_specs_of(cfg, &specs); !s) return s;
+  if (!cfg.virtual_mode && !cfg.data.empty())
+    if (Status s = check_input_file(cfg.data, "data file"); !s) return s;
+  if (Status s = checkpoint_settings_ok(cfg); !s) return s;
+  if (cfg.device == "cuda" && cfg.virtual_mode)
+    return Status::Error("--virtual runs on the simulated GPU (--device sim): it keeps sizes only, no data");
+  return Status::Ok();
 }
 
 Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progress, TrainSummary* summary,
@@ -236,45 +309,16 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     if (!own_backend) return Status::Error("--device cuda: " + why);
     backend = own_backend.get();
   }
-  std::optional<model::Config> mc;
-  if (cfg.model == "custom") {
-    // A real model's layout (issue 9's scenarios): sizes only, unless it is GPT-2's own layout
-    // (the reference model computes any vocab/context/layers/heads/width; scenarios' small variants).
-    const ModelShape& sh = cfg.shape;
-    const bool gpt2_layout = sh.kv_heads == sh.heads && sh.ffn == 4 * sh.width && !sh.gated_ffn && sh.experts == 0 &&
-                             sh.tied_embeddings;
-    if (!virt && !gpt2_layout)
-      return Status::Error("--model custom (" + (sh.name.empty() ? std::string("a model shape") : sh.name) +
-                           "): a shape other than GPT-2's layout (kv_heads = heads, ffn = 4 x width, no gate, no experts, "
-                           "tied embeddings) runs in virtual mode only (--virtual)");
-    if (Status s = validate_shape(sh); !s) return s;
-    mc = model::Config{sh.vocab, sh.context, sh.layers, sh.heads, sh.width};
-    if (!virt)
-      if (Status s = model::validate(*mc); !s) return s;
-  } else {
-    mc = model::preset(cfg.model);
-  }
-  if (!mc) return Status::Error("--model '" + cfg.model + "': not a preset (tiny, 124M, 350M, 774M, 1.5B)");
+  model::Config mc_value;
+  if (Status s = model_config_of(cfg, &mc_value); !s) return s;
+  const model::Config* mc = &mc_value;
   const int64_t T = cfg.seq_len ? cfg.seq_len : mc->context;
   const int64_t B = cfg.micro_batch;
-  if (!virt) {
-    if (Status s = model::Workspace::check(*mc, int(B), int(T)); !s) return s;
-  } else if (cfg.data_samples <= 0) {
-    return Status::Error("virtual mode needs data_samples (the size of the data set in samples of seq_len tokens): "
-                         "no corpus is read");
-  }
   if (cfg.ranks_per_node < 0) return Status::Error("ranks_per_node must not be negative");
 
   // Faults (inject/failpoint): --fault specs and ZT_FAULTS, for this run, from one seed.
-  std::vector<std::pair<std::string, std::string>> sources;  // (where it came from, the spec text)
-  for (const std::string& text : cfg.faults) sources.emplace_back("--fault ", text);
-  if (const char* env = std::getenv("ZT_FAULTS")) sources.emplace_back("ZT_FAULTS: ", env);
   std::vector<fail::Spec> specs;
-  for (const auto& [origin, text] : sources) {
-    std::vector<fail::Spec> more;
-    if (Status s = fail::parse_specs(text, &more); !s) return Status::Error(origin + s.message());
-    specs.insert(specs.end(), more.begin(), more.end());
-  }
+  if (Status s = fault_specs_of(cfg, &specs); !s) return s;
   fail::Scope fault_scope(specs, cfg.fault_seed ? cfg.fault_seed : cfg.seed);
 
   Corpus corpus;
@@ -313,12 +357,8 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
   }
 
   // Checkpoints (issue 5): the settings, and what to resume from (verified before any rank starts).
-  if (cfg.save_every < 0) return Status::Error("--save-every " + std::to_string(cfg.save_every) + ": must be 0 (never) or more");
-  if ((cfg.save_every > 0 || cfg.resume) && cfg.checkpoint_dir.empty())
-    return Status::Error(std::string(cfg.resume ? "--resume" : "--save-every") + " needs --checkpoint-dir DIR");
+  if (Status s = checkpoint_settings_ok(cfg); !s) return s;
   ckpt::Selected resume;
-  if (cfg.resume && cfg.virtual_mode)
-    return Status::Error("--resume: virtual mode keeps sizes only, so there is no model state to load a checkpoint into");
   if (cfg.resume) {
     if (Status s = ckpt::select_checkpoint(cfg.checkpoint_dir, &resume); !s) return Status::Error("--resume: " + s.message());
     const ckpt::Manifest& m = resume.manifest;

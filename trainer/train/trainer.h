@@ -47,6 +47,12 @@ Status load_corpus(const TrainConfig& cfg, Corpus* out);
 
 class Backend;  // core/backend.h
 
+// The checks train() makes before anything runs, that need no data, device or trace: the settings
+// (validate), the model and batch shape, the fault specs, that the data file is a readable file,
+// the checkpoint settings. A caller runs them before it opens the trace, so that bad input never
+// replaces a trace the user already had. train() makes them again itself.
+Status check_inputs(const TrainConfig& cfg);
+
 // Runs the whole training. `progress`, when not null, gets one line per step. `backend`, when not
 // null, is the accelerator of every rank instead of the one cfg.device names (tests drive the
 // GPU code path with a backend of their own through it); cfg.device must then be "cuda".

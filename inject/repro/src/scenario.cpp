@@ -11,6 +11,7 @@
 #include <map>
 #include <regex>
 
+#include "zt/common/files.h"
 #include "zt/common/units.h"
 #include "zt/fail/catalog.h"
 #include "zt/fail/failpoint.h"
@@ -667,10 +668,10 @@ Status resolve(const Scenario& s, Variant v, bool fix, std::optional<uint64_t> s
 
 Status load_once(const std::string& path, Scenario* out) {
   YAML::Node root;
+  std::string text;
+  if (Status s = read_text_file(path, "scenario file", &text); !s) return s;
   try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    return Status::Error(path + ": cannot open the scenario file");
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     return Status::Error(path + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
