@@ -1,7 +1,8 @@
 // tests/viewer/known_trace.h: writes a small trace with exactly known content through
 // zt::db::TraceWriter, so viewer tests can say where things must be: one memory peak at a
 // known time, one fault and one error at known times, a pinned buffer leaked at each epoch
-// end (with a call stack), and one gradient partition placed on the wrong device.
+// end (with a call stack), and one gradient partition placed on the wrong device. A second
+// trace (write_mismatch_trace) has the shape of `zt repro r2-...-device-mismatch`'s bug.db.
 #pragma once
 
 #include <map>
@@ -158,6 +159,89 @@ inline bool write_known_trace(const std::string& path, std::string* error) {
   err.tensors = "[\"block2.grad[shard]\"]";
   err.device_id = 1;
   w->insert(err);
+  w->commit();
+  if (Status s = w->finish(); !s) {
+    *error = s.message();
+    return false;
+  }
+  return true;
+}
+
+// The shape of r2's bug.db (ZeRO-3 with the optimizer offloaded, one fp32 gradient partition
+// left on the GPU): two ranks, each with a host and a GPU. Every fp32 partition and its .grad
+// live on the host for the whole run; partition 3's .grad also lives on cuda:<rank> for a while
+// (created after, freed just before its host copy), and an error row per rank names it with
+// the trainer's "@device" suffix. Rank 0's GPU also runs one long kernel with a known name.
+struct MismatchTrace {
+  static constexpr int64_t kMs = 1'000'000;
+  static constexpr int64_t kT0 = 1'000 * kMs;          // start of step 0
+  static constexpr int64_t kEnd = kT0 + 40 * kMs;
+  static constexpr int64_t kGpuGradStart = kT0 + 20 * kMs;  // partition 3's .grad on the GPU
+  static constexpr int64_t kGpuGradEnd = kT0 + 32 * kMs;
+  static constexpr int64_t kKernelStart = kT0 + 2 * kMs, kKernelEnd = kT0 + 14 * kMs;
+  static constexpr const char* kKernelName = "adam_step_kernel";
+  static constexpr const char* kWrongTensor = "fp32_partitioned_groups_flat[3].grad";
+};
+
+inline bool write_mismatch_trace(const std::string& path, std::string* error) {
+  using namespace zt::db;
+  using M = MismatchTrace;
+  std::unique_ptr<TraceWriter> w;
+  if (Status s = TraceWriter::create(path, &w); !s) {
+    *error = s.message();
+    return false;
+  }
+  std::map<std::string, int64_t> ids;
+  auto str = [&](const std::string& t) {
+    auto [it, fresh] = ids.emplace(t, int64_t(ids.size()) + 1);
+    if (fresh) w->insert(StringRow{it->second, t});
+    return it->second;
+  };
+  w->begin();
+  RunRow run;
+  run.tool_version = "test";
+  run.command_line = "mismatch trace";
+  run.t_start = M::kT0 - M::kMs;
+  run.t_end = M::kEnd;
+  run.status = RunStatus::Failed;
+  w->insert(run);
+  int64_t place_id = 0, marker_id = 0;
+  for (int r = 0; r < 2; ++r) {
+    w->insert(RankRow{r, 1, 2, r, "h", 100 + r});
+    const int64_t host = 1 + 2 * r, gpu = 2 + 2 * r;
+    w->insert(DeviceRow{host, r, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+    w->insert(DeviceRow{gpu, r, DeviceKind::Sim, r, "cuda:" + std::to_string(r), "simulated GPU", 64ll << 20, true});
+    MarkerRow step;
+    step.id = ++marker_id, step.rank = r, step.kind = MarkerKind::Step, step.name_id = str("step 0");
+    step.t_start = M::kT0, step.t_end = M::kEnd - M::kMs, step.step = 0;
+    w->insert(step);
+    auto place = [&](const std::string& tensor, int64_t dev, int64_t t, PlacementWhy why) {
+      PlacementRow p;
+      p.id = ++place_id, p.rank = r, p.t = t, p.tensor_id = str(tensor), p.device_id = dev, p.why = why;
+      p.bytes = 256;
+      w->insert(p);
+    };
+    for (int g = 0; g < 4; ++g) {
+      std::string flat = "fp32_partitioned_groups_flat[" + std::to_string(g) + "]";
+      place(flat, host, M::kT0 + g * M::kMs / 10, PlacementWhy::Created);
+      place(flat + ".grad", host, M::kT0 + g * M::kMs / 10 + 1000, PlacementWhy::Created);
+    }
+    place(M::kWrongTensor, gpu, M::kGpuGradStart, PlacementWhy::Created);
+    place(M::kWrongTensor, gpu, M::kGpuGradEnd, PlacementWhy::Freed);
+    place(M::kWrongTensor, host, M::kGpuGradEnd + 1000, PlacementWhy::Freed);
+    ErrorRow err;
+    err.id = 1 + r, err.rank = r, err.t = M::kGpuGradEnd - M::kMs, err.step = 0, err.kind = "device_mismatch";
+    err.site = "unscale_and_clip_grads";
+    err.message = "Expected all tensors to be on the same device, but found at least two devices, cpu and cuda:" +
+                  std::to_string(r) + "!";
+    err.tensors = "[\"combined_scale@cpu\",\"" + std::string(M::kWrongTensor) + "@cuda:" + std::to_string(r) + "\"]";
+    err.device_id = gpu;
+    w->insert(err);
+  }
+  KernelRow k;
+  k.id = 1, k.rank = 0, k.device_id = 2, k.name_id = str(MismatchTrace::kKernelName);
+  k.t_start = MismatchTrace::kKernelStart, k.t_end = MismatchTrace::kKernelEnd;
+  w->insert(k);
   w->commit();
   if (Status s = w->finish(); !s) {
     *error = s.message();

@@ -355,3 +355,39 @@ TEST(TraceModelErrors, BadFileGivesAnErrorNamingIt) {
   EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
   EXPECT_FALSE(TraceModel::load(dir.file("missing.db"), &m).ok());
 }
+
+// r2's bug.db: partition 3's .grad lives on the host like its siblings and, for a while, also on
+// the GPU. The GPU span is flagged and ordered last (so the panel paints it over the host span),
+// and the error rows, which name the tensor as "...grad@cuda:N", mark it as named in an error.
+TEST(Placement, WrongDeviceSpanIsLastAndErrorNamesMatchWithoutTheirDevice) {
+  using M = zt::test::MismatchTrace;
+  zt::test::TempDir dir;
+  std::string err;
+  ASSERT_TRUE(zt::test::write_mismatch_trace(dir.file("r2.db"), &err)) << err;
+  std::unique_ptr<TraceModel> m;
+  auto s = TraceModel::load(dir.file("r2.db"), &m);
+  ASSERT_TRUE(s.ok()) << s.message();
+  auto rows = placement_timeline(*m, 1000);
+  ASSERT_EQ(rows.size(), 16u);  // 4 partitions and their .grad, per rank
+  for (int r = 0; r < 2; ++r) {
+    const TensorPlacement& p = rows[size_t(r)];
+    EXPECT_EQ(p.name, M::kWrongTensor);
+    EXPECT_EQ(p.rank, r);
+    EXPECT_TRUE(p.mismatch);
+    EXPECT_TRUE(p.in_error) << "the error names it as " << M::kWrongTensor << "@cuda:" << r;
+    EXPECT_EQ(p.expected, "host");
+    ASSERT_EQ(p.spans.size(), 2u);
+    EXPECT_FALSE(p.spans[0].mismatch);  // the host span, the whole run
+    EXPECT_TRUE(m->devices[size_t(p.spans[0].device)].host);
+    EXPECT_TRUE(p.spans[1].mismatch);   // the GPU span, drawn last
+    EXPECT_FALSE(m->devices[size_t(p.spans[1].device)].host);
+    EXPECT_EQ(p.spans[1].t0, M::kGpuGradStart);
+    EXPECT_EQ(p.spans[1].t1, M::kGpuGradEnd);
+  }
+  for (size_t i = 2; i < rows.size(); ++i) {
+    EXPECT_FALSE(rows[i].mismatch) << rows[i].name;
+    EXPECT_FALSE(rows[i].in_error) << rows[i].name;
+  }
+  EXPECT_EQ(error_tensor_names(R"(["combined_scale@cpu","a.grad@cuda:0","plain"])"),
+            (std::vector<std::string>{"combined_scale", "a.grad", "plain"}));
+}

@@ -43,11 +43,11 @@ struct Shot {
 
 bool have_xvfb() { return std::system("command -v xvfb-run >/dev/null 2>&1") == 0; }
 
-Shot screenshot(const zt::test::TempDir& dir, const std::string& args) {
+Shot screenshot(const zt::test::TempDir& dir, const std::string& args, const std::string& size = "1600x1000") {
   Shot s;
   std::string png = dir.file("shot.png"), err = dir.file("stderr.txt");
   std::string cmd = "xvfb-run -a -s \"-screen 0 1600x1000x24\" " ZT_BINARY_DIR "/zt view " + args +
-                    " --screenshot " + png + " --size 1600x1000 2>" + err;
+                    " --screenshot " + png + " --size " + size + " 2>" + err;
   int status = std::system(cmd.c_str());
   s.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   std::ifstream e(err);
@@ -72,8 +72,10 @@ class RenderTest : public ::testing::Test {
     std::string err;
     ASSERT_TRUE(zt::test::write_known_trace(dir_.file("known.db"), &err)) << err;
   }
-  Shot take(const std::string& extra = "") {
-    Shot s = screenshot(dir_, dir_.file("known.db") + " " + extra);
+  Shot take(const std::string& extra = "") { return take_of(dir_.file("known.db") + " " + extra); }
+  // `args`: the traces and options; `size`: the window.
+  Shot take_of(const std::string& args, const std::string& size = "1600x1000") {
+    Shot s = screenshot(dir_, args, size);
     if (s.rc != 0 && s.err.find("cannot open a window") != std::string::npos) {
       skipped_ = true;
       return s;
@@ -90,6 +92,21 @@ class RenderTest : public ::testing::Test {
   ASSERT_EQ(var.rc, 0) << var.err;                                            \
   ASSERT_EQ(var.w, 1600);                                                     \
   ASSERT_EQ(var.h, 1000)
+
+// The same for any traces and window size.
+#define TAKE_OF_OR_SKIP(var, args, size, w_, h_)                              \
+  Shot var = take_of(args, size);                                             \
+  if (skipped_) GTEST_SKIP() << "no X display could be made: " << var.err;    \
+  ASSERT_EQ(var.rc, 0) << var.err;                                            \
+  ASSERT_EQ(var.w, w_);                                                       \
+  ASSERT_EQ(var.h, h_)
+
+// The placement row of `name` on `rank` as drawn (null if it was not).
+const json* placement_row(const Shot& s, const std::string& name, int rank) {
+  for (auto& r : s.layout["placement_rows"])
+    if (r["name"] == name && r["rank"] == rank) return &r;
+  return nullptr;
+}
 
 }  // namespace
 
@@ -151,6 +168,106 @@ TEST_F(RenderTest, StepZoomsToThatStep) {
   double x0 = s.layout["time_x0"].get<double>(), x1 = s.layout["time_x1"].get<double>();
   EXPECT_NEAR(a, x0, (x1 - x0) * 0.05);
   EXPECT_NEAR(b, x1, (x1 - x0) * 0.05);
+}
+
+// r2's bug: a .grad that lived on the GPU for a while beside its host copy. Its GPU span is
+// painted over the host span in the mismatch colour, the legend names each device once, and
+// the error rows (which name it "...grad@cuda:N") mark it as named in an error.
+TEST_F(RenderTest, PlacementShowsTheWrongDeviceSpanOverItsHostSpan) {
+  using M = zt::test::MismatchTrace;
+  std::string err;
+  ASSERT_TRUE(zt::test::write_mismatch_trace(dir_.file("r2.db"), &err)) << err;
+  TAKE_OF_OR_SKIP(s, dir_.file("r2.db") + " --panel placement", "1600x1000", 1600, 1000);
+  EXPECT_EQ(s.layout["placement_legend"], json({"host", "cuda:0", "cuda:1", "wrong device class"}));
+  for (int rank = 0; rank < 2; ++rank) {
+    const json* row = placement_row(s, M::kWrongTensor, rank);
+    ASSERT_NE(row, nullptr) << "no placement row drawn for " << M::kWrongTensor << " on rank " << rank;
+    EXPECT_EQ((*row)["text"], std::string(M::kWrongTensor) + "  (in an error)");
+    double x0 = (*row)["x0"].get<double>(), x1 = (*row)["x1"].get<double>();
+    double t0 = (*row)["t0"].get<double>(), t1 = (*row)["t1"].get<double>();
+    auto x_at = [&](int64_t t) { return int(std::lround(x0 + (double(t) - t0) / (t1 - t0) * (x1 - x0))); };
+    int y = int(((*row)["y0"].get<double>() + (*row)["y1"].get<double>()) / 2);
+    int on_gpu = x_at((M::kGpuGradStart + M::kGpuGradEnd) / 2), on_host = x_at(M::kT0 + 10 * M::kMs);
+    EXPECT_TRUE(s.pixel_is(on_gpu, y, 255, 60, 200)) << "rank " << rank << ": the GPU span is not drawn at x=" << on_gpu;
+    EXPECT_TRUE(s.pixel_is(on_host, y, 150, 150, 150)) << "rank " << rank << ": the host span is not drawn at x=" << on_host;
+  }
+}
+
+// In a narrow window the tensor column cannot fit the name: it loses its start, not the ".grad".
+TEST_F(RenderTest, NarrowPlacementColumnKeepsTheEndOfTheName) {
+  using M = zt::test::MismatchTrace;
+  std::string err;
+  ASSERT_TRUE(zt::test::write_mismatch_trace(dir_.file("r2.db"), &err)) << err;
+  TAKE_OF_OR_SKIP(s, dir_.file("r2.db") + " --panel placement", "700x800", 700, 800);
+  const json* row = placement_row(s, M::kWrongTensor, 0);
+  ASSERT_NE(row, nullptr);
+  std::string text = (*row)["text"];
+  EXPECT_EQ(text.rfind("...", 0), 0u) << text;
+  std::string end = "[3].grad  (in an error)";
+  ASSERT_GE(text.size(), end.size());
+  EXPECT_EQ(text.substr(text.size() - end.size()), end) << text;
+}
+
+// Every number of a memory track is in its label column: each series' real peak, the capacity,
+// and the scale (the top edge), named as such; nothing is written over the curves.
+TEST_F(RenderTest, MemoryTrackNamesPeaksAndScaleBesideTheCurves) {
+  TAKE_OR_SKIP(s, "");
+  const json* mem = s.track("memory");
+  ASSERT_NE(mem, nullptr);
+  std::vector<std::string> labels = (*mem)["labels"];
+  auto has = [&](const std::string& prefix) {
+    for (auto& l : labels)
+      if (l.rfind(prefix, 0) == 0) return true;
+    return false;
+  };
+  EXPECT_TRUE(has("allocated peak 3.50 GiB")) << (*mem)["labels"].dump();
+  EXPECT_TRUE(has("capacity 4.00 GiB")) << (*mem)["labels"].dump();
+  EXPECT_TRUE(has("scale 0 - ")) << (*mem)["labels"].dump();
+  EXPECT_FALSE(has("max")) << (*mem)["labels"].dump();
+  // No text in the top strip of the time area, where a corner label used to cross the lines.
+  int y0 = int((*mem)["y0"].get<double>()), x1 = int(s.layout["time_x1"].get<double>());
+  int text = 0;
+  for (int y = y0; y < y0 + 14; ++y)
+    for (int x = x1 - 400; x < x1; ++x) text += s.pixel_is(x, y, 150, 150, 160, 6);
+  EXPECT_EQ(text, 0) << "text drawn over the memory curves";
+}
+
+// Two traces split the timeline: B's tracks start on screen, not below A's, and the replay
+// panel shows the state of both.
+TEST_F(RenderTest, TwoTracesAreBothOnScreenAndReplayShowsBoth) {
+  std::string err;
+  ASSERT_TRUE(zt::test::write_known_trace(dir_.file("after.db"), &err)) << err;
+  TAKE_OR_SKIP(s, dir_.file("after.db") + " --panel replay");
+  double top = s.layout["timeline_y0"].get<double>(), bottom = s.layout["timeline_y1"].get<double>();
+  ASSERT_EQ(s.layout["trace_areas"].size(), 2u);
+  for (int trace = 0; trace < 2; ++trace) {
+    const json* first = nullptr;
+    for (auto& t : s.layout["tracks"])
+      if (t["trace"] == trace) {
+        first = &t;
+        break;
+      }
+    ASSERT_NE(first, nullptr);
+    EXPECT_GT((*first)["y0"].get<double>(), top) << "trace " << trace;
+    EXPECT_LT((*first)["y1"].get<double>(), bottom) << "trace " << trace << "'s first track is below the timeline";
+  }
+  EXPECT_EQ(s.layout["replay_traces"], json({0, 1}));
+}
+
+// Kernel lanes are tall enough for the kernel's name to be written in a wide span.
+TEST_F(RenderTest, KernelNamesAreWrittenInWideSpans) {
+  using M = zt::test::MismatchTrace;
+  std::string err;
+  ASSERT_TRUE(zt::test::write_mismatch_trace(dir_.file("r2.db"), &err)) << err;
+  TAKE_OF_OR_SKIP(s, dir_.file("r2.db"), "1600x1000", 1600, 1000);
+  const json* k = s.track("kernels");
+  ASSERT_NE(k, nullptr);
+  int y0 = int((*k)["y0"].get<double>()), xa = int(s.x_of(M::kKernelStart)), xb = int(s.x_of(M::kKernelEnd));
+  ASSERT_GT(xb - xa, 100);
+  int text = 0;  // the label's dark pixels inside the span
+  for (int y = y0 + 1; y < y0 + 12; ++y)
+    for (int x = xa + 2; x < xb - 2; ++x) text += s.pixel_is(x, y, 15, 15, 20, 5);
+  EXPECT_GT(text, 20) << "no kernel name drawn in the span at x=" << xa << ".." << xb;
 }
 
 TEST(ViewCommand, BadTraceIsAnErrorNotACrash) {

@@ -75,6 +75,22 @@ std::vector<LeakGroup> find_leaks(const TraceModel& m) {
   return out;
 }
 
+std::vector<std::string> error_tensor_names(const std::string& json) {
+  // A JSON array of strings; names never contain quotes, so split on them.
+  std::vector<std::string> out;
+  for (size_t q = json.find('"'); q != std::string::npos;) {
+    size_t e = json.find('"', q + 1);
+    if (e == std::string::npos) break;
+    std::string name = json.substr(q + 1, e - q - 1);
+    // "fp32_partitioned_groups_flat[3].grad@cuda:0": the device the tensor was on follows the
+    // last '@'; the placement rows name the tensor alone.
+    if (size_t at = name.rfind('@'); at != std::string::npos && at > 0) name.resize(at);
+    out.push_back(std::move(name));
+    q = json.find('"', e + 1);
+  }
+  return out;
+}
+
 std::vector<TensorPlacement> placement_timeline(const TraceModel& m, int64_t merge_gap_ns, Status* status) {
   Status loaded = m.load_placements();
   if (status) *status = loaded;
@@ -136,21 +152,14 @@ std::vector<TensorPlacement> placement_timeline(const TraceModel& m, int64_t mer
       if (s.device >= 0) seen[is_host(s.device)] = true;
     for (int c = 0; c < 2; ++c) votes[pattern[k]][c] += seen[c];
   }
-  std::set<std::string> named_in_errors;
+  std::set<std::pair<int, std::string>> named_in_errors;  // (rank, tensor name)
   for (auto& f : m.flags) {
     if (!f.is_error) continue;
-    // tensors is a JSON array of strings; names never contain quotes, so split on them.
-    const std::string& j = f.tensors;
-    for (size_t q = j.find('"'); q != std::string::npos;) {
-      size_t e = j.find('"', q + 1);
-      if (e == std::string::npos) break;
-      named_in_errors.insert(j.substr(q + 1, e - q - 1));
-      q = j.find('"', e + 1);
-    }
+    for (const std::string& t : error_tensor_names(f.tensors)) named_in_errors.insert({f.rank, t});
   }
   for (size_t k = 0; k < out.size(); ++k) {
     auto v = votes[pattern[k]];
-    out[k].in_error = named_in_errors.count(out[k].name) > 0;
+    out[k].in_error = named_in_errors.count({out[k].rank, out[k].name}) > 0;
     if (v[0] + v[1] < 2 || v[0] == v[1]) {
       out[k].expected = v[0] == v[1] ? "" : (v[1] > v[0] ? "host" : "accelerator");
       if (v[0] + v[1] < 2) out[k].expected = "";
@@ -160,6 +169,12 @@ std::vector<TensorPlacement> placement_timeline(const TraceModel& m, int64_t mer
       for (auto& s : out[k].spans)
         if (s.device >= 0 && is_host(s.device) != host_expected) s.mismatch = out[k].mismatch = true;
     }
+    // Spans by start time, the mismatched ones last: a bar painted in this order shows the
+    // wrong-device span on top of the (usually longer) span it overlaps.
+    std::stable_sort(out[k].spans.begin(), out[k].spans.end(), [](const PlacementSpan& x, const PlacementSpan& y) {
+      if (x.mismatch != y.mismatch) return y.mismatch;
+      return x.t0 < y.t0;
+    });
   }
   std::vector<size_t> order(out.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;

@@ -31,6 +31,10 @@ struct LeakGroup {
 // they are the allocator's cache, and their blocks tell the story.
 std::vector<LeakGroup> find_leaks(const TraceModel& m);
 
+// The tensor names of an error row's `tensors` (a JSON array of strings), each without the
+// "@device" suffix the trainer appends ("x.grad@cuda:0" -> "x.grad").
+std::vector<std::string> error_tensor_names(const std::string& json);
+
 struct PlacementSpan {
   int64_t t0 = 0, t1 = 0;
   int device = -1;
@@ -39,9 +43,9 @@ struct PlacementSpan {
 struct TensorPlacement {
   std::string name;
   int rank = 0;
-  std::vector<PlacementSpan> spans;
+  std::vector<PlacementSpan> spans;  // by start time, mismatched spans last (drawn on top)
   bool mismatch = false;  // some span on a device class (host vs accelerator) its siblings never use
-  bool in_error = false;  // named in an error row
+  bool in_error = false;  // named in an error row of the same rank (its "@device" suffix ignored)
   std::string expected;   // "host" or "accelerator": where its siblings live
 };
 

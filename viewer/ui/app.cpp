@@ -51,6 +51,7 @@ void add_trace(ViewerState& st, std::unique_ptr<TraceModel> model) {
 
 void draw_frame(ViewerState& st, float dt) {
   auto started = std::chrono::steady_clock::now();
+  st.layout.clear_panels();
   if (st.playing) {
     st.playhead += double(dt) * st.speed * 1e9;
     if (st.playhead >= st.span_t1()) st.playhead = st.span_t1(), st.playing = false;
@@ -130,7 +131,7 @@ bool apply_start_position(ViewerState& st, const ViewOptions& opt) {
     st.fit_all();
   }
   if (opt.at_ns) st.playhead = double(*opt.at_ns);
-  st.playhead_state.reset();
+  st.playhead_states.clear();
   return true;
 }
 
@@ -149,7 +150,14 @@ void write_layout(const ViewerState& st, const std::string& path, int w, int h) 
   for (auto& lt : st.traces) j["traces"].push_back({{"path", lt.model->path()}, {"t_align", lt.model->t_align}});
   for (auto& t : l.tracks)
     j["tracks"].push_back({{"trace", t.trace}, {"track", t.track}, {"title", t.title}, {"kind", t.kind},
-                           {"y0", t.y0}, {"y1", t.y1}, {"collapsed", t.collapsed}});
+                           {"y0", t.y0}, {"y1", t.y1}, {"collapsed", t.collapsed}, {"labels", t.labels}});
+  for (auto& [y0, y1] : l.trace_areas) j["trace_areas"].push_back({{"y0", y0}, {"y1", y1}});
+  j["placement_legend"] = l.placement_legend;
+  j["placement_rows"] = nlohmann::json::array();
+  for (auto& r : l.placement_rows)
+    j["placement_rows"].push_back({{"trace", r.trace}, {"rank", r.rank}, {"name", r.name}, {"text", r.text},
+                                   {"x0", r.x0}, {"x1", r.x1}, {"y0", r.y0}, {"y1", r.y1}, {"t0", r.t0}, {"t1", r.t1}});
+  j["replay_traces"] = l.replay_traces;
   std::ofstream(path) << j.dump(1) << "\n";
 }
 

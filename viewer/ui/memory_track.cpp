@@ -1,7 +1,9 @@
 // viewer/ui/memory_track.cpp: the memory counter tracks. Owns how live bytes are drawn:
 // each series decimated to one min/max pair per pixel column (lod.h), the allocated series
 // filled, the others as lines, the device capacity as a dashed line when it is within
-// reach of the curve (else named in the corner), and the hover readout.
+// reach of the curve, the label column (each series with its peak, the capacity, and the
+// scale: the value at the top edge of the track), and the hover readout. Nothing is written
+// over the curves: every number is in the label column.
 #include <algorithm>
 #include <cmath>
 
@@ -13,17 +15,68 @@ namespace zt::viewer {
 
 float memory_track_height(const Track& track) { return track.kind == TrackKind::HostMemory ? 70.0f : 90.0f; }
 
-void draw_memory_track(const LoadedTrace& lt, const Track& track, const MemoryTrackArea& a, bool hovered,
-                       ImVec2 mouse) {
-  const TraceModel& m = *lt.model;
+namespace {
+
+struct Scale {
+  double top = 1;                  // bytes at the top edge of the track
+  bool capacity_on_scale = false;  // the capacity line is drawn
+};
+
+Scale memory_scale(const TraceModel& m, const Track& track) {
+  Scale sc;
   double top = 0;
   for (auto& ref : track.series) top = std::max(top, m.series[size_t(ref.series)].peak);
   // Show the capacity line when usage is at least a quarter of it: a run near its limit is
   // the interesting case, and an 80 GiB line over a 1 GiB curve would flatten the curve.
-  bool capacity_on_scale = track.capacity > 0 && double(track.capacity) <= top * 4;
-  if (capacity_on_scale) top = std::max(top, double(track.capacity));
+  sc.capacity_on_scale = track.capacity > 0 && double(track.capacity) <= top * 4;
+  if (sc.capacity_on_scale) top = std::max(top, double(track.capacity));
   if (top <= 0) top = 1;
-  top *= 1.08;
+  sc.top = top * 1.08;  // headroom, so the peak does not touch the edge
+  return sc;
+}
+
+}  // namespace
+
+std::vector<std::string> draw_memory_labels(const LoadedTrace& lt, const Track& track, ImDrawList* dl, float x0,
+                                            float x1, float y0, float y1) {
+  const TraceModel& m = *lt.model;
+  Scale sc = memory_scale(m, track);
+  std::vector<std::string> lines;
+  const float row = 14;
+  float y = y0;
+  dl->PushClipRect(ImVec2(x0, y0), ImVec2(x1, y1), true);
+  auto line = [&](ImU32 swatch, bool dashed, const std::string& name, const std::string& value, ImU32 text_col) {
+    if (dashed) {
+      dl->AddLine(ImVec2(x0, y + 8), ImVec2(x0 + 3, y + 8), swatch, 1.5f);
+      dl->AddLine(ImVec2(x0 + 5, y + 8), ImVec2(x0 + 8, y + 8), swatch, 1.5f);
+    } else if (swatch) {
+      dl->AddRectFilled(ImVec2(x0, y + 4), ImVec2(x0 + 8, y + 12), swatch);
+    }
+    dl->AddText(ImVec2(x0 + 12, y), text_col, name.c_str());
+    ImVec2 vs = ImGui::CalcTextSize(value.c_str());
+    dl->AddText(ImVec2(x1 - vs.x, y), text_col, value.c_str());
+    lines.push_back(name.empty() ? value : name + " " + value);
+    y += row;
+  };
+  const ImU32 text = IM_COL32(170, 170, 180, 255), dim = IM_COL32(120, 120, 130, 255);
+  for (size_t s = 0; s < track.series.size(); ++s) {
+    const Series& ser = m.series[size_t(track.series[s].series)];
+    line(series_color(track.series[s].name, int(s)), false, track.series[s].name, "peak " + format_bytes(ser.peak), text);
+  }
+  if (track.capacity > 0) {
+    line(kCapacityColor, true, "capacity", format_bytes(double(track.capacity)), text);
+    if (!sc.capacity_on_scale) line(0, false, "", "(above the scale)", dim);
+  }
+  line(0, false, "scale", "0 - " + format_bytes(sc.top), dim);
+  dl->PopClipRect();
+  return lines;
+}
+
+void draw_memory_track(const LoadedTrace& lt, const Track& track, const MemoryTrackArea& a, bool hovered,
+                       ImVec2 mouse) {
+  const TraceModel& m = *lt.model;
+  const Scale sc = memory_scale(m, track);
+  const double top = sc.top;
   const float h = a.y1 - a.y0 - 2;
   auto y_of = [&](double v) { return a.y1 - 1 - float(v / top) * h; };
   int columns = int(std::ceil(a.x1 - a.x0));
@@ -50,17 +103,10 @@ void draw_memory_track(const LoadedTrace& lt, const Track& track, const MemoryTr
       prev_y = y_of(v.last);
     }
   }
-  if (capacity_on_scale) {
+  if (sc.capacity_on_scale) {
     float y = y_of(double(track.capacity));
     for (float x = a.x0; x < a.x1; x += 12) a.dl->AddLine(ImVec2(x, y), ImVec2(std::min(x + 7, a.x1), y), kCapacityColor, 1.5f);
   }
-  std::string scale = format_bytes(top / 1.08);
-  std::string corner = "max " + scale;
-  if (track.capacity > 0)
-    corner += capacity_on_scale ? "  capacity " + format_bytes(double(track.capacity))
-                                : "  capacity " + format_bytes(double(track.capacity)) + " (above scale)";
-  ImVec2 ts = ImGui::CalcTextSize(corner.c_str());
-  a.dl->AddText(ImVec2(a.x1 - ts.x - 6, a.y0 + 2), IM_COL32(150, 150, 160, 255), corner.c_str());
 
   if (hovered) {
     double t = a.view_t0 + double(mouse.x - a.x0) * a.ns_per_px;

@@ -21,6 +21,10 @@ struct MemoryTrackArea {
 void draw_memory_track(const LoadedTrace& lt, const Track& track, const MemoryTrackArea& area, bool hovered,
                        ImVec2 mouse);
 float memory_track_height(const Track& track);
+// The track's label column in [x0, x1] x [y0, y1]: each series with its peak, the capacity, the
+// scale (bytes at the top edge). Returns the lines drawn ("allocated peak 4.70 MiB", ...).
+std::vector<std::string> draw_memory_labels(const LoadedTrace& lt, const Track& track, ImDrawList* dl, float x0,
+                                            float x1, float y0, float y1);
 
 // inspector.cpp: tooltips and the details panel (selection with its call stack, range summary).
 void item_tooltip(const LoadedTrace& lt, ItemKind kind, uint32_t row);

@@ -3,6 +3,7 @@
 // largest live allocations, and the transfers, kernels and phases in flight. The state is
 // recomputed only when the playhead moves (analysis.h: state_at).
 #include <cmath>
+#include <string>
 
 #include "panels.h"
 #include "style.h"
@@ -27,12 +28,18 @@ void draw_replay_controls(ViewerState& st) {
   ImGui::Text("playhead %s", time_label(st.playhead).c_str());
 }
 
-void draw_replay_panel(ViewerState& st) {
-  LoadedTrace& lt = st.traces[size_t(std::min<int>(st.playhead_trace, int(st.traces.size()) - 1))];
+namespace {
+
+// The state of one trace at the playhead (its own alignment applied).
+void draw_trace_state(ViewerState& st, int ti) {
+  LoadedTrace& lt = st.traces[size_t(ti)];
   const TraceModel& m = *lt.model;
   int64_t t = lt.to_trace(st.playhead);
-  if (!st.playhead_state || st.playhead_state->t != t) st.playhead_state = state_at(m, t, 10);
-  const PlayheadState& ps = *st.playhead_state;
+  if (st.playhead_states.size() != st.traces.size()) st.playhead_states.resize(st.traces.size());
+  std::optional<PlayheadState>& cached = st.playhead_states[size_t(ti)];
+  if (!cached || cached->t != t) cached = state_at(m, t, 10);
+  const PlayheadState& ps = *cached;
+  st.layout.replay_traces.push_back(ti);
   ImGui::Text("State of %s at %s", lt.label.c_str(), time_label(st.playhead).c_str());
   if (ImGui::BeginTable("##live", 2 + kFamilyCount, ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_RowBg)) {
     ImGui::TableSetupColumn("device");
@@ -66,7 +73,7 @@ void draw_replay_panel(ViewerState& st) {
                                                : std::string("-")) +
                          ")";
       color_swatch(family_color(Family(m.alloc.family[r])));
-      if (ImGui::Selectable(text.c_str())) st.select(st.playhead_trace, ItemKind::Allocation, r);
+      if (ImGui::Selectable(text.c_str())) st.select(ti, ItemKind::Allocation, r);
       ImGui::PopID();
     }
     ImGui::TableNextColumn();
@@ -83,6 +90,37 @@ void draw_replay_panel(ViewerState& st) {
     if (ps.open_markers.empty() && ps.transfers_in_flight.empty() && ps.kernels_running.empty())
       ImGui::TextDisabled("nothing");
     ImGui::EndTable();
+  }
+}
+
+}  // namespace
+
+void draw_replay_panel(ViewerState& st) {
+  const int n = int(st.traces.size());
+  if (st.playhead_trace >= n) st.playhead_trace = -1;
+  if (n > 1) {
+    // Which trace: both side by side (the default), or one with the whole width.
+    ImGui::TextDisabled("show");
+    ImGui::SameLine();
+    ImGui::RadioButton("both", &st.playhead_trace, -1);
+    for (int ti = 0; ti < n; ++ti) {
+      ImGui::SameLine();
+      std::string name(1, char('A' + ti % 26));
+      ImGui::RadioButton(name.c_str(), &st.playhead_trace, ti);
+    }
+  }
+  if (n > 1 && st.playhead_trace < 0) {
+    if (ImGui::BeginTable("##traces", n, ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_SizingStretchSame)) {
+      for (int ti = 0; ti < n; ++ti) {
+        ImGui::TableNextColumn();
+        ImGui::PushID(ti);
+        draw_trace_state(st, ti);
+        ImGui::PopID();
+      }
+      ImGui::EndTable();
+    }
+  } else {
+    draw_trace_state(st, std::max(st.playhead_trace, 0));
   }
 }
 

@@ -82,4 +82,16 @@ void color_swatch(ImU32 c) {
   ImGui::SameLine();
 }
 
+std::string ellipsize_left(const std::string& text, float width) {
+  if (ImGui::CalcTextSize(text.c_str()).x <= width) return text;
+  // The longest tail that fits after "...": the width only grows as the cut moves left.
+  size_t lo = 1, hi = text.size();  // cut in [lo, hi]
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (ImGui::CalcTextSize(("..." + text.substr(mid)).c_str()).x <= width) hi = mid;
+    else lo = mid + 1;
+  }
+  return "..." + text.substr(lo);
+}
+
 }  // namespace zt::viewer

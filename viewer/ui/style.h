@@ -30,6 +30,8 @@ ImU32 series_color(const std::string& name, int index);
 std::string time_label(double view_ns);  // "+1.25 s", "-3.00 ms"
 void apply_style();
 void color_swatch(ImU32 c);  // a small square in text flow
+// `text` as it fits in `width` pixels of the current font: whole, or "..." and its end.
+std::string ellipsize_left(const std::string& text, float width);
 uint32_t hash_str(const std::string& s);
 
 }  // namespace zt::viewer

@@ -1,7 +1,9 @@
 // viewer/ui/timeline.cpp: the timeline panel. Owns drawing of the time ruler and of every
 // non-memory track (markers, allocations, transfers, kernels, flags), the navigation input
 // (wheel zoom at the cursor, drag pan, ruler drag to zoom, right-drag range select, WASD and
-// arrows), track collapse and reorder, and the frame layout the screenshot mode records.
+// arrows), track collapse and reorder, the split of the height between two traces (each
+// scrolling its own tracks under the shared ruler), and the frame layout the screenshot mode
+// records.
 // Per frame each lane costs a binary search plus one draw item per ~3 px (lod.h).
 #include <GLFW/glfw3.h>
 
@@ -20,13 +22,16 @@ constexpr float kLabelWidth = 210.0f;
 constexpr float kHeaderHeight = 18.0f;
 constexpr float kRulerHeight = 26.0f;
 constexpr double kMinItemPx = 3.0;
+// A span's name is written in it when the lane is at least this tall (the font is 13 px) and
+// the span at least 40 px wide. Allocation lanes are thinner on purpose (hundreds of rows).
+constexpr float kLabelLanePx = 12.0f;
 
 float lane_height(TrackKind k) {
   switch (k) {
     case TrackKind::Markers: return 15;
     case TrackKind::Allocations: return 7;
     case TrackKind::Transfers: return 13;
-    case TrackKind::Kernels: return 11;
+    case TrackKind::Kernels: return 14;  // tall enough for the kernel's name
     default: return 12;
   }
 }
@@ -110,7 +115,7 @@ void draw_lane(Ctx& c, const IntervalLane& lane, float y0, float y1, ItemKind ki
       uint32_t row = lane.item[it.first];
       ImU32 col = color(row);
       c.dl->AddRectFilled(ImVec2(ax, y0), ImVec2(bx, y1 - 1), col);
-      if (bx - ax > 40 && y1 - y0 >= 12) {
+      if (bx - ax > 40 && y1 - y0 >= kLabelLanePx) {
         std::string text = label(row);
         label_in(c.dl, ax, y0, bx, y1, text.c_str(), IM_COL32(15, 15, 20, 255));
       }
@@ -119,7 +124,7 @@ void draw_lane(Ctx& c, const IntervalLane& lane, float y0, float y1, ItemKind ki
       if (hit(c, ax, y0, bx, y1)) *c.hover = {c.trace, kind, row, false, 0, 0, 0};
     } else {
       c.dl->AddRectFilled(ImVec2(ax, y0), ImVec2(bx, y1 - 1), kFoldColor);
-      if (bx - ax > 30 && y1 - y0 >= 12) {
+      if (bx - ax > 30 && y1 - y0 >= kLabelLanePx) {
         char buf[32];
         std::snprintf(buf, sizeof buf, "%u", it.count);
         label_in(c.dl, ax, y0, bx, y1, buf, IM_COL32(235, 235, 235, 255));
@@ -310,35 +315,85 @@ void draw_timeline(ViewerState& st, ImVec2 size) {
   if (ImGui::IsItemDeactivated() && ruler_press_x >= 0) {
     float a = std::min(ruler_press_x, io.MousePos.x), b = std::max(ruler_press_x, io.MousePos.x);
     if (b - a > 4) st.focus(st.view.t_of(a - x0), st.view.t_of(b - x0));
-    else st.playhead = st.view.t_of(io.MousePos.x - x0), st.playhead_state.reset();
+    else st.playhead = st.view.t_of(io.MousePos.x - x0), st.playhead_states.clear();
     ruler_press_x = -1;
   }
 
-  ImGui::SetCursorScreenPos(ImVec2(origin.x, origin.y + kRulerHeight));
-  ImGui::BeginChild("##tracks", ImVec2(size.x, size.y - kRulerHeight), false, ImGuiWindowFlags_NoScrollWithMouse);
-  ImDrawList* dl = ImGui::GetWindowDrawList();
-  ImVec2 clip0 = ImGui::GetWindowPos();
-  float clip_y0 = clip0.y, clip_y1 = clip0.y + ImGui::GetWindowHeight();
+  // The tracks: one scrolling area per trace, stacked under the shared ruler. With two traces
+  // each gets a share of the height (what it needs when that is less than half, the rest to
+  // the other; the splitter between them moves the boundary), so both are on screen at once.
+  const int n = int(st.traces.size());
+  const float kTraceHeader = n > 1 ? 20.0f : 0.0f, kSplitter = n > 1 ? 6.0f : 0.0f;
+  float area_y0 = origin.y + kRulerHeight, area_h = std::max(size.y - kRulerHeight, 40.0f);
+  std::vector<float> heights(size_t(n), area_h);
+  if (n > 1) {
+    float avail = area_h - kSplitter * float(n - 1);
+    std::vector<float> want(size_t(n), kTraceHeader);
+    for (int ti = 0; ti < n; ++ti) {
+      const LoadedTrace& lt = st.traces[size_t(ti)];
+      for (int tix : lt.order)
+        want[size_t(ti)] += kHeaderHeight + (lt.collapsed[size_t(tix)] ? 0 : content_height(lt.model->tracks[size_t(tix)])) + 4;
+    }
+    if (n == 2 && st.split_fraction > 0) {
+      heights[0] = std::clamp(avail * st.split_fraction, 60.0f, std::max(avail - 60.0f, 60.0f));
+      heights[1] = avail - heights[0];
+    } else {
+      // Water-filling: a trace needing less than an equal share gets what it needs.
+      std::vector<char> fixed(size_t(n), 0);
+      float left = avail;
+      int open = n;
+      for (bool changed = true; changed && open > 0;) {
+        changed = false;
+        for (int ti = 0; ti < n; ++ti)
+          if (!fixed[size_t(ti)] && want[size_t(ti)] <= left / float(open)) {
+            heights[size_t(ti)] = want[size_t(ti)];
+            left -= want[size_t(ti)];
+            fixed[size_t(ti)] = 1;
+            --open;
+            changed = true;
+          }
+      }
+      for (int ti = 0; ti < n; ++ti)
+        if (!fixed[size_t(ti)]) heights[size_t(ti)] = left / float(open);
+      // What nobody needs goes to the last trace, so the areas fill the timeline.
+      float used = 0;
+      for (float h : heights) used += h;
+      heights.back() += avail - used;
+    }
+  }
   st.layout.timeline_y0 = origin.y;
-  st.layout.timeline_y1 = clip_y1;
   st.layout.view_t0 = st.view.t0;
   st.layout.ns_per_px = st.view.ns_per_px;
-  bool window_hovered = ImGui::IsWindowHovered();
+  st.layout.trace_areas.clear();
   ImVec2 mouse = io.MousePos;
-  bool mouse_in = window_hovered && mouse.x >= x0 && mouse.x < x1;
   Hover hover;
+  bool panned = false;
   std::vector<DrawItem> scratch;
   scratch.reserve(4096);
+  static bool range_drag = false;
+  static double range_start = 0;
+  float y_cursor = area_y0;
+  float px = x0 + float((st.playhead - st.view.t0) / st.view.ns_per_px);
 
-  for (int ti = 0; ti < int(st.traces.size()); ++ti) {
+  for (int ti = 0; ti < n; ++ti) {
     LoadedTrace& lt = st.traces[size_t(ti)];
     const TraceModel& m = *lt.model;
-    if (st.traces.size() > 1) {
-      ImVec2 p = ImGui::GetCursorScreenPos();
-      dl->AddRectFilled(p, ImVec2(p.x + size.x, p.y + 20), IM_COL32(50, 50, 70, 255));
-      dl->AddText(ImVec2(p.x + 6, p.y + 3), IM_COL32(240, 240, 255, 255), lt.label.c_str());
-      ImGui::Dummy(ImVec2(size.x - 14, 20));
+    float h_trace = heights[size_t(ti)];
+    if (n > 1) {
+      top->AddRectFilled(ImVec2(origin.x, y_cursor), ImVec2(origin.x + size.x, y_cursor + kTraceHeader), IM_COL32(50, 50, 70, 255));
+      top->AddText(ImVec2(origin.x + 6, y_cursor + 3), IM_COL32(240, 240, 255, 255), lt.label.c_str());
     }
+    ImGui::SetCursorScreenPos(ImVec2(origin.x, y_cursor + kTraceHeader));
+    ImGui::PushID(ti);
+    ImGui::BeginChild("##tracks", ImVec2(size.x, std::max(h_trace - kTraceHeader, 10.0f)), false,
+                      ImGuiWindowFlags_NoScrollWithMouse);
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    ImVec2 clip0 = ImGui::GetWindowPos();
+    float clip_y0 = clip0.y, clip_y1 = clip0.y + ImGui::GetWindowHeight();
+    st.layout.trace_areas.push_back({clip_y0, clip_y1});
+    st.layout.timeline_y1 = clip_y1;
+    bool window_hovered = ImGui::IsWindowHovered();
+    bool mouse_in = window_hovered && mouse.x >= x0 && mouse.x < x1;
     Ctx c{st, lt, ti, dl, x0, x1, st.view.ns_per_px,
           lt.to_trace(st.view.t0), lt.to_trace(st.view.t1()) + 1, mouse, mouse_in, &hover, &scratch};
     for (size_t k = 0; k < lt.order.size(); ++k) {
@@ -348,7 +403,7 @@ void draw_timeline(ViewerState& st, ImVec2 size) {
       float ch = collapsed ? 0 : content_height(t);
       ImVec2 p = ImGui::GetCursorScreenPos();
       float y_head = p.y, y_body = p.y + kHeaderHeight, y_end = y_body + ch + 4;
-      st.layout.tracks.push_back({ti, tix, t.title, kind_name(t.kind), y_body, y_body + ch, collapsed});
+      st.layout.tracks.push_back({ti, tix, t.title, kind_name(t.kind), y_body, y_body + ch, collapsed, {}});
       bool visible = y_end >= clip_y0 && y_head <= clip_y1;
       if (visible) {
         dl->AddRectFilled(ImVec2(p.x, y_head), ImVec2(x1, y_body), IM_COL32(38, 38, 48, 255));
@@ -384,65 +439,87 @@ void draw_timeline(ViewerState& st, ImVec2 size) {
               break;
           }
           dl->PopClipRect();
-          if (t.kind == TrackKind::Memory || t.kind == TrackKind::HostMemory) {
-            float ly = y_body;
-            for (size_t s = 0; s < t.series.size(); ++s) {
-              dl->AddRectFilled(ImVec2(p.x + 14, ly + 4), ImVec2(p.x + 22, ly + 12), series_color(t.series[s].name, int(s)));
-              dl->AddText(ImVec2(p.x + 26, ly), IM_COL32(170, 170, 180, 255), t.series[s].name.c_str());
-              ly += 14;
-            }
-          }
+          if (t.kind == TrackKind::Memory || t.kind == TrackKind::HostMemory)
+            st.layout.tracks.back().labels = draw_memory_labels(lt, t, dl, p.x + 14, x0 - 8, y_body, y_body + ch);
         }
       }
       ImGui::SetCursorScreenPos(p);
       ImGui::Dummy(ImVec2(size.x - 14, y_end - y_head));
     }
-  }
 
-  // Overlays across every track: fault/error lines, the selected range, the playhead.
-  dl->PushClipRect(ImVec2(x0, clip_y0), ImVec2(x1, clip_y1), true);
-  for (const LoadedTrace& lt : st.traces)
-    for (const Flag& f : lt.model->flags) {
+    // Overlays across this trace's tracks: its fault/error lines, the selected range, the playhead.
+    dl->PushClipRect(ImVec2(x0, clip_y0), ImVec2(x1, clip_y1), true);
+    for (const Flag& f : m.flags) {
       float x = x0 + float((double(lt.to_view(f.t)) - st.view.t0) / st.view.ns_per_px);
       if (x >= x0 && x <= x1)
         dl->AddLine(ImVec2(x, clip_y0), ImVec2(x, clip_y1), (f.is_error ? kErrorColor : kFaultColor) & 0x50FFFFFF);
     }
-  if (st.has_range) {
-    float a = x0 + float((st.range_t0 - st.view.t0) / st.view.ns_per_px);
-    float b = x0 + float((st.range_t1 - st.view.t0) / st.view.ns_per_px);
-    dl->AddRectFilled(ImVec2(a, clip_y0), ImVec2(b, clip_y1), IM_COL32(120, 160, 255, 40));
-    dl->AddLine(ImVec2(a, clip_y0), ImVec2(a, clip_y1), IM_COL32(120, 160, 255, 160));
-    dl->AddLine(ImVec2(b, clip_y0), ImVec2(b, clip_y1), IM_COL32(120, 160, 255, 160));
+    if (st.has_range) {
+      float a = x0 + float((st.range_t0 - st.view.t0) / st.view.ns_per_px);
+      float b = x0 + float((st.range_t1 - st.view.t0) / st.view.ns_per_px);
+      dl->AddRectFilled(ImVec2(a, clip_y0), ImVec2(b, clip_y1), IM_COL32(120, 160, 255, 40));
+      dl->AddLine(ImVec2(a, clip_y0), ImVec2(a, clip_y1), IM_COL32(120, 160, 255, 160));
+      dl->AddLine(ImVec2(b, clip_y0), ImVec2(b, clip_y1), IM_COL32(120, 160, 255, 160));
+    }
+    if (px >= x0 && px <= x1) dl->AddLine(ImVec2(px, clip_y0), ImVec2(px, clip_y1), kPlayheadColor, 1.5f);
+    dl->PopClipRect();
+
+    // Input over this trace's tracks: wheel zooms the shared axis (Shift+wheel scrolls these
+    // tracks), left-drag pans the axis and scrolls these tracks, right-drag selects a range.
+    if (window_hovered) {
+      if (io.MouseWheel != 0) {
+        if (io.KeyShift) ImGui::SetScrollY(ImGui::GetScrollY() - io.MouseWheel * 40);
+        else if (mouse_in) st.view.zoom_at(mouse.x - x0, std::pow(0.8, double(io.MouseWheel)));
+      }
+      if (ImGui::IsMouseClicked(ImGuiMouseButton_Right) && mouse_in) {
+        range_drag = true;
+        range_start = st.view.t_of(mouse.x - x0);
+        st.range_trace = ti;
+      }
+    }
+    if (!panned && (ImGui::IsWindowFocused() || window_hovered) && ImGui::IsMouseDragging(ImGuiMouseButton_Left) &&
+        !ImGui::IsAnyItemActive()) {
+      st.view.pan_px(io.MouseDelta.x);
+      ImGui::SetScrollY(ImGui::GetScrollY() - io.MouseDelta.y);
+      panned = true;
+    }
+    if (window_hovered && ImGui::IsMouseReleased(ImGuiMouseButton_Left) && io.MouseDragMaxDistanceSqr[0] < 9 &&
+        !ImGui::IsAnyItemHovered()) {
+      if (hover.kind != ItemKind::None) {
+        st.select(hover.trace, hover.kind, hover.row);
+        st.request_panel(Panel::Inspector);
+      } else if (hover.fold) {
+        const LoadedTrace& fl = st.traces[size_t(hover.trace)];
+        st.focus(double(fl.to_view(hover.fold_t0)), double(fl.to_view(hover.fold_t1)));
+      }
+    }
+    ImGui::EndChild();
+    y_cursor += h_trace;
+    // The splitter under this trace: drag it to give one trace more room than the other.
+    if (ti + 1 < n) {
+      ImGui::SetCursorScreenPos(ImVec2(origin.x, y_cursor));
+      ImGui::InvisibleButton("##split", ImVec2(size.x - 14, kSplitter));
+      bool hot = ImGui::IsItemHovered() || ImGui::IsItemActive();
+      top->AddRectFilled(ImVec2(origin.x, y_cursor + 2), ImVec2(origin.x + size.x, y_cursor + kSplitter - 2),
+                         hot ? IM_COL32(120, 140, 200, 255) : IM_COL32(60, 60, 80, 255));
+      if (hot) ImGui::SetMouseCursor(ImGuiMouseCursor_ResizeNS);
+      if (ImGui::IsItemActive() && n == 2) {
+        float avail = area_h - kSplitter;
+        st.split_fraction = std::clamp((heights[0] + io.MouseDelta.y) / avail, 0.05f, 0.95f);
+      }
+      y_cursor += kSplitter;
+    }
+    ImGui::PopID();
   }
-  float px = x0 + float((st.playhead - st.view.t0) / st.view.ns_per_px);
-  if (px >= x0 && px <= x1) dl->AddLine(ImVec2(px, clip_y0), ImVec2(px, clip_y1), kPlayheadColor, 1.5f);
-  dl->PopClipRect();
+  ImGui::SetCursorScreenPos(ImVec2(origin.x, area_y0 + area_h));
+  ImGui::Dummy(ImVec2(size.x, 0));
+
   top->PushClipRect(ImVec2(x0, origin.y), ImVec2(x1, origin.y + kRulerHeight), true);
   if (px >= x0 && px <= x1)
     top->AddTriangleFilled(ImVec2(px - 6, origin.y + kRulerHeight - 9), ImVec2(px + 6, origin.y + kRulerHeight - 9),
                            ImVec2(px, origin.y + kRulerHeight), kPlayheadColor);
   top->PopClipRect();
 
-  // Input over the tracks.
-  static bool range_drag = false;
-  static double range_start = 0;
-  if (window_hovered) {
-    if (io.MouseWheel != 0) {
-      if (io.KeyShift) ImGui::SetScrollY(ImGui::GetScrollY() - io.MouseWheel * 40);
-      else if (mouse_in) st.view.zoom_at(mouse.x - x0, std::pow(0.8, double(io.MouseWheel)));
-    }
-    if (ImGui::IsMouseClicked(ImGuiMouseButton_Right) && mouse_in) {
-      range_drag = true;
-      range_start = st.view.t_of(mouse.x - x0);
-    }
-  }
-  if (ImGui::IsWindowFocused() || window_hovered) {
-    if (ImGui::IsMouseDragging(ImGuiMouseButton_Left) && (window_hovered || ImGui::IsWindowFocused()) &&
-        !ImGui::IsAnyItemActive()) {
-      st.view.pan_px(io.MouseDelta.x);
-      ImGui::SetScrollY(ImGui::GetScrollY() - io.MouseDelta.y);
-    }
-  }
   if (range_drag) {
     double now = st.view.t_of(mouse.x - x0);
     st.has_range = true;
@@ -453,16 +530,6 @@ void draw_timeline(ViewerState& st, ImVec2 size) {
       if ((st.range_t1 - st.range_t0) / st.view.ns_per_px < 2) st.has_range = false;
       st.range_summary.reset();
       if (st.has_range) st.request_panel(Panel::Inspector);
-    }
-  }
-  if (window_hovered && ImGui::IsMouseReleased(ImGuiMouseButton_Left) && io.MouseDragMaxDistanceSqr[0] < 9 &&
-      !ImGui::IsAnyItemHovered()) {
-    if (hover.kind != ItemKind::None) {
-      st.select(hover.trace, hover.kind, hover.row);
-      st.request_panel(Panel::Inspector);
-    } else if (hover.fold) {
-      const LoadedTrace& lt = st.traces[size_t(hover.trace)];
-      st.focus(double(lt.to_view(hover.fold_t0)), double(lt.to_view(hover.fold_t1)));
     }
   }
   if (hover.kind != ItemKind::None) {
@@ -476,7 +543,6 @@ void draw_timeline(ViewerState& st, ImVec2 size) {
                         time_label(double(st.traces[size_t(hover.trace)].to_view(hover.fold_t1))).c_str());
     ImGui::EndTooltip();
   }
-  ImGui::EndChild();
 
   // Keys, when no text field has focus: W/S or Up/Down zoom, A/D or Left/Right pan, F fits.
   if (!io.WantTextInput) {

@@ -50,12 +50,33 @@ struct LayoutTrack {
   std::string kind;
   float y0 = 0, y1 = 0;  // window pixels, content area of the track
   bool collapsed = false;
+  std::vector<std::string> labels;  // text in its label column (memory tracks: series, peaks, scale)
+};
+// A row of the placement view as drawn: the text in its tensor column (ellipsized from the
+// left when narrow) and its bar, which maps trace times [t0, t1] onto [x0, x1].
+struct LayoutPlacementRow {
+  int trace = 0;
+  int rank = 0;
+  std::string name, text;
+  float x0 = 0, x1 = 0, y0 = 0, y1 = 0;
+  double t0 = 0, t1 = 0;
 };
 struct FrameLayout {
   float time_x0 = 0, time_x1 = 0;  // window pixels of the time area
   float timeline_y0 = 0, timeline_y1 = 0;
   double view_t0 = 0, ns_per_px = 1;
   std::vector<LayoutTrack> tracks;
+  // Per trace, the window rows its tracks scroll in (two traces split the timeline between them).
+  std::vector<std::pair<float, float>> trace_areas;
+  // Panels drawn this frame (cleared at its start).
+  std::vector<std::string> placement_legend;
+  std::vector<LayoutPlacementRow> placement_rows;
+  std::vector<int> replay_traces;  // traces whose state the replay panel showed
+  void clear_panels() {
+    placement_legend.clear();
+    placement_rows.clear();
+    replay_traces.clear();
+  }
 };
 
 enum class Panel : int { Inspector = 0, Replay, Leaks, Placement, Errors };
@@ -71,9 +92,12 @@ struct ViewerState {
   bool has_range = false;
   double range_t0 = 0, range_t1 = 0;  // view times
   std::optional<RangeSummary> range_summary;  // of traces[range_trace]
-  int range_trace = 0;
-  std::optional<PlayheadState> playhead_state;  // of traces[0] at playhead
-  int playhead_trace = 0;
+  int range_trace = 0;                        // the trace the range was dragged over
+  // The state at the playhead, per trace (recomputed when the playhead moves), and which
+  // trace the replay panel shows: -1 every trace, side by side.
+  std::vector<std::optional<PlayheadState>> playhead_states;
+  int playhead_trace = -1;
+  float split_fraction = -1;  // two traces: share of the timeline height for A; -1: automatic
   Panel panel = Panel::Replay;
   bool panel_requested = false;
   FrameLayout layout;
