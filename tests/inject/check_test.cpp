@@ -238,6 +238,34 @@ TEST(CheckPlacement, ResidentParameterShardOnTheGpuUnderParamOffload) {
   EXPECT_TRUE(has(c.findings[0], "first before any step")) << c.findings[0];
 }
 
+// Under offload_param a shard's copy on the accelerator is allowed when it is freed before the next
+// step begins: the checkpoint's gather between steps (save.blockN.shard), and a caching allocator's
+// segment named after its first block is not a tensor (R2's --virtual fix trace failed on one).
+TEST(CheckPlacement, StagedShardCopiesAndSegmentsAreNotResident) {
+  test::TempDir dir;
+  RunShape s;
+  std::string path = make(dir, "staged.db", s, [](TraceBuilder& b) {
+    // Between steps 3 and 4: the save's gather, freed before step 4 begins, and the H2D copy into it.
+    int64_t a = b.alloc(0, 2, db::MemoryKind::Device, "save.block3.shard", kMiB, test::step_t0(3) + 95, test::step_t0(4) - 1);
+    b.placement(0, test::step_t0(3) + 95, "save.block3.shard", 2, db::PlacementWhy::Created, kMiB, a);
+    b.placement(0, test::step_t0(3) + 96, "save.block3.shard", 2, db::PlacementWhy::Moved, kMiB);
+    // A segment named after its first block, kept for the whole run (the blocks are judged instead).
+    b.alloc(0, 2, db::MemoryKind::Device, "embeddings.shard", 64 * kMiB, 95, std::nullopt, db::AllocLevel::Segment);
+  });
+  Options o;
+  o.placement = true;
+  Report r = run(path, o);
+  EXPECT_EQ(only(r, "placement").outcome, Outcome::Pass) << format_text(r);
+
+  // The same save copy kept into step 4 is resident.
+  std::string kept = make(dir, "kept.db", s, [](TraceBuilder& b) {
+    b.alloc(0, 2, db::MemoryKind::Device, "save.block3.shard", kMiB, test::step_t0(3) + 95, test::step_t0(4) + 10);
+  });
+  Report k = run(kept, o);
+  ASSERT_EQ(only(k, "placement").outcome, Outcome::Fail) << format_text(k);
+  EXPECT_TRUE(has(only(k, "placement").findings.at(0), "save.block3.shard on cuda:0")) << format_text(k);
+}
+
 TEST(CheckPlacement, NoOffloadNoRule) {
   test::TempDir dir;
   RunShape s;

@@ -90,18 +90,22 @@ Status check_placement(TraceData& d, const Options&, CheckResult* out) {
   }
 
   // A parameter shard on the accelerator is its resident copy (misplaced) when it lives across
-  // a step boundary, outlives the trace, or was made outside any step; the copy staged to the
-  // device inside a fetch (H2D, then all-gathered and freed) is how offload_param works.
+  // a step boundary or outlives the trace; a copy freed before the next step begins is staged:
+  // inside a fetch (H2D, then all-gathered and freed) that is how offload_param works, and between
+  // steps it is the checkpoint's gather of the 16-bit weights (stage3_gather_16bit_weights_on_model_save).
   auto resident = [&](const Alloc& a) {
     if (a.t_free == kNever) return true;
     auto it = d.steps.find(a.rank);
-    if (it == d.steps.end() || it->second.empty()) return true;
+    if (it == d.steps.end()) return false;
     const auto& v = it->second;
     auto p = std::lower_bound(v.begin(), v.end(), a.t_alloc, [](const Span& s, int64_t t) { return s.t_start < t; });
-    if (p != v.end() && p->t_start < a.t_free) return true;  // alive when a later step began
-    if (p == v.begin()) return true;                         // made before the first step
-    return a.t_alloc >= std::prev(p)->t_end;                 // made after its step ended
+    return p != v.end() && p->t_start < a.t_free;  // alive when a later step began
   };
+  // Segments are the caching allocator's reserve (named after the first block carved from them),
+  // not tensors: where a device has block rows, only blocks say where a tensor lived.
+  std::set<std::pair<int64_t, int64_t>> has_blocks;  // (rank, device)
+  for (const Alloc& a : d.allocs)
+    if (a.level == db::AllocLevel::Block) has_blocks.insert({a.rank, a.device_id});
   auto inside_step = [&](int64_t rank, int64_t t) {
     auto it = d.steps.find(rank);
     if (it == d.steps.end()) return false;
@@ -122,8 +126,22 @@ Status check_placement(TraceData& d, const Options&, CheckResult* out) {
     }
     m.bytes[name] = std::max(m.bytes[name], bytes);
   };
+  // The shard allocations on accelerators, by (rank, name, device): a placement row without an
+  // allocation id (a copy into a tensor: "moved") is judged by the allocation it landed in.
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<const Alloc*>> shard_allocs;
+  for (const Alloc& a : d.allocs)
+    if (a.name_id && a.level == db::AllocLevel::Block && d.is_accelerator(a.device_id) && param_shard(d.str(a.name_id)))
+      shard_allocs[{a.rank, a.name_id, a.device_id}].push_back(&a);
+  auto in_allocation = [&](const db::PlacementRow& p) {
+    auto it = shard_allocs.find({p.rank, p.tensor_id, p.device_id});
+    if (it == shard_allocs.end()) return false;
+    for (const Alloc* a : it->second)
+      if (a->alive_at(p.t)) return true;
+    return false;
+  };
   for (const Alloc& a : d.allocs) {
     if (!a.name_id) continue;
+    if (a.level == db::AllocLevel::Segment && has_blocks.count({a.rank, a.device_id})) continue;
     const Expect& e = expect_for(a.rank);
     if (!e.offload_optimizer && !e.offload_param) continue;
     const std::string& n = d.str(a.name_id);
@@ -149,8 +167,10 @@ Status check_placement(TraceData& d, const Options&, CheckResult* out) {
       checked.insert({p.rank, n});
       if (!d.is_accelerator(p.device_id)) continue;
       if (opt) note(p.rank, 0, n, p.device_id, p.t, p.bytes.value_or(0));
-      // A shard with an allocation row was judged above by its lifetime.
-      else if (!p.allocation_id && !inside_step(p.rank, p.t)) note(p.rank, 1, n, p.device_id, p.t, p.bytes.value_or(0));
+      // A shard with an allocation row (its own, or the one it was copied into) was judged above
+      // by its lifetime.
+      else if (!p.allocation_id && !in_allocation(p) && !inside_step(p.rank, p.t))
+        note(p.rank, 1, n, p.device_id, p.t, p.bytes.value_or(0));
     }
   }
   for (auto& [key, m] : found) {
