@@ -149,12 +149,22 @@ TEST_F(TensorTrace, DeviceGuardThrowsPyTorchsMessageAndRecordsIt) {
                  "Expected all tensors to be on the same device, but found at least two devices, cuda:1 and cpu!");
     EXPECT_EQ(e.tensors.size(), 2u);
   }
+  // The host operand first (R2's partition left on the GPU meets a host scale): the accelerator is
+  // still named first, as in PyTorch's text.
+  try {
+    check_same_device("unscale_and_clip_grads", {&grad, &scale}, 7);
+    FAIL() << "no exception";
+  } catch (const DeviceMismatchError& e) {
+    EXPECT_STREQ(e.what(),
+                 "Expected all tensors to be on the same device, but found at least two devices, cuda:1 and cpu!");
+  }
   EXPECT_NO_THROW(check_same_device("same", {&grad, &grad}));
   grad.reset();
   scale.reset();
   auto r = close_and_read();
-  auto e = rows(*r, "SELECT kind, site, step, message, tensors FROM error");
-  ASSERT_EQ(e.size(), 1u);
+  auto e = rows(*r, "SELECT kind, site, step, message, tensors FROM error ORDER BY id");
+  ASSERT_EQ(e.size(), 2u);  // both guards' errors
+  EXPECT_EQ(e[1][4], "[\"fp32_partitioned_groups_flat[0].grad@cpu\",\"combined_scale@cuda:1\"]");
   EXPECT_EQ(e[0][0], "device_mismatch");
   EXPECT_EQ(e[0][1], "unscale_and_clip_grads");
   EXPECT_EQ(e[0][2], "7");

@@ -252,8 +252,12 @@ void check_same_device(const char* op, std::initializer_list<const Tensor*> tens
       continue;
     }
     if (d.label() == first->label() && d.rank() == first->rank()) continue;
+    // The accelerator first, as PyTorch's TensorIterator names them ("cuda:1 and cpu!" in both
+    // R2's and R5's reports, whichever operand was on the host).
+    const Device& a = first->is_host() && !d.is_host() ? d : *first;
+    const Device& b = &a == &d ? *first : d;
     const std::string message = "Expected all tensors to be on the same device, but found at least two devices, " +
-                                first->label() + " and " + d.label() + "!";
+                                a.label() + " and " + b.label() + "!";
     record_guard_error(d.recorder() ? d : *first, op, message, tensors, step);
     std::vector<std::string> names;
     for (const Tensor* x : tensors) names.push_back(x->name());
