@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "output_paths.h"
 #include "zt/check/check.h"
 #include "zt/common/units.h"
 
@@ -21,6 +22,8 @@ struct CheckArgs {
 };
 
 int run_check(const CheckArgs& a) {
+  // Before anything is written: a bad trace still gets a JUnit file, which must not be the trace.
+  if (Status s = check_output_if_given(a.junit, {a.trace}); !s) return fail(s.message());
   check::Options o;
   o.run = a.run;
   o.leaks = a.leaks;

@@ -5,6 +5,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "commands.h"
+#include "output_paths.h"
 #include "zt/common/units.h"
 
 namespace zt::cli {
@@ -44,6 +45,13 @@ void add_ckpt_command(CLI::App& app, Action& action) {
     co->callback([&action, dir, tag, out, dtype] {
       action = [=] {
         const auto dt = trainer::parse_dtype(*dtype);
+        // The shards are read while the output is written: an output inside the checkpoint
+        // directory could replace a shard (or latest) before it is read.
+        if (out->empty()) return fail("--out: the file name is empty; name the safetensors file to write");
+        if (inside_directory(*out, *dir))
+          return fail(*out + ": the output lies inside the checkpoint directory " + *dir +
+                      " being read (choose a place outside it)");
+        if (Status s = check_output_path(*out, {}); !s) return fail(s.message());
         trainer::ckpt::ConsolidateReport rep;
         if (Status s = trainer::ckpt::consolidate(*dir, *tag, *out, *dt, &rep); !s) return fail(s.message());
         if (!rep.notes.empty()) std::cerr << "zt ckpt: warning: " << rep.notes;

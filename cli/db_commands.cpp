@@ -6,6 +6,8 @@
 #include <sstream>
 
 #include "commands.h"
+#include "output_paths.h"
+#include "text_width.h"
 #include "zt/common/units.h"
 #include "zt/db/export.h"
 #include "zt/db/kernel_summary.h"
@@ -25,21 +27,22 @@ std::string utc_time(int64_t unix_ns) {
   return buf;
 }
 
-// Prints rows as an aligned table; numeric columns right-aligned.
+// Prints rows as an aligned table; numeric columns right-aligned. Widths are columns on screen
+// (cli/text_width.h): "251.81 µs" is 10 bytes but 9 columns.
 void print_table(std::ostream& out, const std::vector<std::string>& header,
                  const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right_align,
                  const std::string& indent = "") {
   std::vector<size_t> width(header.size());
-  for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
+  for (size_t c = 0; c < header.size(); ++c) width[c] = display_width(header[c]);
   for (auto& r : rows)
-    for (size_t c = 0; c < r.size() && c < width.size(); ++c) width[c] = std::max(width[c], r[c].size());
+    for (size_t c = 0; c < r.size() && c < width.size(); ++c) width[c] = std::max(width[c], display_width(r[c]));
   auto line = [&](const std::vector<std::string>& r) {
     std::string s = indent;
     for (size_t c = 0; c < width.size(); ++c) {
       const std::string& v = c < r.size() ? r[c] : std::string();
-      std::string pad(width[c] - std::min(width[c], v.size()), ' ');
-      s += (c < right_align.size() && right_align[c]) ? pad + v : v + (c + 1 < width.size() ? pad : "");
-      if (c + 1 < width.size()) s += "  ";
+      const bool last = c + 1 == width.size();
+      s += (c < right_align.size() && right_align[c]) ? pad_left(v, width[c]) : last ? v : pad_right(v, width[c]);
+      if (!last) s += "  ";
     }
     out << s << "\n";
   };
@@ -400,6 +403,7 @@ void add_db_commands(CLI::App& app, Action& action) {
     merge->add_flag("--force", *force, "replace OUT if it exists");
     merge->callback([&action, out, inputs, force] {
       action = [=] {
+        if (Status s = check_output_path(*out, *inputs); !s) return fail(s.message());
         if (Status s = db::merge_traces(*out, *inputs, *force); !s) return fail(s.message());
         std::cout << "merged " << inputs->size() << " traces into " << *out << "\n";
         return kExitOk;
@@ -416,6 +420,7 @@ void add_db_commands(CLI::App& app, Action& action) {
     exp->callback([&action, path, chrome] {
       action = [=] {
         db::ExportStats st;
+        if (Status s = check_output_path(*chrome, {*path}); !s) return fail(s.message());
         if (Status s = db::export_chrome(*path, *chrome, &st); !s) return fail(s.message());
         std::cout << "wrote " << st.events << " trace events (" << format_bytes(double(st.bytes)) << ") to " << *chrome
                   << "\n";

@@ -2,7 +2,10 @@
 #include <cstdlib>
 #include <iostream>
 
+#include <filesystem>
+
 #include "commands.h"
+#include "output_paths.h"
 #include "zt/repro/runner.h"
 #include "zt/repro/scenario.h"
 
@@ -33,6 +36,25 @@ void add_repro_command(CLI::App& app, Action& action) {
     action = [path, json_out, keep, seed, virt, quiet, seed_opt]() -> int {
       repro::Scenario s;
       if (Status st = repro::load_scenario(*path, &s); !st) return fail(st.message());
+      // Before the runs: the verdict must not replace the scenario, nor the runs' traces
+      // (KEEP/bug.db, KEEP/fix.db) or checkpoints (KEEP/ckpt-*, removed first) the scenario.
+      const std::filesystem::path keep_dir = keep->empty() ? "zt-repro-" + s.name : *keep;
+      const std::string bug_db = (keep_dir / "bug.db").string(), fix_db = (keep_dir / "fix.db").string();
+      for (const std::string& out : {bug_db, fix_db, (keep_dir / "ckpt-bug").string(), (keep_dir / "ckpt-fix").string()})
+        if (inside_directory(*path, out))
+          return fail(out + ": the output of --keep " + keep_dir.string() + " is the input scenario " + *path +
+                      " (choose another directory)");
+      if (!json_out->empty()) {
+        for (const std::string& trace : {bug_db, fix_db})
+          if (same_file(*json_out, trace))
+            return fail(*json_out + ": the --json output is the trace " + trace + " this run writes (choose another file)");
+        // --keep out --json out/verdict.json: the run creates out/, where nothing can be overwritten yet.
+        const std::filesystem::path parent = std::filesystem::path(*json_out).parent_path();
+        const bool in_new_keep_dir =
+            !std::filesystem::exists(keep_dir) && same_file(parent.empty() ? "." : parent.string(), keep_dir.string());
+        if (!in_new_keep_dir)
+          if (Status st = check_output_path(*json_out, {*path}, "scenario"); !st) return fail(st.message());
+      }
       if (std::getenv("ZT_FAULTS")) {
         std::fprintf(stderr, "zt repro: warning: ignoring ZT_FAULTS: the scenario brings its own faults\n");
         unsetenv("ZT_FAULTS");

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "commands.h"
+#include "output_paths.h"
 #include "ui/app.h"
 
 namespace zt::cli {
@@ -48,6 +49,10 @@ void add_view_command(CLI::App& app, Action& action) {
       ->check(CLI::IsMember({"inspector", "replay", "leaks", "placement", "errors"}));
   view->callback([&action, traces, shot, at, step, size, panel] {
     action = [=]() -> int {
+      // The PNG and its layout PNG.json must not replace a trace being shown.
+      if (Status s = check_output_if_given(*shot, *traces); !s) return fail(s.message());
+      if (!shot->empty())
+        if (Status s = check_output_path(*shot + ".json", *traces); !s) return fail(s.message());
       viewer::ViewOptions o;
       o.traces = *traces;
       o.screenshot = *shot;

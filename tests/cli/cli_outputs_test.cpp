@@ -1,0 +1,206 @@
+// The zt commands that write a file named by the user refuse to write over what they read (exit 2,
+// the input intact byte for byte), and zt's tables align by columns on screen, not bytes ("µs").
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "../test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Result = zt::test::CommandResult;
+
+Result run_zt(const std::string& args) { return zt::test::run_command(std::string(ZT_EXE) + " " + args + " 2>&1"); }
+
+// A small real trace and checkpoints: 2 ranks, ZeRO-3 with the optimizer offloaded.
+Result train(const std::string& dir, const std::string& extra = "") {
+  return run_zt("train --model tiny --steps 6 --world-size 2 --zero-stage 3 --offload-optimizer --trace " + dir +
+                "/t.db " + extra);
+}
+
+// Runs `args` in `dir` and expects exit 2, the one line `message`, and `input` unchanged.
+void expect_refused(const std::string& dir, const std::string& args, const std::string& input,
+                    const std::string& message, const std::string& runner = "") {
+  const std::string before = zt::test::read_file(dir + "/" + input);
+  ASSERT_FALSE(before.empty()) << input;
+  Result r = zt::test::run_command("cd " + dir + " && " + runner + ZT_EXE + " " + args + " 2>&1");
+  EXPECT_EQ(r.code, 2) << args << ": " << r.out;
+  EXPECT_EQ(r.out, "zt: " + message + "\n") << args;
+  EXPECT_TRUE(zt::test::read_file(dir + "/" + input) == before) << args << ": " << input << " was changed";
+}
+
+// The line as code points (UTF-8), so that index i is screen column i.
+std::vector<std::string> columns(const std::string& line) {
+  std::vector<std::string> cps;
+  for (unsigned char c : line) {
+    if ((c & 0xC0) == 0x80 && !cps.empty()) cps.back() += char(c);
+    else cps.push_back(std::string(1, char(c)));
+  }
+  return cps;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+// The table whose header line contains `labels` in order: its header and data rows (up to a
+// blank line or a line ending in ':').
+std::vector<std::string> table(const std::vector<std::string>& lines, const std::vector<std::string>& labels) {
+  for (size_t i = 0; i < lines.size(); ++i) {
+    size_t at = 0;
+    bool all = true;
+    for (const auto& l : labels) {
+      at = lines[i].find(l, at);
+      if (at == std::string::npos) {
+        all = false;
+        break;
+      }
+    }
+    if (!all) continue;
+    std::vector<std::string> t{lines[i]};
+    for (size_t j = i + 1; j < lines.size() && !lines[j].empty() && lines[j].back() != ':'; ++j) t.push_back(lines[j]);
+    return t;
+  }
+  return {};
+}
+
+// Every right-aligned column's cells end at the screen column where its header label ends, and the
+// last (left-aligned) column starts where its label starts.
+void expect_aligned(const std::vector<std::string>& t, const std::vector<std::string>& right, const std::string& last) {
+  ASSERT_GE(t.size(), 2u) << "no table";
+  const std::vector<std::string> head = columns(t[0]);
+  auto find_col = [&](const std::string& label, size_t from) {
+    const std::vector<std::string> l = columns(label);
+    for (size_t i = from; i + l.size() <= head.size(); ++i)
+      if (std::equal(l.begin(), l.end(), head.begin() + long(i))) return i;
+    ADD_FAILURE() << label << " not in " << t[0];
+    return size_t(0);
+  };
+  std::vector<size_t> ends;
+  size_t from = 0;
+  for (const auto& label : right) {
+    const size_t start = find_col(label, from);
+    ends.push_back(start + columns(label).size());
+    from = ends.back();
+  }
+  const size_t last_start = last.empty() ? 0 : find_col(last, from);
+  for (size_t r = 1; r < t.size(); ++r) {
+    const std::vector<std::string> row = columns(t[r]);
+    for (size_t e : ends) {
+      ASSERT_LE(e, row.size()) << t[r];
+      EXPECT_NE(row[e - 1], " ") << "a cell does not end at column " << e << ":\n" << t[0] << "\n" << t[r];
+      if (e < row.size()) {
+        EXPECT_EQ(row[e], " ") << "a cell runs past column " << e << ":\n" << t[0] << "\n" << t[r];
+      }
+    }
+    if (!last.empty()) {
+      ASSERT_LT(last_start, row.size()) << t[r];
+      EXPECT_NE(row[last_start], " ") << t[0] << "\n" << t[r];
+      EXPECT_EQ(row[last_start - 1], " ") << t[0] << "\n" << t[r];
+    } else {
+      EXPECT_EQ(row.size(), head.size()) << t[0] << "\n" << t[r];
+    }
+  }
+}
+
+}  // namespace
+
+TEST(CliOutputs, ExportRefusesToWriteOverItsTrace) {
+  zt::test::TempDir dir;
+  ASSERT_EQ(run_zt("synth -o " + dir.file("a.db") + " --ranks 2 --epochs 1 --steps 2").code, 0);
+  expect_refused(dir.path(), "export a.db --chrome a.db", "a.db", "a.db: the output is the input trace (choose another file)");
+  expect_refused(dir.path(), "export a.db --chrome ./a.db", "a.db",
+                 "./a.db: the output is the input trace a.db (choose another file)");
+  expect_refused(dir.path(), "export a.db --chrome nodir/a.json", "a.db", "nodir/a.json: directory nodir does not exist");
+  Result ok = run_zt("export " + dir.file("a.db") + " --chrome " + dir.file("a.json"));
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
+
+TEST(CliOutputs, MergeRefusesToWriteOverAnInputSpelledAnotherWay) {
+  zt::test::TempDir dir;
+  ASSERT_EQ(run_zt("synth -o " + dir.file("a.db") + " --ranks 1 --epochs 1 --steps 2").code, 0);
+  expect_refused(dir.path(), "db merge --force ./a.db a.db", "a.db",
+                 "./a.db: the output is the input trace a.db (choose another file)");
+  expect_refused(dir.path(), "db merge --force a.db a.db", "a.db", "a.db: the output is the input trace (choose another file)");
+}
+
+TEST(CliOutputs, CheckJunitRefusesToWriteOverItsTrace) {
+  zt::test::TempDir dir;
+  ASSERT_EQ(run_zt("synth -o " + dir.file("b.db") + " --ranks 1 --epochs 1 --steps 2").code, 0);
+  expect_refused(dir.path(), "check b.db --junit b.db", "b.db", "b.db: the output is the input trace (choose another file)");
+  expect_refused(dir.path(), "check b.db --junit ./b.db", "b.db",
+                 "./b.db: the output is the input trace b.db (choose another file)");
+}
+
+TEST(CliOutputs, ViewScreenshotRefusesToWriteOverATrace) {
+  zt::test::TempDir dir;
+  ASSERT_EQ(run_zt("synth -o " + dir.file("v.db") + " --ranks 1 --epochs 1 --steps 2").code, 0);
+  ASSERT_EQ(run_zt("synth -o " + dir.file("w.db") + " --ranks 1 --epochs 1 --steps 2").code, 0);
+  if (run_zt("view --help").out.find("not built") != std::string::npos) GTEST_SKIP() << "viewer not built";
+  // Under an X display the viewer would really render: the refusal must come first.
+  const std::string xvfb = std::system("command -v xvfb-run >/dev/null 2>&1") == 0
+                               ? "xvfb-run -a -s \"-screen 0 1600x1000x24\" "
+                               : "";
+  expect_refused(dir.path(), "view v.db --screenshot v.db", "v.db", "v.db: the output is the input trace (choose another file)",
+                 xvfb);
+  expect_refused(dir.path(), "view v.db w.db --screenshot ./w.db", "w.db",
+                 "./w.db: the output is the input trace w.db (choose another file)", xvfb);
+}
+
+TEST(CliOutputs, ReproJsonRefusesToWriteOverItsScenario) {
+  zt::test::TempDir dir;
+  fs::copy_file(std::string(ZT_SOURCE_DIR) + "/inject/scenarios/r2-qwen72b-offload-device-mismatch.yaml", dir.file("s.yaml"));
+  expect_refused(dir.path(), "repro s.yaml --json s.yaml", "s.yaml", "s.yaml: the output is the input scenario (choose another file)");
+  expect_refused(dir.path(), "repro s.yaml --keep k --json k/bug.db", "s.yaml",
+                 "k/bug.db: the --json output is the trace k/bug.db this run writes (choose another file)");
+  fs::copy_file(dir.file("s.yaml"), dir.file("fix.db"));
+  expect_refused(dir.path(), "repro fix.db --keep .", "fix.db",
+                 "./fix.db: the output of --keep . is the input scenario fix.db (choose another directory)");
+  EXPECT_FALSE(fs::exists(dir.file("k"))) << "nothing may run before the refusal";
+}
+
+TEST(CliOutputs, CkptConsolidateRefusesToWriteInsideTheCheckpoint) {
+  zt::test::TempDir dir;
+  Result t = train(dir.path(), "--checkpoint-dir " + dir.file("ck") + " --save-every 2");
+  ASSERT_EQ(t.code, 0) << t.out;
+  const std::string shard = "ck/step000004/rank00000.zts";
+  expect_refused(dir.path(), "ckpt consolidate ck --out " + shard, shard,
+                 shard + ": the output lies inside the checkpoint directory ck being read (choose a place outside it)");
+  expect_refused(dir.path(), "ckpt consolidate ck/ --out ./ck/latest", "ck/latest",
+                 "./ck/latest: the output lies inside the checkpoint directory ck/ being read (choose a place outside it)");
+  expect_refused(dir.path(), "ckpt consolidate ck --out hf/model.safetensors", shard,
+                 "hf/model.safetensors: directory hf does not exist");
+  expect_refused(dir.path(), "ckpt consolidate ck --out ''", shard,
+                 "--out: the file name is empty; name the safetensors file to write");
+  Result info = run_zt("ckpt info " + dir.file("ck"));
+  EXPECT_EQ(info.out.find("INCOMPLETE"), std::string::npos) << info.out;
+  Result ok = run_zt("ckpt consolidate " + dir.file("ck") + " --out " + dir.file("model.safetensors"));
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
+
+TEST(CliOutputs, DbKernelsAndInfoAlignByScreenColumns) {
+  zt::test::TempDir dir;
+  Result t = train(dir.path());
+  ASSERT_EQ(t.code, 0) << t.out;
+  Result k = run_zt("db kernels " + dir.file("t.db"));
+  ASSERT_EQ(k.code, 0) << k.out;
+  // The embedding passes take microseconds: the table mixes "ms" and "µs" cells.
+  ASSERT_NE(k.out.find("\xC2\xB5s"), std::string::npos) << k.out;
+  const auto lines = lines_of(k.out);
+  const auto kernels = table(lines, {"time", "share", "calls", "avg", "min", "max", "kernel"});
+  EXPECT_GE(kernels.size(), 4u) << k.out;
+  expect_aligned(kernels, {"time", "share", "calls", "avg", "min", "max"}, "kernel");
+  expect_aligned(table(lines, {"idle", "of window", "gaps", "host phase"}), {"idle", "of window", "gaps"}, "host phase");
+  expect_aligned(table(lines, {"idle", "at", "step", "host phase"}), {"idle", "at", "step"}, "host phase");
+  // db info's transfers: the last column is right-aligned, so every row is as wide as the header.
+  Result info = run_zt("db info " + dir.file("t.db"));
+  ASSERT_EQ(info.code, 0) << info.out;
+  expect_aligned(table(lines_of(info.out), {"kind", "count", "bytes", "busy", "rate"}), {"count", "bytes", "busy", "rate"}, "");
+}
