@@ -88,6 +88,7 @@ std::string resume_expecting_step4(const std::string& dir) {
 }
 
 int64_t file_size(const std::string& path) { return int64_t(fs::file_size(path)); }
+std::string bytes_of(const std::string& path) { return zt::test::read_file(path); }
 
 }  // namespace
 
@@ -310,6 +311,25 @@ TEST(Checkpoint, SavingOverADamagedTagReplacesIt) {
   };
   for (const char* f : {"rank00000.zts", "rank00001.zts"})
     EXPECT_EQ(bytes(dir + "/step000006/" + f), bytes(reference().dir + "/step000006/" + f)) << f;
+}
+
+// A fresh run (no --resume) saving into another run's checkpoints is refused before anything is
+// written: it would replace some of them and leave the rest, two runs mixed in one directory.
+TEST(Checkpoint, AFreshRunDoesNotSaveOverAnotherRunsCheckpoints) {
+  zt::test::TempDir tmp;
+  const std::string dir = copy_reference(tmp);
+  const std::string latest_before = bytes_of(dir + "/latest"), shard_before = bytes_of(dir + "/step000002/rank00000.zts");
+  TrainConfig c = base(6);
+  c.checkpoint_dir = dir;
+  c.save_every = 2;
+  c.seed = 7;
+  zt::Status st;
+  run(c, &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("--checkpoint-dir " + dir + " already holds checkpoints"), std::string::npos) << st.message();
+  EXPECT_EQ(check_inputs(c).message(), st.message());  // refused before the trace is opened too
+  EXPECT_EQ(bytes_of(dir + "/latest"), latest_before);
+  EXPECT_EQ(bytes_of(dir + "/step000002/rank00000.zts"), shard_before);
 }
 
 TEST(Checkpoint, NoCompleteCheckpointIsAnErrorNamingEachFile) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "ckpt/checkpoint.h"
@@ -245,6 +246,15 @@ Status checkpoint_settings_ok(const TrainConfig& cfg) {
     return Status::Error(std::string(cfg.resume ? "--resume" : "--save-every") + " needs --checkpoint-dir DIR");
   if (cfg.resume && cfg.virtual_mode)
     return Status::Error("--resume: virtual mode keeps sizes only, so there is no model state to load a checkpoint into");
+  // A fresh run saving into another run's checkpoints would replace some of them and leave the
+  // rest beside its own, `latest` pointing back: two runs mixed in one directory.
+  if (cfg.save_every > 0 && !cfg.resume && !cfg.virtual_mode) {
+    std::error_code ec;
+    if (std::filesystem::exists(cfg.checkpoint_dir + "/latest", ec))
+      return Status::Error("--checkpoint-dir " + cfg.checkpoint_dir +
+                           " already holds checkpoints (it has a 'latest'): --resume continues that run; to start "
+                           "over, remove them or choose another directory");
+  }
   return Status::Ok();
 }
 
@@ -355,6 +365,9 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     if ((end && *end) || iters < 1) return Status::Error("fault config.max_iters: '" + f->arg + "' is not a step count");
     total_steps = std::min(total_steps, iters);
   }
+  if (cfg.save_every > total_steps && !cfg.virtual_mode)
+    std::fprintf(stderr, "zt train: warning: --save-every %lld is more than this run's %lld steps: no checkpoint will be saved\n",
+                 (long long)cfg.save_every, (long long)total_steps);
 
   // Checkpoints (issue 5): the settings, and what to resume from (verified before any rank starts).
   if (Status s = checkpoint_settings_ok(cfg); !s) return s;
