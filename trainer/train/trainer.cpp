@@ -86,6 +86,7 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
   const int64_t t_run = probe::now_ns();
   const int64_t tokens_per_step = int64_t(B) * T * cfg.grad_accum * cfg.world_size;
   int64_t& step = *step_out;
+  step = 0;  // set up: the engine placed the model states; a failure from here on is in a step
   // Checkpoints (issue 5): where a resumed run starts, and the periodic save.
   int64_t first_epoch = 0, first_s = 0;
   if (resume) {
@@ -460,7 +461,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     ro.virtual_memory = virt;
     std::unique_ptr<RankRuntime> rt;
     std::unique_ptr<Communicator> comm;
-    int64_t step = 0;
+    int64_t step = -1;  // -1 until the rank's engine is set up (train_rank)
     try {
       rt = std::make_unique<RankRuntime>(ro, rec);
       if (multi_process) {
@@ -516,7 +517,9 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
       if (cfg.world_size > 1) summary->failure = "rank " + std::to_string(r) + ": " + summary->failure;
       if (summary->failure.find("invalid configuration") != std::string::npos)
         return Status::Error(summary->failure.substr(summary->failure.find("invalid configuration: ") + 23));
-      return Status::Error("step " + std::to_string(steps_done[r]) + ": " + summary->failure);
+      return Status::Error((steps_done[r] < 0 ? std::string("before the first step (setting up the model states)")
+                                               : "step " + std::to_string(steps_done[r])) +
+                           ": " + summary->failure);
     }
   for (auto& f : failures)
     if (!f.empty()) summary->failure = f;
