@@ -89,7 +89,7 @@ void add_check_command(CLI::App& app, Action& action) {
                     ->expected(0, 1)
                     ->type_name("[N]");
   c->add_option("--junit", a->junit, "also write a JUnit XML report here (atomically)");
-  c->add_option("--leak-threshold", a->leak_threshold, "growth per epoch that counts as a leak (default 512KiB)");
+  c->add_option("--leak-threshold", a->leak_threshold, "growth per epoch that counts as a leak (default: 512KiB, or 1% of a smaller memory, 64KiB at least)");
   c->callback([&action, a, steps] {
     a->steps_given = steps->count() > 0;
     action = [a] { return run_check(*a); };

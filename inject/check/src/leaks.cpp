@@ -20,18 +20,29 @@ struct Point {
 struct Verdict {
   bool leak = false;
   double per_epoch = 0;
+  int64_t threshold = 0;  // the one applied
   size_t from = 0, to = 0;  // the points compared (to = the last)
 };
 
 // live: bytes at successive points. The first interval is warm-up when there are three points
 // or more (caches and lazily created state settle during the first epoch); the growth must be
 // at least `threshold` per epoch on average and show in at least half of the intervals.
-Verdict evaluate(const std::vector<int64_t>& live, int64_t threshold) {
+// The threshold of one memory: the one given, else 512 KiB, or 1% of the memory at the first
+// compared point when that is smaller (a tiny run's 320 KiB per epoch is a quarter of its pinned
+// memory), but at least 64 KiB.
+int64_t threshold_for(int64_t given, int64_t first_live) {
+  if (given > 0) return given;
+  return std::clamp<int64_t>(first_live / 100, kLeakThresholdMin, kLeakThresholdMax);
+}
+
+Verdict evaluate(const std::vector<int64_t>& live, int64_t given_threshold) {
   Verdict v;
   const size_t n = live.size();
   if (n < 2) return v;
   v.from = n >= 3 ? 1 : 0;
   v.to = n - 1;
+  v.threshold = threshold_for(given_threshold, live[v.from]);
+  const int64_t threshold = v.threshold;
   const size_t counted = v.to - v.from;
   size_t grew = 0;
   for (size_t i = v.from; i < v.to; ++i) grew += live[i + 1] > live[i];
@@ -150,7 +161,9 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
       std::string line = "rank " + std::to_string(rank) + " " + d.device_label(device_id) + " " + memory_kind_words(kind) +
                          ": live bytes at epoch " + phase + " grew " + format_bytes(v.per_epoch) + " per epoch (" +
                          series_text(pts, live) + ")";
-      if (v.from > 0 && live[1] - live[0] < o.leak_threshold)
+      if (o.leak_threshold == 0 && v.threshold < kLeakThresholdMax)
+        line += " (this memory's threshold: " + format_bytes(double(v.threshold)) + " per epoch)";
+      if (v.from > 0 && live[1] - live[0] < v.threshold)
         line += ", epoch " + std::to_string(pts[0].epoch) + " taken as warm-up";
       if (!top.empty())
         line += "; alive at epoch " + std::to_string(pts[v.to].epoch) + " " + phase + " but not at epoch " +
@@ -158,7 +171,10 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
       r.findings.push_back(std::move(line));
     }
   }
-  const std::string limit = format_bytes(double(o.leak_threshold)) + " per epoch";
+  const std::string limit = o.leak_threshold > 0
+                                ? format_bytes(double(o.leak_threshold)) + " per epoch"
+                                : format_bytes(double(kLeakThresholdMax)) + " per epoch, or 1% of a smaller memory (" +
+                                      format_bytes(double(kLeakThresholdMin)) + " at least)";
   if (!r.findings.empty()) {
     r.outcome = Outcome::Fail;
     r.summary = std::to_string(r.findings.size()) + " of " + std::to_string(memories) +

@@ -30,6 +30,9 @@ struct Budget {
 // "--budget: 'cuda=70XB': '70XB' is not a size (try 70GiB)".
 Status parse_budget(const std::string& text, Budget* out);
 
+inline constexpr int64_t kLeakThresholdMax = 512 << 10;  // the default threshold of a large memory
+inline constexpr int64_t kLeakThresholdMin = 64 << 10;   // ... and of a small one (1% below it)
+
 struct Options {
   bool run = false;                      // how the run ended: failed, killed or never closed is a failure
   bool leaks = false;
@@ -37,7 +40,9 @@ struct Options {
   bool steps = false;                    // steps run vs expected_steps, else vs the plan in the trace
   std::optional<int64_t> expected_steps;  // --steps N (runs the steps check too)
   std::optional<Budget> budget;          // --budget: runs the budget check
-  int64_t leak_threshold = 512 << 10;    // growth per epoch that counts as a leak (bytes)
+  // Growth per epoch that counts as a leak (bytes); 0: per memory, kLeakThresholdMax or 1% of the
+  // memory at the first compared epoch when that is smaller, but not below kLeakThresholdMin.
+  int64_t leak_threshold = 0;
 
   // No check chosen: run, leaks, placement and steps against the plan.
   bool none_chosen() const { return !run && !leaks && !placement && !steps && !expected_steps && !budget; }
