@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <limits>
 
@@ -286,8 +287,37 @@ Status TraceReader::row_count(const std::string& table, int64_t* out) {
   return Status::Ok();
 }
 
+namespace {
+// One read-only statement, or why not: the text after the first statement must hold no other
+// (sqlite3_prepare compiles only the first and would ignore the rest), and nothing may write a file
+// (VACUUM INTO and ATTACH create one even on a read-only connection).
+std::string refuse_query(sqlite3* db, const std::string& sql) {
+  sqlite3_stmt* first = nullptr;
+  const char* tail = nullptr;
+  if (sqlite3_prepare_v2(db, sql.c_str(), int(sql.size()), &first, &tail) != SQLITE_OK)
+    return sqlite3_errmsg(db);
+  if (first == nullptr) return "no SQL statement given";
+  const bool readonly = sqlite3_stmt_readonly(first) != 0;
+  std::string kw;
+  for (const char* p = sqlite3_sql(first); *p && kw.size() < 8; ++p)
+    if (std::isalpha(static_cast<unsigned char>(*p))) kw += char(std::toupper(static_cast<unsigned char>(*p)));
+    else if (!kw.empty()) break;
+  sqlite3_finalize(first);
+  if (!readonly || kw == "VACUUM" || kw == "ATTACH")
+    return "only reading statements (SELECT, WITH, PRAGMA ...) run on a trace; this one writes";
+  sqlite3_stmt* second = nullptr;
+  const char* rest = tail;
+  if (tail && sqlite3_prepare_v2(db, tail, -1, &second, &rest) == SQLITE_OK && second == nullptr) return "";
+  if (second) sqlite3_finalize(second);
+  std::string more(tail ? tail : "");
+  if (more.size() > 40) more = more.substr(0, 40) + "...";
+  return "one statement at a time: another follows the first ('" + more + "')";
+}
+}  // namespace
+
 Status TraceReader::query(const std::string& sql, QueryResult* out) {
   *out = QueryResult{};
+  if (std::string why = refuse_query(db_, sql); !why.empty()) return Status::Error(path_ + ": SQL error: " + why);
   try {
     Stmt s(db_, sql);
     int n = s.columns();

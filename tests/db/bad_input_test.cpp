@@ -191,3 +191,26 @@ TEST(BadInput, MergeWithABadInputWritesNothing) {
   EXPECT_NE(s.message().find("bad.db"), std::string::npos) << s.message();
   EXPECT_FALSE(std::filesystem::exists(dir.file("merged.db")));
 }
+
+// zt db sql: one reading statement. A second statement was silently ignored, an empty one said
+// "not an error", and VACUUM INTO left an empty file behind although the connection is read-only.
+TEST(BadInput, QueriesAreOneReadingStatement) {
+  zt::test::TempDir dir;
+  std::string path = make_trace(dir, "q.db", 1);
+  std::unique_ptr<zt::db::TraceReader> r;
+  ASSERT_TRUE(zt::db::TraceReader::open(path, &r).ok());
+  zt::db::QueryResult q;
+  auto error = [&](const std::string& sql) {
+    zt::Status s = r->query(sql, &q);
+    return s.ok() ? std::string("ok") : s.message();
+  };
+  EXPECT_EQ(error("SELECT 1; SELECT 2"), path + ": SQL error: one statement at a time: another follows the first (' SELECT 2')");
+  EXPECT_EQ(error("  "), path + ": SQL error: no SQL statement given");
+  const std::string copy = dir.file("copy.db");
+  EXPECT_NE(error("VACUUM INTO '" + copy + "'").find("only reading statements"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(copy));
+  EXPECT_NE(error("DELETE FROM run").find("only reading statements"), std::string::npos);
+  EXPECT_EQ(error("SELECT count(*) FROM run; -- a comment after it is fine"), "ok");
+  ASSERT_EQ(q.rows.size(), 1u);
+  EXPECT_EQ(q.rows[0][0], "1");
+}
