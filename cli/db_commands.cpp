@@ -207,7 +207,8 @@ int db_info(const std::string& path) {
   print_background_update(*reader);
   std::cout << "dropped events: " << sum.dropped_events << (sum.dropped_events ? " (see the dropped table)" : "")
             << "\n";
-  std::cout << "faults: " << (sum.faults.empty() ? "none" : std::to_string(sum.faults.size())) << "\n";
+  std::cout << "faults: " << (sum.faults.empty() ? "none" : std::to_string(sum.faults.size()) + " (times from the run's start)")
+            << "\n";
   for (size_t i = 0; i < sum.faults.size() && i < 20; ++i) {
     auto& f = sum.faults[i];
     std::cout << "  +" << format_duration_ns(double(f.t - run_start)) << " rank " << f.rank;
@@ -215,7 +216,8 @@ int db_info(const std::string& path) {
     std::cout << ": " << f.name << (f.trigger.empty() ? "" : " [" + f.trigger + "]")
               << (f.details.empty() ? "" : " " + f.details) << "\n";
   }
-  std::cout << "errors: " << (sum.errors.empty() ? "none" : std::to_string(sum.errors.size())) << "\n";
+  std::cout << "errors: " << (sum.errors.empty() ? "none" : std::to_string(sum.errors.size()) + " (times from the run's start)")
+            << "\n";
   for (size_t i = 0; i < sum.errors.size() && i < 20; ++i) {
     auto& e = sum.errors[i];
     std::cout << "  +" << format_duration_ns(double(e.t - run_start)) << " rank " << e.rank;
@@ -298,7 +300,8 @@ int db_kernels(const std::string& path, const db::KernelSummaryOptions& opt, siz
     rows.push_back({format_duration_ns(double(p.ns)), pct(double(p.ns), window), std::to_string(p.gaps), p.phase});
   print_table(std::cout, {"idle", "of window", "gaps", "host phase"}, rows, {true, true, true, false}, "  ");
   if (!k.longest.empty()) {
-    std::cout << "\nlongest idle gaps:\n";
+    std::cout << "\nlongest idle gaps (at: from the window's start"
+              << (k.first_step >= 0 ? ", the start of step " + std::to_string(k.first_step) : std::string()) << "):\n";
     rows.clear();
     for (const db::IdleGap& g : k.longest)
       rows.push_back({format_duration_ns(double(g.t_end - g.t_start)),

@@ -299,6 +299,25 @@ TEST(TraceModelTwins, ASecondRecordIsNeitherCountedNorDrawnTwice) {
   EXPECT_EQ(reserved_peak, double(52 * MiB));
 }
 
+// The ruler's zero is named for what it is: this trace has no step markers, so it is the first event
+// (the ruler said "time since step 0" for a run that died before its first step).
+TEST(TraceModelAlign, ATraceWithoutStepsIsAlignedOnItsFirstEventAndSaysSo) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("nosteps.db");
+  std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "zt train (died in setup)");
+  ASSERT_NE(w, nullptr);
+  w->insert(DeviceRow{1, 0, DeviceKind::Cuda, 0, "cuda:0", "GPU", int64_t(1) << 30, false});
+  AllocationRow a;
+  a.id = 1, a.rank = 0, a.device_id = 1, a.memory_kind = MemoryKind::Device, a.level = AllocLevel::Block;
+  a.address = 0x1000, a.bytes = a.requested_bytes = 4096, a.t_alloc = 500, a.t_free = 900, a.source = Source::Api;
+  w->insert(a);
+  std::unique_ptr<TraceModel> m = finish_and_load(*w, path);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->align_label, "the first event");
+  EXPECT_EQ(m->t_align, m->t_first);
+}
+
 // A phase of step s that runs into step s+1 (the delayed update's AdamW, on a background thread
 // beside the next step) is drawn on a "background" lane of its own, so the next step's phases stay
 // on the first phase lane; a phase between two steps (a checkpoint) stays with the phases.

@@ -446,16 +446,19 @@ Status TraceModel::read_all(LoadProgress* progress) {
       epoch_ends[size_t(mark.rank[i])].push_back(mark.t_end[i]);
   for (auto& v : epoch_ends) std::sort(v.begin(), v.end());
   int64_t s0 = step_start(0);
+  align_label = "step 0";
   if (s0 < 0) {
     // No step 0: align on the first step recorded, else on the first event.
     int64_t first_step = -1;
     for (size_t i = 0; i < mark.size(); ++i)
       if (mark.kind[i] == uint8_t(MarkerKind::Step)) {
         first_step = mark.t_start[i];
+        align_label = "step " + std::to_string(mark.step[i]);
         break;
       }
     s0 = first_step;
   }
+  if (s0 < 0) align_label = "the first event";
   t_align = s0 >= 0 ? s0 : t_first;
 
   // Memory tracks are filled in build_tracks(); counters wait here.

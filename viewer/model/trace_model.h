@@ -132,6 +132,7 @@ class TraceModel {
   // Time span of everything in the trace, and the alignment point (start of step 0, or
   // t_first when there are no steps) used to put two traces on one axis.
   int64_t t_first = 0, t_last = 0, t_align = 0;
+  std::string align_label = "step 0";  // what t_align is: "step 0", "step 3" (the first recorded), "the first event"
   int ranks = 0;
   int64_t rows = 0;  // rows read, every table
 

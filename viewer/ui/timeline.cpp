@@ -303,7 +303,9 @@ void draw_timeline(ViewerState& st, ImVec2 size) {
   // Ruler: click sets the playhead, drag zooms to the dragged range.
   ImDrawList* top = ImGui::GetWindowDrawList();
   draw_ruler(st, top, x0, x1, origin.y);
-  top->AddText(ImVec2(origin.x + 4, origin.y + 5), IM_COL32(170, 170, 180, 255), "time since step 0");
+  const std::string ruler_title =
+      "time since " + (st.traces.empty() ? std::string("step 0") : st.traces[0].model->align_label);
+  top->AddText(ImVec2(origin.x + 4, origin.y + 5), IM_COL32(170, 170, 180, 255), ruler_title.c_str());
   ImGui::SetCursorScreenPos(ImVec2(x0, origin.y));
   ImGui::InvisibleButton("##ruler", ImVec2(x1 - x0, kRulerHeight));
   static float ruler_press_x = -1;
