@@ -330,8 +330,8 @@ int synth(const std::string& out, const probe::SyntheticOptions& opt, const std:
   double secs = double(probe::now_ns() - t0) / 1e9;
   if (!quiet)
     std::cout << "recorded " << events << " synthetic events (" << opt.ranks << " ranks, " << opt.epochs
-              << " epochs x " << opt.steps_per_epoch << " steps, " << opt.layers << " layers) into " << out << " in "
-              << format_duration_ns(secs * 1e9) << " (" << format_count(double(events) / std::max(secs, 1e-9))
+              << " epochs x " << opt.steps_per_epoch << " steps, " << opt.layers << " layers) into " << out
+              << ", written in " << format_duration_ns(secs * 1e9) << " (" << format_count(double(events) / std::max(secs, 1e-9))
               << " events/s)\n";
   return kExitOk;
 }
@@ -447,14 +447,19 @@ void add_db_commands(CLI::App& app, Action& action) {
     auto leak = std::make_shared<std::string>();
     sy->add_option("-o,--out", *out, "trace to write");
     add_synth_options(sy, *opt, *leak);
-    sy->callback([&action, out, opt, leak] {
+    sy->callback([&action, sy, out, opt, leak] {
+      // The command line as given (recorded in the run row), not a fixed text.
+      std::string command = "zt synth";
+      for (auto* o : sy->get_options())
+        if (o->count() > 0)
+          for (auto& r : o->results()) command += " " + o->get_name() + (o->get_expected() == 0 ? "" : " " + r);
       action = [=] {
         if (!leak->empty()) {
           auto b = parse_bytes(*leak);
           if (!b) return fail("--leak-per-epoch: '" + *leak + "' is not a size (try 512MiB or 1GiB)");
           opt->leak_bytes_per_epoch = static_cast<int64_t>(*b);
         }
-        return synth(*out, *opt, "zt synth -o " + *out, false);
+        return synth(*out, *opt, command, false);
       };
     });
   }
