@@ -1,4 +1,6 @@
 // zt check: pass/fail checks on a trace for CI (inject/check).
+#include <cerrno>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
@@ -38,8 +40,10 @@ int run_check(const CheckArgs& a) {
     const std::string v = a.steps.empty() ? "" : a.steps.front();
     if (!v.empty()) {
       char* end = nullptr;
+      errno = 0;
       long long n = std::strtoll(v.c_str(), &end, 10);
-      if (!end || *end || n < 0) return fail("--steps: '" + v + "' is not a number of steps");
+      if (!end || *end || n < 0 || errno == ERANGE || v.empty())
+        return fail("--steps: '" + v + "' is not a number of steps");
       o.expected_steps = n;
     }
   }

@@ -270,6 +270,9 @@ void add_train_command(CLI::App& app, Action& action) {
                     "allocated, %s reserved\n",
                     (long long)sum.steps, format_duration_ns(sum.seconds * 1e9).c_str(), (long long)sum.samples_used,
                     format_bytes(double(sum.peak_allocated)).c_str(), format_bytes(double(sum.peak_reserved)).c_str());
+      else if (sum.resumed_from_step >= 0 && sum.losses.empty())
+        std::printf("nothing left to train: %s has the %lld steps this run asks for\n", sum.resumed_from.c_str(),
+                    (long long)sum.steps);
       else
         std::printf("trained %lld steps (%lld tokens) in %s: loss %.4f -> %.4f; samples used %lld; peak %s allocated, %s reserved\n",
                     (long long)sum.steps, (long long)sum.tokens, format_duration_ns(sum.seconds * 1e9).c_str(),

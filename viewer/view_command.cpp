@@ -47,8 +47,11 @@ void add_view_command(CLI::App& app, Action& action) {
   view->add_option("--size", *size, "window size WxH");
   view->add_option("--panel", *panel, "panel shown below the timeline: inspector|replay|leaks|placement|errors")
       ->check(CLI::IsMember({"inspector", "replay", "leaks", "placement", "errors"}));
-  view->callback([&action, traces, shot, at, step, size, panel] {
+  view->callback([&action, view, traces, shot, at, step, size, panel] {
+    // --screenshot '' would open the interactive window (and wait forever on a headless machine).
+    const bool shot_empty = view->get_option("--screenshot")->count() > 0 && shot->empty();
     action = [=]() -> int {
+      if (shot_empty) return fail("--screenshot: give the PNG file to write");
       // The PNG and its layout PNG.json must not replace a trace being shown.
       if (Status s = check_output_if_given(*shot, *traces); !s) return fail(s.message());
       if (!shot->empty())

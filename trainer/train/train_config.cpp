@@ -186,7 +186,8 @@ Status validate(const TrainConfig& c) {
     return bad("checkpoint_gather '" + c.checkpoint_gather + "': use streamed (one module at a time) or device (all at once)");
   if (c.world_size > 256 && !c.virtual_mode)
     return bad("world_size above 256 rank threads is not supported in one process (virtual mode simulates one rank for all)");
-  if (c.comm_timeout_ms < 1) return bad("comm_timeout_ms must be at least 1");
+  if (c.comm_timeout_ms < 1 || c.comm_timeout_ms > int64_t(7) * 24 * 3600 * 1000)
+    return bad("comm_timeout_ms must lie between 1 ms and 7 days");
   // Sizes the data plan multiplies together: each bounded, so no product overflows.
   constexpr int64_t kMaxCount = int64_t(1) << 24;
   if (c.micro_batch > kMaxCount) return bad("micro_batch " + std::to_string(c.micro_batch) + " is above the limit of 16777216");

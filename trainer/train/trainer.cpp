@@ -402,6 +402,10 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
                            " of epoch " + std::to_string(m.pos.epoch) + ", but this run's data plan has " +
                            std::to_string(plan.steps_per_epoch) +
                            " steps per epoch (the data, sequence length or batch sizes changed)");
+    if (m.pos.global_step > total_steps)
+      return Status::Error("--resume: " + where + " has " + std::to_string(m.pos.global_step) +
+                           " steps done, more than the " + std::to_string(total_steps) +
+                           " this run asks for (ask for as many steps or epochs or more)");
     summary->resumed_from_step = m.pos.global_step;
     summary->resumed_from = where;
     if (progress) {
