@@ -4,21 +4,36 @@
 // CUDA_INJECTION64_PATH for CUPTI, ZT_PROBE_* for the settings; see zt/probe/probe_config.h),
 // runs the program, passes its exit code through (128+N when signal N killed it), writes that
 // code into the run row of the trace (the library cannot know it), and prints a summary.
-// Bad usage (no command, a command that does not exist, the library missing) exits 2 before
-// anything runs.
+// Bad usage (no command, a command that does not exist, the library missing, an -o file that is
+// not a trace) exits 2 before anything runs; a program that cannot be executed exits 126 (127 when
+// the kernel says "no such file", e.g. a missing interpreter), as a shell does, with nothing
+// recorded and any trace already at -o untouched.
+//
+// Which traces are this run's: every process of the run writes ZT_PROBE_RUN_ID, a token new for
+// each run, into its run row, so an older file at the same path is never reported as this run's.
+// A run whose processes exec or start probed children leaves one trace per process image; the
+// command numbers their ranks 0, 1, ... (each file holds one process, rank 0 as written) so that
+// `zt db merge` joins them, and says so.
+#include <fcntl.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <optional>
+#include <random>
 
 #include "commands.h"
 #include "zt/common/units.h"
+#include "zt/db/schema.h"
+#include "zt/db/trace_file.h"
 #include "zt/db/trace_reader.h"
 #include "zt/probe/probe_config.h"
 
@@ -63,33 +78,132 @@ std::string resolve_command(const std::string& name) {
   return "";
 }
 
-std::string quote_command(const std::vector<std::string>& words) {
-  std::string out;
-  for (auto& w : words) {
-    if (!out.empty()) out += ' ';
-    bool plain = !w.empty() && w.find_first_of(" \t\"'\\$`") == std::string::npos;
-    out += plain ? w : "'" + w + "'";
+// A token that names this run in every trace it writes (see kEnvRunId).
+std::string make_run_id() {
+  std::random_device rd;
+  const uint64_t r = (uint64_t(rd()) << 32) ^ rd() ^
+                     uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%d-%016llx", int(::getpid()), (unsigned long long)r);
+  return buf;
+}
+
+// One trace of this run, from its run row.
+struct RunTrace {
+  std::string path;
+  int64_t pid = 0;
+  int64_t t_start = 0;
+  int status = 0;
+  std::string exit_detail;
+};
+
+constexpr const char* kExecDetail = "process image replaced by exec of ";
+
+// The run row of `path` when this run (run_id) wrote it; nullopt for any other file.
+std::optional<RunTrace> read_run_trace(const std::string& path, const std::string& run_id) {
+  db::TraceFileInfo info;
+  if (!db::inspect_trace_file(path, &info) || !info.exists || !info.is_sqlite) return std::nullopt;
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
+    sqlite3_close(db);
+    return std::nullopt;
   }
+  sqlite3_busy_timeout(db, 2000);
+  std::optional<RunTrace> out;
+  sqlite3_stmt* st = nullptr;
+  const std::string needle = "\"run_id\":\"" + run_id + "\"";
+  if (sqlite3_prepare_v2(db,
+                         "SELECT pid, t_start, status, coalesce(exit_detail, '') FROM run "
+                         "WHERE instr(coalesce(config_json, ''), ?1) > 0 ORDER BY id LIMIT 1",
+                         -1, &st, nullptr) == SQLITE_OK) {
+    sqlite3_bind_text(st, 1, needle.c_str(), -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(st) == SQLITE_ROW) {
+      RunTrace t;
+      t.path = path;
+      t.pid = sqlite3_column_int64(st, 0);
+      t.t_start = sqlite3_column_int64(st, 1);
+      t.status = sqlite3_column_int(st, 2);
+      t.exit_detail = reinterpret_cast<const char*>(sqlite3_column_text(st, 3));
+      out = t;
+    }
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(db);
   return out;
 }
 
-// The traces this run wrote: the root's, and the per-process ones modified since the start.
-std::vector<std::string> traces_of_run(const std::string& main, fs::file_time_type since) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  if (fs::exists(main, ec)) out.push_back(main);
+// The traces this run wrote: the root's (`main`), then the per-process ones
+// ("<main without .db>.pidPID[-N].db") in the order their processes started.
+std::vector<RunTrace> traces_of_run(const std::string& main, const std::string& run_id, fs::file_time_type since) {
+  std::vector<RunTrace> out;
+  if (auto t = read_run_trace(main, run_id)) out.push_back(*t);
   std::string stem = fs::path(main).filename().string();
   if (stem.size() > 3 && stem.substr(stem.size() - 3) == ".db") stem.resize(stem.size() - 3);
   fs::path dir = fs::path(main).parent_path();
-  std::vector<std::string> others;
+  std::vector<RunTrace> others;
+  std::error_code ec;
   for (auto& e : fs::directory_iterator(dir, ec)) {
     std::string n = e.path().filename().string();
     if (n.rfind(stem + ".pid", 0) != 0 || n.size() < 3 || n.substr(n.size() - 3) != ".db") continue;
-    if (e.last_write_time(ec) >= since) others.push_back(e.path().string());
+    if (e.last_write_time(ec) < since) continue;  // cheap: older files cannot be this run's
+    if (auto t = read_run_trace(e.path().string(), run_id)) others.push_back(*t);
   }
-  std::sort(others.begin(), others.end());
+  std::sort(others.begin(), others.end(), [](const RunTrace& a, const RunTrace& b) {
+    return a.t_start != b.t_start ? a.t_start < b.t_start : a.path < b.path;
+  });
   out.insert(out.end(), others.begin(), others.end());
   return out;
+}
+
+// Each probed process writes its own trace as rank 0 of 1. For `zt db merge` (which keeps ranks
+// apart) the i-th trace of the run becomes rank i of `world`. A trace whose process is still
+// running (a daemon the program left behind) is left as it is: its writer would go on with 0.
+bool set_rank(const RunTrace& t, int rank, int world) {
+  if (t.status == int(db::RunStatus::Running) && t.pid > 0 && (::kill(pid_t(t.pid), 0) == 0 || errno == EPERM))
+    return false;
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(t.path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
+    sqlite3_close(db);
+    return false;
+  }
+  sqlite3_busy_timeout(db, 2000);
+  std::vector<std::string> tables;
+  sqlite3_stmt* st = nullptr;
+  bool single = false;
+  if (sqlite3_prepare_v2(db, "SELECT count(*) FROM rank", -1, &st, nullptr) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW)
+    single = sqlite3_column_int64(st, 0) == 1;
+  sqlite3_finalize(st);
+  st = nullptr;
+  if (single && sqlite3_prepare_v2(db,
+                                   "SELECT m.name FROM sqlite_master m JOIN pragma_table_info(m.name) p "
+                                   "WHERE m.type = 'table' AND p.name = 'rank' ORDER BY m.name",
+                                   -1, &st, nullptr) == SQLITE_OK) {
+    while (sqlite3_step(st) == SQLITE_ROW) tables.push_back(reinterpret_cast<const char*>(sqlite3_column_text(st, 0)));
+  }
+  sqlite3_finalize(st);
+  bool ok = single && !tables.empty() && sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
+  if (ok) {
+    for (auto& table : tables) {
+      std::string sql = "UPDATE \"" + table + "\" SET rank = " + std::to_string(rank) + " WHERE rank IS NOT NULL";
+      ok = ok && sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK;
+    }
+    std::string sql = "UPDATE rank SET world_size = " + std::to_string(world);
+    ok = ok && sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK;
+    ok = sqlite3_exec(db, ok ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr) == SQLITE_OK && ok;
+  }
+  sqlite3_close(db);
+  return ok;
+}
+
+// A name for the merged trace that is not taken: "<main without .db>.merged.db" (or -2, -3...).
+std::string merged_name(const std::string& main) {
+  std::string stem = main;
+  if (stem.size() > 3 && stem.substr(stem.size() - 3) == ".db") stem.resize(stem.size() - 3);
+  std::string name = stem + ".merged.db";
+  for (int n = 2; ::access(name.c_str(), F_OK) == 0 && n < 1000; ++n)
+    name = stem + ".merged-" + std::to_string(n) + ".db";
+  return name;
 }
 
 // The library ends each run as "ok" without an exit code; the code belongs to the last image of
@@ -176,7 +290,17 @@ int run_probe(const ProbeArgs& a) {
   fs::path out = fs::absolute(a.output, ec);
   if (ec || !fs::is_directory(out.parent_path(), ec))
     return fail("probe: " + a.output + ": directory " + out.parent_path().string() + " does not exist");
-  auto started = fs::file_time_type::clock::now() - std::chrono::seconds(1);
+  // The library would refuse to replace a file that is not a trace, and the program would run
+  // unrecorded: refuse here, before anything runs, as zt train --trace does.
+  db::TraceFileInfo info;
+  if (Status s = db::inspect_trace_file(out.string(), &info); !s) return fail("probe: " + s.message());
+  if (info.exists && info.size > 0 && !(info.is_sqlite && info.application_id == db::kApplicationId))
+    return fail("probe: " + a.output + ": exists and is not a zerotrace trace; refusing to overwrite it");
+  if (::access(out.parent_path().c_str(), W_OK) != 0)
+    return fail("probe: " + a.output + ": cannot create the trace, directory " + out.parent_path().string() +
+                " is not writable (" + std::strerror(errno) + ")");
+  auto started = fs::file_time_type::clock::now() - std::chrono::seconds(2);
+  const std::string run_id = make_run_id();
 
   std::vector<char*> argv;
   for (auto& w : a.command) argv.push_back(const_cast<char*>(w.c_str()));
@@ -184,9 +308,13 @@ int run_probe(const ProbeArgs& a) {
   std::string preload = lib;
   if (const char* old = std::getenv("LD_PRELOAD"); old && *old) preload += std::string(":") + old;
 
+  // A failed exec comes back through this pipe (its errno); a successful one closes it.
+  int exec_pipe[2];
+  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) return fail(std::string("probe: pipe failed: ") + std::strerror(errno));
   pid_t child = ::fork();
   if (child < 0) return fail(std::string("probe: fork failed: ") + std::strerror(errno));
   if (child == 0) {
+    ::close(exec_pipe[0]);
     setenv("LD_PRELOAD", preload.c_str(), 1);
     setenv("CUDA_INJECTION64_PATH", lib.c_str(), 1);
     setenv(probe::kEnvOutput, out.c_str(), 1);
@@ -197,12 +325,15 @@ int run_probe(const ProbeArgs& a) {
     setenv(probe::kEnvCuda, a.no_cuda ? "0" : "1", 1);
     setenv(probe::kEnvRssMs, std::to_string(a.rss_ms).c_str(), 1);
     setenv(probe::kEnvQuiet, "1", 1);  // this command prints the summary instead
-    setenv(probe::kEnvCommand, quote_command(a.command).c_str(), 1);
+    setenv(probe::kEnvCommand, probe::shell_quote_command(a.command).c_str(), 1);
+    setenv(probe::kEnvRunId, run_id.c_str(), 1);
     unsetenv(probe::kEnvClaimed);      // a fresh run, even when zt itself runs under a probe
     ::execv(program.c_str(), argv.data());
-    std::fprintf(stderr, "zt: probe: cannot run %s: %s\n", program.c_str(), std::strerror(errno));
-    _exit(kExitBadInput);
+    int err = errno;
+    (void)!::write(exec_pipe[1], &err, sizeof err);
+    _exit(127);
   }
+  ::close(exec_pipe[1]);
   // Ctrl-C reaches the child through the terminal's process group; the parent outlives it to
   // report. A SIGTERM sent to zt alone is passed on.
   g_child = child;
@@ -210,33 +341,72 @@ int run_probe(const ProbeArgs& a) {
   signal(SIGQUIT, SIG_IGN);
   signal(SIGTERM, forward_signal);
   signal(SIGHUP, forward_signal);
+  int exec_errno = 0;
+  ssize_t got;
+  while ((got = ::read(exec_pipe[0], &exec_errno, sizeof exec_errno)) < 0 && errno == EINTR) {
+  }
+  ::close(exec_pipe[0]);
   int status = 0;
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (got == static_cast<ssize_t>(sizeof exec_errno)) {
+    // Nothing ran, so nothing was recorded, and a trace already at -o was not touched. Exit codes
+    // as a shell's: 127 when the kernel found no file (a missing interpreter), 126 otherwise.
+    std::string why = exec_errno == EACCES && fs::is_directory(program, ec) ? "is a directory"
+                                                                             : std::strerror(exec_errno);
+    std::fprintf(stderr, "zt: probe: cannot run %s: %s; nothing was recorded\n", a.command[0].c_str(), why.c_str());
+    return exec_errno == ENOENT ? 127 : 126;
   }
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
   int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
 
-  std::vector<std::string> traces = traces_of_run(out.string(), started);
-  for (auto& t : traces) write_exit_code(t, child, code, sig);
+  std::vector<RunTrace> traces = traces_of_run(out.string(), run_id, started);
+  for (auto& t : traces) write_exit_code(t.path, child, code, sig);
   if (traces.empty()) {
-    std::fprintf(stderr, "zt probe: no trace was written (%s); the program exited with %d\n", out.c_str(), code);
+    std::fprintf(stderr,
+                 "zt probe: no trace was written to %s (a statically linked program, or one that clears LD_PRELOAD, "
+                 "is not recorded); the program exited with %d\n",
+                 out.c_str(), code);
     return code;
   }
+  // One trace per process image: make them mergeable (ranks kept apart), then say where they are.
+  std::vector<bool> renumbered(traces.size(), true);
+  if (traces.size() > 1)
+    for (size_t i = 0; i < traces.size(); ++i) renumbered[i] = set_rank(traces[i], int(i), int(traces.size()));
   std::string cuda_off;
   bool any_cuda_on = false;
   for (size_t i = 0; i < traces.size(); ++i) {
-    TraceCounts c = count(traces[i]);
+    const RunTrace& t = traces[i];
+    TraceCounts c = count(t.path);
     if (!c.ok) continue;
     if (c.cuda_off.empty()) any_cuda_on = true;
     else cuda_off = c.cuda_off;
-    if (i == 0 || c.allocations + c.transfers + c.kernels > 0) {
-      std::fprintf(stderr, "zt probe: %s %s: %lld allocations (%lld live at exit), %lld transfers, %lld kernels%s\n",
-                   i == 0 ? "trace written to" : "child process trace", traces[i].c_str(), (long long)c.allocations,
-                   (long long)c.live, (long long)c.transfers, (long long)c.kernels,
-                   c.dropped ? (", " + std::to_string(c.dropped) + " events dropped").c_str() : "");
+    std::string what = t.path == out.string() ? "trace written to " + t.path
+                       : t.pid == child       ? "after exec, process " + std::to_string(t.pid) + ": trace " + t.path
+                                              : "child process " + std::to_string(t.pid) + ": trace " + t.path;
+    std::string then;
+    if (t.exit_detail.rfind(kExecDetail, 0) == 0) {
+      // This image ended in an exec; the next image of the same pid (if it was recorded) follows.
+      bool next_recorded = false;
+      for (size_t j = i + 1; j < traces.size(); ++j) next_recorded = next_recorded || traces[j].pid == t.pid;
+      then = " (recorded until it exec'd " + t.exit_detail.substr(std::strlen(kExecDetail)) +
+             (next_recorded ? ")" : ", which left no trace)");
     }
+    if (!renumbered[i]) then += " (its process is still running: not renumbered for zt db merge)";
+    std::fprintf(stderr, "zt probe: %s: %lld allocations (%lld live at exit), %lld transfers, %lld kernels%s%s\n",
+                 what.c_str(), (long long)c.allocations, (long long)c.live, (long long)c.transfers,
+                 (long long)c.kernels, c.dropped ? (", " + std::to_string(c.dropped) + " events dropped").c_str() : "",
+                 then.c_str());
   }
   if (!any_cuda_on && !cuda_off.empty()) std::fprintf(stderr, "zt probe: %s\n", cuda_off.c_str());
+  if (traces.size() > 1) {
+    std::vector<std::string> merge{"zt", "db", "merge", merged_name(out.string())};
+    for (auto& t : traces) merge.push_back(t.path);
+    std::fprintf(stderr,
+                 "zt probe: this run's data is in %zu traces, one per process image (ranks 0 to %zu); "
+                 "one trace of them all: %s\n",
+                 traces.size(), traces.size() - 1, probe::shell_quote_command(merge).c_str());
+  }
   return code;
 }
 

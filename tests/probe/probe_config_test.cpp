@@ -56,3 +56,25 @@ TEST(ProbeConfig, PerProcessTraceNames) {
   EXPECT_EQ(per_process_trace_path("/x/run.db", 42), "/x/run.pid42.db");
   EXPECT_EQ(per_process_trace_path("/x/run", 7), "/x/run.pid7.db");
 }
+
+TEST(ProbeConfig, RunIdIsCheckedAndKept) {
+  EXPECT_EQ(parse({{kEnvRunId, "123-00ab.C_d"}}).run_id, "123-00ab.C_d");
+  EXPECT_EQ(parse({}).run_id, "");
+  std::string e;
+  parse({{kEnvRunId, "a\"b"}}, false, &e);  // it goes into config_json unescaped: refused
+  EXPECT_NE(e.find("ZT_PROBE_RUN_ID=a\"b"), std::string::npos) << e;
+}
+
+TEST(ProbeConfig, ShellQuotingRoundTrips) {
+  EXPECT_EQ(shell_quote("python3"), "python3");
+  EXPECT_EQ(shell_quote("/x/train.py"), "/x/train.py");
+  EXPECT_EQ(shell_quote("--lr=1e-3,x:y@z%"), "--lr=1e-3,x:y@z%");
+  EXPECT_EQ(shell_quote(""), "''");
+  EXPECT_EQ(shell_quote("a b"), "'a b'");
+  EXPECT_EQ(shell_quote("it's"), "'it'\\''s'");
+  EXPECT_EQ(shell_quote("$HOME"), "'$HOME'");
+  EXPECT_EQ(shell_quote("a\"b\\c"), "'a\"b\\c'");
+  EXPECT_EQ(shell_quote("*"), "'*'");
+  EXPECT_EQ(shell_quote_command({"python3", "-c", "print('hi there')", ""}),
+            "python3 -c 'print('\\''hi there'\\'')' ''");
+}

@@ -47,6 +47,15 @@ Status probe_config_from_env(const std::function<const char*(const char*)>& gete
   if (const char* v = getenv(kEnvQuiet); v && *v)
     if (Status s = parse_bool(kEnvQuiet, v, &c.quiet); !s) return s;
   if (const char* v = getenv(kEnvCommand); v && *v) c.command_line = v;
+  if (const char* v = getenv(kEnvRunId); v && *v) {
+    std::string_view id(v);
+    bool ok = id.size() <= 64;
+    for (char ch : id)
+      ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+                  ch == '_' || ch == '-');
+    if (!ok) return Status::Error(std::string(kEnvRunId) + "=" + v + ": expected up to 64 of A-Z a-z 0-9 . _ -");
+    c.run_id = v;
+  }
   *out = std::move(c);
   return Status::Ok();
 }
@@ -55,6 +64,26 @@ std::string per_process_trace_path(const std::string& main, int pid) {
   std::string stem = main;
   if (stem.size() > 3 && stem.compare(stem.size() - 3, 3, ".db") == 0) stem.resize(stem.size() - 3);
   return stem + ".pid" + std::to_string(pid) + ".db";
+}
+
+std::string shell_quote(const std::string& word) {
+  bool plain = !word.empty();
+  for (unsigned char ch : word)
+    plain = plain && ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                      std::string_view("_@%+=:,./-").find(char(ch)) != std::string_view::npos);
+  if (plain) return word;
+  std::string out = "'";
+  for (char ch : word) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+std::string shell_quote_command(const std::vector<std::string>& words) {
+  std::string out;
+  for (const auto& w : words) {
+    if (!out.empty()) out += ' ';
+    out += shell_quote(w);
+  }
+  return out;
 }
 
 }  // namespace zt::probe

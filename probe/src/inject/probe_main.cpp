@@ -29,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "../interpose/host_hooks.h"
 #include "zt/probe/probe_config.h"
@@ -62,18 +63,25 @@ struct State {
 };
 State* g = nullptr;  // heap-allocated once, never freed (hooks may run during exit)
 
+// This process's arguments, quoted as a shell needs them (an argument with a space stays one).
 std::string read_cmdline() {
-  std::string out;
+  std::string raw;
   int fd = ::open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return out;
+  if (fd < 0) return raw;
   char buf[4096];
   ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) raw.append(buf, static_cast<size_t>(n));
   ::close(fd);
-  for (auto& c : out)
-    if (c == '\0') c = ' ';
-  while (!out.empty() && out.back() == ' ') out.pop_back();
-  return out;
+  // Each argument ends with a NUL (an empty argument is a lone NUL).
+  std::vector<std::string> words;
+  size_t start = 0;
+  while (start < raw.size()) {
+    size_t end = raw.find('\0', start);
+    if (end == std::string::npos) end = raw.size();
+    words.push_back(raw.substr(start, end - start));
+    start = end + 1;
+  }
+  return shell_quote_command(words);
 }
 
 void say(const std::string& line) {
@@ -144,7 +152,8 @@ void child_after_fork() {
 
 // Ends this process's recording. `detail` says why when it is not a normal exit.
 void finish(const char* detail) {
-  if (!g || getpid() != g->owner_pid || g->closed.exchange(true)) return;
+  // No recorder: the trace could not be opened (the exec and _exit hooks still call in here).
+  if (!g || !g->rec || getpid() != g->owner_pid || g->closed.exchange(true)) return;
   interpose::ScopedGuard guard;
   const bool is_exec = detail && std::strncmp(detail, "process image replaced", 22) == 0;
 #if ZT_PROBE_WITH_CUPTI
@@ -217,7 +226,9 @@ __attribute__((constructor)) void on_load() {
                     ",\"stacks\":" + (cfg.stacks ? "true" : "false") +
                     ",\"stack_depth\":" + std::to_string(cfg.stack_depth) +
                     ",\"host\":" + (cfg.host ? "true" : "false") + ",\"cuda\":" + (cfg.cuda ? "true" : "false") +
-                    ",\"rss_interval_ms\":" + std::to_string(cfg.rss_interval_ms) + "}";
+                    ",\"rss_interval_ms\":" + std::to_string(cfg.rss_interval_ms) +
+                    // run_id holds only [A-Za-z0-9._-] (probe_config_from_env checks): no escaping needed.
+                    (cfg.run_id.empty() ? std::string() : ",\"run_id\":\"" + cfg.run_id + "\"") + "}";
   // Blocking overflow: nothing is dropped. The hooks never hold a lock the writer needs, and
   // the writer's own allocations are not recorded, so waiting for it cannot deadlock.
   opt.overflow = OverflowPolicy::Block;
@@ -225,7 +236,9 @@ __attribute__((constructor)) void on_load() {
   opt.crash_handlers = true;
   std::unique_ptr<Recorder> rec;
   if (Status s = Recorder::open(opt, &rec); !s) {
-    say("not recording this process: " + s.message());
+    // Said even when quiet: without it `zt probe` could only say that no trace was written.
+    std::string m = "zt probe: not recording this process: " + s.message() + "\n";
+    (void)!::write(2, m.data(), m.size());
     return;
   }
   g->rec = rec.release();

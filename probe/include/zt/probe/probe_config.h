@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "zt/common/status.h"
 
@@ -23,6 +24,10 @@ inline constexpr const char* kEnvCuda = "ZT_PROBE_CUDA";                    // 0
 inline constexpr const char* kEnvRssMs = "ZT_PROBE_RSS_MS";                 // RSS sampling period, 0 = off
 inline constexpr const char* kEnvQuiet = "ZT_PROBE_QUIET";                  // 1: no lines on stderr
 inline constexpr const char* kEnvCommand = "ZT_PROBE_COMMAND";              // the command line as the user typed it
+// A token naming one `zt probe` run ([A-Za-z0-9._-], at most 64 characters). Every process of
+// the run writes it into its trace's run row (config_json "run_id"), so that `zt probe` finds
+// exactly the traces of this run, never an older file at the same path.
+inline constexpr const char* kEnvRunId = "ZT_PROBE_RUN_ID";
 // Set by the library itself once a process has claimed ZT_PROBE_OUTPUT (value: its pid).
 // Every later process of the run (children that exec, an exec'd image of the root) finds it
 // and writes its own per-process file instead of overwriting the root's trace.
@@ -38,6 +43,7 @@ struct ProbeConfig {
   int rss_interval_ms = 100;
   bool quiet = false;
   std::string command_line;  // empty: the library reads /proc/self/cmdline
+  std::string run_id;        // empty: not started by zt probe
 };
 
 // Reads the ZT_PROBE_* variables through `getenv` (tests pass a map). A malformed value is an
@@ -47,5 +53,12 @@ Status probe_config_from_env(const std::function<const char*(const char*)>& gete
 // The file a process writes: the root writes `main`; any other process of the run writes
 // "<main without .db>.pid<PID>.db" ("-2", "-3"... appended by the caller when it exists).
 std::string per_process_trace_path(const std::string& main, int pid);
+
+// One word as a POSIX shell needs it to read it back as that word: unchanged when it is made
+// only of characters no shell treats specially (letters, digits, and _ @ % + = : , . / -),
+// otherwise in single quotes, an embedded ' written as '\'' ("" becomes '').
+std::string shell_quote(const std::string& word);
+// Words joined by spaces, each through shell_quote: `sh -c "set -- LINE"` gives the words back.
+std::string shell_quote_command(const std::vector<std::string>& words);
 
 }  // namespace zt::probe
