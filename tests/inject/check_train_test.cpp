@@ -67,17 +67,9 @@ TEST_P(CleanRun, PassesEveryDefaultCheck) {
   c.quiet = true;
 
   const std::string path = dir.file("run.db");
-  probe::RecorderOptions o;
-  o.path = path;
-  o.crash_handlers = false;
-  o.config_json = trainer::to_json(c);  // as zt train writes it: the placement rules read it
-  o.seed = int64_t(v.seed);
-  std::unique_ptr<probe::Recorder> rec;
-  ASSERT_TRUE(probe::Recorder::open(o, &rec).ok());
-  trainer::TrainSummary summary;
-  Status trained = trainer::train(c, rec.get(), nullptr, &summary);
-  ASSERT_TRUE(rec->close().ok());
-  ASSERT_TRUE(trained.ok()) << trained.message();
+  test::TracedRun run = test::train_traced(c, path);  // with the config, as zt train writes it
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  const trainer::TrainSummary& summary = run.summary;
   ASSERT_GE(summary.plan.steps_per_epoch, 2);
   ASSERT_LE(summary.plan.steps_per_epoch, 16);  // keeps the test small
   ASSERT_EQ(summary.epochs_started, v.epochs);
@@ -126,16 +118,8 @@ TEST(LeakingRun, TheTinyEpochLeakIsCaughtByTheDefaultThreshold) {
   c.faults = {"host.epoch_leak=return(pinned)"};
   c.quiet = true;
   const std::string path = dir.file("leak.db");
-  probe::RecorderOptions o;
-  o.path = path;
-  o.crash_handlers = false;
-  o.config_json = trainer::to_json(c);
-  std::unique_ptr<probe::Recorder> rec;
-  ASSERT_TRUE(probe::Recorder::open(o, &rec).ok());
-  trainer::TrainSummary summary;
-  Status trained = trainer::train(c, rec.get(), nullptr, &summary);
-  ASSERT_TRUE(rec->close().ok());
-  ASSERT_TRUE(trained.ok()) << trained.message();
+  test::TracedRun run = test::train_traced(c, path);
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
 
   check::Options leaks;
   leaks.leaks = true;

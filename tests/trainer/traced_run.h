@@ -72,6 +72,8 @@ inline TracedRun train_traced(const trainer::TrainConfig& cfg, const std::string
   probe::RecorderOptions o;
   o.path = path;
   o.crash_handlers = false;
+  o.config_json = trainer::to_json(cfg);  // as zt train writes them (zt check's placement rules read it)
+  o.seed = int64_t(cfg.seed);
   std::unique_ptr<probe::Recorder> rec;
   if (Status s = probe::Recorder::open(o, &rec); !s) {
     run.status = s;
