@@ -60,6 +60,77 @@ TEST(FailpointSyntax, BadSpecsSayWhatIsWrong) {
   EXPECT_NE(parse_error("zero.norm_on_device=return(x").find("missing ')'"), std::string::npos);
 }
 
+TEST(FailpointSyntax, NothingMayFollowAnAction) {
+  // The argument runs to its matching ')': anything after it is a syntax error, not part of the argument.
+  const std::string e = parse_error("host.epoch_leak=return(pow2)(x)");
+  EXPECT_NE(e.find("unexpected '(x)' after return(pow2)"), std::string::npos) << e;
+  EXPECT_NE(parse_error("host.epoch_leak=return(pow2) x").find("unexpected ' x'"), std::string::npos);
+  EXPECT_NE(parse_error("ckpt.torn_write=panic(a))").find("unexpected ')'"), std::string::npos);
+  EXPECT_NE(parse_error("zero.norm_on_device=return->").find("no action"), std::string::npos);
+  // Messages may hold parentheses and arrows: only the outer pair is the argument.
+  Spec s = parse_ok("host.epoch_leak=print(a (b) -> c)->return(fork)");
+  ASSERT_EQ(s.terms.size(), 2u);
+  EXPECT_EQ(s.terms[0].arg, "a (b) -> c");
+  EXPECT_EQ(s.terms[1].arg, "fork");
+  EXPECT_EQ(parse_ok("ckpt.between_writes[call=4]=panic(killed (by test))").terms[0].arg, "killed (by test)");
+}
+
+TEST(FailpointSyntax, ReturnArgumentsAreCheckedAgainstTheCatalog) {
+  // What each site reads from return(ARG): accepted as written, and the default when absent.
+  for (const char* good : {"host.epoch_leak=return", "host.epoch_leak=return()", "host.epoch_leak=return(pinned)",
+                           "host.epoch_leak=return(pow2)", "host.epoch_leak=return(fork)", "data.parallel_drop=return(0)",
+                           "data.parallel_drop=return(100)", "config.max_iters=return(1)", "config.max_iters=return(32)",
+                           "zero.grad_partition_stays_on_device=return(0)", "zero.norm_on_device=return",
+                           "comm.hang[rank=1]=1*return", "host.epoch_leak=20%3*print(alive)->return(pow2)"})
+    parse_ok(good);
+  // One line naming the fault, the argument and what is allowed.
+  struct Bad {
+    const char* spec;
+    std::vector<const char*> words;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {"host.epoch_leak=return(bogus)", {"host.epoch_leak", "variant 'bogus'", "pinned, pow2 or fork"}},
+           {"host.epoch_leak=return(Pinned)", {"variant 'Pinned'", "pinned, pow2 or fork"}},
+           {"data.parallel_drop=return(101)", {"data.parallel_drop", "percentage '101'", "0 to 100"}},
+           {"data.parallel_drop=return(half)", {"percentage 'half'", "0 to 100"}},
+           {"data.parallel_drop=return(-5)", {"percentage '-5'"}},
+           {"config.max_iters=return(0)", {"config.max_iters", "step count '0'", "at least 1"}},
+           {"config.max_iters=return(99999999999999999999)", {"step count '99999999999999999999'"}},
+           {"config.max_iters=return( 8)", {"step count ' 8'"}},
+           {"zero.grad_partition_stays_on_device=return(last)", {"module index 'last'", "at least 0"}},
+           {"zero.norm_on_device=return(1)", {"zero.norm_on_device", "takes no argument", "'1'"}},
+           {"comm.hang=return(rank1)", {"comm.hang", "takes no argument", "'rank1'"}},
+           {"host.epoch_leak=print(x)->return(bogus)", {"variant 'bogus'"}},
+           {"comm.hang=pause(3)", {"pause takes no argument"}},
+           {"comm.hang=off(now)", {"off takes no argument"}},
+       }) {
+    const std::string e = parse_error(b.spec);
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+    EXPECT_NE(e.find(std::string("'") + b.spec + "'"), std::string::npos) << e;
+    for (const char* w : b.words) EXPECT_NE(e.find(w), std::string::npos) << b.spec << ": wanted '" << w << "' in: " << e;
+  }
+}
+
+TEST(FailpointCatalog, EachEntryDeclaresItsArgument) {
+  int with_arg = 0;
+  for (const auto& e : catalog()) {
+    SCOPED_TRACE(e.name);
+    EXPECT_EQ(e.arg == nullptr, e.arg_ok == nullptr);
+    EXPECT_EQ(e.arg == nullptr, e.arg_allowed == nullptr);
+    EXPECT_EQ(e.arg == nullptr, e.arg_syntax == nullptr);
+    EXPECT_TRUE(return_arg_problem(e, "").empty()) << "no argument is always the default";
+    if (!e.arg) {
+      EXPECT_NE(return_arg_problem(e, "x").find("takes no argument"), std::string::npos);
+      continue;
+    }
+    ++with_arg;
+    EXPECT_NE(std::string(e.arg_allowed).find("default"), std::string::npos) << "the default is said";
+  }
+  EXPECT_EQ(with_arg, 4);  // zero.grad_partition_stays_on_device, host.epoch_leak, data.parallel_drop, config.max_iters
+  EXPECT_TRUE(return_arg_problem(*find_fault("host.epoch_leak"), "fork").empty());
+  EXPECT_FALSE(return_arg_problem(*find_fault("host.epoch_leak"), "spoon").empty());
+}
+
 TEST(FailpointCatalog, EveryEntryIsDescribedAndUnique) {
   std::set<std::string> names;
   for (const auto& e : catalog()) {
@@ -81,15 +152,15 @@ TEST(Failpoint, NothingConfiguredNothingFires) {
 
 TEST(Failpoint, CountsThenChainsAsFailRs) {
   std::vector<Spec> s;
-  ASSERT_TRUE(parse_specs("config.max_iters=2*return(a)->return(b)", &s).ok());
+  ASSERT_TRUE(parse_specs("config.max_iters=2*return(3)->return(5)", &s).ok());
   Scope scope(s, 1);
   auto a = eval("config.max_iters", Context{});
   auto b = eval("config.max_iters", Context{});
   auto c = eval("config.max_iters", Context{});
   ASSERT_TRUE(a && b && c);
-  EXPECT_EQ(a->arg, "a");
-  EXPECT_EQ(b->arg, "a");
-  EXPECT_EQ(c->arg, "b");
+  EXPECT_EQ(a->arg, "3");
+  EXPECT_EQ(b->arg, "3");
+  EXPECT_EQ(c->arg, "5");
   EXPECT_EQ(fired_count("config.max_iters"), 3);
 }
 

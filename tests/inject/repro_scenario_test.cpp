@@ -274,3 +274,64 @@ TEST(ReproScenario, BadYamlAndBadDeepSpeedAreRefused) {
   EXPECT_NE(st.message().find("fix is missing"), std::string::npos) << st.message();
   EXPECT_FALSE(repro::load_scenario(dir.file("absent.yaml"), &s));
 }
+
+TEST(ReproScenario, FaultArgumentsAreCheckedWhenLoaded) {
+  // A site given an argument it does not take is refused with the line, before anything runs.
+  std::string t = variant("  - zero.norm_on_device=return", "  - host.epoch_leak=return(bogus)");
+  expect_refused(t, line_of(t, "bogus"), "variant 'bogus' is not allowed; it takes pinned, pow2 or fork");
+  t = variant("  - zero.norm_on_device=return", "  - zero.norm_on_device=return(yes)");
+  expect_refused(t, line_of(t, "return(yes)"), "zero.norm_on_device: takes no argument");
+  t = variant("  - zero.norm_on_device=return", "  - config.max_iters=return(pow2)(x)");
+  expect_refused(t, line_of(t, "(x)"), "unexpected '(x)'");
+  t = std::string(kGood) + "  faults: [data.parallel_drop=return(150)]\n";
+  expect_refused(t, line_of(t, "150"), "percentage '150'");
+}
+
+TEST(ReproScenario, ExpectErrorIsAKindTheTrainerRecords) {
+  for (const char* kind : {"oom", "host_oom", "device_mismatch", "watchdog_timeout"}) {
+    test::TempDir dir;
+    repro::Scenario s;
+    Status st = repro::load_scenario(write(dir, "k.yaml", variant("  error: device_mismatch", std::string("  error: ") + kind)), &s);
+    EXPECT_TRUE(st) << kind << ": " << st.message();
+  }
+  std::string t = variant("  error: device_mismatch", "  error: gremlins");
+  expect_refused(t, line_of(t, "gremlins"), "expect.error: 'gremlins' is not an error kind a run records; use oom, host_oom, "
+                                            "device_mismatch or watchdog_timeout");
+  t = variant("  error: device_mismatch", "  error: Device_Mismatch");
+  expect_refused(t, line_of(t, "Device_Mismatch"), "'Device_Mismatch' is not an error kind");
+  t = variant("  error: device_mismatch", "  error: uncaught_exception");
+  expect_refused(t, line_of(t, "uncaught_exception"), "never by a zt repro run");
+  t = std::string(kGood) + "  expect:\n    error: hostoom\n";
+  expect_refused(t, line_of(t, "hostoom"), "small.expect.error: 'hostoom'");
+}
+
+TEST(ReproScenario, ShapeSizesAreBoundedSoNothingOverflows) {
+  // Each field past its limit names its line and the limit (before: the products wrapped and
+  // the full-size run replayed some other model, or the run refused mid-way as INCONCLUSIVE).
+  std::string t = variant("  layers: 2", "  layers: 2\n  ffn: 9223372036854775807");
+  expect_refused(t, line_of(t, "ffn:"), "model.ffn: 9223372036854775807 is above the limit of 16777216");
+  t = variant("  layers: 2", "  layers: 99999999999999");
+  expect_refused(t, line_of(t, "99999999999999"), "model.layers: 99999999999999 is above the limit of 65536");
+  t = variant("  width: 64", "  width: 9223372036854775807");  // ffn's default (4 x width) must not wrap first
+  expect_refused(t, line_of(t, "9223372036854775807"), "model.width: 9223372036854775807 is above the limit of 1048576");
+  t = variant("  vocab: 256", "  vocab: 4611686018427387904");
+  expect_refused(t, line_of(t, "4611686018427387904"), "model.vocab");
+  t = variant("  context: 64", "  context: 16777217");
+  expect_refused(t, line_of(t, "16777217"), "model.context: 16777217 is above the limit of 16777216");
+  t = variant("  layers: 2", "  layers: 2\n  experts: 70000\n  expert_ffn: 64");
+  expect_refused(t, line_of(t, "experts: 70000"), "model.experts: 70000 is above the limit of 65536");
+  // Each within its limit, the product too large: refused at the model block.
+  t = variant("  layers: 2", "  layers: 65536");
+  t.replace(t.find("  width: 64"), std::string("  width: 64").size(), "  width: 1048576\n  ffn: 16777216");
+  expect_refused(t, line_of(t, "model:") + 1, "parameters is above the limit");
+  // The small variant's GPT-2 shape is bounded the same way.
+  t = std::string(kGood);
+  t.replace(t.find("  model: tiny"), std::string("  model: tiny").size(),
+            "  model: {width: 64, layers: 99999999999999, heads: 4, vocab: 256, context: 64}");
+  expect_refused(t, line_of(t, "99999999999999"), "small.model.layers: 99999999999999 is above the limit");
+  // The full-size run's batch with the shape: activations past 2^60 bytes.
+  t = variant("  seq_len: 32", "  seq_len: 16777216\n  micro_batch: 16777216");
+  t.replace(t.find("  context: 64"), std::string("  context: 64").size(), "  context: 16777216");
+  expect_refused(t, line_of(t, "model:") + 1, "keeps more than 2^60 bytes of activations");
+  // Real shapes stay well inside: the shipped scenarios load (EveryShippedScenarioParsesAndResolves).
+}

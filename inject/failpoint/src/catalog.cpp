@@ -1,6 +1,40 @@
 #include "zt/fail/catalog.h"
 
+#include <cstdint>
+
 namespace zt::fail {
+
+namespace {
+
+// A decimal integer of at least 0 that fits int64, as written: digits only (no sign, no spaces),
+// so what the spec says is what the site reads.
+bool whole_number(std::string_view s, int64_t* out) {
+  if (s.empty() || s.size() > 18) return false;  // 18 digits always fit int64
+  int64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  *out = v;
+  return true;
+}
+
+// The arguments the trainer's sites read (trainer/zero/engine.cpp, trainer/train/trainer.cpp).
+bool leak_variant(std::string_view a) { return a == "pinned" || a == "pow2" || a == "fork"; }
+bool module_index(std::string_view a) {
+  int64_t v = 0;
+  return whole_number(a, &v) && v <= INT32_MAX;
+}
+bool percentage(std::string_view a) {
+  int64_t v = 0;
+  return whole_number(a, &v) && v <= 100;
+}
+bool step_count(std::string_view a) {
+  int64_t v = 0;
+  return whole_number(a, &v) && v >= 1;
+}
+
+}  // namespace
 
 const std::vector<CatalogEntry>& catalog() {
   static const std::vector<CatalogEntry> entries = {
@@ -11,7 +45,8 @@ const std::vector<CatalogEntry>& catalog() {
       {"zero.grad_partition_stays_on_device", "R2", "ZeRO optimizer step, fp32 gradient partitions",
        "one module's fp32 gradient partition is left on the device instead of offloaded at the accumulation "
        "boundary (arg: module index, default the last module); the next op that mixes it with host partitions "
-       "meets the device guard"},
+       "meets the device guard",
+       "module index", "N", "an integer of at least 0, a module of the model (default the last module)", module_index},
       {"optim.device_only_kernels", "R5", "ZeRO optimizer step, Adam",
        "the optimizer's kernels accept only device tensors (an 8-bit or paged AdamW): it constructs fine and its "
        "first step on offloaded host partitions raises 'Expected a cuda device, but got: cpu'"},
@@ -26,11 +61,14 @@ const std::vector<CatalogEntry>& catalog() {
        "offload buffers are re-created at each epoch boundary without releasing the old ones; arg: pinned "
        "(default: the pinned fp32 partitions), pow2 (re-created through a pinned cache that rounds every request "
        "up to a power of two and never returns it), fork (data-loader workers re-created by fork, each touching "
-       "a copy of the offloaded heap)"},
+       "a copy of the offloaded heap)",
+       "variant", "pinned|pow2|fork", "pinned, pow2 or fork (default pinned)", leak_variant},
       {"data.parallel_drop", "R1", "data preprocessing",
-       "parallel preprocessing (num_proc > 1) silently drops documents; arg: percent dropped (default 50)"},
+       "parallel preprocessing (num_proc > 1) silently drops documents; arg: percent dropped (default 50)",
+       "percentage", "0..100", "an integer from 0 to 100, the percent of the data dropped (default 50)", percentage},
       {"config.max_iters", "R1", "training plan",
-       "the config sets max_iters instead of max_epochs: training stops after arg optimizer steps (default 32)"},
+       "the config sets max_iters instead of max_epochs: training stops after arg optimizer steps (default 32)",
+       "step count", "N>=1", "an integer of at least 1, the optimizer steps kept (default 32)", step_count},
       {"comm.hang", "-", "collectives",
        "this rank stops inside a collective and never returns; the other ranks' watchdog ends the run with a line "
        "naming the collective, its sequence number and the timeout (--comm-timeout, 10 min by default as in PyTorch)"},
@@ -50,6 +88,15 @@ const CatalogEntry* find_fault(std::string_view name) {
   for (const auto& e : catalog())
     if (name == e.name) return &e;
   return nullptr;
+}
+
+std::string return_arg_problem(const CatalogEntry& e, std::string_view arg) {
+  if (arg.empty()) return {};  // return, return(): the site's default
+  const std::string a(arg);
+  if (!e.arg || !e.arg_ok)
+    return std::string(e.name) + ": takes no argument, got '" + a + "' (write return, not return(" + a + "))";
+  if (e.arg_ok(arg)) return {};
+  return std::string(e.name) + ": " + e.arg + " '" + a + "' is not allowed; it takes " + e.arg_allowed;
 }
 
 }  // namespace zt::fail

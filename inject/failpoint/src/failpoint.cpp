@@ -116,10 +116,33 @@ Status parse_condition(const std::string& spec, std::string_view c, Condition* o
   return cond_error(spec, c, "expected an operator (= != >= <= > < %)");
 }
 
-Status parse_term(const std::string& spec, std::string_view t, Term* out) {
+// The position of the ')' closing the '(' at `open` (nested pairs allowed inside a print or
+// panic message), or npos.
+size_t closing_paren(std::string_view t, size_t open) {
+  int depth = 0;
+  for (size_t k = open; k < t.size(); ++k) {
+    if (t[k] == '(') ++depth;
+    else if (t[k] == ')' && --depth == 0) return k;
+  }
+  return std::string_view::npos;
+}
+
+// Where the next "->" between terms is: outside any argument's parentheses.
+size_t next_arrow(std::string_view terms) {
+  int depth = 0;
+  for (size_t k = 0; k + 1 < terms.size(); ++k) {
+    if (terms[k] == '(') ++depth;
+    else if (terms[k] == ')' && depth > 0) --depth;
+    else if (depth == 0 && terms[k] == '-' && terms[k + 1] == '>') return k;
+  }
+  return std::string_view::npos;
+}
+
+Status parse_term(const std::string& spec, const CatalogEntry& fault, std::string_view t, Term* out) {
   t = trim(t);
   const std::string term(t);
   auto err = [&](const std::string& why) { return Status::Error("'" + spec + "': action '" + term + "': " + why); };
+  if (t.empty()) return err("no action (expected ACTION, as return)");
   // [P%]
   size_t pct = t.find('%');
   const size_t paren = t.find('(');
@@ -135,13 +158,17 @@ Status parse_term(const std::string& spec, std::string_view t, Term* out) {
     if (!parse_int(t.substr(0, star), &out->count) || out->count < 0) return err("the count must be an integer >= 0");
     t.remove_prefix(star + 1);
   }
-  // ACTION[(ARG)]
+  // ACTION[(ARG)]: the argument runs to its matching ')', and nothing may follow it.
   std::string_view name = t, arg;
   const size_t open = t.find('(');
   if (open != std::string_view::npos) {
-    if (t.back() != ')') return err("missing ')'");
+    const size_t close = closing_paren(t, open);
+    if (close == std::string_view::npos) return err("missing ')'");
+    if (close + 1 != t.size())
+      return err("unexpected '" + std::string(t.substr(close + 1)) + "' after " + std::string(t.substr(0, close + 1)) +
+                 " (one ACTION(ARG) per term; chain terms with ->)");
     name = t.substr(0, open);
-    arg = t.substr(open + 1, t.size() - open - 2);
+    arg = t.substr(open + 1, close - open - 1);
     out->has_arg = true;
     out->arg = std::string(arg);
   }
@@ -157,6 +184,12 @@ Status parse_term(const std::string& spec, std::string_view t, Term* out) {
         if (!out->has_arg || !parse_int(out->arg, &ms) || ms < 0)
           return err(std::string(n) + " needs a duration in milliseconds, as " + n + "(100)");
       }
+      if ((a == Action::Off || a == Action::Pause || a == Action::Yield) && !out->arg.empty())
+        return err(std::string(n) + " takes no argument, got '" + out->arg + "' (write " + n + ")");
+      // return passes its argument to the site: the catalog says what the site takes.
+      if (a == Action::Return)
+        if (std::string why = return_arg_problem(fault, out->arg); !why.empty())
+          return Status::Error("'" + spec + "': fault " + why);
       return Status::Ok();
     }
   return err("unknown action '" + std::string(name) + "' (off, return, print, sleep, delay, panic, pause, yield)");
@@ -175,8 +208,8 @@ Status parse_spec(std::string_view text, Spec* out) {
   while (i < text.size() && text[i] != '[' && text[i] != '=') ++i;
   out->name = std::string(trim(text.substr(0, i)));
   if (out->name.empty()) return Status::Error("'" + spec + "': no fault name before '='");
-  if (!find_fault(out->name))
-    return Status::Error("'" + spec + "': unknown fault '" + out->name + "' (zt faults lists the catalog)");
+  const CatalogEntry* fault = find_fault(out->name);
+  if (!fault) return Status::Error("'" + spec + "': unknown fault '" + out->name + "' (zt faults lists the catalog)");
   if (i < text.size() && text[i] == '[') {
     const size_t close = text.find(']', i);
     if (close == std::string_view::npos) return Status::Error("'" + spec + "': missing ']' after the conditions");
@@ -197,9 +230,9 @@ Status parse_spec(std::string_view text, Spec* out) {
   std::string_view terms = text.substr(i + 1);
   if (trim(terms).empty()) return Status::Error("'" + spec + "': no action after '='");
   while (true) {
-    const size_t arrow = terms.find("->");
+    const size_t arrow = next_arrow(terms);
     Term t;
-    if (Status s = parse_term(spec, terms.substr(0, arrow), &t); !s) return s;
+    if (Status s = parse_term(spec, *fault, terms.substr(0, arrow), &t); !s) return s;
     out->terms.push_back(t);
     if (arrow == std::string_view::npos) break;
     terms.remove_prefix(arrow + 2);

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -255,6 +256,27 @@ json read_deepspeed(const Reader& r, const YAML::Node& n, const std::string& sec
   return yaml_to_json(n);
 }
 
+// The error rows' kinds a run of zt repro can record (db/SCHEMA.md, table error), as the trainer
+// writes them: the device allocator's oom, the host allocator's host_oom (pinned or pageable),
+// the device guard's device_mismatch, the collectives' watchdog_timeout. expect.error must name
+// one of them, or no trace could ever match it.
+const std::vector<std::string>& run_error_kinds() {
+  static const std::vector<std::string> kinds = {"oom", "host_oom", "device_mismatch", "watchdog_timeout"};
+  return kinds;
+}
+// Kinds the probe records that no zt repro run can end with: the crash handler's (the process
+// dies, and zt repro with it), CUDA's and CUDA tracing's (the runs are on simulated GPUs).
+bool probe_only_kind(const std::string& k) {
+  return k == "uncaught_exception" || k == "cuda_error" || k == "cuda_tracing_off" || k == "cuda_tracing_partial";
+}
+std::string error_kind_list() {
+  std::string list;
+  const auto& kinds = run_error_kinds();
+  for (size_t i = 0; i < kinds.size(); ++i)
+    list += std::string(i == 0 ? "" : i + 1 == kinds.size() ? " or " : ", ") + kinds[i];
+  return list;
+}
+
 Expectation read_expect(const Reader& r, const YAML::Node& n, const std::string& section, const Expectation* base) {
   Expectation e = base ? *base : Expectation{};
   e.line = line_of(n);
@@ -271,6 +293,14 @@ Expectation read_expect(const Reader& r, const YAML::Node& n, const std::string&
            };
            if (key == "error") {
              e.error = r.str(v, section + ".error");
+             bool known = false;
+             for (const auto& k : run_error_kinds()) known = known || e.error == k;
+             if (!known && probe_only_kind(e.error))
+               r.fail(v, section + ".error: '" + e.error + "' is recorded by the probe (a crashed process, CUDA or its "
+                         "tracing), never by a zt repro run; use " + error_kind_list());
+             if (!known)
+               r.fail(v, section + ".error: '" + e.error + "' is not an error kind a run records; use " + error_kind_list() +
+                         " (db/SCHEMA.md, table error)");
              set_error = true;
              e.steps_lost = false;
            } else if (key == "site") e.site = regex_ok(r.str(v, section + ".site"));
@@ -322,8 +352,7 @@ Expectation read_expect(const Reader& r, const YAML::Node& n, const std::string&
   if (set_error && set_lost && e.steps_lost)
     r.fail(n, section + ": give error: KIND or steps_lost: true, not both");
   if (e.error.empty() && !e.steps_lost)
-    r.fail(n, section + ": say what the trace must show: error: KIND (oom, host_oom, device_mismatch, "
-                        "watchdog_timeout) or steps_lost: true");
+    r.fail(n, section + ": say what the trace must show: error: KIND (" + error_kind_list() + ") or steps_lost: true");
   return e;
 }
 
@@ -368,6 +397,60 @@ FixSpec read_fix(const Reader& r, const YAML::Node& n, const std::string& sectio
   return f;
 }
 
+// ---- model shapes: bounds that keep the trainer's int64 arithmetic exact ----
+
+// Real models are far inside these (widths to ~25k, ~130 layers, FFNs to ~100k, vocabularies to
+// ~256k, contexts to ~10M tokens, 256 experts); past them a scenario's sizes would wrap in the
+// trainer's int64 products (parameters, bytes) and its verdict would be about another model.
+constexpr int64_t kMaxWidth = int64_t(1) << 20;
+constexpr int64_t kMaxLayers = int64_t(1) << 16;
+constexpr int64_t kMaxFfn = int64_t(1) << 24;
+constexpr int64_t kMaxVocab = int64_t(1) << 24;
+constexpr int64_t kMaxContext = int64_t(1) << 24;  // the trainer's own limit on seq_len
+constexpr int64_t kMaxExperts = int64_t(1) << 16;
+constexpr int64_t kMaxParams = int64_t(1) << 44;   // ~17.6 T parameters
+// One micro-batch's activations, bytes (the full-size run's estimate, trainer/train/model_shape.h).
+constexpr int64_t kMaxActivationBytes = int64_t(1) << 60;
+
+struct ShapeLimit {
+  const char* key;
+  int64_t value, limit;
+};
+std::vector<ShapeLimit> shape_limits(const trainer::ModelShape& m) {
+  return {{"width", m.width, kMaxWidth},           {"layers", m.layers, kMaxLayers},
+          {"heads", m.heads, kMaxWidth},           {"kv_heads", m.kv_heads, kMaxWidth},
+          {"ffn", m.ffn, kMaxFfn},                 {"vocab", m.vocab, kMaxVocab},
+          {"context", m.context, kMaxContext},     {"experts", m.experts, kMaxExperts},
+          {"shared_experts", m.shared_experts, kMaxExperts}, {"expert_ffn", m.expert_ffn, kMaxFfn},
+          {"dense_layers", m.dense_layers, kMaxLayers}};
+}
+std::string limit_note(int64_t limit) {
+  int p = 0;
+  while ((int64_t(1) << p) < limit) ++p;
+  return "2^" + std::to_string(p) + ": larger sizes would overflow the trainer's 64-bit arithmetic";
+}
+
+// An upper bound of the trainer's parameter count (shape_params), in long double: the
+// embeddings (tied or not, with learned positions), each layer's attention, norms, and its
+// dense FFN or experts and router, whichever is larger.
+long double params_bound(const trainer::ModelShape& m) {
+  using L = long double;
+  const L C = L(m.width), hd = m.heads > 0 ? L(m.width) / L(m.heads) : L(0), mats = m.gated_ffn ? 3 : 2;
+  const L attention = 2 * C * C + 2 * C * L(m.kv_heads) * hd + 2 * C;
+  const L dense = mats * C * L(m.ffn);
+  const L moe = L(m.experts + m.shared_experts) * mats * C * L(m.expert_ffn) + C * L(m.experts);
+  const L per_layer = attention + (dense > moe ? dense : moe);
+  return L(m.vocab) * C * (m.tied_embeddings ? 1 : 2) + L(m.context) * C + L(m.layers) * per_layer + 2 * C;
+}
+
+// An upper bound of the activation bytes of one micro-batch (activation_bytes, with or without
+// checkpointing and flash attention), in long double.
+long double activation_bound(const trainer::ModelShape& m, int64_t B, int64_t T) {
+  using L = long double;
+  const L per_layer = L(T) * L(B) * L(m.width) * 34 + 5 * L(m.heads) * L(T) * L(T) * L(B);
+  return (L(m.layers) + 1) * per_layer;
+}
+
 void check_shape(const Reader& r, const YAML::Node& n, const trainer::ModelShape& m, const std::map<std::string, int>& lines,
                  const std::string& prefix = "model") {
   auto at = [&](const std::string& key) {
@@ -384,6 +467,12 @@ void check_shape(const Reader& r, const YAML::Node& n, const trainer::ModelShape
   positive("ffn", m.ffn);
   positive("vocab", m.vocab);
   positive("context", m.context);
+  // Each size bounded, then the parameter count (computed in long double), so no product the
+  // trainer forms from the shape overflows int64 (a wrapped count reads as a tiny model).
+  for (const auto& [key, v, limit] : shape_limits(m))
+    if (v > limit)
+      r.fail(at(key), prefix + "." + key + ": " + std::to_string(v) + " is above the limit of " + std::to_string(limit) +
+                          " (" + limit_note(limit) + ")");
   if (m.width % m.heads != 0)
     r.fail(at("heads"), prefix + ".heads: " + std::to_string(m.heads) + " heads do not divide the width " +
                             std::to_string(m.width) + " (head size would be " + std::to_string(double(m.width) / double(m.heads)) + ")");
@@ -399,6 +488,12 @@ void check_shape(const Reader& r, const YAML::Node& n, const trainer::ModelShape
   if (m.dense_layers > m.layers)
     r.fail(at("dense_layers"), prefix + ".dense_layers: " + std::to_string(m.dense_layers) + " is more than the " +
                                    std::to_string(m.layers) + " layers");
+  if (const long double p = params_bound(m); p > (long double)kMaxParams) {
+    char count[64];
+    std::snprintf(count, sizeof count, "%.3Lg", p);
+    r.fail(n, prefix + ": about " + count + " parameters is above the limit of " + std::to_string(kMaxParams) +
+                  " (2^44, ~17.6 T) that keeps every size the trainer derives from the shape within 64 bits");
+  }
 }
 
 void read_scenario(const Reader& r, const YAML::Node& root, Scenario& s) {
@@ -452,7 +547,9 @@ void read_scenario(const Reader& r, const YAML::Node& root, Scenario& s) {
                       }
                     });
              if (!lines.count("kv_heads")) m.kv_heads = m.heads;
-             if (!lines.count("ffn") && m.width > 0) m.ffn = 4 * m.width;
+             // (a width past its limit is refused by check_shape, naming the width, not an ffn that wrapped)
+             if (!lines.count("ffn") && m.width > 0) m.ffn = m.width <= kMaxWidth ? 4 * m.width : m.width;
+             s.shape_line = line_of(v);
              for (const char* k : {"width", "layers", "heads", "vocab", "context"})
                if (!lines.count(k)) r.fail(v, std::string("model: ") + k + " is missing (the real model's " + k + ")");
              check_shape(r, v, m, lines);
@@ -520,7 +617,7 @@ void read_scenario(const Reader& r, const YAML::Node& root, Scenario& s) {
                         for (const char* mk : {"width", "layers", "heads", "vocab", "context"})
                           if (!lines.count(mk)) r.fail(x, w + ": " + mk + " is missing");
                         m.kv_heads = m.heads;
-                        m.ffn = 4 * m.width;
+                        m.ffn = m.width <= kMaxWidth ? 4 * m.width : m.width;  // a width past the limit: refused below
                         std::map<std::string, int> shape_lines;
                         for (auto& [mk, l] : lines) shape_lines[mk] = l;
                         shape_lines["kv_heads"] = shape_lines["heads"];
@@ -662,6 +759,17 @@ Status resolve(const Scenario& s, Variant v, bool fix, std::optional<uint64_t> s
   c.quiet = true;
   if (Status st = trainer::validate(c); !st)
     return Status::Error(st.message() + " (the " + variant_name(v) + (fix ? " fix" : " bug") + " run)");
+  if (v == Variant::Full) {
+    // The shape's fields are bounded one by one; with the batch the run gives it, its activation
+    // estimate must fit the trainer's 64-bit sizes too.
+    const int64_t T = c.seq_len ? c.seq_len : c.shape.context;
+    if (activation_bound(c.shape, c.micro_batch, T) > (long double)kMaxActivationBytes)
+      return Status::Error(s.path + ":" + std::to_string(s.shape_line) + ": model: one micro-batch of " +
+                           std::to_string(c.micro_batch) + " x " + std::to_string(T) +
+                           " tokens keeps more than 2^60 bytes of activations at this shape (the limit that keeps the "
+                           "trainer's 64-bit sizes exact); give train a smaller seq_len or micro_batch (the full-size " +
+                           (fix ? std::string("fix") : std::string("bug")) + " run)");
+  }
   *out = c;
   return Status::Ok();
 }

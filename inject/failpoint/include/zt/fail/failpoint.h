@@ -14,6 +14,9 @@
 //                                                          on that rank, from 1)
 //   TERM    := [P '%'] [COUNT '*'] ACTION ['(' ARG ')']
 //   ACTION  := off | return | print | sleep | delay | panic | pause | yield
+//   ARG runs to its matching ')' and nothing may follow it. return's ARG is checked against the
+//   catalog (CatalogEntry::arg_ok: what the site takes, empty = its default); sleep/delay take
+//   milliseconds, print/panic any message, off/pause/yield none.
 // Evaluation, as in fail-rs: when the conditions hold, the terms are tried in order; a term
 // whose count is used up, or whose probability draw fails, passes to the next; the first
 // that passes runs. `return` is what switches a mechanism on: the site gets the argument
@@ -68,8 +71,8 @@ struct Spec {
   std::string text;  // as written (for fault rows and messages)
 };
 
-// Parses "a=...;b=..." (also accepts newlines between specs). Checks the names against the
-// catalog. Errors name the spec and the problem ("'zero.nrom=return': unknown fault
+// Parses "a=...;b=..." (also accepts newlines between specs). Checks the names, and each
+// return's argument, against the catalog. Errors name the spec and the problem ("'zero.nrom=return': unknown fault
 // 'zero.nrom' (zt faults lists the catalog)").
 Status parse_specs(std::string_view text, std::vector<Spec>* out);
 Status parse_spec(std::string_view text, Spec* out);

@@ -85,6 +85,7 @@ struct Scenario {
   // The real model and cluster.
   trainer::ModelShape shape;
   std::string shape_note;  // what is approximated (MoE, MLA), said plainly
+  int shape_line = 0;      // the `model:` section's line (a limit on the shape and the batch together names it)
   int64_t nodes = 1, gpus_per_node = 1;
   std::string gpu;  // "A100 80GB", for messages
   uint64_t gpu_memory = 80ull << 30;
