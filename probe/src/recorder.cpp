@@ -136,6 +136,7 @@ struct Recorder::Impl {
   uint64_t flush_req = 0, flush_done = 0;
   std::atomic<bool> pressure{false};
   std::atomic<bool> closed{false};
+  std::mutex close_mu;  // close(): one caller at a time
   RunStatus end_status = RunStatus::Ok;
   std::optional<int64_t> end_code;
   std::string end_detail;
@@ -868,13 +869,15 @@ void Recorder::Impl::symbolize() {
 
 Status Recorder::close(RunStatus status, std::optional<int64_t> exit_code, const std::string& detail) {
   Impl& m = *impl_;
+  // The crash handlers must never see a recorder that is going away, however it ends (idempotent).
+  crash::unregister_recorder(this);
+  std::lock_guard close_lock(m.close_mu);  // two closers never join the writer at once
   if (m.closed.exchange(true)) {
     // Closed before, or the writer failed (it marks the recorder closed, so that producers drop
     // instead of waiting): its thread has ended or is ending, and must be joined before it goes.
     if (m.writer.joinable() && m.writer.get_id() != std::this_thread::get_id()) m.writer.join();
     return m.writer_status;
   }
-  crash::unregister_recorder(this);
   {
     std::lock_guard lock(m.wmu);
     m.stop = true;
