@@ -2,6 +2,7 @@
 // Layout: one process per rank (pid = rank). Threads: 1 markers, 10+kind transfers
 // (H2D, D2H, ...), 100+device kernels. Allocations are async slices (they overlap, which
 // complete events on one thread may not); a live block/segment sum per device is a counter.
+#include <cmath>
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -170,7 +171,8 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
     while (c.step()) {
       std::string nm = name_of(c.i64(2), "counter");
       if (!c.is_null(1)) nm += " " + label_of(c.i64(1));
-      if (c.is_null(4)) continue;  // NaN (stored as NULL): JSON has no number for it
+      // NaN (stored as NULL) and infinities: JSON has no number for them.
+      if (c.is_null(4) || !std::isfinite(c.f64(4))) continue;
       char val[64];
       std::snprintf(val, sizeof val, "%.17g", c.f64(4));
       out.event("\"ph\":\"C\",\"name\":" + q(nm) + ",\"pid\":" + std::to_string(c.i64(0)) + ",\"ts\":" +

@@ -298,12 +298,30 @@ std::string refuse_query(sqlite3* db, const std::string& sql) {
     return sqlite3_errmsg(db);
   if (first == nullptr) return "no SQL statement given";
   const bool readonly = sqlite3_stmt_readonly(first) != 0;
+  // The first keyword, after any comments.
   std::string kw;
-  for (const char* p = sqlite3_sql(first); *p && kw.size() < 8; ++p)
-    if (std::isalpha(static_cast<unsigned char>(*p))) kw += char(std::toupper(static_cast<unsigned char>(*p)));
-    else if (!kw.empty()) break;
+  const std::string text = sqlite3_sql(first);
+  for (size_t i = 0; i < text.size() && kw.size() < 8;) {
+    if (text.compare(i, 2, "--") == 0) {
+      i = text.find('\n', i);
+      if (i == std::string::npos) break;
+    } else if (text.compare(i, 2, "/*") == 0) {
+      i = text.find("*/", i);
+      if (i == std::string::npos) break;
+      i += 2;
+    } else if (std::isalpha(static_cast<unsigned char>(text[i]))) {
+      kw += char(std::toupper(static_cast<unsigned char>(text[i++])));
+      continue;
+    } else if (!kw.empty()) {
+      break;
+    } else {
+      ++i;
+    }
+  }
   sqlite3_finalize(first);
-  if (!readonly || kw == "VACUUM" || kw == "ATTACH")
+  // A PRAGMA that sets nothing reads (journal_mode, page_size); SQLite calls some of them writing.
+  const bool pragma_read = kw == "PRAGMA" && text.find('=') == std::string::npos;
+  if ((!readonly && !pragma_read) || kw == "VACUUM" || kw == "ATTACH")
     return "only reading statements (SELECT, WITH, PRAGMA ...) run on a trace; this one writes";
   sqlite3_stmt* second = nullptr;
   const char* rest = tail;

@@ -210,6 +210,8 @@ TEST(BadInput, QueriesAreOneReadingStatement) {
   EXPECT_NE(error("VACUUM INTO '" + copy + "'").find("only reading statements"), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(copy));
   EXPECT_NE(error("DELETE FROM run").find("only reading statements"), std::string::npos);
+  EXPECT_NE(error("/* a comment first */ ATTACH '" + copy + "' AS x").find("only reading statements"), std::string::npos);
+  EXPECT_EQ(error("PRAGMA journal_mode"), "ok");  // a getter, though SQLite calls it writing
   EXPECT_EQ(error("SELECT count(*) FROM run; -- a comment after it is fine"), "ok");
   ASSERT_EQ(q.rows.size(), 1u);
   EXPECT_EQ(q.rows[0][0], "1");

@@ -390,7 +390,8 @@ Status TraceModel::read_all(LoadProgress* progress) {
       wanted += (wanted.empty() ? "" : ",") + std::to_string(i);
   }
   if (s && !wanted.empty()) {
-    std::string sql = "SELECT device_id,name_id,t,value FROM counter WHERE name_id IN (" + wanted + ") ORDER BY t";
+    std::string sql = "SELECT device_id,name_id,t,value FROM counter WHERE name_id IN (" + wanted +
+                      ") AND value IS NOT NULL ORDER BY t";  // NULL: a NaN recorded (db/SCHEMA.md)
     s = stream(r.handle(), path_, "counter", sql.c_str(), progress, &rows, [&](sqlite3_stmt* st) {
       int32_t d = dev(col_or(st, 0, 0));
       if (d < 0) return;
