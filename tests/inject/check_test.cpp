@@ -415,6 +415,24 @@ void oom_error(TraceBuilder& b) {
   b.error(e);
 }
 
+// The default threshold: 1% of a small memory (64 KiB at least) over three epochs or more, so the
+// first epoch is left out as warm-up; over two, 512 KiB (lazily created state could be a "leak").
+TEST(CheckLeaks, TheDefaultThresholdFollowsTheMemoryOverThreeEpochs) {
+  test::TempDir dir;
+  RunShape s;
+  s.offload = false;               // the host's pinned memory holds only what leaks
+  s.leak_per_epoch = 100 << 10;    // 100 KiB per epoch
+  Options o;
+  o.leaks = true;                  // leak_threshold 0: the default
+  s.epochs = 3;
+  Report three = run(make(dir, "three.db", s), o);
+  ASSERT_EQ(only(three, "leaks").outcome, Outcome::Fail) << format_text(three);
+  EXPECT_TRUE(has(only(three, "leaks").findings.at(0), "this memory's threshold: 64.00 KiB per epoch")) << format_text(three);
+  s.epochs = 2;
+  Report two = run(make(dir, "two.db", s), o);
+  EXPECT_EQ(only(two, "leaks").outcome, Outcome::Pass) << format_text(two);
+}
+
 // A run cut short fails the run check even where every memory check passes: a crash before the
 // first epoch ends leaves nothing for --leaks to compare, and no plan for --steps to miss.
 TEST(CheckRun, AFailedRunFailsWithHowItEndedAndItsErrors) {

@@ -29,9 +29,11 @@ struct Verdict {
 // at least `threshold` per epoch on average and show in at least half of the intervals.
 // The threshold of one memory: the one given, else 512 KiB, or 1% of the memory at the first
 // compared point when that is smaller (a tiny run's 320 KiB per epoch is a quarter of its pinned
-// memory), but at least 64 KiB.
-int64_t threshold_for(int64_t given, int64_t first_live) {
+// memory), but at least 64 KiB. The lower one needs three points or more, so that the first
+// epoch's lazily created state is left out as warm-up.
+int64_t threshold_for(int64_t given, int64_t first_live, size_t points) {
   if (given > 0) return given;
+  if (points < 3) return kLeakThresholdMax;
   return std::clamp<int64_t>(first_live / 100, kLeakThresholdMin, kLeakThresholdMax);
 }
 
@@ -41,7 +43,7 @@ Verdict evaluate(const std::vector<int64_t>& live, int64_t given_threshold) {
   if (n < 2) return v;
   v.from = n >= 3 ? 1 : 0;
   v.to = n - 1;
-  v.threshold = threshold_for(given_threshold, live[v.from]);
+  v.threshold = threshold_for(given_threshold, live[v.from], n);
   const int64_t threshold = v.threshold;
   const size_t counted = v.to - v.from;
   size_t grew = 0;

@@ -90,13 +90,14 @@ Status check_placement(TraceData& d, const Options&, CheckResult* out) {
   }
 
   // A parameter shard on the accelerator is its resident copy (misplaced) when it lives across
-  // a step boundary or outlives the trace; a copy freed before the next step begins is staged:
+  // a step boundary, outlives the trace, or lives on a rank without steps; a copy freed before the
+  // next step begins is staged:
   // inside a fetch (H2D, then all-gathered and freed) that is how offload_param works, and between
   // steps it is the checkpoint's gather of the 16-bit weights (stage3_gather_16bit_weights_on_model_save).
   auto resident = [&](const Alloc& a) {
     if (a.t_free == kNever) return true;
     auto it = d.steps.find(a.rank);
-    if (it == d.steps.end()) return false;
+    if (it == d.steps.end() || it->second.empty()) return true;  // no step to be staged for (died in setup)
     const auto& v = it->second;
     auto p = std::lower_bound(v.begin(), v.end(), a.t_alloc, [](const Span& s, int64_t t) { return s.t_start < t; });
     return p != v.end() && p->t_start < a.t_free;  // alive when a later step began
