@@ -400,12 +400,18 @@ int run_probe(const ProbeArgs& a) {
   }
   if (!any_cuda_on && !cuda_off.empty()) std::fprintf(stderr, "zt probe: %s\n", cuda_off.c_str());
   if (traces.size() > 1) {
+    // Only the renumbered traces merge (a trace whose process still runs keeps rank 0).
     std::vector<std::string> merge{"zt", "db", "merge", merged_name(out.string())};
-    for (auto& t : traces) merge.push_back(t.path);
-    std::fprintf(stderr,
-                 "zt probe: this run's data is in %zu traces, one per process image (ranks 0 to %zu); "
-                 "one trace of them all: %s\n",
-                 traces.size(), traces.size() - 1, probe::shell_quote_command(merge).c_str());
+    size_t mergeable = 0;
+    for (size_t i = 0; i < traces.size(); ++i)
+      if (renumbered[i]) {
+        merge.push_back(traces[i].path);
+        ++mergeable;
+      }
+    std::fprintf(stderr, "zt probe: this run's data is in %zu traces, one per process image", traces.size());
+    if (mergeable > 1)
+      std::fprintf(stderr, "; one trace of the %zu finished ones: %s", mergeable, probe::shell_quote_command(merge).c_str());
+    std::fprintf(stderr, "\n");
   }
   return code;
 }

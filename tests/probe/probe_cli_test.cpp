@@ -175,7 +175,7 @@ TEST(ProbeCommand, ExecAndChildrenSayWhereTheDataWentAndMerge) {
   EXPECT_NE(r.err.find(std::string("(recorded until it exec'd ") + ZT_PROBE_WORKLOAD + ")"), std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("after exec, process "), std::string::npos) << r.err;
-  const std::string merge_at = "one trace of them all: zt db merge ";
+  const std::string merge_at = "one trace of the 2 finished ones: zt db merge ";
   size_t at = r.err.find(merge_at);
   ASSERT_NE(at, std::string::npos) << r.err;
   // The last line, and a command a shell can run as printed.
