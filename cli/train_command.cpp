@@ -255,7 +255,10 @@ void add_train_command(CLI::App& app, Action& action) {
 #endif
       bool trace_failed = false;
       if (rec) {
-        Status closed = s ? rec->close(db::RunStatus::Ok, 0) : rec->close(db::RunStatus::Failed, 1, s.message());
+        // The exit code the process returns below: 1 for a run that failed, 2 for input refused late.
+        Status closed = s ? rec->close(db::RunStatus::Ok, 0)
+                          : rec->close(db::RunStatus::Failed, sum.failure.empty() ? kExitBadInput : kExitFailed,
+                                       s.message());
         if (!closed) std::fprintf(stderr, "zt: %s\n", closed.message().c_str());
         trace_failed = !closed;
       }

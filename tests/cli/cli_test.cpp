@@ -257,7 +257,7 @@ TEST(Cli, BadInputLeavesAnExistingTraceAlone) {
   std::filesystem::create_directory(dir.file("adir"));
   for (const std::string& bad : {std::string("--fault 'bogus=return'"), "--data " + dir.file("adir"),
                                  "--data " + dir.file("none.txt"), std::string("--seq-len 100000"),
-                                 std::string("--save-every 2")}) {
+                                 std::string("--save-every 2"), "--resume --checkpoint-dir " + dir.file("nock")}) {
     Result r = run_zt("train --model tiny --steps 2 -q --trace " + trace + " " + bad);
     EXPECT_EQ(r.code, 2) << bad << "\n" << r.out;
     EXPECT_EQ(zt::test::read_file(trace), before) << bad << " replaced the trace";
@@ -277,6 +277,7 @@ TEST(Cli, DeepSpeedConfigErrorsNameTheFileAndTheKey) {
       {R"({"optimizer": {"type": 5}})", "optimizer.type must be a string, not 5"},
       {R"({"optimizer": {"params": {"lr": -1}}})", "lr must be a positive number"},
       {R"({"optimizer": {"params": {"lr": 1e400}}})", "not valid JSON"},
+      {R"({"zero_optimization": {"stage": 4294967299}})", "zero_optimization.stage 4294967299 is out of range"},
   };
   for (auto& [text, want] : cases) {
     std::ofstream(ds) << text;

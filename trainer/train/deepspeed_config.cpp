@@ -1,5 +1,7 @@
 // DeepSpeed JSON configs, read as users write them for DeepSpeed and Hugging Face.
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <nlohmann/json.hpp>
 
@@ -57,10 +59,21 @@ struct Reader {
       return false;
     }
     if constexpr (std::is_integral_v<T>) {
-      // 1.9 read as 1, or 1e30 wrapped around, would be a silent change of the user's setting.
+      // 1.9 read as 1, or 4294967299 wrapped to 3, would be a silent change of the user's setting.
       const double d = v.get<double>();
-      if (!v.is_number_integer() && !(d == std::floor(d) && std::fabs(d) < 9.2e18)) {
+      if (!v.is_number_integer() && d != std::floor(d)) {
         error = path + ": " + where + key + " must be a whole number, not " + v.dump();
+        return false;
+      }
+      const bool fits = v.is_number_unsigned()
+                            ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
+                        : v.is_number_integer()
+                            ? v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
+                                  v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max())
+                            : d >= double(std::numeric_limits<T>::min()) &&
+                                  d < std::ldexp(1.0, std::numeric_limits<T>::digits);  // below max + 1
+      if (!fits) {
+        error = path + ": " + where + key + " " + v.dump() + " is out of range";
         return false;
       }
       if (v.is_number_float()) {
@@ -138,6 +151,8 @@ Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std
       !r.number(j, "gradient_clipping", "", c.grad_clip, c.grad_clip))
     return Status::Error(r.error);
   if (micro < 1 || accum < 1) return Status::Error(path + ": batch sizes and accumulation steps must be at least 1");
+  if (micro > (int64_t(1) << 24) || accum > (int64_t(1) << 24))  // validate()'s limit, before multiplying them
+    return Status::Error(path + ": batch sizes and accumulation steps must be at most 16777216");
   if (global != -1 && global != micro * accum * c.world_size) {
     // DeepSpeed asserts the same identity.
     return Status::Error(path + ": train_batch_size " + std::to_string(global) +

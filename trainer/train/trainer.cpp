@@ -241,6 +241,12 @@ Status fault_specs_of(const TrainConfig& cfg, std::vector<fail::Spec>* out) {
   return Status::Ok();
 }
 
+// What --resume starts from: every file of the chosen checkpoint verified (ckpt::select_checkpoint).
+Status select_resume(const TrainConfig& cfg, ckpt::Selected* out) {
+  if (Status s = ckpt::select_checkpoint(cfg.checkpoint_dir, out); !s) return Status::Error("--resume: " + s.message());
+  return Status::Ok();
+}
+
 Status checkpoint_settings_ok(const TrainConfig& cfg) {
   if (cfg.save_every < 0) return Status::Error("--save-every " + std::to_string(cfg.save_every) + ": must be 0 (never) or more");
   if ((cfg.save_every > 0 || cfg.resume) && cfg.checkpoint_dir.empty())
@@ -279,6 +285,10 @@ Status check_inputs(const TrainConfig& cfg) {
   if (!cfg.virtual_mode && !cfg.data.empty())
     if (Status s = check_input_file(cfg.data, "data file"); !s) return s;
   if (Status s = checkpoint_settings_ok(cfg); !s) return s;
+  if (cfg.resume) {  // a checkpoint to resume from exists (train() checks it against the run again)
+    ckpt::Selected resume;
+    if (Status s = select_resume(cfg, &resume); !s) return s;
+  }
   if (cfg.device == "cuda" && cfg.virtual_mode)
     return Status::Error("--virtual runs on the simulated GPU (--device sim): it keeps sizes only, no data");
   return Status::Ok();
@@ -374,7 +384,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
   if (Status s = checkpoint_settings_ok(cfg); !s) return s;
   ckpt::Selected resume;
   if (cfg.resume) {
-    if (Status s = ckpt::select_checkpoint(cfg.checkpoint_dir, &resume); !s) return Status::Error("--resume: " + s.message());
+    if (Status s = select_resume(cfg, &resume); !s) return s;
     const ckpt::Manifest& m = resume.manifest;
     const std::string where = resume.dir + "/" + m.tag;
     summary->resume_notes = resume.notes;

@@ -49,7 +49,7 @@ class Backend;  // core/backend.h
 
 // The checks train() makes before anything runs, that need no data, device or trace: the settings
 // (validate), the model and batch shape, the fault specs, that the data file is a readable file,
-// the checkpoint settings. A caller runs them before it opens the trace, so that bad input never
+// the checkpoint settings and, with --resume, that a complete checkpoint is there. A caller runs them before it opens the trace, so that bad input never
 // replaces a trace the user already had. train() makes them again itself.
 Status check_inputs(const TrainConfig& cfg);
 
