@@ -167,7 +167,7 @@ void add_demo_command(CLI::App& app, Action& action) {
         if (res.exit_code() != 0) return fail("the R2 scenario did not reproduce and cure as it should");
       }
 
-      std::cout << "\n== 6. zt check " << cfg.trace << " (leaks across epochs, placement, steps: pass/fail for CI)\n";
+      std::cout << "\n== 6. zt check " << cfg.trace << " (how the run ended, leaks across epochs, placement, steps: pass/fail for CI)\n";
       {
         check::Report report;
         if (Status s = check::run_checks(cfg.trace, check::Options{}, &report); !s) return fail(s.message());
