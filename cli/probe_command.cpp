@@ -32,7 +32,6 @@
 
 #include "commands.h"
 #include "zt/common/units.h"
-#include "zt/db/schema.h"
 #include "zt/db/trace_file.h"
 #include "zt/db/trace_reader.h"
 #include "zt/probe/probe_config.h"
@@ -137,8 +136,7 @@ std::optional<RunTrace> read_run_trace(const std::string& path, const std::strin
 std::vector<RunTrace> traces_of_run(const std::string& main, const std::string& run_id, fs::file_time_type since) {
   std::vector<RunTrace> out;
   if (auto t = read_run_trace(main, run_id)) out.push_back(*t);
-  std::string stem = fs::path(main).filename().string();
-  if (stem.size() > 3 && stem.substr(stem.size() - 3) == ".db") stem.resize(stem.size() - 3);
+  const std::string stem = probe::trace_stem(fs::path(main).filename().string());
   fs::path dir = fs::path(main).parent_path();
   std::vector<RunTrace> others;
   std::error_code ec;
@@ -198,8 +196,7 @@ bool set_rank(const RunTrace& t, int rank, int world) {
 
 // A name for the merged trace that is not taken: "<main without .db>.merged.db" (or -2, -3...).
 std::string merged_name(const std::string& main) {
-  std::string stem = main;
-  if (stem.size() > 3 && stem.substr(stem.size() - 3) == ".db") stem.resize(stem.size() - 3);
+  const std::string stem = probe::trace_stem(main);
   std::string name = stem + ".merged.db";
   for (int n = 2; ::access(name.c_str(), F_OK) == 0 && n < 1000; ++n)
     name = stem + ".merged-" + std::to_string(n) + ".db";
@@ -288,17 +285,10 @@ int run_probe(const ProbeArgs& a) {
 
   std::error_code ec;
   fs::path out = fs::absolute(a.output, ec);
-  if (ec || !fs::is_directory(out.parent_path(), ec))
-    return fail("probe: " + a.output + ": directory " + out.parent_path().string() + " does not exist");
-  // The library would refuse to replace a file that is not a trace, and the program would run
-  // unrecorded: refuse here, before anything runs, as zt train --trace does.
-  db::TraceFileInfo info;
-  if (Status s = db::inspect_trace_file(out.string(), &info); !s) return fail("probe: " + s.message());
-  if (info.exists && info.size > 0 && !(info.is_sqlite && info.application_id == db::kApplicationId))
-    return fail("probe: " + a.output + ": exists and is not a zerotrace trace; refusing to overwrite it");
-  if (::access(out.parent_path().c_str(), W_OK) != 0)
-    return fail("probe: " + a.output + ": cannot create the trace, directory " + out.parent_path().string() +
-                " is not writable (" + std::strerror(errno) + ")");
+  if (ec) return fail("probe: " + a.output + ": " + ec.message());
+  // The library would refuse to replace a file that is not a trace (TraceWriter::create's own
+  // check), and the program would run unrecorded: refuse here, before anything runs.
+  if (Status s = db::check_trace_destination(out.string()); !s) return fail("probe: " + s.message());
   auto started = fs::file_time_type::clock::now() - std::chrono::seconds(2);
   const std::string run_id = make_run_id();
 

@@ -2,10 +2,12 @@
 
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "zt/db/schema.h"
@@ -36,6 +38,20 @@ Status inspect_trace_file(const std::string& path, TraceFileInfo* info) {
   info->is_sqlite = true;
   info->schema_version = static_cast<int32_t>(be32(h + 60));
   info->application_id = static_cast<int32_t>(be32(h + 68));
+  return Status::Ok();
+}
+
+Status check_trace_destination(const std::string& path) {
+  TraceFileInfo info;
+  if (Status s = inspect_trace_file(path, &info); !s) return s;
+  if (info.exists && info.size > 0 && !(info.is_sqlite && info.application_id == kApplicationId))
+    return Status::Error(path + ": exists and is not a zerotrace trace; refusing to overwrite it");
+  const auto parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
+  if (::access(dir.c_str(), F_OK) != 0) return Status::Error(path + ": directory " + dir + " does not exist");
+  if (::access(dir.c_str(), W_OK) != 0)
+    return Status::Error(path + ": cannot create the trace, directory " + dir + " is not writable (" +
+                         std::strerror(errno) + ")");
   return Status::Ok();
 }
 

@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <unordered_map>
 #include <vector>
 
@@ -187,10 +186,6 @@ struct TraceWriter::Statements {
 };
 
 namespace {
-std::string parent_dir(const std::string& path) {
-  auto p = std::filesystem::path(path).parent_path();
-  return p.empty() ? std::string(".") : p.string();
-}
 void remove_trace_files(const std::string& path) {
   for (const char* suffix : {"", "-wal", "-shm", "-journal"}) ::unlink((path + suffix).c_str());
 }
@@ -210,15 +205,7 @@ void configure_sqlite_once() {
 
 Status TraceWriter::create(const std::string& path, std::unique_ptr<TraceWriter>* out) {
   configure_sqlite_once();
-  TraceFileInfo info;
-  if (Status s = inspect_trace_file(path, &info); !s) return s;
-  if (info.exists && info.size > 0 && !(info.is_sqlite && info.application_id == kApplicationId))
-    return Status::Error(path + ": exists and is not a zerotrace trace; refusing to overwrite it");
-  std::string dir = parent_dir(path);
-  if (::access(dir.c_str(), F_OK) != 0) return Status::Error(path + ": directory " + dir + " does not exist");
-  if (::access(dir.c_str(), W_OK) != 0)
-    return Status::Error(path + ": cannot create the trace, directory " + dir + " is not writable (" +
-                         std::strerror(errno) + ")");
+  if (Status s = check_trace_destination(path); !s) return s;
 
   // Build the new trace beside the target, then rename it into place: whatever was at
   // `path` stays intact until a complete empty trace replaces it.

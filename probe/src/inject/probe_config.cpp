@@ -60,10 +60,14 @@ Status probe_config_from_env(const std::function<const char*(const char*)>& gete
   return Status::Ok();
 }
 
-std::string per_process_trace_path(const std::string& main, int pid) {
+std::string trace_stem(const std::string& main) {
   std::string stem = main;
   if (stem.size() > 3 && stem.compare(stem.size() - 3, 3, ".db") == 0) stem.resize(stem.size() - 3);
-  return stem + ".pid" + std::to_string(pid) + ".db";
+  return stem;
+}
+
+std::string per_process_trace_path(const std::string& main, int pid) {
+  return trace_stem(main) + ".pid" + std::to_string(pid) + ".db";
 }
 
 std::string shell_quote(const std::string& word) {

@@ -22,6 +22,12 @@ struct TraceFileInfo {
 // Reads the 100-byte SQLite header (no SQLite call). Fails only on I/O errors.
 Status inspect_trace_file(const std::string& path, TraceFileInfo* info);
 
+// Ok if a new trace may be written at `path`: nothing there, an empty file or a zerotrace trace
+// (replaced), in a directory that exists and is writable. Otherwise one line naming the file:
+// "x.txt: exists and is not a zerotrace trace; refusing to overwrite it". TraceWriter::create
+// checks it; a command that hands the path to another process (zt probe) checks it first.
+Status check_trace_destination(const std::string& path);
+
 // Ok if `path` is a readable zerotrace trace of our schema version; otherwise one line
 // naming the file and the problem ("x.db: empty file (0 bytes), not a zerotrace trace").
 Status validate_trace_file(const std::string& path);

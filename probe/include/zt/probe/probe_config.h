@@ -53,6 +53,8 @@ Status probe_config_from_env(const std::function<const char*(const char*)>& gete
 // The file a process writes: the root writes `main`; any other process of the run writes
 // "<main without .db>.pid<PID>.db" ("-2", "-3"... appended by the caller when it exists).
 std::string per_process_trace_path(const std::string& main, int pid);
+// `main` without its ".db" (the stem of the per-process traces and of zt probe's merged one).
+std::string trace_stem(const std::string& main);
 
 // One word as a POSIX shell needs it to read it back as that word: unchanged when it is made
 // only of characters no shell treats specially (letters, digits, and _ @ % + = : , . / -),
