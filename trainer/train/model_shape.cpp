@@ -99,4 +99,20 @@ std::string describe_shape(const ModelShape& s, bool learned_positions) {
   return out;
 }
 
+long double shape_params_bound(const ModelShape& m) {
+  using L = long double;
+  const L C = L(m.width), hd = m.heads > 0 ? L(m.width) / L(m.heads) : L(0), mats = m.gated_ffn ? 3 : 2;
+  const L attention = 2 * C * C + 2 * C * L(m.kv_heads) * hd + 2 * C;
+  const L dense = mats * C * L(m.ffn);
+  const L moe = L(m.experts + m.shared_experts) * mats * C * L(m.expert_ffn) + C * L(m.experts);
+  const L per_layer = attention + (dense > moe ? dense : moe);
+  return L(m.vocab) * C * (m.tied_embeddings ? 1 : 2) + L(m.context) * C + L(m.layers) * per_layer + 2 * C;
+}
+
+long double activation_bytes_bound(const ModelShape& m, int64_t B, int64_t T) {
+  using L = long double;
+  const L per_layer = L(T) * L(B) * L(m.width) * 34 + 5 * L(m.heads) * L(T) * L(T) * L(B);
+  return (L(m.layers) + 1) * per_layer;
+}
+
 }  // namespace zt::trainer

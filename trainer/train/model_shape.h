@@ -31,12 +31,20 @@ Status validate_shape(const ModelShape& s);
 std::vector<model::ModuleSpec> shape_modules(const ModelShape& s, bool learned_positions);
 
 int64_t shape_params(const ModelShape& s, bool learned_positions);
+// An upper bound of shape_params, in long double, for any shape (no product can overflow): the
+// embeddings (tied or not, with learned positions), each layer's attention, norms, and its dense
+// FFN or experts and router, whichever is larger. A reader of shapes (zt repro's scenarios)
+// refuses a shape whose bound would not fit int64 before anything computes shape_params.
+long double shape_params_bound(const ModelShape& s);
 
 // Bytes of activations kept for backward by one micro-batch of B sequences of T tokens, in a
 // 16-bit dtype (Korthikanti et al. 2022, no sequence parallelism): per layer T*B*width*34 +
 // 5*heads*T^2*B, without the second term under flash attention; with activation checkpointing each layer keeps only its
 // input (2*T*B*width) and one layer's full set is live during its recomputation.
 int64_t activation_bytes(const ModelShape& s, int64_t B, int64_t T, bool checkpointing, bool flash_attention = false);
+// An upper bound of activation_bytes (with or without checkpointing and flash attention), in long
+// double, so that a caller can refuse a shape and batch whose int64 figure would wrap.
+long double activation_bytes_bound(const ModelShape& s, int64_t B, int64_t T);
 
 // "Yi-34B: 34.39 B parameters, 60 layers, width 7168, 56 heads (8 KV), FFN 20480, vocab 64000".
 std::string describe_shape(const ModelShape& s, bool learned_positions);

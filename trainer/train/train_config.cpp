@@ -145,6 +145,8 @@ Status validate(const TrainConfig& c) {
   };
   if (c.device != "sim" && c.device != "cpu" && c.device != "cuda")
     return bad("device '" + c.device + "': use sim, cpu or cuda");
+  if (c.device == "cuda" && c.virtual_mode)
+    return bad("--virtual runs on the simulated GPU (--device sim): it keeps sizes only, no data");
   if (c.steps < 0) return bad("steps must be at least 1 (or 0 to train by epochs)");
   if (c.epochs < 0) return bad("epochs must be at least 1 (or 0 to train by steps)");
   if (c.steps > 0 && c.epochs > 0) return bad("give steps or epochs, not both");

@@ -289,8 +289,6 @@ Status check_inputs(const TrainConfig& cfg) {
     ckpt::Selected resume;
     if (Status s = select_resume(cfg, &resume); !s) return s;
   }
-  if (cfg.device == "cuda" && cfg.virtual_mode)
-    return Status::Error("--virtual runs on the simulated GPU (--device sim): it keeps sizes only, no data");
   return Status::Ok();
 }
 
@@ -308,7 +306,6 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
   bool multi_process = false;
   if (given_backend && cfg.device != "cuda") return Status::Error("train: a backend was given for --device " + cfg.device);
   if (cfg.device == "cuda" && !given_backend) {
-    if (virt) return Status::Error("--virtual runs on the simulated GPU (--device sim): it keeps sizes only, no data");
     try {
       launch = read_launch_info(process_environment());
     } catch (const LaunchError& e) {

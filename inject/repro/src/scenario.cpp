@@ -12,6 +12,7 @@
 #include <map>
 #include <regex>
 
+#include "train/model_shape.h"
 #include "zt/common/files.h"
 #include "zt/common/units.h"
 #include "zt/fail/catalog.h"
@@ -430,27 +431,6 @@ std::string limit_note(int64_t limit) {
   return "2^" + std::to_string(p) + ": larger sizes would overflow the trainer's 64-bit arithmetic";
 }
 
-// An upper bound of the trainer's parameter count (shape_params), in long double: the
-// embeddings (tied or not, with learned positions), each layer's attention, norms, and its
-// dense FFN or experts and router, whichever is larger.
-long double params_bound(const trainer::ModelShape& m) {
-  using L = long double;
-  const L C = L(m.width), hd = m.heads > 0 ? L(m.width) / L(m.heads) : L(0), mats = m.gated_ffn ? 3 : 2;
-  const L attention = 2 * C * C + 2 * C * L(m.kv_heads) * hd + 2 * C;
-  const L dense = mats * C * L(m.ffn);
-  const L moe = L(m.experts + m.shared_experts) * mats * C * L(m.expert_ffn) + C * L(m.experts);
-  const L per_layer = attention + (dense > moe ? dense : moe);
-  return L(m.vocab) * C * (m.tied_embeddings ? 1 : 2) + L(m.context) * C + L(m.layers) * per_layer + 2 * C;
-}
-
-// An upper bound of the activation bytes of one micro-batch (activation_bytes, with or without
-// checkpointing and flash attention), in long double.
-long double activation_bound(const trainer::ModelShape& m, int64_t B, int64_t T) {
-  using L = long double;
-  const L per_layer = L(T) * L(B) * L(m.width) * 34 + 5 * L(m.heads) * L(T) * L(T) * L(B);
-  return (L(m.layers) + 1) * per_layer;
-}
-
 void check_shape(const Reader& r, const YAML::Node& n, const trainer::ModelShape& m, const std::map<std::string, int>& lines,
                  const std::string& prefix = "model") {
   auto at = [&](const std::string& key) {
@@ -488,7 +468,7 @@ void check_shape(const Reader& r, const YAML::Node& n, const trainer::ModelShape
   if (m.dense_layers > m.layers)
     r.fail(at("dense_layers"), prefix + ".dense_layers: " + std::to_string(m.dense_layers) + " is more than the " +
                                    std::to_string(m.layers) + " layers");
-  if (const long double p = params_bound(m); p > (long double)kMaxParams) {
+  if (const long double p = trainer::shape_params_bound(m); p > (long double)kMaxParams) {
     char count[64];
     std::snprintf(count, sizeof count, "%.3Lg", p);
     r.fail(n, prefix + ": about " + count + " parameters is above the limit of " + std::to_string(kMaxParams) +
@@ -763,7 +743,7 @@ Status resolve(const Scenario& s, Variant v, bool fix, std::optional<uint64_t> s
     // The shape's fields are bounded one by one; with the batch the run gives it, its activation
     // estimate must fit the trainer's 64-bit sizes too.
     const int64_t T = c.seq_len ? c.seq_len : c.shape.context;
-    if (activation_bound(c.shape, c.micro_batch, T) > (long double)kMaxActivationBytes)
+    if (trainer::activation_bytes_bound(c.shape, c.micro_batch, T) > (long double)kMaxActivationBytes)
       return Status::Error(s.path + ":" + std::to_string(s.shape_line) + ": model: one micro-batch of " +
                            std::to_string(c.micro_batch) + " x " + std::to_string(T) +
                            " tokens keeps more than 2^60 bytes of activations at this shape (the limit that keeps the "
