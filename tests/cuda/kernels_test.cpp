@@ -296,7 +296,14 @@ TEST(CudaFlashAttention, MatchesItsCpuTwinAndTheFp32Reference) {
         }
       const std::string what = std::string("flash backward d") + "qkv"[part];
       EXPECT_TRUE(close(g, want, twin, what + " vs its CPU twin" + shape));
-      EXPECT_TRUE(close(g, r, bwd_ref, what + " vs the fp32 reference" + shape));
+      double r_max = 0, g_max = 0, all_max = 0;
+      for (size_t i = 0; i < r.size(); ++i) r_max = std::max(r_max, double(std::fabs(r[i])));
+      for (float x : g) g_max = std::max(g_max, double(std::fabs(x)));
+      for (float x : ref_dqkv) all_max = std::max(all_max, double(std::fabs(x)));
+      if (r_max > 0)
+        EXPECT_TRUE(close(g, r, bwd_ref, what + " vs the fp32 reference" + shape));
+      else  // one key (T = 1): q and k get no gradient; measured against dqkv's scale instead of 0
+        EXPECT_LE(g_max, 1e-4 * all_max) << what << " should vanish" << shape;
     }
     EXPECT_TRUE(close(download(d_dsum, B * H * T, DType::F32), dsum, Tolerance{1e-5, 1e-6}, "flash dsum" + shape));
   }

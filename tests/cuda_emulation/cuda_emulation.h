@@ -14,7 +14,7 @@
 //    other lanes read it, as on a GPU). mma accumulates k in order, in fp32, from the
 //    accumulator's value. load/store check that the pointer is 32-byte aligned and that ldm is a
 //    multiple of 16 bytes, as the CUDA documentation requires;
-//  - float4 / make_float4; __nv_bfloat16 with __float2bfloat16_rn (core/dtype_bits.h's rounding); atomicAdd on float
+//  - float4 / make_float4; __nv_bfloat16 with __float2bfloat16_rn (core/dtype_bits.h's rounding) and __bfloat162float; atomicAdd on float
 //    under a mutex; __fmul_rn / __fadd_rn as plain float operations (no FMA on this build);
 //  - __trap aborts. __CUDA_ARCH__ is defined as 800 so guarded kernel bodies are compiled.
 #pragma once
@@ -132,6 +132,7 @@ struct __nv_bfloat16 {
   operator float() const { return zt::trainer::bits::bf16_to_float(bits); }
 };
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return {zt::trainer::bits::float_to_bf16(f)}; }
+inline float __bfloat162float(__nv_bfloat16 h) { return zt::trainer::bits::bf16_to_float(h.bits); }
 
 namespace nvcuda::wmma {
 

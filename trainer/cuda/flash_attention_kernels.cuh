@@ -15,7 +15,7 @@
 //  backward (grid: B*H x key tiles): per query tile from the key tile on, S = Q K^T and
 //           dP = dO V^T, then P = exp(S scale - lse) and dS = P (dP - dsum) in bf16; dV += P^T dO
 //           and dK += dS^T Q stay in WMMA accumulators over the query tiles; dQ += scale dS K
-//           goes to global memory with atomicAdd. dsum = rowsum(dO * O) by a kernel before.
+//           goes to global memory with atomicAdd. dsum = rowsum(bf16(dO) * O) by a kernel before.
 // The few elementwise products that feed a rounding to bf16 or the running sums are written as
 // __fmul_rn / __fadd_rn, so nvcc cannot fuse them into FMAs the CPU twin does not have.
 // Shared memory rows are padded (bf16: +8, fp32: +4 elements), which keeps every fragment
@@ -157,7 +157,10 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-// dsum[bh, t] = sum over the head's columns of dout * out: one warp per row.
+// dsum[bh, t] = sum over the head's columns of bf16(dout) * out: one warp per row. dO is rounded
+// as the backward's dP = dO V^T rounds it, so that dP - dsum is the difference of two sums of the
+// same products where it should vanish (one key: P = 1, O = V, and the score gradient is zero;
+// with fp32 dO here it came out as dO's rounding error, 1e-2 of dq on the H100).
 __global__ void flash_dsum_kernel(float* dsum, const float* dout, const float* out, int Tn, int C, int H, int D,
                                   int64_t rows) {
   const int64_t row = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
@@ -167,7 +170,7 @@ __global__ void flash_dsum_kernel(float* dsum, const float* dout, const float* o
   const int t = int(row % Tn), b = int(bh / H), h = int(bh % H);
   const int64_t off = (int64_t(b) * Tn + t) * C + int64_t(h) * D;
   float acc = 0.0f;
-  for (int d = lane; d < D; d += 32) acc += dout[off + d] * out[off + d];
+  for (int d = lane; d < D; d += 32) acc += __bfloat162float(__float2bfloat16_rn(dout[off + d])) * out[off + d];
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   if (lane == 0) dsum[row] = acc;
 }

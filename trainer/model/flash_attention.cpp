@@ -102,11 +102,11 @@ void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const
       const int64_t bh = b * H + h;
       const float* base = qkv + b * T * C3;
       float* dbase = dqkv + b * T * C3;
-      for (int64_t t = 0; t < T; ++t) {  // dsum = rowsum(dout * out), in fp32
+      for (int64_t t = 0; t < T; ++t) {  // dsum = rowsum(bf16(dout) * out), in fp32 (dout as dP rounds it)
         const float* g = dout + (b * T + t) * C + h * hs;
         const float* y = out + (b * T + t) * C + h * hs;
         float acc = 0.0f;
-        for (int64_t d = 0; d < hs; ++d) acc += g[d] * y[d];
+        for (int64_t d = 0; d < hs; ++d) acc += bf16_round(g[d]) * y[d];
         dsum[bh * T + t] = acc;
       }
       std::vector<float> dq(size_t(T * hs), 0.0f);

@@ -6,7 +6,8 @@
 // the forward keeps a running row max and sum (online softmax) and the normalized output, and
 // stores per row only the log-sum-exp of the scaled scores (lse [B, H, T]); the backward
 // recomputes each tile's probabilities from it (P = exp(s * scale - lse)) and needs
-// dsum = rowsum(dout * out) [B, H, T] (computed here into the caller's scratch).
+// dsum = rowsum(bf16(dout) * out) [B, H, T] (computed here into the caller's scratch; dout rounded
+// as the product dP = dout V^T rounds it, so dP - dsum vanishes where it should: a single key).
 // Precision, as the kernels' tensor cores: Q, K, V, dout, the probabilities P and the score
 // gradients dS are rounded to bf16 before each product; every product accumulates in fp32; the
 // softmax statistics, lse, dsum and all outputs are fp32. So results agree with the fp32

@@ -3,6 +3,7 @@
 // tiles and a last partial tile, for the head sizes the kernels take (16, 32, 64).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -96,6 +97,28 @@ TEST_P(FlashAttention, BackwardMatchesTheReference) {
     EXPECT_LE(d.rel, kBackwardTol) << s.text() << ": d" << "qkv"[part] << ", worst element " << d.at << ", |diff| "
                                    << d.abs;
   }
+}
+
+// With one key the softmax is constant (P = 1, out = v), so the scores, and with them q and k, get
+// no gradient: dsum must round dout as the product dP = dout V^T does, or dq and dk come out as
+// dout's rounding error (1e-2 of dv's scale when dsum used fp32 dout).
+TEST(FlashAttentionOneKey, QueriesAndKeysGetNoGradient) {
+  const int64_t B = 2, T = 1, C = 64, H = 2;
+  const std::vector<float> qkv = zt::test::normal_values(B * T * 3 * C, 41, 1.5f);
+  const std::vector<float> dout = zt::test::normal_values(B * T * C, 42);
+  std::vector<float> out(size_t(B * T * C)), lse(size_t(B * H * T)), dsum(size_t(B * H * T));
+  std::vector<float> dqkv(size_t(B * T * 3 * C), 123.0f);
+  flash_attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, H);
+  flash_attention_backward(dqkv.data(), dsum.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, H);
+  double dv_scale = 0, dqk_worst = 0;
+  for (int64_t n = 0; n < B * T; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      dqk_worst = std::max({dqk_worst, double(std::fabs(dqkv[size_t(n * 3 * C + c)])),
+                            double(std::fabs(dqkv[size_t(n * 3 * C + C + c)]))});
+      dv_scale = std::max(dv_scale, double(std::fabs(dqkv[size_t(n * 3 * C + 2 * C + c)])));
+    }
+  EXPECT_GT(dv_scale, 0.5);  // dv = dout: the values do get a gradient
+  EXPECT_LE(dqk_worst, 1e-6 * dv_scale) << "dq/dk with a single key";
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttention,
