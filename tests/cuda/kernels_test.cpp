@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -72,11 +73,13 @@ TEST_P(CudaKernels, MatmulForward) {
   }
 }
 
-// The matmul precision of fp32 GEMMs (torch.set_float32_matmul_precision): highest is fp32, high
-// rounds the inputs to TF32 and medium to bf16 inside cuBLAS, accumulating in fp32. So medium's
-// result is the fp32 product of the bf16-rounded inputs (within fp32 accumulation error), and is
-// nearer that than the product of the inputs as given; highest is the other way round.
-TEST(CudaMatmulPrecision, MediumMultipliesTheBf16RoundedInputs) {
+// The matmul precision of fp32 GEMMs (torch.set_float32_matmul_precision): highest is true fp32;
+// medium lets cuBLAS round the inputs to bf16 (CUBLAS_COMPUTE_32F_FAST_16BF, what PyTorch's
+// "medium" asks for) and, as torch's contract says, to fall back to TF32 where it has no faster
+// kernel: on the H100 with cuBLAS 13.0 it ran TF32 kernels (its product was 8.5x nearer the fp32
+// one than the bf16-rounded inputs' product is; 2026-11-23). So medium is held to bf16 accuracy
+// and highest to fp32's, nearer the exact product than the bf16-rounded one.
+TEST(CudaMatmulPrecision, MediumIsWithinBf16OfTheProductAndHighestIsFp32) {
   ZT_REQUIRE_GPU();
   const int64_t N = 256, IC = 512, OC = 256;  // tensor-core shapes
   const auto x = normal(size_t(N * IC), 11), w = normal(size_t(OC * IC), 12, 0.05f);
@@ -99,8 +102,11 @@ TEST(CudaMatmulPrecision, MediumMultipliesTheBf16RoundedInputs) {
     const std::vector<float> got = download(dout, size_t(N * OC), DType::F32);
     const double to_exact = max_diff(got, exact), to_bf16 = max_diff(got, of_bf16);
     if (p == MatmulPrecision::Medium) {
-      EXPECT_LT(to_bf16, to_exact) << "medium did not round the inputs to bf16";
-      EXPECT_TRUE(close(got, of_bf16, tolerance_for(DType::F32), "medium vs the product of the bf16-rounded inputs"));
+      // No coarser than bf16 inputs: within twice the bf16-rounded product's own distance.
+      EXPECT_LE(to_exact, 2 * max_diff(of_bf16, exact)) << "medium is less accurate than bf16 inputs";
+      EXPECT_TRUE(close(got, exact, tolerance_for(DType::BF16), "medium vs the fp32 product"));
+      std::printf("medium: %.3g from the fp32 product, %.3g from the bf16-rounded inputs' (%s)\n", to_exact, to_bf16,
+                  to_bf16 < to_exact ? "bf16 kernels" : "finer than bf16: TF32 kernels");
     } else {
       EXPECT_LT(to_exact, to_bf16);
       EXPECT_TRUE(close(got, exact, tolerance_for(DType::F32), "highest vs the fp32 product"));
