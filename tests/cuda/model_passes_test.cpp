@@ -354,15 +354,18 @@ namespace {
 struct PassesCase {
   bool checkpointing;
   int64_t head_rows;  // 0: one chunk (tiny's automatic choice covers all N rows)
+  int64_t vocab = 0;  // 0: tiny's 256; else one that is not a multiple of 64 (the head's padded GEMMs)
 };
 
 void PrintTo(const PassesCase& c, std::ostream* os) {
   *os << (c.checkpointing ? "checkpointing" : "kept") << ", head rows " << c.head_rows;
+  if (c.vocab) *os << ", vocab " << c.vocab;
 }
 
 std::string case_name(const ::testing::TestParamInfo<PassesCase>& info) {
   return std::string(info.param.checkpointing ? "checkpointing" : "kept") +
-         (info.param.head_rows ? "_head_chunks_of_" + std::to_string(info.param.head_rows) : "_head_one_chunk");
+         (info.param.head_rows ? "_head_chunks_of_" + std::to_string(info.param.head_rows) : "_head_one_chunk") +
+         (info.param.vocab ? "_vocab_" + std::to_string(info.param.vocab) : "");
 }
 
 class CudaModelPassesParity : public ::testing::TestWithParam<PassesCase> {
@@ -374,7 +377,7 @@ class CudaModelPassesParity : public ::testing::TestWithParam<PassesCase> {
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaModelPassesParity,
                          ::testing::Values(PassesCase{false, 0}, PassesCase{true, 0}, PassesCase{false, 10},
-                                           PassesCase{true, 10}),
+                                           PassesCase{true, 10}, PassesCase{false, 10, 251}, PassesCase{false, 0, 251}),
                          case_name);
 
 // Two micro-steps (different batches, grad_scale 0.5 each) from zero gradients: the second
@@ -382,7 +385,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaModelPassesParity,
 // second out of place. Every pass's output is compared with the reference's; the memory just past
 // bytes() is never written; a second run repeats the first bit for bit.
 TEST_P(CudaModelPassesParity, EveryPassMatchesTheCpuReference) {
-  const model::Config c = tiny();
+  model::Config c = tiny();
+  if (GetParam().vocab) c.vocab = GetParam().vocab;
   const bool ckpt = GetParam().checkpointing;
   const int64_t rows = GetParam().head_rows;
   const size_t N = size_t(kB) * kT, NC = N * size_t(c.width);

@@ -220,7 +220,7 @@ void matmul_backward(Blas& blas, void* dinp, float* dw, float* dbias, const void
            dinp, IC, dt, "cublasGemmEx (matmul_backward dinp)");
     }
   }
-  if (N > 0 && IC > 0 && OC > 0)
+  if (dw != nullptr && N > 0 && IC > 0 && OC > 0)
     gemm(blas, stream, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, ld_dout, dt, 1.0f, dw, IC, CUDA_R_32F,
          "cublasGemmEx (matmul_backward dw)");
   if (dbias != nullptr) column_sums_accumulate(dbias, dout, N, OC, t, stream);

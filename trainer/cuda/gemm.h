@@ -67,7 +67,7 @@ class Blas {
 void matmul_forward(Blas& blas, void* out, const void* inp, const void* w, const void* bias, int64_t N, int64_t IC,
                     int64_t OC, DType t, cudaStream_t stream, bool accumulate = false, int64_t ld_out = 0);
 // dinp[N, IC] = dout @ w (or += with accumulate_dinp; skipped when dinp is null);
-// dw[OC, IC] += dout^T @ inp (fp32); dbias[OC] += column sums of dout (fp32; skipped when null).
+// dw[OC, IC] += dout^T @ inp (fp32; skipped when null); dbias[OC] += column sums of dout (fp32; skipped when null).
 // ld_dout: the row stride of dout (0: OC; larger only without dbias).
 void matmul_backward(Blas& blas, void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* w,
                      int64_t N, int64_t IC, int64_t OC, DType t, cudaStream_t stream, bool accumulate_dinp = false,

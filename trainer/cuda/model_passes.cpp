@@ -44,7 +44,11 @@ void check_shape(const model::Config& c, int B, int T, model::Attention attentio
 constexpr int64_t kLogitsChunkBytes = int64_t{256} << 20;
 
 // The logits chunk's row stride: the vocab rounded up to 64 floats (GPT-2's 50257 is odd, and an
-// odd stride sends cuBLAS to its unaligned kernels for all three of the head's GEMMs).
+// odd stride sends cuBLAS to its unaligned kernels for all three of the head's GEMMs). An aligned
+// stride was not enough for the two GEMMs whose M or K is the vocab: on the H100 they still ran
+// sm80 align1 kernels (logits 871 µs, dlnf 783 µs a chunk at 124M; 2026-11-23). So those two run
+// over the padded vocab, on a copy of wte with zero rows after it (Buffers::head_w): the padded
+// logits columns are 0, the cross-entropy leaves them so, and they add nothing to dlnf.
 int64_t logits_ld(const model::Config& c) { return (c.vocab + 63) / 64 * 64; }
 
 class Carver {
@@ -105,6 +109,7 @@ size_t CudaModelPasses::carve(const model::Config& config, int B, int T, bool ch
   b.lnf_rstd = k.take(N);
   b.dlnf = k.take(N * C);
   b.logits = k.take(chunk_rows * logits_ld(config));
+  if (logits_ld(config) != config.vocab) b.head_w = k.take(logits_ld(config) * C);
   b.row_loss = k.take(N);
   b.blas_workspace = k.take(int64_t(kCublasWorkspaceBytes / sizeof(float)));
   if (out != nullptr) *out = std::move(b);
@@ -270,13 +275,22 @@ float CudaModelPasses::head_forward_backward(const float* fp, const float* wte, 
   layernorm_forward(w.lnf, w.lnf_mean, w.lnf_rstd, x, fp + fin_.ln_w, fp + fin_.ln_b, N, C, F32, stream_);
   const float dscale = grad_scale / (float)N;  // d(mean loss) / d(row loss), times the scale
   const int64_t ld = logits_ld(config_);
+  const float* head_w = wte;  // [ld, C]: wte padded with zero rows, when the vocab needs it
+  if (w.head_w != nullptr) {
+    copy_d2d(w.head_w, wte, V * C, stream_);
+    check(cudaMemsetAsync(w.head_w + V * C, 0, size_t((ld - V) * C) * sizeof(float), stream_), "cudaMemsetAsync");
+    head_w = w.head_w;
+  }
+  const int64_t OC = w.head_w != nullptr ? ld : V;  // the logits GEMM's width, and dlnf's K
   for (int64_t r0 = 0; r0 < N; r0 += chunk_rows_) {
     const int64_t rows = std::min(chunk_rows_, N - r0);
-    matmul_forward(blas_, w.logits, w.lnf + r0 * C, wte, nullptr, rows, C, V, F32, stream_, false, ld);
+    matmul_forward(blas_, w.logits, w.lnf + r0 * C, head_w, nullptr, rows, C, OC, F32, stream_, false, ld);
     cross_entropy_forward_backward(w.row_loss + r0, w.logits, w.logits, targets + r0, rows, V, dscale, F32, stream_,
                                    ld);
-    matmul_backward(blas_, w.dlnf + r0 * C, dwte, nullptr, w.logits, w.lnf + r0 * C, wte, rows, C, V, F32, stream_,
-                    false, ld);
+    // dlnf over the padded vocab (its zero columns add nothing), dwte over the real one.
+    matmul_backward(blas_, w.dlnf + r0 * C, nullptr, nullptr, w.logits, w.lnf + r0 * C, head_w, rows, C, OC, F32,
+                    stream_, false, ld);
+    matmul_backward(blas_, nullptr, dwte, nullptr, w.logits, w.lnf + r0 * C, wte, rows, C, V, F32, stream_, false, ld);
   }
   layernorm_backward(dx, dfp + fin_.ln_w, dfp + fin_.ln_b, w.dlnf, x, fp + fin_.ln_w, w.lnf_mean, w.lnf_rstd, N, C,
                      /*accumulate_dinp=*/false, F32, stream_);

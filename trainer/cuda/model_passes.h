@@ -133,6 +133,7 @@ class CudaModelPasses final : public trainer::ModelPasses {
     float* lnf_rstd = nullptr;  // [N]
     float* dlnf = nullptr;      // [N, C]
     float* logits = nullptr;    // [chunk_rows, V rounded up to 64] (the row stride: aligned GEMMs)
+    float* head_w = nullptr;    // [V rounded up to 64, C]: wte, then zero rows (null when V is a multiple of 64)
     float* row_loss = nullptr;  // [N]
     void* blas_workspace = nullptr;  // kCublasWorkspaceBytes, handed to cuBLAS by bind()
   };
