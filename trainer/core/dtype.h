@@ -17,8 +17,9 @@ namespace zt::trainer {
 enum class DType : uint8_t { F32, BF16, F16, I32 };
 
 // How a GPU multiplies fp32 matrices, as torch.set_float32_matmul_precision: Highest is true fp32
-// (the CPU reference's results), High rounds the inputs to TF32 (10-bit mantissa) and Medium to
-// bf16 (8-bit mantissa) for the tensor cores; fp32 accumulation and fp32 results in all three.
+// (the CPU reference's results), High rounds the inputs to TF32 (10-bit mantissa) and Medium lets
+// the GEMM library round them to bf16 (8-bit mantissa), or to TF32 where it has no faster bf16
+// kernel (cuBLAS 13.0 on an H100 did so); fp32 accumulation and fp32 results in all three.
 enum class MatmulPrecision : uint8_t { Highest, High, Medium };
 std::string_view matmul_precision_name(MatmulPrecision p);  // "highest", "high", "medium"
 std::optional<MatmulPrecision> parse_matmul_precision(std::string_view name);

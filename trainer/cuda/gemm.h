@@ -46,9 +46,9 @@ class Blas {
   // How fp32 GEMMs run, as torch.set_float32_matmul_precision (core/dtype.h): Highest (default)
   // true fp32, what the parity tests hold to 1e-4; High on TF32 tensor cores
   // (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to a 10-bit mantissa, as
-  // torch.backends.cuda.matmul.allow_tf32); Medium on bf16 tensor cores
-  // (CUBLAS_COMPUTE_32F_FAST_16BF: inputs rounded to bf16 inside cuBLAS). fp32 accumulation and
-  // output in all three; bf16/fp16 GEMMs are unaffected.
+  // torch.backends.cuda.matmul.allow_tf32); Medium as PyTorch's (CUBLAS_COMPUTE_32F_FAST_16BF:
+  // bf16 inputs where cuBLAS has a faster kernel for them, else TF32; on the H100 with cuBLAS 13.0
+  // it ran the TF32 kernels). fp32 accumulation and output in all three; bf16/fp16 GEMMs are unaffected.
   void set_matmul_precision(trainer::MatmulPrecision p) { matmul_ = p; }
   trainer::MatmulPrecision matmul_precision() const { return matmul_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
