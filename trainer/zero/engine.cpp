@@ -210,6 +210,17 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   activations_ = Tensor::empty("activations", {(act_bytes + 3) / 4}, DType::F32, accel);
   if (passes_) passes_->bind(activations_.raw());
   head_ = int(parts_.size()) > int(mc.layers) + 2 ? int(mc.layers) + 2 : 0;
+  // The background update's own buffers now, not at its first steps: made there, each took cached
+  // pinned segments the gradient staging had used, and new ones were pinned inside steps 2-4
+  // (cudaHostAlloc: on an H100 those steps ran at a third of the later speed; 2026-11-23).
+  if (cfg.delayed_update >= 0 || cfg.overlap_update) {
+    for (auto& p : parts_) {
+      if (p->master.device().is_host() && dtype_ != DType::F32)
+        for (int slot = 0; slot < (cfg.overlap_update ? 1 : 2); ++slot) p->update[slot] = update_buffer(*p);
+      if (cfg.delayed_update >= 0 && p->grad32.defined())
+        p->grad32_spare = Tensor::zeros(p->grad32.name(), {p->opt_n}, DType::F32, host, pin);
+    }
+  }
   host_tokens_ = Tensor::empty("batch.tokens", {B, T}, DType::I32, host, true);
   host_targets_ = Tensor::empty("batch.targets", {B, T}, DType::I32, host, true);
 }
@@ -681,18 +692,15 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
         j.low_out = p.param_shard.raw();
         j.in_place = true;
       } else {
-        auto update_buffer = [&] {
-          return Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
-        };
         if (!delayed && !overlapped) {
-          j.fused = update_buffer();
+          j.fused = update_buffer(p);
         } else {
           // Delayed, the update has a buffer of its own, kept from step to step: the next step's
           // prefetch reads the host parameter shards while the background pass runs. Overlapped,
           // the write-back that reads it runs when the next step first uses the module (one buffer:
           // the last write-back out of it has landed before the pass starts, below).
           Tensor& buf = p.update[overlapped ? 0 : update_slot_];
-          if (!buf.defined()) buf = update_buffer();
+          if (!buf.defined()) buf = update_buffer(p);
           j.fused = buf;
         }
         j.low_out = j.fused.raw();
@@ -784,6 +792,10 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   }
   end(ph);
   return r;
+}
+
+Tensor ZeroEngine::update_buffer(const Part& p) const {
+  return Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
 }
 
 // One module's AdamW where its optimizer state lives (the vectorized CPU Adam on the host,
