@@ -247,6 +247,21 @@ Status select_resume(const TrainConfig& cfg, ckpt::Selected* out) {
   return Status::Ok();
 }
 
+// The chosen checkpoint against this run's settings that need no data plan: the model, and the
+// seed (the data order depends on it). check_inputs and train() both ask, so a mismatch is refused
+// before the trace is opened.
+Status resume_fits_run(const TrainConfig& cfg, const ckpt::Selected& resume) {
+  const ckpt::Manifest& m = resume.manifest;
+  const std::string where = resume.dir + "/" + m.tag;
+  if (!m.model.empty() && m.model != cfg.model)
+    return Status::Error("--resume: " + where + " holds model '" + m.model + "'; this run has --model " + cfg.model);
+  if (m.seed != cfg.seed)
+    return Status::Error("--resume: " + where + " was saved with --seed " + std::to_string(m.seed) +
+                         "; this run has --seed " + std::to_string(cfg.seed) +
+                         " (the data order depends on it): run with --seed " + std::to_string(m.seed));
+  return Status::Ok();
+}
+
 Status checkpoint_settings_ok(const TrainConfig& cfg) {
   if (cfg.save_every < 0) return Status::Error("--save-every " + std::to_string(cfg.save_every) + ": must be 0 (never) or more");
   if ((cfg.save_every > 0 || cfg.resume) && cfg.checkpoint_dir.empty())
@@ -285,9 +300,10 @@ Status check_inputs(const TrainConfig& cfg) {
   if (!cfg.virtual_mode && !cfg.data.empty())
     if (Status s = check_input_file(cfg.data, "data file"); !s) return s;
   if (Status s = checkpoint_settings_ok(cfg); !s) return s;
-  if (cfg.resume) {  // a checkpoint to resume from exists (train() checks it against the run again)
+  if (cfg.resume) {  // a checkpoint to resume from exists and fits (train() checks it against the data plan too)
     ckpt::Selected resume;
     if (Status s = select_resume(cfg, &resume); !s) return s;
+    if (Status s = resume_fits_run(cfg, resume); !s) return s;
   }
   return Status::Ok();
 }
@@ -398,12 +414,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
         reshard += "; the global batch changes from " + std::to_string(m.global_batch()) + " to " + std::to_string(global) +
                    " samples, so the data order from here on differs from the saved run's";
     }
-    if (!m.model.empty() && m.model != cfg.model)
-      return Status::Error("--resume: " + where + " holds model '" + m.model + "'; this run has --model " + cfg.model);
-    if (m.seed != cfg.seed)
-      return Status::Error("--resume: " + where + " was saved with --seed " + std::to_string(m.seed) +
-                           "; this run has --seed " + std::to_string(cfg.seed) +
-                           " (the data order depends on it): run with --seed " + std::to_string(m.seed));
+    if (Status s = resume_fits_run(cfg, resume); !s) return s;
     if (m.pos.step_in_epoch >= plan.steps_per_epoch)
       return Status::Error("--resume: " + where + " resumes at step " + std::to_string(m.pos.step_in_epoch) +
                            " of epoch " + std::to_string(m.pos.epoch) + ", but this run's data plan has " +
