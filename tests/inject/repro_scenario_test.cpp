@@ -242,6 +242,8 @@ TEST(ReproScenario, ImpossibleSizesAreRefused) {
   expect_refused(t, line_of(t, "-1GiB"), "negative");
   t = variant("  nodes: 1", "  nodes: 0");
   expect_refused(t, line_of(t, "nodes: 0"), "at least 1");
+  t = variant("  steps: 2", "  steps: 2\n  steps: 9");  // yaml-cpp keeps both; one would be dropped unseen
+  expect_refused(t, line_of(t, "steps: 9"), "'steps' is given twice (first at line " + std::to_string(line_of(t, "steps: 2")));
   t = variant("  steps: 2", "  steps: two");
   expect_refused(t, line_of(t, "two"), "not an integer");
   t = variant("  world_size: 2", "  world_size: 0");

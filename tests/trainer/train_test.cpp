@@ -144,6 +144,14 @@ TEST(Train, BadConfigsAreRejectedClearly) {
   std::ofstream(dir.file("d.yaml")) << "device-memory: 12 parsecs\n";
   s = load_train_config(dir.file("d.yaml"), &c);
   EXPECT_NE(s.message().find("is not a size"), std::string::npos) << s.message();
+  // A setting given twice (also as micro-batch and micro_batch): one of the two values would be dropped.
+  std::ofstream(dir.file("e.yaml")) << "steps: 5\nmodel: tiny\nsteps: 7\n";
+  s = load_train_config(dir.file("e.yaml"), &c);
+  EXPECT_NE(s.message().find("e.yaml:3: 'steps' is given twice (first at line 1)"), std::string::npos) << s.message();
+  std::ofstream(dir.file("f.yaml")) << "micro-batch: 2\nmicro_batch: 4\n";
+  s = load_train_config(dir.file("f.yaml"), &c);
+  EXPECT_NE(s.message().find("f.yaml:2: 'micro_batch' is given twice (first at line 1)"), std::string::npos)
+      << s.message();
   std::ofstream(dir.file("ok.yaml")) << "model: tiny\nsteps: 3\nmicro-batch: 2\ndevice_memory: 1GiB\n";
   ASSERT_TRUE(load_train_config(dir.file("ok.yaml"), &c).ok());
   EXPECT_EQ(c.micro_batch, 2);

@@ -9,6 +9,7 @@
 
 #include "zt/common/files.h"
 #include "zt/common/units.h"
+#include "zt/common/yaml_keys.h"
 
 namespace zt::trainer {
 
@@ -30,6 +31,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
     return Status::Error(path + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
   if (!root.IsMap()) return Status::Error(path + ": a config file is a mapping of settings (key: value)");
+  if (Status s = check_unique_keys(root, path, normalize); !s) return s;
   using Setter = std::function<void(const YAML::Node&)>;
   auto size = [](uint64_t& dst) {
     return [&dst](const YAML::Node& n) {

@@ -15,6 +15,7 @@
 #include "train/model_shape.h"
 #include "zt/common/files.h"
 #include "zt/common/units.h"
+#include "zt/common/yaml_keys.h"
 #include "zt/fail/catalog.h"
 #include "zt/fail/failpoint.h"
 
@@ -764,6 +765,7 @@ Status load_once(const std::string& path, Scenario* out) {
     return Status::Error(path + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
   if (!root.IsMap()) return Status::Error(path + ": a scenario is a mapping (scenario:, report:, model:, ...)");
+  if (Status s = check_unique_keys(root, path); !s) return s;
   Scenario s;
   s.path = path;
   Reader r{path};
