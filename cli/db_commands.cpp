@@ -127,7 +127,7 @@ int db_info(const std::string& path) {
   if (Status s = reader->summarize(&sum); !s) return fail(s.message());
   std::error_code ec;
   auto size = std::filesystem::file_size(path, ec);
-  std::cout << "trace: " << path << " (schema " << db::kSchemaVersion << ", " << format_bytes(double(size)) << ")\n";
+  std::cout << "trace: " << path << " (schema " << reader->schema_version() << ", " << format_bytes(double(size)) << ")\n";
   for (auto& run : sum.runs) {
     std::cout << "run " << run.id << ": " << run.command_line << "\n";
     std::cout << "  zt " << run.tool_version << " on " << run.hostname << ", pid " << run.pid << ", started "

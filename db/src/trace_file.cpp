@@ -82,9 +82,10 @@ Status validate_trace_file(const std::string& path) {
   }
   if (info.application_id != kApplicationId)
     return Status::Error(path + ": an SQLite database, but not a zerotrace trace (no zerotrace application id)");
-  if (info.schema_version != kSchemaVersion)
+  if (!schema_version_readable(info.schema_version))
     return Status::Error(path + ": written with trace schema version " + std::to_string(info.schema_version) +
-                         "; this zt reads version " + std::to_string(kSchemaVersion));
+                         "; this zt reads versions " + std::to_string(kOldestReadableSchemaVersion) + " to " +
+                         std::to_string(kSchemaVersion));
   return Status::Ok();
 }
 

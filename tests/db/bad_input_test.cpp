@@ -9,6 +9,7 @@
 
 #include "../test_util.h"
 #include "zt/db/export.h"
+#include "zt/db/trace_file.h"
 #include "zt/db/trace_reader.h"
 #include "zt/db/trace_writer.h"
 #include "zt/probe/recorder.h"
@@ -82,16 +83,27 @@ TEST(BadInput, ForeignSqliteDatabase) {
   EXPECT_NE(msg.find("other.db: an SQLite database, but not a zerotrace trace"), std::string::npos) << msg;
 }
 
+// A newer version is refused by name; version 1 (counter.value NOT NULL, version 2's subset) reads.
 TEST(BadInput, OtherSchemaVersion) {
   zt::test::TempDir dir;
-  std::string path = make_trace(dir, "v2.db", 1);
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  sqlite3_exec(db, "PRAGMA user_version=2;", nullptr, nullptr, nullptr);
-  sqlite3_close(db);
+  auto stamp = [](const std::string& path, int version) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    sqlite3_exec(db, ("PRAGMA user_version=" + std::to_string(version) + ";").c_str(), nullptr, nullptr, nullptr);
+    sqlite3_close(db);
+  };
+  std::string path = make_trace(dir, "v3.db", 1);
+  stamp(path, 3);
   std::string msg = open_error(path);
-  EXPECT_NE(msg.find("v2.db: written with trace schema version 2; this zt reads version 1"), std::string::npos)
+  EXPECT_NE(msg.find("v3.db: written with trace schema version 3; this zt reads versions 1 to 2"), std::string::npos)
       << msg;
+  EXPECT_NE(zt::db::validate_trace_file(path).message().find("this zt reads versions 1 to 2"), std::string::npos);
+  std::string v1 = make_trace(dir, "v1.db", 1);
+  stamp(v1, 1);
+  std::unique_ptr<zt::db::TraceReader> r;
+  ASSERT_TRUE(zt::db::TraceReader::open(v1, &r).ok());
+  EXPECT_EQ(r->schema_version(), 1);
+  EXPECT_TRUE(zt::db::validate_trace_file(v1).ok());
 }
 
 TEST(BadInput, TruncatedTrace) {

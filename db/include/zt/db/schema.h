@@ -1,11 +1,12 @@
-// zt/db/schema.h: the event model, version 1. The one interface between modules.
+// zt/db/schema.h: the event model, version 2. The one interface between modules.
 //
 // Every fact recorded by zerotrace is a row in one SQLite file. This header holds the
 // codes stored in integer columns and the DDL; db/SCHEMA.md documents every column.
 // Invariants:
 //  - All times are nanoseconds of CLOCK_MONOTONIC on the recording host.
 //  - A trace file carries PRAGMA application_id = kApplicationId and PRAGMA user_version =
-//    kSchemaVersion; a reader refuses anything else.
+//    kSchemaVersion; a reader takes kOldestReadableSchemaVersion..kSchemaVersion and refuses
+//    anything else (an older zt so refuses a newer trace rather than misread it).
 //  - Enum codes below are stable: a new kind gets a new code, old codes never change
 //    meaning. Each enum also lives in a small table (enum_*) so SQL users can join names.
 #pragma once
@@ -16,7 +17,13 @@
 
 namespace zt::db {
 
-inline constexpr int kSchemaVersion = 1;
+// 1: the first. 2: counter.value may be NULL (a NaN, which SQLite cannot store; version 1 had
+// NOT NULL and a NaN failed the write). Version 1 files read as version 2 ones.
+inline constexpr int kSchemaVersion = 2;
+inline constexpr int kOldestReadableSchemaVersion = 1;
+// The refusal of a file written with another version: "written with trace schema version 3;
+// this zt reads versions 1 to 2".
+inline bool schema_version_readable(int64_t v) { return v >= kOldestReadableSchemaVersion && v <= kSchemaVersion; }
 // "ZTRC" read as a big-endian integer: marks a file as a zerotrace trace.
 inline constexpr int32_t kApplicationId = 0x5A545243;
 

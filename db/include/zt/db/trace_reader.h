@@ -82,6 +82,7 @@ class TraceReader {
   ~TraceReader();
 
   const std::string& path() const { return path_; }
+  int schema_version() const { return schema_version_; }  // the file's (PRAGMA user_version)
 
   Status read(std::vector<RunRow>* out);
   Status read(std::vector<RankRow>* out);
@@ -118,6 +119,7 @@ class TraceReader {
   Status fail(const std::string& what) const;
   std::string path_;
   sqlite3* db_ = nullptr;
+  int schema_version_ = 0;
 };
 
 }  // namespace zt::db
