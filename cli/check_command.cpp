@@ -48,8 +48,10 @@ int run_check(const CheckArgs& a) {
     }
   }
   if (!a.leak_threshold.empty()) {
-    auto b = parse_bytes(a.leak_threshold);
-    if (!b || *b == 0) return fail("--leak-threshold: '" + a.leak_threshold + "' is not a size above 0 (try 512KiB)");
+    std::string why;
+    auto b = parse_bytes(a.leak_threshold, &why);
+    if (!b) return fail("--leak-threshold: '" + a.leak_threshold + "' " + why + " (try 512KiB)");
+    if (*b == 0) return fail("--leak-threshold: '" + a.leak_threshold + "' is not a size above 0 (try 512KiB)");
     o.leak_threshold = int64_t(*b);
   }
   check::Report report;

@@ -455,8 +455,9 @@ void add_db_commands(CLI::App& app, Action& action) {
           for (auto& r : o->results()) command += " " + o->get_name() + (o->get_expected() == 0 ? "" : " " + r);
       action = [=] {
         if (!leak->empty()) {
-          auto b = parse_bytes(*leak);
-          if (!b) return fail("--leak-per-epoch: '" + *leak + "' is not a size (try 512MiB or 1GiB)");
+          std::string why;
+          auto b = parse_bytes(*leak, &why);
+          if (!b) return fail("--leak-per-epoch: '" + *leak + "' " + why + " (try 512MiB or 1GiB)");
           opt->leak_bytes_per_epoch = static_cast<int64_t>(*b);
         }
         return synth(*out, *opt, command, false);

@@ -147,13 +147,15 @@ void add_train_command(CLI::App& app, Action& action) {
         c = from_file;
       }
       if (!device_memory->empty()) {
-        auto b = parse_bytes(*device_memory);
-        if (!b) return fail("--device-memory: '" + *device_memory + "' is not a size (try 80GiB)");
+        std::string why;
+        auto b = parse_bytes(*device_memory, &why);
+        if (!b) return fail("--device-memory: '" + *device_memory + "' " + why + " (try 80GiB)");
         c.device_memory = *b;
       }
       if (!host_memory->empty()) {
-        auto b = parse_bytes(*host_memory);
-        if (!b) return fail("--host-memory: '" + *host_memory + "' is not a size (try 1TiB)");
+        std::string why;
+        auto b = parse_bytes(*host_memory, &why);
+        if (!b) return fail("--host-memory: '" + *host_memory + "' " + why + " (try 1TiB)");
         c.host_memory = *b;
       }
       if (!ds_config->empty()) {

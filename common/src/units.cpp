@@ -57,6 +57,12 @@ std::string format_count(double n) {
 }
 
 std::optional<uint64_t> parse_bytes(std::string_view text) {
+  std::string why;
+  return parse_bytes(text, &why);
+}
+
+std::optional<uint64_t> parse_bytes(std::string_view text, std::string* why) {
+  *why = "is not a size";
   std::string s;
   for (char c : text)
     if (!std::isspace(static_cast<unsigned char>(c))) s.push_back(c);
@@ -64,7 +70,11 @@ std::optional<uint64_t> parse_bytes(std::string_view text) {
   const char* begin = s.c_str();
   char* end = nullptr;
   double value = std::strtod(begin, &end);
-  if (end == begin || !std::isfinite(value) || value < 0) return std::nullopt;
+  if (end == begin || std::isnan(value) || value < 0) return std::nullopt;
+  if (std::isinf(value)) {
+    *why = "is too large (a size is below 16 EiB)";
+    return std::nullopt;
+  }
   std::string unit(end);
   for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   double mult = 0;
@@ -78,11 +88,17 @@ std::optional<uint64_t> parse_bytes(std::string_view text) {
     mult = 1024.0 * 1024 * 1024;
   else if (unit == "t" || unit == "tib" || unit == "tb")
     mult = 1024.0 * 1024 * 1024 * 1024;
-  else
+  else {
+    *why = "has an unknown unit '" + std::string(end) + "' (B, KiB, MiB, GiB, TiB)";
     return std::nullopt;
-  double bytes = value * mult;
-  if (bytes > 1.8e19) return std::nullopt;
-  return static_cast<uint64_t>(std::llround(bytes));
+  }
+  // Rounded to whole bytes; 2^64 and above do not fit (llround stopped at 2^63: 9EiB became garbage).
+  const double bytes = std::nearbyint(value * mult);
+  if (!(bytes < 18446744073709551616.0)) {
+    *why = "is too large (a size is below 16 EiB)";
+    return std::nullopt;
+  }
+  return static_cast<uint64_t>(bytes);
 }
 
 }  // namespace zt

@@ -20,6 +20,18 @@ TEST(Units, ParsesSizes) {
   EXPECT_FALSE(zt::parse_bytes("12 parsecs").has_value());
   EXPECT_FALSE(zt::parse_bytes("-1GiB").has_value());
   EXPECT_FALSE(zt::parse_bytes("GiB").has_value());
+  // Up to 2^64 - 1 (llround stopped at 2^63: 9 EiB came out as garbage); beyond, "too large".
+  EXPECT_EQ(zt::parse_bytes("8388608TiB"), uint64_t(1) << 63);
+  EXPECT_EQ(zt::parse_bytes("16777215TiB"), uint64_t(16777215) << 40);  // 16 EiB less 1 TiB
+  std::string why;
+  EXPECT_FALSE(zt::parse_bytes("16777216TiB", &why).has_value());  // 2^64
+  EXPECT_EQ(why, "is too large (a size is below 16 EiB)");
+  EXPECT_FALSE(zt::parse_bytes("1e400", &why).has_value());
+  EXPECT_EQ(why, "is too large (a size is below 16 EiB)");
+  EXPECT_FALSE(zt::parse_bytes("12 parsecs", &why).has_value());
+  EXPECT_EQ(why, "has an unknown unit 'parsecs' (B, KiB, MiB, GiB, TiB)");
+  EXPECT_FALSE(zt::parse_bytes("-1GiB", &why).has_value());
+  EXPECT_EQ(why, "is not a size");
 }
 
 TEST(Units, FormatsDurations) {

@@ -35,8 +35,9 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
   using Setter = std::function<void(const YAML::Node&)>;
   auto size = [](uint64_t& dst) {
     return [&dst](const YAML::Node& n) {
-      auto v = parse_bytes(n.as<std::string>());
-      if (!v) throw YAML::Exception(n.Mark(), "'" + n.as<std::string>() + "' is not a size (try 80GiB)");
+      std::string why;
+      auto v = parse_bytes(n.as<std::string>(), &why);
+      if (!v) throw YAML::Exception(n.Mark(), "'" + n.as<std::string>() + "' " + why + " (try 80GiB)");
       dst = *v;
     };
   };

@@ -37,8 +37,9 @@ Status parse_budget(const std::string& text, Budget* out) {
     else if (key == "host" || key == "cpu") slot = &out->host;
     else return bad(item, "unknown key '" + key + "' (cuda or host)");
     if (*slot) return bad(item, "'" + key + "' given twice");
-    auto b = parse_bytes(value);
-    if (!b || value.empty()) return bad(item, "'" + value + "' is not a size (try 70GiB)");
+    std::string why;
+    auto b = parse_bytes(value, &why);
+    if (!b || value.empty()) return bad(item, "'" + value + "' " + why + " (try 70GiB)");
     if (*b > uint64_t(INT64_MAX)) return bad(item, "'" + value + "' is too large");
     *slot = int64_t(*b);
   }

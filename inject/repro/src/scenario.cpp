@@ -90,8 +90,9 @@ struct Reader {
   uint64_t size(const YAML::Node& n, const std::string& what) const {
     const std::string s = str(n, what);
     if (!s.empty() && s[0] == '-') fail(n, what + ": '" + s + "' is negative; a size is at least 0 bytes");
-    auto b = parse_bytes(s);
-    if (!b) fail(n, what + ": '" + s + "' is not a size (try 79.32GiB, 1TiB)");
+    std::string why;
+    auto b = parse_bytes(s, &why);
+    if (!b) fail(n, what + ": '" + s + "' " + why + " (try 79.32GiB, 1TiB)");
     return *b;
   }
   std::vector<std::string> strings(const YAML::Node& n, const std::string& what) const {

@@ -14,5 +14,9 @@ std::string format_bytes(double bytes);         // "3.39 GiB", "512.00 MiB", "17
 std::string format_duration_ns(double ns);      // "1.25 ms", "3.20 s", "850 ns"
 std::string format_count(double n);             // "1.2M", "15.3k", "42"
 std::optional<uint64_t> parse_bytes(std::string_view text);
+// The same; when `text` is not a size, *why says what is wrong with it, to follow the quoted text:
+// "is not a size", "is too large (a size is below 16 EiB)" or "has an unknown unit 'x' (B, KiB,
+// MiB, GiB, TiB)".
+std::optional<uint64_t> parse_bytes(std::string_view text, std::string* why);
 
 }  // namespace zt
