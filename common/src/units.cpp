@@ -72,7 +72,7 @@ std::optional<uint64_t> parse_bytes(std::string_view text, std::string* why) {
   double value = std::strtod(begin, &end);
   if (end == begin || std::isnan(value) || value < 0) return std::nullopt;
   if (std::isinf(value)) {
-    *why = "is too large (a size is below 16 EiB)";
+    *why = "is not a size: too large (a size is below 16 EiB)";
     return std::nullopt;
   }
   std::string unit(end);
@@ -89,13 +89,13 @@ std::optional<uint64_t> parse_bytes(std::string_view text, std::string* why) {
   else if (unit == "t" || unit == "tib" || unit == "tb")
     mult = 1024.0 * 1024 * 1024 * 1024;
   else {
-    *why = "has an unknown unit '" + std::string(end) + "' (B, KiB, MiB, GiB, TiB)";
+    *why = "is not a size: unknown unit '" + std::string(end) + "' (B, KiB, MiB, GiB or TiB)";
     return std::nullopt;
   }
   // Rounded to whole bytes; 2^64 and above do not fit (llround stopped at 2^63: 9EiB became garbage).
   const double bytes = std::nearbyint(value * mult);
   if (!(bytes < 18446744073709551616.0)) {
-    *why = "is too large (a size is below 16 EiB)";
+    *why = "is not a size: too large (a size is below 16 EiB)";
     return std::nullopt;
   }
   return static_cast<uint64_t>(bytes);

@@ -25,11 +25,11 @@ TEST(Units, ParsesSizes) {
   EXPECT_EQ(zt::parse_bytes("16777215TiB"), uint64_t(16777215) << 40);  // 16 EiB less 1 TiB
   std::string why;
   EXPECT_FALSE(zt::parse_bytes("16777216TiB", &why).has_value());  // 2^64
-  EXPECT_EQ(why, "is too large (a size is below 16 EiB)");
+  EXPECT_EQ(why, "is not a size: too large (a size is below 16 EiB)");
   EXPECT_FALSE(zt::parse_bytes("1e400", &why).has_value());
-  EXPECT_EQ(why, "is too large (a size is below 16 EiB)");
+  EXPECT_EQ(why, "is not a size: too large (a size is below 16 EiB)");
   EXPECT_FALSE(zt::parse_bytes("12 parsecs", &why).has_value());
-  EXPECT_EQ(why, "has an unknown unit 'parsecs' (B, KiB, MiB, GiB, TiB)");
+  EXPECT_EQ(why, "is not a size: unknown unit 'parsecs' (B, KiB, MiB, GiB or TiB)");
   EXPECT_FALSE(zt::parse_bytes("-1GiB", &why).has_value());
   EXPECT_EQ(why, "is not a size");
 }

@@ -110,7 +110,9 @@ TEST(CheckCli, BadInputExitsTwoWithOneLine) {
   std::string trace = make(dir, "ok.db", RunShape{});
   r = zt_check(trace + " --budget cuda=70GiB,host=9parsecs");
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(r.out, "zt: --budget: 'host=9parsecs': '9parsecs' is not a size (try 70GiB)\n");
+  EXPECT_EQ(r.out,
+            "zt: --budget: 'host=9parsecs': '9parsecs' is not a size: unknown unit 'parsecs' (B, KiB, MiB, GiB or TiB) "
+            "(try 70GiB)\n");
   r = zt_check(trace + " --leak-threshold lots");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r.out, "--leak-threshold: 'lots'")) << r.out;

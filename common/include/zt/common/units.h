@@ -15,8 +15,8 @@ std::string format_duration_ns(double ns);      // "1.25 ms", "3.20 s", "850 ns"
 std::string format_count(double n);             // "1.2M", "15.3k", "42"
 std::optional<uint64_t> parse_bytes(std::string_view text);
 // The same; when `text` is not a size, *why says what is wrong with it, to follow the quoted text:
-// "is not a size", "is too large (a size is below 16 EiB)" or "has an unknown unit 'x' (B, KiB,
-// MiB, GiB, TiB)".
+// "is not a size", or that followed by ": too large (a size is below 16 EiB)" or ": unknown unit
+// 'x' (B, KiB, MiB, GiB or TiB)".
 std::optional<uint64_t> parse_bytes(std::string_view text, std::string* why);
 
 }  // namespace zt
