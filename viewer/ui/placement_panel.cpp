@@ -96,13 +96,13 @@ void draw_placement_panel(ViewerState& st) {
           ImGui::TableNextColumn();
           ImGui::Text("%d", p.rank);
           ImGui::TableNextColumn();
-          std::string text = ellipsize_left(p.name + (p.in_error ? kErrorNote : ""), ImGui::GetContentRegionAvail().x);
+          const std::string full = p.name + (p.in_error ? kErrorNote : "");
+          std::string text = ellipsize_left(full, ImGui::GetContentRegionAvail().x);
           if (p.mismatch || p.in_error)
             ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(p.in_error ? kErrorColor : kMismatchColor), "%s", text.c_str());
           else
             ImGui::TextUnformatted(text.c_str());
-          if (text.size() != p.name.size() + (p.in_error ? std::char_traits<char>::length(kErrorNote) : 0) &&
-              ImGui::IsItemHovered())
+          if (text != full && ImGui::IsItemHovered())  // cut: the whole name (a cut can keep the byte count)
             ImGui::SetTooltip("%s", p.name.c_str());
           ImGui::TableNextColumn();
           ImGui::TextUnformatted(p.expected.c_str());

@@ -91,6 +91,8 @@ std::string ellipsize_left(const std::string& text, float width) {
     if (ImGui::CalcTextSize(("..." + text.substr(mid)).c_str()).x <= width) hi = mid;
     else lo = mid + 1;
   }
+  // Never inside a UTF-8 character (a cut continuation byte draws as '?'): a shorter tail still fits.
+  while (lo < text.size() && (static_cast<unsigned char>(text[lo]) & 0xC0) == 0x80) ++lo;
   return "..." + text.substr(lo);
 }
 
