@@ -46,11 +46,14 @@ int run_training(const trainer::TrainConfig& cfg, const std::string& command, bo
   return sum.failure.empty() ? kExitBadInput : kExitFailed;
 }
 
-// The shipped scenarios: beside the working directory's checkout, else the source tree the
-// binary was built from.
+// The shipped scenarios: beside the working directory's checkout, else where `cmake --install`
+// put them (share/zerotrace/scenarios beside bin/), else the source tree the binary was built from.
 std::string scenario_path(const std::string& file) {
-  for (const std::string& dir : {std::string("inject/scenarios"), std::string(ZT_SOURCE_DIR) + "/inject/scenarios"})
-    if (std::filesystem::exists(dir + "/" + file)) return dir + "/" + file;
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::string installed = ec ? std::string() : (exe.parent_path() / ZT_INSTALLED_SCENARIO_DIR).lexically_normal().string();
+  for (const std::string& dir : {std::string("inject/scenarios"), installed, std::string(ZT_SOURCE_DIR) + "/inject/scenarios"})
+    if (!dir.empty() && std::filesystem::exists(dir + "/" + file)) return dir + "/" + file;
   return std::string(ZT_SOURCE_DIR) + "/inject/scenarios/" + file;
 }
 

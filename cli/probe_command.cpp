@@ -52,11 +52,17 @@ struct ProbeArgs {
   std::vector<std::string> command;
 };
 
+// ZT_PROBE_LIBRARY, else beside the zt executable (a build tree), else where `cmake --install`
+// puts it (lib/zerotrace beside bin/). The first candidate when none exists, for the error.
 std::string find_library() {
   if (const char* v = std::getenv("ZT_PROBE_LIBRARY"); v && *v) return v;
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : (exe.parent_path() / "libzt_probe.so").string();
+  if (ec) return std::string();
+  const fs::path beside = exe.parent_path() / "libzt_probe.so";
+  const fs::path installed = exe.parent_path() / ZT_INSTALLED_PROBE_DIR / "libzt_probe.so";
+  if (!fs::exists(beside, ec) && fs::exists(installed, ec)) return installed.lexically_normal().string();
+  return beside.string();
 }
 
 // The program as execvp would find it, or "" (so a typo is a usage error, not exit 127).
@@ -277,7 +283,8 @@ int run_probe(const ProbeArgs& a) {
   std::string lib = find_library();
   if (lib.empty() || ::access(lib.c_str(), R_OK) != 0)
     return fail("probe: " + (lib.empty() ? std::string("libzt_probe.so") : lib) +
-                " not found; it is built beside the zt executable (or set ZT_PROBE_LIBRARY)");
+                " not found; it is built beside the zt executable and installed in lib/zerotrace (or set "
+                "ZT_PROBE_LIBRARY)");
   auto threshold = parse_bytes(a.host_threshold);
   if (!threshold) return fail("probe: --host-threshold " + a.host_threshold + ": not a size (examples: 1MiB, 65536)");
   if (a.stack_depth < 1 || a.stack_depth > 128) return fail("probe: --stack-depth must be 1 to 128");
