@@ -148,14 +148,36 @@ TEST(DelayedUpdate, AdamRunsBesideTheNextStepInTheTrace) {
   EXPECT_GT(overlapping, 0) << "no AdamW phase overlapped the next step's forward or backward (5 runs)";
 }
 
-// A save applies the update in flight: the saved state is that after the step it is named for,
-// and the run goes on from it. So a run resumed from a save continues bit for bit, and a run that
-// saves is not the run that does not from the first save on.
 // The background update's buffers (two compute-dtype update buffers per module, the spare fp32
 // gradient partition) are made with the engine: no pinned segment is added after the first step.
 // Made at their first use, they took cached segments the gradient staging had used, and staging
 // pinned new ones inside steps 2-4 (the tiny model: 2.82 -> 4.07 MiB over those steps; on an H100
 // those steps ran at a third of the later speed).
+// Overlapped with the parameters offloaded, AdamW writes a sharded module's host shard in place:
+// such a module gets no update buffer (one made up front would double the host parameter memory
+// offload_param is there to save). Everything sharded: persistence threshold 0.
+TEST(DelayedUpdate, OverlappedInPlaceModulesGetNoUpdateBuffer) {
+  zt::test::TempDir dir;
+  TrainConfig c = dpu_run(2, -1);
+  c.overlap_update = true;
+  c.zero.stage = 3;
+  c.zero.offload_param = true;
+  c.zero.param_persistence_threshold = 0;
+  c.precision = "bf16";
+  zt::test::TracedRun run = zt::test::train_traced(c, dir.file("o.db"));
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  ASSERT_NE(run.reader, nullptr);
+  zt::db::QueryResult q;
+  ASSERT_TRUE(run.reader
+                  ->query("SELECT (SELECT COUNT(*) FROM allocation a JOIN string s ON s.id = a.name_id "
+                          "WHERE a.memory_kind = 2 AND s.text LIKE '%.update'), "
+                          "(SELECT COUNT(*) FROM allocation a JOIN string s ON s.id = a.name_id WHERE s.text LIKE '%.shard')",
+                          &q)
+                  .ok());
+  EXPECT_EQ(q.rows[0][0], "0") << "pinned update buffers for modules updated in place";
+  EXPECT_NE(q.rows[0][1], "0") << "no sharded module: the case is not exercised";
+}
+
 TEST(DelayedUpdate, NoPinnedSegmentIsAddedAfterTheFirstStep) {
   zt::test::TempDir dir;
   for (bool overlapped : {false, true}) {
@@ -181,6 +203,9 @@ TEST(DelayedUpdate, NoPinnedSegmentIsAddedAfterTheFirstStep) {
   }
 }
 
+// A save applies the update in flight: the saved state is that after the step it is named for,
+// and the run goes on from it. So a run resumed from a save continues bit for bit, and a run that
+// saves is not the run that does not from the first save on.
 TEST(DelayedUpdate, ACheckpointIsASyncPointAndResumesExactly) {
   zt::test::TempDir tmp;
   TrainConfig c = dpu_run(6, 0);

@@ -215,7 +215,10 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   // (cudaHostAlloc: on an H100 those steps ran at a third of the later speed; 2026-11-23).
   if (cfg.delayed_update >= 0 || cfg.overlap_update) {
     for (auto& p : parts_) {
-      if (p->master.device().is_host() && dtype_ != DType::F32)
+      // As optimizer_step chooses: overlapped, a sharded module with its shard on the host is
+      // updated in place (offload_param) and has no buffer.
+      const bool in_place = cfg.overlap_update && p->sharded && p->param_shard.defined() && p->param_shard.device().is_host();
+      if (p->master.device().is_host() && dtype_ != DType::F32 && !in_place)
         for (int slot = 0; slot < (cfg.overlap_update ? 1 : 2); ++slot) p->update[slot] = update_buffer(*p);
       if (cfg.delayed_update >= 0 && p->grad32.defined())
         p->grad32_spare = Tensor::zeros(p->grad32.name(), {p->opt_n}, DType::F32, host, pin);
