@@ -1,5 +1,6 @@
 // zt check: pass/fail checks on a trace for CI (inject/check).
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -52,6 +53,7 @@ int run_check(const CheckArgs& a) {
     auto b = parse_bytes(a.leak_threshold, &why);
     if (!b) return fail("--leak-threshold: '" + a.leak_threshold + "' " + why + " (try 512KiB)");
     if (*b == 0) return fail("--leak-threshold: '" + a.leak_threshold + "' is not a size above 0 (try 512KiB)");
+    if (*b > uint64_t(INT64_MAX)) return fail("--leak-threshold: '" + a.leak_threshold + "' is not a size: too large (at most 8 EiB)");
     o.leak_threshold = int64_t(*b);
   }
   check::Report report;

@@ -1,4 +1,5 @@
 // zt db info|sql|kernels|merge, zt export, zt synth, zt demo.
+#include <cstdint>
 #include <ctime>
 #include <filesystem>
 #include <map>
@@ -458,6 +459,7 @@ void add_db_commands(CLI::App& app, Action& action) {
           std::string why;
           auto b = parse_bytes(*leak, &why);
           if (!b) return fail("--leak-per-epoch: '" + *leak + "' " + why + " (try 512MiB or 1GiB)");
+          if (*b > uint64_t(INT64_MAX)) return fail("--leak-per-epoch: '" + *leak + "' is not a size: too large (at most 8 EiB)");
           opt->leak_bytes_per_epoch = static_cast<int64_t>(*b);
         }
         return synth(*out, *opt, command, false);

@@ -92,8 +92,10 @@ std::optional<uint64_t> parse_bytes(std::string_view text, std::string* why) {
     *why = "is not a size: unknown unit '" + std::string(end) + "' (B, KiB, MiB, GiB or TiB)";
     return std::nullopt;
   }
-  // Rounded to whole bytes; 2^64 and above do not fit (llround stopped at 2^63: 9EiB became garbage).
-  const double bytes = std::nearbyint(value * mult);
+  // Rounded to whole bytes, halves away from zero; 2^64 and above do not fit (llround stopped at
+  // 2^63: 9 EiB became garbage). A double near 2^64 is exact to 2 KiB, so the largest size that
+  // parses is 2^64 - 2 KiB.
+  const double bytes = std::round(value * mult);
   if (!(bytes < 18446744073709551616.0)) {
     *why = "is not a size: too large (a size is below 16 EiB)";
     return std::nullopt;

@@ -20,7 +20,9 @@ TEST(Units, ParsesSizes) {
   EXPECT_FALSE(zt::parse_bytes("12 parsecs").has_value());
   EXPECT_FALSE(zt::parse_bytes("-1GiB").has_value());
   EXPECT_FALSE(zt::parse_bytes("GiB").has_value());
-  // Up to 2^64 - 1 (llround stopped at 2^63: 9 EiB came out as garbage); beyond, "too large".
+  // Up to 2^64 - 2 KiB (llround stopped at 2^63: 9 EiB came out as garbage); beyond, "too large".
+  // Whole bytes, halves away from zero.
+  EXPECT_EQ(zt::parse_bytes("2.5B"), 3u);
   EXPECT_EQ(zt::parse_bytes("8388608TiB"), uint64_t(1) << 63);
   EXPECT_EQ(zt::parse_bytes("16777215TiB"), uint64_t(16777215) << 40);  // 16 EiB less 1 TiB
   std::string why;
