@@ -215,10 +215,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   // (cudaHostAlloc: on an H100 those steps ran at a third of the later speed; 2026-11-23).
   if (cfg.delayed_update >= 0 || cfg.overlap_update) {
     for (auto& p : parts_) {
-      // As optimizer_step chooses: overlapped, a sharded module with its shard on the host is
-      // updated in place (offload_param) and has no buffer.
-      const bool in_place = cfg.overlap_update && p->sharded && p->param_shard.defined() && p->param_shard.device().is_host();
-      if (p->master.device().is_host() && dtype_ != DType::F32 && !in_place)
+      // Overlapped, a module AdamW writes in place (offload_param) has no buffer; delayed, none is.
+      if (p->master.device().is_host() && dtype_ != DType::F32 && !(cfg.overlap_update && adam_in_place(*p, false)))
         for (int slot = 0; slot < (cfg.overlap_update ? 1 : 2); ++slot) p->update[slot] = update_buffer(*p);
       if (cfg.delayed_update >= 0 && p->grad32.defined())
         p->grad32_spare = Tensor::zeros(p->grad32.name(), {p->opt_n}, DType::F32, host, pin);
@@ -691,7 +689,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     j.grad = g32[mi];
     if (p.master.device().is_host() && dtype_ != DType::F32) {
       j.low = dtype_ == DType::BF16 ? optim::LowDType::BF16 : optim::LowDType::F16;
-      if (!delayed && p.sharded && p.param_shard.device().is_host()) {
+      if (adam_in_place(p, delayed)) {
         j.low_out = p.param_shard.raw();
         j.in_place = true;
       } else {
@@ -701,10 +699,9 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
           // Delayed, the update has a buffer of its own, kept from step to step: the next step's
           // prefetch reads the host parameter shards while the background pass runs. Overlapped,
           // the write-back that reads it runs when the next step first uses the module (one buffer:
-          // the last write-back out of it has landed before the pass starts, below).
-          Tensor& buf = p.update[overlapped ? 0 : update_slot_];
-          if (!buf.defined()) buf = update_buffer(p);
-          j.fused = buf;
+          // the last write-back out of it has landed before the pass starts, below). Both made
+          // with the engine.
+          j.fused = p.update[overlapped ? 0 : update_slot_];
         }
         j.low_out = j.fused.raw();
       }
@@ -781,9 +778,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     update_slot_ ^= 1;
     for (auto& p : parts_) {
       if (!p->grad32.defined()) continue;
-      if (!p->grad32_spare.defined())
-        p->grad32_spare = Tensor::zeros(p->grad32.name(), {p->opt_n}, DType::F32, rt_.host(), z_.pin_memory);
-      std::swap(p->grad32, p->grad32_spare);
+      std::swap(p->grad32, p->grad32_spare);  // the spare was made with the engine
       p->grad32_sq_ready = false;
     }
   }
@@ -795,6 +790,12 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   }
   end(ph);
   return r;
+}
+
+// AdamW writes the compute-dtype weights straight into a sharded module's host shard (no update
+// buffer), except under the delayed update, whose next step reads the shards meanwhile.
+bool ZeroEngine::adam_in_place(const Part& p, bool delayed) const {
+  return !delayed && p.sharded && p.param_shard.device().is_host();
 }
 
 Tensor ZeroEngine::update_buffer(const Part& p) const {

@@ -202,8 +202,10 @@ class ZeroEngine {
   };
   void run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t step, int64_t adam_step);
   void apply_update(int64_t at_step);
-  // A module's buffer for AdamW's compute-dtype output (pinned as the settings say).
+  // A module's buffer for AdamW's compute-dtype output (pinned as the settings say), and whether
+  // its AdamW needs none (writes the host shard in place).
   Tensor update_buffer(const Part& p) const;
+  bool adam_in_place(const Part& p, bool delayed) const;
   // The overlapped update: module m's AdamW awaited and its weights written back (no-op when
   // none is due).
   void await_update(int m);
