@@ -32,6 +32,9 @@ void add_view_command(CLI::App& app, Action& action);  // view (viewer/view_comm
 #endif
 
 int fail(const std::string& message);
+// `rel` (a directory relative to the zt executable's, e.g. where `cmake --install` puts the probe
+// library), normalized; "" when the executable cannot be found.
+std::string beside_executable(const std::string& rel);
 
 // Shared by several commands.
 int db_info(const std::string& path);

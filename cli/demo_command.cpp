@@ -49,10 +49,8 @@ int run_training(const trainer::TrainConfig& cfg, const std::string& command, bo
 // The shipped scenarios: beside the working directory's checkout, else where `cmake --install`
 // put them (share/zerotrace/scenarios beside bin/), else the source tree the binary was built from.
 std::string scenario_path(const std::string& file) {
-  std::error_code ec;
-  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  const std::string installed = ec ? std::string() : (exe.parent_path() / ZT_INSTALLED_SCENARIO_DIR).lexically_normal().string();
-  for (const std::string& dir : {std::string("inject/scenarios"), installed, std::string(ZT_SOURCE_DIR) + "/inject/scenarios"})
+  for (const std::string& dir :
+       {std::string("inject/scenarios"), beside_executable(ZT_INSTALLED_SCENARIO_DIR), std::string(ZT_SOURCE_DIR) + "/inject/scenarios"})
     if (!dir.empty() && std::filesystem::exists(dir + "/" + file)) return dir + "/" + file;
   return std::string(ZT_SOURCE_DIR) + "/inject/scenarios/" + file;
 }

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "commands.h"
@@ -13,6 +14,12 @@ namespace zt::cli {
 int fail(const std::string& message) {
   std::fprintf(stderr, "zt: %s\n", message.c_str());
   return kExitBadInput;
+}
+
+std::string beside_executable(const std::string& rel) {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : (exe.parent_path() / rel).lexically_normal().string();
 }
 
 namespace {

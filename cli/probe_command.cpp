@@ -56,13 +56,12 @@ struct ProbeArgs {
 // puts it (lib/zerotrace beside bin/). The first candidate when none exists, for the error.
 std::string find_library() {
   if (const char* v = std::getenv("ZT_PROBE_LIBRARY"); v && *v) return v;
+  const std::string beside = beside_executable("libzt_probe.so");
+  if (beside.empty()) return beside;
+  const std::string installed = beside_executable(std::string(ZT_INSTALLED_PROBE_DIR) + "/libzt_probe.so");
   std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) return std::string();
-  const fs::path beside = exe.parent_path() / "libzt_probe.so";
-  const fs::path installed = exe.parent_path() / ZT_INSTALLED_PROBE_DIR / "libzt_probe.so";
-  if (!fs::exists(beside, ec) && fs::exists(installed, ec)) return installed.lexically_normal().string();
-  return beside.string();
+  if (!fs::exists(beside, ec) && fs::exists(installed, ec)) return installed;
+  return beside;
 }
 
 // The program as execvp would find it, or "" (so a typo is a usage error, not exit 127).
