@@ -60,6 +60,8 @@ TEST(HostOps, WidenAndSumSquaresIsConvertThenSumSquares) {
     EXPECT_EQ(0, std::memcmp(got.data(), want.data(), size_t(n) * sizeof(float)));
     EXPECT_EQ(sum, host_ops().sum_squares(want.data(), n));
     EXPECT_GT(sum, 0.0);
+    // With no destination: the same sum, nothing written.
+    EXPECT_EQ(widen_and_sum_squares(nullptr, in, t, n), sum);
   }
   float dst = 0;
   int32_t token = 1;

@@ -30,13 +30,15 @@ struct Scalar {
   static reg sub(reg a, reg b) { return a - b; }
   static reg div(reg a, reg b) { return a / b; }
   static reg sqrt(reg a) { return std::sqrt(a); }
+  static reg load_bf16(const uint16_t* x) { return widen_bf16(*x); }
+  static reg load_fp16(const uint16_t* x) { return widen_fp16(*x); }
   static void store_bf16(uint16_t* out, reg a) { *out = round_to_bf16(a); }
   static void store_fp16(uint16_t* out, reg a) { *out = round_to_fp16(a); }
 };
 
 }  // namespace
 
-void adam_kernel_scalar(float* p, const float* g, float* m, float* v, uint16_t* low_out, int64_t n,
+void adam_kernel_scalar(float* p, GradRef g, float* m, float* v, uint16_t* low_out, int64_t n,
                         const AdamConsts& c, LowDType low) {
   adam_dispatch<Scalar>(p, g, m, v, low_out, n, c, low);
 }
@@ -160,8 +162,8 @@ AdamConsts adam_consts(const AdamParams& hp, int64_t step) {
   return c;
 }
 
-void cpu_adamw_step(float* params, const float* grads, float* m, float* v, int64_t n,
-                    const AdamParams& hp, int64_t step, void* low_out, LowDType low) {
+void cpu_adamw_step_grads(float* params, const void* grads, GradDType grad_t, float grad_scale, float* m, float* v,
+                          int64_t n, const AdamParams& hp, int64_t step, void* low_out, LowDType low) {
   if (step < 1)
     throw std::invalid_argument("cpu_adamw_step: step counts from 1, got " + std::to_string(step));
   if (low != LowDType::None && low_out == nullptr)
@@ -171,8 +173,10 @@ void cpu_adamw_step(float* params, const float* grads, float* m, float* v, int64
 
   const detail::AdamKernel kernel = kernel_for(cpu_adam_active_isa());
   uint16_t* lo = low == LowDType::None ? nullptr : static_cast<uint16_t*>(low_out);
+  const size_t gsize = grad_t == GradDType::F32 ? 4 : 2;
+  const auto* gbytes = static_cast<const unsigned char*>(grads);
   if (n < kParallelMin || omp_get_max_threads() == 1 || omp_in_parallel()) {
-    kernel(params, grads, m, v, lo, n, c, low);
+    kernel(params, {grads, grad_t, grad_scale}, m, v, lo, n, c, low);
     return;
   }
   // One contiguous range per thread (each a stream the prefetchers follow), boundaries at multiples
@@ -184,9 +188,14 @@ void cpu_adamw_step(float* params, const float* grads, float* m, float* v, int64
     const int64_t begin = std::min(n, blocks * t / threads * kSplitAlign);
     const int64_t end = std::min(n, blocks * (t + 1) / threads * kSplitAlign);
     if (end > begin)
-      kernel(params + begin, grads + begin, m + begin, v + begin, lo ? lo + begin : nullptr,
-             end - begin, c, low);
+      kernel(params + begin, {gbytes + size_t(begin) * gsize, grad_t, grad_scale}, m + begin, v + begin,
+             lo ? lo + begin : nullptr, end - begin, c, low);
   }
+}
+
+void cpu_adamw_step(float* params, const float* grads, float* m, float* v, int64_t n, const AdamParams& hp,
+                    int64_t step, void* low_out, LowDType low) {
+  cpu_adamw_step_grads(params, grads, GradDType::F32, 1.0f, m, v, n, hp, step, low_out, low);
 }
 
 }  // namespace zt::optim

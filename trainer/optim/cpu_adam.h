@@ -15,8 +15,10 @@
 // differ). FMA would not buy speed: the step is bound by memory bandwidth (28 bytes per parameter).
 // The result does not depend on the thread count (element-wise; chunks only split the range).
 //
-// Inputs: grads are fp32 only (a bf16/fp16 gradient must be widened first). Pointers need no
-// alignment; p, g, m, v (and low_out) must not overlap one another. step counts from 1.
+// Inputs: cpu_adamw_step takes fp32 grads; cpu_adamw_step_grads takes them in bf16 or fp16 too,
+// with a scale, as they land from the device (no fp32 copy, no separate widening pass: 26 bytes a
+// parameter instead of 28 + 6). Pointers need no alignment; p, g, m, v (and low_out) must not overlap
+// one another. step counts from 1.
 //
 // Fused low-precision output (low_out != nullptr, low != LowDType::None): low_out[i] receives the
 // updated p[i] rounded to nearest even, bit-identical to zt::trainer::float_to_bf16 / float_to_fp16
@@ -46,6 +48,9 @@ struct AdamParams {
 // Storage type of the optional fused output (the compute dtype of the parameters on the device).
 enum class LowDType : uint8_t { None, BF16, F16 };
 
+// Storage type of the gradient cpu_adamw_step_grads reads.
+enum class GradDType : uint8_t { F32, BF16, F16 };
+
 enum class CpuAdamIsa : uint8_t { Scalar, Avx2, Avx512 };
 
 // The fp32 constants of one step, rounded once from the double hyperparameters exactly as the
@@ -68,6 +73,15 @@ AdamConsts adam_consts(const AdamParams& hp, int64_t step);
 void cpu_adamw_step(float* params, const float* grads, float* m, float* v, int64_t n,
                     const AdamParams& hp, int64_t step, void* low_out = nullptr,
                     LowDType low = LowDType::None);
+
+// The same step on a gradient stored as `grad_t`, each element widened to fp32 (exact) and, unless
+// it is fp32 and grad_scale is 1, multiplied by grad_scale in fp32, then used as cpu_adamw_step uses
+// its fp32 gradient. So p, m, v (and low_out) are bit-identical to widening the gradient into an
+// fp32 buffer, scaling it there (x * grad_scale, one fp32 multiply per element: the engine's
+// unscale-and-clip) and calling cpu_adamw_step on it. Throws as cpu_adamw_step does.
+void cpu_adamw_step_grads(float* params, const void* grads, GradDType grad_t, float grad_scale, float* m, float* v,
+                          int64_t n, const AdamParams& hp, int64_t step, void* low_out = nullptr,
+                          LowDType low = LowDType::None);
 
 // The ISA cpu_adamw_step uses now: "avx512", "avx2" or "scalar".
 const char* cpu_adam_isa();

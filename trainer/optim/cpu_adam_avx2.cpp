@@ -19,6 +19,12 @@ struct Avx2 {
   static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
   static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
   static reg sqrt(reg a) { return _mm256_sqrt_ps(a); }
+  // Widening is exact: bf16 is the top half of an fp32; F16C converts every fp16 exactly.
+  static reg load_bf16(const uint16_t* x) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  static reg load_fp16(const uint16_t* x) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))); }
 
   // bf16, round to nearest even: (u + 0x7fff + ((u >> 16) & 1)) >> 16; a NaN: (u >> 16) | 0x40.
   // Every lane of the result is <= 0xffff, so the unsigned-saturating packs below only narrow.
@@ -57,7 +63,7 @@ struct Avx2 {
 
 }  // namespace
 
-void adam_kernel_avx2(float* p, const float* g, float* m, float* v, uint16_t* low_out, int64_t n,
+void adam_kernel_avx2(float* p, GradRef g, float* m, float* v, uint16_t* low_out, int64_t n,
                       const AdamConsts& c, LowDType low) {
   adam_dispatch<Avx2>(p, g, m, v, low_out, n, c, low);
 }

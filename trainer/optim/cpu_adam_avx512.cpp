@@ -25,6 +25,12 @@ struct Avx512 {
   static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
   static reg div(reg a, reg b) { return _mm512_div_ps(a, b); }
   static reg sqrt(reg a) { return _mm512_sqrt_ps(a); }
+  // Widening is exact: bf16 is the top half of an fp32; vcvtph2ps converts every fp16 exactly.
+  static reg load_bf16(const uint16_t* x) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+  static reg load_fp16(const uint16_t* x) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))); }
 
   // bf16, round to nearest even: (u + 0x7fff + ((u >> 16) & 1)) >> 16; a NaN: (u >> 16) | 0x40.
   static void store_bf16(uint16_t* out, reg a) {
@@ -55,7 +61,7 @@ struct Avx512 {
 
 }  // namespace
 
-void adam_kernel_avx512(float* p, const float* g, float* m, float* v, uint16_t* low_out, int64_t n,
+void adam_kernel_avx512(float* p, GradRef g, float* m, float* v, uint16_t* low_out, int64_t n,
                         const AdamConsts& c, LowDType low) {
   adam_dispatch<Avx512>(p, g, m, v, low_out, n, c, low);
 }

@@ -27,18 +27,27 @@ namespace zt::optim::detail {
 // The hyperparameters as the reference rounds them to fp32 (cpu_adam.h, adam_consts).
 using AdamConsts = optim::AdamConsts;
 
-// One ISA's kernel: n elements on the calling thread. low_out is null when low is None.
-using AdamKernel = void (*)(float* p, const float* g, float* m, float* v, uint16_t* low_out,
-                            int64_t n, const AdamConsts& c, LowDType low);
+// The gradient as one ISA's kernel reads it: g points at n elements of `gt` (cpu_adam.h's
+// GradDType); gscale multiplies each widened element unless gt is F32 and gscale is 1 (see
+// cpu_adamw_step_grads). low_out is null when low is None.
+struct GradRef {
+  const void* g;
+  GradDType gt;
+  float gscale;
+};
 
-void adam_kernel_scalar(float* p, const float* g, float* m, float* v, uint16_t* low_out, int64_t n,
+// One ISA's kernel: n elements on the calling thread.
+using AdamKernel = void (*)(float* p, GradRef g, float* m, float* v, uint16_t* low_out, int64_t n,
+                            const AdamConsts& c, LowDType low);
+
+void adam_kernel_scalar(float* p, GradRef g, float* m, float* v, uint16_t* low_out, int64_t n,
                         const AdamConsts& c, LowDType low);
 #if ZT_OPTIM_HAVE_AVX2
-void adam_kernel_avx2(float* p, const float* g, float* m, float* v, uint16_t* low_out, int64_t n,
+void adam_kernel_avx2(float* p, GradRef g, float* m, float* v, uint16_t* low_out, int64_t n,
                       const AdamConsts& c, LowDType low);
 #endif
 #if ZT_OPTIM_HAVE_AVX512
-void adam_kernel_avx512(float* p, const float* g, float* m, float* v, uint16_t* low_out, int64_t n,
+void adam_kernel_avx512(float* p, GradRef g, float* m, float* v, uint16_t* low_out, int64_t n,
                         const AdamConsts& c, LowDType low);
 #endif
 
@@ -48,16 +57,30 @@ namespace {
 // CUDA kernels), so every AdamW rounds its fused output identically.
 inline uint16_t round_to_bf16(float f) { return trainer::bits::float_to_bf16(f); }
 inline uint16_t round_to_fp16(float f) { return trainer::bits::float_to_fp16(f); }
+inline float widen_bf16(uint16_t h) { return trainer::bits::bf16_to_float(h); }
+inline float widen_fp16(uint16_t h) { return trainer::bits::fp16_to_float(h); }
 
-// One vector of W elements; returns the updated p. V supplies reg, W, load/store/set1/mul/add/sub/
-// div/sqrt and store_bf16/store_fp16 (and may supply store_bf16x2, see adam_loop). The operations
-// and their order are the reference's, one IEEE operation each (the per-ISA files are compiled with
-// -ffp-contract=off, so no multiply and add get fused).
+// How the kernel reads the gradient: fp32 as it is, fp32 times a scale, or bf16/fp16 widened to
+// fp32 (exact) and multiplied by the scale (always: x * 1.0f is x, so an unscaled one is the same).
+enum class GradKind { F32, F32Scaled, BF16, F16 };
+
+// W gradient elements at element offset i of g, widened and scaled as K says.
+template <class V, GradKind K>
+__attribute__((always_inline)) inline typename V::reg load_grad(const void* g, int64_t i, typename V::reg scale) {
+  if constexpr (K == GradKind::F32) return V::load(static_cast<const float*>(g) + i);
+  if constexpr (K == GradKind::F32Scaled) return V::mul(V::load(static_cast<const float*>(g) + i), scale);
+  if constexpr (K == GradKind::BF16) return V::mul(V::load_bf16(static_cast<const uint16_t*>(g) + i), scale);
+  if constexpr (K == GradKind::F16) return V::mul(V::load_fp16(static_cast<const uint16_t*>(g) + i), scale);
+}
+
+// One vector of W elements, gradient gv; returns the updated p. V supplies reg, W, load/store/set1/
+// mul/add/sub/div/sqrt, load_bf16/load_fp16 and store_bf16/store_fp16 (and may supply store_bf16x2,
+// see adam_loop). The operations and their order are the reference's, one IEEE operation each (the
+// per-ISA files are compiled with -ffp-contract=off, so no multiply and add get fused).
 template <class V, LowDType L>
-__attribute__((always_inline)) inline typename V::reg adam_vector(float* p, const float* g, float* m, float* v,
-                                                        uint16_t* lo, const typename V::reg* k) {
+__attribute__((always_inline)) inline typename V::reg adam_vector(float* p, typename V::reg gv, float* m, float* v,
+                                                                  uint16_t* lo, const typename V::reg* k) {
   using R = typename V::reg;
-  const R gv = V::load(g);
   R pv = V::mul(V::load(p), k[0]);                                                // p * decay
   const R mv = V::add(V::mul(V::load(m), k[1]), V::mul(gv, k[3]));                // m*b1 + g*(1-b1)
   const R vv = V::add(V::mul(V::load(v), k[2]), V::mul(V::mul(gv, gv), k[4]));    // v*b2 + g*g*(1-b2)
@@ -71,8 +94,8 @@ __attribute__((always_inline)) inline typename V::reg adam_vector(float* p, cons
   return pv;
 }
 
-template <class V, LowDType L>
-inline void adam_loop(float* p, const float* g, float* m, float* v, uint16_t* lo, int64_t n,
+template <class V, LowDType L, GradKind K>
+inline void adam_loop(float* p, const void* g, float gscale, float* m, float* v, uint16_t* lo, int64_t n,
                       const AdamConsts& c) {
   using R = typename V::reg;
   constexpr int W = V::W;
@@ -80,29 +103,33 @@ inline void adam_loop(float* p, const float* g, float* m, float* v, uint16_t* lo
                   V::set1(c.beta2),           V::set1(c.one_minus_beta1),
                   V::set1(c.one_minus_beta2), V::set1(c.bias_correction2_sqrt),
                   V::set1(c.eps),             V::set1(c.step_size)};
+  const R gs = V::set1(gscale);
   int64_t i = 0;
   // Where V narrows two vectors of bf16 at once (AVX2: one pack and one permute per 16 instead of
   // an extract and a pack per 8), pairs first: measured 10-18% more bf16 throughput in cache.
   if constexpr (L == LowDType::BF16 && requires(uint16_t* o, R a) { V::store_bf16x2(o, a, a); }) {
     for (; i + 2 * W <= n; i += 2 * W) {
-      const R a = adam_vector<V, LowDType::None>(p + i, g + i, m + i, v + i, nullptr, k);
-      const R b = adam_vector<V, LowDType::None>(p + i + W, g + i + W, m + i + W, v + i + W, nullptr, k);
+      const R a = adam_vector<V, LowDType::None>(p + i, load_grad<V, K>(g, i, gs), m + i, v + i, nullptr, k);
+      const R b = adam_vector<V, LowDType::None>(p + i + W, load_grad<V, K>(g, i + W, gs), m + i + W, v + i + W,
+                                                 nullptr, k);
       V::store_bf16x2(lo + i, a, b);
     }
   }
   for (; i + W <= n; i += W)
-    adam_vector<V, L>(p + i, g + i, m + i, v + i, L == LowDType::None ? nullptr : lo + i, k);
+    adam_vector<V, L>(p + i, load_grad<V, K>(g, i, gs), m + i, v + i, L == LowDType::None ? nullptr : lo + i, k);
   if constexpr (W > 1) {
     if (i < n) {
       // The tail (fewer than W elements) through the same vector code on zero-padded copies.
       const size_t r = size_t(n - i);
-      alignas(64) float tp[W] = {}, tg[W] = {}, tm[W] = {}, tv[W] = {};
+      constexpr size_t gsize = K == GradKind::F32 || K == GradKind::F32Scaled ? 4 : 2;
+      alignas(64) float tp[W] = {}, tm[W] = {}, tv[W] = {};
+      alignas(64) unsigned char tg[W * 4] = {};
       alignas(64) uint16_t tl[W] = {};
       __builtin_memcpy(tp, p + i, r * 4);
-      __builtin_memcpy(tg, g + i, r * 4);
+      __builtin_memcpy(tg, static_cast<const unsigned char*>(g) + size_t(i) * gsize, r * gsize);
       __builtin_memcpy(tm, m + i, r * 4);
       __builtin_memcpy(tv, v + i, r * 4);
-      adam_vector<V, L>(tp, tg, tm, tv, tl, k);
+      adam_vector<V, L>(tp, load_grad<V, K>(tg, 0, gs), tm, tv, tl, k);
       __builtin_memcpy(p + i, tp, r * 4);
       __builtin_memcpy(m + i, tm, r * 4);
       __builtin_memcpy(v + i, tv, r * 4);
@@ -111,13 +138,25 @@ inline void adam_loop(float* p, const float* g, float* m, float* v, uint16_t* lo
   }
 }
 
+template <class V, LowDType L>
+inline void adam_grad_dispatch(float* p, GradRef g, float* m, float* v, uint16_t* lo, int64_t n, const AdamConsts& c) {
+  switch (g.gt) {
+    case GradDType::F32:
+      if (g.gscale == 1.0f) adam_loop<V, L, GradKind::F32>(p, g.g, g.gscale, m, v, lo, n, c);
+      else adam_loop<V, L, GradKind::F32Scaled>(p, g.g, g.gscale, m, v, lo, n, c);
+      return;
+    case GradDType::BF16: adam_loop<V, L, GradKind::BF16>(p, g.g, g.gscale, m, v, lo, n, c); return;
+    case GradDType::F16: adam_loop<V, L, GradKind::F16>(p, g.g, g.gscale, m, v, lo, n, c); return;
+  }
+}
+
 template <class V>
-inline void adam_dispatch(float* p, const float* g, float* m, float* v, uint16_t* lo, int64_t n,
-                          const AdamConsts& c, LowDType low) {
+inline void adam_dispatch(float* p, GradRef g, float* m, float* v, uint16_t* lo, int64_t n, const AdamConsts& c,
+                          LowDType low) {
   switch (low) {
-    case LowDType::None: adam_loop<V, LowDType::None>(p, g, m, v, lo, n, c); return;
-    case LowDType::BF16: adam_loop<V, LowDType::BF16>(p, g, m, v, lo, n, c); return;
-    case LowDType::F16: adam_loop<V, LowDType::F16>(p, g, m, v, lo, n, c); return;
+    case LowDType::None: adam_grad_dispatch<V, LowDType::None>(p, g, m, v, lo, n, c); return;
+    case LowDType::BF16: adam_grad_dispatch<V, LowDType::BF16>(p, g, m, v, lo, n, c); return;
+    case LowDType::F16: adam_grad_dispatch<V, LowDType::F16>(p, g, m, v, lo, n, c); return;
   }
 }
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype_bits.h"
 #include "model/adamw.h"
 #include "optim/cpu_adam.h"
 
@@ -284,6 +285,52 @@ TEST_P(CpuAdamIsaTest, NanAndInfPropagateLikeTheReference) {
         nans += std::isnan(s.p[i]);
       }
       EXPECT_GT(nans, 0) << "the specials should have made some weights NaN";
+    }
+  }
+}
+
+// cpu_adamw_step_grads on bf16/fp16 (and scaled fp32) gradients must equal the engine's two-pass
+// way bit for bit: widen into an fp32 buffer (core/dtype_bits.h's converters), multiply by the
+// scale there, then cpu_adamw_step. The gradients include specials (inf, NaN, subnormals, zeros) in
+// the vector body and the tail, and both paths run on the same ISA, on pointers shifted by an odd
+// number of elements.
+TEST_P(CpuAdamIsaTest, LowPrecisionGradientsEqualWideningThenScalingThenTheFp32Step) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (GradDType gt : {GradDType::BF16, GradDType::F16, GradDType::F32}) {
+    for (float scale : {1.0f, 0.37f, 1.0f / 65536.0f, 3.0f}) {
+      for (int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(33), int64_t(4099), int64_t(70001)}) {
+        const int offset = 3;
+        Shard two = make_shard(n, 31 + uint32_t(n)), one = two;
+        std::vector<uint16_t> low(n + offset), out_two(n), out_one(n);
+        std::vector<float> g32(n + offset), widened(n);
+        for (int step = 1; step <= 3; step++) {
+          std::vector<float> g = make_grads(n, 900u * step + uint32_t(n));
+          if (n > 4) g[0] = inf, g[n / 2] = -0.0f, g[n - 1] = 1e-41f, g[n - 2] = step == 3 ? nan : -inf;
+          for (int64_t i = 0; i < n; i++) {
+            if (gt == GradDType::F32) {
+              g32[i + offset] = g[i];
+              widened[i] = g[i];
+            } else {
+              low[i + offset] = ref_low(gt == GradDType::BF16 ? LowDType::BF16 : LowDType::F16, g[i]);
+              widened[i] = gt == GradDType::BF16 ? trainer::bits::bf16_to_float(low[i + offset])
+                                                 : trainer::bits::fp16_to_float(low[i + offset]);
+            }
+            if (scale != 1.0f) widened[i] *= scale;
+          }
+          cpu_adamw_step(two.p.data(), widened.data(), two.m.data(), two.v.data(), n, kGpt2Decay, step,
+                         out_two.data(), LowDType::BF16);
+          const void* gp = gt == GradDType::F32 ? static_cast<const void*>(g32.data() + offset) : low.data() + offset;
+          cpu_adamw_step_grads(one.p.data(), gp, gt, scale, one.m.data(), one.v.data(), n, kGpt2Decay, step,
+                               out_one.data(), LowDType::BF16);
+          const std::string at = std::string(gt == GradDType::BF16 ? "bf16" : gt == GradDType::F16 ? "fp16" : "fp32") +
+                                 " scale " + std::to_string(scale) + " n=" + std::to_string(n) + " step " +
+                                 std::to_string(step);
+          ASSERT_TRUE(same_values("p", one.p.data(), two.p.data(), n)) << at;
+          ASSERT_TRUE(same_values("m", one.m.data(), two.m.data(), n)) << at;
+          ASSERT_TRUE(same_values("v", one.v.data(), two.v.data(), n)) << at;
+          ASSERT_EQ(out_one, out_two) << at;
+        }
+      }
     }
   }
 }
