@@ -5,7 +5,8 @@
 //         memcpy (HBM), and bf16 GEMM TFLOP/s through cublasGemmEx (bf16 in, fp32 compute) at GPT-2's
 //         shapes (forward, dinp and dw of qkv, attention projection, fc, mlp projection and the LM
 //         head, N = B*T tokens) for each preset, plus a large square GEMM.
-//   CPU   the fp32 CPU AdamW of the offload path (optim::cpu_adamw_step with the fused bf16 output, all
+//   CPU   the fp32 CPU AdamW of the offload path (optim::cpu_adamw_step with the fused bf16 output, and
+//         the same on bf16 gradients, cpu_adamw_step_grads, as --grad-partition-dtype compute runs it; all
 //         OpenMP threads) in parameters/s, and host memory bandwidth (a multi-threaded memcpy and a
 //         STREAM triad over arrays of a few GiB).
 // Without a usable GPU it prints "bench_gpu_limits: skipped: <why>" and still measures the CPU side;
@@ -45,6 +46,7 @@
 #include "bench_util.h"
 #include "cuda/runtime.h"
 #include "model/config.h"
+#include "core/dtype_bits.h"
 #include "optim/cpu_adam.h"
 
 namespace {
@@ -160,16 +162,31 @@ json measure_cpu_adam(const Options& o) {
     const double s = seconds_since(t0);
     if (r >= 0) best = std::min(best, s);
   }
-  const double pps = double(n) / best;
+  // The same step reading bf16 gradients (zt train --grad-partition-dtype compute: 28 B/param).
+  HostArray gl(size_t(n) * 2);
+  for (int64_t i = 0; i < n; i++) reinterpret_cast<uint16_t*>(gl.ptr)[i] = zt::trainer::bits::float_to_bf16(g.f()[i]);
+  double best_low = 1e30;
+  for (int r = -1; r < o.reps; r++) {
+    const auto t0 = Clock::now();
+    zt::optim::cpu_adamw_step_grads(p.f(), gl.ptr, zt::optim::GradDType::BF16, 1.0f, m.f(), v.f(), n, hp, step++,
+                                    low.ptr, zt::optim::LowDType::BF16);
+    const double s = seconds_since(t0);
+    if (r >= 0) best_low = std::min(best_low, s);
+  }
+  const double pps = double(n) / best, pps_low = double(n) / best_low;
   std::printf("CPU AdamW (optim::cpu_adamw_step, %s, %d threads, %lld params, fused bf16 output):\n",
               zt::optim::cpu_adam_isa(), omp_get_max_threads(), (long long)n);
-  std::printf("  %-44s %9.1f Mparam/s  (%.2f GiB/s at 30 B/param)\n", "AdamW step", pps / 1e6, pps * 30.0 / kGiB);
+  std::printf("  %-44s %9.1f Mparam/s  (%.2f GiB/s at 30 B/param)\n", "AdamW step, fp32 gradients", pps / 1e6,
+              pps * 30.0 / kGiB);
+  std::printf("  %-44s %9.1f Mparam/s  (%.2f GiB/s at 28 B/param)\n", "AdamW step, bf16 gradients", pps_low / 1e6,
+              pps_low * 28.0 / kGiB);
   return json{{"isa", zt::optim::cpu_adam_isa()},
               {"threads", omp_get_max_threads()},
               {"params", n},
               {"bytes_per_param", 30},
               {"params_per_s", pps},
-              {"bytes_per_s", pps * 30.0}};
+              {"bytes_per_s", pps * 30.0},
+              {"bf16_grads_params_per_s", pps_low}};
 }
 
 // ------------------------------------------------------------------------------------------ GPU

@@ -1,13 +1,16 @@
 // bench_zero_step: where a ZeRO-3 offload step goes on the simulated GPU, step by step.
 // Trains with a trace, then reads the phase markers back: fetch (host->device copy of the
 // shard + all-gather, prefetch included), forward, loss, backward, reduce (reduce-scatter
-// of gradient buckets), optimizer (gradient offload, norm, unscale-and-clip, AdamW, write
-// back). Nested phases are subtracted from their parents so the columns add up to the step.
+// of gradient buckets), optimizer (gradient offload, norm, unscale-and-clip, write back), adamw
+// (the "adamw <module>" phases inside it). Nested phases are subtracted from their parents; what no
+// column names (the gradients landing, the norm's phases) is the rest of the step.
 // Baseline in the same run: the same model and global batch at stage 0 on one rank. Beside it,
 // the same ZeRO-3 run with the delayed parameter update from step 1 on (AdamW of step s beside
 // step s+1's forward and backward, on a background thread): its mean step over the ordinary one;
 // and the overlapped update (AdamW of step s beside step s+1's forward, each module awaited at its
-// first use; the same losses as the ordinary run, checked here).
+// first use; the same losses as the ordinary run, checked here); and the gradient partitions kept in
+// bf16 for AdamW (grad_partition_dtype compute; the same losses, checked): its AdamW time and step
+// over the ordinary run's.
 //   bench_zero_step [--model tiny|124M] [--steps N] [--ranks W] [--seq-len T]
 #include <unistd.h>
 
@@ -57,6 +60,7 @@ Run run(const trainer::TrainConfig& cfg, const std::string& path) {
   (void)reader->query(
       "WITH p AS (SELECT id, step, t_start, t_end, CASE WHEN name LIKE 'fetch %' OR name LIKE 'prefetch %' THEN 'fetch'"
       " WHEN name LIKE 'reduce %' THEN 'reduce' WHEN name LIKE 'release %' THEN 'release'"
+      " WHEN name LIKE 'adamw %' THEN 'adamw'"
       " WHEN name IN ('forward','loss','backward','optimizer') THEN name ELSE 'other' END AS cat"
       " FROM marker_v WHERE rank = 0 AND kind = 'phase'),"
       " inner AS (SELECT o.id, sum(i.t_end - i.t_start) AS nested FROM p o JOIN p i ON i.step = o.step AND i.id != o.id"
@@ -109,17 +113,20 @@ int main(int argc, char** argv) {
   trainer::TrainConfig ovl = z3;
   ovl.overlap_update = true;
   Run o = run(ovl, (dir / "overlap.db").string());
+  trainer::TrainConfig low = z3;
+  low.grad_partition_dtype = "compute";
+  Run l = run(low, (dir / "compute_grads.db").string());
 
   std::printf("bench_zero_step: GPT-2 %s, %lld ranks x micro-batch %lld x %lld tokens, bf16, ZeRO-3 with optimizer and "
               "parameter offload, on simulated GPUs (CPU compute)\n",
               cfg.model.c_str(), (long long)cfg.world_size, (long long)cfg.micro_batch, (long long)cfg.seq_len);
   std::printf("rank 0, exclusive time per phase [ms]:\n");
-  std::printf("%5s %9s %9s %9s %9s %9s %9s %9s %9s\n", "step", "step", "fetch", "forward", "loss", "backward", "reduce",
-              "optimizer", "release");
+  std::printf("%5s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "step", "step", "fetch", "forward", "loss", "backward", "reduce",
+              "optimizer", "adamw", "release");
   for (size_t s = 0; s < a.per_step.size(); ++s) {
     auto& m = a.per_step[s];
-    std::printf("%5zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", s, m["step"], m["fetch"], m["forward"], m["loss"],
-                m["backward"], m["reduce"], m["optimizer"], m["release"]);
+    std::printf("%5zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", s, m["step"], m["fetch"], m["forward"],
+                m["loss"], m["backward"], m["reduce"], m["optimizer"], m["adamw"], m["release"]);
   }
   // Steps 2 on: step 1 is the delayed run's first with an update in flight.
   auto mean_step = [](const Run& r) {
@@ -136,6 +143,18 @@ int main(int argc, char** argv) {
   std::printf("overlapped update (ZeRO-3 offload, AdamW beside the next forward, exact): %.2f ms, ratio to ZeRO-3 offload "
               "%.2fx; losses %s the ordinary run's\n",
               zo, za > 0 ? zo / za : 0.0, o.losses == a.losses ? "bit-identical to" : "DIFFERENT from");
+  auto mean_of = [](const Run& r, const char* cat) {
+    double t = 0;
+    size_t k = 0;
+    for (size_t s = 2; s < r.per_step.size(); ++s, ++k) t += r.per_step[s].count(cat) ? r.per_step[s].at(cat) : 0.0;
+    return k ? t / double(k) : 0.0;
+  };
+  const double zl = mean_step(l), adam_a = mean_of(a, "adamw"), adam_l = mean_of(l, "adamw");
+  std::printf("bf16 gradient partitions for AdamW (grad_partition_dtype compute): step %.2f ms, ratio to ZeRO-3 offload "
+              "%.2fx; AdamW (the 'adamw' phases) %.2f ms against %.2f ms a step, ratio %.2fx; losses %s the ordinary "
+              "run's\n",
+              zl, za > 0 ? zl / za : 0.0, adam_l, adam_a, adam_a > 0 ? adam_l / adam_a : 0.0,
+              l.losses == a.losses ? "bit-identical to" : "DIFFERENT from");
   std::filesystem::remove_all(dir);
   return 0;
 }

@@ -58,6 +58,11 @@ void add_train_command(CLI::App& app, Action& action) {
                 "run each step's CPU AdamW beside the next step's forward, module by module in the forward's order "
                 "(needs --offload-optimizer): each module waits for its own update, so the arithmetic is the ordinary "
                 "update's, bit for bit");
+  sub->add_option("--grad-partition-dtype", cfg->grad_partition_dtype,
+                  "the host gradient partitions CPU AdamW reads (with --offload-optimizer): fp32 (default, DeepSpeed's "
+                  "fp32_partitioned_groups_flat[i].grad) or compute (ZeRO stage 2-3, bf16/fp16: kept as they land from "
+                  "the device, AdamW widens them in its pass; the same results, less host memory and traffic)")
+      ->check(CLI::IsMember({"fp32", "compute"}));
   sub->add_option("--attention", cfg->attention,
                   "materialized (default: the fp32 reference, keeps the B x H x T x T probabilities) or flash "
                   "(FlashAttention-2: keeps one value per row, multiplies in bf16; on a GPU tensor-core kernels for "
@@ -126,6 +131,7 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--tf32") from_file.tf32 = c.tf32;
           else if (n == "--delayed-update") from_file.delayed_update = c.delayed_update;
           else if (n == "--overlap-update") from_file.overlap_update = c.overlap_update;
+          else if (n == "--grad-partition-dtype") from_file.grad_partition_dtype = c.grad_partition_dtype;
           else if (n == "--matmul-precision") from_file.matmul_precision = c.matmul_precision;
           else if (n == "--attention") from_file.attention = c.attention;
           else if (n == "--quiet") from_file.quiet = c.quiet;

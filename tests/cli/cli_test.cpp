@@ -160,6 +160,34 @@ TEST(Cli, OverlapUpdateIsAnnouncedAndSummarized) {
       << bad.out;
 }
 
+// zt train --grad-partition-dtype compute: announced, in the trace's config, the partitions named
+// .grad.bf16 in the trace; refused at stage 1, in fp32, without offload, or with another value.
+TEST(Cli, GradPartitionDtypeComputeIsAnnouncedAndRefusedWhereItCannotApply) {
+  zt::test::TempDir dir;
+  const std::string base = "train --model tiny --steps 2 --seq-len 32 --precision bf16 --zero-stage 3 --offload-optimizer ";
+  Result run = run_zt(base + "--grad-partition-dtype compute --trace " + dir.file("c.db"));
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_NE(run.out.find("gradient partitions kept in bf16 on the host: CPU AdamW widens them"), std::string::npos)
+      << run.out;
+  Result cfg = run_zt("db sql --csv " + dir.file("c.db") + " \"SELECT config_json FROM run\"");
+  EXPECT_NE(cfg.out.find("\"\"grad_partition_dtype\"\":\"\"compute\"\""), std::string::npos) << cfg.out;
+  Result names = run_zt("db sql --csv " + dir.file("c.db") +
+                        " \"SELECT count(*) FROM allocation_v WHERE name LIKE 'fp32_partitioned_groups_flat[%].grad.bf16'\"");
+  EXPECT_EQ(names.out.find("\n0"), std::string::npos) << names.out;
+  for (const std::string& bad : {std::string("--precision bf16 --zero-stage 1 --offload-optimizer"),
+                                 std::string("--precision fp32 --zero-stage 3 --offload-optimizer"),
+                                 std::string("--precision bf16 --zero-stage 3")}) {
+    Result r = run_zt("train --model tiny --steps 1 --seq-len 32 --grad-partition-dtype compute " + bad);
+    EXPECT_EQ(r.code, 2) << bad << "\n" << r.out;
+    EXPECT_NE(r.out.find("grad_partition_dtype compute keeps the host gradient partitions in the compute dtype"),
+              std::string::npos)
+        << r.out;
+  }
+  Result other = run_zt(base + "--grad-partition-dtype bf16");
+  EXPECT_NE(other.code, 0);
+  EXPECT_NE(other.out.find("--grad-partition-dtype"), std::string::npos) << other.out;
+}
+
 // zt db kernels on a trace with kernel rows written by hand (two steps: gemm and softmax kernels, an
 // AdamW phase over the GPU's idle time): the header, the kernel table, the idle time by host phase;
 // bad --steps and a missing trace are refused with exit 2.

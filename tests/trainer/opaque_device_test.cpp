@@ -155,16 +155,20 @@ TEST(OpaqueDevice, TrainsExactlyAsTheSimulatedGpu) {
     int64_t delayed = -1;  // the delayed parameter update from this step on
     bool overlap = false;  // the overlapped update
     int64_t persistence = 0;  // -1: stage 3 keeps its small modules whole (their write-back all-gathers)
+    bool compute_grads = false;  // grad_partition_dtype compute: the D2H copy lands in the partition itself
   };
   for (const Case& k : {Case{0, 1, false, false, "fp32"}, Case{1, 2, true, false, "bf16"}, Case{2, 2, false, false, "fp16"},
                         Case{3, 1, true, true, "bf16"}, Case{3, 2, true, false, "fp32"}, Case{3, 2, false, false, "bf16"},
                         Case{1, 2, true, false, "bf16", 1}, Case{3, 1, true, true, "bf16", 0},
                         Case{3, 2, true, false, "fp32", 0}, Case{3, 2, true, false, "bf16", -1, true, -1},
-                        Case{3, 1, true, true, "bf16", -1, true}, Case{2, 2, true, false, "fp32", -1, true}}) {
+                        Case{3, 1, true, true, "bf16", -1, true}, Case{2, 2, true, false, "fp32", -1, true},
+                        Case{3, 1, true, true, "bf16", -1, false, 0, true}, Case{2, 2, true, false, "fp16", 1, false, 0, true},
+                        Case{3, 2, true, false, "bf16", -1, true, -1, true}}) {
     SCOPED_TRACE("stage " + std::to_string(k.stage) + ", " + std::to_string(k.world) + " ranks, " + k.precision +
                  (k.off_opt ? ", offload_optimizer" : "") + (k.off_param ? ", offload_param" : "") +
                  (k.delayed >= 0 ? ", delayed_update " + std::to_string(k.delayed) : "") +
-                 (k.overlap ? ", overlap_update" : "") + (k.persistence < 0 ? ", some whole modules" : ""));
+                 (k.overlap ? ", overlap_update" : "") + (k.persistence < 0 ? ", some whole modules" : "") +
+                 (k.compute_grads ? ", compute-dtype gradient partitions" : ""));
     TrainConfig c = zt::test::tiny_run(4);
     c.world_size = k.world;
     c.grad_accum = 2;
@@ -176,6 +180,7 @@ TEST(OpaqueDevice, TrainsExactlyAsTheSimulatedGpu) {
     c.zero.param_persistence_threshold = k.persistence;
     c.delayed_update = k.delayed;
     c.overlap_update = k.overlap;
+    c.grad_partition_dtype = k.compute_grads ? "compute" : "fp32";
     OpaqueBackend b;
     const std::vector<double> want = zt::test::train_losses(c);
     c.device = "cuda";

@@ -68,6 +68,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
       {"tf32", [&](const YAML::Node& n) { c.tf32 = n.as<bool>(); }},
       {"delayed_update", [&](const YAML::Node& n) { c.delayed_update = n.as<int64_t>(); }},
       {"overlap_update", [&](const YAML::Node& n) { c.overlap_update = n.as<bool>(); }},
+      {"grad_partition_dtype", [&](const YAML::Node& n) { c.grad_partition_dtype = n.as<std::string>(); }},
       {"matmul_precision", [&](const YAML::Node& n) { c.matmul_precision = n.as<std::string>(); }},
       {"attention", [&](const YAML::Node& n) { c.attention = n.as<std::string>(); }},
       {"checkpoint_dir", [&](const YAML::Node& n) { c.checkpoint_dir = n.as<std::string>(); }},
@@ -187,6 +188,12 @@ Status validate(const TrainConfig& c) {
     return bad("overlap_update runs CPU AdamW beside the next step's forward: it needs the optimizer on the host (offload_optimizer, ZeRO stage 1-3)");
   if (c.overlap_update && c.delayed_update >= 0)
     return bad("overlap_update and delayed_update are two ways of running AdamW beside the next step (exact, and one update stale): give one");
+  if (c.grad_partition_dtype != "fp32" && c.grad_partition_dtype != "compute")
+    return bad("grad_partition_dtype '" + c.grad_partition_dtype +
+               "': use fp32 (DeepSpeed's fp32 gradient partitions) or compute (kept in bf16/fp16, widened by AdamW)");
+  if (c.grad_partition_dtype == "compute" && (!c.zero.offload_optimizer || c.zero.stage < 2 || c.precision == "fp32"))
+    return bad("grad_partition_dtype compute keeps the host gradient partitions in the compute dtype: it needs "
+               "offload_optimizer, ZeRO stage 2 or 3 and precision bf16 or fp16");
   if (c.checkpoint_gather != "streamed" && c.checkpoint_gather != "device")
     return bad("checkpoint_gather '" + c.checkpoint_gather + "': use streamed (one module at a time) or device (all at once)");
   if (c.world_size > 256 && !c.virtual_mode)
@@ -249,6 +256,7 @@ std::string to_json(const TrainConfig& c) {
                       {"matmul_precision", std::string(matmul_precision_name(matmul_precision_of(c)))},
                       {"delayed_update", c.delayed_update},
                       {"overlap_update", c.overlap_update},
+                      {"grad_partition_dtype", c.grad_partition_dtype},
                       {"attention", c.attention},
                       {"zero_optimization", {{"stage", c.zero.stage},
                                              {"offload_optimizer", c.zero.offload_optimizer},

@@ -91,6 +91,13 @@ struct TrainConfig {
   // s+1 starts; each module's first use in step s+1 waits for its own update. The same arithmetic
   // as the ordinary update, bit for bit: only the time it takes moves under the next forward.
   bool overlap_update = false;
+  // The dtype of the gradient partitions the CPU AdamW reads under offload_optimizer: fp32
+  // (DeepSpeed's fp32_partitioned_groups_flat[i].grad: each partition lands in the compute dtype
+  // and is widened into an fp32 buffer on the host) or compute (bf16/fp16, ZeRO stage 2-3: the
+  // partition stays as it landed, half the host memory, and AdamW widens it, and applies the
+  // unscale-and-clip factor, in its own pass: 26 bytes a parameter of host traffic instead of 36).
+  // The same arithmetic, bit for bit; the fault scenarios that name the fp32 partitions need fp32.
+  std::string grad_partition_dtype = "fp32";
   // How attention runs (model::Attention): materialized (the fp32 reference; on a GPU cuBLAS with
   // the [B, H, T, T] probabilities kept) or flash (FlashAttention-2: one log-sum-exp per row kept,
   // bf16 products with fp32 accumulation; on a GPU the tensor-core kernels of

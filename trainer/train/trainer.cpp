@@ -450,6 +450,9 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     if (cfg.overlap_update)
       *progress << "overlapped update: each step's CPU AdamW runs beside the next step's forward, module by module; "
                    "each module waits for its own update (the ordinary update's arithmetic)\n";
+    if (cfg.grad_partition_dtype == "compute")
+      *progress << "gradient partitions kept in " << cfg.precision
+                << " on the host: CPU AdamW widens them in its own pass (the fp32 partitions' arithmetic)\n";
   }
 
   // One thread per rank, each with its own simulated GPU, joined by the in-process transport.

@@ -25,14 +25,17 @@ struct ZeroEngine::Part {
   Tensor param_shard;  // [shard], compute dtype: accelerator, or host with offload_param (when sharded)
   Tensor grad;         // compute dtype on the accelerator: [padded] at stages 0-1, [shard] at 2-3
   Tensor master, m, v; // fp32 [opt_n]: pinned host with offload_optimizer, else accelerator
-  Tensor grad32;       // fp32 [opt_n] on the host with offload_optimizer (persistent)
+  // The gradient partition CPU AdamW reads, [opt_n] on the host with offload_optimizer
+  // (persistent): fp32 (DeepSpeed's NAME.grad), or the compute dtype under grad_partition_dtype
+  // compute (it stays as it lands from the device; AdamW widens it and applies the step's scale).
+  Tensor part_grad;
   Tensor grad32_dev;   // fault zero.grad_partition_stays_on_device: the partition left on the device
-  // Delayed parameter update: grad32's second buffer (the background AdamW reads one while the
+  // Delayed parameter update: part_grad's second buffer (the background AdamW reads one while the
   // next step's partition lands in the other); the module's compute-dtype update on the host, two
   // buffers taken in turn (AdamW writes one while the other is still on its way up; the overlapped
   // update uses update[0] only); and that way up: the update's H2D copy into a device parameter
   // shard, which the next fetch waits for on the device (gather) while the host goes on.
-  Tensor grad32_spare;
+  Tensor part_grad_spare;
   Tensor update[2];
   PendingCopy written;
   bool update_due = false;  // the overlapped update: this module's AdamW not yet awaited
@@ -40,10 +43,10 @@ struct ZeroEngine::Part {
   Tensor staged;             // offload_param: the shard copied to the device ahead of its gather
   PendingCopy staging;       // ... that copy, while it is in flight
   size_t last_pos = 0;
-  // The sum of squares of grad32, taken when the partition landed on the host during backward
-  // (finish_offload), so the optimizer step need not read every partition again for the norm.
-  double grad32_sq = 0;
-  bool grad32_sq_ready = false;
+  // The sum of squares of part_grad (widened), taken when the partition landed on the host during
+  // backward (finish_offload), so the optimizer step need not read every partition again for the norm.
+  double part_grad_sq = 0;
+  bool part_grad_sq_ready = false;
 };
 
 namespace {
@@ -51,6 +54,22 @@ namespace {
 // DeepSpeed's name for a module's fp32 partition (its gradient is NAME.grad): the name users
 // see in R2 and R5's tracebacks.
 std::string partition_name(int64_t module) { return "fp32_partitioned_groups_flat[" + std::to_string(module) + "]"; }
+
+// The gradient partition's name: DeepSpeed's NAME.grad in fp32; in the compute dtype (grad_partition_dtype
+// compute) NAME.grad.bf16 / NAME.grad.fp16, so a trace says which.
+std::string part_grad_name(int64_t module, DType dt) {
+  return partition_name(module) + ".grad" + (dt == DType::F32 ? std::string() : "." + std::string(dtype_name(dt)));
+}
+
+// The sum of squares of a gradient partition, widened to fp32 where it is in bf16/fp16 (on the
+// host, where such partitions live): the same sum, bit for bit, as of its fp32 copy.
+double sum_squares_of(const Tensor& g) {
+  if (g.dtype() == DType::F32) return g.device().ops().sum_squares(g.f32(), g.numel());
+  if (!g.device().is_host())
+    throw std::logic_error("sum_squares_of: a " + std::string(dtype_name(g.dtype())) + " gradient partition on " +
+                           g.device().label());
+  return widen_and_sum_squares(nullptr, g.raw(), g.dtype(), g.numel());
+}
 
 // The engine's element-wise work goes through the device's ops (core/backend.h): CPU loops on
 // the host and the simulated GPU, kernels on a real GPU. Null storage (virtual mode): nothing.
@@ -153,6 +172,14 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     }
     background_ = std::make_unique<BackgroundThread>(adam_threads);
   }
+  if (cfg.grad_partition_dtype == "compute") {
+    if (!z_.offload_optimizer || z_.stage < 2 || dtype_ == DType::F32)
+      throw std::invalid_argument("grad_partition_dtype compute keeps the host gradient partitions in the compute dtype: "
+                                  "it needs offload_optimizer, ZeRO stage 2 or 3 and precision bf16 or fp16");
+    part_grad_dtype_ = dtype_;
+  } else if (cfg.grad_partition_dtype != "fp32") {
+    throw std::invalid_argument("grad_partition_dtype '" + cfg.grad_partition_dtype + "': use fp32 or compute");
+  }
   if (dtype_ == DType::F16) loss_scale_ = z_.static_loss_scale > 0 ? z_.static_loss_scale : std::pow(2.0, z_.initial_scale_power);
   hysteresis_left_ = z_.hysteresis;
 
@@ -197,7 +224,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     upload(p->master, 0, vals.data() + p->opt_lo, p->opt_n);
     p->m = Tensor::zeros("adam.m[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
     p->v = Tensor::zeros("adam.v[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
-    if (z_.offload_optimizer) p->grad32 = Tensor::zeros(group + ".grad", {p->opt_n}, DType::F32, host, opt_pin);
+    if (z_.offload_optimizer)
+      p->part_grad = Tensor::zeros(part_grad_name(spec.index, part_grad_dtype_), {p->opt_n}, part_grad_dtype_, host, opt_pin);
     parts_.push_back(std::move(p));
   }
   int64_t act_bytes = 0;
@@ -218,8 +246,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
       // Overlapped, a module AdamW writes in place (offload_param) has no buffer; delayed, none is.
       if (p->master.device().is_host() && dtype_ != DType::F32 && !(cfg.overlap_update && adam_in_place(*p, false)))
         for (int slot = 0; slot < (cfg.overlap_update ? 1 : 2); ++slot) p->update[slot] = update_buffer(*p);
-      if (cfg.delayed_update >= 0 && p->grad32.defined())
-        p->grad32_spare = Tensor::zeros(p->grad32.name(), {p->opt_n}, DType::F32, host, pin);
+      if (cfg.delayed_update >= 0 && p->part_grad.defined())
+        p->part_grad_spare = Tensor::zeros(p->part_grad.name(), {p->opt_n}, part_grad_dtype_, host, pin);
     }
   }
   host_tokens_ = Tensor::empty("batch.tokens", {B, T}, DType::I32, host, true);
@@ -264,7 +292,7 @@ void ZeroEngine::end(probe::MarkerId id) {
 int64_t ZeroEngine::model_state_bytes() const {
   int64_t b = 0;
   for (const auto& p : parts_)
-    for (const Tensor* t : {&p->param, &p->param_shard, &p->grad, &p->master, &p->m, &p->v, &p->grad32, &p->grad32_spare})
+    for (const Tensor* t : {&p->param, &p->param_shard, &p->grad, &p->master, &p->m, &p->v, &p->part_grad, &p->part_grad_spare})
       if (t->defined()) b += int64_t(t->bytes());
   return b;
 }
@@ -303,13 +331,14 @@ void ZeroEngine::stage_shard(Part& p) {
 // global norm) is taken now, while the device computes the rest of backward.
 void ZeroEngine::finish_offload(Offload& o) {
   o.copy.wait();
-  Tensor& g = o.part->grad32;
+  Tensor& g = o.part->part_grad;
   if (g.raw()) {
-    // Widened from the compute dtype and summed in one pass (the same sum as sum_squares).
-    o.part->grad32_sq = o.staging.defined()
+    // Widened from the compute dtype and summed in one pass (the same sum as sum_squares); a
+    // partition kept in the compute dtype is summed as it is.
+    o.part->part_grad_sq = o.staging.defined()
                             ? widen_and_sum_squares(g.f32(), o.staging.raw(), o.staging.dtype(), g.numel())
-                            : host_ops().sum_squares(g.f32(), g.numel());
-    o.part->grad32_sq_ready = true;
+                            : sum_squares_of(g);
+    o.part->part_grad_sq_ready = true;
   }
   o.staging.reset();
 }
@@ -560,10 +589,10 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       }
       if (z_.offload_optimizer) {
         offload_grad(int(mi), g32[mi], step);  // D2H
-        g32[mi] = grad32_of(int(mi));
+        g32[mi] = opt_grad_of(int(mi));
       }
     } else if (z_.offload_optimizer) {
-      g32[mi] = grad32_of(int(mi));  // moved to the host at the boundary (offload_grad)
+      g32[mi] = opt_grad_of(int(mi));  // moved to the host at the boundary (offload_grad)
     } else if (dtype_ == DType::F32) {
       g32[mi] = p.grad;
     } else {
@@ -585,9 +614,9 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     const Tensor& g = g32[mi];
     if (!g.raw()) continue;
     // Summed when it landed (finish_offload): the same function over the same values.
-    sq += p.grad32_sq_ready && g.raw() == p.grad32.raw() ? p.grad32_sq : g.device().ops().sum_squares(g.f32(), g.numel());
+    sq += p.part_grad_sq_ready && g.raw() == p.part_grad.raw() ? p.part_grad_sq : sum_squares_of(g);
   }
-  for (auto& p : parts_) p->grad32_sq_ready = false;
+  for (auto& p : parts_) p->part_grad_sq_ready = false;
   end(gn);
   if (z_.stage > 0) comm_.all_reduce(&sq, 1, "grad_norm");
   // Virtual mode has no gradients: the norm is the configured one.
@@ -629,7 +658,14 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     return r;
   }
 
-  // 3. unscale_and_clip_grads: one combined scale for every partition.
+  // 3. unscale_and_clip_grads: one combined scale for every partition. An fp32 partition is
+  // scaled in place; one in the compute dtype (grad_partition_dtype compute) is scaled by its AdamW,
+  // which multiplies each widened element by the same fp32 factor (grad_scale).
+  std::vector<float> grad_scale(parts_.size(), 1.0f);
+  auto scale_partition = [&](size_t mi, Tensor& g, float a) {
+    if (g.dtype() == DType::F32) g.device().ops().scale(g.f32(), g.numel(), a);
+    else grad_scale[mi] = a;
+  };
   {
     probe::MarkerId uc = phase("unscale_and_clip_grads", step);
     double combined = loss_scale_;
@@ -644,15 +680,16 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       // The clip coefficient comes from the norm tensor, so it lives where the norm lives.
       Tensor combined_scale = Tensor::empty("combined_scale", {1}, DType::F32, norm_t.device());
       set_scalar(combined_scale, float(combined));
-      for (auto& g : g32) {
+      for (size_t mi = 0; mi < g32.size(); ++mi) {
+        Tensor& g = g32[mi];
         check_same_device("unscale_and_clip_grads", {&combined_scale, &g}, step);
         if (!g.raw() || !combined_scale.raw()) continue;  // virtual mode
-        g.device().ops().scale(g.f32(), g.numel(), 1.0f / scalar_of(combined_scale));
+        scale_partition(mi, g, 1.0f / scalar_of(combined_scale));
       }
     } else if (combined != 1.0) {
       const float inv = float(1.0 / combined);  // a host scalar: valid against any device
-      for (auto& g : g32)
-        if (g.raw()) g.device().ops().scale(g.f32(), g.numel(), inv);
+      for (size_t mi = 0; mi < g32.size(); ++mi)
+        if (g32[mi].raw()) scale_partition(mi, g32[mi], inv);
     }
     end(uc);
   }
@@ -687,6 +724,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     AdamJob j;
     j.mi = int(mi);
     j.grad = g32[mi];
+    j.grad_scale = grad_scale[mi];
     if (p.master.device().is_host() && dtype_ != DType::F32) {
       j.low = dtype_ == DType::BF16 ? optim::LowDType::BF16 : optim::LowDType::F16;
       if (adam_in_place(p, delayed)) {
@@ -777,9 +815,9 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     // the apply before that job waits for (skipped steps in between or not).
     update_slot_ ^= 1;
     for (auto& p : parts_) {
-      if (!p->grad32.defined()) continue;
-      std::swap(p->grad32, p->grad32_spare);  // the spare was made with the engine
-      p->grad32_sq_ready = false;
+      if (!p->part_grad.defined()) continue;
+      std::swap(p->part_grad, p->part_grad_spare);  // the spare was made with the engine
+      p->part_grad_sq_ready = false;
     }
   }
   if (dtype_ == DType::F16 && z_.static_loss_scale <= 0 && ++good_steps_ % z_.loss_scale_window == 0) loss_scale_ *= 2;
@@ -816,9 +854,21 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
                                                  "CPU AdamW of " + p.spec.name + " raises"))
       throw std::runtime_error("CPU AdamW of " + p.spec.name + " at step " + std::to_string(step) +
                                " failed (fault optim.cpu_adam_error)");
-    if (!virt_)
+    if (virt_) {
+      // sizes only
+    } else if (j.grad.dtype() == DType::F32) {
       p.master.device().ops().adamw(p.master.f32(), j.grad.f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_step,
                                     j.low_out, j.low);
+    } else {
+      // A partition kept in the compute dtype (on the host, as the optimizer state is: the device
+      // check before the step saw to that): widened and scaled inside the CPU AdamW's pass.
+      if (!p.master.device().is_host() || !j.grad.device().is_host())
+        throw std::logic_error("ZeroEngine: a " + std::string(dtype_name(j.grad.dtype())) +
+                               " gradient partition needs the optimizer and the partition on the host");
+      optim::cpu_adamw_step_grads(p.master.f32(), j.grad.raw(),
+                                  j.grad.dtype() == DType::BF16 ? optim::GradDType::BF16 : optim::GradDType::F16,
+                                  j.grad_scale, p.m.f32(), p.v.f32(), p.opt_n, hp, adam_step, j.low_out, j.low);
+    }
   } catch (...) {
     end(am);
     throw;
@@ -965,17 +1015,17 @@ void ZeroEngine::end_boundary() {
   leak_active_.clear();
 }
 
-const Tensor& ZeroEngine::grad32_of(int mi) const {
+const Tensor& ZeroEngine::opt_grad_of(int mi) const {
   const Part& p = *parts_[size_t(mi)];
-  return p.grad32_dev.defined() ? p.grad32_dev : p.grad32;
+  return p.grad32_dev.defined() ? p.grad32_dev : p.part_grad;
 }
 
 void ZeroEngine::offload_grad(int mi, const Tensor& grad, int64_t step) {
   Part& p = *parts_[size_t(mi)];
   await_update(mi);  // the overlapped update's AdamW reads the partition this overwrites
-  p.grad32_sq_ready = false;  // summed again when this partition lands (finish_offload)
+  p.part_grad_sq_ready = false;  // summed again when this partition lands (finish_offload)
   Device& host = rt_.host();
-  const std::string group = partition_name(p.spec.index) + ".grad";
+  const std::string group = part_grad_name(p.spec.index, DType::F32);
   if (mi == stays_on_device_) {
     // zero.grad_partition_stays_on_device: this partition is made on the device and never
     // offloaded; the optimizer's ops then meet it beside host partitions.
@@ -985,29 +1035,31 @@ void ZeroEngine::offload_grad(int mi, const Tensor& grad, int64_t step) {
   }
   if (leak_active_ == "pinned") {
     // host.epoch_leak: a new pinned buffer for the partition; the old one stays allocated.
-    leaked_.push_back(p.grad32);
-    p.grad32 = Tensor::empty(group, {p.opt_n}, DType::F32, host, z_.pin_memory);
+    leaked_.push_back(p.part_grad);
+    p.part_grad = Tensor::empty(p.part_grad.name(), {p.opt_n}, part_grad_dtype_, host, z_.pin_memory);
   } else if (leak_active_ == "fork") {
     // host.epoch_leak(fork): data-loader workers forked at the epoch start share the parent's
     // heap copy-on-write; writing the partition now gives each worker its own copy.
     constexpr int kWorkers = 2;
     for (int w = 0; w < kWorkers; ++w)
-      leaked_.push_back(Tensor::empty("dataloader.worker" + std::to_string(w) + " copy-on-write of " + group,
-                                      {p.opt_n}, DType::F32, host, false));
+      leaked_.push_back(Tensor::empty("dataloader.worker" + std::to_string(w) + " copy-on-write of " +
+                                          p.part_grad.name(),
+                                      {p.opt_n}, part_grad_dtype_, host, false));
   }
   if (!leak_active_.empty() || !grad.raw()) {
-    copy_into(p.grad32, grad);  // D2H, upcast to fp32 on the host
+    copy_into(p.part_grad, grad);  // D2H, upcast to fp32 on the host (unless kept in the compute dtype)
     return;
   }
   // D2H on the copy lane, overlapping what follows (the rest of backward), in the compute dtype
   // (half the bytes of fp32 over the link for bf16/fp16) into a pinned staging buffer, widened
-  // into the fp32 partition on the host once it has landed (land_offloads). Two in flight at
-  // most (double buffering): the older one finishes before a third starts.
+  // into the fp32 partition on the host once it has landed (land_offloads); straight into the
+  // partition when it has the gradient's dtype (fp32, or grad_partition_dtype compute). Two in
+  // flight at most (double buffering): the older one finishes before a third starts.
   land_offloads(1);
   Offload o;
   o.part = &p;
-  if (grad.dtype() == DType::F32) {
-    o.copy = copy_into_async(p.grad32, grad);
+  if (grad.dtype() == p.part_grad.dtype()) {
+    o.copy = copy_into_async(p.part_grad, grad);
   } else {
     o.staging = Tensor::empty("grad.from_device[" + p.spec.name + "]", {p.opt_n}, grad.dtype(), host, z_.pin_memory);
     o.copy = copy_into_async(o.staging, grad);

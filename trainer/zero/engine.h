@@ -10,7 +10,9 @@
 //   stage 2  params P*p, grads P*p/W, optimizer 12P/W                   (+ gradients)
 //   stage 3  params P*p/W, grads P*p/W, optimizer 12P/W                 (+ parameters)
 // plus, when the compute dtype is not fp32, an fp32 gradient partition for the optimizer
-// (on the host with offload_optimizer: DeepSpeed's fp32_partitioned_groups_flat[i].grad); the
+// (on the host with offload_optimizer: DeepSpeed's fp32_partitioned_groups_flat[i].grad; kept in
+// the compute dtype instead, NAME.grad.bf16, under cfg.grad_partition_dtype compute, where AdamW
+// widens it and applies the unscale-and-clip factor in its own pass: the same arithmetic); the
 // delayed update (below) keeps a second one (counted in model_state_bytes) and two compute-dtype
 // update buffers per module on the host (2 x 2 bytes per parameter of the partition in bf16/fp16;
 // not counted: staging, as the ordinary step's per-step update buffers are).
@@ -171,7 +173,7 @@ class ZeroEngine {
   void stage_shard(Part& p);
   struct Offload {
     Part* part = nullptr;
-    PendingCopy copy;  // D2H into part->grad32, or into `staging` (compute dtype, pinned)
+    PendingCopy copy;  // D2H into part->part_grad, or into `staging` (compute dtype, pinned)
     Tensor staging;
   };
   void finish_offload(Offload& o);
@@ -185,7 +187,7 @@ class ZeroEngine {
   // accumulation boundary; where the faults zero.grad_partition_stays_on_device and
   // host.epoch_leak act.
   void offload_grad(int m, const Tensor& grad, int64_t step);
-  const Tensor& grad32_of(int m) const;
+  const Tensor& opt_grad_of(int m) const;
   void boundary_faults(int64_t step);
   void end_boundary();
   void boundary_reduce(int64_t step);
@@ -194,7 +196,8 @@ class ZeroEngine {
   // One module's AdamW of one step, on the rank thread or the background thread.
   struct AdamJob {
     int mi = 0;
-    Tensor grad;              // the fp32 gradient partition it reads
+    Tensor grad;              // the gradient partition it reads: fp32, or the compute dtype on the host
+    float grad_scale = 1.0f;  // ... which it multiplies by this first (unscale-and-clip), unless fp32
     Tensor fused;             // the compute-dtype update it writes, when not in place (or none)
     void* low_out = nullptr;  // fused's storage, or the host parameter shard itself
     optim::LowDType low = optim::LowDType::None;
@@ -222,6 +225,7 @@ class ZeroEngine {
   Communicator& comm_;
   probe::Recorder* rec_;
   DType dtype_;
+  DType part_grad_dtype_ = DType::F32;  // the host gradient partitions' (cfg.grad_partition_dtype)
   int W_, rank_;
   bool virt_ = false;  // virtual mode: sizes only (no data, no kernels, no Adam math)
   int head_ = 0;       // index of an untied LM head module (virtual shapes), 0: tied
