@@ -50,11 +50,10 @@ int run_check(const CheckArgs& a) {
   }
   if (!a.leak_threshold.empty()) {
     std::string why;
-    auto b = parse_bytes(a.leak_threshold, &why);
+    auto b = parse_size_i64(a.leak_threshold, &why);
     if (!b) return fail("--leak-threshold: '" + a.leak_threshold + "' " + why + " (try 512KiB)");
     if (*b == 0) return fail("--leak-threshold: '" + a.leak_threshold + "' is not a size above 0 (try 512KiB)");
-    if (*b > uint64_t(INT64_MAX)) return fail("--leak-threshold: '" + a.leak_threshold + "' is not a size: too large (at most 8 EiB)");
-    o.leak_threshold = int64_t(*b);
+    o.leak_threshold = *b;
   }
   check::Report report;
   if (Status s = check::run_checks(a.trace, o, &report); !s) {

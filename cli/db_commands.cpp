@@ -457,10 +457,9 @@ void add_db_commands(CLI::App& app, Action& action) {
       action = [=] {
         if (!leak->empty()) {
           std::string why;
-          auto b = parse_bytes(*leak, &why);
+          auto b = parse_size_i64(*leak, &why);
           if (!b) return fail("--leak-per-epoch: '" + *leak + "' " + why + " (try 512MiB or 1GiB)");
-          if (*b > uint64_t(INT64_MAX)) return fail("--leak-per-epoch: '" + *leak + "' is not a size: too large (at most 8 EiB)");
-          opt->leak_bytes_per_epoch = static_cast<int64_t>(*b);
+          opt->leak_bytes_per_epoch = *b;
         }
         return synth(*out, *opt, command, false);
       };

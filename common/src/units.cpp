@@ -103,4 +103,14 @@ std::optional<uint64_t> parse_bytes(std::string_view text, std::string* why) {
   return static_cast<uint64_t>(bytes);
 }
 
+std::optional<int64_t> parse_size_i64(std::string_view text, std::string* why) {
+  const std::optional<uint64_t> b = parse_bytes(text, why);
+  if (!b) return std::nullopt;
+  if (*b > uint64_t(INT64_MAX)) {
+    *why = "is not a size: too large (at most 8 EiB)";
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(*b);
+}
+
 }  // namespace zt

@@ -34,6 +34,16 @@ TEST(Units, ParsesSizes) {
   EXPECT_EQ(why, "is not a size: unknown unit 'parsecs' (B, KiB, MiB, GiB or TiB)");
   EXPECT_FALSE(zt::parse_bytes("-1GiB", &why).has_value());
   EXPECT_EQ(why, "is not a size");
+  // Kept as int64: below 2^63.
+  EXPECT_EQ(zt::parse_size_i64("8388607TiB", &why), int64_t(8388607) << 40);
+  EXPECT_EQ(zt::parse_size_i64("9223372036854775807", &why), std::nullopt);  // a double: rounds up to 2^63
+  EXPECT_EQ(why, "is not a size: too large (at most 8 EiB)");
+  EXPECT_FALSE(zt::parse_size_i64("8388608TiB", &why).has_value());  // 2^63
+  EXPECT_EQ(why, "is not a size: too large (at most 8 EiB)");
+  EXPECT_FALSE(zt::parse_size_i64("16777216TiB", &why).has_value());
+  EXPECT_EQ(why, "is not a size: too large (a size is below 16 EiB)");
+  EXPECT_FALSE(zt::parse_size_i64("2 parsecs", &why).has_value());
+  EXPECT_EQ(why, "is not a size: unknown unit 'parsecs' (B, KiB, MiB, GiB or TiB)");
 }
 
 TEST(Units, FormatsDurations) {

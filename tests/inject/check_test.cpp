@@ -295,7 +295,8 @@ TEST(CheckBudget, ParsesAndRefusesWithTheBadItemNamed) {
                 Bad{"cuda=1GiB,tpu=2GiB", "--budget: 'tpu=2GiB': unknown key 'tpu'"},
                 Bad{"cuda=1GiB,cuda=2GiB", "--budget: 'cuda=2GiB': 'cuda' given twice"},
                 Bad{"cuda=1GiB,", "--budget: '': empty item"}, Bad{"cuda=", "--budget: 'cuda=': '' is not a size"},
-                Bad{"", "--budget: empty"}}) {
+                Bad{"", "--budget: empty"},
+                Bad{"host=8388608TiB", "--budget: 'host=8388608TiB': '8388608TiB' is not a size: too large (at most 8 EiB)"}}) {
     Status s = parse_budget(x.text, &b);
     ASSERT_FALSE(s.ok()) << x.text;
     EXPECT_TRUE(has(s.message(), x.says)) << x.text << " -> " << s.message();

@@ -92,7 +92,7 @@ DeviceOps& host_ops();
 // of the dst[i]^2, equal bit for bit to host_ops().sum_squares(dst, n) (the same chunks summed in
 // the same order). One pass over memory where convert() then sum_squares() make two: a gradient
 // partition landing from the device (zero/engine.cpp). With dst null nothing is written and the
-// sum is the same (a partition kept in its compute dtype: ZeroSettings::grad_partition_dtype).
+// sum is the same (a partition kept in its compute dtype: TrainConfig::grad_partition_dtype).
 double widen_and_sum_squares(float* dst, const void* src, DType src_t, int64_t n);
 // A simulated GPU's ops: the host's, with copy_async on two threads of its own (one per lane), so
 // the simulated GPU's transfers really overlap its compute as a GPU's copy engines do. One per device.

@@ -164,10 +164,13 @@ AdamConsts adam_consts(const AdamParams& hp, int64_t step) {
 
 void cpu_adamw_step_grads(float* params, const void* grads, GradDType grad_t, float grad_scale, float* m, float* v,
                           int64_t n, const AdamParams& hp, int64_t step, void* low_out, LowDType low) {
-  if (step < 1)
-    throw std::invalid_argument("cpu_adamw_step: step counts from 1, got " + std::to_string(step));
+  const char* fn = grad_t == GradDType::F32 && grad_scale == 1.0f ? "cpu_adamw_step" : "cpu_adamw_step_grads";
+  if (step < 1) throw std::invalid_argument(std::string(fn) + ": step counts from 1, got " + std::to_string(step));
   if (low != LowDType::None && low_out == nullptr)
-    throw std::invalid_argument("cpu_adamw_step: a bf16/fp16 output was asked for but low_out is null");
+    throw std::invalid_argument(std::string(fn) + ": a bf16/fp16 output was asked for but low_out is null");
+  if (grad_t != GradDType::F32 && grad_t != GradDType::BF16 && grad_t != GradDType::F16)
+    throw std::invalid_argument(std::string(fn) + ": gradient type " + std::to_string(int(grad_t)) +
+                                " is not fp32, bf16 or fp16");
   if (n <= 0) return;
   const AdamConsts c = adam_consts(hp, step);
 

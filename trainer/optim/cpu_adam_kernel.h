@@ -61,7 +61,8 @@ inline float widen_bf16(uint16_t h) { return trainer::bits::bf16_to_float(h); }
 inline float widen_fp16(uint16_t h) { return trainer::bits::fp16_to_float(h); }
 
 // How the kernel reads the gradient: fp32 as it is, fp32 times a scale, or bf16/fp16 widened to
-// fp32 (exact) and multiplied by the scale (always: x * 1.0f is x, so an unscaled one is the same).
+// fp32 (exact) and multiplied by the scale (always: x * 1.0f is x for every x but a signalling NaN,
+// which comes out quiet, so an unscaled one is the same).
 enum class GradKind { F32, F32Scaled, BF16, F16 };
 
 // W gradient elements at element offset i of g, widened and scaled as K says.

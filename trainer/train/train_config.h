@@ -95,8 +95,10 @@ struct TrainConfig {
   // (DeepSpeed's fp32_partitioned_groups_flat[i].grad: each partition lands in the compute dtype
   // and is widened into an fp32 buffer on the host) or compute (bf16/fp16, ZeRO stage 2-3: the
   // partition stays as it landed, half the host memory, and AdamW widens it, and applies the
-  // unscale-and-clip factor, in its own pass: 26 bytes a parameter of host traffic instead of 36).
-  // The same arithmetic, bit for bit; the fault scenarios that name the fp32 partitions need fp32.
+  // unscale-and-clip factor, in its own pass: 30 bytes a parameter of the step's host work instead of
+  // 36, and 8 more for the fp32 partitions whenever the factor is not 1: fp16, or clipping).
+  // The same arithmetic, bit for bit. A trace names the partitions NAME.grad.bf16: the zt repro
+  // scenarios that match fp32_partitioned_groups_flat[i].grad (R2, R5) are written for fp32.
   std::string grad_partition_dtype = "fp32";
   // How attention runs (model::Attention): materialized (the fp32 reference; on a GPU cuBLAS with
   // the [B, H, T, T] probabilities kept) or flash (FlashAttention-2: one log-sum-exp per row kept,

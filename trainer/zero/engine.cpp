@@ -1002,9 +1002,10 @@ void ZeroEngine::boundary_faults(int64_t step) {
       for (const auto& p : parts_) n += p->opt_n;
       leaked_.push_back(Tensor::empty("fp32_partitioned_groups_flat.grad (re-created at epoch " +
                                           std::to_string(epoch_) + ")",
-                                      {n}, DType::F32, rt_.host(), true));
+                                      {n}, part_grad_dtype_, rt_.host(), true));
       fail::record("host.epoch_leak", fail::Context{}, "epoch boundary",
-                   "re-created one flat pinned buffer of " + std::to_string(n * 4) + " bytes; the old ones kept");
+                   "re-created one flat pinned buffer of " + std::to_string(n * int64_t(dtype_size(part_grad_dtype_))) +
+                       " bytes; the old ones kept");
     }
   }
 }

@@ -38,10 +38,9 @@ Status parse_budget(const std::string& text, Budget* out) {
     else return bad(item, "unknown key '" + key + "' (cuda or host)");
     if (*slot) return bad(item, "'" + key + "' given twice");
     std::string why;
-    auto b = parse_bytes(value, &why);
+    auto b = parse_size_i64(value, &why);
     if (!b || value.empty()) return bad(item, "'" + value + "' " + why + " (try 70GiB)");
-    if (*b > uint64_t(INT64_MAX)) return bad(item, "'" + value + "' is too large");
-    *slot = int64_t(*b);
+    *slot = *b;
   }
   return Status::Ok();
 }

@@ -298,6 +298,8 @@ TEST_P(CpuAdamIsaTest, LowPrecisionGradientsEqualWideningThenScalingThenTheFp32S
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   for (GradDType gt : {GradDType::BF16, GradDType::F16, GradDType::F32}) {
     for (float scale : {1.0f, 0.37f, 1.0f / 65536.0f, 3.0f}) {
+      // Every fused output (none, bf16 by pairs where the ISA has them, fp16), in turn by scale.
+      const LowDType out_t = scale == 1.0f ? LowDType::BF16 : scale == 3.0f ? LowDType::None : LowDType::F16;
       for (int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(33), int64_t(4099), int64_t(70001)}) {
         const int offset = 3;
         Shard two = make_shard(n, 31 + uint32_t(n)), one = two;
@@ -318,10 +320,10 @@ TEST_P(CpuAdamIsaTest, LowPrecisionGradientsEqualWideningThenScalingThenTheFp32S
             if (scale != 1.0f) widened[i] *= scale;
           }
           cpu_adamw_step(two.p.data(), widened.data(), two.m.data(), two.v.data(), n, kGpt2Decay, step,
-                         out_two.data(), LowDType::BF16);
+                         out_two.data(), out_t);
           const void* gp = gt == GradDType::F32 ? static_cast<const void*>(g32.data() + offset) : low.data() + offset;
           cpu_adamw_step_grads(one.p.data(), gp, gt, scale, one.m.data(), one.v.data(), n, kGpt2Decay, step,
-                               out_one.data(), LowDType::BF16);
+                               out_one.data(), out_t);
           const std::string at = std::string(gt == GradDType::BF16 ? "bf16" : gt == GradDType::F16 ? "fp16" : "fp32") +
                                  " scale " + std::to_string(scale) + " n=" + std::to_string(n) + " step " +
                                  std::to_string(step);
@@ -370,6 +372,8 @@ TEST(CpuAdam, ChoosesTheWidestIsaThisCpuRuns) {
 
 TEST(CpuAdam, RejectsBadArgumentsAndDoesNothingOnAnEmptyShard) {
   float p = 1.0f, g = 1.0f, m = 0.0f, v = 0.0f;
+  EXPECT_THROW(cpu_adamw_step_grads(&p, &g, GradDType(7), 1.0f, &m, &v, 1, kGpt2, 1), std::invalid_argument);
+  EXPECT_EQ(p, 1.0f);
   EXPECT_THROW(cpu_adamw_step(&p, &g, &m, &v, 1, kGpt2, 0), std::invalid_argument);
   EXPECT_THROW(cpu_adamw_step(&p, &g, &m, &v, 1, kGpt2, 1, nullptr, LowDType::BF16), std::invalid_argument);
   cpu_adamw_step(nullptr, nullptr, nullptr, nullptr, 0, kGpt2, 1);

@@ -19,5 +19,8 @@ std::optional<uint64_t> parse_bytes(std::string_view text);
 // "is not a size", or that followed by ": too large (a size is below 16 EiB)" or ": unknown unit
 // 'x' (B, KiB, MiB, GiB or TiB)".
 std::optional<uint64_t> parse_bytes(std::string_view text, std::string* why);
+// A size kept as int64 (a trace's byte counts, budgets, thresholds): parse_bytes, and up to 8 EiB
+// (2^63) less a byte; above, *why is "is not a size: too large (at most 8 EiB)".
+std::optional<int64_t> parse_size_i64(std::string_view text, std::string* why);
 
 }  // namespace zt
