@@ -65,8 +65,10 @@ namespace {
 // zt train --delayed-update / --overlap-update: per rank, how much of the background AdamW (its
 // "adamw <module>" phases of step s) ran beside step s+1's forward, loss or backward, and what the
 // rank thread waited for it ("apply delayed update of step N"; overlapped: the "await update
-// <module>" phases of a step): the part of the update left on the step's critical path. Nothing
-// when the trace has no such phases.
+// <module>" phases of a step): the part of the update left on the step's critical path; and AdamW's
+// rate beside the step (the rank's optimizer parameters, from its adam.m allocations, over AdamW's
+// time a step), to hold against bench_cpu_adam's or bench_gpu_limits' rate alone (virtual mode runs
+// no AdamW math: "-"). Nothing when the trace has no such phases.
 void print_background_update(db::TraceReader& reader) {
   db::QueryResult applied, total, hidden;
   const char* adam = "SELECT rank, step, t_start, t_end FROM marker_v WHERE kind = 'phase' AND name LIKE 'adamw %' "
@@ -104,6 +106,14 @@ void print_background_update(db::TraceReader& reader) {
     return m;
   };
   const auto adam_ns = by_rank(total), hidden_ns = by_rank(hidden);
+  db::QueryResult params_q, virt_q;
+  std::map<std::string, double> params;
+  if (reader.query("SELECT rank, sum(requested_bytes) / 4 FROM allocation_v WHERE level = 'block' AND name LIKE "
+                   "'adam.m[%' GROUP BY rank",
+                   &params_q))
+    params = by_rank(params_q);
+  const bool virt = reader.query("SELECT count(*) FROM counter_v WHERE name = 'virtual.ranks_represented'", &virt_q) &&
+                    !virt_q.rows.empty() && virt_q.rows[0][0] != "0";
   std::cout << (overlapped ? "overlapped update (AdamW of step s beside step s+1's forward, each module awaited at its "
                              "first use):\n"
                            : "delayed parameter update (AdamW of step s beside step s+1's forward and backward):\n");
@@ -112,11 +122,16 @@ void print_background_update(db::TraceReader& reader) {
     const double updates = std::stod(r[1]), wait = r[2].empty() ? 0.0 : std::stod(r[2]);
     if (!(updates > 0)) continue;
     const double a = adam_ns.count(r[0]) ? adam_ns.at(r[0]) : 0.0, h = hidden_ns.count(r[0]) ? hidden_ns.at(r[0]) : 0.0;
-    rows.push_back({r[0], r[1], format_duration_ns(a / updates), a > 0 ? std::to_string(int(100.0 * h / a + 0.5)) + "%" : "-",
-                    format_duration_ns(wait / updates)});
+    const double n = params.count(r[0]) ? params.at(r[0]) : 0.0;
+    char rate[64] = "-";
+    if (!virt && n > 0 && a > 0) std::snprintf(rate, sizeof rate, "%.0f Mparam/s", n / (a / updates / 1e9) / 1e6);
+    rows.push_back({r[0], r[1], format_duration_ns(a / updates), rate,
+                    a > 0 ? std::to_string(int(100.0 * h / a + 0.5)) + "%" : "-", format_duration_ns(wait / updates)});
   }
-  print_table(std::cout, {"rank", "updates", "AdamW a step", "beside the next step", overlapped ? "awaited a step" : "apply a step"}, rows,
-              {true, true, true, true, true}, "  ");
+  print_table(std::cout,
+              {"rank", "updates", "AdamW a step", "AdamW rate", "beside the next step",
+               overlapped ? "awaited a step" : "apply a step"},
+              rows, {true, true, true, true, true, true}, "  ");
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ TEST(GpuCompare, RunsProfilesAndAnalyzesOnTheSimulatedGpu) {
   const std::string out = dir.file("out");
   const zt::test::CommandResult r =
       zt::test::run_command(gpu_compare() + " --device sim --profile --skip-fsdp2 --no-build --build " +
-                            quoted(ZT_BINARY_DIR) + " --steps 3 --zt-args=--overlap-update --out " + quoted(out) + " 2>&1");
+                            quoted(ZT_BINARY_DIR) + " --steps 3 '--zt-args=--overlap-update --grad-partition-dtype compute' --out " + quoted(out) + " 2>&1");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("Traceback"), std::string::npos) << r.out;
 
@@ -49,10 +49,20 @@ TEST(GpuCompare, RunsProfilesAndAnalyzesOnTheSimulatedGpu) {
   EXPECT_GT(p["step_s"].get<double>(), 0.0);
   EXPECT_GT(p["tokens_per_s"].get<double>(), 0.0);
   EXPECT_NE(p["settings"].get<std::string>().find("overlapped update"), std::string::npos) << p["settings"];
+  EXPECT_NE(p["settings"].get<std::string>().find("bf16 grad partitions"), std::string::npos) << p["settings"];
+  // The run's own AdamW pass a step (its "adamw" phases), beside the bound's.
+  ASSERT_TRUE(p["adamw_pass_s"].is_number()) << p;
+  EXPECT_GT(p["adamw_pass_s"].get<double>(), 0.0);
+  EXPECT_NE(r.out.find("our AdamW ms"), std::string::npos) << r.out;
   // bench_gpu_limits is built where the CUDA toolkit is; where it measured CPU AdamW, the bound has that term.
   if (j["limits"].is_object() && j["limits"].contains("cpu_adam") && j["limits"]["cpu_adam"].contains("params_per_s")) {
     ASSERT_TRUE(p["bound_adam_s"].is_number()) << p;
     EXPECT_GT(p["bound_adam_s"].get<double>(), 0.0);
+    // ... at the rate of the AdamW the run does: on bf16 gradient partitions.
+    if (j["limits"]["cpu_adam"].contains("bf16_grads_params_per_s")) {
+      EXPECT_DOUBLE_EQ(p["bound_adam_s"].get<double>(),
+                       p["params"].get<double>() / j["limits"]["cpu_adam"]["bf16_grads_params_per_s"].get<double>());
+    }
   }
   EXPECT_NE(read_file(out + "/summary.md").find("| tiny |"), std::string::npos);
 

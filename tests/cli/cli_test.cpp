@@ -122,7 +122,8 @@ TEST(Cli, DelayedUpdateIsAnnouncedAndSummarized) {
   const size_t at = info.out.find("delayed parameter update (AdamW of step s beside step s+1's forward and backward):");
   ASSERT_NE(at, std::string::npos) << info.out;
   const std::string section = info.out.substr(at);
-  EXPECT_NE(section.find("rank  updates  AdamW a step  beside the next step  apply a step"), std::string::npos) << section;
+  for (const char* column : {"rank  updates  AdamW a step", "AdamW rate  beside the next step  apply a step", " Mparam/s "})
+    EXPECT_NE(section.find(column), std::string::npos) << column << "\n" << section;
   // Steps 2-6 were delayed: five updates, the last applied at the end of the run.
   EXPECT_NE(section.find("\n     0        5 "), std::string::npos) << section;
   Result plain = run_zt("train --model tiny --steps 2 --seq-len 32 -q --trace " + dir.file("p.db"));
@@ -145,7 +146,8 @@ TEST(Cli, OverlapUpdateIsAnnouncedAndSummarized) {
                                   "its first use):");
   ASSERT_NE(at, std::string::npos) << info.out;
   const std::string section = info.out.substr(at);
-  EXPECT_NE(section.find("rank  updates  AdamW a step  beside the next step  awaited a step"), std::string::npos) << section;
+  for (const char* column : {"rank  updates  AdamW a step", "AdamW rate  beside the next step  awaited a step", " Mparam/s "})
+    EXPECT_NE(section.find(column), std::string::npos) << column << "\n" << section;
   EXPECT_NE(section.find("\n     0        4 "), std::string::npos) << section;  // steps 0-3 (step 3's awaited at the end)
   Result cfg = run_zt("db sql --csv " + dir.file("o.db") + " \"SELECT config_json FROM run\"");
   EXPECT_NE(cfg.out.find("\"\"overlap_update\"\":true"), std::string::npos) << cfg.out;
