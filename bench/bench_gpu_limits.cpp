@@ -145,7 +145,31 @@ json measure_host_memory(const Options& o) {
               {"bytes_per_s", std::max(copy_bps, triad_bps)}};
 }
 
-json measure_cpu_adam(const Options& o) {
+struct Pinned {
+  explicit Pinned(size_t bytes) {
+    check(cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault), "cudaHostAlloc");
+    std::memset(ptr, 1, bytes);  // touch every page
+  }
+  ~Pinned() {
+    if (ptr) (void)cudaFreeHost(ptr);
+  }
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+  void* ptr = nullptr;
+};
+
+// NUMA nodes this host shows (/sys/devices/system/node/nodeN); 0 when it does not say.
+int numa_nodes() {
+  int nodes = 0;
+  for (int i = 0; i < 1024; i++) {
+    std::ifstream f("/sys/devices/system/node/node" + std::to_string(i) + "/cpulist");
+    if (!f) break;
+    ++nodes;
+  }
+  return nodes;
+}
+
+json measure_cpu_adam(const Options& o, bool gpu) {
   const int64_t n = o.adam_params;
   HostArray p(size_t(n) * 4), g(size_t(n) * 4), m(size_t(n) * 4), v(size_t(n) * 4), low(size_t(n) * 2);
   fill(p.f(), n, 1.0f, 11);
@@ -180,29 +204,55 @@ json measure_cpu_adam(const Options& o) {
               pps * 30.0 / kGiB);
   std::printf("  %-44s %9.1f Mparam/s  (%.2f GiB/s at 28 B/param)\n", "AdamW step, bf16 gradients", pps_low / 1e6,
               pps_low * 28.0 / kGiB);
-  return json{{"isa", zt::optim::cpu_adam_isa()},
-              {"threads", omp_get_max_threads()},
-              {"params", n},
-              {"bytes_per_param", 30},
-              {"params_per_s", pps},
-              {"bytes_per_s", pps * 30.0},
-              {"bf16_grads_params_per_s", pps_low}};
+  json out{{"isa", zt::optim::cpu_adam_isa()},
+           {"threads", omp_get_max_threads()},
+           {"params", n},
+           {"bytes_per_param", 30},
+           {"params_per_s", pps},
+           {"bytes_per_s", pps * 30.0},
+           {"bf16_grads_params_per_s", pps_low},
+           {"numa_nodes", numa_nodes()}};
+  // Where the pages lie. The arrays above were first touched by the OpenMP threads that run AdamW,
+  // in the same static split, so each thread's pages are on its own NUMA node; the trainer's
+  // optimizer state is pinned host memory (cudaHostAlloc) written first by the rank thread alone.
+  // The same bf16-gradient step on arrays first touched by one thread, and (with a GPU) on
+  // cudaHostAlloc memory: on a host of one NUMA node the three should agree.
+  auto rate_on = [&](float* pp, void* gg, float* mm, float* vv, void* lo) {
+    fill(pp, n, 1.0f, 11);
+    for (int64_t i = 0; i < n; i++) static_cast<uint16_t*>(gg)[i] = static_cast<uint16_t*>(gl.ptr)[i];
+    fill(mm, n, 0.01f, 13);
+    fill(vv, n, 0.0f, 14);
+    double b = 1e30;
+    for (int r = -1; r < o.reps; r++) {
+      const auto t0 = Clock::now();
+      zt::optim::cpu_adamw_step_grads(pp, gg, zt::optim::GradDType::BF16, 1.0f, mm, vv, n, hp, step++, lo,
+                                      zt::optim::LowDType::BF16);
+      const double sec = seconds_since(t0);
+      if (r >= 0) b = std::min(b, sec);
+    }
+    return double(n) / b;
+  };
+  {
+    HostArray p1(size_t(n) * 4), g1(size_t(n) * 2), m1(size_t(n) * 4), v1(size_t(n) * 4), l1(size_t(n) * 2);
+    for (void* x : {p1.ptr, m1.ptr, v1.ptr}) std::memset(x, 0, size_t(n) * 4);  // first touch: this thread
+    for (void* x : {g1.ptr, l1.ptr}) std::memset(x, 0, size_t(n) * 2);
+    const double r1 = rate_on(p1.f(), g1.ptr, m1.f(), v1.f(), l1.ptr);
+    std::printf("  %-44s %9.1f Mparam/s\n", "... on pages first touched by one thread", r1 / 1e6);
+    out["bf16_grads_one_thread_touched_params_per_s"] = r1;
+  }
+  if (gpu) {
+    Pinned pp(size_t(n) * 4), gp(size_t(n) * 2), mp(size_t(n) * 4), vp(size_t(n) * 4), lp(size_t(n) * 2);
+    const double r2 = rate_on(static_cast<float*>(pp.ptr), gp.ptr, static_cast<float*>(mp.ptr),
+                              static_cast<float*>(vp.ptr), lp.ptr);
+    std::printf("  %-44s %9.1f Mparam/s\n", "... on pinned memory (cudaHostAlloc)", r2 / 1e6);
+    out["bf16_grads_pinned_params_per_s"] = r2;
+  }
+  std::printf("  (this host shows %d NUMA node%s)\n", numa_nodes(), numa_nodes() == 1 ? "" : "s");
+  return out;
 }
 
 // ------------------------------------------------------------------------------------------ GPU
 
-struct Pinned {
-  explicit Pinned(size_t bytes) {
-    check(cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault), "cudaHostAlloc");
-    std::memset(ptr, 1, bytes);  // touch every page
-  }
-  ~Pinned() {
-    if (ptr) (void)cudaFreeHost(ptr);
-  }
-  Pinned(const Pinned&) = delete;
-  Pinned& operator=(const Pinned&) = delete;
-  void* ptr = nullptr;
-};
 
 struct Stream {
   Stream() { check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
@@ -535,7 +585,8 @@ int run(const Options& o) {
     }
   }
   try {
-    j["cpu_adam"] = measure_cpu_adam(o);
+    j["cpu_adam"] = measure_cpu_adam(o, j.contains("gpu") && j["gpu"].is_object() && !j["gpu"].contains("error") &&
+                                            j["gpu"].contains("name"));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpu_limits: cpu adam: %s\n", e.what());
     j["cpu_adam"] = {{"error", e.what()}};
