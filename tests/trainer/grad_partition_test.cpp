@@ -17,15 +17,7 @@
 
 using namespace zt::trainer;
 
-namespace {
-
-int64_t count_of(zt::db::TraceReader& reader, const std::string& sql) {
-  zt::db::QueryResult q;
-  EXPECT_TRUE(reader.query(sql, &q).ok()) << sql;
-  return q.rows.empty() || q.rows[0][0].empty() ? -1 : std::stoll(q.rows[0][0]);
-}
-
-}  // namespace
+using zt::test::query_int;
 
 TEST(GradPartitionDtype, LossesAreTheFp32PartitionsBitForBit) {
   struct Case {
@@ -96,7 +88,7 @@ TEST(GradPartitionDtype, TheTraceHoldsBf16PartitionsAndNoStaging) {
   c.zero.param_persistence_threshold = 0;
   // Pinned host memory the run took (segments: memory kind 2, level 1).
   auto pinned = [](zt::db::TraceReader& r) {
-    return count_of(r, "SELECT sum(bytes) FROM allocation WHERE rank = 0 AND memory_kind = 2 AND level = 1");
+    return query_int(r, "SELECT sum(bytes) FROM allocation WHERE rank = 0 AND memory_kind = 2 AND level = 1");
   };
   zt::test::TracedRun fp32 = zt::test::train_traced(c, dir.file("fp32.db"));
   ASSERT_TRUE(fp32.status.ok()) << fp32.status.message();
@@ -106,16 +98,16 @@ TEST(GradPartitionDtype, TheTraceHoldsBf16PartitionsAndNoStaging) {
   EXPECT_EQ(low.summary.losses, fp32.summary.losses);
   zt::db::TraceReader& r = *low.reader;
   const std::string blocks = "FROM allocation_v WHERE rank = 0 AND level = 'block' AND ";
-  const int64_t n_fp32 = count_of(*fp32.reader, "SELECT count(*) " + blocks + "name LIKE 'fp32_partitioned_groups_flat[%].grad'");
+  const int64_t n_fp32 = query_int(*fp32.reader, "SELECT count(*) " + blocks + "name LIKE 'fp32_partitioned_groups_flat[%].grad'");
   EXPECT_GT(n_fp32, 0);
-  EXPECT_EQ(count_of(r, "SELECT count(*) " + blocks + "name LIKE 'fp32_partitioned_groups_flat[%].grad.bf16'"), n_fp32);
-  EXPECT_EQ(count_of(r, "SELECT count(*) " + blocks + "name LIKE 'fp32_partitioned_groups_flat[%].grad'"), 0);
-  EXPECT_EQ(count_of(r, "SELECT count(*) " + blocks + "name LIKE 'grad.from_device[%'"), 0);
-  EXPECT_GT(count_of(*fp32.reader, "SELECT count(*) " + blocks + "name LIKE 'grad.from_device[%'"), 0);
+  EXPECT_EQ(query_int(r, "SELECT count(*) " + blocks + "name LIKE 'fp32_partitioned_groups_flat[%].grad.bf16'"), n_fp32);
+  EXPECT_EQ(query_int(r, "SELECT count(*) " + blocks + "name LIKE 'fp32_partitioned_groups_flat[%].grad'"), 0);
+  EXPECT_EQ(query_int(r, "SELECT count(*) " + blocks + "name LIKE 'grad.from_device[%'"), 0);
+  EXPECT_GT(query_int(*fp32.reader, "SELECT count(*) " + blocks + "name LIKE 'grad.from_device[%'"), 0);
   // Half the bytes of the fp32 partitions, on the host.
-  EXPECT_EQ(2 * count_of(r, "SELECT sum(requested_bytes) " + blocks + "name LIKE '%.grad.bf16'"),
-            count_of(*fp32.reader, "SELECT sum(requested_bytes) " + blocks + "name LIKE 'fp32_partitioned_groups_flat[%].grad'"));
-  EXPECT_EQ(count_of(r, "SELECT count(*) " + blocks + "name LIKE '%.grad.bf16' AND device NOT LIKE 'cpu%'"), 0);
+  EXPECT_EQ(2 * query_int(r, "SELECT sum(requested_bytes) " + blocks + "name LIKE '%.grad.bf16'"),
+            query_int(*fp32.reader, "SELECT sum(requested_bytes) " + blocks + "name LIKE 'fp32_partitioned_groups_flat[%].grad'"));
+  EXPECT_EQ(query_int(r, "SELECT count(*) " + blocks + "name LIKE '%.grad.bf16' AND device NOT LIKE 'cpu%'"), 0);
   const int64_t pinned_fp32 = pinned(*fp32.reader), pinned_low = pinned(r);
   EXPECT_GT(pinned_fp32, 0);
   EXPECT_LT(pinned_low, pinned_fp32);

@@ -27,11 +27,7 @@ TrainConfig overlap_run(int64_t steps) {
   return c;
 }
 
-int64_t count_of(zt::db::TraceReader& reader, const std::string& sql) {
-  zt::db::QueryResult q;
-  EXPECT_TRUE(reader.query(sql, &q).ok()) << sql;
-  return q.rows.empty() || q.rows[0][0].empty() ? -1 : std::stoll(q.rows[0][0]);
-}
+using zt::test::query_int;
 
 }  // namespace
 
@@ -95,7 +91,7 @@ TEST(OverlapUpdate, EachModuleWaitsForItsOwnAdamWAndTheRestRunsBeside) {
     ASSERT_NE(run.reader, nullptr);
     EXPECT_EQ(run.summary.losses, want);
     zt::db::TraceReader& r = *run.reader;
-    const int64_t modules = count_of(r, "SELECT count(DISTINCT name) FROM marker_v WHERE rank = 0 AND name LIKE 'adamw %'");
+    const int64_t modules = query_int(r, "SELECT count(DISTINCT name) FROM marker_v WHERE rank = 0 AND name LIKE 'adamw %'");
     ASSERT_GT(modules, 2);
     // Each module's first use in step s: its first "fetch", "prefetch" or "forward" marker (bf16:
     // every fetch upcasts, so each module has a fetch marker every step).
@@ -111,12 +107,12 @@ TEST(OverlapUpdate, EachModuleWaitsForItsOwnAdamWAndTheRestRunsBeside) {
     EXPECT_EQ(std::stoll(q.rows[0][0]), modules * kLast) << "steps 1-15, every module";
     EXPECT_EQ(std::stoll(q.rows[0][1]), 0) << "a module's forward started before its AdamW ended";
     for (int64_t s = 1; s <= kLast; ++s)
-      EXPECT_EQ(count_of(r, "SELECT count(*) FROM (SELECT name FROM marker_v WHERE rank = 0 AND name LIKE 'await update %' "
+      EXPECT_EQ(query_int(r, "SELECT count(*) FROM (SELECT name FROM marker_v WHERE rank = 0 AND name LIKE 'await update %' "
                             "AND step = " + std::to_string(s) + " GROUP BY name HAVING count(*) = " +
                                 std::to_string(s < kLast ? 1 : 2) + ")"),
                 modules)
           << "step " << s;
-    beside = count_of(r, "SELECT count(DISTINCT a.id) FROM marker_v a JOIN marker_v f ON f.rank = a.rank AND f.step = "
+    beside = query_int(r, "SELECT count(DISTINCT a.id) FROM marker_v a JOIN marker_v f ON f.rank = a.rank AND f.step = "
                          "a.step + 1 AND f.name LIKE 'forward %' AND a.t_start < f.t_end AND f.t_start < a.t_end "
                          "WHERE a.rank = 0 AND a.name LIKE 'adamw %'");
   }

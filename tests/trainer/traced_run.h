@@ -61,6 +61,14 @@ inline void expect_losses_close(const std::vector<double>& got, const std::vecto
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], rel * std::fabs(want[i])) << "step " << i;
 }
 
+// The first column of the first row of `sql` on a trace, as a number (-1 when there is no row or
+// the value is NULL; a test failure when the query fails).
+inline int64_t query_int(db::TraceReader& reader, const std::string& sql) {
+  db::QueryResult q;
+  EXPECT_TRUE(reader.query(sql, &q).ok()) << sql;
+  return q.rows.empty() || q.rows[0][0].empty() ? -1 : std::stoll(q.rows[0][0]);
+}
+
 struct TracedRun {
   Status status;                              // what train() returned
   trainer::TrainSummary summary;
