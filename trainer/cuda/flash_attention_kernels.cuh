@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kThreads)
   const float* base = qkv + int64_t(b) * Tn * C3 + int64_t(h) * D;
   const float* gbase = dout + int64_t(b) * Tn * C + int64_t(h) * D;
   float* dbase = dqkv + int64_t(b) * Tn * C3 + int64_t(h) * D;
-  const int warp = threadIdx.x >> 5, r = threadIdx.x >> 1, half = threadIdx.x & 1;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = threadIdx.x >> 1, half = threadIdx.x & 1;
   load_tile<D>(sm.k, base + C, C3, k0, Tn);
   load_tile<D>(sm.v, base + 2 * C, C3, k0, Tn);
   Acc dk[D / 16], dv[D / 16];  // this warp's 16 key rows
@@ -233,15 +233,15 @@ __global__ void __launch_bounds__(kThreads)
         wmma::mma_sync(dk[n], ads, bq, dk[n]);
       }
     }
-    {  // dQ += scale * dS K, this warp's 16 query rows, through its rows of s
+    {  // dQ += scale * dS K, this warp's 16 query rows, through its rows of s. The warp's lanes take
+       // consecutive elements of its rows, so each atomic instruction covers whole 128-byte lines of
+       // a row (D >= 32: one row; D = 16: two), not one pair of floats in each of 16 rows.
       warp_rows_product<kTile, D, wmma::row_major>(sm.s, &sm.ds[0][0], kTile + kPadB, &sm.k[0][0], D + kPadB, warp);
       __syncwarp();
-      const int t = q0 + r;
-      if (t < Tn)
-        for (int i = 0; i < D / 2; ++i) {
-          const int d = 2 * i + half;
-          atomicAdd(dbase + int64_t(t) * C3 + d, scale * sm.s[r][d]);
-        }
+      for (int e = lane; e < 16 * D; e += 32) {
+        const int row = 16 * warp + e / D, d = e % D, t = q0 + row;
+        if (t < Tn) atomicAdd(dbase + int64_t(t) * C3 + d, scale * sm.s[row][d]);
+      }
     }
   }
   // dK (scaled) and dV of this warp's key rows, through its own rows of s and dp.
@@ -252,13 +252,13 @@ __global__ void __launch_bounds__(kThreads)
     wmma::store_matrix_sync(&sm.dp[16 * warp][16 * n], dv[n], kTile + kPadF, wmma::mem_row_major);
   }
   __syncwarp();
-  const int key = k0 + r;
-  if (key < Tn)
-    for (int i = 0; i < D / 2; ++i) {
-      const int d = 2 * i + half;
-      dbase[int64_t(key) * C3 + C + d] = scale * sm.s[r][d];
-      dbase[int64_t(key) * C3 + 2 * C + d] = sm.dp[r][d];
+  for (int e = lane; e < 16 * D; e += 32) {  // consecutive elements of the warp's rows, as dQ's
+    const int row = 16 * warp + e / D, d = e % D, key = k0 + row;
+    if (key < Tn) {
+      dbase[int64_t(key) * C3 + C + d] = scale * sm.s[row][d];
+      dbase[int64_t(key) * C3 + 2 * C + d] = sm.dp[row][d];
     }
+  }
 #elif defined(__CUDA_ARCH__)
   __trap();
 #endif
