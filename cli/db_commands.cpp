@@ -62,14 +62,68 @@ std::string csv_field(const std::string& v) {
 
 namespace {
 
+std::map<std::string, double> first_two_by_rank(const db::QueryResult& q) {
+  std::map<std::string, double> m;
+  for (auto& r : q.rows) m[r[0]] = r[1].empty() ? 0.0 : std::stod(r[1]);
+  return m;
+}
+
+// CPU AdamW's rate: per rank, its optimizer parameters (its adam.m allocations on the host: the
+// optimizer offloaded) over the time of one step's "adamw" phases; "-" in virtual mode (no AdamW
+// math), and where the moments are on the accelerator (a GPU's phase times its kernels' queueing).
+struct AdamRate {
+  std::map<std::string, double> params;
+  bool virt = false;
+  bool on_host(const std::string& rank) const { return params.count(rank) && params.at(rank) > 0; }
+  explicit AdamRate(db::TraceReader& reader) {
+    db::QueryResult q, v;
+    if (reader.query("SELECT rank, sum(requested_bytes) / 4 FROM allocation_v WHERE level = 'block' AND name LIKE "
+                     "'adam.m[%' AND device = 'cpu' GROUP BY rank",
+                     &q))
+      params = first_two_by_rank(q);
+    virt = reader.query("SELECT count(*) FROM counter_v WHERE name = 'virtual.ranks_represented'", &v) &&
+           !v.rows.empty() && v.rows[0][0] != "0";
+  }
+  std::string text(const std::string& rank, double ns_a_step) const {
+    const double n = params.count(rank) ? params.at(rank) : 0.0;
+    if (virt || !(n > 0) || !(ns_a_step > 0)) return "-";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.0f Mparam/s", n / (ns_a_step / 1e9) / 1e6);
+    return buf;
+  }
+};
+
+// An ordinary optimizer step's CPU AdamW (its "adamw <module>" phases on the rank thread, nothing
+// beside it; the optimizer offloaded): per rank, the steps, AdamW's time a step and its rate, to
+// hold against bench_cpu_adam's or bench_gpu_limits' rate alone. Nothing when no rank has such
+// phases with its moments on the host.
+void print_adamw(db::TraceReader& reader) {
+  db::QueryResult q;
+  if (!reader.query("SELECT rank, count(DISTINCT step), sum(t_end - t_start) FROM marker_v WHERE kind = 'phase' AND "
+                    "name LIKE 'adamw %' AND t_end IS NOT NULL GROUP BY rank ORDER BY rank",
+                    &q) ||
+      q.rows.empty())
+    return;
+  const AdamRate rate(reader);
+  std::vector<std::vector<std::string>> rows;
+  for (auto& r : q.rows) {
+    const double steps = std::stod(r[1]), ns = r[2].empty() ? 0.0 : std::stod(r[2]);
+    if (!(steps > 0) || !rate.on_host(r[0])) continue;
+    rows.push_back({r[0], r[1], format_duration_ns(ns / steps), rate.text(r[0], ns / steps)});
+  }
+  if (rows.empty()) return;
+  std::cout << "CPU AdamW (the optimizer phase's adamw phases, on the rank thread):\n";
+  print_table(std::cout, {"rank", "steps", "AdamW a step", "AdamW rate"}, rows, {true, true, true, true}, "  ");
+}
+
 // zt train --delayed-update / --overlap-update: per rank, how much of the background AdamW (its
 // "adamw <module>" phases of step s) ran beside step s+1's forward, loss or backward, and what the
 // rank thread waited for it ("apply delayed update of step N"; overlapped: the "await update
 // <module>" phases of a step): the part of the update left on the step's critical path; and AdamW's
 // rate beside the step (the rank's optimizer parameters, from its adam.m allocations, over AdamW's
 // time a step), to hold against bench_cpu_adam's or bench_gpu_limits' rate alone (virtual mode runs
-// no AdamW math: "-"). Nothing when the trace has no such phases.
-void print_background_update(db::TraceReader& reader) {
+// no AdamW math: "-"). Nothing, and false, when the trace has no such phases.
+bool print_background_update(db::TraceReader& reader) {
   db::QueryResult applied, total, hidden;
   const char* adam = "SELECT rank, step, t_start, t_end FROM marker_v WHERE kind = 'phase' AND name LIKE 'adamw %' "
                      "AND t_end IS NOT NULL";
@@ -77,7 +131,7 @@ void print_background_update(db::TraceReader& reader) {
   if (!reader.query("SELECT rank, count(*), sum(t_end - t_start) FROM marker_v WHERE kind = 'phase' AND name LIKE "
                     "'apply delayed update of step %' AND t_end IS NOT NULL GROUP BY rank ORDER BY rank",
                     &applied))
-    return;
+    return false;
   if (applied.rows.empty()) {
     // Overlapped: the updates are the steps that ran AdamW; the waits, every "await update".
     if (!reader.query("SELECT rank, (SELECT count(DISTINCT b.step) FROM marker_v b WHERE b.rank = m.rank AND b.kind = "
@@ -85,7 +139,7 @@ void print_background_update(db::TraceReader& reader) {
                       "name LIKE 'await update %' AND t_end IS NOT NULL GROUP BY rank ORDER BY rank",
                       &applied) ||
         applied.rows.empty())
-      return;
+      return false;
     overlapped = true;
   }
   // Beside the next step: AdamW's overlap with step s+1's forward, loss and backward phases, less
@@ -99,21 +153,9 @@ void print_background_update(db::TraceReader& reader) {
                         "c.t_end) - max(a.t_start, c.t_start))) FROM a JOIN c ON c.rank = a.rank AND c.step = a.step + 1 "
                         "AND c.t_start < a.t_end AND a.t_start < c.t_end GROUP BY a.rank",
                     &hidden))
-    return;
-  auto by_rank = [](const db::QueryResult& q) {
-    std::map<std::string, double> m;
-    for (auto& r : q.rows) m[r[0]] = r[1].empty() ? 0.0 : std::stod(r[1]);
-    return m;
-  };
-  const auto adam_ns = by_rank(total), hidden_ns = by_rank(hidden);
-  db::QueryResult params_q, virt_q;
-  std::map<std::string, double> params;
-  if (reader.query("SELECT rank, sum(requested_bytes) / 4 FROM allocation_v WHERE level = 'block' AND name LIKE "
-                   "'adam.m[%' GROUP BY rank",
-                   &params_q))
-    params = by_rank(params_q);
-  const bool virt = reader.query("SELECT count(*) FROM counter_v WHERE name = 'virtual.ranks_represented'", &virt_q) &&
-                    !virt_q.rows.empty() && virt_q.rows[0][0] != "0";
+    return false;
+  const auto adam_ns = first_two_by_rank(total), hidden_ns = first_two_by_rank(hidden);
+  const AdamRate rate(reader);
   std::cout << (overlapped ? "overlapped update (AdamW of step s beside step s+1's forward, each module awaited at its "
                              "first use):\n"
                            : "delayed parameter update (AdamW of step s beside step s+1's forward and backward):\n");
@@ -122,16 +164,14 @@ void print_background_update(db::TraceReader& reader) {
     const double updates = std::stod(r[1]), wait = r[2].empty() ? 0.0 : std::stod(r[2]);
     if (!(updates > 0)) continue;
     const double a = adam_ns.count(r[0]) ? adam_ns.at(r[0]) : 0.0, h = hidden_ns.count(r[0]) ? hidden_ns.at(r[0]) : 0.0;
-    const double n = params.count(r[0]) ? params.at(r[0]) : 0.0;
-    char rate[64] = "-";
-    if (!virt && n > 0 && a > 0) std::snprintf(rate, sizeof rate, "%.0f Mparam/s", n / (a / updates / 1e9) / 1e6);
-    rows.push_back({r[0], r[1], format_duration_ns(a / updates), rate,
+    rows.push_back({r[0], r[1], format_duration_ns(a / updates), rate.text(r[0], a / updates),
                     a > 0 ? std::to_string(int(100.0 * h / a + 0.5)) + "%" : "-", format_duration_ns(wait / updates)});
   }
   print_table(std::cout,
               {"rank", "updates", "AdamW a step", "AdamW rate", "beside the next step",
                overlapped ? "awaited a step" : "apply a step"},
               rows, {true, true, true, true, true, true}, "  ");
+  return true;
 }
 
 }  // namespace
@@ -220,7 +260,7 @@ int db_info(const std::string& path) {
                       format_bytes(s.collective)});
     print_table(std::cout, {"rank", "steps", "H2D", "D2H", "collective"}, rows, {true, true, true, true, true}, "  ");
   }
-  print_background_update(*reader);
+  if (!print_background_update(*reader)) print_adamw(*reader);
   std::cout << "dropped events: " << sum.dropped_events << (sum.dropped_events ? " (see the dropped table)" : "")
             << "\n";
   std::cout << "faults: " << (sum.faults.empty() ? "none" : std::to_string(sum.faults.size()) + " (times from the run's start)")

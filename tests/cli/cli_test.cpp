@@ -154,7 +154,17 @@ TEST(Cli, OverlapUpdateIsAnnouncedAndSummarized) {
   Result plain = run_zt("train --model tiny --steps 2 --seq-len 32 -q --zero-stage 3 --offload-optimizer --trace " +
                         dir.file("p.db"));
   ASSERT_EQ(plain.code, 0) << plain.out;
-  EXPECT_EQ(run_zt("db info " + dir.file("p.db")).out.find("overlapped update"), std::string::npos);
+  const std::string plain_info = run_zt("db info " + dir.file("p.db")).out;
+  EXPECT_EQ(plain_info.find("overlapped update"), std::string::npos);
+  // An ordinary step's AdamW instead: its time and rate on the rank thread.
+  const size_t adamw = plain_info.find("CPU AdamW (the optimizer phase's adamw phases, on the rank thread):\n");
+  ASSERT_NE(adamw, std::string::npos) << plain_info;
+  for (const char* column : {"rank  steps  AdamW a step", "AdamW rate", " Mparam/s\n"})
+    EXPECT_NE(plain_info.find(column, adamw), std::string::npos) << column << "\n" << plain_info;
+  // Not without optimizer offload: the moments are on the (simulated) GPU.
+  Result on_device = run_zt("train --model tiny --steps 2 --seq-len 32 -q --trace " + dir.file("d.db"));
+  ASSERT_EQ(on_device.code, 0) << on_device.out;
+  EXPECT_EQ(run_zt("db info " + dir.file("d.db")).out.find("CPU AdamW"), std::string::npos);
   Result bad = run_zt("train --overlap-update --model tiny --steps 1");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("overlap_update runs CPU AdamW beside the next step's forward: it needs the optimizer on the host"),
