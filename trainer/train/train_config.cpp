@@ -143,6 +143,16 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
   return Status::Ok();
 }
 
+std::string grad_partition_dtype_problem(const TrainConfig& c) {
+  if (c.grad_partition_dtype != "fp32" && c.grad_partition_dtype != "compute")
+    return "grad_partition_dtype '" + c.grad_partition_dtype +
+           "': use fp32 (DeepSpeed's fp32 gradient partitions) or compute (kept in bf16/fp16, widened by AdamW)";
+  if (c.grad_partition_dtype == "compute" && (!c.zero.offload_optimizer || c.zero.stage < 2 || c.precision == "fp32"))
+    return "grad_partition_dtype compute keeps the host gradient partitions in the compute dtype: it needs "
+           "offload_optimizer, ZeRO stage 2 or 3 and precision bf16 or fp16";
+  return "";
+}
+
 Status validate(const TrainConfig& c) {
   auto bad = [&](const std::string& what) {
     return Status::Error((c.config_file.empty() ? std::string() : c.config_file + ": ") + what);
@@ -188,12 +198,7 @@ Status validate(const TrainConfig& c) {
     return bad("overlap_update runs CPU AdamW beside the next step's forward: it needs the optimizer on the host (offload_optimizer, ZeRO stage 1-3)");
   if (c.overlap_update && c.delayed_update >= 0)
     return bad("overlap_update and delayed_update are two ways of running AdamW beside the next step (exact, and one update stale): give one");
-  if (c.grad_partition_dtype != "fp32" && c.grad_partition_dtype != "compute")
-    return bad("grad_partition_dtype '" + c.grad_partition_dtype +
-               "': use fp32 (DeepSpeed's fp32 gradient partitions) or compute (kept in bf16/fp16, widened by AdamW)");
-  if (c.grad_partition_dtype == "compute" && (!c.zero.offload_optimizer || c.zero.stage < 2 || c.precision == "fp32"))
-    return bad("grad_partition_dtype compute keeps the host gradient partitions in the compute dtype: it needs "
-               "offload_optimizer, ZeRO stage 2 or 3 and precision bf16 or fp16");
+  if (std::string p = grad_partition_dtype_problem(c); !p.empty()) return bad(p);
   if (c.checkpoint_gather != "streamed" && c.checkpoint_gather != "device")
     return bad("checkpoint_gather '" + c.checkpoint_gather + "': use streamed (one module at a time) or device (all at once)");
   if (c.world_size > 256 && !c.virtual_mode)

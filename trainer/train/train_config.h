@@ -146,6 +146,9 @@ Status load_deepspeed_config_text(const std::string& text, const std::string& or
 Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* keys = nullptr);
 // Checks ranges and combinations; the message names the setting and what to do.
 Status validate(const TrainConfig& cfg);
+// What is wrong with cfg.grad_partition_dtype against the rest of the settings, or "" when nothing
+// is: validate() and the ZeRO engine (for callers that skip validate) both ask it.
+std::string grad_partition_dtype_problem(const TrainConfig& cfg);
 // The matmul precision a validated config asks for: tf32 is high.
 MatmulPrecision matmul_precision_of(const TrainConfig& cfg);
 model::Attention attention_of(const TrainConfig& cfg);

@@ -172,14 +172,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     }
     background_ = std::make_unique<BackgroundThread>(adam_threads);
   }
-  if (cfg.grad_partition_dtype == "compute") {
-    if (!z_.offload_optimizer || z_.stage < 2 || dtype_ == DType::F32)
-      throw std::invalid_argument("grad_partition_dtype compute keeps the host gradient partitions in the compute dtype: "
-                                  "it needs offload_optimizer, ZeRO stage 2 or 3 and precision bf16 or fp16");
-    part_grad_dtype_ = dtype_;
-  } else if (cfg.grad_partition_dtype != "fp32") {
-    throw std::invalid_argument("grad_partition_dtype '" + cfg.grad_partition_dtype + "': use fp32 or compute");
-  }
+  if (std::string p = grad_partition_dtype_problem(cfg); !p.empty()) throw std::invalid_argument(p);
+  if (cfg.grad_partition_dtype == "compute") part_grad_dtype_ = dtype_;
   if (dtype_ == DType::F16) loss_scale_ = z_.static_loss_scale > 0 ? z_.static_loss_scale : std::pow(2.0, z_.initial_scale_power);
   hysteresis_left_ = z_.hysteresis;
 
