@@ -250,18 +250,16 @@ double widen_and_sum_squares(float* dst, const void* src, DType src_t, int64_t n
   if (src_t != DType::F32 && src_t != DType::BF16 && src_t != DType::F16)
     throw std::invalid_argument("widen_and_sum_squares: " + std::string(dtype_name(src_t)) + " is not a float dtype");
   return chunked_sum_squares(n, [&](int64_t lo, int64_t hi) {
-    if (src_t == DType::F32) {
-      const float* x = static_cast<const float*>(src);
-      if (!dst) return sum_squares_lanes(lo, hi, [&](int64_t i) { return double(x[i]); });
-      return sum_squares_lanes(lo, hi, [&](int64_t i) { return double(dst[i] = x[i]); });
-    }
+    // `widened(i)`: element i in fp32; written to dst on the way when there is one.
+    auto sum = [&](auto widened) {
+      if (!dst) return sum_squares_lanes(lo, hi, [&](int64_t i) { return double(widened(i)); });
+      return sum_squares_lanes(lo, hi, [&](int64_t i) { return double(dst[i] = widened(i)); });
+    };
+    const float* x = static_cast<const float*>(src);
     const uint16_t* h = static_cast<const uint16_t*>(src);
-    if (src_t == DType::BF16) {
-      if (!dst) return sum_squares_lanes(lo, hi, [&](int64_t i) { return double(bf16_to_float(h[i])); });
-      return sum_squares_lanes(lo, hi, [&](int64_t i) { return double(dst[i] = bf16_to_float(h[i])); });
-    }
-    if (!dst) return sum_squares_lanes(lo, hi, [&](int64_t i) { return double(fp16_to_float(h[i])); });
-    return sum_squares_lanes(lo, hi, [&](int64_t i) { return double(dst[i] = fp16_to_float(h[i])); });
+    if (src_t == DType::F32) return sum([&](int64_t i) { return x[i]; });
+    if (src_t == DType::BF16) return sum([&](int64_t i) { return bf16_to_float(h[i]); });
+    return sum([&](int64_t i) { return fp16_to_float(h[i]); });
   });
 }
 
