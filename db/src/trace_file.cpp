@@ -83,9 +83,7 @@ Status validate_trace_file(const std::string& path) {
   if (info.application_id != kApplicationId)
     return Status::Error(path + ": an SQLite database, but not a zerotrace trace (no zerotrace application id)");
   if (!schema_version_readable(info.schema_version))
-    return Status::Error(path + ": written with trace schema version " + std::to_string(info.schema_version) +
-                         "; this zt reads versions " + std::to_string(kOldestReadableSchemaVersion) + " to " +
-                         std::to_string(kSchemaVersion));
+    return Status::Error(schema_version_refusal(path, info.schema_version));
   return Status::Ok();
 }
 

@@ -35,10 +35,7 @@ Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* 
     // Touch the schema and every table once: corruption and foreign layouts show here,
     // not halfway through a command.
     int64_t version = detail::query_int(r->db_, "PRAGMA user_version", -1);
-    if (!schema_version_readable(version))
-      return Status::Error(path + ": written with trace schema version " + std::to_string(version) +
-                           "; this zt reads versions " + std::to_string(kOldestReadableSchemaVersion) + " to " +
-                           std::to_string(kSchemaVersion));
+    if (!schema_version_readable(version)) return Status::Error(schema_version_refusal(path, version));
     r->schema_version_ = int(version);
     for (const auto& t : table_names()) {
       Stmt s(r->db_, "SELECT count(*) FROM (SELECT 1 FROM " + t + " LIMIT 1)");

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace zt::db {
@@ -21,9 +22,13 @@ namespace zt::db {
 // NOT NULL and a NaN failed the write). Version 1 files read as version 2 ones.
 inline constexpr int kSchemaVersion = 2;
 inline constexpr int kOldestReadableSchemaVersion = 1;
-// The refusal of a file written with another version: "written with trace schema version 3;
-// this zt reads versions 1 to 2".
 inline bool schema_version_readable(int64_t v) { return v >= kOldestReadableSchemaVersion && v <= kSchemaVersion; }
+// The refusal of a file written with another version: "PATH: written with trace schema version 3;
+// this zt reads versions 1 to 2".
+inline std::string schema_version_refusal(const std::string& path, int64_t v) {
+  return path + ": written with trace schema version " + std::to_string(v) + "; this zt reads versions " +
+         std::to_string(kOldestReadableSchemaVersion) + " to " + std::to_string(kSchemaVersion);
+}
 // "ZTRC" read as a big-endian integer: marks a file as a zerotrace trace.
 inline constexpr int32_t kApplicationId = 0x5A545243;
 
