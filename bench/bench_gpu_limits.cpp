@@ -178,26 +178,32 @@ json measure_cpu_adam(const Options& o, bool gpu) {
   fill(v.f(), n, 0.0f, 14);
   std::memset(low.ptr, 0, size_t(n) * 2);
   const zt::optim::AdamParams hp{3e-3, 0.9, 0.95, 1e-8, 0.0};  // zt train's defaults
-  double best = 1e30;
   int64_t step = 1;
-  for (int r = -1; r < o.reps; r++) {
-    const auto t0 = Clock::now();
+  // Parameters/s of `one_step` (one AdamW step of the n parameters): the best of o.reps after one untimed.
+  auto rate = [&](const std::function<void()>& one_step) {
+    double best = 1e30;
+    for (int r = -1; r < o.reps; r++) {
+      const auto t0 = Clock::now();
+      one_step();
+      const double s = seconds_since(t0);
+      if (r >= 0) best = std::min(best, s);
+    }
+    return double(n) / best;
+  };
+  // The bf16-gradient step (zt train --grad-partition-dtype compute: 28 B/param) on the given arrays.
+  auto bf16_step = [&](float* pp, const void* gg, float* mm, float* vv, void* lo) {
+    return [&, pp, gg, mm, vv, lo] {
+      zt::optim::cpu_adamw_step_grads(pp, gg, zt::optim::GradDType::BF16, 1.0f, mm, vv, n, hp, step++, lo,
+                                      zt::optim::LowDType::BF16);
+    };
+  };
+  const double pps = rate([&] {
     zt::optim::cpu_adamw_step(p.f(), g.f(), m.f(), v.f(), n, hp, step++, low.ptr, zt::optim::LowDType::BF16);
-    const double s = seconds_since(t0);
-    if (r >= 0) best = std::min(best, s);
-  }
-  // The same step reading bf16 gradients (zt train --grad-partition-dtype compute: 28 B/param).
+  });
   HostArray gl(size_t(n) * 2);
   for (int64_t i = 0; i < n; i++) reinterpret_cast<uint16_t*>(gl.ptr)[i] = zt::trainer::bits::float_to_bf16(g.f()[i]);
-  double best_low = 1e30;
-  for (int r = -1; r < o.reps; r++) {
-    const auto t0 = Clock::now();
-    zt::optim::cpu_adamw_step_grads(p.f(), gl.ptr, zt::optim::GradDType::BF16, 1.0f, m.f(), v.f(), n, hp, step++,
-                                    low.ptr, zt::optim::LowDType::BF16);
-    const double s = seconds_since(t0);
-    if (r >= 0) best_low = std::min(best_low, s);
-  }
-  const double pps = double(n) / best, pps_low = double(n) / best_low;
+  const double pps_low = rate(bf16_step(p.f(), gl.ptr, m.f(), v.f(), low.ptr));
+  const int nodes = numa_nodes();
   std::printf("CPU AdamW (optim::cpu_adamw_step, %s, %d threads, %lld params, fused bf16 output):\n",
               zt::optim::cpu_adam_isa(), omp_get_max_threads(), (long long)n);
   std::printf("  %-44s %9.1f Mparam/s  (%.2f GiB/s at 30 B/param)\n", "AdamW step, fp32 gradients", pps / 1e6,
@@ -211,7 +217,7 @@ json measure_cpu_adam(const Options& o, bool gpu) {
            {"params_per_s", pps},
            {"bytes_per_s", pps * 30.0},
            {"bf16_grads_params_per_s", pps_low},
-           {"numa_nodes", numa_nodes()}};
+           {"numa_nodes", nodes}};
   // Where the pages lie. The arrays above were first touched by the OpenMP threads that run AdamW,
   // in the same static split, so each thread's pages are on its own NUMA node; the trainer's
   // optimizer state is pinned host memory (cudaHostAlloc) written first by the rank thread alone.
@@ -219,18 +225,10 @@ json measure_cpu_adam(const Options& o, bool gpu) {
   // cudaHostAlloc memory: on a host of one NUMA node the three should agree.
   auto rate_on = [&](float* pp, void* gg, float* mm, float* vv, void* lo) {
     fill(pp, n, 1.0f, 11);
-    for (int64_t i = 0; i < n; i++) static_cast<uint16_t*>(gg)[i] = static_cast<uint16_t*>(gl.ptr)[i];
+    std::memcpy(gg, gl.ptr, size_t(n) * 2);
     fill(mm, n, 0.01f, 13);
     fill(vv, n, 0.0f, 14);
-    double b = 1e30;
-    for (int r = -1; r < o.reps; r++) {
-      const auto t0 = Clock::now();
-      zt::optim::cpu_adamw_step_grads(pp, gg, zt::optim::GradDType::BF16, 1.0f, mm, vv, n, hp, step++, lo,
-                                      zt::optim::LowDType::BF16);
-      const double sec = seconds_since(t0);
-      if (r >= 0) b = std::min(b, sec);
-    }
-    return double(n) / b;
+    return rate(bf16_step(pp, gg, mm, vv, lo));
   };
   {
     HostArray p1(size_t(n) * 4), g1(size_t(n) * 2), m1(size_t(n) * 4), v1(size_t(n) * 4), l1(size_t(n) * 2);
@@ -247,12 +245,11 @@ json measure_cpu_adam(const Options& o, bool gpu) {
     std::printf("  %-44s %9.1f Mparam/s\n", "... on pinned memory (cudaHostAlloc)", r2 / 1e6);
     out["bf16_grads_pinned_params_per_s"] = r2;
   }
-  std::printf("  (this host shows %d NUMA node%s)\n", numa_nodes(), numa_nodes() == 1 ? "" : "s");
+  std::printf("  (this host shows %d NUMA node%s)\n", nodes, nodes == 1 ? "" : "s");
   return out;
 }
 
 // ------------------------------------------------------------------------------------------ GPU
-
 
 struct Stream {
   Stream() { check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
