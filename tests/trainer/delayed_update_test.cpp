@@ -148,11 +148,6 @@ TEST(DelayedUpdate, AdamRunsBesideTheNextStepInTheTrace) {
   EXPECT_GT(overlapping, 0) << "no AdamW phase overlapped the next step's forward or backward (5 runs)";
 }
 
-// The background update's buffers (two compute-dtype update buffers per module, the spare fp32
-// gradient partition) are made with the engine: no pinned segment is added after the first step.
-// Made at their first use, they took cached segments the gradient staging had used, and staging
-// pinned new ones inside steps 2-4 (the tiny model: 2.82 -> 4.07 MiB over those steps; on an H100
-// those steps ran at a third of the later speed).
 // Overlapped with the parameters offloaded, AdamW writes a sharded module's host shard in place:
 // such a module gets no update buffer (one made up front would double the host parameter memory
 // offload_param is there to save). Everything sharded: persistence threshold 0.
@@ -178,6 +173,11 @@ TEST(DelayedUpdate, OverlappedInPlaceModulesGetNoUpdateBuffer) {
   EXPECT_NE(q.rows[0][1], "0") << "no sharded module: the case is not exercised";
 }
 
+// The background update's buffers (two compute-dtype update buffers per module, the spare
+// gradient partition) are made with the engine: no pinned segment is added after the first step.
+// Made at their first use, they took cached segments the gradient staging had used, and staging
+// pinned new ones inside steps 2-4 (the tiny model: 2.82 -> 4.07 MiB over those steps; on an H100
+// those steps ran at a third of the later speed).
 TEST(DelayedUpdate, NoPinnedSegmentIsAddedAfterTheFirstStep) {
   zt::test::TempDir dir;
   for (bool overlapped : {false, true}) {
