@@ -36,6 +36,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -45,6 +46,7 @@
 
 #include "bench_util.h"
 #include "cuda/runtime.h"
+#include "zt/memory/numa.h"
 #include "model/config.h"
 #include "core/dtype_bits.h"
 #include "optim/cpu_adam.h"
@@ -158,15 +160,43 @@ struct Pinned {
   void* ptr = nullptr;
 };
 
-// NUMA nodes this host shows (/sys/devices/system/node/nodeN); 0 when it does not say.
-int numa_nodes() {
-  int nodes = 0;
-  for (int i = 0; i < 1024; i++) {
-    std::ifstream f("/sys/devices/system/node/node" + std::to_string(i) + "/cpulist");
-    if (!f) break;
-    ++nodes;
+// Host memory mapped with its pages interleaved over the NUMA nodes (zt/memory/numa.h), pinned
+// with cudaHostRegister when `pin`: zt train --pinned-numa interleave's regions.
+struct Interleaved {
+  Interleaved(size_t bytes, bool pin) : bytes(bytes), pinned(pin) {
+    ptr = zt::memory::map_pages(bytes, zt::memory::PagePlacement::Interleave);
+    if (!ptr) throw std::runtime_error("out of memory (" + std::to_string(bytes) + " bytes)");
+    if (pin) check(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable), "cudaHostRegister");
   }
-  return nodes;
+  ~Interleaved() {
+    if (pinned) (void)cudaHostUnregister(ptr);
+    zt::memory::unmap_pages(ptr, bytes);
+  }
+  Interleaved(const Interleaved&) = delete;
+  Interleaved& operator=(const Interleaved&) = delete;
+  size_t bytes;
+  bool pinned;
+  void* ptr = nullptr;
+};
+
+// "node 0 100%" / "node 0 50%, node 1 50%": where the pages of [ptr, ptr + bytes) lie now.
+std::string where_pages_lie(const void* ptr, size_t bytes) {
+  std::map<int, int64_t> by_node;
+  try {
+    by_node = zt::memory::pages_by_node(ptr, bytes);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  int64_t total = 0;
+  for (const auto& [node, pages] : by_node) total += pages;
+  std::string s;
+  for (const auto& [node, pages] : by_node) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s%s %.0f%%", s.empty() ? "" : ", ",
+                  node < 0 ? "not resident" : ("node " + std::to_string(node)).c_str(), 100.0 * double(pages) / double(total));
+    s += buf;
+  }
+  return s;
 }
 
 json measure_cpu_adam(const Options& o, bool gpu) {
@@ -203,7 +233,7 @@ json measure_cpu_adam(const Options& o, bool gpu) {
   HostArray gl(size_t(n) * 2);
   for (int64_t i = 0; i < n; i++) reinterpret_cast<uint16_t*>(gl.ptr)[i] = zt::trainer::bits::float_to_bf16(g.f()[i]);
   const double pps_low = rate(bf16_step(p.f(), gl.ptr, m.f(), v.f(), low.ptr));
-  const int nodes = numa_nodes();
+  const std::vector<int> nodes = zt::memory::numa_nodes();
   std::printf("CPU AdamW (optim::cpu_adamw_step, %s, %d threads, %lld params, fused bf16 output):\n",
               zt::optim::cpu_adam_isa(), omp_get_max_threads(), (long long)n);
   std::printf("  %-44s %9.1f Mparam/s  (%.2f GiB/s at 30 B/param)\n", "AdamW step, fp32 gradients", pps / 1e6,
@@ -217,7 +247,8 @@ json measure_cpu_adam(const Options& o, bool gpu) {
            {"params_per_s", pps},
            {"bytes_per_s", pps * 30.0},
            {"bf16_grads_params_per_s", pps_low},
-           {"numa_nodes", nodes}};
+           {"numa_nodes", nodes.size()},
+           {"pages_first_touched_by_each_thread", where_pages_lie(p.ptr, size_t(n) * 4)}};
   // Where the pages lie. The arrays above were first touched by the OpenMP threads that run AdamW,
   // in the same static split, so each thread's pages are on its own NUMA node; the trainer's
   // optimizer state is pinned host memory (cudaHostAlloc) written first by the rank thread alone.
@@ -237,15 +268,50 @@ json measure_cpu_adam(const Options& o, bool gpu) {
     const double r1 = rate_on(p1.f(), g1.ptr, m1.f(), v1.f(), l1.ptr);
     std::printf("  %-44s %9.1f Mparam/s\n", "... on pages first touched by one thread", r1 / 1e6);
     out["bf16_grads_one_thread_touched_params_per_s"] = r1;
+    out["pages_first_touched_by_one_thread"] = where_pages_lie(p1.ptr, size_t(n) * 4);
+  }
+  // zt train --pinned-numa interleave's pages: round robin over the nodes, whoever touches them.
+  auto rate_interleaved = [&](bool pin) {
+    Interleaved pi(size_t(n) * 4, pin), gi(size_t(n) * 2, pin), mi(size_t(n) * 4, pin), vi(size_t(n) * 4, pin),
+        li(size_t(n) * 2, pin);
+    const double r = rate_on(static_cast<float*>(pi.ptr), gi.ptr, static_cast<float*>(mi.ptr),
+                             static_cast<float*>(vi.ptr), li.ptr);
+    return std::make_pair(r, where_pages_lie(pi.ptr, size_t(n) * 4));
+  };
+  try {
+    const auto [r3, where] = rate_interleaved(false);
+    std::printf("  %-44s %9.1f Mparam/s\n", "... on pages interleaved over the NUMA nodes", r3 / 1e6);
+    out["bf16_grads_interleaved_params_per_s"] = r3;
+    out["pages_interleaved"] = where;
+  } catch (const std::exception& e) {
+    std::printf("  ... on pages interleaved over the NUMA nodes: %s\n", e.what());
   }
   if (gpu) {
-    Pinned pp(size_t(n) * 4), gp(size_t(n) * 2), mp(size_t(n) * 4), vp(size_t(n) * 4), lp(size_t(n) * 2);
-    const double r2 = rate_on(static_cast<float*>(pp.ptr), gp.ptr, static_cast<float*>(mp.ptr),
-                              static_cast<float*>(vp.ptr), lp.ptr);
-    std::printf("  %-44s %9.1f Mparam/s\n", "... on pinned memory (cudaHostAlloc)", r2 / 1e6);
-    out["bf16_grads_pinned_params_per_s"] = r2;
+    {
+      Pinned pp(size_t(n) * 4), gp(size_t(n) * 2), mp(size_t(n) * 4), vp(size_t(n) * 4), lp(size_t(n) * 2);
+      const double r2 = rate_on(static_cast<float*>(pp.ptr), gp.ptr, static_cast<float*>(mp.ptr),
+                                static_cast<float*>(vp.ptr), lp.ptr);
+      std::printf("  %-44s %9.1f Mparam/s\n", "... on pinned memory (cudaHostAlloc)", r2 / 1e6);
+      out["bf16_grads_pinned_params_per_s"] = r2;
+      out["pages_pinned"] = where_pages_lie(pp.ptr, size_t(n) * 4);
+    }
+    try {
+      const auto [r4, where] = rate_interleaved(true);
+      std::printf("  %-44s %9.1f Mparam/s\n", "... on pinned interleaved pages (cudaHostRegister)", r4 / 1e6);
+      out["bf16_grads_pinned_interleaved_params_per_s"] = r4;
+      out["pages_pinned_interleaved"] = where;
+    } catch (const std::exception& e) {
+      std::printf("  ... on pinned interleaved pages (cudaHostRegister): %s\n", e.what());
+    }
   }
-  std::printf("  (this host shows %d NUMA node%s)\n", nodes, nodes == 1 ? "" : "s");
+  std::printf("  (this process may use NUMA node%s %s; pages of each thread's own: %s", nodes.size() == 1 ? "" : "s",
+              zt::memory::node_list_text(nodes).c_str(), out["pages_first_touched_by_each_thread"].get<std::string>().c_str());
+  if (out.contains("pages_first_touched_by_one_thread"))
+    std::printf("; one thread's: %s", out["pages_first_touched_by_one_thread"].get<std::string>().c_str());
+  if (out.contains("pages_pinned")) std::printf("; cudaHostAlloc's: %s", out["pages_pinned"].get<std::string>().c_str());
+  if (out.contains("pages_interleaved"))
+    std::printf("; interleaved: %s", out["pages_interleaved"].get<std::string>().c_str());
+  std::printf(")\n");
   return out;
 }
 

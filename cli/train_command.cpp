@@ -63,6 +63,11 @@ void add_train_command(CLI::App& app, Action& action) {
                   "fp32_partitioned_groups_flat[i].grad) or compute (ZeRO stage 2-3, bf16/fp16: kept as they land from "
                   "the device, AdamW widens them in its pass; the same results, less host memory and traffic)")
       ->check(CLI::IsMember({"fp32", "compute"}));
+  sub->add_option("--pinned-numa", cfg->pinned_numa,
+                  "where pinned host memory's pages lie on a host of several NUMA nodes: local (default: on the node "
+                  "that pins them, as cudaHostAlloc does) or interleave (round robin over the nodes, so CPU AdamW gets "
+                  "every node's memory bandwidth; on a GPU mapped, then pinned with cudaHostRegister)")
+      ->check(CLI::IsMember({"local", "interleave"}));
   sub->add_option("--attention", cfg->attention,
                   "materialized (default: the fp32 reference, keeps the B x H x T x T probabilities) or flash "
                   "(FlashAttention-2: keeps one value per row, multiplies in bf16; on a GPU tensor-core kernels for "
@@ -132,6 +137,7 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--delayed-update") from_file.delayed_update = c.delayed_update;
           else if (n == "--overlap-update") from_file.overlap_update = c.overlap_update;
           else if (n == "--grad-partition-dtype") from_file.grad_partition_dtype = c.grad_partition_dtype;
+          else if (n == "--pinned-numa") from_file.pinned_numa = c.pinned_numa;
           else if (n == "--matmul-precision") from_file.matmul_precision = c.matmul_precision;
           else if (n == "--attention") from_file.attention = c.attention;
           else if (n == "--quiet") from_file.quiet = c.quiet;

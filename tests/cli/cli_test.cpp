@@ -200,6 +200,26 @@ TEST(Cli, GradPartitionDtypeComputeIsAnnouncedAndRefusedWhereItCannotApply) {
   EXPECT_NE(other.out.find("--grad-partition-dtype"), std::string::npos) << other.out;
 }
 
+// zt train --pinned-numa interleave: announced with the host's nodes, in the trace's config and the
+// YAML's key; another value refused by the flag and by the YAML key, naming the file.
+TEST(Cli, PinnedNumaInterleaveIsAnnouncedAndAnotherValueRefused) {
+  zt::test::TempDir dir;
+  Result run = run_zt("train --model tiny --steps 2 --seq-len 32 --precision bf16 --zero-stage 3 --offload-optimizer "
+                      "--pinned-numa interleave --trace " + dir.file("n.db"));
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_NE(run.out.find("pinned host memory interleaved page by page over NUMA node"), std::string::npos) << run.out;
+  Result cfg = run_zt("db sql --csv " + dir.file("n.db") + " \"SELECT config_json FROM run\"");
+  EXPECT_NE(cfg.out.find("\"\"pinned_numa\"\":\"\"interleave\"\""), std::string::npos) << cfg.out;
+  Result flag = run_zt("train --model tiny --steps 1 --pinned-numa spread");
+  EXPECT_NE(flag.code, 0);
+  EXPECT_NE(flag.out.find("--pinned-numa"), std::string::npos) << flag.out;
+  std::ofstream(dir.file("n.yaml")) << "model: tiny\nsteps: 1\npinned_numa: spread\n";
+  Result yaml = run_zt("train --config " + dir.file("n.yaml"));
+  EXPECT_EQ(yaml.code, 2) << yaml.out;
+  EXPECT_NE(yaml.out.find("pinned_numa 'spread': use local"), std::string::npos) << yaml.out;
+  EXPECT_NE(yaml.out.find("n.yaml"), std::string::npos) << yaml.out;
+}
+
 // zt db kernels on a trace with kernel rows written by hand (two steps: gemm and softmax kernels, an
 // AdamW phase over the GPU's idle time): the header, the kernel table, the idle time by host phase;
 // bad --steps and a missing trace are refused with exit 2.

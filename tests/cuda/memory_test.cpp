@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "cuda_test_util.h"
 #include "zt/memory/device_allocator.h"
 #include "zt/memory/host_allocator.h"
+#include "zt/memory/numa.h"
 
 using namespace zt::cuda;
 using namespace zt::memory;
@@ -140,6 +142,42 @@ TEST(CudaPinnedMemory, PinnedAllocatorOnCudaHostAlloc) {
   }
   pinned.free(a);
   EXPECT_EQ(pinned.empty_cache(), 8 * MiB);
+  EXPECT_EQ(source.in_use(), 0u);
+}
+
+// --pinned-numa interleave: each region a mapping whose pages interleave over the NUMA nodes,
+// pinned by cudaHostRegister (the driver knows it as host memory), copied to the device and back
+// as cudaHostAlloc memory is, and unpinned and unmapped on release.
+TEST(CudaPinnedMemory, InterleavedRegionsAreMappedThenRegistered) {
+  ZT_REQUIRE_GPU();
+  CudaPinnedSource source(kNoLimit, PagePlacement::Interleave);
+  EXPECT_NE(source.describe().find("interleaved over NUMA nodes " + node_list_text(numa_nodes())), std::string::npos)
+      << source.describe();
+  const size_t n = 6 * MiB + 123;  // not a whole number of pages
+  auto* host = static_cast<unsigned char*>(source.allocate(n));
+  ASSERT_NE(host, nullptr);
+  EXPECT_EQ(source.in_use(), n);
+  EXPECT_EQ(placement_of(host), PagePlacement::Interleave);
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, host), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost);
+  // Pinned: every page is resident, on the nodes the process may use.
+  const std::vector<int> nodes = numa_nodes();
+  int64_t resident = 0;
+  for (const auto& [node, pages] : pages_by_node(host, n)) {
+    EXPECT_NE(std::find(nodes.begin(), nodes.end(), node), nodes.end()) << "a page on node " << node;
+    resident += pages;
+  }
+  EXPECT_EQ(resident, int64_t((n + 4095) / 4096));
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<unsigned char>(i * 7);
+  DeviceBuffer dev(n);
+  check(cudaMemcpy(dev.get(), host, n, cudaMemcpyHostToDevice), "H2D");
+  std::memset(host, 0, n);
+  check(cudaMemcpy(host, dev.get(), n, cudaMemcpyDeviceToHost), "D2H");
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad += host[i] != static_cast<unsigned char>(i * 7);
+  EXPECT_EQ(bad, 0u);
+  source.release(host, n);
   EXPECT_EQ(source.in_use(), 0u);
 }
 

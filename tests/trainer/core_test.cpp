@@ -12,6 +12,7 @@
 #include "core/tensor.h"
 #include "train/rank_runtime.h"
 #include "zt/db/trace_reader.h"
+#include "zt/memory/numa.h"
 
 using namespace zt::trainer;
 
@@ -171,4 +172,31 @@ TEST_F(TensorTrace, DeviceGuardThrowsPyTorchsMessageAndRecordsIt) {
   EXPECT_EQ(e[0][1], "unscale_and_clip_grads");
   EXPECT_EQ(e[0][2], "7");
   EXPECT_EQ(e[0][4], "[\"combined_scale@cuda:1\",\"fp32_partitioned_groups_flat[0].grad@cpu\"]");
+}
+
+// TrainConfig::pinned_numa interleave on the simulated GPU: pinned host tensors come from
+// interleaved mappings and pageable ones do not; under a host cap the one host memory both share
+// is interleaved as a whole. The tensors hold what is written to them.
+TEST(PinnedPlacement, PinnedHostTensorsAreInterleavedWhenAsked) {
+  for (size_t cap : {size_t(0), size_t(64) << 20}) {
+    SCOPED_TRACE(cap ? "host cap" : "no host cap");
+    RuntimeOptions ro;
+    ro.device_capacity = 64ull << 20;
+    ro.host_capacity = cap;
+    ro.pinned_placement = zt::memory::PagePlacement::Interleave;
+    RankRuntime rt(ro, nullptr);
+    Tensor pinned = Tensor::empty("adam.m[h.0]", {100000}, DType::F32, rt.host(), /*pinned=*/true);
+    Tensor pageable = Tensor::empty("batch", {1000}, DType::F32, rt.host(), /*pinned=*/false);
+    EXPECT_EQ(zt::memory::placement_of(pinned.raw()), zt::memory::PagePlacement::Interleave);
+    EXPECT_EQ(zt::memory::placement_of(pageable.raw()),
+              cap ? zt::memory::PagePlacement::Interleave : zt::memory::PagePlacement::Local);
+    for (int64_t i = 0; i < 100000; ++i) pinned.f32()[i] = float(i);
+    EXPECT_EQ(pinned.f32()[99999], 99999.0f);
+    EXPECT_NE(rt.pinned_allocator().source().describe().find("interleaved"), std::string::npos);
+  }
+  RuntimeOptions local;
+  local.device_capacity = 64ull << 20;
+  RankRuntime rt(local, nullptr);
+  Tensor pinned = Tensor::empty("adam.m[h.0]", {100000}, DType::F32, rt.host(), /*pinned=*/true);
+  EXPECT_EQ(zt::memory::placement_of(pinned.raw()), zt::memory::PagePlacement::Local);
 }

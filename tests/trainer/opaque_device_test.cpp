@@ -120,8 +120,8 @@ class OpaqueBackend final : public Backend {
   std::unique_ptr<zt::memory::MemorySource> device_source(int, size_t cap) override {
     return std::make_unique<OpaqueSource>(cap);
   }
-  std::unique_ptr<zt::memory::MemorySource> pinned_source(size_t cap) override {
-    return std::make_unique<zt::memory::HostBackedSource>(cap ? cap : size_t(4) << 30);
+  std::unique_ptr<zt::memory::MemorySource> pinned_source(size_t cap, zt::memory::PagePlacement placement) override {
+    return std::make_unique<zt::memory::HostBackedSource>(cap ? cap : size_t(4) << 30, 4096, placement);
   }
   DeviceOps& ops(int) override { return ops_; }
   std::unique_ptr<ModelPasses> model_passes(int, const zt::model::Config& c, int B, int T, bool ckpt,

@@ -172,6 +172,28 @@ TEST(Train, BadConfigsAreRejectedClearly) {
   EXPECT_NE(train(bad, nullptr, nullptr, &sum).message().find("nope.txt: no such data file"), std::string::npos);
 }
 
+// pinned_numa interleave moves pages, not numbers: the offload run's losses are the local run's
+// bit for bit (2 ranks, ZeRO-3, optimizer and parameter offload, bf16, the delayed update), with
+// and without a host cap; a placement of another name is refused.
+TEST(Train, InterleavedPinnedMemoryTrainsTheSameLosses) {
+  TrainConfig c = tiny(4);
+  c.world_size = 2;
+  c.precision = "bf16";
+  c.zero.stage = 3;
+  c.zero.offload_optimizer = true;
+  c.zero.offload_param = true;
+  c.delayed_update = 1;
+  const std::vector<double> want = zt::test::train_losses(c);
+  ASSERT_EQ(want.size(), 4u);
+  c.pinned_numa = "interleave";
+  EXPECT_EQ(zt::test::train_losses(c), want);
+  c.host_memory = 4ull << 30;
+  EXPECT_EQ(zt::test::train_losses(c), want);
+  c.pinned_numa = "spread";
+  TrainSummary sum;
+  EXPECT_NE(train(c, nullptr, nullptr, &sum).message().find("pinned_numa 'spread': use local"), std::string::npos);
+}
+
 // The simulated GPU's compute in the trace: each pass of the model is one kernel row on the rank's
 // simulated device, inside the phase that ran it, one after another (the rank thread runs them),
 // and `zt db kernels`' summary reads them as it reads CUPTI's.

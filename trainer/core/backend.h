@@ -33,6 +33,7 @@
 
 namespace zt::memory {
 class MemorySource;
+enum class PagePlacement : uint8_t;
 }
 namespace zt::model {
 struct Config;
@@ -138,8 +139,9 @@ class Backend {
   virtual size_t device_capacity(int rank) const = 0;
   // The device memory behind rank's caching allocator, at most `cap` bytes.
   virtual std::unique_ptr<memory::MemorySource> device_source(int rank, size_t cap) = 0;
-  // Page-locked host memory for the pinned allocator, at most `cap` bytes (0: no cap).
-  virtual std::unique_ptr<memory::MemorySource> pinned_source(size_t cap) = 0;
+  // Page-locked host memory for the pinned allocator, at most `cap` bytes (0: no cap), its pages
+  // placed as `placement` says (zt/memory/numa.h; throws std::runtime_error when the OS refuses).
+  virtual std::unique_ptr<memory::MemorySource> pinned_source(size_t cap, memory::PagePlacement placement) = 0;
   // The rank's ops (valid while the backend lives; the rank thread is their only user).
   virtual DeviceOps& ops(int rank) = 0;
   // attention: Flash runs cuda/flash_attention.h; Materialized the cuBLAS attention (gemm.h).

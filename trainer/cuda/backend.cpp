@@ -209,8 +209,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<memory::MemorySource> device_source(int, size_t cap) override {
     return std::make_unique<cuda::CudaDeviceSource>(device_, cap >= capacity_ ? 0 : cap);
   }
-  std::unique_ptr<memory::MemorySource> pinned_source(size_t cap) override {
-    return std::make_unique<cuda::CudaPinnedSource>(cap ? cap : memory::kNoLimit);
+  std::unique_ptr<memory::MemorySource> pinned_source(size_t cap, memory::PagePlacement placement) override {
+    return std::make_unique<cuda::CudaPinnedSource>(cap ? cap : memory::kNoLimit, placement);
   }
   DeviceOps& ops(int rank) override { return slot(rank).ops; }
   std::unique_ptr<ModelPasses> model_passes(int rank, const model::Config& config, int B, int T, bool checkpointing,

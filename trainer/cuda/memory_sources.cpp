@@ -70,18 +70,38 @@ std::string CudaDeviceSource::describe() const {
   return s + format_bytes(double(total_));
 }
 
-CudaPinnedSource::CudaPinnedSource(size_t cap) : capacity_(cap) {
+CudaPinnedSource::CudaPinnedSource(size_t cap, memory::PagePlacement placement) : capacity_(cap), placement_(placement) {
   if (capacity_ == memory::kNoLimit) {
     const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
     if (pages > 0 && page > 0) capacity_ = size_t(pages) * size_t(page);
   }
+  if (placement_ == memory::PagePlacement::Interleave)
+    memory::unmap_pages(memory::map_pages(1, placement_), 1);  // throws now when the OS refuses the policy
 }
 
+// Interleaved: a mapping of its own whose pages the interleave policy places as cudaHostRegister
+// faults them in to pin them.
 void* CudaPinnedSource::allocate(size_t bytes) {
   const size_t n = bytes == 0 ? 1 : bytes;
   if (!take(held_, n, capacity_)) return nullptr;
   void* p = nullptr;
-  cudaError_t e = cudaHostAlloc(&p, n, cudaHostAllocPortable);
+  cudaError_t e = cudaSuccess;
+  if (placement_ == memory::PagePlacement::Interleave) {
+    try {
+      p = memory::map_pages(n, placement_);
+    } catch (...) {
+      held_.fetch_sub(n, std::memory_order_relaxed);
+      throw;
+    }
+    if (!p) {
+      held_.fetch_sub(n, std::memory_order_relaxed);
+      return nullptr;
+    }
+    e = cudaHostRegister(p, n, cudaHostRegisterPortable);
+    if (e != cudaSuccess) memory::unmap_pages(p, n);
+  } else {
+    e = cudaHostAlloc(&p, n, cudaHostAllocPortable);
+  }
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
     held_.fetch_sub(n, std::memory_order_relaxed);
@@ -89,18 +109,27 @@ void* CudaPinnedSource::allocate(size_t bytes) {
   }
   if (e != cudaSuccess) {
     held_.fetch_sub(n, std::memory_order_relaxed);
-    check(e, "cudaHostAlloc");
+    check(e, placement_ == memory::PagePlacement::Interleave ? "cudaHostRegister" : "cudaHostAlloc");
   }
   return p;
 }
 
 void CudaPinnedSource::release(void* ptr, size_t bytes) {
   if (!ptr) return;
-  check(cudaFreeHost(ptr), "cudaFreeHost");
-  held_.fetch_sub(bytes == 0 ? 1 : bytes, std::memory_order_relaxed);
+  const size_t n = bytes == 0 ? 1 : bytes;
+  if (placement_ == memory::PagePlacement::Interleave) {
+    check(cudaHostUnregister(ptr), "cudaHostUnregister");
+    memory::unmap_pages(ptr, n);
+  } else {
+    check(cudaFreeHost(ptr), "cudaFreeHost");
+  }
+  held_.fetch_sub(n, std::memory_order_relaxed);
 }
 
 std::string CudaPinnedSource::describe() const {
+  if (placement_ == memory::PagePlacement::Interleave)
+    return "pinned host memory (mapped, pages interleaved over NUMA nodes " + memory::node_list_text(memory::numa_nodes()) +
+           ", cudaHostRegister), capacity " + format_bytes(double(capacity_));
   return "pinned host memory (cudaHostAlloc), capacity " + format_bytes(double(capacity_));
 }
 

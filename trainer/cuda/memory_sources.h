@@ -22,8 +22,12 @@
 // empty_cache() and on the retry before an OOM), as PyTorch does.
 //
 // CudaPinnedSource: cudaHostAlloc(cudaHostAllocPortable) regions, usable by every device and
-// by DMA without staging. capacity() is the cap, or the machine's physical memory when there is
-// none; in_use() the bytes pinned through this source. host_accessible() is true.
+// by DMA without staging; their pages lie on the NUMA node of the thread that pins them. With
+// PagePlacement::Interleave instead each region is a mapping whose pages interleave over the
+// NUMA nodes (zt/memory/numa.h), pinned by cudaHostRegister(cudaHostRegisterPortable) and
+// unpinned and unmapped on release (zt train --pinned-numa interleave). capacity() is the cap,
+// or the machine's physical memory when there is none; in_use() the bytes pinned through this
+// source. host_accessible() is true.
 #pragma once
 
 #include <atomic>
@@ -31,6 +35,7 @@
 #include <string>
 
 #include "zt/memory/memory_source.h"
+#include "zt/memory/numa.h"
 
 namespace zt::cuda {
 
@@ -58,7 +63,8 @@ class CudaDeviceSource final : public memory::MemorySource {
 
 class CudaPinnedSource final : public memory::MemorySource {
  public:
-  explicit CudaPinnedSource(size_t cap = memory::kNoLimit);
+  // Throws std::runtime_error, interleaved, when the OS refuses the interleave policy.
+  explicit CudaPinnedSource(size_t cap = memory::kNoLimit, memory::PagePlacement placement = memory::PagePlacement::Local);
   void* allocate(size_t bytes) override;
   void release(void* ptr, size_t bytes) override;
   size_t capacity() const override { return capacity_; }
@@ -68,6 +74,7 @@ class CudaPinnedSource final : public memory::MemorySource {
 
  private:
   size_t capacity_;
+  memory::PagePlacement placement_;
   std::atomic<size_t> held_{0};
 };
 

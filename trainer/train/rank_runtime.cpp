@@ -92,12 +92,18 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
     // as they do on a real machine.
     ho.cap = o.host_capacity;
     if (o.virtual_memory) host_source_ = std::make_unique<memory::VirtualSource>(o.host_capacity);
-    else host_source_ = std::make_unique<memory::HostBackedSource>(o.host_capacity);
+    else if (o.accelerator == DeviceType::Cuda) host_source_ = std::make_unique<memory::HostBackedSource>(o.host_capacity);
+    else host_source_ = std::make_unique<memory::HostBackedSource>(o.host_capacity, 4096, o.pinned_placement);
     ho.source = host_source_.get();
   }
   if (o.accelerator == DeviceType::Cuda) {
     // Pinned memory from cudaHostAlloc (under the host cap, when one is given, of its own).
-    pinned_source_ = o.backend->pinned_source(o.host_capacity);
+    pinned_source_ = o.backend->pinned_source(o.host_capacity, o.pinned_placement);
+    memory::HostAllocatorOptions po = ho;
+    po.source = pinned_source_.get();
+    pinned_ = std::make_unique<memory::PinnedHostAllocator>(po);
+  } else if (!o.host_capacity && !o.virtual_memory && o.pinned_placement != memory::PagePlacement::Local) {
+    pinned_source_ = std::make_unique<memory::HostBackedSource>(memory::kNoLimit, 4096, o.pinned_placement);
     memory::HostAllocatorOptions po = ho;
     po.source = pinned_source_.get();
     pinned_ = std::make_unique<memory::PinnedHostAllocator>(po);

@@ -27,6 +27,10 @@ struct RuntimeOptions {
   size_t device_capacity = 80ull << 30;  // Cuda: a cap below the GPU's own memory (0: the GPU's)
   size_t host_capacity = 0;  // 0: no cap
   bool virtual_memory = false;  // sizes only, no backing memory (replays for memory alone)
+  // Where the pinned allocator's pages lie (zt/memory/numa.h; TrainConfig::pinned_numa). Without
+  // a GPU, under a host cap, the one host memory pinned and pageable buffers share is placed so
+  // as a whole; in virtual mode there are no pages to place.
+  memory::PagePlacement pinned_placement = memory::PagePlacement::Local;
 };
 
 class RankRuntime {
@@ -54,7 +58,7 @@ class RankRuntime {
   probe::Recorder* rec_;
   std::unique_ptr<memory::MemorySource> source_;       // the accelerator's memory
   std::unique_ptr<memory::MemorySource> host_source_;  // shared by pinned and pageable under a host cap
-  std::unique_ptr<memory::MemorySource> pinned_source_;  // a GPU's page-locked memory (Cuda)
+  std::unique_ptr<memory::MemorySource> pinned_source_;  // a GPU's page-locked memory, or placed pages of the host's
   std::unique_ptr<memory::DeviceAllocator> device_alloc_;
   std::unique_ptr<memory::PinnedHostAllocator> pinned_;
   std::unique_ptr<memory::PageableHostAllocator> pageable_;

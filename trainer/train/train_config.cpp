@@ -69,6 +69,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
       {"delayed_update", [&](const YAML::Node& n) { c.delayed_update = n.as<int64_t>(); }},
       {"overlap_update", [&](const YAML::Node& n) { c.overlap_update = n.as<bool>(); }},
       {"grad_partition_dtype", [&](const YAML::Node& n) { c.grad_partition_dtype = n.as<std::string>(); }},
+      {"pinned_numa", [&](const YAML::Node& n) { c.pinned_numa = n.as<std::string>(); }},
       {"matmul_precision", [&](const YAML::Node& n) { c.matmul_precision = n.as<std::string>(); }},
       {"attention", [&](const YAML::Node& n) { c.attention = n.as<std::string>(); }},
       {"checkpoint_dir", [&](const YAML::Node& n) { c.checkpoint_dir = n.as<std::string>(); }},
@@ -199,6 +200,9 @@ Status validate(const TrainConfig& c) {
   if (c.overlap_update && c.delayed_update >= 0)
     return bad("overlap_update and delayed_update are two ways of running AdamW beside the next step (exact, and one update stale): give one");
   if (std::string p = grad_partition_dtype_problem(c); !p.empty()) return bad(p);
+  if (c.pinned_numa != "local" && c.pinned_numa != "interleave")
+    return bad("pinned_numa '" + c.pinned_numa +
+               "': use local (pages on the node that pins them) or interleave (round robin over the NUMA nodes)");
   if (c.checkpoint_gather != "streamed" && c.checkpoint_gather != "device")
     return bad("checkpoint_gather '" + c.checkpoint_gather + "': use streamed (one module at a time) or device (all at once)");
   if (c.world_size > 256 && !c.virtual_mode)
@@ -262,6 +266,7 @@ std::string to_json(const TrainConfig& c) {
                       {"delayed_update", c.delayed_update},
                       {"overlap_update", c.overlap_update},
                       {"grad_partition_dtype", c.grad_partition_dtype},
+                      {"pinned_numa", c.pinned_numa},
                       {"attention", c.attention},
                       {"zero_optimization", {{"stage", c.zero.stage},
                                              {"offload_optimizer", c.zero.offload_optimizer},

@@ -100,6 +100,12 @@ struct TrainConfig {
   // The same arithmetic, bit for bit. A trace names the partitions NAME.grad.bf16: the zt repro
   // scenarios that match fp32_partitioned_groups_flat[i].grad (R2, R5) are written for fp32.
   std::string grad_partition_dtype = "fp32";
+  // Where the pinned host memory's pages lie on a host of several NUMA nodes (zt/memory/numa.h):
+  // local (default: cudaHostAlloc's, on the node of the thread that pins them; the simulated
+  // GPU's, where they are first written) or interleave (round robin over the nodes the process
+  // may use, so that the offload's CPU AdamW gets every node's memory bandwidth; on a GPU each
+  // region is mapped, then pinned with cudaHostRegister). One node: the same pages either way.
+  std::string pinned_numa = "local";
   // How attention runs (model::Attention): materialized (the fp32 reference; on a GPU cuBLAS with
   // the [B, H, T, T] probabilities kept) or flash (FlashAttention-2: one log-sum-exp per row kept,
   // bf16 products with fp32 accumulation; on a GPU the tensor-core kernels of

@@ -26,6 +26,7 @@
 #include "zt/common/files.h"
 #include "zt/common/units.h"
 #include "zt/memory/errors.h"
+#include "zt/memory/numa.h"
 #include "zt/fail/failpoint.h"
 
 namespace zt::trainer {
@@ -453,6 +454,13 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     if (cfg.grad_partition_dtype == "compute")
       *progress << "gradient partitions kept in " << cfg.precision
                 << " on the host: CPU AdamW widens them in its own pass (the fp32 partitions' arithmetic)\n";
+    if (cfg.pinned_numa == "interleave" && !virt) {
+      const std::vector<int> nodes = memory::numa_nodes();
+      *progress << "pinned host memory interleaved page by page over NUMA node" << (nodes.size() == 1 ? " " : "s ")
+                << memory::node_list_text(nodes)
+                << (nodes.size() == 1 ? " (one node: the same pages as local)" : "")
+                << (backend ? " (mapped, then pinned with cudaHostRegister)" : "") << "\n";
+    }
   }
 
   // One thread per rank, each with its own simulated GPU, joined by the in-process transport.
@@ -484,6 +492,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     ro.device_capacity = cfg.device_memory;
     ro.host_capacity = host_per_rank;
     ro.virtual_memory = virt;
+    ro.pinned_placement = memory::parse_placement(cfg.pinned_numa);
     std::unique_ptr<RankRuntime> rt;
     std::unique_ptr<Communicator> comm;
     int64_t step = -1;  // -1 until the rank's engine is set up (train_rank)

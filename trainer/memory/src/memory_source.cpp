@@ -1,5 +1,7 @@
 #include "zt/memory/memory_source.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <stdexcept>
 
@@ -28,29 +30,45 @@ size_t CappedSource::take(size_t bytes) {
   return n;
 }
 
-HostBackedSource::HostBackedSource(size_t capacity, size_t alignment)
-    : CappedSource(capacity, alignment) {
+HostBackedSource::HostBackedSource(size_t capacity, size_t alignment, PagePlacement placement)
+    : CappedSource(capacity, alignment), placement_(placement) {
   if (!is_power_of_two(alignment) || alignment < sizeof(void*))
     throw std::invalid_argument("HostBackedSource: alignment must be a power of two >= " +
                                 std::to_string(sizeof(void*)) + " bytes, got " + std::to_string(alignment));
+  if (placement == PagePlacement::Interleave) {
+    const long page = ::sysconf(_SC_PAGESIZE);
+    if (page > 0 && alignment > size_t(page))
+      throw std::invalid_argument("HostBackedSource: interleaved regions are mappings, aligned to the page (" +
+                                  std::to_string(page) + " bytes), not to " + std::to_string(alignment));
+    unmap_pages(map_pages(1, placement), 1);  // throws now when the OS refuses the policy
+  }
 }
 
 void* HostBackedSource::allocate(size_t bytes) {
   const size_t n = take(bytes);
   if (n == 0) return nullptr;
-  void* p = std::aligned_alloc(alignment(), n);
+  void* p = nullptr;
+  try {
+    p = placement_ == PagePlacement::Interleave ? map_pages(n, placement_) : std::aligned_alloc(alignment(), n);
+  } catch (...) {
+    give_back(bytes);
+    throw;
+  }
   if (!p) give_back(bytes);  // the host itself is out of memory: same answer as a full device
   return p;
 }
 
 void HostBackedSource::release(void* ptr, size_t bytes) {
   if (!ptr) return;
-  std::free(ptr);
+  if (placement_ == PagePlacement::Interleave) unmap_pages(ptr, rounded(bytes));
+  else std::free(ptr);
   give_back(bytes);
 }
 
 std::string HostBackedSource::describe() const {
-  return "host-backed memory, capacity " + capacity_text(capacity());
+  std::string s = "host-backed memory, capacity " + capacity_text(capacity());
+  if (placement_ == PagePlacement::Interleave) s += ", pages interleaved over NUMA nodes " + node_list_text(numa_nodes());
+  return s;
 }
 
 VirtualSource::VirtualSource(size_t capacity, size_t alignment, uint64_t base)

@@ -27,6 +27,8 @@
 #include <cstdint>
 #include <string>
 
+#include "zt/memory/numa.h"
+
 namespace zt::memory {
 
 class MemorySource {
@@ -69,17 +71,24 @@ class CappedSource : public MemorySource {
 
 // The simulated GPU (or a capped host RAM): real host memory from aligned_alloc, at most
 // `capacity` bytes taken at once. Pages are not touched here, so an untouched region costs
-// the OS nothing until the trainer writes to it.
+// the OS nothing until the trainer writes to it. With PagePlacement::Interleave each region is
+// its own mapping whose pages interleave over the NUMA nodes (zt/memory/numa.h).
 class HostBackedSource final : public CappedSource {
  public:
   // `alignment` must be a power of two; sizes are rounded up to it (aligned_alloc's rule),
-  // and in_use() counts the rounded sizes.
-  explicit HostBackedSource(size_t capacity, size_t alignment = 4096);
+  // and in_use() counts the rounded sizes. Interleaved, it may not exceed the page size (the
+  // alignment of a mapping); the constructor also throws std::runtime_error when the OS refuses
+  // the interleave policy (numa.h: map_pages), so allocate() never fails for that reason.
+  explicit HostBackedSource(size_t capacity, size_t alignment = 4096, PagePlacement placement = PagePlacement::Local);
   ~HostBackedSource() override = default;  // regions still out belong to their callers
   void* allocate(size_t bytes) override;
   void release(void* ptr, size_t bytes) override;
   bool host_accessible() const override { return true; }
   std::string describe() const override;
+  PagePlacement placement() const { return placement_; }
+
+ private:
+  const PagePlacement placement_;
 };
 
 // Sizes only: unique fake addresses, no backing memory, so a 236B-parameter model on 48
