@@ -6,9 +6,14 @@
 // opaque_device_test.cpp.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <stdexcept>
+#include <thread>
 
 #include "../test_util.h"
 #include "data/corpus.h"
@@ -309,23 +314,32 @@ TEST(DelayedUpdate, HostAndDeviceShardsTakeTheSameUpdate) {
   EXPECT_GT(outlived, 0) << "every write-back copy finished inside its apply (5 runs): not asynchronous";
 }
 
-// ZT_ADAM_THREADS sets the background AdamW's OpenMP threads (a tuning knob for GPU hosts): any
-// count gives the same run; a bad one is refused by name.
+// ZT_ADAM_THREADS and ZT_ADAM_WAIT_THREADS set the background AdamW's OpenMP threads beside the
+// step and while the rank thread waits for it (tuning knobs for GPU hosts): any counts give the
+// same run, delayed or overlapped; a bad one is refused by name.
 TEST(DelayedUpdate, AdamThreadsFromTheEnvironment) {
+  for (bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "overlapped" : "delayed");
+    TrainConfig c = dpu_run(4, 0);
+    if (overlap) c.delayed_update = -1, c.overlap_update = true;
+    const std::vector<double> want = zt::test::train_losses(c);
+    setenv("ZT_ADAM_THREADS", "1", 1);
+    setenv("ZT_ADAM_WAIT_THREADS", "3", 1);
+    const std::vector<double> one = zt::test::train_losses(c);
+    unsetenv("ZT_ADAM_WAIT_THREADS");
+    EXPECT_EQ(one, want);
+  }
   const TrainConfig c = dpu_run(4, 0);
-  const std::vector<double> want = zt::test::train_losses(c);
-  setenv("ZT_ADAM_THREADS", "1", 1);
-  const std::vector<double> one = zt::test::train_losses(c);
-  setenv("ZT_ADAM_THREADS", "0", 1);
-  TrainSummary s;
-  const zt::Status st = train(c, nullptr, nullptr, &s);
-  unsetenv("ZT_ADAM_THREADS");
-  EXPECT_EQ(one, want);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("ZT_ADAM_THREADS='0': the background AdamW's threads (delayed or overlapped update), a "
-                              "count from 1 to 4096"),
-            std::string::npos)
-      << st.message();
+  for (const char* name : {"ZT_ADAM_THREADS", "ZT_ADAM_WAIT_THREADS"}) {
+    setenv(name, "0", 1);
+    TrainSummary s;
+    const zt::Status st = train(c, nullptr, nullptr, &s);
+    unsetenv(name);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find(std::string(name) + "='0': the background AdamW's threads"), std::string::npos)
+        << st.message();
+    EXPECT_NE(st.message().find("a count from 1 to 4096"), std::string::npos) << st.message();
+  }
 }
 
 TEST(DelayedUpdate, BadSettingsAreRefused) {
@@ -370,4 +384,44 @@ TEST(BackgroundThread, RunsJobsInOrderAndRethrowsTheirErrors) {
   bt.submit([&seen] { seen.push_back(9); });  // still usable
   bt.wait();
   EXPECT_EQ(seen.back(), 9);
+}
+
+// The job's OpenMP width: the narrow one while the owner goes on, the waited one from the first
+// refresh_width() after the owner starts waiting (in wait(), or under a Waiting mark of its own),
+// and its parallel regions really take that many threads.
+TEST(BackgroundThread, TheJobWidensWhileItsOwnerWaits) {
+  for (bool own_mark : {false, true}) {
+    SCOPED_TRACE(own_mark ? "a Waiting mark" : "wait()");
+    BackgroundThread bt(1, 3);
+    std::atomic<bool> started{false}, done{false};
+    int before = 0, team_before = 0, after = 0, team_after = 0;
+    bt.submit([&] {
+      before = bt.refresh_width();
+#pragma omp parallel
+      {
+#pragma omp single
+        team_before = omp_get_num_threads();
+      }
+      started = true;
+      const auto t0 = std::chrono::steady_clock::now();
+      while ((after = bt.refresh_width()) != 3 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+#pragma omp parallel
+      {
+#pragma omp single
+        team_after = omp_get_num_threads();
+      }
+      done = true;
+    });
+    while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (own_mark) {
+      BackgroundThread::Waiting waiting(bt);
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    bt.wait();
+    EXPECT_EQ(before, 1);
+    EXPECT_EQ(team_before, 1);
+    EXPECT_EQ(after, 3);
+    EXPECT_EQ(team_after, 3);
+  }
 }

@@ -6,7 +6,14 @@
 
 namespace zt::trainer {
 
-BackgroundThread::BackgroundThread(int omp_threads) : omp_threads_(omp_threads < 1 ? 1 : omp_threads) {}
+BackgroundThread::BackgroundThread(int omp_threads, int waited_threads)
+    : omp_threads_(omp_threads < 1 ? 1 : omp_threads), waited_threads_(waited_threads < 1 ? omp_threads_ : waited_threads) {}
+
+int BackgroundThread::refresh_width() {
+  const int n = waiting_.load() > 0 ? waited_threads_ : omp_threads_;
+  omp_set_num_threads(n);
+  return n;
+}
 
 BackgroundThread::~BackgroundThread() {
   {
@@ -31,6 +38,7 @@ void BackgroundThread::submit(std::function<void()> job) {
 
 void BackgroundThread::wait() {
   if (!pending_) return;
+  Waiting waiting(*this);
   std::exception_ptr err;
   {
     std::unique_lock lock(mu_);

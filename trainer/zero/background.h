@@ -2,11 +2,15 @@
 // the thread that hands them over. The engine's delayed parameter update (engine.h) runs a
 // step's CPU AdamW on it while the rank thread queues the next step's forward and backward.
 //
-// Owns: the thread and its OpenMP width (set once on the thread: OpenMP's thread count is a
-// per-thread setting, and the rank thread keeps its own). A job's exception is kept and thrown
-// by the wait() that follows it. May call: nothing of the trainer's. Called by: zero/engine.cpp.
+// Owns: the thread and its OpenMP width (OpenMP's thread count is a per-thread setting, and the
+// rank thread keeps its own). Two widths: one while the owner goes on beside the job (the cores are
+// shared), a wider one while the owner only waits for it (wait(), or a wait of its own marked with
+// Waiting): a job calls refresh_width() between pieces of work to take the one for now. A job's
+// exception is kept and thrown by the wait() that follows it. May call: nothing of the trainer's.
+// Called by: zero/engine.cpp.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -17,8 +21,9 @@ namespace zt::trainer {
 
 class BackgroundThread {
  public:
-  // The thread starts with the first job; its OpenMP regions use `omp_threads` threads.
-  explicit BackgroundThread(int omp_threads);
+  // The thread starts with the first job; its OpenMP regions use `omp_threads` threads, and, from
+  // a job's refresh_width() on, `waited_threads` while the owner waits for it (0: omp_threads).
+  explicit BackgroundThread(int omp_threads, int waited_threads = 0);
   // Lets the job under way finish (its exception, if any, is dropped; one handed over but not
   // started is not run), then stops the thread.
   ~BackgroundThread();
@@ -33,9 +38,26 @@ class BackgroundThread {
   // True from submit() until the wait() that follows it.
   bool pending() const { return pending_; }
 
+  // Marks a wait of the owner's own for the job's progress (as wait() marks itself): while one
+  // lives, refresh_width() gives the job the waited width.
+  class Waiting {
+   public:
+    explicit Waiting(BackgroundThread& t) : t_(t) { t_.waiting_.fetch_add(1); }
+    ~Waiting() { t_.waiting_.fetch_sub(1); }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+
+   private:
+    BackgroundThread& t_;
+  };
+  // On the job's thread only: sets its OpenMP width for the regions that follow to the one for
+  // now (waited or not) and returns it.
+  int refresh_width();
+
  private:
   void run();
-  const int omp_threads_;
+  const int omp_threads_, waited_threads_;
+  std::atomic<int> waiting_{0};  // live Waiting marks (wait() holds one)
   std::mutex mu_;
   std::condition_variable cv_;
   std::function<void()> job_;  // handed over, not yet started

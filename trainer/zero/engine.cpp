@@ -160,17 +160,24 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     // Measured on an H100 host (16 threads, 124M, delayed update, flash attention, TF32; 2026-11-23):
     // 4, 8 and 12 AdamW threads gave 72.4, 72.3 and 71.3 ms a step, and 15 (all but one, the
     // earlier default) about 79 ms in steady state. ZT_ADAM_THREADS sets it.
-    int adam_threads = std::max(1, omp_get_max_threads() * 3 / 4);
-    if (const char* env = std::getenv("ZT_ADAM_THREADS"); env && *env) {
+    // While the rank thread only waits for the pass ("apply delayed update", "await update <module>"),
+    // the modules still to do take all the rank's threads (ZT_ADAM_WAIT_THREADS sets it): at 1.5B the
+    // rank waited 467 of a 666 ms step with three quarters of its cores at work.
+    auto threads_from_env = [](const char* name, int fallback, const char* what) {
+      const char* env = std::getenv(name);
+      if (!env || !*env) return fallback;
       char* end = nullptr;
       const long v = std::strtol(env, &end, 10);
       if (*end || v < 1 || v > 4096)
-        throw std::invalid_argument(std::string("ZT_ADAM_THREADS='") + env +
-                                    "': the background AdamW's threads (delayed or overlapped update), a count from 1 "
-                                    "to 4096");
-      adam_threads = int(v);
-    }
-    background_ = std::make_unique<BackgroundThread>(adam_threads);
+        throw std::invalid_argument(std::string(name) + "='" + env + "': " + what + ", a count from 1 to 4096");
+      return int(v);
+    };
+    const int adam_threads = threads_from_env("ZT_ADAM_THREADS", std::max(1, omp_get_max_threads() * 3 / 4),
+                                              "the background AdamW's threads (delayed or overlapped update)");
+    const int waited_threads =
+        threads_from_env("ZT_ADAM_WAIT_THREADS", std::max(adam_threads, omp_get_max_threads()),
+                         "the background AdamW's threads while the rank thread waits for it");
+    background_ = std::make_unique<BackgroundThread>(adam_threads, waited_threads);
   }
   if (std::string p = grad_partition_dtype_problem(cfg); !p.empty()) throw std::invalid_argument(p);
   if (cfg.grad_partition_dtype == "compute") part_grad_dtype_ = dtype_;
@@ -772,6 +779,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     background_->submit([this, hp, step, adam_step] {
       try {
         for (size_t k = 0; k < pending_.size(); ++k) {
+          background_->refresh_width();
           run_adam(pending_[k], hp, step, adam_step);
           std::lock_guard lock(update_mu_);
           updates_done_ = k + 1;
@@ -803,7 +811,10 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     pending_step_ = step;
     const int64_t adam_step = adam_steps_;
     background_->submit([this, hp, step, adam_step] {
-      for (const AdamJob& j : pending_) run_adam(j, hp, step, adam_step);
+      for (const AdamJob& j : pending_) {
+        background_->refresh_width();
+        run_adam(j, hp, step, adam_step);
+      }
     });
     // The next job writes the other buffers: these are read by this update's write-back, which
     // the apply before that job waits for (skipped steps in between or not).
@@ -921,6 +932,7 @@ void ZeroEngine::await_update(int mi) {
   const size_t k = update_pos_[size_t(mi)];
   bool failed = false;
   {
+    BackgroundThread::Waiting waiting(*background_);  // the pass may take the rank's threads meanwhile
     std::unique_lock lock(update_mu_);
     update_cv_.wait(lock, [&] { return updates_done_ > k || update_failed_; });
     failed = updates_done_ <= k;  // this module's AdamW never ran (a later module's failure waits for its own)
