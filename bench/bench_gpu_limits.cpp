@@ -45,6 +45,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
+#include "cuda/memory_sources.h"
 #include "cuda/runtime.h"
 #include "zt/memory/numa.h"
 #include "model/config.h"
@@ -160,22 +161,26 @@ struct Pinned {
   void* ptr = nullptr;
 };
 
-// Host memory mapped with its pages interleaved over the NUMA nodes (zt/memory/numa.h), pinned
-// with cudaHostRegister when `pin`: zt train --pinned-numa interleave's regions.
+// Host memory mapped with its pages interleaved over the NUMA nodes (zt/memory/numa.h); when
+// `pin`, a region of zt train --pinned-numa interleave's own source (mapped, then cudaHostRegister).
 struct Interleaved {
-  Interleaved(size_t bytes, bool pin) : bytes(bytes), pinned(pin) {
-    ptr = zt::memory::map_pages(bytes, zt::memory::PagePlacement::Interleave);
+  Interleaved(size_t bytes, bool pin) : bytes(bytes) {
+    if (pin) {
+      source = std::make_unique<zt::cuda::CudaPinnedSource>(zt::memory::kNoLimit, zt::memory::PagePlacement::Interleave);
+      ptr = source->allocate(bytes);
+    } else {
+      ptr = zt::memory::map_pages(bytes, zt::memory::PagePlacement::Interleave);
+    }
     if (!ptr) throw std::runtime_error("out of memory (" + std::to_string(bytes) + " bytes)");
-    if (pin) check(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable), "cudaHostRegister");
   }
   ~Interleaved() {
-    if (pinned) (void)cudaHostUnregister(ptr);
-    zt::memory::unmap_pages(ptr, bytes);
+    if (source) source->release(ptr, bytes);
+    else zt::memory::unmap_pages(ptr, bytes);
   }
   Interleaved(const Interleaved&) = delete;
   Interleaved& operator=(const Interleaved&) = delete;
   size_t bytes;
-  bool pinned;
+  std::unique_ptr<zt::cuda::CudaPinnedSource> source;
   void* ptr = nullptr;
 };
 
@@ -193,7 +198,8 @@ std::string where_pages_lie(const void* ptr, size_t bytes) {
   for (const auto& [node, pages] : by_node) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%s%s %.0f%%", s.empty() ? "" : ", ",
-                  node < 0 ? "not resident" : ("node " + std::to_string(node)).c_str(), 100.0 * double(pages) / double(total));
+                  node == -1 ? "not resident" : node < 0 ? "unknown" : ("node " + std::to_string(node)).c_str(),
+                  100.0 * double(pages) / double(total));
     s += buf;
   }
   return s;
@@ -311,6 +317,8 @@ json measure_cpu_adam(const Options& o, bool gpu) {
   if (out.contains("pages_pinned")) std::printf("; cudaHostAlloc's: %s", out["pages_pinned"].get<std::string>().c_str());
   if (out.contains("pages_interleaved"))
     std::printf("; interleaved: %s", out["pages_interleaved"].get<std::string>().c_str());
+  if (out.contains("pages_pinned_interleaved"))
+    std::printf("; pinned interleaved: %s", out["pages_pinned_interleaved"].get<std::string>().c_str());
   std::printf(")\n");
   return out;
 }

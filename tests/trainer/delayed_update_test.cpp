@@ -326,6 +326,7 @@ TEST(DelayedUpdate, AdamThreadsFromTheEnvironment) {
     setenv("ZT_ADAM_THREADS", "1", 1);
     setenv("ZT_ADAM_WAIT_THREADS", "3", 1);
     const std::vector<double> one = zt::test::train_losses(c);
+    unsetenv("ZT_ADAM_THREADS");
     unsetenv("ZT_ADAM_WAIT_THREADS");
     EXPECT_EQ(one, want);
   }
@@ -386,42 +387,57 @@ TEST(BackgroundThread, RunsJobsInOrderAndRethrowsTheirErrors) {
   EXPECT_EQ(seen.back(), 9);
 }
 
-// The job's OpenMP width: the narrow one while the owner goes on, the waited one from the first
-// refresh_width() after the owner starts waiting (in wait(), or under a Waiting mark of its own),
-// and its parallel regions really take that many threads.
-TEST(BackgroundThread, TheJobWidensWhileItsOwnerWaits) {
-  for (bool own_mark : {false, true}) {
-    SCOPED_TRACE(own_mark ? "a Waiting mark" : "wait()");
-    BackgroundThread bt(1, 3);
-    std::atomic<bool> started{false}, done{false};
-    int before = 0, team_before = 0, after = 0, team_after = 0;
-    bt.submit([&] {
-      before = bt.refresh_width();
+// The job's OpenMP width, piece by piece: the narrow one while the owner goes on; the waited one for
+// the pieces the owner waits for (all of them in wait(), those up to k under a Waiting mark for k,
+// not the piece after k even while that mark still lives); its parallel regions really take that
+// many threads.
+TEST(BackgroundThread, TheJobWidensForThePiecesItsOwnerWaitsFor) {
+  BackgroundThread bt(1, 3);
+  std::atomic<bool> started{false}, first_done{false}, go{false};
+  int before = 0, team_before = 0, first = 0, team_first = 0, second = 0, third = 0, team_third = 0;
+  auto team = [] {
+    int n = 0;
 #pragma omp parallel
-      {
+    {
 #pragma omp single
-        team_before = omp_get_num_threads();
-      }
-      started = true;
-      const auto t0 = std::chrono::steady_clock::now();
-      while ((after = bt.refresh_width()) != 3 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-#pragma omp parallel
-      {
-#pragma omp single
-        team_after = omp_get_num_threads();
-      }
-      done = true;
-    });
-    while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (own_mark) {
-      BackgroundThread::Waiting waiting(bt);
-      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      n = omp_get_num_threads();
     }
-    bt.wait();
-    EXPECT_EQ(before, 1);
-    EXPECT_EQ(team_before, 1);
-    EXPECT_EQ(after, 3);
-    EXPECT_EQ(team_after, 3);
+    return n;
+  };
+  // Polls piece `piece`'s width until it is the waited one (20 s at most).
+  auto until_wide = [&](int64_t piece) {
+    const auto t0 = std::chrono::steady_clock::now();
+    int w = 0;
+    while ((w = bt.refresh_width(piece)) != 3 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return w;
+  };
+  bt.submit([&] {
+    before = bt.refresh_width(0);
+    team_before = team();
+    started = true;
+    first = until_wide(0);
+    team_first = team();
+    first_done = true;
+    while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    second = bt.refresh_width(1);  // the owner's mark for piece 0 still lives
+    team();
+    third = until_wide(2);  // the owner is in wait()
+    team_third = team();
+  });
+  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  {
+    BackgroundThread::Waiting waiting(bt, 0);
+    while (!first_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    go = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // piece 1 starts under the mark
   }
+  bt.wait();
+  EXPECT_EQ(before, 1);
+  EXPECT_EQ(team_before, 1);
+  EXPECT_EQ(first, 3);
+  EXPECT_EQ(team_first, 3);
+  EXPECT_EQ(second, 1);
+  EXPECT_EQ(third, 3);
+  EXPECT_EQ(team_third, 3);
 }

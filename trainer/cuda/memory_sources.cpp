@@ -75,8 +75,7 @@ CudaPinnedSource::CudaPinnedSource(size_t cap, memory::PagePlacement placement) 
     const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
     if (pages > 0 && page > 0) capacity_ = size_t(pages) * size_t(page);
   }
-  if (placement_ == memory::PagePlacement::Interleave)
-    memory::unmap_pages(memory::map_pages(1, placement_), 1);  // throws now when the OS refuses the policy
+  memory::check_placement(placement_);
 }
 
 // Interleaved: a mapping of its own whose pages the interleave policy places as cudaHostRegister

@@ -63,7 +63,7 @@ class CudaDeviceSource final : public memory::MemorySource {
 
 class CudaPinnedSource final : public memory::MemorySource {
  public:
-  // Throws std::runtime_error, interleaved, when the OS refuses the interleave policy.
+  // Throws std::runtime_error, interleaved, where map_pages would (zt/memory/numa.h: check_placement).
   explicit CudaPinnedSource(size_t cap = memory::kNoLimit, memory::PagePlacement placement = memory::PagePlacement::Local);
   void* allocate(size_t bytes) override;
   void release(void* ptr, size_t bytes) override;

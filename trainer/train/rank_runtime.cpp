@@ -97,18 +97,15 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
     ho.source = host_source_.get();
   }
   if (o.accelerator == DeviceType::Cuda) {
-    // Pinned memory from cudaHostAlloc (under the host cap, when one is given, of its own).
+    // Page-locked memory from the GPU's backend (cudaHostAlloc, or mapped and registered when
+    // interleaved), under the host cap, when one is given, of its own.
     pinned_source_ = o.backend->pinned_source(o.host_capacity, o.pinned_placement);
-    memory::HostAllocatorOptions po = ho;
-    po.source = pinned_source_.get();
-    pinned_ = std::make_unique<memory::PinnedHostAllocator>(po);
   } else if (!o.host_capacity && !o.virtual_memory && o.pinned_placement != memory::PagePlacement::Local) {
     pinned_source_ = std::make_unique<memory::HostBackedSource>(memory::kNoLimit, 4096, o.pinned_placement);
-    memory::HostAllocatorOptions po = ho;
-    po.source = pinned_source_.get();
-    pinned_ = std::make_unique<memory::PinnedHostAllocator>(po);
   }
-  if (!pinned_) pinned_ = std::make_unique<memory::PinnedHostAllocator>(ho);
+  memory::HostAllocatorOptions po = ho;
+  if (pinned_source_) po.source = pinned_source_.get();
+  pinned_ = std::make_unique<memory::PinnedHostAllocator>(po);
   pageable_ = std::make_unique<memory::PageableHostAllocator>(ho);
   pinned_storage_ = std::make_unique<PinnedStorage>(*pinned_, !o.virtual_memory);
   pageable_storage_ = std::make_unique<PageableStorage>(*pageable_, !o.virtual_memory);

@@ -455,8 +455,10 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
       *progress << "gradient partitions kept in " << cfg.precision
                 << " on the host: CPU AdamW widens them in its own pass (the fp32 partitions' arithmetic)\n";
     if (cfg.pinned_numa == "interleave" && !virt) {
-      const std::vector<int> nodes = memory::numa_nodes();
-      *progress << "pinned host memory interleaved page by page over NUMA node" << (nodes.size() == 1 ? " " : "s ")
+      const std::vector<int>& nodes = memory::numa_nodes();
+      *progress << (cfg.host_memory && !backend ? "host memory (pinned and pageable: one capped host memory)"
+                                                : "pinned host memory")
+                << " interleaved page by page over NUMA node" << (nodes.size() == 1 ? " " : "s ")
                 << memory::node_list_text(nodes)
                 << (nodes.size() == 1 ? " (one node: the same pages as local)" : "")
                 << (backend ? " (mapped, then pinned with cudaHostRegister)" : "") << "\n";

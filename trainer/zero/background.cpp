@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <cstdint>
 #include <stdexcept>
 
 namespace zt::trainer {
@@ -9,8 +10,8 @@ namespace zt::trainer {
 BackgroundThread::BackgroundThread(int omp_threads, int waited_threads)
     : omp_threads_(omp_threads < 1 ? 1 : omp_threads), waited_threads_(waited_threads < 1 ? omp_threads_ : waited_threads) {}
 
-int BackgroundThread::refresh_width() {
-  const int n = waiting_.load() > 0 ? waited_threads_ : omp_threads_;
+int BackgroundThread::refresh_width(int64_t piece) {
+  const int n = piece <= waited_upto_.load() ? waited_threads_ : omp_threads_;
   omp_set_num_threads(n);
   return n;
 }
@@ -38,7 +39,7 @@ void BackgroundThread::submit(std::function<void()> job) {
 
 void BackgroundThread::wait() {
   if (!pending_) return;
-  Waiting waiting(*this);
+  Waiting waiting(*this, INT64_MAX);  // every piece
   std::exception_ptr err;
   {
     std::unique_lock lock(mu_);

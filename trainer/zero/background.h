@@ -4,13 +4,16 @@
 //
 // Owns: the thread and its OpenMP width (OpenMP's thread count is a per-thread setting, and the
 // rank thread keeps its own). Two widths: one while the owner goes on beside the job (the cores are
-// shared), a wider one while the owner only waits for it (wait(), or a wait of its own marked with
-// Waiting): a job calls refresh_width() between pieces of work to take the one for now. A job's
+// shared), a wider one while the owner only waits for it (wait(), or a wait of its own for the
+// job's pieces up to some index, marked with Waiting): a job made of numbered pieces calls
+// refresh_width(piece) before each to take the one for that piece. A job's
 // exception is kept and thrown by the wait() that follows it. May call: nothing of the trainer's.
 // Called by: zero/engine.cpp.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -38,26 +41,31 @@ class BackgroundThread {
   // True from submit() until the wait() that follows it.
   bool pending() const { return pending_; }
 
-  // Marks a wait of the owner's own for the job's progress (as wait() marks itself): while one
-  // lives, refresh_width() gives the job the waited width.
+  // Marks a wait of the owner's own for the job's pieces 0..`upto` (wait() waits for all of them):
+  // while it lives, refresh_width(piece) gives those pieces the waited width, and not the pieces
+  // after them (the owner goes back to work once `upto` is done, perhaps before the mark is gone).
+  // The owner's thread only; marks nest.
   class Waiting {
    public:
-    explicit Waiting(BackgroundThread& t) : t_(t) { t_.waiting_.fetch_add(1); }
-    ~Waiting() { t_.waiting_.fetch_sub(1); }
+    Waiting(BackgroundThread& t, int64_t upto) : t_(t), before_(t.waited_upto_.load()) {
+      t_.waited_upto_.store(std::max(before_, upto));
+    }
+    ~Waiting() { t_.waited_upto_.store(before_); }
     Waiting(const Waiting&) = delete;
     Waiting& operator=(const Waiting&) = delete;
 
    private:
     BackgroundThread& t_;
+    const int64_t before_;
   };
   // On the job's thread only: sets its OpenMP width for the regions that follow to the one for
-  // now (waited or not) and returns it.
-  int refresh_width();
+  // piece `piece` (waited for or not) and returns it.
+  int refresh_width(int64_t piece);
 
  private:
   void run();
   const int omp_threads_, waited_threads_;
-  std::atomic<int> waiting_{0};  // live Waiting marks (wait() holds one)
+  std::atomic<int64_t> waited_upto_{-1};  // the last piece the owner waits for now (-1: none)
   std::mutex mu_;
   std::condition_variable cv_;
   std::function<void()> job_;  // handed over, not yet started

@@ -779,7 +779,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     background_->submit([this, hp, step, adam_step] {
       try {
         for (size_t k = 0; k < pending_.size(); ++k) {
-          background_->refresh_width();
+          background_->refresh_width(int64_t(k));
           run_adam(pending_[k], hp, step, adam_step);
           std::lock_guard lock(update_mu_);
           updates_done_ = k + 1;
@@ -811,9 +811,9 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     pending_step_ = step;
     const int64_t adam_step = adam_steps_;
     background_->submit([this, hp, step, adam_step] {
-      for (const AdamJob& j : pending_) {
-        background_->refresh_width();
-        run_adam(j, hp, step, adam_step);
+      for (size_t k = 0; k < pending_.size(); ++k) {
+        background_->refresh_width(int64_t(k));
+        run_adam(pending_[k], hp, step, adam_step);
       }
     });
     // The next job writes the other buffers: these are read by this update's write-back, which
@@ -932,7 +932,9 @@ void ZeroEngine::await_update(int mi) {
   const size_t k = update_pos_[size_t(mi)];
   bool failed = false;
   {
-    BackgroundThread::Waiting waiting(*background_);  // the pass may take the rank's threads meanwhile
+    // The pass may take the rank's threads for the modules up to this one (not those after it: the
+    // rank thread computes again once this one is done).
+    BackgroundThread::Waiting waiting(*background_, int64_t(k));
     std::unique_lock lock(update_mu_);
     update_cv_.wait(lock, [&] { return updates_done_ > k || update_failed_; });
     failed = updates_done_ <= k;  // this module's AdamW never ran (a later module's failure waits for its own)

@@ -40,7 +40,7 @@ HostBackedSource::HostBackedSource(size_t capacity, size_t alignment, PagePlacem
     if (page > 0 && alignment > size_t(page))
       throw std::invalid_argument("HostBackedSource: interleaved regions are mappings, aligned to the page (" +
                                   std::to_string(page) + " bytes), not to " + std::to_string(alignment));
-    unmap_pages(map_pages(1, placement), 1);  // throws now when the OS refuses the policy
+    check_placement(placement);
   }
 }
 

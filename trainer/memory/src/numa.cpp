@@ -84,13 +84,16 @@ PagePlacement parse_placement(const std::string& s) {
   throw std::invalid_argument("page placement '" + s + "': use local or interleave");
 }
 
-std::vector<int> numa_nodes() {
-  const std::set<int> with_memory = parse_node_list(read_first_line("/sys/devices/system/node/has_memory"));
-  const std::set<int> allowed = parse_node_list(mems_allowed_list());
-  std::vector<int> nodes;
-  for (int n : with_memory)
-    if (allowed.empty() || allowed.count(n)) nodes.push_back(n);
-  if (nodes.empty()) nodes.push_back(0);
+const std::vector<int>& numa_nodes() {
+  static const std::vector<int> nodes = [] {
+    const std::set<int> with_memory = parse_node_list(read_first_line("/sys/devices/system/node/has_memory"));
+    const std::set<int> allowed = parse_node_list(mems_allowed_list());
+    std::vector<int> v;
+    for (int n : with_memory)
+      if (allowed.empty() || allowed.count(n)) v.push_back(n);
+    if (v.empty()) v.push_back(0);
+    return v;
+  }();
   return nodes;
 }
 
@@ -107,23 +110,55 @@ std::string node_list_text(const std::vector<int>& nodes) {
   return s;
 }
 
+namespace {
+
+// The interleave policy on [p, p + n): "" when set, else why not.
+std::string interleave(void* p, size_t n) {
+  static const std::vector<unsigned long> mask = [] {
+    const std::vector<int>& nodes = numa_nodes();
+    std::vector<unsigned long> m(size_t(*std::max_element(nodes.begin(), nodes.end())) / 64 + 1, 0);
+    for (int node : nodes) m[size_t(node) / 64] |= 1UL << (node % 64);
+    return m;
+  }();
+  // maxnode counts one past the mask's bits: the kernel reads maxnode - 1 of them.
+  if (::syscall(SYS_mbind, p, n, kMpolInterleave, mask.data(), mask.size() * 64 + 1, 0) == 0) return {};
+  const int err = errno;
+  return errno_text("mbind(MPOL_INTERLEAVE)") +
+         (err == EPERM ? " (a container's seccomp profile allows it only with CAP_SYS_NICE)" : "");
+}
+
+std::string cannot_interleave(const std::string& why) {
+  return "cannot interleave host memory over NUMA nodes " + node_list_text(numa_nodes()) + ": " + why;
+}
+
+}  // namespace
+
+const std::string& interleave_refusal() {
+  static const std::string why = [] {
+    const size_t n = whole_pages(1);
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return errno_text("mmap");
+    std::string w = interleave(p, n);
+    ::munmap(p, n);
+    return w;
+  }();
+  return why;
+}
+
+void check_placement(PagePlacement placement) {
+  if (placement == PagePlacement::Interleave && numa_nodes().size() > 1 && !interleave_refusal().empty())
+    throw std::runtime_error(cannot_interleave(interleave_refusal()));
+}
+
 void* map_pages(size_t bytes, PagePlacement placement) {
   const size_t n = whole_pages(bytes);
   void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return nullptr;
   if (placement == PagePlacement::Interleave) {
-    const std::vector<int> nodes = numa_nodes();
-    const int top = *std::max_element(nodes.begin(), nodes.end());
-    std::vector<unsigned long> mask(size_t(top) / 64 + 1, 0);
-    for (int node : nodes) mask[size_t(node) / 64] |= 1UL << (node % 64);
-    // maxnode counts one past the mask's bits: the kernel reads maxnode - 1 of them.
-    if (::syscall(SYS_mbind, p, n, kMpolInterleave, mask.data(), mask.size() * 64 + 1, 0) != 0) {
-      const int err = errno;
-      const std::string why = errno_text("mbind(MPOL_INTERLEAVE)");
+    // One node: refused or not, the pages are the same.
+    if (std::string why = interleave(p, n); !why.empty() && numa_nodes().size() > 1) {
       ::munmap(p, n);
-      throw std::runtime_error("cannot interleave host memory over NUMA nodes " + node_list_text(nodes) + ": " + why +
-                               (err == EPERM ? " (a container's seccomp profile allows it only with CAP_SYS_NICE)"
-                                               : ""));
+      throw std::runtime_error(cannot_interleave(why));
     }
   }
   return p;
@@ -156,7 +191,7 @@ std::map<int, int64_t> pages_by_node(const void* ptr, size_t bytes) {
     // Nodes null: move_pages only reports where each page is.
     if (::syscall(SYS_move_pages, 0, pages.size(), pages.data(), nullptr, status.data(), 0) != 0)
       throw std::runtime_error(errno_text("move_pages"));
-    for (int s : status) ++count[s >= 0 ? s : -1];
+    for (int s : status) ++count[s >= 0 ? s : s == -ENOENT ? -1 : -2];
   }
   return count;
 }

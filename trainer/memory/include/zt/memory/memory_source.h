@@ -77,8 +77,8 @@ class HostBackedSource final : public CappedSource {
  public:
   // `alignment` must be a power of two; sizes are rounded up to it (aligned_alloc's rule),
   // and in_use() counts the rounded sizes. Interleaved, it may not exceed the page size (the
-  // alignment of a mapping); the constructor also throws std::runtime_error when the OS refuses
-  // the interleave policy (numa.h: map_pages), so allocate() never fails for that reason.
+  // alignment of a mapping); the constructor also throws std::runtime_error where map_pages would
+  // (numa.h: check_placement), so allocate() never fails for that reason.
   explicit HostBackedSource(size_t capacity, size_t alignment = 4096, PagePlacement placement = PagePlacement::Local);
   ~HostBackedSource() override = default;  // regions still out belong to their callers
   void* allocate(size_t bytes) override;

@@ -10,7 +10,9 @@
 //
 // Owns: mappings made by map_pages() until unmap_pages(). Linux system calls only (mmap,
 // mbind, get_mempolicy, move_pages), no libnuma. On a host of one NUMA node an interleaved
-// mapping is an ordinary one with the interleave policy over that node: the same pages.
+// mapping is an ordinary one with the interleave policy over that node: the same pages (and
+// where the OS refuses the policy there, as a container's seccomp profile may, just an ordinary
+// one). Interleaving goes by the page the mapping gets: 2 MiB where transparent huge pages are on.
 // May call: nothing of zerotrace's. Called by: memory_source.cpp (HostBackedSource), the CUDA
 // pinned source (mapped, then cudaHostRegister), bench_gpu_limits, tests.
 #pragma once
@@ -34,27 +36,35 @@ const char* placement_name(PagePlacement p);
 PagePlacement parse_placement(const std::string& s);
 
 // The NUMA nodes this process may take memory from: the nodes with memory
-// (/sys/devices/system/node/has_memory) that are in its Mems_allowed (/proc/self/status).
-// {0} when the host does not say (no NUMA support in the kernel).
-std::vector<int> numa_nodes();
+// (/sys/devices/system/node/has_memory) that are in its Mems_allowed (/proc/self/status), read
+// once. {0} when the host does not say (no NUMA support in the kernel).
+const std::vector<int>& numa_nodes();
 // "0", "0-1", "0,2-3".
 std::string node_list_text(const std::vector<int>& nodes);
+
+// Why the OS refuses the interleave policy (mbind's errno text; in a container, seccomp allows it
+// only with CAP_SYS_NICE), or "" when it sets it. Asked once.
+const std::string& interleave_refusal();
+// Throws std::runtime_error when map_pages(., placement) would: Interleave on a host of several
+// nodes whose OS refuses the policy. For a source's constructor, so that its allocate() never does.
+void check_placement(PagePlacement placement);
 
 // `bytes` (rounded up to whole pages) of anonymous private memory; with Interleave, its pages
 // are bound to interleave over numa_nodes() before any is touched (the policy places each page
 // when it is first faulted in, by whichever thread). nullptr when the OS has no memory to map.
-// Throws std::runtime_error when the interleave policy cannot be set (mbind refused: in a
-// container, seccomp allows it only with CAP_SYS_NICE), naming the system call and errno's text.
+// Throws std::runtime_error when the interleave policy cannot be set on a host of several nodes,
+// naming the system call and errno's text (on one node the mapping is returned without it).
 void* map_pages(size_t bytes, PagePlacement placement);
 // Returns a mapping of map_pages() (the same `bytes`).
 void unmap_pages(void* ptr, size_t bytes);
 
-// The policy the range's first page was mapped with (get_mempolicy MPOL_F_ADDR): Interleave
-// for MPOL_INTERLEAVE, Local otherwise. Throws std::runtime_error when the OS will not say.
+// The mapping's own policy at ptr (get_mempolicy MPOL_F_ADDR): Interleave for MPOL_INTERLEAVE,
+// Local otherwise (also for a process run under numactl --interleave: that policy is the
+// process's, not the mapping's). Throws std::runtime_error when the OS will not say.
 PagePlacement placement_of(const void* ptr);
-// Resident pages of [ptr, ptr + bytes) by the node they are on (move_pages, querying only); -1
-// counts the pages not faulted in yet. Looks at every page, so it is for tests and benchmarks.
-// Throws std::runtime_error when the OS will not say.
+// Pages of [ptr, ptr + bytes) by the node they are on (move_pages, querying only); -1 counts the
+// pages not faulted in yet, -2 those the OS could not place (another error). Looks at every page,
+// so it is for tests and benchmarks. Throws std::runtime_error when the OS will not say.
 std::map<int, int64_t> pages_by_node(const void* ptr, size_t bytes);
 
 }  // namespace zt::memory
