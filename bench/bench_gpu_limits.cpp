@@ -277,21 +277,21 @@ json measure_cpu_adam(const Options& o, bool gpu) {
     out["pages_first_touched_by_one_thread"] = where_pages_lie(p1.ptr, size_t(n) * 4);
   }
   // zt train --pinned-numa interleave's pages: round robin over the nodes, whoever touches them.
-  auto rate_interleaved = [&](bool pin) {
-    Interleaved pi(size_t(n) * 4, pin), gi(size_t(n) * 2, pin), mi(size_t(n) * 4, pin), vi(size_t(n) * 4, pin),
-        li(size_t(n) * 2, pin);
-    const double r = rate_on(static_cast<float*>(pi.ptr), gi.ptr, static_cast<float*>(mi.ptr),
-                             static_cast<float*>(vi.ptr), li.ptr);
-    return std::make_pair(r, where_pages_lie(pi.ptr, size_t(n) * 4));
+  // Its rate under `label` and JSON keys bf16_grads_<key>_params_per_s and pages_<key>, or why not.
+  auto measure_interleaved = [&](bool pin, const char* label, const std::string& key) {
+    try {
+      Interleaved pi(size_t(n) * 4, pin), gi(size_t(n) * 2, pin), mi(size_t(n) * 4, pin), vi(size_t(n) * 4, pin),
+          li(size_t(n) * 2, pin);
+      const double r = rate_on(static_cast<float*>(pi.ptr), gi.ptr, static_cast<float*>(mi.ptr),
+                               static_cast<float*>(vi.ptr), li.ptr);
+      std::printf("  %-44s %9.1f Mparam/s\n", label, r / 1e6);
+      out["bf16_grads_" + key + "_params_per_s"] = r;
+      out["pages_" + key] = where_pages_lie(pi.ptr, size_t(n) * 4);
+    } catch (const std::exception& e) {
+      std::printf("  %s: %s\n", label, e.what());
+    }
   };
-  try {
-    const auto [r3, where] = rate_interleaved(false);
-    std::printf("  %-44s %9.1f Mparam/s\n", "... on pages interleaved over the NUMA nodes", r3 / 1e6);
-    out["bf16_grads_interleaved_params_per_s"] = r3;
-    out["pages_interleaved"] = where;
-  } catch (const std::exception& e) {
-    std::printf("  ... on pages interleaved over the NUMA nodes: %s\n", e.what());
-  }
+  measure_interleaved(false, "... on pages interleaved over the NUMA nodes", "interleaved");
   if (gpu) {
     {
       Pinned pp(size_t(n) * 4), gp(size_t(n) * 2), mp(size_t(n) * 4), vp(size_t(n) * 4), lp(size_t(n) * 2);
@@ -301,24 +301,17 @@ json measure_cpu_adam(const Options& o, bool gpu) {
       out["bf16_grads_pinned_params_per_s"] = r2;
       out["pages_pinned"] = where_pages_lie(pp.ptr, size_t(n) * 4);
     }
-    try {
-      const auto [r4, where] = rate_interleaved(true);
-      std::printf("  %-44s %9.1f Mparam/s\n", "... on pinned interleaved pages (cudaHostRegister)", r4 / 1e6);
-      out["bf16_grads_pinned_interleaved_params_per_s"] = r4;
-      out["pages_pinned_interleaved"] = where;
-    } catch (const std::exception& e) {
-      std::printf("  ... on pinned interleaved pages (cudaHostRegister): %s\n", e.what());
-    }
+    measure_interleaved(true, "... on pinned interleaved pages (cudaHostRegister)", "pinned_interleaved");
   }
-  std::printf("  (this process may use NUMA node%s %s; pages of each thread's own: %s", nodes.size() == 1 ? "" : "s",
-              zt::memory::node_list_text(nodes).c_str(), out["pages_first_touched_by_each_thread"].get<std::string>().c_str());
-  if (out.contains("pages_first_touched_by_one_thread"))
-    std::printf("; one thread's: %s", out["pages_first_touched_by_one_thread"].get<std::string>().c_str());
-  if (out.contains("pages_pinned")) std::printf("; cudaHostAlloc's: %s", out["pages_pinned"].get<std::string>().c_str());
-  if (out.contains("pages_interleaved"))
-    std::printf("; interleaved: %s", out["pages_interleaved"].get<std::string>().c_str());
-  if (out.contains("pages_pinned_interleaved"))
-    std::printf("; pinned interleaved: %s", out["pages_pinned_interleaved"].get<std::string>().c_str());
+  std::printf("  (this process may use NUMA node%s %s; pages of", nodes.size() == 1 ? "" : "s",
+              zt::memory::node_list_text(nodes).c_str());
+  const char* sep = " ";
+  for (const auto& [label, key] : {std::pair{"each thread's own", "pages_first_touched_by_each_thread"},
+                                   {"one thread's", "pages_first_touched_by_one_thread"},
+                                   {"cudaHostAlloc's", "pages_pinned"},
+                                   {"interleaved", "pages_interleaved"},
+                                   {"pinned interleaved", "pages_pinned_interleaved"}})
+    if (out.contains(key)) std::printf("%s%s: %s", sep, label, out[key].get<std::string>().c_str()), sep = "; ";
   std::printf(")\n");
   return out;
 }

@@ -91,9 +91,11 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
     // One host memory for both allocators: pinned and pageable bytes count against one cap,
     // as they do on a real machine.
     ho.cap = o.host_capacity;
+    // (On a GPU the pinned memory has a source of its own, below: this one is pageable only.)
     if (o.virtual_memory) host_source_ = std::make_unique<memory::VirtualSource>(o.host_capacity);
-    else if (o.accelerator == DeviceType::Cuda) host_source_ = std::make_unique<memory::HostBackedSource>(o.host_capacity);
-    else host_source_ = std::make_unique<memory::HostBackedSource>(o.host_capacity, 4096, o.pinned_placement);
+    else
+      host_source_ = std::make_unique<memory::HostBackedSource>(
+          o.host_capacity, 4096, o.accelerator == DeviceType::Cuda ? memory::PagePlacement::Local : o.pinned_placement);
     ho.source = host_source_.get();
   }
   if (o.accelerator == DeviceType::Cuda) {

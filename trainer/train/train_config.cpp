@@ -10,6 +10,7 @@
 #include "zt/common/files.h"
 #include "zt/common/units.h"
 #include "zt/common/yaml_keys.h"
+#include "zt/memory/numa.h"
 
 namespace zt::trainer {
 
@@ -200,9 +201,12 @@ Status validate(const TrainConfig& c) {
   if (c.overlap_update && c.delayed_update >= 0)
     return bad("overlap_update and delayed_update are two ways of running AdamW beside the next step (exact, and one update stale): give one");
   if (std::string p = grad_partition_dtype_problem(c); !p.empty()) return bad(p);
-  if (c.pinned_numa != "local" && c.pinned_numa != "interleave")
+  try {
+    memory::parse_placement(c.pinned_numa);  // the one list of placements' names
+  } catch (const std::invalid_argument&) {
     return bad("pinned_numa '" + c.pinned_numa +
                "': use local (pages on the node that pins them) or interleave (round robin over the NUMA nodes)");
+  }
   if (c.checkpoint_gather != "streamed" && c.checkpoint_gather != "device")
     return bad("checkpoint_gather '" + c.checkpoint_gather + "': use streamed (one module at a time) or device (all at once)");
   if (c.world_size > 256 && !c.virtual_mode)

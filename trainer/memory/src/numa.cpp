@@ -135,11 +135,10 @@ std::string cannot_interleave(const std::string& why) {
 
 const std::string& interleave_refusal() {
   static const std::string why = [] {
-    const size_t n = whole_pages(1);
-    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return errno_text("mmap");
-    std::string w = interleave(p, n);
-    ::munmap(p, n);
+    void* p = map_pages(1, PagePlacement::Local);
+    if (!p) return errno_text("mmap");
+    std::string w = interleave(p, whole_pages(1));
+    unmap_pages(p, 1);
     return w;
   }();
   return why;
