@@ -71,11 +71,15 @@ double chunked_sum_squares(int64_t n, const F& chunk) {
 class HostOps : public DeviceOps {
  public:
   bool host_addressable() const override { return true; }
+  // Large copies and fills in chunks on OpenMP threads too: the engine's set-up zeroes and fills
+  // every model state (a fresh page's first touch is the kernel clearing it, one thread's pace).
   void copy(void* dst, const void* src, size_t bytes) override {
-    if (bytes) std::memcpy(dst, src, bytes);
+    for_chunks(int64_t(bytes), [&](int64_t lo, int64_t hi) {
+      std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, size_t(hi - lo));
+    });
   }
   void zero(void* p, size_t bytes) override {
-    if (bytes) std::memset(p, 0, bytes);
+    for_chunks(int64_t(bytes), [&](int64_t lo, int64_t hi) { std::memset(static_cast<char*>(p) + lo, 0, size_t(hi - lo)); });
   }
   void convert(void* dst, DType dst_t, const void* src, DType src_t, int64_t n) override {
     // to_float / from_float run on OpenMP threads themselves (core/dtype.cpp).

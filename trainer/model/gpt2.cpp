@@ -8,6 +8,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model/flash_attention.h"
@@ -22,44 +23,64 @@ namespace k = kernels;
 namespace {
 
 // Standard normals from mt19937_64 by Box-Muller, written out because std::normal_distribution's
-// algorithm is implementation-defined (libstdc++ and libc++ give different streams).
-class Normal {
- public:
-  explicit Normal(uint64_t seed) : rng_(seed) {}
-  double next() {
-    if (have_spare_) {
-      have_spare_ = false;
-      return spare_;
-    }
-    // u1 in (0, 1] so log(u1) is finite; 53 random bits each.
-    const double u1 = 1.0 - (double)(rng_() >> 11) * 0x1.0p-53;
-    const double u2 = (double)(rng_() >> 11) * 0x1.0p-53;
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    const double theta = 2.0 * 3.14159265358979323846 * u2;
-    spare_ = r * std::sin(theta);
-    have_spare_ = true;
-    return r * std::cos(theta);
-  }
-
- private:
-  std::mt19937_64 rng_;
-  double spare_ = 0.0;
-  bool have_spare_ = false;
-};
+// algorithm is implementation-defined (libstdc++ and libc++ give different streams): the pair of
+// words (a, b) gives r cos(theta) and then r sin(theta).
+void normal_pair(uint64_t a, uint64_t b, double out[2]) {
+  // u1 in (0, 1] so log(u1) is finite; 53 random bits each.
+  const double u1 = 1.0 - (double)(a >> 11) * 0x1.0p-53;
+  const double u2 = (double)(b >> 11) * 0x1.0p-53;
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  const double theta = 2.0 * 3.14159265358979323846 * u2;
+  out[0] = r * std::cos(theta);
+  out[1] = r * std::sin(theta);
+}
 
 bool ends_with(const std::string& s, const char* suffix) {
   const size_t n = std::strlen(suffix);
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
 }
 
+// A tensor drawn from the stream: samples [first, first + n) of it, times std_dev, into w.
+struct Drawn {
+  int64_t first, n;
+  float* w;
+  double std_dev;
+};
+
+// Pairs [lo, hi) of the stream from their words (words[2 (k - base)], words[2 (k - base) + 1]),
+// written where they belong: `si` starts at the tensor holding sample 2 lo.
+void write_pairs(const std::vector<Drawn>& drawn, int64_t total, const uint64_t* words, int64_t base, int64_t lo,
+                 int64_t hi) {
+  size_t si = size_t(std::upper_bound(drawn.begin(), drawn.end(), 2 * lo,
+                                      [](int64_t s, const Drawn& d) { return s < d.first; }) -
+                     drawn.begin()) -
+              1;
+  for (int64_t k = lo; k < hi; ++k) {
+    double z[2];
+    normal_pair(words[2 * (k - base)], words[2 * (k - base) + 1], z);
+    for (int h = 0; h < 2; ++h) {
+      const int64_t s = 2 * k + h;
+      if (s >= total) return;
+      while (s >= drawn[si].first + drawn[si].n) ++si;
+      drawn[si].w[s - drawn[si].first] = (float)(drawn[si].std_dev * z[h]);
+    }
+  }
+}
+
 }  // namespace
 
 void init_params(const Config& config, uint64_t seed, float* params) {
   const std::vector<ParamSpec> table = param_table(config);
-  Normal normal(seed);
   // GPT-2 scales the two projections that write into the residual stream so that its variance
   // does not grow with depth (each block adds two of them).
   const double residual_std = 0.02 / std::sqrt(2.0 * (double)config.layers);
+  // The drawn tensors take one stream of normals in the table's order, each the next numel of it
+  // (a pair's second sample goes to the next tensor when one ends mid-pair): the values of one
+  // draw after another, whatever the threads. The words come from the generator in order, a block
+  // at a time (the next block's drawn on a thread of its own meanwhile); the transform, 50-odd ns
+  // a pair (a 1.5B model spent half a minute here on one thread), runs on OpenMP threads.
+  std::vector<Drawn> drawn;
+  int64_t total = 0;
   for (const ParamSpec& p : table) {
     float* w = params + p.offset;
     const bool layernorm = p.name.find("ln") != std::string::npos;  // ln1, ln2, final_ln
@@ -67,11 +88,34 @@ void init_params(const Config& config, uint64_t seed, float* params) {
       std::fill(w, w + p.numel, 0.0f);
     } else if (layernorm) {
       std::fill(w, w + p.numel, 1.0f);
-    } else {
+    } else if (p.numel > 0) {
       const bool residual = ends_with(p.name, "attn.proj.weight") || ends_with(p.name, "mlp.proj.weight");
-      const double std_dev = residual ? residual_std : 0.02;
-      for (int64_t i = 0; i < p.numel; i++) w[i] = (float)(std_dev * normal.next());
+      drawn.push_back({total, p.numel, w, residual ? residual_std : 0.02});
+      total += p.numel;
     }
+  }
+  const int64_t pairs = (total + 1) / 2;
+  constexpr int64_t kBlock = int64_t{1} << 20;  // pairs a block: 16 MiB of words
+  constexpr int64_t kPiece = 4096;              // pairs a thread takes at a time
+  std::mt19937_64 rng(seed);
+  auto draw = [&rng](std::vector<uint64_t>& words, int64_t n) {
+    words.resize(size_t(2 * n));
+    for (uint64_t& x : words) x = rng();
+  };
+  std::vector<uint64_t> words, next;
+  words.reserve(size_t(2 * std::min(kBlock, pairs)));
+  next.reserve(words.capacity());  // the drawer thread allocates nothing
+  draw(words, std::min(kBlock, pairs));
+  for (int64_t base = 0; base < pairs; base += kBlock) {
+    const int64_t n = std::min(kBlock, pairs - base), n_next = std::min(kBlock, pairs - base - n);
+    std::thread drawer;
+    if (n_next > 0) drawer = std::thread([&] { draw(next, n_next); });
+    const int64_t pieces = (n + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(dynamic) if (pieces > 1)
+    for (int64_t c = 0; c < pieces; ++c)
+      write_pairs(drawn, total, words.data(), base, base + c * kPiece, base + std::min(n, (c + 1) * kPiece));
+    if (drawer.joinable()) drawer.join();
+    words.swap(next);
   }
 }
 

@@ -192,9 +192,10 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   virt_ = virt;
   const ModelShape shape = cfg.model == "custom" ? cfg.shape : shape_of(mc, cfg.model);
   modules_ = virt ? shape_modules(shape, cfg.model != "custom") : model::module_table(mc);
-  std::vector<float> init(virt ? 0 : size_t(model::num_params(mc)));
-  if (!virt) model::init_params(mc, cfg.seed, init.data());
-  std::vector<float> vals;
+  // Left uninitialized: init_params writes every element, its threads touching the pages first.
+  std::unique_ptr<float[]> init(virt ? nullptr : new float[size_t(model::num_params(mc))]);
+  if (!virt) model::init_params(mc, cfg.seed, init.get());
+  std::vector<float> padded_vals;
   for (const auto& spec : modules_) {
     auto p = std::make_unique<Part>();
     p->spec = spec;
@@ -203,16 +204,25 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     p->lo = rank_ * p->shard;
     p->persistent = z_.stage == 3 && spec.numel < z_.param_persistence_threshold;
     p->sharded = z_.stage == 3 && !p->persistent;
-    vals.assign(virt ? 0 : size_t(p->padded), 0.0f);
-    if (!virt) std::memcpy(vals.data(), init.data() + spec.offset, size_t(spec.numel) * sizeof(float));
+    // The module's initial values padded with zeros to a multiple of the world size: read where
+    // they are when no padding is needed (at world size 1 a copy of the whole model, on one thread).
+    const float* vals = nullptr;
+    if (!virt && p->padded == spec.numel) {
+      vals = init.get() + spec.offset;
+    } else if (!virt) {
+      padded_vals.assign(size_t(p->padded), 0.0f);
+      std::memcpy(padded_vals.data(), init.get() + spec.offset, size_t(spec.numel) * sizeof(float));
+      vals = padded_vals.data();
+    }
+    auto vals_at = [vals](int64_t i) { return vals ? vals + i : nullptr; };
     const std::string& n = spec.name;
     if (p->sharded) {
       Device& where = z_.offload_param ? host : accel;
       p->param_shard = Tensor::empty(n + ".shard", {p->shard}, dtype_, where, z_.offload_param && pin);
-      upload(p->param_shard, 0, vals.data() + p->lo, p->shard);
+      upload(p->param_shard, 0, vals_at(p->lo), p->shard);
     } else {
       p->param = Tensor::empty(n + ".param", {p->padded}, dtype_, accel);
-      upload(p->param, 0, vals.data(), p->padded);
+      upload(p->param, 0, vals_at(0), p->padded);
     }
     p->grad = z_.stage <= 1 ? Tensor::zeros(n + ".grad", {p->padded}, dtype_, accel)
                             : Tensor::zeros(n + ".grad[shard]", {p->shard}, dtype_, accel);
@@ -222,7 +232,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     const bool opt_pin = z_.offload_optimizer && pin;
     const std::string group = partition_name(spec.index);
     p->master = Tensor::empty(group, {p->opt_n}, DType::F32, opt, opt_pin);
-    upload(p->master, 0, vals.data() + p->opt_lo, p->opt_n);
+    upload(p->master, 0, vals_at(p->opt_lo), p->opt_n);
     p->m = Tensor::zeros("adam.m[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
     p->v = Tensor::zeros("adam.v[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
     if (z_.offload_optimizer)

@@ -2,8 +2,11 @@
 // names and transposes, and GPT-2's initialization.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "model_test_util.h"
 
@@ -181,6 +184,60 @@ TEST(Init, Gpt2StatisticsAndDeterminism) {
       EXPECT_NEAR(mean, 0.0, 0.1 * want) << p.name;
     }
   }
+}
+
+// init_params draws its normals on several threads, a block of the generator's words at a time:
+// the values must be those of one sequential draw after another (the algorithm as it was written
+// first, below), whatever the thread count, across tensors that end mid-pair and across blocks.
+std::vector<float> init_one_draw_after_another(const Config& c, uint64_t seed) {
+  std::vector<float> w((size_t)num_params(c));
+  std::mt19937_64 rng(seed);
+  bool have_spare = false;
+  double spare = 0;
+  auto next = [&] {
+    if (have_spare) {
+      have_spare = false;
+      return spare;
+    }
+    const double u1 = 1.0 - (double)(rng() >> 11) * 0x1.0p-53;
+    const double u2 = (double)(rng() >> 11) * 0x1.0p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    const double theta = 2.0 * 3.14159265358979323846 * u2;
+    spare = r * std::sin(theta);
+    have_spare = true;
+    return r * std::cos(theta);
+  };
+  auto ends = [](const std::string& s, const std::string& t) {
+    return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+  };
+  for (const ParamSpec& p : param_table(c)) {
+    float* x = w.data() + p.offset;
+    const bool proj = ends(p.name, "attn.proj.weight") || ends(p.name, "mlp.proj.weight");
+    const double sd = proj ? 0.02 / std::sqrt(2.0 * (double)c.layers) : 0.02;
+    for (int64_t i = 0; i < p.numel; i++)
+      x[i] = ends(p.name, ".bias") ? 0.0f : p.name.find("ln") != std::string::npos ? 1.0f : (float)(sd * next());
+  }
+  return w;
+}
+
+TEST(Init, ThreadedDrawEqualsOneDrawAfterAnother) {
+  // Odd widths and vocabularies: most drawn tensors end mid-pair. The second shape draws over
+  // 4.7 M samples, three of init_params' blocks of 2^20 pairs.
+  const Config shapes[] = {{257, 33, 3, 3, 15}, {90001, 64, 1, 3, 51}};
+  const int before = omp_get_max_threads();
+  for (const Config& c : shapes) {
+    ASSERT_TRUE(validate(c).ok()) << describe(c);
+    const std::vector<float> want = init_one_draw_after_another(c, 7);
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<float> got(want.size(), -1.0f);
+      init_params(c, 7, got.data());
+      size_t bad = 0;
+      while (bad < got.size() && std::memcmp(&got[bad], &want[bad], sizeof(float)) == 0) ++bad;
+      EXPECT_EQ(bad, got.size()) << describe(c) << ", " << threads << " threads: first difference at element " << bad;
+    }
+  }
+  omp_set_num_threads(before);
 }
 
 }  // namespace
