@@ -2,10 +2,12 @@
 // whole path except what needs a GPU or torch runs on every CI run, so a Python error or a change
 // of a trace's phase names shows here and not first in a GPU session: the run, the trace's
 // analysis (the step breakdown, the bound's terms), the report files, --profile's `zt db kernels`
-// of the simulated GPU's passes, and --analyze of the same trace.
+// of the simulated GPU's passes, and --analyze of the same trace. Likewise bench/gpu_session, the
+// GPU session's one prepared command (its steps through gpu_compare, its budget, its refusals).
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -23,8 +25,11 @@ std::string read_file(const std::string& path) {
 
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
 
-// The interpreter CMake found (scripts/setup installs python3); empty when none was.
-std::string gpu_compare() { return quoted(ZT_PYTHON3) + " " + quoted(std::string(ZT_SOURCE_DIR) + "/bench/gpu_compare"); }
+// The interpreter CMake found (scripts/setup installs python3) running a script of bench/.
+std::string bench_script(const char* name) {
+  return quoted(ZT_PYTHON3) + " " + quoted(std::string(ZT_SOURCE_DIR) + "/bench/" + name);
+}
+std::string gpu_compare() { return bench_script("gpu_compare"); }
 
 #define REQUIRE_PYTHON()                                                        \
   if (std::string(ZT_PYTHON3).empty()) GTEST_SKIP() << "no python3 was found when configuring"
@@ -90,4 +95,67 @@ TEST(GpuCompare, BadArgumentsAreRefused) {
   const zt::test::CommandResult m = zt::test::run_command(gpu_compare() + " --analyze /nonexistent/t.db 2>&1");
   EXPECT_NE(m.code, 0);
   EXPECT_NE(m.out.find("/nonexistent/t.db"), std::string::npos) << m.out;
+}
+
+TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
+  REQUIRE_PYTHON();
+  zt::test::TempDir dir;
+  const std::string out = dir.file("session");
+  const zt::test::CommandResult r = zt::test::run_command(bench_script("gpu_session") + " --device sim --build " +
+                                                          quoted(ZT_BINARY_DIR) + " --out " + quoted(out) + " 2>&1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("Traceback"), std::string::npos) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(read_file(out + "/summary.json"));
+  std::map<std::string, nlohmann::json> rows, steps;
+  for (const auto& row : j["rows"]) rows[row["step"].get<std::string>()] = row;
+  for (const auto& st : j["steps"]) steps[st["step"].get<std::string>()] = st;
+  // Every model step left a row with a step time, each run of gpu_compare with the tiny preset.
+  for (const char* name : {"350M", "350M-bf16grad", "350M-nowiden", "350M-adamall", "350M-interleave", "1.5B", "124M"}) {
+    ASSERT_TRUE(rows.count(name)) << name << " has no row:\n" << r.out;
+    EXPECT_EQ(rows[name]["model"], "tiny") << name;
+    EXPECT_GT(rows[name]["step_ms"].get<double>(), 0.0) << name;
+    EXPECT_GT(rows[name]["adamw_mparam_s"].get<double>(), 0.0) << name;
+    EXPECT_EQ(steps[name]["rc"], 0) << name;
+  }
+  // Each variant changed what it says it changes (the trace's own settings, or the environment).
+  EXPECT_NE(rows["350M-bf16grad"]["settings"].get<std::string>().find("bf16 grad partitions"), std::string::npos);
+  EXPECT_NE(rows["350M-interleave"]["settings"].get<std::string>().find("pinned interleaved"), std::string::npos);
+  EXPECT_TRUE(rows["350M-nowiden"]["env"].contains("ZT_ADAM_WAIT_THREADS")) << rows["350M-nowiden"];
+  EXPECT_EQ(rows["350M-nowiden"]["env"]["ZT_ADAM_WAIT_THREADS"], rows["350M-nowiden"]["env"]["ZT_ADAM_THREADS"]);
+  EXPECT_EQ(rows["350M"]["settings"].get<std::string>().find("bf16 grad partitions"), std::string::npos);
+  // The CPU AdamW's tests ran, the limits were measured and used, the GPU tests said why not.
+  EXPECT_EQ(steps["adam-isa"]["rc"], 0);
+  EXPECT_EQ(steps["limits"]["rc"], 0);
+  EXPECT_NE(steps["gpu-tests"]["skipped"].get<std::string>().find("no GPU"), std::string::npos);
+  const std::string log = read_file(out + "/session.log");
+  EXPECT_NE(log.find("--limits " + out + "/limits/limits.json"), std::string::npos) << log;
+  EXPECT_EQ(read_file(out + "/350M/gpu_compare.log").find("bench_gpu_limits"), std::string::npos);  // not measured again
+  EXPECT_NE(log.find("350M-nowiden: ZT_ADAM_THREADS="), std::string::npos) << log;
+  EXPECT_NE(read_file(out + "/summary.md").find("| 350M-bf16grad | tiny |"), std::string::npos);
+}
+
+TEST(GpuSession, StepsThatDoNotFitTheBudgetAreSkippedAndBadArgumentsRefused) {
+  REQUIRE_PYTHON();
+  zt::test::TempDir dir;
+  const std::string out = dir.file("session");
+  // The simulated GPU's estimates are a tenth of the GPU's: 3 s leave room for the CPU AdamW's
+  // tests and the limits (1.5 + 9 s do not fit), nothing after them.
+  const zt::test::CommandResult r =
+      zt::test::run_command(bench_script("gpu_session") + " --device sim --budget 3 --only adam-isa,350M,1.5B --build " +
+                            quoted(ZT_BINARY_DIR) + " --out " + quoted(out) + " 2>&1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(read_file(out + "/summary.json"));
+  ASSERT_EQ(j["steps"].size(), 3u) << j;
+  EXPECT_EQ(j["steps"][0]["step"], "adam-isa");
+  EXPECT_EQ(j["steps"][0]["rc"], 0);
+  for (int i : {1, 2}) EXPECT_NE(j["steps"][i]["skipped"].get<std::string>().find("does not fit"), std::string::npos) << j;
+  EXPECT_TRUE(j["rows"].empty());
+
+  const zt::test::CommandResult bad = zt::test::run_command(bench_script("gpu_session") + " --only 350M,7B --plan 2>&1");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("--only: no step 7B"), std::string::npos) << bad.out;
+  const zt::test::CommandResult nobuild =
+      zt::test::run_command(bench_script("gpu_session") + " --device sim --build /nonexistent/build 2>&1");
+  EXPECT_NE(nobuild.code, 0);
+  EXPECT_NE(nobuild.out.find("/nonexistent/build/zt not found"), std::string::npos) << nobuild.out;
 }
