@@ -315,8 +315,9 @@ TEST(DelayedUpdate, HostAndDeviceShardsTakeTheSameUpdate) {
 }
 
 // ZT_ADAM_THREADS and ZT_ADAM_WAIT_THREADS set the background AdamW's OpenMP threads beside the
-// step and while the rank thread waits for it (tuning knobs for GPU hosts): any counts give the
-// same run, delayed or overlapped; a bad one is refused by name.
+// step and while the rank thread waits for it, ZT_RANK_THREADS_BESIDE the rank thread's own beside it
+// (tuning knobs for GPU hosts): any counts give the same run, delayed or overlapped; a bad one is
+// refused by name.
 TEST(DelayedUpdate, AdamThreadsFromTheEnvironment) {
   for (bool overlap : {false, true}) {
     SCOPED_TRACE(overlap ? "overlapped" : "delayed");
@@ -325,12 +326,24 @@ TEST(DelayedUpdate, AdamThreadsFromTheEnvironment) {
     const std::vector<double> want = zt::test::train_losses(c);
     setenv("ZT_ADAM_THREADS", "1", 1);
     setenv("ZT_ADAM_WAIT_THREADS", "3", 1);
+    setenv("ZT_RANK_THREADS_BESIDE", "1", 1);
     const std::vector<double> one = zt::test::train_losses(c);
     unsetenv("ZT_ADAM_THREADS");
     unsetenv("ZT_ADAM_WAIT_THREADS");
+    unsetenv("ZT_RANK_THREADS_BESIDE");
     EXPECT_EQ(one, want);
   }
   const TrainConfig c = dpu_run(4, 0);
+  {
+    setenv("ZT_RANK_THREADS_BESIDE", "x", 1);
+    TrainSummary s;
+    const zt::Status st = train(c, nullptr, nullptr, &s);
+    unsetenv("ZT_RANK_THREADS_BESIDE");
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("ZT_RANK_THREADS_BESIDE='x': the rank thread's threads while the background AdamW"),
+              std::string::npos)
+        << st.message();
+  }
   for (const char* name : {"ZT_ADAM_THREADS", "ZT_ADAM_WAIT_THREADS"}) {
     setenv(name, "0", 1);
     TrainSummary s;
@@ -358,6 +371,17 @@ TEST(DelayedUpdate, BadSettingsAreRefused) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("a count of ordinary steps first (0 or more), or -1 for off"), std::string::npos)
       << st.message();
+}
+
+// How many threads a parallel region of this thread's takes now.
+static int omp_team() {
+  int n = 0;
+#pragma omp parallel
+  {
+#pragma omp single
+    n = omp_get_num_threads();
+  }
+  return n;
 }
 
 // The thread the update runs on: a job's exception reaches the wait() after it; jobs run in order,
@@ -395,15 +419,6 @@ TEST(BackgroundThread, TheJobWidensForThePiecesItsOwnerWaitsFor) {
   BackgroundThread bt(1, 3);
   std::atomic<bool> started{false}, first_done{false}, go{false};
   int before = 0, team_before = 0, first = 0, team_first = 0, second = 0, third = 0, team_third = 0;
-  auto team = [] {
-    int n = 0;
-#pragma omp parallel
-    {
-#pragma omp single
-      n = omp_get_num_threads();
-    }
-    return n;
-  };
   // Polls piece `piece`'s width until it is the waited one (20 s at most).
   auto until_wide = [&](int64_t piece) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -414,16 +429,16 @@ TEST(BackgroundThread, TheJobWidensForThePiecesItsOwnerWaitsFor) {
   };
   bt.submit([&] {
     before = bt.refresh_width(0);
-    team_before = team();
+    team_before = omp_team();
     started = true;
     first = until_wide(0);
-    team_first = team();
+    team_first = omp_team();
     first_done = true;
     while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     second = bt.refresh_width(1);  // the owner's mark for piece 0 still lives
-    team();
+    omp_team();
     third = until_wide(2);  // the owner is in wait()
-    team_third = team();
+    team_third = omp_team();
   });
   while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   {
@@ -440,4 +455,43 @@ TEST(BackgroundThread, TheJobWidensForThePiecesItsOwnerWaitsFor) {
   EXPECT_EQ(second, 1);
   EXPECT_EQ(third, 3);
   EXPECT_EQ(team_third, 3);
+}
+
+// The owner's own width beside a job (Beside): narrowed to owner_beside only while a job is under way,
+// its parallel regions really that wide, and its own width back after the mark; nothing without
+// owner_beside or without a job.
+TEST(BackgroundThread, TheOwnerNarrowsBesideARunningJobOnly) {
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(3);
+  BackgroundThread bt(1, 0, 2), plain(1);
+  std::atomic<bool> release{false};
+  {
+    BackgroundThread::Beside idle(bt);  // no job: the owner's own width
+    EXPECT_EQ(omp_get_max_threads(), 3);
+  }
+  bt.submit([&] {
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  plain.submit([&] {
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  {
+    BackgroundThread::Beside beside(bt);
+    EXPECT_EQ(omp_get_max_threads(), 2);
+    EXPECT_EQ(omp_team(), 2);
+  }
+  EXPECT_EQ(omp_get_max_threads(), 3);
+  EXPECT_EQ(omp_team(), 3);
+  {
+    BackgroundThread::Beside unset(plain);  // no owner_beside: left as it is
+    EXPECT_EQ(omp_get_max_threads(), 3);
+  }
+  release = true;
+  bt.wait();
+  plain.wait();
+  {
+    BackgroundThread::Beside done(bt);  // the job has finished
+    EXPECT_EQ(omp_get_max_threads(), 3);
+  }
+  omp_set_num_threads(before);
 }

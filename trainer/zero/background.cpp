@@ -7,8 +7,21 @@
 
 namespace zt::trainer {
 
-BackgroundThread::BackgroundThread(int omp_threads, int waited_threads)
-    : omp_threads_(omp_threads < 1 ? 1 : omp_threads), waited_threads_(waited_threads < 1 ? omp_threads_ : waited_threads) {}
+BackgroundThread::BackgroundThread(int omp_threads, int waited_threads, int owner_beside)
+    : omp_threads_(omp_threads < 1 ? 1 : omp_threads),
+      waited_threads_(waited_threads < 1 ? omp_threads_ : waited_threads),
+      owner_beside_(owner_beside < 1 ? 0 : owner_beside) {}
+
+BackgroundThread::Beside::Beside(const BackgroundThread& t) {
+  if (t.owner_beside_ > 0 && t.busy_.load()) {
+    before_ = omp_get_max_threads();
+    omp_set_num_threads(t.owner_beside_);
+  }
+}
+
+BackgroundThread::Beside::~Beside() {
+  if (before_ > 0) omp_set_num_threads(before_);
+}
 
 int BackgroundThread::refresh_width(int64_t piece) {
   const int n = piece <= waited_upto_.load() ? waited_threads_ : omp_threads_;
@@ -32,6 +45,7 @@ void BackgroundThread::submit(std::function<void()> job) {
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     job_ = std::move(job);
     error_ = nullptr;
+    busy_ = true;
   }
   pending_ = true;
   cv_.notify_all();
@@ -70,6 +84,7 @@ void BackgroundThread::run() {
     job = nullptr;  // what it holds is released before the waiter goes on
     lock.lock();
     running_ = false;
+    busy_ = false;
     error_ = err;
     cv_.notify_all();
   }

@@ -6,7 +6,8 @@
 // rank thread keeps its own). Two widths: one while the owner goes on beside the job (the cores are
 // shared), a wider one while the owner only waits for it (wait(), or a wait of its own for the
 // job's pieces up to some index, marked with Waiting): a job made of numbered pieces calls
-// refresh_width(piece) before each to take the one for that piece. A job's
+// refresh_width(piece) before each to take the one for that piece. Optionally a third, the owner's
+// own width for host work it does while a job runs beside it (Beside). A job's
 // exception is kept and thrown by the wait() that follows it. May call: nothing of the trainer's.
 // Called by: zero/engine.cpp.
 #pragma once
@@ -26,7 +27,8 @@ class BackgroundThread {
  public:
   // The thread starts with the first job; its OpenMP regions use `omp_threads` threads, and, from
   // a job's refresh_width() on, `waited_threads` while the owner waits for it (0: omp_threads).
-  explicit BackgroundThread(int omp_threads, int waited_threads = 0);
+  // `owner_beside`: the owner's width under a Beside mark while a job is under way (0: its own).
+  explicit BackgroundThread(int omp_threads, int waited_threads = 0, int owner_beside = 0);
   // Lets the job under way finish (its exception, if any, is dropped; one handed over but not
   // started is not run), then stops the thread.
   ~BackgroundThread();
@@ -62,9 +64,26 @@ class BackgroundThread {
   // piece `piece` (waited for or not) and returns it.
   int refresh_width(int64_t piece);
 
+  // Marks host work of the owner's own (on a GPU: a landed gradient partition's widening and sum of
+  // squares) that may run while the job does: while it lives, the owner's parallel regions take the
+  // constructor's `owner_beside` threads if a job is under way now, so that the two teams together
+  // fit the cores instead of sharing them; its own width again after. Nothing without owner_beside.
+  // The owner's thread only.
+  class Beside {
+   public:
+    explicit Beside(const BackgroundThread& t);
+    ~Beside();
+    Beside(const Beside&) = delete;
+    Beside& operator=(const Beside&) = delete;
+
+   private:
+    int before_ = 0;  // the owner's width to restore; 0: left as it was
+  };
+
  private:
   void run();
-  const int omp_threads_, waited_threads_;
+  const int omp_threads_, waited_threads_, owner_beside_;
+  std::atomic<bool> busy_{false};  // from submit() until the job has finished
   std::atomic<int64_t> waited_upto_{-1};  // the last piece the owner waits for now (-1: none)
   std::mutex mu_;
   std::condition_variable cv_;

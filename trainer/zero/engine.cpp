@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include "core/backend.h"
@@ -177,7 +178,13 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     const int waited_threads =
         threads_from_env("ZT_ADAM_WAIT_THREADS", std::max(adam_threads, omp_get_max_threads()),
                          "the background AdamW's threads while the rank thread waits for it");
-    background_ = std::make_unique<BackgroundThread>(adam_threads, waited_threads);
+    // ZT_RANK_THREADS_BESIDE=N: the rank thread's own OpenMP team while the pass runs beside it (its
+    // landing of each gradient partition: widening and sum of squares) takes N threads, so that the
+    // two teams together fit the cores (16 + 12 threads on an H100 host's 16 otherwise); unset, the
+    // rank keeps all its threads (an A/B knob for GPU hosts: bench/gpu_session).
+    const int rank_beside = threads_from_env("ZT_RANK_THREADS_BESIDE", 0,
+                                             "the rank thread's threads while the background AdamW runs beside it");
+    background_ = std::make_unique<BackgroundThread>(adam_threads, waited_threads, rank_beside);
   }
   if (std::string p = grad_partition_dtype_problem(cfg); !p.empty()) throw std::invalid_argument(p);
   if (cfg.grad_partition_dtype == "compute") part_grad_dtype_ = dtype_;
@@ -344,6 +351,8 @@ void ZeroEngine::finish_offload(Offload& o) {
   o.copy.wait();
   Tensor& g = o.part->part_grad;
   if (g.raw()) {
+    std::optional<BackgroundThread::Beside> beside;  // the rank's width beside a background AdamW
+    if (background_) beside.emplace(*background_);
     // Widened from the compute dtype and summed in one pass (the same sum as sum_squares); a
     // partition kept in the compute dtype is summed as it is.
     o.part->part_grad_sq = o.staging.defined()
