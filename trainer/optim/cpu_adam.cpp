@@ -32,8 +32,12 @@ struct Scalar {
   static reg sqrt(reg a) { return std::sqrt(a); }
   static reg load_bf16(const uint16_t* x) { return widen_bf16(*x); }
   static reg load_fp16(const uint16_t* x) { return widen_fp16(*x); }
+  // No non-temporal stores here: NT is ignored, and nothing needs fencing.
+  template <bool NT>
   static void store_bf16(uint16_t* out, reg a) { *out = round_to_bf16(a); }
+  template <bool NT>
   static void store_fp16(uint16_t* out, reg a) { *out = round_to_fp16(a); }
+  static void fence() {}
 };
 
 }  // namespace

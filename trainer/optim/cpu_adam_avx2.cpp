@@ -39,25 +39,39 @@ struct Avx2 {
     return _mm256_castps_si256(
         _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(nan), is_nan));
   }
+  // 8 or 16 narrowed lanes (16 or 32 bytes) to out; NT: non-temporal, out aligned to its size.
+  template <bool NT>
+  static void put(uint16_t* out, __m128i x) {
+    if constexpr (NT) _mm_stream_si128(reinterpret_cast<__m128i*>(out), x);
+    else _mm_storeu_si128(reinterpret_cast<__m128i*>(out), x);
+  }
+  template <bool NT>
+  static void put(uint16_t* out, __m256i x) {
+    if constexpr (NT) _mm256_stream_si256(reinterpret_cast<__m256i*>(out), x);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), x);
+  }
+  static void fence() { _mm_sfence(); }
+  template <bool NT>
   static void store_bf16(uint16_t* out, reg a) {
     const __m256i r = bf16_bits(a);
-    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed);
+    put<NT>(out, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
   }
   // Two vectors: the in-lane pack gives a0-3 b0-3 a4-7 b4-7; the permute puts a before b.
+  template <bool NT>
   static void store_bf16x2(uint16_t* out, reg a, reg b) {
     const __m256i packed = _mm256_packus_epi32(bf16_bits(a), bf16_bits(b));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute4x64_epi64(packed, 0xd8));
+    put<NT>(out, _mm256_permute4x64_epi64(packed, 0xd8));
   }
 
   // fp16 with F16C, round to nearest even (subnormals, overflow to inf by the hardware). A NaN is
   // first made sign | 0x7fc00000, which converts to sign | 0x7e00 as the software converter gives.
+  template <bool NT>
   static void store_fp16(uint16_t* out, reg a) {
     const __m256 is_nan = _mm256_cmp_ps(a, a, _CMP_UNORD_Q);
     const __m256 sign = _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(int(0x80000000u))));
     const __m256 canonical = _mm256_or_ps(sign, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
     const __m256 x = _mm256_blendv_ps(a, canonical, is_nan);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    put<NT>(out, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
   }
 };
 

@@ -171,15 +171,21 @@ TEST_P(CpuAdamIsaTest, ResultDoesNotDependOnTheThreadCount) {
   omp_set_num_threads(saved);
 }
 
+// The output 32-byte aligned (written with non-temporal stores where the ISA has them) and one
+// element off (plain stores): the same values either way.
 TEST_P(CpuAdamIsaTest, FusedLowOutputIsTheConvertedResult) {
+  for (bool aligned : {true, false})
   for (LowDType low : {LowDType::BF16, LowDType::F16}) {
     for (int64_t n : {int64_t(1), int64_t(13), int64_t(16), int64_t(47), int64_t(4099), int64_t(70001)}) {
+      SCOPED_TRACE(aligned ? "32-byte aligned output" : "output one element off 32 bytes");
       Shard ref = make_shard(n, 11), s = make_shard(n, 11);
-      std::vector<uint16_t> out(n + 1, 0xabcd);  // one guard element past the end
+      std::vector<uint16_t> buf(size_t(n) + 18, 0xabcd);  // room to align, and one guard element past the end
+      uint16_t* out = buf.data() + ((32 - (reinterpret_cast<uintptr_t>(buf.data()) & 31)) & 31) / 2 + (aligned ? 0 : 1);
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(out) % 32 == 0, aligned);
       for (int step = 1; step <= 5; step++) {
         const std::vector<float> g = make_grads(n, 77u * step);
         reference_step(ref, g.data(), kGpt2Decay, step);
-        cpu_adamw_step(s.p.data(), g.data(), s.m.data(), s.v.data(), n, kGpt2Decay, step, out.data(), low);
+        cpu_adamw_step(s.p.data(), g.data(), s.m.data(), s.v.data(), n, kGpt2Decay, step, out, low);
         // The fused output changes nothing in fp32.
         ASSERT_TRUE(same_values("p", s.p.data(), ref.p.data(), n));
         ASSERT_TRUE(same_values("m", s.m.data(), ref.m.data(), n));
