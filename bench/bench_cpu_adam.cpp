@@ -10,6 +10,7 @@
 //       faster of the two. Target: >= 70%.
 // Bytes counted (STREAM's convention: what the algorithm reads and writes, no write-allocate):
 // AdamW 28 B/param (read p, g, m, v; write p, m, v), +2 with the fused bf16/fp16 output; triad 12 B.
+// The fused output aligned (non-temporal stores, as the trainer's) and one element off (plain ones).
 //   (c) the host's work per parameter of a ZeRO-3 offload step in bf16, the gradient partition
 //       landing from the device in bf16: two passes as the engine makes them by default (widen into
 //       the fp32 partition summing squares, 6 B; AdamW on it with the bf16 output, 30 B) against one
@@ -179,11 +180,12 @@ static int run(int argc, char** argv) {
                 {}});
   vs.push_back({"torch-style unfused, 9 passes", 28.0, true,
                 [&] { torch_style_adamw(p.f(), g.f(), m.f(), v.f(), d.f(), n, hp, step++); }, {}});
-  auto ours = [&](CpuAdamIsa isa, LowDType lt) {
-    return [&, isa, lt] {
+  // The fused output in `low` (page-aligned: written with non-temporal stores) or at `out`.
+  auto ours = [&](CpuAdamIsa isa, LowDType lt, void* out = nullptr) {
+    return [&, isa, lt, out] {
       zt::optim::cpu_adam_force_isa(isa);
-      zt::optim::cpu_adamw_step(p.f(), g.f(), m.f(), v.f(), n, hp, step++, lt == LowDType::None ? nullptr : low.ptr,
-                                lt);
+      zt::optim::cpu_adamw_step(p.f(), g.f(), m.f(), v.f(), n, hp, step++,
+                                lt == LowDType::None ? nullptr : out ? out : low.ptr, lt);
     };
   };
   for (CpuAdamIsa isa : {CpuAdamIsa::Scalar, CpuAdamIsa::Avx2, CpuAdamIsa::Avx512}) {
@@ -195,6 +197,10 @@ static int run(int argc, char** argv) {
   const std::string best_name = zt::optim::cpu_adam_isa_name(best);
   vs.push_back({"ours " + best_name + " + bf16 out", 30.0, true, ours(best, LowDType::BF16), {}});
   vs.push_back({"ours " + best_name + " + fp16 out", 30.0, true, ours(best, LowDType::F16), {}});
+  // The same bf16 output one element off 32 bytes: plain stores (the aligned one's are non-temporal).
+  Buffer low_off(size_t(n) * 2 + 64);
+  vs.push_back({"ours " + best_name + " + bf16 out, plain stores", 30.0, true,
+                ours(best, LowDType::BF16, static_cast<uint16_t*>(low_off.ptr) + 1), {}});
   // (c): the bf16 gradient partition as it lands, in `gl` (`low` takes the bf16 weights).
   Buffer gl(size_t(n) * 2);
   zt::trainer::host_ops().convert(gl.ptr, zt::trainer::DType::BF16, g.f(), zt::trainer::DType::F32, n);
