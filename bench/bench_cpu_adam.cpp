@@ -180,7 +180,7 @@ static int run(int argc, char** argv) {
                 {}});
   vs.push_back({"torch-style unfused, 9 passes", 28.0, true,
                 [&] { torch_style_adamw(p.f(), g.f(), m.f(), v.f(), d.f(), n, hp, step++); }, {}});
-  // The fused output in `low` (page-aligned: written with non-temporal stores) or at `out`.
+  // The fused output in `low` (64-byte aligned: written with non-temporal stores) or at `out`.
   auto ours = [&](CpuAdamIsa isa, LowDType lt, void* out = nullptr) {
     return [&, isa, lt, out] {
       zt::optim::cpu_adam_force_isa(isa);

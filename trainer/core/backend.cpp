@@ -56,6 +56,24 @@ void for_chunks(int64_t n, const F& f) {
   for (int64_t c = 0; c < chunks; ++c) f(c * kHostChunk, std::min(n, (c + 1) * kHostChunk));
 }
 
+// f(lo, hi) over [0, bytes): in one call below kPieceMin, else one contiguous piece a thread (page
+// multiples), each thread its own.
+constexpr size_t kPieceMin = size_t(4) << 20;
+template <class F>
+void for_pieces(size_t bytes, const F& f) {
+  if (bytes < kPieceMin || omp_in_parallel() || omp_get_max_threads() == 1) {
+    if (bytes) f(size_t(0), bytes);
+    return;
+  }
+#pragma omp parallel
+  {
+    const size_t t = size_t(omp_get_thread_num()), nt = size_t(omp_get_num_threads());
+    const size_t piece = (bytes / nt + 4095) / 4096 * 4096;
+    const size_t lo = std::min(bytes, t * piece), hi = t + 1 == nt ? bytes : std::min(bytes, lo + piece);
+    if (lo < hi) f(lo, hi);
+  }
+}
+
 // The sum of squares' one order: `chunk(lo, hi)` sums [lo, hi) (sum_squares_lanes), the chunk
 // sums are added in chunk order.
 template <class F>
@@ -71,15 +89,17 @@ double chunked_sum_squares(int64_t n, const F& chunk) {
 class HostOps : public DeviceOps {
  public:
   bool host_addressable() const override { return true; }
-  // Large copies and fills in chunks on OpenMP threads too: the engine's set-up zeroes and fills
-  // every model state (a fresh page's first touch is the kernel clearing it, one thread's pace).
+  // Large copies and fills on OpenMP threads too, one contiguous piece each (so glibc's own choice
+  // for large sizes, non-temporal stores among them, holds within each): the engine's set-up zeroes
+  // and fills every model state, and a fresh page's first touch is the kernel clearing it, at one
+  // thread's pace.
   void copy(void* dst, const void* src, size_t bytes) override {
-    for_chunks(int64_t(bytes), [&](int64_t lo, int64_t hi) {
-      std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, size_t(hi - lo));
+    for_pieces(bytes, [&](size_t lo, size_t hi) {
+      std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, hi - lo);
     });
   }
   void zero(void* p, size_t bytes) override {
-    for_chunks(int64_t(bytes), [&](int64_t lo, int64_t hi) { std::memset(static_cast<char*>(p) + lo, 0, size_t(hi - lo)); });
+    for_pieces(bytes, [&](size_t lo, size_t hi) { std::memset(static_cast<char*>(p) + lo, 0, hi - lo); });
   }
   void convert(void* dst, DType dst_t, const void* src, DType src_t, int64_t n) override {
     // to_float / from_float run on OpenMP threads themselves (core/dtype.cpp).

@@ -35,7 +35,9 @@ namespace zt::model {
 // GPT-2's initialization, from a seeded std::mt19937_64 with our own Box-Muller so the values are
 // the same on every platform: every weight matrix and both embeddings ~ N(0, 0.02), the two
 // residual projections (attn.proj, mlp.proj) ~ N(0, 0.02 / sqrt(2 * layers)), biases 0,
-// LayerNorm weights 1 and biases 0. `params` holds num_params(config) floats.
+// LayerNorm weights 1 and biases 0. `params` holds num_params(config) floats. Runs on the OpenMP
+// threads and one thread of its own (the generator's words, drawn in order); the values do not
+// depend on the thread count.
 void init_params(const Config& config, uint64_t seed, float* params);
 
 // Ok, or which token / target at which position is out of 0..vocab-1.

@@ -23,7 +23,9 @@
 // Fused low-precision output (low_out != nullptr, low != LowDType::None): low_out[i] receives the
 // updated p[i] rounded to nearest even, bit-identical to zt::trainer::float_to_bf16 / float_to_fp16
 // (trainer/core/dtype.h): overflow goes to infinity, fp16 subnormals are kept, a NaN stays a NaN
-// (bf16: the top 16 bits with the quiet bit set; fp16: sign | 0x7e00).
+// (bf16: the top 16 bits with the quiet bit set; fp16: sign | 0x7e00). Where low_out is 32-byte
+// aligned the AVX2/AVX-512 kernels write it with non-temporal stores (an sfence before returning):
+// it bypasses the cache, being written once for someone else to read.
 //
 // Threads: OpenMP over contiguous ranges of the shard (omp_get_max_threads(), or the caller's
 // num_threads / OMP_NUM_THREADS); shards below 64Ki elements run on the calling thread.

@@ -55,11 +55,13 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
   const int rank = rt.rank();
   Device& dev = rt.accelerator();
   // Setting up takes a while at the large presets (the initial weights drawn, every model state
-  // allocated and filled: 1.5B's run about 37 GiB of pinned host memory under optimizer offload).
+  // allocated and filled: tens of GiB of pinned host memory at 1.5B under optimizer offload).
   const int64_t t_setup = probe::now_ns();
   if (progress) {
-    const std::string n =
-        format_count(double(cfg.model == "custom" ? shape_params(cfg.shape, false) : model::num_params(mc)));
+    // The parameters the engine places: a real run draws the model's; virtual mode sizes its shape's.
+    const bool custom = cfg.model == "custom";
+    const std::string n = format_count(double(
+        cfg.virtual_mode ? shape_params(custom ? cfg.shape : shape_of(mc, cfg.model), !custom) : model::num_params(mc)));
     *progress << "setting up rank " << rank << ": "
               << (cfg.virtual_mode ? "placing the model states of " + n + " parameters (sizes only)"
                                    : "drawing " + n + " initial weights, placing the model states")
