@@ -239,7 +239,18 @@ int db_info(const std::string& path) {
               << format_duration_ns(double(sum.t_first - run_start)) << " after the run started)\n";
   else
     std::cout << "time span: no timed events\n";
-  std::cout << "steps: " << sum.steps << ", epochs: " << sum.epochs << "\n";
+  std::cout << "steps: " << sum.steps << ", epochs: " << sum.epochs;
+  {
+    // The set-up before the first step (the initial weights, every model state allocated and filled):
+    // at the large presets a cost of its own.
+    db::QueryResult q;
+    if (sum.steps > 0 && !sum.runs.empty() &&
+        reader->query("SELECT coalesce(min(t_start), -1) FROM marker_v WHERE kind = 'step'", &q) && !q.rows.empty() &&
+        q.rows[0][0] != "-1")
+      std::cout << "; the first began " << format_duration_ns(double(std::stoll(q.rows[0][0]) - run_start))
+                << " after the run started (its set-up)";
+  }
+  std::cout << "\n";
   if (!sum.transfers.empty()) {
     std::cout << "transfers:\n";
     std::vector<std::vector<std::string>> rows;

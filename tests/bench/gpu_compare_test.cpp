@@ -71,6 +71,9 @@ TEST(GpuCompare, RunsProfilesAndAnalyzesOnTheSimulatedGpu) {
   // The run's own AdamW pass a step (its "adamw" phases), beside the bound's.
   ASSERT_TRUE(p["adamw_pass_s"].is_number()) << p;
   EXPECT_GT(p["adamw_pass_s"].get<double>(), 0.0);
+  // The set-up before the first step, from the trace.
+  ASSERT_TRUE(p["setup_s"].is_number()) << p;
+  EXPECT_GT(p["setup_s"].get<double>(), 0.0);
   EXPECT_NE(r.out.find("our AdamW ms"), std::string::npos) << r.out;
   // bench_gpu_limits is built where the CUDA toolkit is; where it measured CPU AdamW, the bound has that term.
   if (j["limits"].is_object() && j["limits"].contains("cpu_adam") && j["limits"]["cpu_adam"].contains("params_per_s")) {
@@ -127,6 +130,7 @@ TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
     EXPECT_EQ(rows[name]["model"], "tiny") << name;
     EXPECT_GT(rows[name]["step_ms"].get<double>(), 0.0) << name;
     EXPECT_GT(rows[name]["adamw_mparam_s"].get<double>(), 0.0) << name;
+    EXPECT_GT(rows[name]["setup_s"].get<double>(), 0.0) << name;
     EXPECT_EQ(steps[name]["rc"], 0) << name;
   }
   // Each variant changed what it says it changes (the trace's own settings, or the environment).

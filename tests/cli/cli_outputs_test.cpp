@@ -204,3 +204,29 @@ TEST(CliOutputs, DbKernelsAndInfoAlignByScreenColumns) {
   ASSERT_EQ(info.code, 0) << info.out;
   expect_aligned(table(lines_of(info.out), {"kind", "count", "bytes", "busy", "rate"}), {"count", "bytes", "busy", "rate"}, "");
 }
+
+// zt train says how long it took to set up, before and after; db info says when the first step began
+// after the run started (the same set-up, from the trace), and nothing of it for a run that never
+// reached a step.
+TEST(CliOutputs, SetUpTimeIsPrintedAndInTheTrace) {
+  zt::test::TempDir dir;
+  Result t = train(dir.path());
+  ASSERT_EQ(t.code, 0) << t.out;
+  const size_t before = t.out.find("setting up rank 0: drawing 120.6k initial weights, placing the model states ...");
+  const size_t after = t.out.find("set up in ");
+  ASSERT_NE(before, std::string::npos) << t.out;
+  ASSERT_NE(after, std::string::npos) << t.out;
+  EXPECT_LT(before, after);
+  EXPECT_LT(after, t.out.find("step 1/6")) << t.out;
+  Result info = run_zt("db info " + dir.file("t.db"));
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find("steps: 6, epochs: 1; the first began "), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find(" after the run started (its set-up)"), std::string::npos) << info.out;
+
+  Result oom = run_zt("train --model tiny --steps 2 --device-memory 3MiB --trace " + dir.file("oom.db"));
+  ASSERT_EQ(oom.code, 1) << oom.out;
+  Result none = run_zt("db info " + dir.file("oom.db"));
+  ASSERT_EQ(none.code, 0) << none.out;
+  EXPECT_NE(none.out.find("steps: 0, epochs: 0\n"), std::string::npos) << none.out;
+  EXPECT_EQ(none.out.find("the first began"), std::string::npos) << none.out;
+}
