@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -22,7 +21,7 @@ namespace k = kernels;
 
 namespace {
 
-// Standard normals from mt19937_64 by Box-Muller, written out because std::normal_distribution's
+// Standard normals from mt19937_64's words by Box-Muller, written out because std::normal_distribution's
 // algorithm is implementation-defined (libstdc++ and libc++ give different streams): the pair of
 // words (a, b) gives r cos(theta) and then r sin(theta).
 void normal_pair(uint64_t a, uint64_t b, double out[2]) {
@@ -34,6 +33,50 @@ void normal_pair(uint64_t a, uint64_t b, double out[2]) {
   out[0] = r * std::cos(theta);
   out[1] = r * std::sin(theta);
 }
+
+// std::mt19937_64's stream (the same words from the same seed: Matsumoto and Nishimura's MT19937-64),
+// drawn in bulk: the twist of a whole state, then the tempering of it, in loops the compiler can
+// vectorize. libstdc++'s engine took 4.7 ns a word here (2-core AMD EPYC, one call at a time), this
+// one 1.6: the init's one sequential part, 1.56 G words at 1.5B.
+class Mt19937x64 {
+ public:
+  explicit Mt19937x64(uint64_t seed) {
+    s_[0] = seed;
+    for (int k = 1; k < kN; ++k) s_[k] = 6364136223846793005ULL * (s_[k - 1] ^ (s_[k - 1] >> 62)) + uint64_t(k);
+  }
+  void fill(uint64_t* out, size_t n) {
+    while (n) {
+      if (next_ == kN) twist();
+      const size_t take = std::min(n, size_t(kN - next_));
+      for (size_t k = 0; k < take; ++k) out[k] = temper(s_[size_t(next_) + k]);
+      next_ += int(take);
+      out += take;
+      n -= take;
+    }
+  }
+
+ private:
+  static constexpr int kN = 312, kM = 156;
+  static uint64_t step(uint64_t a, uint64_t b, uint64_t c) {
+    const uint64_t x = (a & 0xFFFFFFFF80000000ULL) | (b & 0x7FFFFFFFULL);
+    return c ^ (x >> 1) ^ ((0 - (x & 1)) & 0xB5026F5AA96619E9ULL);
+  }
+  static uint64_t temper(uint64_t x) {
+    x ^= (x >> 29) & 0x5555555555555555ULL;
+    x ^= (x << 17) & 0x71D67FFFEDA60000ULL;
+    x ^= (x << 37) & 0xFFF7EEE000000000ULL;
+    return x ^ (x >> 43);
+  }
+  void twist() {
+    int k = 0;
+    for (; k < kN - kM; ++k) s_[k] = step(s_[k], s_[k + 1], s_[k + kM]);
+    for (; k < kN - 1; ++k) s_[k] = step(s_[k], s_[k + 1], s_[k + kM - kN]);
+    s_[kN - 1] = step(s_[kN - 1], s_[0], s_[kM - 1]);
+    next_ = 0;
+  }
+  uint64_t s_[kN];
+  int next_ = kN;  // the next state word to temper; kN: twist first
+};
 
 bool ends_with(const std::string& s, const char* suffix) {
   const size_t n = std::strlen(suffix);
@@ -97,10 +140,10 @@ void init_params(const Config& config, uint64_t seed, float* params) {
   const int64_t pairs = (total + 1) / 2;
   constexpr int64_t kBlock = int64_t{1} << 20;  // pairs a block: 16 MiB of words
   constexpr int64_t kPiece = 4096;              // pairs a thread takes at a time
-  std::mt19937_64 rng(seed);
+  Mt19937x64 rng(seed);
   auto draw = [&rng](std::vector<uint64_t>& words, int64_t n) {
     words.resize(size_t(2 * n));
-    for (uint64_t& x : words) x = rng();
+    rng.fill(words.data(), words.size());
   };
   std::vector<uint64_t> words, next;
   words.reserve(size_t(2 * std::min(kBlock, pairs)));
