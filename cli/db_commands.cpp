@@ -244,9 +244,8 @@ int db_info(const std::string& path) {
     // The set-up before the first step (the initial weights, every model state allocated and filled):
     // at the large presets a cost of its own.
     db::QueryResult q;
-    if (sum.steps > 0 && !sum.runs.empty() &&
-        reader->query("SELECT coalesce(min(t_start), -1) FROM marker_v WHERE kind = 'step'", &q) && !q.rows.empty() &&
-        q.rows[0][0] != "-1")
+    if (sum.steps > 0 && !sum.runs.empty() && reader->query("SELECT min(t_start) FROM marker_v WHERE kind = 'step'", &q) &&
+        !q.rows.empty())
       std::cout << "; the first began " << format_duration_ns(double(std::stoll(q.rows[0][0]) - run_start))
                 << " after the run started (its set-up)";
   }

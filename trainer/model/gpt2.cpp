@@ -120,8 +120,9 @@ void init_params(const Config& config, uint64_t seed, float* params) {
   // The drawn tensors take one stream of normals in the table's order, each the next numel of it
   // (a pair's second sample goes to the next tensor when one ends mid-pair): the values of one
   // draw after another, whatever the threads. The words come from the generator in order, a block
-  // at a time (the next block's drawn on a thread of its own meanwhile); the transform, 50-odd ns
-  // a pair (a 1.5B model spent half a minute here on one thread), runs on OpenMP threads.
+  // at a time (the next block's drawn on a thread of its own meanwhile); the transform, most of the
+  // old single-threaded 17.5 ns a parameter measured here (about half a minute at 1.5B at that
+  // rate), runs on OpenMP threads.
   std::vector<Drawn> drawn;
   int64_t total = 0;
   for (const ParamSpec& p : table) {

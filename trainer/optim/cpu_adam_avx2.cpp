@@ -39,28 +39,23 @@ struct Avx2 {
     return _mm256_castps_si256(
         _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(nan), is_nan));
   }
-  // 8 or 16 narrowed lanes (16 or 32 bytes) to out; NT: non-temporal, out aligned to its size.
+  // 8 narrowed lanes (16 bytes) to out; NT: non-temporal, out 16-byte aligned (32 bytes: put32).
   template <bool NT>
-  static void put(uint16_t* out, __m128i x) {
+  static void put16(uint16_t* out, __m128i x) {
     if constexpr (NT) _mm_stream_si128(reinterpret_cast<__m128i*>(out), x);
     else _mm_storeu_si128(reinterpret_cast<__m128i*>(out), x);
-  }
-  template <bool NT>
-  static void put(uint16_t* out, __m256i x) {
-    if constexpr (NT) _mm256_stream_si256(reinterpret_cast<__m256i*>(out), x);
-    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), x);
   }
   static void fence() { _mm_sfence(); }
   template <bool NT>
   static void store_bf16(uint16_t* out, reg a) {
     const __m256i r = bf16_bits(a);
-    put<NT>(out, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+    put16<NT>(out, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
   }
   // Two vectors: the in-lane pack gives a0-3 b0-3 a4-7 b4-7; the permute puts a before b.
   template <bool NT>
   static void store_bf16x2(uint16_t* out, reg a, reg b) {
     const __m256i packed = _mm256_packus_epi32(bf16_bits(a), bf16_bits(b));
-    put<NT>(out, _mm256_permute4x64_epi64(packed, 0xd8));
+    put32<NT>(out, _mm256_permute4x64_epi64(packed, 0xd8));
   }
 
   // fp16 with F16C, round to nearest even (subnormals, overflow to inf by the hardware). A NaN is
@@ -71,7 +66,7 @@ struct Avx2 {
     const __m256 sign = _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(int(0x80000000u))));
     const __m256 canonical = _mm256_or_ps(sign, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
     const __m256 x = _mm256_blendv_ps(a, canonical, is_nan);
-    put<NT>(out, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    put16<NT>(out, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
   }
 };
 

@@ -32,12 +32,6 @@ struct Avx512 {
   }
   static reg load_fp16(const uint16_t* x) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))); }
 
-  // 16 narrowed lanes (32 bytes) to out; NT: non-temporal, out 32-byte aligned.
-  template <bool NT>
-  static void put(uint16_t* out, __m256i x) {
-    if constexpr (NT) _mm256_stream_si256(reinterpret_cast<__m256i*>(out), x);
-    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), x);
-  }
   static void fence() { _mm_sfence(); }
 
   // bf16, round to nearest even: (u + 0x7fff + ((u >> 16) & 1)) >> 16; a NaN: (u >> 16) | 0x40.
@@ -52,7 +46,7 @@ struct Avx512 {
     const __mmask16 is_nan = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
     const __m512i r = _mm512_mask_blend_epi32(is_nan, rounded, nan);  // mask bit set: nan
     // vpmovdw: every lane is <= 0xffff, so truncation to 16 bits is exact.
-    put<NT>(out, _mm512_cvtepi32_epi16(r));
+    put32<NT>(out, _mm512_cvtepi32_epi16(r));
   }
 
   // fp16 by vcvtps2ph, round to nearest even. A NaN is first made sign | 0x7fc00000, which converts
@@ -64,7 +58,7 @@ struct Avx512 {
     const __m512i canonical = _mm512_or_si512(_mm512_and_si512(u, _mm512_set1_epi32(int(0x80000000u))),
                                               _mm512_set1_epi32(0x7fc00000));
     const __m512 x = _mm512_mask_blend_ps(is_nan, a, _mm512_castsi512_ps(canonical));
-    put<NT>(out, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    put32<NT>(out, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 };
 

@@ -53,6 +53,15 @@ void adam_kernel_avx512(float* p, GradRef g, float* m, float* v, uint16_t* low_o
 
 namespace {
 
+#if defined(__AVX__)  // the AVX2 and AVX-512 files (each includes <immintrin.h> first)
+// 16 narrowed lanes (32 bytes) to out; NT: non-temporal, out 32-byte aligned.
+template <bool NT>
+inline void put32(uint16_t* out, __m256i x) {
+  if constexpr (NT) _mm256_stream_si256(reinterpret_cast<__m256i*>(out), x);
+  else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), x);
+}
+#endif
+
 // Scalar conversions: core/dtype_bits.h's (header-only, shared with the host's dtype.h and the
 // CUDA kernels), so every AdamW rounds its fused output identically.
 inline uint16_t round_to_bf16(float f) { return trainer::bits::float_to_bf16(f); }

@@ -40,6 +40,23 @@ int64_t host_rss_bytes() {
   return resident * sysconf(_SC_PAGESIZE);
 }
 
+// A rank's memory as the progress lines give it: the accelerator's allocated and reserved bytes
+// (0 where it has no caching allocator), the host's pinned and pageable reserved bytes.
+struct RankMemory {
+  int64_t allocated = 0, reserved = 0, pinned = 0, pageable = 0;
+};
+RankMemory rank_memory(RankRuntime& rt) {
+  RankMemory m;
+  if (auto* da = rt.device_allocator()) {
+    const auto st = da->stats();
+    m.allocated = st.allocated_bytes;
+    m.reserved = st.reserved_bytes;
+  }
+  m.pinned = rt.pinned_allocator().stats().reserved_bytes;
+  m.pageable = rt.pageable_allocator().stats().reserved_bytes;
+  return m;
+}
+
 bool is_token_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   char magic[8] = {};
@@ -69,12 +86,10 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
   }
   ZeroEngine engine(cfg, mc, B, T, rt, comm);
   if (progress) {
-    const auto pinned = rt.pinned_allocator().stats();
-    const auto pageable = rt.pageable_allocator().stats();
-    const int64_t alloc = rt.device_allocator() ? rt.device_allocator()->stats().allocated_bytes : 0;
+    const RankMemory mem = rank_memory(rt);
     *progress << "set up in " << format_duration_ns(double(probe::now_ns() - t_setup)) << ": " << dev.label() << " "
-              << format_bytes(double(alloc)) << " allocated | host " << format_bytes(double(pinned.reserved_bytes))
-              << " pinned + " << format_bytes(double(pageable.reserved_bytes)) << " pageable" << std::endl;
+              << format_bytes(double(mem.allocated)) << " allocated | host " << format_bytes(double(mem.pinned))
+              << " pinned + " << format_bytes(double(mem.pageable)) << " pageable" << std::endl;
   }
   DataLoader loader(corpus, plan, cfg.seed);
   const probe::NameId n_loss = rec ? rec->intern("loss") : 0, n_tps = rec ? rec->intern("tokens_per_s") : 0,
@@ -175,23 +190,16 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
       }
       if (progress) {
         char line[512];
-        int64_t alloc = 0, reserved = 0;
-        if (auto* da = rt.device_allocator()) {
-          auto st = da->stats();
-          alloc = st.allocated_bytes;
-          reserved = st.reserved_bytes;
-        }
-        const auto pinned = rt.pinned_allocator().stats();
-        const auto pageable = rt.pageable_allocator().stats();
+        const RankMemory mem = rank_memory(rt);
         std::snprintf(line, sizeof line,
                       "step %lld/%lld | epoch %lld | loss %.4f%s | %s tok/s | %s %s allocated / %s reserved | host %s pinned "
                       "+ %s pageable, RSS %s\n",
                       (long long)(step + 1), (long long)total_steps, (long long)epoch, res.loss,
                       res.skipped ? " (skipped: overflow)" : cfg.virtual_mode ? " (virtual: no math)" : "",
                       format_count(tps).c_str(), dev.label().c_str(),
-                      format_bytes(double(alloc)).c_str(), format_bytes(double(reserved)).c_str(),
-                      format_bytes(double(pinned.reserved_bytes)).c_str(),
-                      format_bytes(double(pageable.reserved_bytes)).c_str(), format_bytes(double(rss)).c_str());
+                      format_bytes(double(mem.allocated)).c_str(), format_bytes(double(mem.reserved)).c_str(),
+                      format_bytes(double(mem.pinned)).c_str(), format_bytes(double(mem.pageable)).c_str(),
+                      format_bytes(double(rss)).c_str());
         *progress << line << std::flush;
       }
       if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) save_checkpoint(epoch, s);
