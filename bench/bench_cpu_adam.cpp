@@ -16,11 +16,18 @@
 //       the fp32 partition summing squares, 6 B; AdamW on it with the bf16 output, 30 B) against one
 //       (squares summed over the bf16 partition, 2 B; AdamW reading it, 28 B:
 //       grad_partition_dtype compute). "vs 2-pass" is the ratio of parameters/s.
+//   (d) the schedule: ours with the bf16 output split into 64Ki-element chunks taken by the next free
+//       thread (dynamic, the default) against one contiguous range per thread (static). Alone they
+//       should be alike; with --beside K they are also timed while K other threads (not OpenMP's)
+//       stream memory in bursts of ON ms every ON+OFF ms, as the rank thread's own team lands
+//       gradient partitions beside the trainer's background AdamW on the GPU host: there a static
+//       range waits for its most preempted thread. "vs static" is the ratio of parameters/s.
 // GB = 1e9 bytes. Each figure is the best of R interleaved repetitions (every variant once per
-// repetition), so a busy machine slows all alike.
+// repetition), so a busy machine slows all alike; beside the bursts the median is printed too.
 //
-// Usage: bench_cpu_adam [--params N] [--reps R] [--threads T1,T2,...]
-//   defaults: 64Mi parameters, 5 repetitions, threads 1 and omp_get_max_threads().
+// Usage: bench_cpu_adam [--params N] [--reps R] [--threads T1,T2,...] [--beside K[:ON/OFF]]
+//   defaults: 64Mi parameters, 5 repetitions, threads 1 and omp_get_max_threads(); --beside K
+//   alone means bursts of 5 ms every 10 ms.
 // Not a test: it never fails on a number.
 #include <omp.h>
 #if defined(__SSE__)
@@ -28,6 +35,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -36,6 +44,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_util.h"
@@ -120,6 +129,48 @@ struct Variant {
   std::vector<double> best;        // per thread count, seconds
 };
 
+// K threads beside the timed work, each streaming over arrays of its own (bf16 widened to fp32 with
+// its sum of squares: the landing of a gradient partition) for on_ms, then sleeping off_ms, until
+// stopped. They start and stop with the object.
+class Bursts {
+ public:
+  Bursts(int k, double on_ms, double off_ms) {
+    for (int i = 0; i < k; i++)
+      threads_.emplace_back([this, on_ms, off_ms] {
+        const int64_t n = int64_t(8) << 20;  // 16 MiB in, 32 MiB out: well past the caches
+        std::vector<uint16_t> in(size_t(n), 0x3f80);
+        std::vector<float> out(static_cast<size_t>(n));
+        int64_t at = 0;
+        const int64_t piece = int64_t(1) << 16;
+        while (!stop_.load(std::memory_order_relaxed)) {
+          const auto until = Clock::now() + std::chrono::duration<double, std::milli>(on_ms);
+          while (Clock::now() < until && !stop_.load(std::memory_order_relaxed)) {
+            double s = 0;
+            for (int64_t j = at; j < at + piece; j++) {
+              uint32_t b = uint32_t(in[size_t(j)]) << 16;
+              float f;
+              std::memcpy(&f, &b, 4);
+              out[size_t(j)] = f;
+              s += double(f) * f;
+            }
+            sink_ += s;
+            at = (at + piece) % n;
+          }
+          if (off_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(off_ms));
+        }
+      });
+  }
+  ~Bursts() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<double> sink_{0};
+  std::vector<std::thread> threads_;
+};
+
 std::vector<int> parse_threads(const char* s) {
   std::vector<int> t;
   for (const char* q = s; *q;) {
@@ -136,13 +187,26 @@ static int run(int argc, char** argv) {
   int64_t n = int64_t(64) << 20;
   int reps = 5;
   std::vector<int> threads = {1, omp_get_max_threads()};
+  int beside = 0;
+  double on_ms = 5, off_ms = 5;
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
-    if (a == "--params" && i + 1 < argc) n = std::atoll(argv[++i]);
+    if (a == "--beside" && i + 1 < argc) {
+      const std::string b = argv[++i];
+      char* end = nullptr;
+      beside = int(std::strtol(b.c_str(), &end, 10));
+      if (*end == ':' && std::sscanf(end + 1, "%lf/%lf", &on_ms, &off_ms) != 2) beside = -1;
+      else if (*end && *end != ':') beside = -1;
+      if (beside < 1 || on_ms <= 0 || off_ms < 0) {
+        std::fprintf(stderr, "bench_cpu_adam: --beside %s: expected K or K:ON/OFF (K >= 1 threads, ON > 0 and "
+                             "OFF >= 0 milliseconds)\n", b.c_str());
+        return 2;
+      }
+    } else if (a == "--params" && i + 1 < argc) n = std::atoll(argv[++i]);
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--threads" && i + 1 < argc) threads = parse_threads(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: bench_cpu_adam [--params N] [--reps R] [--threads T1,T2,...]\n");
+      std::fprintf(stderr, "usage: bench_cpu_adam [--params N] [--reps R] [--threads T1,T2,...] [--beside K[:ON/OFF]]\n");
       return 2;
     }
   }
@@ -201,6 +265,19 @@ static int run(int argc, char** argv) {
   Buffer low_off(size_t(n) * 2 + 64);
   vs.push_back({"ours " + best_name + " + bf16 out, plain stores", 30.0, true,
                 ours(best, LowDType::BF16, static_cast<uint16_t*>(low_off.ptr) + 1), {}});
+  // (d): the bf16 output with each schedule (the rows above run the default, dynamic).
+  auto scheduled = [&](zt::optim::CpuAdamSchedule sched) {
+    return [&, sched, best] {
+      zt::optim::cpu_adam_force_schedule(sched);
+      ours(best, LowDType::BF16)();
+      zt::optim::cpu_adam_unforce_schedule();
+    };
+  };
+  const size_t sched_rows = vs.size();
+  vs.push_back({"ours " + best_name + " + bf16 out, static", 30.0, true,
+                scheduled(zt::optim::CpuAdamSchedule::Static), {}});
+  vs.push_back({"ours " + best_name + " + bf16 out, dynamic", 30.0, true,
+                scheduled(zt::optim::CpuAdamSchedule::Dynamic), {}});
   // (c): the bf16 gradient partition as it lands, in `gl` (`low` takes the bf16 weights).
   Buffer gl(size_t(n) * 2);
   zt::trainer::host_ops().convert(gl.ptr, zt::trainer::DType::BF16, g.f(), zt::trainer::DType::F32, n);
@@ -248,7 +325,7 @@ static int run(int argc, char** argv) {
   for (size_t ti = 0; ti < threads.size(); ti++) {
     const double triad_gbs = 12.0 * n / std::min(vs[0].best[ti], vs[1].best[ti]) / 1e9;
     std::printf("\nthreads = %d\n", threads[ti]);
-    std::printf("  %-36s %10s %9s %10s %9s %9s\n", "", "Mparam/s", "GB/s", "vs ref", "vs triad", "vs 2-pass");
+    std::printf("  %-36s %10s %9s %10s %9s %9s\n", "", "Mparam/s", "GB/s", "vs ref", "vs triad", "vs 2-pass or static");
     for (auto& var : vs) {
       const double s = var.threaded ? var.best[ti] : var.best[0];
       const double gbs = var.bytes_per_elem * n / s / 1e9;
@@ -260,12 +337,41 @@ static int run(int argc, char** argv) {
       std::printf("  %-36s %10.1f %9.2f %9.2fx %8.0f%%", name.c_str(), n / s / 1e6, gbs, ref_s / s,
                   100.0 * gbs / triad_gbs);
       if (&var >= &vs[two_pass]) std::printf(" %8.2fx", vs[two_pass].best[ti] / s);
+      if (&var == &vs[sched_rows + 1]) std::printf(" %8.2fx", vs[sched_rows].best[ti] / s);
       std::printf("\n");
+    }
+  }
+  if (beside > 0) {
+    // (d) beside the bursts: static and dynamic in turn, best and median of the reps.
+    std::printf("\nbeside %d thread%s streaming memory %.3g ms of every %.3g ms (ours %s + bf16 out):\n", beside,
+                beside == 1 ? "" : "s", on_ms, on_ms + off_ms, best_name.c_str());
+    std::printf("  %-10s %-10s %12s %12s %12s\n", "threads", "schedule", "best Mp/s", "median Mp/s",
+                "vs static");
+    const int breps = std::max(reps, 7);
+    for (int t : threads) {
+      omp_set_num_threads(t);
+      std::vector<double> st, dy;
+      {
+        Bursts bursts(beside, on_ms, off_ms);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        for (int r = -1; r < breps; r++)
+          for (int k = 0; k < 2; k++) {
+            const auto t0 = Clock::now();
+            vs[sched_rows + size_t(k)].run();
+            const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+            if (r >= 0) (k ? dy : st).push_back(sec);
+          }
+      }
+      for (auto* x : {&st, &dy}) std::sort(x->begin(), x->end());
+      const double st_best = st.front(), dy_best = dy.front(), st_med = st[st.size() / 2], dy_med = dy[dy.size() / 2];
+      std::printf("  %-10d %-10s %12.1f %12.1f\n", t, "static", n / st_best / 1e6, n / st_med / 1e6);
+      std::printf("  %-10d %-10s %12.1f %12.1f %6.2fx best %5.2fx median\n", t, "dynamic", n / dy_best / 1e6,
+                  n / dy_med / 1e6, st_best / dy_best, st_med / dy_med);
     }
   }
   std::printf("\nvs ref = parameters/s over the scalar reference's (one thread); vs triad = GB/s over the triad's"
               " (the faster of the two) with the same threads; vs 2-pass = parameters/s over the 2-pass offload"
-              " step's\n");
+              " step's (its rows) or over the static schedule's (the dynamic row)\n");
   std::printf("total %.1f s\n", std::chrono::duration<double>(Clock::now() - t_start).count());
   return 0;
 }

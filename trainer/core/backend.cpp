@@ -24,7 +24,9 @@ namespace {
 // already). Element-wise ops are exact whatever the split; sum_squares sums each chunk in double
 // on 8 lanes (element i on lane i mod 8, each lane in index order; one chain of dependent adds
 // ran at a quarter of memory speed), adds the lanes pairwise, then the chunk sums in chunk order:
-// its result depends on n alone, never on the thread count.
+// its result depends on n alone, never on the thread count. The chunks go to whichever thread is
+// free (schedule dynamic): a landing team sharing the cores with the background AdamW waits for a
+// preempted thread's current chunk, not for its whole share.
 constexpr int64_t kHostChunk = int64_t{1} << 16;
 constexpr int kSumLanes = 8;
 
@@ -52,7 +54,7 @@ void for_chunks(int64_t n, const F& f) {
     for (int64_t c = 0; c < chunks; ++c) f(c * kHostChunk, std::min(n, (c + 1) * kHostChunk));
     return;
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic)
   for (int64_t c = 0; c < chunks; ++c) f(c * kHostChunk, std::min(n, (c + 1) * kHostChunk));
 }
 

@@ -1,5 +1,6 @@
 // optim/cpu_adam.cpp: see cpu_adam.h. The scalar kernel (baseline ISA), the run-time ISA choice and
-// the OpenMP split of a shard into one contiguous range per thread.
+// the OpenMP split of a shard: chunks taken in turn by whichever thread is free (dynamic), or one
+// contiguous range per thread (static).
 #include "optim/cpu_adam.h"
 
 #include <omp.h>
@@ -53,6 +54,8 @@ namespace {
 
 constexpr int64_t kParallelMin = int64_t(1) << 16;  // below this a parallel region costs more than it saves
 constexpr int64_t kSplitAlign = 64;                  // thread ranges start at multiples of 64 elements
+// A dynamic chunk: 64Ki elements (1.75 MiB of p, g, m, v in fp32), a multiple of kSplitAlign.
+constexpr int64_t kDynamicChunk = int64_t(1) << 16;
 
 bool cpu_has(CpuAdamIsa isa) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -99,6 +102,22 @@ CpuAdamIsa default_isa() {
 }
 
 std::atomic<int> g_forced{-1};  // a CpuAdamIsa, or -1: the default
+
+// ZT_CPU_ADAM_SCHEDULE if it names a schedule (a warning otherwise), else dynamic.
+CpuAdamSchedule default_schedule() {
+  static const CpuAdamSchedule sched = [] {
+    const char* env = std::getenv("ZT_CPU_ADAM_SCHEDULE");
+    if (!env || !*env) return CpuAdamSchedule::Dynamic;
+    const std::string_view name(env);
+    for (CpuAdamSchedule s : {CpuAdamSchedule::Static, CpuAdamSchedule::Dynamic})
+      if (name == cpu_adam_schedule_name(s)) return s;
+    std::fprintf(stderr, "zt: ZT_CPU_ADAM_SCHEDULE=%s: not one of static, dynamic; using dynamic\n", env);
+    return CpuAdamSchedule::Dynamic;
+  }();
+  return sched;
+}
+
+std::atomic<int> g_forced_schedule{-1};  // a CpuAdamSchedule, or -1: the default
 
 detail::AdamKernel kernel_for(CpuAdamIsa isa) {
   switch (isa) {
@@ -149,6 +168,19 @@ void cpu_adam_force_isa(CpuAdamIsa isa) {
 
 void cpu_adam_unforce_isa() { g_forced.store(-1, std::memory_order_relaxed); }
 
+const char* cpu_adam_schedule_name(CpuAdamSchedule s) {
+  return s == CpuAdamSchedule::Static ? "static" : s == CpuAdamSchedule::Dynamic ? "dynamic" : "?";
+}
+
+CpuAdamSchedule cpu_adam_active_schedule() {
+  const int forced = g_forced_schedule.load(std::memory_order_relaxed);
+  return forced >= 0 ? CpuAdamSchedule(forced) : default_schedule();
+}
+
+void cpu_adam_force_schedule(CpuAdamSchedule s) { g_forced_schedule.store(int(s), std::memory_order_relaxed); }
+
+void cpu_adam_unforce_schedule() { g_forced_schedule.store(-1, std::memory_order_relaxed); }
+
 AdamConsts adam_consts(const AdamParams& hp, int64_t step) {
   if (step < 1) throw std::invalid_argument("AdamW: step counts from 1, got " + std::to_string(step));
   // Exactly as zt::model::adamw_step forms them: in double, rounded once to fp32.
@@ -186,17 +218,33 @@ void cpu_adamw_step_grads(float* params, const void* grads, GradDType grad_t, fl
     kernel(params, {grads, grad_t, grad_scale}, m, v, lo, n, c, low);
     return;
   }
-  // One contiguous range per thread (each a stream the prefetchers follow), boundaries at multiples
-  // of 64 elements. Element-wise, so the split does not change any result.
+  // [begin, end) on the calling thread. Range boundaries are multiples of 64 elements, so an aligned
+  // low_out stays 32-byte aligned in every range. Element-wise: no split changes any result.
+  auto range = [&](int64_t begin, int64_t end) {
+    kernel(params + begin, {gbytes + size_t(begin) * gsize, grad_t, grad_scale}, m + begin, v + begin,
+           lo ? lo + begin : nullptr, end - begin, c, low);
+  };
+  if (cpu_adam_active_schedule() == CpuAdamSchedule::Static) {
+    // One contiguous range per thread (each a stream the prefetchers follow).
 #pragma omp parallel
+    {
+      const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t blocks = (n + kSplitAlign - 1) / kSplitAlign;
+      const int64_t begin = std::min(n, blocks * t / threads * kSplitAlign);
+      const int64_t end = std::min(n, blocks * (t + 1) / threads * kSplitAlign);
+      if (end > begin) range(begin, end);
+    }
+    return;
+  }
+  // Chunks of kDynamicChunk elements, each taken by the next thread free: a thread the OS preempts
+  // (another team beside this one on the same cores) delays the pass by one chunk, not by its whole
+  // share, since the others take its remaining chunks.
+  const int64_t chunks = (n + kDynamicChunk - 1) / kDynamicChunk;
+  std::atomic<int64_t> next{0};
+#pragma omp parallel num_threads(int(std::min<int64_t>(chunks, omp_get_max_threads())))
   {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t blocks = (n + kSplitAlign - 1) / kSplitAlign;
-    const int64_t begin = std::min(n, blocks * t / threads * kSplitAlign);
-    const int64_t end = std::min(n, blocks * (t + 1) / threads * kSplitAlign);
-    if (end > begin)
-      kernel(params + begin, {gbytes + size_t(begin) * gsize, grad_t, grad_scale}, m + begin, v + begin,
-             lo ? lo + begin : nullptr, end - begin, c, low);
+    for (int64_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < chunks;)
+      range(k * kDynamicChunk, std::min(n, (k + 1) * kDynamicChunk));
   }
 }
 

@@ -27,8 +27,13 @@
 // aligned the AVX2/AVX-512 kernels write it with non-temporal stores (an sfence before returning):
 // it bypasses the cache, being written once for someone else to read.
 //
-// Threads: OpenMP over contiguous ranges of the shard (omp_get_max_threads(), or the caller's
-// num_threads / OMP_NUM_THREADS); shards below 64Ki elements run on the calling thread.
+// Threads: OpenMP (omp_get_max_threads(), or the caller's num_threads / OMP_NUM_THREADS); shards
+// below 64Ki elements run on the calling thread. Schedule "dynamic" (the default): chunks of 64Ki
+// elements, each taken by the next free thread, so a thread that the OS preempts for another team
+// on the same cores (the trainer's background AdamW beside the rank thread's own) holds the pass up
+// by one chunk at most; "static": one contiguous range per thread, the pass as slow as its most
+// preempted thread. ZT_CPU_ADAM_SCHEDULE=static|dynamic (read once) or cpu_adam_force_schedule()
+// picks one (benchmarks, A/B on a GPU host). No schedule changes any result.
 //
 // ISA: chosen at run time (__builtin_cpu_supports): "avx512" (AVX-512F), else "avx2" (AVX2 + F16C),
 // else "scalar". The environment variable ZT_CPU_ADAM_ISA=scalar|avx2|avx512 (read once, at the
@@ -54,6 +59,8 @@ enum class LowDType : uint8_t { None, BF16, F16 };
 enum class GradDType : uint8_t { F32, BF16, F16 };
 
 enum class CpuAdamIsa : uint8_t { Scalar, Avx2, Avx512 };
+
+enum class CpuAdamSchedule : uint8_t { Static, Dynamic };
 
 // The fp32 constants of one step, rounded once from the double hyperparameters exactly as the
 // reference (model/adamw.cpp) forms them. Every AdamW here (each CPU ISA, the CUDA kernel) takes
@@ -98,5 +105,12 @@ CpuAdamIsa cpu_adam_best_isa();
 void cpu_adam_force_isa(CpuAdamIsa isa);
 // Back to the default: ZT_CPU_ADAM_ISA if it names a supported ISA, else cpu_adam_best_isa().
 void cpu_adam_unforce_isa();
+
+// How a shard is split among the OpenMP threads (above): the one in use, its name ("static",
+// "dynamic"), forcing one process-wide, and back to the default (ZT_CPU_ADAM_SCHEDULE, else dynamic).
+CpuAdamSchedule cpu_adam_active_schedule();
+const char* cpu_adam_schedule_name(CpuAdamSchedule s);
+void cpu_adam_force_schedule(CpuAdamSchedule s);
+void cpu_adam_unforce_schedule();
 
 }  // namespace zt::optim

@@ -159,16 +159,44 @@ TEST_P(CpuAdamIsaTest, ResultDoesNotDependOnTheThreadCount) {
   std::vector<std::vector<float>> grads;
   for (int step = 1; step <= 3; step++) grads.push_back(make_grads(n, 50u + step));
   for (int step = 1; step <= 3; step++) reference_step(ref, grads[step - 1].data(), kGpt2Decay, step);
-  for (int threads : {1, 2, 3, 7}) {
-    omp_set_num_threads(threads);
-    Shard s = make_shard(n, 3);
-    for (int step = 1; step <= 3; step++)
-      cpu_adamw_step(s.p.data(), grads[step - 1].data(), s.m.data(), s.v.data(), n, kGpt2Decay, step);
-    EXPECT_TRUE(same_values("p", s.p.data(), ref.p.data(), n)) << threads << " threads";
-    EXPECT_TRUE(same_values("m", s.m.data(), ref.m.data(), n)) << threads << " threads";
-    EXPECT_TRUE(same_values("v", s.v.data(), ref.v.data(), n)) << threads << " threads";
+  // Both schedules (cpu_adam.h): the dynamic one's 64Ki-element chunks, 5 of them here, the last
+  // one short, taken by whichever thread is free.
+  for (CpuAdamSchedule sched : {CpuAdamSchedule::Static, CpuAdamSchedule::Dynamic}) {
+    cpu_adam_force_schedule(sched);
+    ASSERT_EQ(cpu_adam_active_schedule(), sched);
+    for (int threads : {1, 2, 3, 7}) {
+      omp_set_num_threads(threads);
+      Shard s = make_shard(n, 3);
+      std::vector<uint16_t> low(size_t(n) + 16);
+      uint16_t* out = low.data() + ((32 - (reinterpret_cast<uintptr_t>(low.data()) & 31)) & 31) / 2;
+      for (int step = 1; step <= 3; step++)
+        cpu_adamw_step(s.p.data(), grads[step - 1].data(), s.m.data(), s.v.data(), n, kGpt2Decay, step, out,
+                       LowDType::BF16);
+      const char* name = cpu_adam_schedule_name(sched);
+      EXPECT_TRUE(same_values("p", s.p.data(), ref.p.data(), n)) << threads << " threads, " << name;
+      EXPECT_TRUE(same_values("m", s.m.data(), ref.m.data(), n)) << threads << " threads, " << name;
+      EXPECT_TRUE(same_values("v", s.v.data(), ref.v.data(), n)) << threads << " threads, " << name;
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < n; i++) wrong += out[i] != ref_low(LowDType::BF16, ref.p[size_t(i)]);
+      EXPECT_EQ(wrong, 0) << "bf16 outputs, " << threads << " threads, " << name;
+    }
   }
+  cpu_adam_unforce_schedule();
   omp_set_num_threads(saved);
+}
+
+TEST(CpuAdam, SchedulesAreNamedAndDynamicUnlessForced) {
+  EXPECT_STREQ(cpu_adam_schedule_name(CpuAdamSchedule::Static), "static");
+  EXPECT_STREQ(cpu_adam_schedule_name(CpuAdamSchedule::Dynamic), "dynamic");
+  const char* env = std::getenv("ZT_CPU_ADAM_SCHEDULE");
+  const bool env_static = env && std::string(env) == "static";
+  if (!env_static) {
+    EXPECT_EQ(cpu_adam_active_schedule(), CpuAdamSchedule::Dynamic);
+  }
+  cpu_adam_force_schedule(CpuAdamSchedule::Static);
+  EXPECT_EQ(cpu_adam_active_schedule(), CpuAdamSchedule::Static);
+  cpu_adam_unforce_schedule();
+  EXPECT_EQ(cpu_adam_active_schedule(), env_static ? CpuAdamSchedule::Static : CpuAdamSchedule::Dynamic);
 }
 
 // The output 32-byte aligned (written with non-temporal stores where the ISA has them) and one
