@@ -124,7 +124,8 @@ TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
   for (const auto& row : j["rows"]) rows[row["step"].get<std::string>()] = row;
   for (const auto& st : j["steps"]) steps[st["step"].get<std::string>()] = st;
   // Every model step left a row with a step time, each run of gpu_compare with the tiny preset.
-  for (const char* name : {"350M", "350M-bf16grad", "350M-nowiden", "350M-adamall", "350M-narrowrank", "350M-static", "350M-interleave",
+  for (const char* name : {"350M", "350M-bf16grad", "350M-nowiden", "350M-adamall", "350M-narrowrank", "350M-static", "350M-latewb",
+                           "350M-interleave",
                            "1.5B", "124M"}) {
     ASSERT_TRUE(rows.count(name)) << name << " has no row:\n" << printed;
     EXPECT_EQ(rows[name]["model"], "tiny") << name;
@@ -140,6 +141,7 @@ TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
   EXPECT_EQ(rows["350M-nowiden"]["env"]["ZT_ADAM_WAIT_THREADS"], rows["350M-nowiden"]["env"]["ZT_ADAM_THREADS"]);
   EXPECT_TRUE(rows["350M-narrowrank"]["env"].contains("ZT_RANK_THREADS_BESIDE")) << rows["350M-narrowrank"];
   EXPECT_EQ(rows["350M-static"]["env"].value("ZT_CPU_ADAM_SCHEDULE", ""), "static") << rows["350M-static"];
+  EXPECT_EQ(rows["350M-latewb"]["env"].value("ZT_EARLY_WRITE_BACK", ""), "0") << rows["350M-latewb"];
   EXPECT_EQ(rows["350M"]["settings"].get<std::string>().find("bf16 grad partitions"), std::string::npos);
   // The CPU AdamW's tests ran, the GPU tests said why not, and the limits were measured once and
   // used where bench_gpu_limits is built (with the CUDA toolkit); elsewhere no step measures them.

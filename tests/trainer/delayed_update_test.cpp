@@ -314,6 +314,65 @@ TEST(DelayedUpdate, HostAndDeviceShardsTakeTheSameUpdate) {
   EXPECT_GT(outlived, 0) << "every write-back copy finished inside its apply (5 runs): not asynchronous";
 }
 
+// The early write-back (device shards, bf16): each module's updated weights go up into the shard's
+// second buffer as soon as its AdamW has run, swapped in at the apply. The same run, bit for bit, as
+// ZT_EARLY_WRITE_BACK=0 (every copy made by the apply, after the whole pass); in the trace, with it
+// some of update 0's copies begin before its apply (during step 1), without it none do; the
+// second shard counts in the model states; a bad value is refused by name.
+TEST(DelayedUpdate, EarlyWriteBackGoesUpDuringTheStepAndChangesNothing) {
+  TrainConfig c = dpu_run(6, 0);
+  c.zero.stage = 3;
+  c.zero.param_persistence_threshold = 0;  // every module sharded: its write-back is a local copy
+  c.precision = "bf16";
+  zt::test::TempDir dir;
+  // Write-back copies (H2D into "<module>.shard" after the first AdamW began: with the shards on the
+  // device no other copy writes them but the set-up's) and how many of them began before the first
+  // "apply delayed update" did: update 0's copies, made during step 1 (a copy's row has its real
+  // times on the lane, so an apply's own copies may begin after its marker ends, never before it
+  // begins; and each is done before the next step's fetch of its module, before the next apply).
+  auto copies = [](const zt::test::TracedRun& run, int64_t* early) {
+    zt::db::QueryResult q;
+    EXPECT_TRUE(run.reader
+                    ->query("SELECT count(*), coalesce(sum(t.t_start < (SELECT min(t_start) FROM marker_v WHERE rank = 0 "
+                            "AND name LIKE 'apply delayed update%')), 0) FROM transfer_v t WHERE t.rank = 0 AND "
+                            "t.kind = 'H2D' AND t.name LIKE '%.shard' AND t.t_start > (SELECT min(t_start) FROM "
+                            "marker_v WHERE rank = 0 AND name LIKE 'adamw %')",
+                            &q)
+                    .ok());
+    *early = std::stoll(q.rows[0][1]);
+    return std::stoll(q.rows[0][0]);
+  };
+  setenv("ZT_EARLY_WRITE_BACK", "0", 1);
+  zt::test::TracedRun late = zt::test::train_traced(c, dir.file("late.db"));
+  unsetenv("ZT_EARLY_WRITE_BACK");
+  ASSERT_TRUE(late.status.ok()) << late.status.message();
+  int64_t late_outside = -1;
+  EXPECT_GT(copies(late, &late_outside), 0);
+  EXPECT_EQ(late_outside, 0) << "without the early write-back every copy is an apply's";
+  // The background pass must finish a module while the next step still fetches: on a loaded
+  // 2-core machine it may not, so up to five runs are made.
+  int64_t outside = 0, state_bytes = 0;
+  for (int attempt = 0; attempt < 5 && outside == 0; ++attempt) {
+    zt::test::TracedRun run = zt::test::train_traced(c, dir.file("early" + std::to_string(attempt) + ".db"));
+    ASSERT_TRUE(run.status.ok()) << run.status.message();
+    EXPECT_EQ(run.summary.losses, late.summary.losses);  // bit for bit
+    EXPECT_EQ(copies(run, &outside), copies(late, &late_outside)) << "one copy per module and update either way";
+    state_bytes = run.summary.model_state_bytes;
+  }
+  EXPECT_GT(outside, 0) << "no copy of update 0 began before its apply (5 runs): nothing went up early";
+  // The second shard: the model's bf16 parameters once more (one rank: its shards are the model).
+  const int64_t P = zt::model::num_params(*zt::model::preset("tiny"));
+  EXPECT_GE(state_bytes - late.summary.model_state_bytes, 2 * P);
+  EXPECT_LT(state_bytes - late.summary.model_state_bytes, 2 * P + 4096 * 2 * 8);  // padding
+
+  setenv("ZT_EARLY_WRITE_BACK", "yes", 1);
+  TrainSummary s;
+  const zt::Status st = train(c, nullptr, nullptr, &s);
+  unsetenv("ZT_EARLY_WRITE_BACK");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("ZT_EARLY_WRITE_BACK='yes': 1 (the default) or 0"), std::string::npos) << st.message();
+}
+
 // ZT_ADAM_THREADS and ZT_ADAM_WAIT_THREADS set the background AdamW's OpenMP threads beside the
 // step and while the rank thread waits for it, ZT_RANK_THREADS_BESIDE the rank thread's own beside it
 // (tuning knobs for GPU hosts): any counts give the same run, delayed or overlapped; a bad one is

@@ -163,7 +163,8 @@ TEST(OpaqueDevice, TrainsExactlyAsTheSimulatedGpu) {
                         Case{3, 2, true, false, "fp32", 0}, Case{3, 2, true, false, "bf16", -1, true, -1},
                         Case{3, 1, true, true, "bf16", -1, true}, Case{2, 2, true, false, "fp32", -1, true},
                         Case{3, 1, true, true, "bf16", -1, false, 0, true}, Case{2, 2, true, false, "fp16", 1, false, 0, true},
-                        Case{3, 2, true, false, "bf16", -1, true, -1, true}}) {
+                        Case{3, 2, true, false, "bf16", -1, true, -1, true},
+                        Case{3, 2, true, false, "bf16", 0} /* the delayed update's early write-back into device shards */}) {
     SCOPED_TRACE("stage " + std::to_string(k.stage) + ", " + std::to_string(k.world) + " ranks, " + k.precision +
                  (k.off_opt ? ", offload_optimizer" : "") + (k.off_param ? ", offload_param" : "") +
                  (k.delayed >= 0 ? ", delayed_update " + std::to_string(k.delayed) : "") +

@@ -39,6 +39,13 @@ struct ZeroEngine::Part {
   Tensor part_grad_spare;
   Tensor update[2];
   PendingCopy written;
+  // The delayed update's early write-back (a device parameter shard, update buffers on the host):
+  // the shard's second buffer, which takes the update's H2D copy (written_next) as soon as the
+  // module's AdamW has run, while the step under way still reads `param_shard`; the two are
+  // swapped when the update is applied.
+  Tensor shard_next;
+  PendingCopy written_next;
+  bool next_filled = false;  // written_next holds this update's copy
   bool update_due = false;  // the overlapped update: this module's AdamW not yet awaited
   Tensor gathered, compute;  // live while fetched
   Tensor staged;             // offload_param: the shard copied to the device ahead of its gather
@@ -185,6 +192,15 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     const int rank_beside = threads_from_env("ZT_RANK_THREADS_BESIDE", 0,
                                              "the rank thread's threads while the background AdamW runs beside it");
     background_ = std::make_unique<BackgroundThread>(adam_threads, waited_threads, rank_beside);
+    // ZT_EARLY_WRITE_BACK=0: the delayed update's weights go up to device shards only once the whole
+    // pass is applied (as before 2026-11-26), not module by module as its AdamW finishes.
+    if (cfg.delayed_update >= 0) {
+      const char* env = std::getenv("ZT_EARLY_WRITE_BACK");
+      const std::string v = env ? env : "";
+      if (!v.empty() && v != "0" && v != "1")
+        throw std::invalid_argument("ZT_EARLY_WRITE_BACK='" + v + "': 1 (the default) or 0");
+      early_write_back_ = v != "0";
+    }
   }
   if (std::string p = grad_partition_dtype_problem(cfg); !p.empty()) throw std::invalid_argument(p);
   if (cfg.grad_partition_dtype == "compute") part_grad_dtype_ = dtype_;
@@ -266,7 +282,12 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
         for (int slot = 0; slot < (cfg.overlap_update ? 1 : 2); ++slot) p->update[slot] = update_buffer(*p);
       if (cfg.delayed_update >= 0 && p->part_grad.defined())
         p->part_grad_spare = Tensor::zeros(p->part_grad.name(), {p->opt_n}, part_grad_dtype_, host, pin);
+      // The early write-back's second device shard: where the update's copy goes while the step
+      // under way reads the shard (the same name: it is the shard, double-buffered).
+      if (early_write_back_ && p->update[0].defined() && p->sharded && !p->param_shard.device().is_host())
+        p->shard_next = Tensor::empty(p->param_shard.name(), {p->shard}, dtype_, accel);
     }
+    early_write_back_ = std::any_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->shard_next.defined(); });
   }
   host_tokens_ = Tensor::empty("batch.tokens", {B, T}, DType::I32, host, true);
   host_targets_ = Tensor::empty("batch.targets", {B, T}, DType::I32, host, true);
@@ -284,6 +305,7 @@ ZeroEngine::~ZeroEngine() {
     for (auto& p : parts_) {
       p->staging.wait();
       p->written.wait();
+      p->written_next.wait();
     }
     land_offloads(0);
     rt_.accelerator().ops().synchronize();
@@ -310,7 +332,8 @@ void ZeroEngine::end(probe::MarkerId id) {
 int64_t ZeroEngine::model_state_bytes() const {
   int64_t b = 0;
   for (const auto& p : parts_)
-    for (const Tensor* t : {&p->param, &p->param_shard, &p->grad, &p->master, &p->m, &p->v, &p->part_grad, &p->part_grad_spare})
+    for (const Tensor* t : {&p->param, &p->param_shard, &p->shard_next, &p->grad, &p->master, &p->m, &p->v, &p->part_grad,
+                            &p->part_grad_spare})
       if (t->defined()) b += int64_t(t->bytes());
   return b;
 }
@@ -376,6 +399,7 @@ void ZeroEngine::land_offloads(size_t keep) {
 const float* ZeroEngine::fetch(int mi, int64_t step) {
   Part& p = *parts_[size_t(mi)];
   await_update(mi);
+  write_back_early();
   if (!order_known_) {
     order_.push_back(mi);
   } else {
@@ -783,36 +807,13 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       pending_.push_back(std::move(jobs[size_t(mi)]));
       parts_[size_t(mi)]->update_due = true;
     }
-    {
-      std::lock_guard lock(update_mu_);
-      updates_done_ = 0;
-      update_failed_ = false;
-    }
     // The update buffers (and, under offload_param, the host shards AdamW writes in place) are
     // free again: the last write-backs out of them are ordered before the device's later work,
     // which the synchronization then waits for (an H2D copy's wait does not block the host).
     for (auto& p : parts_) p->written.wait();
     accel.ops().synchronize();
     pending_step_ = step;
-    const int64_t adam_step = adam_steps_;
-    background_->submit([this, hp, step, adam_step] {
-      try {
-        for (size_t k = 0; k < pending_.size(); ++k) {
-          background_->refresh_width(int64_t(k));
-          run_adam(pending_[k], hp, step, adam_step);
-          std::lock_guard lock(update_mu_);
-          updates_done_ = k + 1;
-          update_cv_.notify_all();
-        }
-      } catch (...) {
-        {
-          std::lock_guard lock(update_mu_);
-          update_failed_ = true;
-        }
-        update_cv_.notify_all();
-        throw;  // kept by the background thread, thrown by the wait in await_update/apply_update
-      }
-    });
+    submit_pass(hp, step);
   } else if (!delayed) {
     // Each module's Adam ("adamw X"), then its updated shard to the device: serially, since both
     // are bound by host memory bandwidth (measured on an H100 host: a copy running beside the next
@@ -828,13 +829,8 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     for (auto& p : parts_) zero_tensor(p->grad);
     pending_ = std::move(jobs);
     pending_step_ = step;
-    const int64_t adam_step = adam_steps_;
-    background_->submit([this, hp, step, adam_step] {
-      for (size_t k = 0; k < pending_.size(); ++k) {
-        background_->refresh_width(int64_t(k));
-        run_adam(pending_[k], hp, step, adam_step);
-      }
-    });
+    early_next_ = 0;
+    submit_pass(hp, step);
     // The next job writes the other buffers: these are read by this update's write-back, which
     // the apply before that job waits for (skipped steps in between or not).
     update_slot_ ^= 1;
@@ -862,6 +858,59 @@ bool ZeroEngine::adam_in_place(const Part& p, bool delayed) const {
 
 Tensor ZeroEngine::update_buffer(const Part& p) const {
   return Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
+}
+
+// The AdamW pass over pending_ on the background thread, in its order, counting the modules done
+// (or saying it failed) under update_mu_ for the rank thread's waits: the overlapped update's
+// await_update, the delayed update's early write-back.
+void ZeroEngine::submit_pass(const optim::AdamParams& hp, int64_t step) {
+  {
+    std::lock_guard lock(update_mu_);
+    updates_done_ = 0;
+    update_failed_ = false;
+  }
+  const int64_t adam_step = adam_steps_;
+  background_->submit([this, hp, step, adam_step] {
+    try {
+      for (size_t k = 0; k < pending_.size(); ++k) {
+        background_->refresh_width(int64_t(k));
+        run_adam(pending_[k], hp, step, adam_step);
+        std::lock_guard lock(update_mu_);
+        updates_done_ = k + 1;
+        update_cv_.notify_all();
+      }
+    } catch (...) {
+      {
+        std::lock_guard lock(update_mu_);
+        update_failed_ = true;
+      }
+      update_cv_.notify_all();
+      throw;  // kept by the background thread, thrown by the wait in await_update/apply_update
+    }
+  });
+}
+
+// The delayed update's early write-back: each module whose AdamW has run since the last call and
+// that has a second device shard gets its H2D copy into it now, on the rank thread (which alone
+// queues device work), so the weights go up while the pass and the step go on instead of all after
+// the apply's wait. Local copies only: a whole module's write-back (an all-gather) is collective
+// and stays in the apply, where every rank calls it. Called at each fetch and from the apply.
+void ZeroEngine::write_back_early() {
+  if (!early_write_back_ || cfg_.overlap_update || !update_pending() || early_next_ >= pending_.size()) return;
+  size_t done;
+  {
+    std::lock_guard lock(update_mu_);
+    done = updates_done_;
+  }
+  for (; early_next_ < done; ++early_next_) {
+    const AdamJob& j = pending_[early_next_];
+    Part& p = *parts_[size_t(j.mi)];
+    if (!p.shard_next.defined() || j.in_place || !j.fused.defined()) continue;
+    // The copy starts after the device work queued so far, the last reads of the shard's old
+    // contents (the step before's fetches) among them.
+    p.written_next = copy_into_async(p.shard_next, j.fused);
+    p.next_filled = true;
+  }
 }
 
 // One module's AdamW where its optimizer state lives (the vectorized CPU Adam on the host,
@@ -923,6 +972,19 @@ void ZeroEngine::apply_update(int64_t at_step) {
   for (auto& p : parts_) p->written.wait();
   rt_.accelerator().ops().synchronize();
   try {
+    if (early_write_back_) {
+      // Each module's weights go up as soon as its AdamW has run (most of them finish during this
+      // wait when the pass is longer than the step beside it).
+      BackgroundThread::Waiting waiting(*background_, INT64_MAX);
+      for (;;) {
+        write_back_early();
+        if (early_next_ >= pending_.size()) break;  // every module's copy is on its way
+        std::unique_lock lock(update_mu_);
+        const size_t seen = early_next_;
+        update_cv_.wait(lock, [&] { return updates_done_ > seen || update_failed_; });
+        if (updates_done_ <= seen) break;  // the pass failed: the wait below throws its error
+      }
+    }
     background_->wait();  // only then is pending_ the rank thread's again: the job reads it
   } catch (...) {
     pending_.clear();
@@ -931,8 +993,18 @@ void ZeroEngine::apply_update(int64_t at_step) {
   }
   const std::vector<AdamJob> jobs = std::move(pending_);
   pending_.clear();
-  for (const AdamJob& j : jobs)
-    if (!j.in_place) write_back(j.mi, j.fused, true);
+  for (const AdamJob& j : jobs) {
+    Part& p = *parts_[size_t(j.mi)];
+    if (p.next_filled) {
+      // Already on its way up into the second shard: that one is the shard from now on (the next
+      // fetch waits on the device for the copy), and the old one takes the next update.
+      std::swap(p.param_shard, p.shard_next);
+      p.written = std::move(p.written_next);
+      p.next_filled = false;
+    } else if (!j.in_place) {
+      write_back(j.mi, j.fused, true);
+    }
+  }
   end(ph);
 }
 

@@ -45,8 +45,14 @@
 // host are double-buffered (AdamW reads one while backward lands the next step's in the other),
 // and the compute-dtype update of each module goes to a host buffer of its own, two taken in turn
 // (the parameter shards on the host are read by the next step's prefetch meanwhile). Into
-// device parameter shards the write-back is asynchronous: the H2D copy runs on the copy lane while
-// the next step starts, and each module's fetch waits for its own on the device. finish_update() applies
+// device parameter shards the write-back is asynchronous and early: each module whose AdamW has
+// run gets its H2D copy into a second device shard (shard_next: 2 bytes a parameter of the
+// compute dtype more, counted in model_state_bytes) at the rank thread's next fetch, or during
+// the apply's wait as the pass goes on, while the step under way still reads the shard; the apply
+// swaps the two, and each module's next fetch waits for its copy on the device. A whole module's
+// write-back (an all-gather: collective) stays in the apply. ZT_EARLY_WRITE_BACK=0 gives the
+// earlier way: every copy into the shard itself, made by the apply after the whole pass, running
+// while the next step starts. finish_update() applies
 // an update still in flight: a checkpoint save and the end of a run call it, so a save is a
 // sync point and a run resumed from it continues exactly as the run that saved it.
 //
@@ -204,6 +210,10 @@ class ZeroEngine {
     bool in_place = false;    // it writes the host parameter shard itself: no write-back
   };
   void run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t step, int64_t adam_step);
+  // pending_'s AdamW pass to the background thread, counting the modules it has done.
+  void submit_pass(const optim::AdamParams& hp, int64_t step);
+  // The delayed update: the H2D copies of the modules whose AdamW has run since the last call.
+  void write_back_early();
   void apply_update(int64_t at_step);
   // A module's buffer for AdamW's compute-dtype output (pinned as the settings say), and whether
   // its AdamW needs none (writes the host shard in place).
@@ -251,6 +261,8 @@ class ZeroEngine {
   std::vector<AdamJob> pending_;
   int64_t pending_step_ = -1;
   int update_slot_ = 0;  // which of each module's two update buffers the next job writes
+  bool early_write_back_ = false;  // delayed: device shards get each module's update as its AdamW ends
+  size_t early_next_ = 0;          // ... the first job in pending_ not yet looked at
   // The overlapped update (cfg_.overlap_update: the job in flight, if any, is one): pending_ is in
   // the order the job runs it; update_pos_[m] is module m's place there; the job counts the modules
   // it has finished (or says it failed) under update_mu_.
