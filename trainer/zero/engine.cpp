@@ -988,6 +988,7 @@ void ZeroEngine::apply_update(int64_t at_step) {
     background_->wait();  // only then is pending_ the rank thread's again: the job reads it
   } catch (...) {
     pending_.clear();
+    for (auto& p : parts_) p->next_filled = false;  // a failed update is not swapped in, ever
     end(ph);
     throw;
   }
