@@ -702,12 +702,16 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     return r;
   }
 
-  // 3. unscale_and_clip_grads: one combined scale for every partition. An fp32 partition is
-  // scaled in place; one in the compute dtype (grad_partition_dtype compute) is scaled by its AdamW,
-  // which multiplies each widened element by the same fp32 factor (grad_scale).
+  // 3. unscale_and_clip_grads: one combined scale for every partition. A partition the CPU AdamW
+  // reads on the host (optimizer offload: fp32, or the compute dtype under grad_partition_dtype
+  // compute) is scaled by that AdamW, which multiplies each element by the same fp32 factor
+  // (grad_scale) in its own pass: bit for bit the in-place scaling, without a pass over every
+  // partition of its own on the rank thread before the update. Elsewhere (the optimizer on the
+  // device) the partition is scaled in place.
   std::vector<float> grad_scale(parts_.size(), 1.0f);
   auto scale_partition = [&](size_t mi, Tensor& g, float a) {
-    if (g.dtype() == DType::F32) g.device().ops().scale(g.f32(), g.numel(), a);
+    const bool host_adam = g.device().is_host() && parts_[mi]->master.device().is_host();
+    if (g.dtype() == DType::F32 && !host_adam) g.device().ops().scale(g.f32(), g.numel(), a);
     else grad_scale[mi] = a;
   };
   {
@@ -929,18 +933,21 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
                                " failed (fault optim.cpu_adam_error)");
     if (virt_) {
       // sizes only
-    } else if (j.grad.dtype() == DType::F32) {
+    } else if (j.grad.dtype() == DType::F32 && j.grad_scale == 1.0f) {
       p.master.device().ops().adamw(p.master.f32(), j.grad.f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_step,
                                     j.low_out, j.low);
     } else {
-      // A partition kept in the compute dtype (on the host, as the optimizer state is: the device
-      // check before the step saw to that): widened and scaled inside the CPU AdamW's pass.
+      // A partition with a factor to apply (unscale-and-clip), or kept in the compute dtype: on the
+      // host, as the optimizer state is (the device check before the step saw to that), widened
+      // and scaled inside the CPU AdamW's pass.
       if (!p.master.device().is_host() || !j.grad.device().is_host())
-        throw std::logic_error("ZeroEngine: a " + std::string(dtype_name(j.grad.dtype())) +
+        throw std::logic_error("ZeroEngine: a scaled or " + std::string(dtype_name(j.grad.dtype())) +
                                " gradient partition needs the optimizer and the partition on the host");
-      optim::cpu_adamw_step_grads(p.master.f32(), j.grad.raw(),
-                                  j.grad.dtype() == DType::BF16 ? optim::GradDType::BF16 : optim::GradDType::F16,
-                                  j.grad_scale, p.m.f32(), p.v.f32(), p.opt_n, hp, adam_step, j.low_out, j.low);
+      const optim::GradDType gt = j.grad.dtype() == DType::F32    ? optim::GradDType::F32
+                                  : j.grad.dtype() == DType::BF16 ? optim::GradDType::BF16
+                                                                  : optim::GradDType::F16;
+      optim::cpu_adamw_step_grads(p.master.f32(), j.grad.raw(), gt, j.grad_scale, p.m.f32(), p.v.f32(), p.opt_n, hp,
+                                  adam_step, j.low_out, j.low);
     }
   } catch (...) {
     end(am);
