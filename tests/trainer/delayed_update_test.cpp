@@ -211,26 +211,32 @@ TEST(DelayedUpdate, NoPinnedSegmentIsAddedAfterTheFirstStep) {
 // A save applies the update in flight: the saved state is that after the step it is named for,
 // and the run goes on from it. So a run resumed from a save continues bit for bit, and a run that
 // saves is not the run that does not from the first save on.
+// Twice: host parameter shards (offload_param, fp32), and device shards in bf16, whose updates go up
+// early into their second shards, swapped in by the save's apply.
 TEST(DelayedUpdate, ACheckpointIsASyncPointAndResumesExactly) {
-  zt::test::TempDir tmp;
-  TrainConfig c = dpu_run(6, 0);
-  c.world_size = 2;
-  c.zero.stage = 3;
-  c.zero.offload_param = true;
-  c.zero.param_persistence_threshold = 0;
-  const std::vector<double> unsaved = zt::test::train_losses(c);
-  c.checkpoint_dir = tmp.file("ckpt");
-  c.save_every = 2;
-  const std::vector<double> saved = zt::test::train_losses(c);
-  ASSERT_EQ(saved.size(), 6u);
-  EXPECT_EQ(std::vector<double>(saved.begin(), saved.begin() + 2), std::vector<double>(unsaved.begin(), unsaved.begin() + 2));
-  EXPECT_NE(saved[2], unsaved[2]);  // step 2 saw step 1's update, applied by the save
+  for (bool device_shards : {false, true}) {
+    SCOPED_TRACE(device_shards ? "bf16 device shards (early write-back)" : "fp32 host shards");
+    zt::test::TempDir tmp;
+    TrainConfig c = dpu_run(6, 0);
+    c.world_size = 2;
+    c.zero.stage = 3;
+    c.zero.offload_param = !device_shards;
+    c.zero.param_persistence_threshold = 0;
+    if (device_shards) c.precision = "bf16";
+    const std::vector<double> unsaved = zt::test::train_losses(c);
+    c.checkpoint_dir = tmp.file("ckpt");
+    c.save_every = 2;
+    const std::vector<double> saved = zt::test::train_losses(c);
+    ASSERT_EQ(saved.size(), 6u);
+    EXPECT_EQ(std::vector<double>(saved.begin(), saved.begin() + 2), std::vector<double>(unsaved.begin(), unsaved.begin() + 2));
+    EXPECT_NE(saved[2], unsaved[2]);  // step 2 saw step 1's update, applied by the save
 
-  // A run that stops after the step-4 save, then resumes from it to step 6.
-  c.checkpoint_dir = tmp.file("stopped");
-  const zt::test::StopAndResume run = zt::test::stop_and_resume(c, 4);
-  EXPECT_EQ(run.before, std::vector<double>(saved.begin(), saved.begin() + 4));
-  EXPECT_EQ(run.after, std::vector<double>(saved.begin() + 4, saved.end()));  // bit for bit
+    // A run that stops after the step-4 save, then resumes from it to step 6.
+    c.checkpoint_dir = tmp.file("stopped");
+    const zt::test::StopAndResume run = zt::test::stop_and_resume(c, 4);
+    EXPECT_EQ(run.before, std::vector<double>(saved.begin(), saved.begin() + 4));
+    EXPECT_EQ(run.after, std::vector<double>(saved.begin() + 4, saved.end()));  // bit for bit
+  }
 }
 
 // fp16 whose loss scale doubles after every good step, so that overflows follow updates: a step
