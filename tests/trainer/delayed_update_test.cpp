@@ -323,7 +323,7 @@ TEST(DelayedUpdate, HostAndDeviceShardsTakeTheSameUpdate) {
 // The early write-back (device shards, bf16): each module's updated weights go up into the shard's
 // second buffer as soon as its AdamW has run, swapped in at the apply. The same run, bit for bit, as
 // ZT_EARLY_WRITE_BACK=0 (every copy made by the apply, after the whole pass); in the trace, with it
-// some of update 0's copies begin before its apply (during step 1), without it none do; the
+// some copies begin before the apply of their update (during the next step), without it none do; the
 // second shard counts in the model states; a bad value is refused by name.
 TEST(DelayedUpdate, EarlyWriteBackGoesUpDuringTheStepAndChangesNothing) {
   TrainConfig c = dpu_run(6, 0);
@@ -332,17 +332,19 @@ TEST(DelayedUpdate, EarlyWriteBackGoesUpDuringTheStepAndChangesNothing) {
   c.precision = "bf16";
   zt::test::TempDir dir;
   // Write-back copies (H2D into "<module>.shard" after the first AdamW began: with the shards on the
-  // device no other copy writes them but the set-up's) and how many of them began before the first
-  // "apply delayed update" did: update 0's copies, made during step 1 (a copy's row has its real
-  // times on the lane, so an apply's own copies may begin after its marker ends, never before it
-  // begins; and each is done before the next step's fetch of its module, before the next apply).
+  // device no other copy writes them but the set-up's), and how many began before the apply of
+  // their update: a module's k-th copy is update k's, applied by the k-th "apply delayed update"
+  // (a copy's row has its real times on the lane, so an apply's own copies may begin after its
+  // marker ends, never before it begins; each is done before the next apply).
   auto copies = [](const zt::test::TracedRun& run, int64_t* early) {
     zt::db::QueryResult q;
     EXPECT_TRUE(run.reader
-                    ->query("SELECT count(*), coalesce(sum(t.t_start < (SELECT min(t_start) FROM marker_v WHERE rank = 0 "
-                            "AND name LIKE 'apply delayed update%')), 0) FROM transfer_v t WHERE t.rank = 0 AND "
-                            "t.kind = 'H2D' AND t.name LIKE '%.shard' AND t.t_start > (SELECT min(t_start) FROM "
-                            "marker_v WHERE rank = 0 AND name LIKE 'adamw %')",
+                    ->query("WITH c AS (SELECT name, t_start, row_number() OVER (PARTITION BY name ORDER BY t_start) "
+                            "AS k FROM transfer_v WHERE rank = 0 AND kind = 'H2D' AND name LIKE '%.shard' AND t_start "
+                            "> (SELECT min(t_start) FROM marker_v WHERE rank = 0 AND name LIKE 'adamw %')), "
+                            "a AS (SELECT t_start, row_number() OVER (ORDER BY t_start) AS k FROM marker_v WHERE "
+                            "rank = 0 AND name LIKE 'apply delayed update%') "
+                            "SELECT count(*), coalesce(sum(c.t_start < a.t_start), 0) FROM c LEFT JOIN a USING (k)",
                             &q)
                     .ok());
     *early = std::stoll(q.rows[0][1]);
@@ -365,7 +367,7 @@ TEST(DelayedUpdate, EarlyWriteBackGoesUpDuringTheStepAndChangesNothing) {
     EXPECT_EQ(copies(run, &outside), copies(late, &late_outside)) << "one copy per module and update either way";
     state_bytes = run.summary.model_state_bytes;
   }
-  EXPECT_GT(outside, 0) << "no copy of update 0 began before its apply (5 runs): nothing went up early";
+  EXPECT_GT(outside, 0) << "no copy began before the apply of its update (5 runs): nothing went up early";
   // The second shard: the model's bf16 parameters once more (one rank: its shards are the model).
   const int64_t P = zt::model::num_params(*zt::model::preset("tiny"));
   EXPECT_GE(state_bytes - late.summary.model_state_bytes, 2 * P);
