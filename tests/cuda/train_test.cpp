@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -157,6 +158,29 @@ TEST(CudaTrain, OneRankCheckpointResumesWithTheDelayedUpdate) {
   EXPECT_EQ(s.resumed_from_step, 2);
   EXPECT_TRUE(s.resume_notes.empty()) << s.resume_notes;
   expect_losses_close(s.losses, std::vector<double>(whole.begin() + 2, whole.end()), 1e-5);
+}
+
+// The delayed update's early write-back on a GPU (2026-11-26, written without one): each module's
+// updated bf16 weights go up into the second device shard on the H2D stream while the next step
+// computes, and are swapped in by the apply. The same run as ZT_EARLY_WRITE_BACK=0, where every
+// copy goes into the shard itself after the whole pass (1e-5: a stale or lost module's weights
+// would move the losses by far more), with clipping active (the factor applied by the CPU AdamW).
+TEST(CudaTrain, EarlyWriteBackGivesTheLateOnesRun) {
+  ZT_REQUIRE_GPU();
+  TrainConfig c = tiny_run(6);
+  c.device = "cuda";
+  c.precision = "bf16";
+  c.zero.stage = 3;
+  c.zero.offload_optimizer = true;
+  c.zero.param_persistence_threshold = 0;
+  c.delayed_update = 0;
+  c.grad_clip = 0.05;
+  setenv("ZT_EARLY_WRITE_BACK", "0", 1);
+  const std::vector<double> late = train_losses(c);
+  unsetenv("ZT_EARLY_WRITE_BACK");
+  const std::vector<double> early = train_losses(c);
+  ASSERT_EQ(early.size(), 6u);
+  expect_losses_close(early, late, 1e-5);
 }
 
 // A GPU capped below what the model needs runs out with PyTorch's text and the real figures.
