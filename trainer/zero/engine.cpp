@@ -994,6 +994,14 @@ void ZeroEngine::apply_update(int64_t at_step) {
     }
     background_->wait();  // only then is pending_ the rank thread's again: the job reads it
   } catch (...) {
+    // An early copy that failed leaves the pass running: it reads pending_ until it ends.
+    if (background_->pending()) {
+      try {
+        background_->wait();
+      } catch (...) {
+        // the copy's error is the one reported
+      }
+    }
     pending_.clear();
     for (auto& p : parts_) p->next_filled = false;  // a failed update is not swapped in, ever
     end(ph);

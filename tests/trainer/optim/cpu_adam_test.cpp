@@ -161,6 +161,9 @@ TEST_P(CpuAdamIsaTest, ResultDoesNotDependOnTheThreadCount) {
   for (int step = 1; step <= 3; step++) reference_step(ref, grads[step - 1].data(), kGpt2Decay, step);
   // Both schedules (cpu_adam.h): the dynamic one's 64Ki-element chunks, 5 of them here, the last
   // one short, taken by whichever thread is free.
+  struct Unforce {  // the default schedule again for later tests, however this one ends
+    ~Unforce() { cpu_adam_unforce_schedule(); }
+  } unforce;
   for (CpuAdamSchedule sched : {CpuAdamSchedule::Static, CpuAdamSchedule::Dynamic}) {
     cpu_adam_force_schedule(sched);
     ASSERT_EQ(cpu_adam_active_schedule(), sched);
@@ -181,7 +184,6 @@ TEST_P(CpuAdamIsaTest, ResultDoesNotDependOnTheThreadCount) {
       EXPECT_EQ(wrong, 0) << "bf16 outputs, " << threads << " threads, " << name;
     }
   }
-  cpu_adam_unforce_schedule();
   omp_set_num_threads(saved);
 }
 
