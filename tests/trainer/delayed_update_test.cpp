@@ -11,15 +11,18 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <stdexcept>
 #include <thread>
 
 #include "../test_util.h"
+#include "core/backend.h"
 #include "data/corpus.h"
 #include "model/adamw.h"
 #include "model/config.h"
 #include "model/gpt2.h"
+#include "model/layout.h"
 #include "traced_run.h"
 #include "train/trainer.h"
 #include "zero/background.h"
@@ -84,6 +87,53 @@ TEST(DelayedUpdate, EachGradientIsTakenOneUpdateBehind) {
   ASSERT_EQ(ord.size(), got.size());
   for (int64_t s = 0; s <= kFrom; ++s) EXPECT_EQ(got[size_t(s)], ord[size_t(s)]) << "step " << s;
   EXPECT_NE(got[kFrom + 1], ord[kFrom + 1]);
+}
+
+// The same schedule with clipping active on every step: each step's clip factor, from its own norm
+// (the squares summed module by module in the engine's order: core/backend.h's sum_squares), reaches
+// that step's delayed AdamW, which applies it in its pass (fp32 partitions under offload are not
+// scaled in place), bit for bit the reference's gradient scaled by the same fp32 factor first.
+TEST(DelayedUpdate, EachStepsClipFactorReachesItsDelayedAdamW) {
+  constexpr int64_t kSteps = 8, kFrom = 1;
+  TrainConfig c = dpu_run(kSteps, kFrom);
+  c.grad_clip = 0.05;  // the tiny model's norms are ~1
+  const std::vector<double> got = zt::test::train_losses(c);
+
+  const zt::model::Config mc = *zt::model::preset("tiny");
+  const int B = int(c.micro_batch), T = int(c.seq_len);
+  const Corpus corpus = synthetic_corpus(c.seed, c.synthetic_bytes);
+  const DataPlan plan = plan_data(corpus, T, B, 1, 1);
+  DataLoader loader(corpus, plan, c.seed);
+  const size_t n = size_t(zt::model::num_params(mc));
+  std::vector<float> weights(n), master(n), grads(n), m(n, 0.0f), v(n, 0.0f);
+  zt::model::init_params(mc, c.seed, master.data());
+  weights = master;
+  zt::model::Workspace ws(mc, B, T, false);
+  std::vector<int32_t> tokens(size_t(B) * T), targets(size_t(B) * T);
+  std::vector<double> want;
+  bool pending = false;
+  int clipped = 0;
+  for (int64_t s = 0; s < kSteps; ++s) {
+    loader.micro_batch(0, s, 0, 0, tokens.data(), targets.data());
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    want.push_back(zt::model::forward_backward(ws, weights.data(), tokens.data(), targets.data(), grads.data()));
+    double sq = 0;
+    for (const zt::model::ModuleSpec& ms : zt::model::module_table(mc))
+      sq += host_ops().sum_squares(grads.data() + ms.offset, ms.numel);
+    const double clip = (std::sqrt(sq) + 1e-6) / c.grad_clip;
+    if (clip > 1) {
+      ++clipped;
+      const float factor = 1.0f / float(clip);
+      for (float& g : grads) g *= factor;
+    }
+    if (pending) weights = master;
+    zt::model::adamw_step(master.data(), grads.data(), m.data(), v.data(), int64_t(n), c.lr, c.beta1, c.beta2, c.eps,
+                          c.weight_decay, s + 1);
+    pending = s >= kFrom;
+    if (!pending) weights = master;
+  }
+  EXPECT_EQ(clipped, kSteps);
+  EXPECT_EQ(got, want);  // bit for bit
 }
 
 // Every stage's write-back of the delayed update (the all-gather of whole modules, the host and
