@@ -163,8 +163,8 @@ TEST(Zero, GradientClippingWithOffloadKeepsTheNormOnTheHost) {
 // Under optimizer offload the clip factor of an fp32 partition is applied by the CPU AdamW in its
 // own pass (no pass of its own over every partition): the same run, bit for bit, as the optimizer on
 // the (simulated) device, whose partitions are scaled in place first. Clipping active on every step
-// (the tiny model's norms are ~1); ordinary, delayed and overlapped updates; and not the run without
-// clipping, so the factor did reach AdamW.
+// (the tiny model's norms are ~1), and not the run without clipping, so the factor did reach AdamW;
+// then the overlapped update.
 TEST(Zero, ClippedOffloadStepIsTheInPlaceScalingBitForBit) {
   for (int stage : {1, 3}) {
     for (int world : {1, 2}) {
@@ -182,27 +182,16 @@ TEST(Zero, ClippedOffloadStepIsTheInPlaceScalingBitForBit) {
       EXPECT_NE(zt::test::train_losses(unclipped), want);
     }
   }
-  // The background updates read the factor from their jobs too: the same runs as their own
-  // in-place-scaled twins are not available (they need offload), so against the reference
-  // schedule's property that matters here: clipping changes them.
-  for (bool overlap : {false, true}) {
-    SCOPED_TRACE(overlap ? "overlapped" : "delayed");
-    TrainConfig c = base(6);
-    c.zero.stage = 3;
-    c.zero.offload_optimizer = true;
-    c.grad_clip = 0.05;
-    if (overlap) c.overlap_update = true;
-    else c.delayed_update = 0;
-    TrainConfig plain = c;
-    plain.overlap_update = false;
-    plain.delayed_update = -1;
-    if (overlap) {
-      EXPECT_EQ(zt::test::train_losses(c), zt::test::train_losses(plain));  // exact, as without clipping
-    }
-    TrainConfig unclipped = c;
-    unclipped.grad_clip = 0;
-    EXPECT_NE(zt::test::train_losses(c), zt::test::train_losses(unclipped));
-  }
+  // The overlapped update reads the factor from its jobs too, and stays the ordinary update bit for
+  // bit with clipping active. (The delayed one, against its schedule written out by hand:
+  // DelayedUpdate.EachStepsClipFactorReachesItsDelayedAdamW.)
+  TrainConfig c = base(6);
+  c.zero.stage = 3;
+  c.zero.offload_optimizer = true;
+  c.grad_clip = 0.05;
+  TrainConfig overlapped = c;
+  overlapped.overlap_update = true;
+  EXPECT_EQ(zt::test::train_losses(overlapped), zt::test::train_losses(c));
 }
 
 TEST(Zero, Stage3FetchesGathersAndReleasesByName) {
