@@ -14,7 +14,6 @@
 #include "../trainer/traced_run.h"
 #include "cuda_test_util.h"
 #include "train/trainer.h"
-#include "zt/db/trace_reader.h"
 
 using namespace zt::trainer;
 
@@ -28,6 +27,19 @@ namespace {
 using zt::test::expect_losses_close;
 using zt::test::tiny_run;
 using zt::test::train_losses;
+
+// On the GPU in bf16, ZeRO-3 with every module sharded (device parameter shards), the optimizer
+// offloaded and the delayed update from the first step.
+TrainConfig delayed_bf16_run(int64_t steps) {
+  TrainConfig c = tiny_run(steps);
+  c.device = "cuda";
+  c.precision = "bf16";
+  c.zero.stage = 3;
+  c.zero.offload_optimizer = true;
+  c.zero.param_persistence_threshold = 0;
+  c.delayed_update = 0;
+  return c;
+}
 
 }  // namespace
 
@@ -136,13 +148,7 @@ TEST(CudaTrain, FlashAttentionStaysNearItsCpuTwinAndTheReference) {
 TEST(CudaTrain, OneRankCheckpointResumesWithTheDelayedUpdate) {
   ZT_REQUIRE_GPU();
   zt::test::TempDir tmp;
-  TrainConfig c = tiny_run(4);
-  c.device = "cuda";
-  c.precision = "bf16";
-  c.zero.stage = 3;
-  c.zero.offload_optimizer = true;
-  c.zero.param_persistence_threshold = 0;
-  c.delayed_update = 0;
+  TrainConfig c = delayed_bf16_run(4);
   c.checkpoint_dir = tmp.file("ckpt");
   c.save_every = 2;
   const std::vector<double> whole = train_losses(c);
@@ -170,13 +176,7 @@ TEST(CudaTrain, OneRankCheckpointResumesWithTheDelayedUpdate) {
 // apply of their update is printed (with the tiny model all may be the apply's own).
 TEST(CudaTrain, EarlyWriteBackGivesTheLateOnesRun) {
   ZT_REQUIRE_GPU();
-  TrainConfig c = tiny_run(6);
-  c.device = "cuda";
-  c.precision = "bf16";
-  c.zero.stage = 3;
-  c.zero.offload_optimizer = true;
-  c.zero.param_persistence_threshold = 0;
-  c.delayed_update = 0;
+  TrainConfig c = delayed_bf16_run(6);
   c.grad_clip = 0.05;
   setenv("ZT_EARLY_WRITE_BACK", "0", 1);
   const std::vector<double> late = train_losses(c);
@@ -186,19 +186,10 @@ TEST(CudaTrain, EarlyWriteBackGivesTheLateOnesRun) {
   ASSERT_TRUE(run.status.ok()) << run.status.message();
   ASSERT_EQ(run.summary.losses.size(), 6u);
   EXPECT_EQ(run.summary.losses, late);
-  zt::db::QueryResult q;
-  ASSERT_TRUE(run.reader
-                  ->query("WITH c AS (SELECT name, t_start, row_number() OVER (PARTITION BY name ORDER BY t_start) AS k "
-                          "FROM transfer_v WHERE rank = 0 AND kind = 'H2D' AND name LIKE '%.shard' AND t_start > (SELECT "
-                          "min(t_start) FROM marker_v WHERE rank = 0 AND name LIKE 'adamw %')), a AS (SELECT t_start, "
-                          "row_number() OVER (ORDER BY t_start) AS k FROM marker_v WHERE rank = 0 AND name LIKE "
-                          "'apply delayed update%') SELECT count(*), coalesce(sum(c.t_start < a.t_start), 0) FROM c "
-                          "LEFT JOIN a USING (k)",
-                          &q)
-                  .ok());
-  std::printf("early write-back: %s of %s copies began before the apply of their update\n", q.rows[0][1].c_str(),
-              q.rows[0][0].c_str());
-  EXPECT_EQ(q.rows[0][0], "24");  // 4 modules x 6 updates
+  const zt::test::WriteBackCopies copies = zt::test::write_back_copies(*run.reader);
+  std::printf("early write-back: %lld of %lld copies began before the apply of their update\n",
+              (long long)copies.before_apply, (long long)copies.total);
+  EXPECT_EQ(copies.total, 24);  // 4 modules x 6 updates
 }
 
 // A GPU capped below what the model needs runs out with PyTorch's text and the real figures.

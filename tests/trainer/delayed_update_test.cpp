@@ -42,20 +42,15 @@ TrainConfig dpu_run(int64_t steps, int64_t delayed_from) {
   return c;
 }
 
-}  // namespace
-
 // The schedule by hand: the whole-model forward/backward of model/gpt2.h at the weights the
 // device holds, and the reference AdamW on the master weights. Up to step `from` each update is
 // applied before the next step; from it on, step s's update is applied only at step s+1's
-// optimizer step, after step s+1's gradients were taken. 20 steps: past step 17, where this
-// schedule's loss jumps from 3.00 to 5.94 and back to 2.82 (one-update-stale AdamW at lr 3e-3
-// without warm-up or clipping: the engine follows the schedule through it, bit for bit).
-TEST(DelayedUpdate, EachGradientIsTakenOneUpdateBehind) {
-  constexpr int64_t kSteps = 20, kFrom = 2;
-  const TrainConfig c = dpu_run(kSteps, kFrom);
-  const std::vector<double> got = zt::test::train_losses(c);
-
-  const zt::model::Config mc = *zt::model::preset("tiny");
+// optimizer step, after step s+1's gradients were taken. With c.grad_clip > 0 each step's
+// gradient is first multiplied by its clip factor where the norm exceeds it (the squares summed
+// module by module in the engine's order, core/backend.h's sum_squares; the factor rounded to fp32
+// as the engine's unscale_and_clip_grads does); `clipped` counts those steps.
+std::vector<double> dpu_by_hand(const TrainConfig& c, int64_t from, int* clipped = nullptr) {
+  const zt::model::Config mc = *zt::model::preset(c.model);
   const int B = int(c.micro_batch), T = int(c.seq_len);
   const Corpus corpus = synthetic_corpus(c.seed, c.synthetic_bytes);
   const DataPlan plan = plan_data(corpus, T, B, 1, 1);
@@ -66,18 +61,43 @@ TEST(DelayedUpdate, EachGradientIsTakenOneUpdateBehind) {
   weights = master;
   zt::model::Workspace ws(mc, B, T, false);
   std::vector<int32_t> tokens(size_t(B) * T), targets(size_t(B) * T);
-  std::vector<double> want, sync;
+  std::vector<double> losses;
   bool pending = false;
-  for (int64_t s = 0; s < kSteps; ++s) {
+  for (int64_t s = 0; s < c.steps; ++s) {
     loader.micro_batch(0, s, 0, 0, tokens.data(), targets.data());
     std::fill(grads.begin(), grads.end(), 0.0f);
-    want.push_back(zt::model::forward_backward(ws, weights.data(), tokens.data(), targets.data(), grads.data()));
+    losses.push_back(zt::model::forward_backward(ws, weights.data(), tokens.data(), targets.data(), grads.data()));
+    if (c.grad_clip > 0) {
+      double sq = 0;
+      for (const zt::model::ModuleSpec& ms : zt::model::module_table(mc))
+        sq += host_ops().sum_squares(grads.data() + ms.offset, ms.numel);
+      const double clip = (std::sqrt(sq) + 1e-6) / c.grad_clip;
+      if (clip > 1) {
+        if (clipped) ++*clipped;
+        const float factor = 1.0f / float(clip);
+        for (float& g : grads) g *= factor;
+      }
+    }
     if (pending) weights = master;  // the update of step s-1, applied now
     zt::model::adamw_step(master.data(), grads.data(), m.data(), v.data(), int64_t(n), c.lr, c.beta1, c.beta2, c.eps,
                           c.weight_decay, s + 1);
-    pending = s >= kFrom;
+    pending = s >= from;
     if (!pending) weights = master;
   }
+  return losses;
+}
+
+}  // namespace
+
+// The schedule written out by hand (dpu_by_hand). 20 steps: past step 17, where this
+// schedule's loss jumps from 3.00 to 5.94 and back to 2.82 (one-update-stale AdamW at lr 3e-3
+// without warm-up or clipping: the engine follows the schedule through it, bit for bit).
+TEST(DelayedUpdate, EachGradientIsTakenOneUpdateBehind) {
+  constexpr int64_t kSteps = 20, kFrom = 2;
+  const TrainConfig c = dpu_run(kSteps, kFrom);
+  const std::vector<double> got = zt::test::train_losses(c);
+
+  const std::vector<double> want = dpu_by_hand(c, kFrom);
   EXPECT_EQ(got, want);  // bit for bit
 
   // And it is a different run from the ordinary one from step kFrom + 1 on, the same before.
@@ -99,39 +119,8 @@ TEST(DelayedUpdate, EachStepsClipFactorReachesItsDelayedAdamW) {
   c.grad_clip = 0.05;  // the tiny model's norms are ~1
   const std::vector<double> got = zt::test::train_losses(c);
 
-  const zt::model::Config mc = *zt::model::preset("tiny");
-  const int B = int(c.micro_batch), T = int(c.seq_len);
-  const Corpus corpus = synthetic_corpus(c.seed, c.synthetic_bytes);
-  const DataPlan plan = plan_data(corpus, T, B, 1, 1);
-  DataLoader loader(corpus, plan, c.seed);
-  const size_t n = size_t(zt::model::num_params(mc));
-  std::vector<float> weights(n), master(n), grads(n), m(n, 0.0f), v(n, 0.0f);
-  zt::model::init_params(mc, c.seed, master.data());
-  weights = master;
-  zt::model::Workspace ws(mc, B, T, false);
-  std::vector<int32_t> tokens(size_t(B) * T), targets(size_t(B) * T);
-  std::vector<double> want;
-  bool pending = false;
   int clipped = 0;
-  for (int64_t s = 0; s < kSteps; ++s) {
-    loader.micro_batch(0, s, 0, 0, tokens.data(), targets.data());
-    std::fill(grads.begin(), grads.end(), 0.0f);
-    want.push_back(zt::model::forward_backward(ws, weights.data(), tokens.data(), targets.data(), grads.data()));
-    double sq = 0;
-    for (const zt::model::ModuleSpec& ms : zt::model::module_table(mc))
-      sq += host_ops().sum_squares(grads.data() + ms.offset, ms.numel);
-    const double clip = (std::sqrt(sq) + 1e-6) / c.grad_clip;
-    if (clip > 1) {
-      ++clipped;
-      const float factor = 1.0f / float(clip);
-      for (float& g : grads) g *= factor;
-    }
-    if (pending) weights = master;
-    zt::model::adamw_step(master.data(), grads.data(), m.data(), v.data(), int64_t(n), c.lr, c.beta1, c.beta2, c.eps,
-                          c.weight_decay, s + 1);
-    pending = s >= kFrom;
-    if (!pending) weights = master;
-  }
+  const std::vector<double> want = dpu_by_hand(c, kFrom, &clipped);
   EXPECT_EQ(clipped, kSteps);
   EXPECT_EQ(got, want);  // bit for bit
 }
@@ -381,32 +370,13 @@ TEST(DelayedUpdate, EarlyWriteBackGoesUpDuringTheStepAndChangesNothing) {
   c.zero.param_persistence_threshold = 0;  // every module sharded: its write-back is a local copy
   c.precision = "bf16";
   zt::test::TempDir dir;
-  // Write-back copies (H2D into "<module>.shard" after the first AdamW began: with the shards on the
-  // device no other copy writes them but the set-up's), and how many began before the apply of
-  // their update: a module's k-th copy is update k's, applied by the k-th "apply delayed update"
-  // (a copy's row has its real times on the lane, so an apply's own copies may begin after its
-  // marker ends, never before it begins; each is done before the next apply).
-  auto copies = [](const zt::test::TracedRun& run, int64_t* early) {
-    zt::db::QueryResult q;
-    EXPECT_TRUE(run.reader
-                    ->query("WITH c AS (SELECT name, t_start, row_number() OVER (PARTITION BY name ORDER BY t_start) "
-                            "AS k FROM transfer_v WHERE rank = 0 AND kind = 'H2D' AND name LIKE '%.shard' AND t_start "
-                            "> (SELECT min(t_start) FROM marker_v WHERE rank = 0 AND name LIKE 'adamw %')), "
-                            "a AS (SELECT t_start, row_number() OVER (ORDER BY t_start) AS k FROM marker_v WHERE "
-                            "rank = 0 AND name LIKE 'apply delayed update%') "
-                            "SELECT count(*), coalesce(sum(c.t_start < a.t_start), 0) FROM c LEFT JOIN a USING (k)",
-                            &q)
-                    .ok());
-    *early = std::stoll(q.rows[0][1]);
-    return std::stoll(q.rows[0][0]);
-  };
   setenv("ZT_EARLY_WRITE_BACK", "0", 1);
   zt::test::TracedRun late = zt::test::train_traced(c, dir.file("late.db"));
   unsetenv("ZT_EARLY_WRITE_BACK");
   ASSERT_TRUE(late.status.ok()) << late.status.message();
-  int64_t late_outside = -1;
-  EXPECT_GT(copies(late, &late_outside), 0);
-  EXPECT_EQ(late_outside, 0) << "without the early write-back every copy is an apply's";
+  const zt::test::WriteBackCopies late_copies = zt::test::write_back_copies(*late.reader);
+  EXPECT_GT(late_copies.total, 0);
+  EXPECT_EQ(late_copies.before_apply, 0) << "without the early write-back every copy is an apply's";
   // The background pass must finish a module while the next step still fetches: on a loaded
   // 2-core machine it may not, so up to five runs are made.
   int64_t outside = 0, state_bytes = 0;
@@ -414,7 +384,9 @@ TEST(DelayedUpdate, EarlyWriteBackGoesUpDuringTheStepAndChangesNothing) {
     zt::test::TracedRun run = zt::test::train_traced(c, dir.file("early" + std::to_string(attempt) + ".db"));
     ASSERT_TRUE(run.status.ok()) << run.status.message();
     EXPECT_EQ(run.summary.losses, late.summary.losses);  // bit for bit
-    EXPECT_EQ(copies(run, &outside), copies(late, &late_outside)) << "one copy per module and update either way";
+    const zt::test::WriteBackCopies copies = zt::test::write_back_copies(*run.reader);
+    EXPECT_EQ(copies.total, late_copies.total) << "one copy per module and update either way";
+    outside = copies.before_apply;
     state_bytes = run.summary.model_state_bytes;
   }
   EXPECT_GT(outside, 0) << "no copy began before the apply of its update (5 runs): nothing went up early";

@@ -97,4 +97,26 @@ inline TracedRun train_traced(const trainer::TrainConfig& cfg, const std::string
   return run;
 }
 
+// The delayed update's write-back copies into device parameter shards in rank 0's trace (H2D into
+// "<module>.shard" after the first AdamW began: with the shards on the device no other copy writes
+// them but the set-up's), and how many began before the apply of their update: a module's k-th copy
+// is update k's, applied by the k-th "apply delayed update" (a copy's row has its real times on the
+// copy lane, so an apply's own copies may begin after its marker ends, never before it begins).
+struct WriteBackCopies {
+  int64_t total = -1, before_apply = -1;
+};
+inline WriteBackCopies write_back_copies(db::TraceReader& reader) {
+  db::QueryResult q;
+  const std::string sql =
+      "WITH c AS (SELECT name, t_start, row_number() OVER (PARTITION BY name ORDER BY t_start) AS k FROM transfer_v "
+      "WHERE rank = 0 AND kind = 'H2D' AND name LIKE '%.shard' AND t_start > (SELECT min(t_start) FROM marker_v WHERE "
+      "rank = 0 AND name LIKE 'adamw %')), a AS (SELECT t_start, row_number() OVER (ORDER BY t_start) AS k FROM "
+      "marker_v WHERE rank = 0 AND name LIKE 'apply delayed update%') SELECT count(*), coalesce(sum(c.t_start < "
+      "a.t_start), 0) FROM c LEFT JOIN a USING (k)";
+  WriteBackCopies w;
+  EXPECT_TRUE(reader.query(sql, &q).ok()) << sql;
+  if (q.rows.size() == 1) w = {std::stoll(q.rows[0][0]), std::stoll(q.rows[0][1])};
+  return w;
+}
+
 }  // namespace zt::test
