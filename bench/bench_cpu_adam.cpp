@@ -16,7 +16,7 @@
 //       the fp32 partition summing squares, 6 B; AdamW on it with the bf16 output, 30 B) against one
 //       (squares summed over the bf16 partition, 2 B; AdamW reading it, 28 B:
 //       grad_partition_dtype compute). "vs 2-pass" is the ratio of parameters/s.
-//   (d) the schedule: ours with the bf16 output split into 64Ki-element chunks taken by the next free
+//   (d) the schedule: ours with the bf16 output split into 16Ki-element chunks taken by the next free
 //       thread (dynamic, the default) against one contiguous range per thread (static). Alone they
 //       should be alike; with --beside K they are also timed while K other threads (not OpenMP's)
 //       stream memory in bursts of ON ms every ON+OFF ms, as the rank thread's own team lands

@@ -54,8 +54,8 @@ namespace {
 
 constexpr int64_t kParallelMin = int64_t(1) << 16;  // below this a parallel region costs more than it saves
 constexpr int64_t kSplitAlign = 64;                  // thread ranges start at multiples of 64 elements
-// A dynamic chunk: 64Ki elements (1.75 MiB of p, g, m, v in fp32), a multiple of kSplitAlign.
-constexpr int64_t kDynamicChunk = int64_t(1) << 16;
+// A dynamic chunk: 16Ki elements (448 KiB of p, g, m, v in fp32), a multiple of kSplitAlign.
+constexpr int64_t kDynamicChunk = int64_t(1) << 14;
 
 bool cpu_has(CpuAdamIsa isa) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -28,7 +28,7 @@
 // it bypasses the cache, being written once for someone else to read.
 //
 // Threads: OpenMP (omp_get_max_threads(), or the caller's num_threads / OMP_NUM_THREADS); shards
-// below 64Ki elements run on the calling thread. Schedule "dynamic" (the default): chunks of 64Ki
+// below 64Ki elements run on the calling thread. Schedule "dynamic" (the default): chunks of 16Ki
 // elements, each taken by the next free thread, so a thread that the OS preempts for another team
 // on the same cores (the trainer's background AdamW beside the rank thread's own) holds the pass up
 // by one chunk at most; "static": one contiguous range per thread, the pass as slow as its most

@@ -159,7 +159,7 @@ TEST_P(CpuAdamIsaTest, ResultDoesNotDependOnTheThreadCount) {
   std::vector<std::vector<float>> grads;
   for (int step = 1; step <= 3; step++) grads.push_back(make_grads(n, 50u + step));
   for (int step = 1; step <= 3; step++) reference_step(ref, grads[step - 1].data(), kGpt2Decay, step);
-  // Both schedules (cpu_adam.h): the dynamic one's 64Ki-element chunks, 5 of them here, the last
+  // Both schedules (cpu_adam.h): the dynamic one's 16Ki-element chunks, 19 of them here, the last
   // one short, taken by whichever thread is free.
   struct Unforce {  // the default schedule again for later tests, however this one ends
     ~Unforce() { cpu_adam_unforce_schedule(); }
