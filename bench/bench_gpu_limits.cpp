@@ -7,8 +7,10 @@
 //         head, N = B*T tokens) for each preset, plus a large square GEMM.
 //   CPU   the fp32 CPU AdamW of the offload path (optim::cpu_adamw_step with the fused bf16 output, and
 //         the same on bf16 gradients, cpu_adamw_step_grads, as --grad-partition-dtype compute runs it; all
-//         OpenMP threads) in parameters/s, and host memory bandwidth (a multi-threaded memcpy and a
-//         STREAM triad over arrays of a few GiB).
+//         OpenMP threads, each on the pages it first touched: the static split) in parameters/s, then
+//         the same with the default dynamic chunks and with three quarters of the threads (the
+//         background AdamW's default beside the step), and host memory bandwidth (a multi-threaded
+//         memcpy and a STREAM triad over arrays of a few GiB).
 // Without a usable GPU it prints "bench_gpu_limits: skipped: <why>" and still measures the CPU side;
 // it exits 0 either way (it is not a test and never fails on a number).
 //
@@ -233,12 +235,25 @@ json measure_cpu_adam(const Options& o, bool gpu) {
                                       zt::optim::LowDType::BF16);
     };
   };
+  // The bound's rate: AdamW alone at its best. These arrays were first touched by fill()'s static
+  // split, so AdamW runs the same static split here (each thread on its own pages, local on a host
+  // of several NUMA nodes); its default schedule (dynamic chunks, for a pass that shares the cores
+  // with the step) is measured after it.
+  zt::optim::cpu_adam_force_schedule(zt::optim::CpuAdamSchedule::Static);
   const double pps = rate([&] {
     zt::optim::cpu_adamw_step(p.f(), g.f(), m.f(), v.f(), n, hp, step++, low.ptr, zt::optim::LowDType::BF16);
   });
   HostArray gl(size_t(n) * 2);
   for (int64_t i = 0; i < n; i++) reinterpret_cast<uint16_t*>(gl.ptr)[i] = zt::trainer::bits::float_to_bf16(g.f()[i]);
   const double pps_low = rate(bf16_step(p.f(), gl.ptr, m.f(), v.f(), low.ptr));
+  zt::optim::cpu_adam_unforce_schedule();
+  const double pps_low_dynamic = rate(bf16_step(p.f(), gl.ptr, m.f(), v.f(), low.ptr));
+  // With three quarters of the threads (the background AdamW's default beside the step): near the
+  // rate with all of them where memory bandwidth is the limit, near 3/4 of it where each core's is.
+  const int all_threads = omp_get_max_threads(), three_quarters = std::max(1, all_threads * 3 / 4);
+  omp_set_num_threads(three_quarters);
+  const double pps_low_3q = rate(bf16_step(p.f(), gl.ptr, m.f(), v.f(), low.ptr));
+  omp_set_num_threads(all_threads);
   const std::vector<int> nodes = zt::memory::numa_nodes();
   std::printf("CPU AdamW (optim::cpu_adamw_step, %s, %d threads, %lld params, fused bf16 output):\n",
               zt::optim::cpu_adam_isa(), omp_get_max_threads(), (long long)n);
@@ -246,6 +261,10 @@ json measure_cpu_adam(const Options& o, bool gpu) {
               pps * 30.0 / kGiB);
   std::printf("  %-44s %9.1f Mparam/s  (%.2f GiB/s at 28 B/param)\n", "AdamW step, bf16 gradients", pps_low / 1e6,
               pps_low * 28.0 / kGiB);
+  std::printf("  %-44s %9.1f Mparam/s\n", "... its default schedule (dynamic chunks)", pps_low_dynamic / 1e6);
+  const std::string label_3q =
+      "... " + std::to_string(three_quarters) + (three_quarters == 1 ? " thread" : " threads") + " (dynamic chunks)";
+  std::printf("  %-44s %9.1f Mparam/s\n", label_3q.c_str(), pps_low_3q / 1e6);
   json out{{"isa", zt::optim::cpu_adam_isa()},
            {"threads", omp_get_max_threads()},
            {"params", n},
@@ -253,6 +272,10 @@ json measure_cpu_adam(const Options& o, bool gpu) {
            {"params_per_s", pps},
            {"bytes_per_s", pps * 30.0},
            {"bf16_grads_params_per_s", pps_low},
+           {"schedule", "static"},
+           {"bf16_grads_dynamic_params_per_s", pps_low_dynamic},
+           {"three_quarter_threads", three_quarters},
+           {"bf16_grads_three_quarter_threads_params_per_s", pps_low_3q},
            {"numa_nodes", nodes.size()},
            {"pages_first_touched_by_each_thread", where_pages_lie(p.ptr, size_t(n) * 4)}};
   // Where the pages lie. The arrays above were first touched by the OpenMP threads that run AdamW,
