@@ -900,7 +900,7 @@ void ZeroEngine::submit_pass(const optim::AdamParams& hp, int64_t step) {
 // the apply's wait. Local copies only: a whole module's write-back (an all-gather) is collective
 // and stays in the apply, where every rank calls it. Called at each fetch and from the apply.
 void ZeroEngine::write_back_early() {
-  if (!early_write_back_ || cfg_.overlap_update || !update_pending() || early_next_ >= pending_.size()) return;
+  if (!early_write_back_ || !update_pending() || early_next_ >= pending_.size()) return;
   size_t done;
   {
     std::lock_guard lock(update_mu_);
@@ -909,7 +909,7 @@ void ZeroEngine::write_back_early() {
   for (; early_next_ < done; ++early_next_) {
     const AdamJob& j = pending_[early_next_];
     Part& p = *parts_[size_t(j.mi)];
-    if (!p.shard_next.defined() || j.in_place || !j.fused.defined()) continue;
+    if (!p.shard_next.defined()) continue;  // made only where the job writes an update buffer (fused)
     // The copy starts after the device work queued so far, the last reads of the shard's old
     // contents (the step before's fetches) among them.
     p.written_next = copy_into_async(p.shard_next, j.fused);
@@ -986,10 +986,7 @@ void ZeroEngine::apply_update(int64_t at_step) {
       for (;;) {
         write_back_early();
         if (early_next_ >= pending_.size()) break;  // every module's copy is on its way
-        std::unique_lock lock(update_mu_);
-        const size_t seen = early_next_;
-        update_cv_.wait(lock, [&] { return updates_done_ > seen || update_failed_; });
-        if (updates_done_ <= seen) break;  // the pass failed: the wait below throws its error
+        if (!wait_updates_past(early_next_)) break;  // the pass failed: the wait below throws its error
       }
     }
     background_->wait();  // only then is pending_ the rank thread's again: the job reads it
@@ -1026,6 +1023,12 @@ void ZeroEngine::apply_update(int64_t at_step) {
 
 void ZeroEngine::finish_update() { apply_update(pending_step_); }
 
+bool ZeroEngine::wait_updates_past(size_t k) {
+  std::unique_lock lock(update_mu_);
+  update_cv_.wait(lock, [&] { return updates_done_ > k || update_failed_; });
+  return updates_done_ > k;
+}
+
 bool ZeroEngine::update_finished(const Part& p) {
   if (!p.update_due) return true;
   std::lock_guard lock(update_mu_);
@@ -1042,9 +1045,7 @@ void ZeroEngine::await_update(int mi) {
     // The pass may take the rank's threads for the modules up to this one (not those after it: the
     // rank thread computes again once this one is done).
     BackgroundThread::Waiting waiting(*background_, int64_t(k));
-    std::unique_lock lock(update_mu_);
-    update_cv_.wait(lock, [&] { return updates_done_ > k || update_failed_; });
-    failed = updates_done_ <= k;  // this module's AdamW never ran (a later module's failure waits for its own)
+    failed = !wait_updates_past(k);  // this module's AdamW never ran (a later module's failure waits for its own)
   }
   if (failed) {
     // The job stopped at this or an earlier module's AdamW: its error, thrown by the wait; no

@@ -226,6 +226,8 @@ class ZeroEngine {
   // none is due).
   void await_update(int m);
   bool update_finished(const Part& p);  // its AdamW has run (or none is due)
+  // Waits until the background pass has done more than `k` modules (true) or has failed (false).
+  bool wait_updates_past(size_t k);
   void require_no_pending_update(const char* what) const;
   probe::MarkerId phase(const std::string& name, int64_t step, int64_t micro = -1);
   void end(probe::MarkerId id);
