@@ -116,6 +116,33 @@ void print_adamw(db::TraceReader& reader) {
   print_table(std::cout, {"rank", "steps", "AdamW a step", "AdamW rate"}, rows, {true, true, true, true}, "  ");
 }
 
+// The delayed update's write-back into device parameter shards (a run without offload_param): per
+// rank, its copies into "<module>.shard" after the first AdamW began, and how many began before the
+// apply of their update (the early write-back: a module's k-th copy is update k's, applied by the
+// k-th "apply delayed update"; a copy's row has its real times on the copy lane, so an apply's own
+// copies never begin before it does). Nothing for host shards (their H2D copies into "<module>.shard"
+// are the prefetch's) or where no copy was made.
+void print_early_write_back(db::TraceReader& reader) {
+  db::QueryResult q;
+  if (!reader.query("SELECT 1 FROM run WHERE json_extract(config_json, '$.zero_optimization.offload_param') = 0", &q) ||
+      q.rows.empty())
+    return;
+  if (!reader.query("WITH c AS (SELECT rank, t_start, row_number() OVER (PARTITION BY rank, name ORDER BY t_start) AS k "
+                    "FROM transfer_v t WHERE kind = 'H2D' AND name LIKE '%.shard' AND t_start > (SELECT min(m.t_start) "
+                    "FROM marker_v m WHERE m.rank = t.rank AND m.name LIKE 'adamw %')), a AS (SELECT rank, t_start, "
+                    "row_number() OVER (PARTITION BY rank ORDER BY t_start) AS k FROM marker_v WHERE name LIKE 'apply "
+                    "delayed update%') SELECT c.rank, count(*), coalesce(sum(c.t_start < a.t_start), 0) FROM c LEFT "
+                    "JOIN a ON a.rank = c.rank AND a.k = c.k GROUP BY c.rank ORDER BY c.rank",
+                    &q) ||
+      q.rows.empty())
+    return;
+  std::cout << "  weights up to the device shards (early write-back: each module's as its AdamW ends; "
+               "ZT_EARLY_WRITE_BACK=0: all after the pass):\n";
+  for (auto& r : q.rows)
+    std::cout << "    rank " << r[0] << ": " << r[2] << " of " << r[1]
+              << " copies began before the apply of their update\n";
+}
+
 // zt train --delayed-update / --overlap-update: per rank, how much of the background AdamW (its
 // "adamw <module>" phases of step s) ran beside step s+1's forward, loss or backward, and what the
 // rank thread waited for it ("apply delayed update of step N"; overlapped: the "await update
@@ -171,6 +198,7 @@ bool print_background_update(db::TraceReader& reader) {
               {"rank", "updates", "AdamW a step", "AdamW rate", "beside the next step",
                overlapped ? "awaited a step" : "apply a step"},
               rows, {true, true, true, true, true, true}, "  ");
+  if (!overlapped) print_early_write_back(reader);
   return true;
 }
 
@@ -291,6 +319,13 @@ int db_info(const std::string& path) {
     if (!e.site.empty()) std::cout << " in " << e.site;
     std::cout << ": " << e.message << "\n";
   }
+  return kExitOk;
+}
+
+int db_background_update(const std::string& path) {
+  std::unique_ptr<db::TraceReader> reader;
+  if (Status s = db::TraceReader::open(path, &reader); !s) return fail(s.message());
+  if (!print_background_update(*reader)) std::cout << path << ": no delayed or overlapped update in this trace\n";
   return kExitOk;
 }
 

@@ -224,6 +224,21 @@ void add_demo_command(CLI::App& app, Action& action) {
         if (int rc = db_kernels(overlap.trace, ko, 5); rc != 0) return rc;
       }
 
+      // The delayed update (ZeRO-Offload's DPU, issue 8) with the parameter shards on the device: each
+      // module's updated weights go up into a second shard as soon as its AdamW has run.
+      trainer::TrainConfig delayed = cfg;
+      delayed.steps = 20;
+      delayed.zero.offload_param = false;
+      delayed.delayed_update = 0;
+      delayed.trace = *dir + "/delayed.db";
+      std::cout << "\n== 10. the same run with --delayed-update 0, the parameters on the simulated GPU, --steps 20\n"
+                << "   --trace " << delayed.trace << "\n"
+                << "   each step's CPU AdamW runs beside the next step's forward and backward, which see the weights\n"
+                << "   one update behind; each module's update goes up to the device as soon as its AdamW has run\n"
+                << "   (most copies begin before the update is applied) instead of all after the pass:\n";
+      if (int rc = run_training(delayed, "zt demo: zt train ... --delayed-update 0", false); rc != 0) return rc;
+      if (int rc = db_background_update(delayed.trace); rc != 0) return rc;
+
       std::cout << "\nNext: zt view " << cfg.trace << " (the timeline viewer); zt repro inject/scenarios/*.yaml "
                    "(all five reports; --virtual for their real sizes); zt faults (the fault catalog).\n";
       return kExitOk;

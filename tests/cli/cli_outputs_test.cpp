@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "../test_util.h"
@@ -229,4 +230,36 @@ TEST(CliOutputs, SetUpTimeIsPrintedAndInTheTrace) {
   ASSERT_EQ(none.code, 0) << none.out;
   EXPECT_NE(none.out.find("steps: 0, epochs: 0\n"), std::string::npos) << none.out;
   EXPECT_EQ(none.out.find("the first began"), std::string::npos) << none.out;
+}
+
+// zt db info on a delayed update with the parameter shards on the device: per rank, how many of the
+// write-back copies began before the apply of their update (the early write-back); none with
+// ZT_EARLY_WRITE_BACK=0; no such line for host shards (offload_param), whose H2D copies into
+// "<module>.shard" are the prefetch's.
+TEST(CliOutputs, DbInfoSaysHowManyWriteBackCopiesWentUpEarly) {
+  zt::test::TempDir dir;
+  std::ofstream(dir.file("ds.json")) << R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+    "stage3_param_persistence_threshold": 0}, "bf16": {"enabled": true}})";
+  const std::string run = "train --model tiny --steps 6 --delayed-update 0 --ds-config " + dir.file("ds.json");
+  const std::string line = "weights up to the device shards (early write-back";
+  Result early = run_zt(run + " --trace " + dir.file("early.db"));
+  ASSERT_EQ(early.code, 0) << early.out;
+  Result info = run_zt("db info " + dir.file("early.db"));
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find(line), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find(" of 24 copies began before the apply of their update"), std::string::npos) << info.out;
+
+  setenv("ZT_EARLY_WRITE_BACK", "0", 1);
+  Result late = run_zt(run + " --trace " + dir.file("late.db"));
+  unsetenv("ZT_EARLY_WRITE_BACK");
+  ASSERT_EQ(late.code, 0) << late.out;
+  info = run_zt("db info " + dir.file("late.db"));
+  EXPECT_NE(info.out.find("rank 0: 0 of 24 copies began before the apply of their update"), std::string::npos)
+      << info.out;
+
+  Result host = run_zt(run + " --offload-param --trace " + dir.file("host.db"));
+  ASSERT_EQ(host.code, 0) << host.out;
+  info = run_zt("db info " + dir.file("host.db"));
+  EXPECT_NE(info.out.find("delayed parameter update"), std::string::npos) << info.out;
+  EXPECT_EQ(info.out.find(line), std::string::npos) << info.out;
 }
