@@ -98,6 +98,10 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--zero-stage", cfg->zero.stage, "ZeRO stage 0, 1, 2 or 3")->check(CLI::Range(0, 3));
   sub->add_flag("--offload-optimizer", cfg->zero.offload_optimizer, "fp32 master weights and Adam moments on the host");
   sub->add_flag("--offload-param", cfg->zero.offload_param, "stage 3: parameter shards on the host");
+  sub->add_option("--offload-ratio", cfg->zero.offload_ratio,
+                  "with --offload-optimizer at stage 3: the fraction of the modules whose optimizer state goes to the "
+                  "host (DeepSpeed's offload_optimizer.ratio, ZeRO-Offload++); the first modules keep theirs on the "
+                  "accelerator and are updated there (default 1: all offloaded)");
   auto cupti = std::make_shared<bool>(false);
   sub->add_flag("--cupti", *cupti,
                 "record CUPTI's view too (cudaMalloc, copies, kernels) into the trace, matched to the trainer's "
@@ -150,6 +154,7 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--zero-stage") from_file.zero.stage = c.zero.stage;
           else if (n == "--offload-optimizer") from_file.zero.offload_optimizer = c.zero.offload_optimizer;
           else if (n == "--offload-param") from_file.zero.offload_param = c.zero.offload_param;
+          else if (n == "--offload-ratio") from_file.zero.offload_ratio = c.zero.offload_ratio;
           else if (n == "--fault") from_file.faults.insert(from_file.faults.end(), c.faults.begin(), c.faults.end());
           else if (n == "--fault-seed") from_file.fault_seed = c.fault_seed;
           else if (n == "--comm-timeout") from_file.comm_timeout_ms = c.comm_timeout_ms;

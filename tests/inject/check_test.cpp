@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
@@ -21,7 +22,7 @@ using zt::test::TraceBuilder;
 namespace {
 
 std::string make(const test::TempDir& dir, const std::string& name, const RunShape& shape,
-                 void (*extra)(TraceBuilder&) = nullptr) {
+                 const std::function<void(TraceBuilder&)>& extra = nullptr) {
   std::string path = dir.file(name);
   TraceBuilder b(path);
   test::build_run(b, shape);
@@ -218,6 +219,42 @@ TEST(CheckPlacement, GradientPartitionLeftOnTheGpuUnderOptimizerOffload) {
                      "(zero_optimization.offload_optimizer): 1 tensor (fp32_partitioned_groups_flat[2].grad), 4.00 MiB, "
                      "first at step 5"))
       << f;
+}
+
+// A partial offload (DeepSpeed's offload_optimizer.ratio 0.5 over 6 modules: embeddings, block0-3,
+// final_ln) keeps the first int(0.5 * 6) = 3 modules' optimizer states on the accelerator: those are
+// allowed there, by their partition's index or their moments' module name; block2's (module 3) is not.
+TEST(CheckPlacement, APartialOffloadAllowsItsFirstModulesOnTheGpu) {
+  test::TempDir dir;
+  RunShape s;
+  s.offload_ratio = 0.5;
+  auto on_gpu = [](std::vector<std::string> names) {
+    return [names](TraceBuilder& b) {
+      for (const std::string& n : names) b.alloc(0, 2, db::MemoryKind::Device, n, kMiB, 95, std::nullopt);
+    };
+  };
+  Options o;
+  o.placement = true;
+  Report ok = run(make(dir, "kept.db", s,
+                       on_gpu({"adam.m[embeddings]", "adam.v[block0]", "adam.m[block1]", "fp32_partitioned_groups_flat[0]",
+                               "fp32_partitioned_groups_flat[2].grad"})),
+                  o);
+  const CheckResult& c = only(ok, "placement");
+  EXPECT_EQ(c.outcome, Outcome::Pass) << format_text(ok);
+  EXPECT_TRUE(has(c.summary, "offload_ratio keeps on the accelerator")) << c.summary;
+
+  Report bad = run(make(dir, "beyond.db", s, on_gpu({"adam.m[block1]", "adam.v[block2]", "fp32_partitioned_groups_flat[3]"})),
+                   o);
+  const CheckResult& f = only(bad, "placement");
+  ASSERT_EQ(f.outcome, Outcome::Fail) << format_text(bad);
+  const std::string text = format_text(bad);
+  EXPECT_TRUE(has(text, "adam.v[block2]")) << text;
+  EXPECT_TRUE(has(text, "fp32_partitioned_groups_flat[3]")) << text;
+  EXPECT_FALSE(has(text, "adam.m[block1]")) << text;
+
+  s.offload_ratio.reset();  // every module offloaded: block1's moments on the GPU are a finding again
+  Report full = run(make(dir, "full.db", s, on_gpu({"adam.m[block1]"})), o);
+  EXPECT_EQ(only(full, "placement").outcome, Outcome::Fail) << format_text(full);
 }
 
 TEST(CheckPlacement, ResidentParameterShardOnTheGpuUnderParamOffload) {

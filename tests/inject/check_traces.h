@@ -150,6 +150,7 @@ struct RunShape {
   int64_t leak_per_epoch = 0;        // pinned host bytes kept at each epoch's end, never freed
   int64_t lazy_state_bytes = 0;      // pinned host bytes created in epoch 0's first step and kept
   bool offload = true;               // optimizer and parameter offload in the config
+  std::optional<double> offload_ratio;  // with offload: DeepSpeed's offload_optimizer block with this ratio
   std::optional<int64_t> steps_run;  // stop early: the run died after this many steps
   bool write_plan = true;            // the data.* counters
   std::optional<db::RunStatus> status;  // how the run row says it ended (default: failed when cut short)
@@ -158,8 +159,11 @@ struct RunShape {
 inline int64_t step_t0(int64_t step) { return 1000 + 100 * step; }
 
 inline void build_run(TraceBuilder& b, const RunShape& s) {
-  const std::string cfg = s.offload ? R"({"model":"tiny","zero_optimization":{"stage":3,"offload_optimizer":true,"offload_param":true}})"
-                                    : R"({"model":"tiny","zero_optimization":{"stage":0}})";
+  const std::string cfg =
+      !s.offload        ? R"({"model":"tiny","zero_optimization":{"stage":0}})"
+      : s.offload_ratio ? R"({"model":"tiny","zero_optimization":{"stage":3,"offload_optimizer":{"device":"cpu","ratio":)" +
+                              std::to_string(*s.offload_ratio) + R"(},"offload_param":true}})"
+                        : R"({"model":"tiny","zero_optimization":{"stage":3,"offload_optimizer":true,"offload_param":true}})";
   const int64_t planned = int64_t(s.epochs) * s.steps_per_epoch;
   const int64_t ran = s.steps_run.value_or(planned);
   b.run(cfg, s.status.value_or(ran < planned ? db::RunStatus::Failed : db::RunStatus::Ok));

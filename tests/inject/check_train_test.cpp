@@ -1,5 +1,5 @@
-// zt check on real training runs: ten clean, seeded runs of the tiny model over several epochs
-// (stages 0-3, optimizer and parameter offload, 1 and 2 ranks, fp32/bf16/fp16) must pass every
+// zt check on real training runs: eleven clean, seeded runs of the tiny model over several epochs
+// (stages 0-3, optimizer and parameter offload, a partial one, 1 and 2 ranks, fp32/bf16/fp16) must pass every
 // default check: no leak found where there is none, nothing misplaced, every planned step run.
 #include <gtest/gtest.h>
 
@@ -25,6 +25,7 @@ struct Variant {
   int epochs;
   bool activation_checkpointing = false;
   bool save_checkpoints = false;
+  double offload_ratio = 1.0;  // a partial optimizer offload: the first modules' states on the GPU
 };
 
 const Variant kVariants[] = {
@@ -38,6 +39,7 @@ const Variant kVariants[] = {
     {"z2_offopt_w2_bf16_2epochs", 8, 2, 2, true, false, "bf16", 1, 2},
     {"z3_offparam_w1", 9, 1, 3, false, true, "bf16", 1, 3},
     {"z3_offboth_w2_noreuse_actckpt", 10, 2, 3, true, true, "bf16", 1, 3, true},
+    {"z3_offboth_ratio05_w2_bf16", 11, 2, 3, true, true, "bf16", 1, 2, false, false, 0.5},
 };
 
 class CleanRun : public ::testing::TestWithParam<Variant> {};
@@ -54,6 +56,7 @@ TEST_P(CleanRun, PassesEveryDefaultCheck) {
   c.zero.stage = v.stage;
   c.zero.offload_optimizer = v.offload_optimizer;
   c.zero.offload_param = v.offload_param;
+  c.zero.offload_ratio = v.offload_ratio;
   c.zero.param_persistence_threshold = 0;  // shard every module of the tiny model, so shards are staged
   if (std::string(v.name).find("noreuse") != std::string::npos) c.zero.max_reuse_distance = 0;
   c.precision = v.precision;

@@ -48,8 +48,10 @@ TrainConfig dpu_run(int64_t steps, int64_t delayed_from) {
 // optimizer step, after step s+1's gradients were taken. With c.grad_clip > 0 each step's
 // gradient is first multiplied by its clip factor where the norm exceeds it (the squares summed
 // module by module in the engine's order, core/backend.h's sum_squares; the factor rounded to fp32
-// as the engine's unscale_and_clip_grads does); `clipped` counts those steps.
-std::vector<double> dpu_by_hand(const TrainConfig& c, int64_t from, int* clipped = nullptr) {
+// as the engine's unscale_and_clip_grads does); `clipped` counts those steps. The first
+// `fresh_modules` modules (a partial offload's, updated on the accelerator) are never delayed:
+// their update is applied at once.
+std::vector<double> dpu_by_hand(const TrainConfig& c, int64_t from, int* clipped = nullptr, int fresh_modules = 0) {
   const zt::model::Config mc = *zt::model::preset(c.model);
   const int B = int(c.micro_batch), T = int(c.seq_len);
   const Corpus corpus = synthetic_corpus(c.seed, c.synthetic_bytes);
@@ -63,6 +65,13 @@ std::vector<double> dpu_by_hand(const TrainConfig& c, int64_t from, int* clipped
   std::vector<int32_t> tokens(size_t(B) * T), targets(size_t(B) * T);
   std::vector<double> losses;
   bool pending = false;
+  const std::vector<zt::model::ModuleSpec> table = zt::model::module_table(mc);
+  // master -> weights over the modules [lo, hi)
+  auto apply = [&](size_t lo, size_t hi) {
+    for (size_t k = lo; k < hi && k < table.size(); ++k)
+      std::copy_n(master.begin() + table[k].offset, table[k].numel, weights.begin() + table[k].offset);
+  };
+  const size_t fresh = size_t(fresh_modules);
   for (int64_t s = 0; s < c.steps; ++s) {
     loader.micro_batch(0, s, 0, 0, tokens.data(), targets.data());
     std::fill(grads.begin(), grads.end(), 0.0f);
@@ -78,11 +87,12 @@ std::vector<double> dpu_by_hand(const TrainConfig& c, int64_t from, int* clipped
         for (float& g : grads) g *= factor;
       }
     }
-    if (pending) weights = master;  // the update of step s-1, applied now
+    if (pending) apply(fresh, table.size());  // the update of step s-1, applied now
     zt::model::adamw_step(master.data(), grads.data(), m.data(), v.data(), int64_t(n), c.lr, c.beta1, c.beta2, c.eps,
                           c.weight_decay, s + 1);
+    apply(0, fresh);
     pending = s >= from;
-    if (!pending) weights = master;
+    if (!pending) apply(fresh, table.size());
   }
   return losses;
 }
@@ -123,6 +133,31 @@ TEST(DelayedUpdate, EachStepsClipFactorReachesItsDelayedAdamW) {
   const std::vector<double> want = dpu_by_hand(c, kFrom, &clipped);
   EXPECT_EQ(clipped, kSteps);
   EXPECT_EQ(got, want);  // bit for bit
+}
+
+// A partial offload (offload_ratio 0.5: the embeddings and block0 keep their optimizer state on the
+// simulated GPU): those modules' AdamW runs on the accelerator in the step itself, never delayed,
+// and only the host modules' update is one step behind: the schedule by hand with the first two
+// modules fresh, bit for bit (ZeRO-3, one rank, fp32: the reference's arithmetic), clipping active.
+// Unlike the whole delayed update and the ordinary one.
+TEST(DelayedUpdate, APartialOffloadDelaysOnlyTheHostModules) {
+  constexpr int64_t kSteps = 8, kFrom = 1;
+  TrainConfig c = dpu_run(kSteps, kFrom);
+  c.zero.stage = 3;
+  c.zero.offload_ratio = 0.5;
+  c.grad_clip = 0.05;
+  const std::vector<double> got = zt::test::train_losses(c);
+  int clipped = 0;
+  EXPECT_EQ(got, dpu_by_hand(c, kFrom, &clipped, 2));  // bit for bit
+  EXPECT_EQ(clipped, kSteps);
+  EXPECT_NE(got, dpu_by_hand(c, kFrom, nullptr, 0));
+  TrainConfig plain = c;
+  plain.delayed_update = -1;
+  EXPECT_NE(got, zt::test::train_losses(plain));
+  // offload_ratio 0: nothing on the host, nothing to delay: the ordinary run.
+  c.zero.offload_ratio = 0;
+  plain.zero.offload_ratio = 0;
+  EXPECT_EQ(zt::test::train_losses(c), zt::test::train_losses(plain));
 }
 
 // Every stage's write-back of the delayed update (the all-gather of whole modules, the host and

@@ -235,7 +235,11 @@ Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std
       if (!zo.contains(key)) return true;
       const json& o = zo[key];
       if (!r.object(o, w + key)) return false;
-      r.unknown(w + key + ".", o, {"device", "pin_memory", "buffer_count", "fast_init"});
+      const bool optimizer = std::string(key) == "offload_optimizer";
+      if (optimizer)
+        r.unknown(w + key + ".", o, {"device", "pin_memory", "buffer_count", "fast_init", "ratio"});
+      else
+        r.unknown(w + key + ".", o, {"device", "pin_memory", "buffer_count", "fast_init"});
       std::string dev;
       if (!r.string(o, "device", w + key + ".", dev, "none")) return false;
       if (dev != "cpu" && dev != "none") {
@@ -243,6 +247,14 @@ Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std
         return false;
       }
       on = dev == "cpu";
+      if (optimizer) {
+        // ZeRO-Offload++'s partial offload: the fraction of sub-groups (modules here) offloaded.
+        if (!r.number(o, "ratio", w + key + ".", z.offload_ratio, 1.0)) return false;
+        if (!(z.offload_ratio >= 0 && z.offload_ratio <= 1)) {
+          r.error = path + ": " + w + key + ".ratio " + o["ratio"].dump() + " must lie in [0, 1]";
+          return false;
+        }
+      }
       return r.boolean(o, "pin_memory", w + key + ".", z.pin_memory);
     };
     if (!offload("offload_optimizer", z.offload_optimizer) || !offload("offload_param", z.offload_param))

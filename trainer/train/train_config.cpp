@@ -88,6 +88,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
       {"zero_stage", [&](const YAML::Node& n) { c.zero.stage = n.as<int>(); }},
       {"offload_optimizer", [&](const YAML::Node& n) { c.zero.offload_optimizer = n.as<bool>(); }},
       {"offload_param", [&](const YAML::Node& n) { c.zero.offload_param = n.as<bool>(); }},
+      {"offload_ratio", [&](const YAML::Node& n) { c.zero.offload_ratio = n.as<double>(); }},
       {"fault_seed", [&](const YAML::Node& n) { c.fault_seed = n.as<uint64_t>(); }},
       {"comm_timeout_ms", [&](const YAML::Node& n) { c.comm_timeout_ms = n.as<int64_t>(); }},
       {"virtual", [&](const YAML::Node& n) { c.virtual_mode = n.as<bool>(); }},
@@ -191,6 +192,10 @@ Status validate(const TrainConfig& c) {
   if (c.zero.offload_optimizer && c.zero.stage == 0)
     return bad("offload_optimizer needs ZeRO stage 1, 2 or 3 (it offloads the optimizer partition)");
   if (c.zero.offload_param && c.zero.stage != 3) return bad("offload_param needs ZeRO stage 3 (only stage 3 partitions parameters)");
+  if (!(c.zero.offload_ratio >= 0 && c.zero.offload_ratio <= 1))
+    return bad("offload_ratio must lie in [0, 1] (the fraction of the modules whose optimizer state is offloaded)");
+  if (c.zero.offload_ratio < 1 && !(c.zero.offload_optimizer && c.zero.stage == 3))
+    return bad("offload_ratio below 1 (ZeRO-Offload++'s partial optimizer offload) needs offload_optimizer and ZeRO stage 3");
   if (model::Attention a; !model::parse_attention(c.attention, &a))
     return bad("attention '" + c.attention + "': use materialized (the fp32 reference) or flash (FlashAttention-2, bf16 products)");
   if (c.delayed_update < -1) return bad("delayed_update must be a count of ordinary steps first (0 or more), or -1 for off");
@@ -275,6 +280,7 @@ std::string to_json(const TrainConfig& c) {
                       {"zero_optimization", {{"stage", c.zero.stage},
                                              {"offload_optimizer", c.zero.offload_optimizer},
                                              {"offload_param", c.zero.offload_param},
+                                             {"offload_ratio", c.zero.offload_ratio},
                                              {"reduce_bucket_size", c.zero.reduce_bucket_size},
                                              {"stage3_prefetch_bucket_size", c.zero.prefetch_bucket_size},
                                              {"stage3_param_persistence_threshold", c.zero.param_persistence_threshold},

@@ -21,6 +21,12 @@ struct ZeroSettings {
   bool offload_optimizer = false;  // fp32 master weights, Adam moments and fp32 grads on the host
   bool offload_param = false;      // stage 3: parameter shards on the host
   bool pin_memory = true;
+  // offload_optimizer.ratio (DeepSpeed's ZeRO-Offload++ "Twin-Flow", stage 3 only): the fraction of
+  // the modules whose optimizer state is offloaded. Modules are DeepSpeed's sub-groups here: module
+  // i keeps its fp32 master weights and Adam moments on the accelerator, updated there by the
+  // device AdamW, when i < int((1 - ratio) * modules), and the rest are offloaded as usual. 1.0:
+  // every module offloaded (the default); 0.0: none.
+  double offload_ratio = 1.0;
   int64_t reduce_bucket_size = 500000000;
   int64_t prefetch_bucket_size = 50000000;
   int64_t param_persistence_threshold = 100000;

@@ -22,10 +22,11 @@ struct ZeroEngine::Part {
   int64_t opt_lo = 0, opt_n = 0;          // the range this rank's optimizer owns
   bool persistent = false;                // stage 3 module kept whole on every rank
   bool sharded = false;                   // stage 3 and not persistent: parameters live as shards
+  bool opt_host = false;                  // its optimizer state is offloaded (offload_optimizer, ratio)
   Tensor param;        // whole [padded], compute dtype, accelerator (when not sharded)
   Tensor param_shard;  // [shard], compute dtype: accelerator, or host with offload_param (when sharded)
   Tensor grad;         // compute dtype on the accelerator: [padded] at stages 0-1, [shard] at 2-3
-  Tensor master, m, v; // fp32 [opt_n]: pinned host with offload_optimizer, else accelerator
+  Tensor master, m, v; // fp32 [opt_n]: pinned host when opt_host, else accelerator
   // The gradient partition CPU AdamW reads, [opt_n] on the host with offload_optimizer
   // (persistent): fp32 (DeepSpeed's NAME.grad), or the compute dtype under grad_partition_dtype
   // compute (it stays as it lands from the device; AdamW widens it and applies the step's scale).
@@ -219,6 +220,10 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   std::unique_ptr<float[]> init(virt ? nullptr : new float[size_t(model::num_params(mc))]);
   if (!virt) model::init_params(mc, cfg.seed, init.get());
   std::vector<float> padded_vals;
+  // offload_optimizer.ratio (ZeRO-Offload++): DeepSpeed's rule over its sub-groups, over modules
+  // here: module i is offloaded when i >= int((1 - ratio) * modules).
+  const int64_t first_offloaded =
+      z_.offload_optimizer ? int64_t((1.0 - z_.offload_ratio) * double(modules_.size())) : int64_t(modules_.size());
   for (const auto& spec : modules_) {
     auto p = std::make_unique<Part>();
     p->spec = spec;
@@ -227,6 +232,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     p->lo = rank_ * p->shard;
     p->persistent = z_.stage == 3 && spec.numel < z_.param_persistence_threshold;
     p->sharded = z_.stage == 3 && !p->persistent;
+    p->opt_host = int64_t(parts_.size()) >= first_offloaded;
     // The module's initial values padded with zeros to a multiple of the world size: read where
     // they are when no padding is needed (at world size 1 a copy of the whole model, on one thread).
     const float* vals = nullptr;
@@ -251,14 +257,14 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
                             : Tensor::zeros(n + ".grad[shard]", {p->shard}, dtype_, accel);
     p->opt_lo = z_.stage == 0 ? 0 : p->lo;
     p->opt_n = z_.stage == 0 ? p->padded : p->shard;
-    Device& opt = z_.offload_optimizer ? host : accel;
-    const bool opt_pin = z_.offload_optimizer && pin;
+    Device& opt = p->opt_host ? host : accel;
+    const bool opt_pin = p->opt_host && pin;
     const std::string group = partition_name(spec.index);
     p->master = Tensor::empty(group, {p->opt_n}, DType::F32, opt, opt_pin);
     upload(p->master, 0, vals_at(p->opt_lo), p->opt_n);
     p->m = Tensor::zeros("adam.m[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
     p->v = Tensor::zeros("adam.v[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
-    if (z_.offload_optimizer)
+    if (p->opt_host)
       p->part_grad = Tensor::zeros(part_grad_name(spec.index, part_grad_dtype_), {p->opt_n}, part_grad_dtype_, host, opt_pin);
     parts_.push_back(std::move(p));
   }
@@ -489,7 +495,7 @@ void ZeroEngine::reduce_module_grad(int mi, Tensor& bucket, int64_t step) {
     end(ph);
     // At the accumulation boundary the module's gradient partition is final: under optimizer
     // offload it goes to the host now, during backward (DeepSpeed's partition_grads).
-    if (z_.offload_optimizer && micro_ == cfg_.grad_accum - 1) offload_grad(mi, p.grad, step);
+    if (p.opt_host && micro_ == cfg_.grad_accum - 1) offload_grad(mi, p.grad, step);
   } else {
     add_into(p.grad, 0, bucket.f32(), p.padded);  // reduced at the accumulation boundary
   }
@@ -631,11 +637,11 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
         comm_.reduce_scatter(full.f32(), part.f32(), size_t(p.shard), 1.0f / float(W_), "grad." + p.spec.name);
         g32[mi] = std::move(part);
       }
-      if (z_.offload_optimizer) {
+      if (p.opt_host) {
         offload_grad(int(mi), g32[mi], step);  // D2H
         g32[mi] = opt_grad_of(int(mi));
       }
-    } else if (z_.offload_optimizer) {
+    } else if (p.opt_host) {
       g32[mi] = opt_grad_of(int(mi));  // moved to the host at the boundary (offload_grad)
     } else if (dtype_ == DType::F32) {
       g32[mi] = p.grad;
@@ -728,11 +734,22 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       // The clip coefficient comes from the norm tensor, so it lives where the norm lives.
       Tensor combined_scale = Tensor::empty("combined_scale", {1}, DType::F32, norm_t.device());
       set_scalar(combined_scale, float(combined));
+      // Under a partial offload (offload_ratio < 1) the modules whose optimizer state stayed on the
+      // accelerator have their partitions there, beside a norm on the host: they get the scale's
+      // copy on their device (one small H2D copy, as DeepSpeed moves the norm to each sub-group's
+      // device). A norm on the accelerator beside host partitions (the fault zero.norm_on_device:
+      // R2, R5) gets no such help: the guard stops it.
+      Tensor scale_on_accel;
       for (size_t mi = 0; mi < g32.size(); ++mi) {
         Tensor& g = g32[mi];
-        check_same_device("unscale_and_clip_grads", {&combined_scale, &g}, step);
-        if (!g.raw() || !combined_scale.raw()) continue;  // virtual mode
-        scale_partition(mi, g, 1.0f / scalar_of(combined_scale));
+        const Tensor* scale_t = &combined_scale;
+        if (!parts_[mi]->opt_host && combined_scale.device().is_host() && &g.device() == &accel) {
+          if (!scale_on_accel.defined()) scale_on_accel = copy_to(combined_scale, accel, false, "combined_scale");  // H2D
+          scale_t = &scale_on_accel;
+        }
+        check_same_device("unscale_and_clip_grads", {scale_t, &g}, step);
+        if (!g.raw() || !scale_t->raw()) continue;  // virtual mode
+        scale_partition(mi, g, 1.0f / scalar_of(*scale_t));
       }
     } else if (combined != 1.0) {
       const float inv = float(1.0 / combined);  // a host scalar: valid against any device
@@ -794,6 +811,18 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     }
     jobs.push_back(std::move(j));
   }
+  if (delayed || overlapped) {
+    // A partial offload's modules with their optimizer state on the accelerator are updated there
+    // now, on the rank thread, whatever the mode: their AdamW is a few kernels on the device's
+    // queue, neither delayed nor run beside the next step. Only the host modules' pass goes to the
+    // background thread.
+    for (const AdamJob& j : jobs) {
+      if (parts_[size_t(j.mi)]->opt_host) continue;
+      run_adam(j, hp, step, adam_steps_);
+      write_back(j.mi, j.fused);
+      zero_tensor(parts_[size_t(j.mi)]->grad);
+    }
+  }
   if (overlapped) {
     // The AdamW pass to the background thread, in the order the forward first uses the modules;
     // the next step's first use of each waits for it (await_update).
@@ -807,6 +836,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     update_pos_.assign(parts_.size(), 0);
     pending_.clear();
     for (int mi : order) {
+      if (!parts_[size_t(mi)]->opt_host) continue;  // updated above
       update_pos_[size_t(mi)] = pending_.size();
       pending_.push_back(std::move(jobs[size_t(mi)]));
       parts_[size_t(mi)]->update_due = true;
@@ -817,7 +847,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     for (auto& p : parts_) p->written.wait();
     accel.ops().synchronize();
     pending_step_ = step;
-    submit_pass(hp, step);
+    if (!pending_.empty()) submit_pass(hp, step);
   } else if (!delayed) {
     // Each module's Adam ("adamw X"), then its updated shard to the device: serially, since both
     // are bound by host memory bandwidth (measured on an H100 host: a copy running beside the next
@@ -831,10 +861,12 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     // The whole AdamW pass to the background thread; the next step's forward and backward run
     // meanwhile on the weights as they are, and its partitions land in the other buffers.
     for (auto& p : parts_) zero_tensor(p->grad);
-    pending_ = std::move(jobs);
+    pending_.clear();
+    for (AdamJob& j : jobs)
+      if (parts_[size_t(j.mi)]->opt_host) pending_.push_back(std::move(j));
     pending_step_ = step;
     early_next_ = 0;
-    submit_pass(hp, step);
+    if (!pending_.empty()) submit_pass(hp, step);
     // The next job writes the other buffers: these are read by this update's write-back, which
     // the apply before that job waits for (skipped steps in between or not).
     update_slot_ ^= 1;
@@ -923,7 +955,9 @@ void ZeroEngine::write_back_early() {
 // master weights and moments, the gradient partition and the output named in the job only.
 void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t step, int64_t adam_step) {
   Part& p = *parts_[size_t(j.mi)];
-  probe::MarkerId am = phase("adamw " + p.spec.name, step);
+  // A partial offload's modules updated on the accelerator are "device adamw <module>": the
+  // reports' "adamw <module>" phases are then the CPU AdamW's alone (its time, its rate).
+  probe::MarkerId am = phase((z_.offload_optimizer && !p.opt_host ? "device adamw " : "adamw ") + p.spec.name, step);
   try {
     // The fault optim.cpu_adam_error: this module's AdamW raises (on whichever thread runs it; the
     // epoch is left out: the rank thread may be changing it meanwhile).
@@ -962,8 +996,8 @@ void ZeroEngine::apply_update(int64_t at_step) {
   if (!update_pending()) return;
   if (cfg_.overlap_update) {
     // Each module not yet used since: awaited and written back now (in the job's order).
-    std::vector<int> due(pending_.size());
-    for (size_t mi = 0; mi < parts_.size(); ++mi) due[update_pos_[mi]] = int(mi);
+    std::vector<int> due;
+    for (const AdamJob& j : pending_) due.push_back(j.mi);
     for (int mi : due) await_update(mi);
     background_->wait();  // finished: every module's AdamW was awaited
     pending_.clear();
@@ -1115,7 +1149,8 @@ void ZeroEngine::boundary_faults(int64_t step) {
       // The partitions re-created as one flat pinned buffer: the pinned cache rounds the
       // request up to a power of two and keeps it; the per-module buffers stay as they were.
       int64_t n = 0;
-      for (const auto& p : parts_) n += p->opt_n;
+      for (const auto& p : parts_)
+        if (p->opt_host) n += p->opt_n;
       leaked_.push_back(Tensor::empty("fp32_partitioned_groups_flat.grad (re-created at epoch " +
                                           std::to_string(epoch_) + ")",
                                       {n}, part_grad_dtype_, rt_.host(), true));
@@ -1215,6 +1250,11 @@ void ZeroEngine::write_back(int mi, const Tensor& fused, bool async) {
       set_from(p.param_shard, 0, p.master.f32(), p.shard);
     } else if (async && fused.defined()) {
       p.written = copy_into_async(p.param_shard, fused);  // H2D, waited for by gather()
+    } else if (!master_on_host) {
+      // A host shard (offload_param) of a module whose optimizer state is on the accelerator
+      // (offload_param alone, or a partial offload): converted there, then one copy down.
+      Tensor low = updated_on_accel();
+      copy_into(p.param_shard, low);  // D2H
     } else {
       Tensor low = host_low();
       copy_into(p.param_shard, low);  // H2D

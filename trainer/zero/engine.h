@@ -17,6 +17,12 @@
 // update buffers per module on the host (2 x 2 bytes per parameter of the partition in bf16/fp16;
 // not counted: staging, as the ordinary step's per-step update buffers are).
 // Modules smaller than the persistence threshold keep whole parameters on every rank.
+// A partial optimizer offload (offload_ratio < 1, stage 3: DeepSpeed's offload_optimizer.ratio,
+// ZeRO-Offload++) keeps the optimizer state of the first int((1 - ratio) * modules) modules (its
+// sub-groups are modules here) on the accelerator: their partitions stay there, the device AdamW
+// updates them in the optimizer step on the rank thread ("device adamw <module>", never delayed or
+// run beside the next step), and the clip scale, computed on the host, gets a copy on the device
+// for them. The rest are offloaded as above.
 //
 // Stage 3 fetches a module before its forward or backward (host->device copy of the shard
 // when offload_param, then all-gather), and releases it after use unless it is reused

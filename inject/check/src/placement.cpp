@@ -1,6 +1,7 @@
 // --placement: tensors on a device the run's config does not allow, and device_mismatch
 // errors. The rules and their reasons are in inject/check/README.md.
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -16,6 +17,9 @@ struct Expect {
   bool config = false;  // the run row carried a readable config
   bool offload_optimizer = false;
   bool offload_param = false;
+  // offload_optimizer.ratio (ZeRO-Offload++): below 1 the first int((1 - ratio) * modules) modules
+  // keep their optimizer state on the accelerator.
+  double offload_ratio = 1.0;
 };
 
 // DeepSpeed spells an offload either as a flag (our resolved config) or as a block
@@ -38,6 +42,13 @@ Expect expect_of(const db::RunRow* run) {
     const auto& z = j["zero_optimization"];
     e.offload_optimizer = offload_on(z, "offload_optimizer");
     e.offload_param = offload_on(z, "offload_param");
+    // Ours spells it zero_optimization.offload_ratio; DeepSpeed's JSON offload_optimizer.ratio.
+    const nlohmann::json* ratio = nullptr;
+    if (z.is_object() && z.contains("offload_ratio")) ratio = &z["offload_ratio"];
+    else if (z.is_object() && z.contains("offload_optimizer") && z["offload_optimizer"].is_object() &&
+             z["offload_optimizer"].contains("ratio"))
+      ratio = &z["offload_optimizer"]["ratio"];
+    if (ratio && ratio->is_number()) e.offload_ratio = std::clamp(ratio->get<double>(), 0.0, 1.0);
   }
   return e;
 }
@@ -51,6 +62,28 @@ bool ends_with(const std::string& s, const std::string& p) {
 bool optimizer_state(const std::string& n) {
   return starts_with(n, "fp32_partitioned_groups_flat[") || starts_with(n, "adam.m[") || starts_with(n, "adam.v[");
 }
+// The module an optimizer state belongs to, by its name: fp32_partitioned_groups_flat[i] (and its
+// .grad) is module i; adam.m[NAME] / adam.v[NAME] the module NAME: embeddings 0, blockK K + 1, then
+// final_ln and an untied lm_head after the `blocks` blocks. -1 when the name says none.
+int64_t module_index(const std::string& n, int64_t blocks) {
+  auto number_after = [&](size_t at) -> int64_t {
+    size_t end = at;
+    while (end < n.size() && std::isdigit(static_cast<unsigned char>(n[end]))) ++end;
+    return end > at && end - at < 10 ? std::stoll(n.substr(at, end - at)) : -1;
+  };
+  if (starts_with(n, "fp32_partitioned_groups_flat[")) return number_after(sizeof("fp32_partitioned_groups_flat[") - 1);
+  if (!starts_with(n, "adam.m[") && !starts_with(n, "adam.v[")) return -1;
+  const std::string module = n.substr(7, n.size() > 8 ? n.size() - 8 : 0);
+  if (module == "embeddings") return 0;
+  if (module == "final_ln") return blocks + 1;
+  if (module == "lm_head") return blocks + 2;
+  if (starts_with(module, "block")) {
+    const int64_t k = number_after(7 + 5);
+    return k < 0 ? -1 : k + 1;
+  }
+  return -1;
+}
+
 // Parameter shards under offload_param.
 bool param_shard(const std::string& n) { return ends_with(n, ".shard"); }
 
@@ -80,6 +113,26 @@ Status check_placement(TraceData& d, const Options&, CheckResult* out) {
     auto it = expect.find(rank);
     if (it == expect.end()) it = expect.emplace(rank, expect_of(d.run_of(rank))).first;
     return it->second;
+  };
+  // Under a partial offload: per rank, its blocks (the highest blockK named by an optimizer state,
+  // plus one), whether it has an untied lm_head, and so how many modules stay on the accelerator.
+  std::map<int64_t, std::pair<int64_t, bool>> shape;  // rank -> (blocks, lm_head)
+  for (const Alloc& a : d.allocs) {
+    if (!a.name_id) continue;
+    const std::string& n = d.str(a.name_id);
+    if (!starts_with(n, "adam.m[")) continue;
+    auto& [blocks, head] = shape[a.rank];
+    if (n == "adam.m[lm_head]") head = true;
+    if (const int64_t i = module_index(n, 0); starts_with(n, "adam.m[block") && i > 0) blocks = std::max(blocks, i);
+  }
+  // An optimizer state allowed on an accelerator: its module is one the ratio keeps there.
+  auto kept_on_device = [&](int64_t rank, const std::string& n) {
+    const Expect& e = expect_for(rank);
+    if (e.offload_ratio >= 1) return false;
+    const auto [blocks, head] = shape[rank];
+    const int64_t modules = blocks + 2 + (head ? 1 : 0);
+    const int64_t i = module_index(n, blocks);
+    return i >= 0 && i < int64_t((1.0 - e.offload_ratio) * double(modules));
   };
   bool any_config = false, any_opt = false, any_param = false;
   for (auto& run : d.runs) {
@@ -146,7 +199,8 @@ Status check_placement(TraceData& d, const Options&, CheckResult* out) {
     const Expect& e = expect_for(a.rank);
     if (!e.offload_optimizer && !e.offload_param) continue;
     const std::string& n = d.str(a.name_id);
-    const bool opt = e.offload_optimizer && optimizer_state(n), par = e.offload_param && param_shard(n);
+    const bool opt = e.offload_optimizer && optimizer_state(n) && !kept_on_device(a.rank, n),
+               par = e.offload_param && param_shard(n);
     if (!opt && !par) continue;
     checked.insert({a.rank, n});
     if (!d.is_accelerator(a.device_id)) continue;
@@ -163,7 +217,8 @@ Status check_placement(TraceData& d, const Options&, CheckResult* out) {
       const Expect& e = expect_for(p.rank);
       if (!e.offload_optimizer && !e.offload_param) continue;
       const std::string& n = d.str(p.tensor_id);
-      const bool opt = e.offload_optimizer && optimizer_state(n), par = e.offload_param && param_shard(n);
+      const bool opt = e.offload_optimizer && optimizer_state(n) && !kept_on_device(p.rank, n),
+                 par = e.offload_param && param_shard(n);
       if (!opt && !par) continue;
       checked.insert({p.rank, n});
       if (!d.is_accelerator(p.device_id)) continue;
@@ -219,9 +274,13 @@ Status check_placement(TraceData& d, const Options&, CheckResult* out) {
                 " device_mismatch error" + (mismatches == 1 ? "" : "s");
     return Status::Ok();
   }
+  bool partial = false;
+  for (auto& run : d.runs) partial |= expect_of(&run).offload_ratio < 1;
   if (!rules.empty())
     r.summary = std::to_string(checked.size()) + " tensors (per rank) checked against zero_optimization (" + rules +
-                "): all on the host; no device_mismatch errors";
+                "): all on the host" +
+                (partial ? " (but the optimizer states of the modules offload_ratio keeps on the accelerator)" : "") +
+                "; no device_mismatch errors";
   else if (any_config)
     r.summary = "the run's config offloads nothing (no placement rule applies); no device_mismatch errors";
   else

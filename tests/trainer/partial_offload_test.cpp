@@ -1,0 +1,175 @@
+// The partial optimizer offload (cfg.zero.offload_ratio: DeepSpeed's offload_optimizer.ratio,
+// ZeRO-Offload++; zero/engine.h): the first int((1 - ratio) * modules) modules keep their fp32
+// master weights and Adam moments on the accelerator and are updated there, the rest are offloaded.
+// Checked: the losses are the full offload's bit for bit (the device AdamW is the CPU AdamW's twin;
+// stages' write-backs, ranks, precisions, offload_param, clipping, the overlapped update); in the
+// trace each module's optimizer state lies where DeepSpeed's rule puts it, only the offloaded ones
+// have host gradient partitions, and the clip scale meets each partition on its own device; bad
+// settings are refused in every place they can be given. The delayed update's schedule under a
+// partial offload is in delayed_update_test.cpp; the GPU code path (an opaque device) in
+// opaque_device_test.cpp.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "../test_util.h"
+#include "model/config.h"
+#include "model/layout.h"
+#include "traced_run.h"
+#include "train/train_config.h"
+#include "train/trainer.h"
+#include "zt/db/trace_reader.h"
+
+using namespace zt::trainer;
+
+namespace {
+
+TrainConfig partial_run(int64_t steps, double ratio) {
+  TrainConfig c = zt::test::tiny_run(steps);
+  c.zero.stage = 3;
+  c.zero.offload_optimizer = true;
+  c.zero.offload_ratio = ratio;
+  return c;
+}
+
+using zt::test::query_int;
+
+}  // namespace
+
+TEST(PartialOffload, LossesAreTheFullOffloadsBitForBit) {
+  struct Case {
+    double ratio;
+    int world;
+    const char* precision;
+    bool off_param = false;
+    bool overlap = false;
+    int64_t persistence = 0;  // -1: some modules kept whole (their write-back all-gathers)
+    bool compute_grads = false;
+  };
+  for (const Case& k : {Case{0.5, 1, "fp32"}, Case{0.5, 2, "bf16"}, Case{0.25, 2, "fp16"}, Case{0.0, 1, "bf16"},
+                        Case{0.5, 1, "bf16", true}, Case{0.5, 2, "fp32", true, false, -1}, Case{0.5, 2, "bf16", false, true},
+                        Case{0.75, 1, "bf16", true, true}, Case{0.5, 2, "bf16", false, false, 0, true}}) {
+    SCOPED_TRACE("ratio " + std::to_string(k.ratio) + ", " + std::to_string(k.world) + " ranks, " + k.precision +
+                 (k.off_param ? ", offload_param" : "") + (k.overlap ? ", overlap_update" : "") +
+                 (k.persistence < 0 ? ", some whole modules" : "") + (k.compute_grads ? ", compute-dtype partitions" : ""));
+    TrainConfig c = partial_run(6, k.ratio);
+    c.world_size = k.world;
+    c.grad_accum = 2;
+    c.precision = k.precision;
+    c.zero.offload_param = k.off_param;
+    c.zero.param_persistence_threshold = k.persistence;
+    c.overlap_update = k.overlap;
+    c.grad_partition_dtype = k.compute_grads ? "compute" : "fp32";
+    c.grad_clip = 0.05;  // active on tiny: the scale reaches partitions on both sides
+    if (std::string(k.precision) == "fp16") {
+      c.zero.initial_scale_power = 20;  // overflows first: skipped steps, then scaled partitions
+      c.zero.hysteresis = 1;
+    }
+    TrainConfig full = c;
+    full.zero.offload_ratio = 1.0;
+    full.overlap_update = false;
+    const std::vector<double> want = zt::test::train_losses(full);
+    EXPECT_EQ(zt::test::train_losses(c), want);
+  }
+}
+
+// Where each module's optimizer state lies (tiny: embeddings, block0, block1, final_ln), by
+// DeepSpeed's rule i >= int((1 - ratio) * modules) for the host; host gradient partitions only for
+// those; their AdamW phases "adamw <module>" and the others' "device adamw <module>"; and with
+// clipping the scale's device copy, so no device error.
+TEST(PartialOffload, EachModulesOptimizerStateLiesWhereTheRatioPutsIt) {
+  zt::test::TempDir dir;
+  struct Case {
+    double ratio;
+    int on_device;
+  };
+  for (const Case& k : {Case{0.5, 2}, Case{0.7, 1}, Case{0.8, 0}, Case{0.0, 4}, Case{1.0, 0}}) {
+    SCOPED_TRACE("ratio " + std::to_string(k.ratio));
+    TrainConfig c = partial_run(2, k.ratio);
+    c.precision = "bf16";
+    c.grad_clip = 0.05;
+    zt::test::TracedRun run = zt::test::train_traced(c, dir.file("r" + std::to_string(int(k.ratio * 100)) + ".db"));
+    ASSERT_TRUE(run.status.ok()) << run.status.message();
+    ASSERT_NE(run.reader, nullptr);
+    zt::db::TraceReader& r = *run.reader;
+    const std::vector<std::string> names = {"embeddings", "block0", "block1", "final_ln"};
+    for (int i = 0; i < 4; ++i) {
+      const bool dev = i < k.on_device;
+      const std::string n = names[size_t(i)];
+      const std::string at = "SELECT count(*) FROM allocation_v WHERE level = 'block' AND ";
+      EXPECT_EQ(query_int(r, at + "name = 'adam.m[" + n + "]' AND device = '" + (dev ? "cuda:0" : "cpu") + "'"), 1) << n;
+      // The host partition is made once; a device module's fp32 partition is widened on the
+      // accelerator in each optimizer step (bf16), as without any offload.
+      const std::string grad = "name = 'fp32_partitioned_groups_flat[" + std::to_string(i) + "].grad' AND device = ";
+      EXPECT_EQ(query_int(r, at + grad + "'cpu'"), dev ? 0 : 1) << n;
+      EXPECT_EQ(query_int(r, at + grad + "'cuda:0'"), dev ? 2 : 0) << n;
+      const std::string ph = "SELECT count(*) FROM marker_v WHERE kind = 'phase' AND name = '";
+      EXPECT_EQ(query_int(r, ph + "device adamw " + n + "'"), dev ? 2 : 0) << n;
+      EXPECT_EQ(query_int(r, ph + "adamw " + n + "'"), dev ? 0 : 2) << n;
+    }
+    EXPECT_EQ(query_int(r, "SELECT count(*) FROM error"), 0);
+    // The clip scale went to the accelerator once a step for the modules there (none without them).
+    EXPECT_EQ(query_int(r, "SELECT count(*) FROM transfer_v WHERE kind = 'H2D' AND name = 'combined_scale'"),
+              k.on_device > 0 ? 2 : 0);
+  }
+}
+
+// Less offloaded, more device memory: the fp32 master weights and both moments of the modules kept
+// there (12 bytes a parameter: embeddings and block0 at ratio 0.5) are on the accelerator all along,
+// on top of everything the full offload's peak had.
+TEST(PartialOffload, KeepsTheOptimizersBytesOnTheAccelerator) {
+  TrainSummary full, half;
+  TrainConfig c = partial_run(1, 1.0);
+  ASSERT_TRUE(train(c, nullptr, nullptr, &full).ok());
+  c.zero.offload_ratio = 0.5;
+  ASSERT_TRUE(train(c, nullptr, nullptr, &half).ok());
+  const std::vector<zt::model::ModuleSpec> table = zt::model::module_table(*zt::model::preset(c.model));
+  const int64_t kept = 12 * (table[0].numel + table[1].numel);
+  EXPECT_GE(half.peak_allocated, full.peak_allocated + kept);
+}
+
+TEST(PartialOffload, BadRatiosAreRefusedWhereverGiven) {
+  TrainConfig c = partial_run(1, 1.5);
+  zt::Status st = validate(c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("offload_ratio must lie in [0, 1]"), std::string::npos) << st.message();
+  c = partial_run(1, 0.5);
+  c.zero.stage = 2;
+  st = validate(c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("needs offload_optimizer and ZeRO stage 3"), std::string::npos) << st.message();
+  c = partial_run(1, 0.5);
+  c.zero.offload_optimizer = false;
+  EXPECT_FALSE(validate(c).ok());
+  EXPECT_TRUE(validate(partial_run(1, 0.0)).ok());
+
+  // DeepSpeed's JSON: read, range-checked with the file's name, not given to offload_param.
+  std::vector<std::string> warnings;
+  TrainConfig d;
+  ASSERT_TRUE(load_deepspeed_config_text(
+                  R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})",
+                  "ds.json", &d, &warnings)
+                  .ok());
+  EXPECT_DOUBLE_EQ(d.zero.offload_ratio, 0.3);
+  EXPECT_TRUE(warnings.empty());
+  TrainConfig e;
+  st = load_deepspeed_config_text(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 2}}})",
+                                  "ds.json", &e, &warnings);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("ds.json: zero_optimization.offload_optimizer.ratio 2 must lie in [0, 1]"),
+            std::string::npos)
+      << st.message();
+  st = load_deepspeed_config_text(R"({"zero_optimization": {"offload_optimizer": {"ratio": "half"}}})", "ds.json", &e,
+                                  &warnings);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("ratio must be a number"), std::string::npos) << st.message();
+  warnings.clear();
+  TrainConfig f;
+  ASSERT_TRUE(load_deepspeed_config_text(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "ratio": 0.5}}})",
+                                         "ds.json", &f, &warnings)
+                  .ok());
+  EXPECT_DOUBLE_EQ(f.zero.offload_ratio, 1.0);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("offload_param.ratio is not implemented"), std::string::npos) << warnings[0];
+}
