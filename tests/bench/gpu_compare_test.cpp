@@ -103,6 +103,25 @@ TEST(GpuCompare, RunsProfilesAndAnalyzesOnTheSimulatedGpu) {
   EXPECT_DOUBLE_EQ(ja["presets"][0]["step_s"].get<double>(), p["step_s"].get<double>());
 }
 
+// A partial offload (--offload-ratio 0.5 on tiny: block1 and final_ln offloaded, the embeddings and
+// block0 updated on the device): the bound's CPU AdamW and transfers count the offloaded modules'
+// parameters only (49984 + 128: the bytes the run moved down, too), and the settings say so.
+TEST(GpuCompare, APartialOffloadsBoundCountsOnlyTheOffloadedModules) {
+  REQUIRE_PYTHON();
+  zt::test::TempDir dir;
+  const std::string out = dir.file("ratio");
+  const zt::test::CommandResult r = zt::test::run_command(
+      gpu_compare() + " --device sim --skip-fsdp2 --no-limits --no-build --build " + quoted(ZT_BINARY_DIR) +
+      " --steps 3 '--zt-args=--offload-ratio 0.5' --out " + quoted(out) + " 2>&1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json p = nlohmann::json::parse(read_file(out + "/summary.json"))["presets"][0];
+  EXPECT_DOUBLE_EQ(p["offload_ratio"].get<double>(), 0.5) << p;
+  EXPECT_EQ(p["host_optimizer_params"].get<int64_t>(), 49984 + 128) << p;
+  EXPECT_DOUBLE_EQ(p["d2h_min_bytes"].get<double>(), 2.0 * (49984 + 128)) << p;
+  EXPECT_DOUBLE_EQ(p["d2h_trace_bytes"].get<double>(), p["d2h_min_bytes"].get<double>()) << p;
+  EXPECT_NE(p["settings"].get<std::string>().find("offload ratio 0.5"), std::string::npos) << p["settings"];
+}
+
 TEST(GpuCompare, BadArgumentsAreRefused) {
   REQUIRE_PYTHON();
   const zt::test::CommandResult r = zt::test::run_command(gpu_compare() + " --device sim --models 7B --no-build 2>&1");
@@ -124,7 +143,7 @@ TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
   for (const auto& row : j["rows"]) rows[row["step"].get<std::string>()] = row;
   for (const auto& st : j["steps"]) steps[st["step"].get<std::string>()] = st;
   // Every model step left a row with a step time, each run of gpu_compare with the tiny preset.
-  for (const char* name : {"350M", "350M-bf16grad", "350M-nowiden", "350M-adamall", "350M-narrowrank", "350M-static", "350M-latewb",
+  for (const char* name : {"350M", "350M-ratio", "350M-bf16grad", "350M-nowiden", "350M-adamall", "350M-narrowrank", "350M-static", "350M-latewb",
                            "350M-interleave",
                            "1.5B", "124M"}) {
     ASSERT_TRUE(rows.count(name)) << name << " has no row:\n" << printed;
@@ -137,6 +156,10 @@ TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
   // Each variant changed what it says it changes (the trace's own settings, or the environment).
   EXPECT_NE(rows["350M-bf16grad"]["settings"].get<std::string>().find("bf16 grad partitions"), std::string::npos);
   EXPECT_NE(rows["350M-interleave"]["settings"].get<std::string>().find("pinned interleaved"), std::string::npos);
+  EXPECT_NE(rows["350M-ratio"]["settings"].get<std::string>().find("offload ratio 0.5"), std::string::npos)
+      << rows["350M-ratio"];
+  // A partial offload is never the settings the later steps take (FSDP2 offloads everything).
+  EXPECT_EQ(rows["1.5B"]["settings"].get<std::string>().find("offload ratio"), std::string::npos) << rows["1.5B"];
   EXPECT_TRUE(rows["350M-nowiden"]["env"].contains("ZT_ADAM_WAIT_THREADS")) << rows["350M-nowiden"];
   EXPECT_EQ(rows["350M-nowiden"]["env"]["ZT_ADAM_WAIT_THREADS"], rows["350M-nowiden"]["env"]["ZT_ADAM_THREADS"]);
   EXPECT_TRUE(rows["350M-narrowrank"]["env"].contains("ZT_RANK_THREADS_BESIDE")) << rows["350M-narrowrank"];

@@ -192,6 +192,32 @@ TEST(CudaTrain, EarlyWriteBackGivesTheLateOnesRun) {
   EXPECT_EQ(copies.total, 24);  // 4 modules x 6 updates
 }
 
+// A partial optimizer offload on the GPU (offload_ratio 0.5: the embeddings' and block0's AdamW as
+// kernels on their device states, block1's and final_ln's on the CPU): without clipping the full
+// offload's run bit for bit (the AdamW kernel is the CPU AdamW's twin, the widening exact; the GPU
+// passes repeat exactly), with and without parameter offload (whose host shards of the device
+// modules are converted on the GPU and copied down); with clipping under the delayed update (the
+// device modules fresh, the clip scale copied up for them), near the simulated GPU's run.
+TEST(CudaTrain, PartialOffloadIsTheFullOffloadOnTheGpu) {
+  ZT_REQUIRE_GPU();
+  for (bool off_param : {false, true}) {
+    SCOPED_TRACE(off_param ? "offload_param" : "parameters on the GPU");
+    TrainConfig c = optimizer_offload_run("bf16");
+    c.device = "cuda";
+    c.zero.offload_param = off_param;
+    c.zero.param_persistence_threshold = 0;
+    const std::vector<double> full = train_losses(c);
+    c.zero.offload_ratio = 0.5;
+    EXPECT_EQ(train_losses(c), full);
+  }
+  TrainConfig c = delayed_bf16_run(6);
+  c.grad_clip = 0.05;
+  c.zero.offload_ratio = 0.5;
+  TrainConfig sim = c;
+  sim.device = "sim";
+  expect_losses_close(train_losses(c), train_losses(sim), 2e-2);
+}
+
 // A GPU capped below what the model needs runs out with PyTorch's text and the real figures.
 TEST(CudaTrain, OutOfMemoryUnderACapSaysSo) {
   ZT_REQUIRE_GPU();

@@ -7,7 +7,7 @@
 // have host gradient partitions, and the clip scale meets each partition on its own device; bad
 // settings are refused in every place they can be given. The delayed update's schedule under a
 // partial offload is in delayed_update_test.cpp; the GPU code path (an opaque device) in
-// opaque_device_test.cpp.
+// opaque_device_test.cpp; a checkpoint resumed under another ratio here.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -172,4 +172,34 @@ TEST(PartialOffload, BadRatiosAreRefusedWhereverGiven) {
   EXPECT_DOUBLE_EQ(f.zero.offload_ratio, 1.0);
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("offload_param.ratio is not implemented"), std::string::npos) << warnings[0];
+}
+
+// A checkpoint holds each module's fp32 master weights and moments wherever they lived: a run saved
+// under one ratio resumes under another (the device modules' states staged down to save, copied up
+// on load) and goes on exactly as the uninterrupted run (2 ranks, bf16, clipping).
+TEST(PartialOffload, ACheckpointResumesUnderAnotherRatioExactly) {
+  struct Case {
+    double saved, resumed;
+  };
+  for (const Case& k : {Case{0.5, 1.0}, Case{1.0, 0.25}, Case{0.5, 0.5}}) {
+    SCOPED_TRACE("saved at ratio " + std::to_string(k.saved) + ", resumed at " + std::to_string(k.resumed));
+    zt::test::TempDir tmp;
+    TrainConfig c = partial_run(6, k.saved);
+    c.world_size = 2;
+    c.precision = "bf16";
+    c.grad_clip = 0.05;
+    const std::vector<double> whole = zt::test::train_losses(c);
+    c.steps = 3;
+    c.checkpoint_dir = tmp.file("ckpt");
+    c.save_every = 3;
+    ASSERT_EQ(zt::test::train_losses(c).size(), 3u);
+    c.steps = 6;
+    c.resume = true;
+    c.zero.offload_ratio = k.resumed;
+    TrainSummary s;
+    zt::Status st = train(c, nullptr, nullptr, &s);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(s.resumed_from_step, 3);
+    EXPECT_EQ(s.losses, std::vector<double>(whole.begin() + 3, whole.end()));  // bit for bit
+  }
 }
