@@ -10,6 +10,7 @@
 // opaque_device_test.cpp; a checkpoint resumed under another ratio here.
 #include <gtest/gtest.h>
 
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -127,6 +128,19 @@ TEST(PartialOffload, KeepsTheOptimizersBytesOnTheAccelerator) {
   const std::vector<zt::model::ModuleSpec> table = zt::model::module_table(*zt::model::preset(c.model));
   const int64_t kept = 12 * (table[0].numel + table[1].numel);
   EXPECT_GE(half.peak_allocated, full.peak_allocated + kept);
+}
+
+// The set-up line says how the ratio split the modules (and nothing of it under a full offload).
+TEST(PartialOffload, TheSetUpLineSaysWhereTheOptimizerStatesWent) {
+  for (double ratio : {0.7, 1.0}) {
+    std::ostringstream progress;
+    TrainSummary s;
+    ASSERT_TRUE(train(partial_run(1, ratio), nullptr, &progress, &s).ok());
+    const bool said = progress.str().find("offload_ratio 0.7: the optimizer state of 3 of 4 modules on the host, 1 on "
+                                          "cuda:0") != std::string::npos;
+    EXPECT_EQ(said, ratio < 1) << progress.str();
+    EXPECT_EQ(progress.str().find("offload_ratio 1"), std::string::npos) << progress.str();
+  }
 }
 
 TEST(PartialOffload, BadRatiosAreRefusedWhereverGiven) {

@@ -89,7 +89,13 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
     const RankMemory mem = rank_memory(rt);
     *progress << "set up in " << format_duration_ns(double(probe::now_ns() - t_setup)) << ": " << dev.label() << " "
               << format_bytes(double(mem.allocated)) << " allocated | host " << format_bytes(double(mem.pinned))
-              << " pinned + " << format_bytes(double(mem.pageable)) << " pageable" << std::endl;
+              << " pinned + " << format_bytes(double(mem.pageable)) << " pageable";
+    if (cfg.zero.offload_optimizer && cfg.zero.offload_ratio < 1) {
+      const auto [host, all] = engine.offloaded_modules();
+      *progress << "; offload_ratio " << cfg.zero.offload_ratio << ": the optimizer state of " << host << " of " << all
+                << " modules on the host, " << all - host << " on " << dev.label();
+    }
+    *progress << std::endl;
   }
   DataLoader loader(corpus, plan, cfg.seed);
   const probe::NameId n_loss = rec ? rec->intern("loss") : 0, n_tps = rec ? rec->intern("tokens_per_s") : 0,

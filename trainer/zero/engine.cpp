@@ -344,6 +344,11 @@ int64_t ZeroEngine::model_state_bytes() const {
   return b;
 }
 
+std::pair<int, int> ZeroEngine::offloaded_modules() const {
+  const int n = int(std::count_if(parts_.begin(), parts_.end(), [](const auto& p) { return p->opt_host; }));
+  return {n, int(parts_.size())};
+}
+
 // ---------------------------------------------------------------- fetch and release
 
 // The whole module on the device: its shard (copied host->device first under offload_param,

@@ -131,6 +131,8 @@ class ZeroEngine {
   void on_epoch_boundary(int64_t epoch, int64_t global_step);
   // Bytes of model states (params, grads, optimizer) this rank holds, by the rule above.
   int64_t model_state_bytes() const;
+  // How many modules have their optimizer state on the host (offload_optimizer, offload_ratio), of all.
+  std::pair<int, int> offloaded_modules() const;
 
   struct Part;
 
