@@ -144,6 +144,7 @@ TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
   for (const auto& st : j["steps"]) steps[st["step"].get<std::string>()] = st;
   // Every model step left a row with a step time, each run of gpu_compare with the tiny preset.
   for (const char* name : {"350M", "350M-ratio", "350M-bf16grad", "350M-nowiden", "350M-adamall", "350M-narrowrank", "350M-static", "350M-latewb",
+                           "350M-blocksync",
                            "350M-interleave",
                            "1.5B", "124M"}) {
     ASSERT_TRUE(rows.count(name)) << name << " has no row:\n" << printed;
@@ -165,6 +166,7 @@ TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
   EXPECT_TRUE(rows["350M-narrowrank"]["env"].contains("ZT_RANK_THREADS_BESIDE")) << rows["350M-narrowrank"];
   EXPECT_EQ(rows["350M-static"]["env"].value("ZT_CPU_ADAM_SCHEDULE", ""), "static") << rows["350M-static"];
   EXPECT_EQ(rows["350M-latewb"]["env"].value("ZT_EARLY_WRITE_BACK", ""), "0") << rows["350M-latewb"];
+  EXPECT_EQ(rows["350M-blocksync"]["env"].value("ZT_CUDA_SYNC", ""), "blocking") << rows["350M-blocksync"];
   EXPECT_EQ(rows["350M"]["settings"].get<std::string>().find("bf16 grad partitions"), std::string::npos);
   // The CPU AdamW's tests ran, the GPU tests said why not, and the limits were measured once and
   // used where bench_gpu_limits is built (with the CUDA toolkit); elsewhere no step measures them.

@@ -218,6 +218,19 @@ TEST(CudaTrain, PartialOffloadIsTheFullOffloadOnTheGpu) {
   expect_losses_close(train_losses(c), train_losses(sim), 2e-2);
 }
 
+// ZT_CUDA_SYNC=blocking (the rank thread sleeps in its waits for the GPU instead of spinning): the
+// same run as CUDA's default schedule, bit for bit (the delayed update, bf16: its waits for the
+// gradient copies and the apply's).
+TEST(CudaTrain, BlockingSyncChangesNothingButTheWaiting) {
+  ZT_REQUIRE_GPU();
+  TrainConfig c = delayed_bf16_run(4);
+  const std::vector<double> spin = train_losses(c);
+  setenv("ZT_CUDA_SYNC", "blocking", 1);
+  const std::vector<double> blocking = train_losses(c);
+  unsetenv("ZT_CUDA_SYNC");
+  EXPECT_EQ(blocking, spin);
+}
+
 // A GPU capped below what the model needs runs out with PyTorch's text and the real figures.
 TEST(CudaTrain, OutOfMemoryUnderACapSaysSo) {
   ZT_REQUIRE_GPU();

@@ -202,3 +202,18 @@ TEST(PinnedPlacement, PinnedHostTensorsAreInterleavedWhenAsked) {
   Tensor pinned = Tensor::empty("adam.m[h.0]", {100000}, DType::F32, rt.host(), /*pinned=*/true);
   EXPECT_EQ(zt::memory::placement_of(pinned.raw()), zt::memory::PagePlacement::Local);
 }
+
+// ZT_CUDA_SYNC's values: CUDA's four schedules, by name; anything else is refused.
+TEST(CudaSyncSetting, ParsesTheFourSchedulesOnly) {
+  CudaSync s = CudaSync::Spin;
+  ASSERT_TRUE(parse_cuda_sync("blocking", &s));
+  EXPECT_EQ(s, CudaSync::Blocking);
+  ASSERT_TRUE(parse_cuda_sync("yield", &s));
+  EXPECT_EQ(s, CudaSync::Yield);
+  ASSERT_TRUE(parse_cuda_sync("spin", &s));
+  EXPECT_EQ(s, CudaSync::Spin);
+  ASSERT_TRUE(parse_cuda_sync("auto", &s));
+  EXPECT_EQ(s, CudaSync::Auto);
+  for (const char* bad : {"", "Blocking", "block", "auto ", "1"}) EXPECT_FALSE(parse_cuda_sync(bad, &s)) << bad;
+  EXPECT_EQ(s, CudaSync::Auto);  // untouched by a refusal
+}

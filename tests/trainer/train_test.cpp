@@ -175,6 +175,24 @@ TEST(Train, BadConfigsAreRejectedClearly) {
 // pinned_numa interleave moves pages, not numbers: the offload run's losses are the local run's
 // bit for bit (2 ranks, ZeRO-3, optimizer and parameter offload, bf16, the delayed update), with
 // and without a host cap; a placement of another name is refused.
+// A bad ZT_CUDA_SYNC stops a --device cuda run before anything starts, naming the value (with or
+// without a GPU here); the simulated GPU does not read it.
+TEST(Train, ABadCudaSyncIsRefusedWithItsValue) {
+  setenv("ZT_CUDA_SYNC", "sleepy", 1);
+  TrainConfig c = zt::test::tiny_run(1);
+  c.device = "cuda";
+  TrainSummary s;
+  const zt::Status st = train(c, nullptr, nullptr, &s);
+  c.device = "sim";
+  const zt::Status sim = train(c, nullptr, nullptr, &s);
+  unsetenv("ZT_CUDA_SYNC");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("ZT_CUDA_SYNC='sleepy': use auto (CUDA's choice), spin, yield or blocking"),
+            std::string::npos)
+      << st.message();
+  EXPECT_TRUE(sim.ok()) << sim.message();
+}
+
 TEST(Train, InterleavedPinnedMemoryTrainsTheSameLosses) {
   TrainConfig c = tiny(4);
   c.world_size = 2;

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "model/gpt2.h"
@@ -292,6 +293,17 @@ double widen_and_sum_squares(float* dst, const void* src, DType src_t, int64_t n
 std::unique_ptr<ModelPasses> cpu_model_passes(const model::Config& config, int B, int T, bool checkpointing,
                                               model::Attention attention) {
   return std::make_unique<CpuModelPasses>(config, B, T, checkpointing, attention);
+}
+
+bool parse_cuda_sync(const std::string& text, CudaSync* out) {
+  static const std::pair<const char*, CudaSync> kNames[] = {
+      {"auto", CudaSync::Auto}, {"spin", CudaSync::Spin}, {"yield", CudaSync::Yield}, {"blocking", CudaSync::Blocking}};
+  for (const auto& [name, value] : kNames)
+    if (text == name) {
+      *out = value;
+      return true;
+    }
+  return false;
 }
 
 }  // namespace zt::trainer

@@ -161,9 +161,17 @@ class Backend {
 // one, whatever `device` says). Null with the reason in *why when this build has no CUDA, the
 // machine no usable GPU, or `device` is out of range.
 // matmul: how the fp32 GEMMs run (TrainConfig::matmul_precision; core/dtype.h).
+// sync: how a host thread waits for the GPU (cudaSetDeviceFlags' schedule): auto (CUDA's default:
+// spin while the process has fewer active contexts than cores), spin, yield, or blocking (the
+// thread sleeps on an OS primitive until the GPU is done, freeing its core for the CPU AdamW beside
+// the step, at the price of a wake-up per wait). ZT_CUDA_SYNC picks it (parse_cuda_sync).
+enum class CudaSync { Auto, Spin, Yield, Blocking };
 struct CudaBackendOptions {
   MatmulPrecision matmul = MatmulPrecision::Highest;
+  CudaSync sync = CudaSync::Auto;
 };
+// "auto", "spin", "yield" or "blocking"; false for anything else.
+bool parse_cuda_sync(const std::string& text, CudaSync* out);
 std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, CudaBackendOptions options = {});
 
 }  // namespace zt::trainer

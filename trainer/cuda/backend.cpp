@@ -270,6 +270,18 @@ std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, CudaBac
              std::to_string(cuda::device_count()) + " usable GPU(s)";
     return nullptr;
   }
+  if (options.sync != CudaSync::Auto) {
+    // Before the device's first use here (the backend's capacity query creates its context).
+    const unsigned schedule = options.sync == CudaSync::Spin    ? cudaDeviceScheduleSpin
+                              : options.sync == CudaSync::Yield ? cudaDeviceScheduleYield
+                                                                : cudaDeviceScheduleBlockingSync;
+    try {
+      cuda::set_device_schedule(device, schedule);
+    } catch (const cuda::CudaError& e) {
+      if (why) *why = std::string("ZT_CUDA_SYNC: ") + e.what();
+      return nullptr;
+    }
+  }
   return std::make_unique<CudaBackend>(device, options);
 }
 

@@ -132,6 +132,11 @@ std::string versions() {
   return s;
 }
 
+void set_device_schedule(int device, unsigned schedule) {
+  DeviceGuard g(device);
+  check(cudaSetDeviceFlags(schedule), "cudaSetDeviceFlags");
+}
+
 DeviceGuard::DeviceGuard(int device) {
   check(cudaGetDevice(&previous_), "cudaGetDevice");
   if (previous_ != device) {

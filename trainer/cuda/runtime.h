@@ -28,6 +28,10 @@ class CudaError : public std::runtime_error {
   cudaError_t code_;
 };
 
+// How host threads wait for `device` (cudaSetDeviceFlags: cudaDeviceScheduleAuto, Spin, Yield or
+// BlockingSync, by `schedule`), set before the device's first use in this process. Throws CudaError.
+void set_device_schedule(int device, unsigned schedule);
+
 // Throws CudaError when `e` is not cudaSuccess. `call` names what was called ("cudaMalloc").
 void check(cudaError_t e, const char* call);
 // After a kernel launch: throws CudaError naming `kernel` for a launch error (bad configuration,

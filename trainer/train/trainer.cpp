@@ -375,6 +375,10 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     std::string why;
     CudaBackendOptions bo;
     bo.matmul = matmul_precision_of(cfg);
+    // ZT_CUDA_SYNC: how the rank thread waits for the GPU (an A/B knob for GPU hosts: bench/gpu_session).
+    if (const char* env = std::getenv("ZT_CUDA_SYNC"); env && *env && !parse_cuda_sync(env, &bo.sync))
+      return Status::Error(std::string("ZT_CUDA_SYNC='") + env +
+                           "': use auto (CUDA's choice), spin, yield or blocking (how a thread waits for the GPU)");
     own_backend = make_cuda_backend(multi_process ? launch.local_rank : 0, &why, bo);
     if (!own_backend) return Status::Error("--device cuda: " + why);
     backend = own_backend.get();
