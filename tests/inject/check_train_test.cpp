@@ -137,3 +137,36 @@ TEST(LeakingRun, TheTinyEpochLeakIsCaughtByTheDefaultThreshold) {
   ASSERT_TRUE(check::run_checks(path, leaks, &r).ok());
   EXPECT_FALSE(r.failed()) << check::format_text(r);
 }
+
+// A partial offload whose run died while placing its model states (virtual 124M, ratio 0.5, a GPU of
+// 900 MiB: out of memory in setup) left only the first modules' states in the trace: --placement
+// counts the modules from the run's config (zero_optimization.sub_groups: 14), so the 7 the ratio
+// keeps on the accelerator are allowed there, not judged against the few the trace happens to name.
+TEST(PartialOffloadRun, PlacementCountsTheModulesFromTheConfig) {
+  test::TempDir dir;
+  trainer::TrainConfig c = test::tiny_run(2);
+  c.model = "124M";
+  c.virtual_mode = true;
+  c.data_samples = 1000;
+  c.zero.stage = 3;
+  c.zero.offload_optimizer = true;
+  c.zero.offload_ratio = 0.5;
+  c.device_memory = uint64_t(900) << 20;
+  c.quiet = true;
+  const std::string path = dir.file("died.db");
+  test::TracedRun run = test::train_traced(c, path);
+  ASSERT_FALSE(run.status.ok());
+  EXPECT_NE(run.status.message().find("CUDA out of memory"), std::string::npos) << run.status.message();
+  ASSERT_NE(run.reader, nullptr);
+  EXPECT_GT(test::query_int(*run.reader, "SELECT count(*) FROM allocation_v WHERE name = 'adam.m[block0]' AND device = "
+                                         "'cuda:0'"),
+            0);
+  EXPECT_EQ(test::query_int(*run.reader, "SELECT json_extract(config_json, '$.zero_optimization.sub_groups') FROM run"),
+            14);
+  check::Options o;
+  o.placement = true;
+  check::Report r;
+  ASSERT_TRUE(check::run_checks(path, o, &r).ok());
+  ASSERT_EQ(r.checks.size(), 1u);
+  EXPECT_EQ(r.checks[0].outcome, check::Outcome::Pass) << check::format_text(r);
+}

@@ -143,6 +143,36 @@ TEST(PartialOffload, TheSetUpLineSaysWhereTheOptimizerStatesWent) {
   }
 }
 
+// The R2 fault under a partial offload: by default the last module's partition (offloaded) stays on
+// the device, and the guard stops the clip there; a module whose optimizer state is on the
+// accelerator anyway is refused by name (its partition is never offloaded: the fault would do
+// nothing); with nothing offloaded (ratio 0) the fault has nothing to act on and does not fire.
+TEST(PartialOffload, ThePartitionLeftOnTheDeviceFaultNeedsAnOffloadedModule) {
+  TrainConfig c = partial_run(2, 0.5);
+  c.grad_clip = 0.05;
+  c.faults = {"zero.grad_partition_stays_on_device=return"};
+  TrainSummary s;
+  zt::Status st = train(c, nullptr, nullptr, &s);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("Expected all tensors to be on the same device"), std::string::npos) << st.message();
+  c.faults = {"zero.grad_partition_stays_on_device=return(0)"};
+  st = train(c, nullptr, nullptr, &s);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("module 0 keeps its optimizer state on the accelerator (offload_ratio 0.5): its "
+                              "partition is never offloaded; the offloaded modules are 2..3"),
+            std::string::npos)
+      << st.message();
+  zt::test::TempDir dir;
+  c.zero.offload_ratio = 0;
+  c.faults = {"zero.grad_partition_stays_on_device=return", "host.epoch_leak=return(pow2)"};
+  c.steps = 0;
+  c.epochs = 2;  // an epoch boundary for the leak, a few steps each
+  c.synthetic_bytes = 800;
+  zt::test::TracedRun run = zt::test::train_traced(c, dir.file("none.db"));
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  EXPECT_EQ(query_int(*run.reader, "SELECT count(*) FROM fault"), 0);
+}
+
 TEST(PartialOffload, BadRatiosAreRefusedWhereverGiven) {
   TrainConfig c = partial_run(1, 1.5);
   zt::Status st = validate(c);

@@ -7,6 +7,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "model/config.h"
 #include "zt/common/files.h"
 #include "zt/common/units.h"
 #include "zt/common/yaml_keys.h"
@@ -248,6 +249,16 @@ MatmulPrecision matmul_precision_of(const TrainConfig& c) {
   return c.tf32 ? MatmulPrecision::High : parse_matmul_precision(c.matmul_precision).value_or(MatmulPrecision::Highest);
 }
 
+namespace {
+// The modules the engine partitions (DeepSpeed's optimizer sub-groups here): the embeddings, each
+// block, the final LayerNorm, and an untied LM head of a custom shape; -1 for an unknown model.
+int64_t optimizer_modules(const TrainConfig& c) {
+  if (c.model == "custom") return c.shape.layers + 2 + (c.shape.tied_embeddings ? 0 : 1);
+  const auto mc = model::preset(c.model);
+  return mc ? int64_t(mc->layers) + 2 : -1;
+}
+}  // namespace
+
 std::string to_json(const TrainConfig& c) {
   nlohmann::json j = {{"device", c.device},
                       {"model", c.model},
@@ -300,6 +311,10 @@ std::string to_json(const TrainConfig& c) {
                       {"virtual", c.virtual_mode},
                       {"data_samples", c.data_samples},
                       {"ranks_per_node", c.ranks_per_node}};
+  // A partial offload's split, for readers of the trace without the trainer (zt check --placement):
+  // the modules counted, so the ones kept on the accelerator are known even where the trace is cut short.
+  if (c.zero.offload_ratio < 1)
+    if (const int64_t n = optimizer_modules(c); n > 0) j["zero_optimization"]["sub_groups"] = n;
   if (c.model == "custom")
     j["shape"] = {{"name", c.shape.name},         {"width", c.shape.width},
                   {"layers", c.shape.layers},     {"heads", c.shape.heads},

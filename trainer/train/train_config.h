@@ -24,8 +24,9 @@ struct ZeroSettings {
   // offload_optimizer.ratio (DeepSpeed's ZeRO-Offload++ "Twin-Flow", stage 3 only): the fraction of
   // the modules whose optimizer state is offloaded. Modules are DeepSpeed's sub-groups here: module
   // i keeps its fp32 master weights and Adam moments on the accelerator, updated there by the
-  // device AdamW, when i < int((1 - ratio) * modules), and the rest are offloaded as usual. 1.0:
-  // every module offloaded (the default); 0.0: none.
+  // device AdamW, when i < int((1 - ratio) * modules), and the rest are offloaded as usual (the rule
+  // of DeepSpeed's stage3.py in its SuperOffload-era releases; earlier ones offloaded the first
+  // int(ratio * sub-groups) instead). 1.0: every module offloaded (the default); 0.0: none.
   double offload_ratio = 1.0;
   int64_t reduce_bucket_size = 500000000;
   int64_t prefetch_bucket_size = 50000000;

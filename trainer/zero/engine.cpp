@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -220,8 +221,9 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   std::unique_ptr<float[]> init(virt ? nullptr : new float[size_t(model::num_params(mc))]);
   if (!virt) model::init_params(mc, cfg.seed, init.get());
   std::vector<float> padded_vals;
-  // offload_optimizer.ratio (ZeRO-Offload++): DeepSpeed's rule over its sub-groups, over modules
-  // here: module i is offloaded when i >= int((1 - ratio) * modules).
+  // offload_optimizer.ratio (ZeRO-Offload++): DeepSpeed's rule over its sub-groups (stage3.py in
+  // its SuperOffload-era releases; earlier ones offloaded the first sub-groups), over modules here:
+  // module i is offloaded when i >= int((1 - ratio) * modules).
   const int64_t first_offloaded =
       z_.offload_optimizer ? int64_t((1.0 - z_.offload_ratio) * double(modules_.size())) : int64_t(modules_.size());
   for (const auto& spec : modules_) {
@@ -1122,7 +1124,9 @@ void ZeroEngine::on_epoch_boundary(int64_t epoch, int64_t global_step) {
   epoch_ = epoch;
   fail::set_thread_position({rank_, global_step, -1, epoch, rec_});
   // host.epoch_leak (R1): the offload buffers are to be re-created at the next accumulation
-  // boundary, when the gradients are next offloaded, and the old ones are never released.
+  // boundary, when the gradients are next offloaded, and the old ones are never released. Not where
+  // a partial offload (offload_ratio 0) offloads no module: it would leak nothing.
+  if (z_.offload_optimizer && offloaded_modules().first == 0) return;
   if (auto f = ZT_FAIL_D("host.epoch_leak", fail::Context{},
                          "offload buffers to be re-created at the next accumulation boundary, the old ones kept")) {
     const std::string v = f->arg.empty() ? "pinned" : f->arg;
@@ -1134,9 +1138,18 @@ void ZeroEngine::on_epoch_boundary(int64_t epoch, int64_t global_step) {
 
 // At the start of the boundary micro-step (the last of the accumulation window).
 void ZeroEngine::boundary_faults(int64_t step) {
-  if (!z_.offload_optimizer) return;  // nothing is offloaded: neither fault has anything to act on
+  // Nothing offloaded (no offload_optimizer, or offload_ratio 0): neither fault has anything to act on.
+  const auto [offloaded, modules] = offloaded_modules();
+  if (offloaded == 0) return;
+  auto ratio_text = [&] {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", z_.offload_ratio);
+    return std::string(buf);
+  };
   if (auto f = ZT_FAIL_D("zero.grad_partition_stays_on_device", fail::Context{},
                          "an fp32 gradient partition left on " + rt_.accelerator().label())) {
+    // The offloaded modules are the last ones (offload_ratio): by default the last of them.
+    const int first = modules - offloaded;
     int64_t idx = int64_t(parts_.size()) - 1;
     if (!f->arg.empty()) {
       char* end = nullptr;
@@ -1144,6 +1157,12 @@ void ZeroEngine::boundary_faults(int64_t step) {
       if (*end || idx < 0 || idx >= int64_t(parts_.size()))
         throw std::invalid_argument("fault zero.grad_partition_stays_on_device: module index '" + f->arg +
                                     "': the model has modules 0.." + std::to_string(parts_.size() - 1));
+      if (!parts_[size_t(idx)]->opt_host)
+        throw std::invalid_argument("fault zero.grad_partition_stays_on_device: module " + f->arg +
+                                    " keeps its optimizer state on the accelerator (offload_ratio " + ratio_text() +
+                                    "): its partition is never offloaded; "
+                                    "the offloaded modules are " + std::to_string(first) + ".." +
+                                    std::to_string(modules - 1));
     }
     stays_on_device_ = int(idx);
   }

@@ -20,6 +20,8 @@ struct Expect {
   // offload_optimizer.ratio (ZeRO-Offload++): below 1 the first int((1 - ratio) * modules) modules
   // keep their optimizer state on the accelerator.
   double offload_ratio = 1.0;
+  int64_t sub_groups = 0;  // the modules counted, as our config says (zero_optimization.sub_groups); 0: unknown
+  bool lm_head = false;    // a custom shape with untied embeddings: an lm_head module after final_ln
 };
 
 // DeepSpeed spells an offload either as a flag (our resolved config) or as a block
@@ -38,6 +40,9 @@ Expect expect_of(const db::RunRow* run) {
   auto j = nlohmann::json::parse(run->config_json, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return e;
   e.config = true;
+  if (j.contains("shape") && j["shape"].is_object() && j["shape"].contains("tied_embeddings") &&
+      j["shape"]["tied_embeddings"].is_boolean())
+    e.lm_head = !j["shape"]["tied_embeddings"].get<bool>();
   if (j.contains("zero_optimization")) {
     const auto& z = j["zero_optimization"];
     e.offload_optimizer = offload_on(z, "offload_optimizer");
@@ -49,6 +54,8 @@ Expect expect_of(const db::RunRow* run) {
              z["offload_optimizer"].contains("ratio"))
       ratio = &z["offload_optimizer"]["ratio"];
     if (ratio && ratio->is_number()) e.offload_ratio = std::clamp(ratio->get<double>(), 0.0, 1.0);
+    if (z.is_object() && z.contains("sub_groups") && z["sub_groups"].is_number_integer())
+      e.sub_groups = z["sub_groups"].get<int64_t>();
   }
   return e;
 }
@@ -114,8 +121,9 @@ Status check_placement(TraceData& d, const Options&, CheckResult* out) {
     if (it == expect.end()) it = expect.emplace(rank, expect_of(d.run_of(rank))).first;
     return it->second;
   };
-  // Under a partial offload: per rank, its blocks (the highest blockK named by an optimizer state,
-  // plus one), whether it has an untied lm_head, and so how many modules stay on the accelerator.
+  // Under a partial offload: the modules, as the config counts them; else (a config without the
+  // count) per rank its blocks (the highest blockK named by an optimizer state, plus one) and whether
+  // it has an untied lm_head, from the trace (too few where the run died while placing its states).
   std::map<int64_t, std::pair<int64_t, bool>> shape;  // rank -> (blocks, lm_head)
   for (const Alloc& a : d.allocs) {
     if (!a.name_id) continue;
@@ -129,8 +137,12 @@ Status check_placement(TraceData& d, const Options&, CheckResult* out) {
   auto kept_on_device = [&](int64_t rank, const std::string& n) {
     const Expect& e = expect_for(rank);
     if (e.offload_ratio >= 1) return false;
-    const auto [blocks, head] = shape[rank];
-    const int64_t modules = blocks + 2 + (head ? 1 : 0);
+    auto [blocks, head] = shape[rank];
+    int64_t modules = blocks + 2 + (head ? 1 : 0);
+    if (e.sub_groups > 0) {
+      modules = e.sub_groups;
+      blocks = modules - 2 - (e.lm_head ? 1 : 0);
+    }
     const int64_t i = module_index(n, blocks);
     return i >= 0 && i < int64_t((1.0 - e.offload_ratio) * double(modules));
   };
