@@ -216,6 +216,18 @@ TEST(PartialOffload, BadRatiosAreRefusedWhereverGiven) {
   EXPECT_DOUBLE_EQ(f.zero.offload_ratio, 1.0);
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("offload_param.ratio is not implemented"), std::string::npos) << warnings[0];
+  // A ratio DeepSpeed would ignore (stage 2, or no cpu offload) is ignored with a warning, not refused.
+  for (const char* text : {R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})",
+                           R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none", "ratio": 0.5}}})"}) {
+    warnings.clear();
+    TrainConfig g;
+    ASSERT_TRUE(load_deepspeed_config_text(text, "ds.json", &g, &warnings).ok()) << text;
+    EXPECT_DOUBLE_EQ(g.zero.offload_ratio, 1.0) << text;
+    EXPECT_TRUE(validate(g).ok()) << text;
+    ASSERT_EQ(warnings.size(), 1u) << text;
+    EXPECT_NE(warnings[0].find("ds.json: zero_optimization.offload_optimizer.ratio has no effect"), std::string::npos)
+        << warnings[0];
+  }
 }
 
 // A checkpoint holds each module's fp32 master weights and moments wherever they lived: a run saved

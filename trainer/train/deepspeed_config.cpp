@@ -259,6 +259,12 @@ Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std
     };
     if (!offload("offload_optimizer", z.offload_optimizer) || !offload("offload_param", z.offload_param))
       return Status::Error(r.error);
+    // DeepSpeed applies the ratio only to a CPU offload at stage 3 and ignores it elsewhere: so do we, saying so.
+    if (z.offload_ratio < 1 && !(z.offload_optimizer && z.stage == 3)) {
+      warnings->push_back(path + ": " + w + "offload_optimizer.ratio has no effect without a cpu offload_optimizer at "
+                                 "stage 3 (DeepSpeed ignores it there too); ignored");
+      z.offload_ratio = 1.0;
+    }
   }
   if (z.stage < 0 || z.stage > 3) return Status::Error(path + ": zero_optimization.stage must be 0, 1, 2 or 3");
   c.ds_config = path;

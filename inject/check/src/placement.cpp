@@ -53,7 +53,9 @@ Expect expect_of(const db::RunRow* run) {
     else if (z.is_object() && z.contains("offload_optimizer") && z["offload_optimizer"].is_object() &&
              z["offload_optimizer"].contains("ratio"))
       ratio = &z["offload_optimizer"]["ratio"];
-    if (ratio && ratio->is_number()) e.offload_ratio = std::clamp(ratio->get<double>(), 0.0, 1.0);
+    // DeepSpeed applies a ratio at stage 3 only.
+    const bool stage3 = !z.contains("stage") || !z["stage"].is_number_integer() || z["stage"].get<int64_t>() == 3;
+    if (ratio && ratio->is_number() && stage3) e.offload_ratio = std::clamp(ratio->get<double>(), 0.0, 1.0);
     if (z.is_object() && z.contains("sub_groups") && z["sub_groups"].is_number_integer())
       e.sub_groups = z["sub_groups"].get<int64_t>();
   }
