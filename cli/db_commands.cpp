@@ -143,6 +143,35 @@ void print_early_write_back(db::TraceReader& reader) {
               << " copies began before the apply of their update\n";
 }
 
+// A partial optimizer offload (offload_ratio < 1 in the run's config): per rank, how many modules
+// keep their optimizer state on the host and how many on the accelerator (their adam.m allocations),
+// and the device AdamW's time a step (its "device adamw <module>" phases; on a GPU the queueing of its
+// kernels, which run on the device's stream). Nothing for any other run.
+void print_partial_offload(db::TraceReader& reader) {
+  db::QueryResult cfg, where, dev;
+  if (!reader.query("SELECT json_extract(config_json, '$.zero_optimization.offload_ratio') FROM run", &cfg) ||
+      cfg.rows.empty() || cfg.rows[0][0].empty() || !(std::stod(cfg.rows[0][0]) < 1))
+    return;
+  if (!reader.query("SELECT rank, sum(device = 'cpu'), sum(device <> 'cpu') FROM allocation_v WHERE level = 'block' AND "
+                    "name LIKE 'adam.m[%' GROUP BY rank ORDER BY rank",
+                    &where) ||
+      !reader.query("SELECT rank, count(DISTINCT step), sum(t_end - t_start) FROM marker_v WHERE kind = 'phase' AND name "
+                    "LIKE 'device adamw %' AND t_end IS NOT NULL GROUP BY rank",
+                    &dev))
+    return;
+  std::map<std::string, std::pair<double, double>> dev_by_rank;  // rank -> (steps, ns)
+  for (auto& r : dev.rows) dev_by_rank[r[0]] = {std::stod(r[1]), r[2].empty() ? 0.0 : std::stod(r[2])};
+  std::cout << "partial optimizer offload (offload_ratio " << cfg.rows[0][0] << "):\n";
+  std::vector<std::vector<std::string>> rows;
+  for (auto& r : where.rows) {
+    auto it = dev_by_rank.find(r[0]);
+    const bool timed = it != dev_by_rank.end() && it->second.first > 0;
+    rows.push_back({r[0], r[1], r[2], timed ? format_duration_ns(it->second.second / it->second.first) : "-"});
+  }
+  print_table(std::cout, {"rank", "modules on the host", "on the accelerator", "device AdamW a step"}, rows,
+              {true, true, true, true}, "  ");
+}
+
 // zt train --delayed-update / --overlap-update: per rank, how much of the background AdamW (its
 // "adamw <module>" phases of step s) ran beside step s+1's forward, loss or backward, and what the
 // rank thread waited for it ("apply delayed update of step N"; overlapped: the "await update
@@ -299,6 +328,7 @@ int db_info(const std::string& path) {
     print_table(std::cout, {"rank", "steps", "H2D", "D2H", "collective"}, rows, {true, true, true, true, true}, "  ");
   }
   if (!print_background_update(*reader)) print_adamw(*reader);
+  print_partial_offload(*reader);
   std::cout << "dropped events: " << sum.dropped_events << (sum.dropped_events ? " (see the dropped table)" : "")
             << "\n";
   std::cout << "faults: " << (sum.faults.empty() ? "none" : std::to_string(sum.faults.size()) + " (times from the run's start)")

@@ -263,3 +263,21 @@ TEST(CliOutputs, DbInfoSaysHowManyWriteBackCopiesWentUpEarly) {
   EXPECT_NE(info.out.find("delayed parameter update"), std::string::npos) << info.out;
   EXPECT_EQ(info.out.find(line), std::string::npos) << info.out;
 }
+
+// zt db info on a partial offload: per rank the modules on each side and the device AdamW's time a
+// step; nothing of it for a full offload.
+TEST(CliOutputs, DbInfoSaysHowAPartialOffloadSplitTheModules) {
+  zt::test::TempDir dir;
+  const std::string run = "train --model tiny --steps 3 --zero-stage 3 --offload-optimizer --quiet";
+  Result part = run_zt(run + " --offload-ratio 0.7 --trace " + dir.file("part.db"));
+  ASSERT_EQ(part.code, 0) << part.out;
+  Result info = run_zt("db info " + dir.file("part.db"));
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find("partial optimizer offload (offload_ratio 0.7):"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("modules on the host  on the accelerator  device AdamW a step"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("     0                    3                   1 "), std::string::npos) << info.out;
+  Result full = run_zt(run + " --trace " + dir.file("full.db"));
+  ASSERT_EQ(full.code, 0) << full.out;
+  info = run_zt("db info " + dir.file("full.db"));
+  EXPECT_EQ(info.out.find("partial optimizer offload"), std::string::npos) << info.out;
+}
