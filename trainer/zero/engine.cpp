@@ -160,6 +160,10 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     throw std::invalid_argument("offload_param needs ZeRO stage 3 (only stage 3 partitions parameters)");
   if (cfg.overlap_update && cfg.delayed_update >= 0)
     throw std::invalid_argument("overlap_update and delayed_update: give one");
+  if (!(z_.offload_ratio >= 0 && z_.offload_ratio <= 1))
+    throw std::invalid_argument("offload_ratio must lie in [0, 1]");
+  if (z_.offload_ratio < 1 && !(z_.offload_optimizer && z_.stage == 3))
+    throw std::invalid_argument("offload_ratio below 1 needs offload_optimizer and ZeRO stage 3");
   if (cfg.delayed_update >= 0 || cfg.overlap_update) {
     if (!z_.offload_optimizer)
       throw std::invalid_argument(std::string(cfg.overlap_update ? "overlap_update" : "delayed_update") +
@@ -1141,11 +1145,6 @@ void ZeroEngine::boundary_faults(int64_t step) {
   // Nothing offloaded (no offload_optimizer, or offload_ratio 0): neither fault has anything to act on.
   const auto [offloaded, modules] = offloaded_modules();
   if (offloaded == 0) return;
-  auto ratio_text = [&] {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%g", z_.offload_ratio);
-    return std::string(buf);
-  };
   if (auto f = ZT_FAIL_D("zero.grad_partition_stays_on_device", fail::Context{},
                          "an fp32 gradient partition left on " + rt_.accelerator().label())) {
     // The offloaded modules are the last ones (offload_ratio): by default the last of them.
@@ -1157,12 +1156,14 @@ void ZeroEngine::boundary_faults(int64_t step) {
       if (*end || idx < 0 || idx >= int64_t(parts_.size()))
         throw std::invalid_argument("fault zero.grad_partition_stays_on_device: module index '" + f->arg +
                                     "': the model has modules 0.." + std::to_string(parts_.size() - 1));
-      if (!parts_[size_t(idx)]->opt_host)
+      if (!parts_[size_t(idx)]->opt_host) {
+        char ratio[32];
+        std::snprintf(ratio, sizeof ratio, "%g", z_.offload_ratio);
         throw std::invalid_argument("fault zero.grad_partition_stays_on_device: module " + f->arg +
-                                    " keeps its optimizer state on the accelerator (offload_ratio " + ratio_text() +
-                                    "): its partition is never offloaded; "
-                                    "the offloaded modules are " + std::to_string(first) + ".." +
-                                    std::to_string(modules - 1));
+                                    " keeps its optimizer state on the accelerator (offload_ratio " + ratio +
+                                    "): its partition is never offloaded; the offloaded modules are " +
+                                    std::to_string(first) + ".." + std::to_string(modules - 1));
+      }
     }
     stays_on_device_ = int(idx);
   }
