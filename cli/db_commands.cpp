@@ -149,8 +149,10 @@ void print_early_write_back(db::TraceReader& reader) {
 // kernels, which run on the device's stream). Nothing for any other run.
 void print_partial_offload(db::TraceReader& reader) {
   db::QueryResult cfg, where, dev;
-  if (!reader.query("SELECT json_extract(config_json, '$.zero_optimization.offload_ratio') FROM run", &cfg) ||
-      cfg.rows.empty() || cfg.rows[0][0].empty() || !(std::stod(cfg.rows[0][0]) < 1))
+  // Only a numeric ratio (a query's NULL reads as "NULL": a config without one, a synthetic trace's).
+  if (!reader.query("SELECT json_extract(config_json, '$.zero_optimization.offload_ratio') FROM run WHERE typeof(json_extract(config_json, '$.zero_optimization.offload_ratio')) IN ('real', 'integer')",
+                    &cfg) ||
+      cfg.rows.empty() || !(std::strtod(cfg.rows[0][0].c_str(), nullptr) < 1))
     return;
   if (!reader.query("SELECT rank, sum(device = 'cpu'), sum(device <> 'cpu') FROM allocation_v WHERE level = 'block' AND "
                     "name LIKE 'adam.m[%' GROUP BY rank ORDER BY rank",
@@ -160,7 +162,7 @@ void print_partial_offload(db::TraceReader& reader) {
                     &dev))
     return;
   std::map<std::string, std::pair<double, double>> dev_by_rank;  // rank -> (steps, ns)
-  for (auto& r : dev.rows) dev_by_rank[r[0]] = {std::stod(r[1]), r[2].empty() ? 0.0 : std::stod(r[2])};
+  for (auto& r : dev.rows) dev_by_rank[r[0]] = {std::strtod(r[1].c_str(), nullptr), std::strtod(r[2].c_str(), nullptr)};
   std::cout << "partial optimizer offload (offload_ratio " << cfg.rows[0][0] << "):\n";
   std::vector<std::vector<std::string>> rows;
   for (auto& r : where.rows) {
