@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "model/config.h"
+#include "model/layout.h"
+#include "train/model_shape.h"
 #include "zt/common/files.h"
 #include "zt/common/units.h"
 #include "zt/common/yaml_keys.h"
@@ -250,12 +252,12 @@ MatmulPrecision matmul_precision_of(const TrainConfig& c) {
 }
 
 namespace {
-// The modules the engine partitions (DeepSpeed's optimizer sub-groups here): the embeddings, each
-// block, the final LayerNorm, and an untied LM head of a custom shape; -1 for an unknown model.
+// The modules the engine partitions (DeepSpeed's optimizer sub-groups here), from the tables the
+// engine takes them from (zero/engine.cpp); -1 for an unknown model.
 int64_t optimizer_modules(const TrainConfig& c) {
-  if (c.model == "custom") return c.shape.layers + 2 + (c.shape.tied_embeddings ? 0 : 1);
+  if (c.model == "custom") return int64_t(shape_modules(c.shape, false).size());
   const auto mc = model::preset(c.model);
-  return mc ? int64_t(mc->layers) + 2 : -1;
+  return mc ? int64_t(model::module_table(*mc).size()) : -1;
 }
 }  // namespace
 

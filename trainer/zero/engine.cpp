@@ -826,12 +826,11 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     // A partial offload's modules with their optimizer state on the accelerator are updated there
     // now, on the rank thread, whatever the mode: their AdamW is a few kernels on the device's
     // queue, neither delayed nor run beside the next step. Only the host modules' pass goes to the
-    // background thread.
+    // background thread. (Every module's gradient is zeroed below, after this.)
     for (const AdamJob& j : jobs) {
       if (parts_[size_t(j.mi)]->opt_host) continue;
       run_adam(j, hp, step, adam_steps_);
       write_back(j.mi, j.fused);
-      zero_tensor(parts_[size_t(j.mi)]->grad);
     }
   }
   if (overlapped) {
@@ -1275,14 +1274,12 @@ void ZeroEngine::write_back(int mi, const Tensor& fused, bool async) {
       set_from(p.param_shard, 0, p.master.f32(), p.shard);
     } else if (async && fused.defined()) {
       p.written = copy_into_async(p.param_shard, fused);  // H2D, waited for by gather()
-    } else if (!master_on_host) {
-      // A host shard (offload_param) of a module whose optimizer state is on the accelerator
-      // (offload_param alone, or a partial offload): converted there, then one copy down.
-      Tensor low = updated_on_accel();
-      copy_into(p.param_shard, low);  // D2H
     } else {
-      Tensor low = host_low();
-      copy_into(p.param_shard, low);  // H2D
+      // Converted where the master lives, then one copy across: up into a device shard, or down
+      // into a host shard (offload_param) whose optimizer state is on the accelerator (offload_param
+      // alone, or a partial offload).
+      Tensor low = master_on_host ? host_low() : updated_on_accel();
+      copy_into(p.param_shard, low);  // H2D or D2H
     }
   } else if (z_.stage == 0) {
     set_from(p.param, 0, p.master.f32(), p.padded);
