@@ -1,5 +1,5 @@
-// tests/test_util.h: a scratch directory per test, removed afterwards; running a command; reading a
-// file; seeded random inputs.
+// tests/test_util.h: a scratch directory per test, removed afterwards; an environment variable set
+// for a scope; running a command; reading a file; seeded random inputs.
 #pragma once
 
 #include <stdlib.h>
@@ -32,6 +32,19 @@ class TempDir {
 
  private:
   std::string path_;
+};
+
+// An environment variable set while this lives, unset after (the knobs tests set, ZT_..., are unset
+// unless a test sets them).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_.c_str()); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
 };
 
 struct CommandResult {

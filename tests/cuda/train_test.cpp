@@ -178,9 +178,10 @@ TEST(CudaTrain, EarlyWriteBackGivesTheLateOnesRun) {
   ZT_REQUIRE_GPU();
   TrainConfig c = delayed_bf16_run(6);
   c.grad_clip = 0.05;
-  setenv("ZT_EARLY_WRITE_BACK", "0", 1);
-  const std::vector<double> late = train_losses(c);
-  unsetenv("ZT_EARLY_WRITE_BACK");
+  const std::vector<double> late = [&] {
+    zt::test::ScopedEnv env("ZT_EARLY_WRITE_BACK", "0");
+    return train_losses(c);
+  }();
   zt::test::TempDir dir;
   zt::test::TracedRun run = zt::test::train_traced(c, dir.file("early.db"));
   ASSERT_TRUE(run.status.ok()) << run.status.message();
@@ -225,9 +226,10 @@ TEST(CudaTrain, BlockingSyncChangesNothingButTheWaiting) {
   ZT_REQUIRE_GPU();
   TrainConfig c = delayed_bf16_run(4);
   const std::vector<double> spin = train_losses(c);
-  setenv("ZT_CUDA_SYNC", "blocking", 1);
-  const std::vector<double> blocking = train_losses(c);
-  unsetenv("ZT_CUDA_SYNC");
+  const std::vector<double> blocking = [&] {
+    zt::test::ScopedEnv env("ZT_CUDA_SYNC", "blocking");
+    return train_losses(c);
+  }();
   EXPECT_EQ(blocking, spin);
 }
 

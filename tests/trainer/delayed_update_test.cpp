@@ -405,9 +405,10 @@ TEST(DelayedUpdate, EarlyWriteBackGoesUpDuringTheStepAndChangesNothing) {
   c.zero.param_persistence_threshold = 0;  // every module sharded: its write-back is a local copy
   c.precision = "bf16";
   zt::test::TempDir dir;
-  setenv("ZT_EARLY_WRITE_BACK", "0", 1);
-  zt::test::TracedRun late = zt::test::train_traced(c, dir.file("late.db"));
-  unsetenv("ZT_EARLY_WRITE_BACK");
+  zt::test::TracedRun late = [&] {
+    zt::test::ScopedEnv env("ZT_EARLY_WRITE_BACK", "0");
+    return zt::test::train_traced(c, dir.file("late.db"));
+  }();
   ASSERT_TRUE(late.status.ok()) << late.status.message();
   const zt::test::WriteBackCopies late_copies = zt::test::write_back_copies(*late.reader);
   EXPECT_GT(late_copies.total, 0);
@@ -430,10 +431,11 @@ TEST(DelayedUpdate, EarlyWriteBackGoesUpDuringTheStepAndChangesNothing) {
   EXPECT_GE(state_bytes - late.summary.model_state_bytes, 2 * P);
   EXPECT_LT(state_bytes - late.summary.model_state_bytes, 2 * P + 4096 * 2 * 8);  // padding
 
-  setenv("ZT_EARLY_WRITE_BACK", "yes", 1);
-  TrainSummary s;
-  const zt::Status st = train(c, nullptr, nullptr, &s);
-  unsetenv("ZT_EARLY_WRITE_BACK");
+  const zt::Status st = [&] {
+    zt::test::ScopedEnv env("ZT_EARLY_WRITE_BACK", "yes");
+    TrainSummary s;
+    return train(c, nullptr, nullptr, &s);
+  }();
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("ZT_EARLY_WRITE_BACK='yes': 1 (the default) or 0"), std::string::npos) << st.message();
 }
@@ -448,31 +450,29 @@ TEST(DelayedUpdate, AdamThreadsFromTheEnvironment) {
     TrainConfig c = dpu_run(4, 0);
     if (overlap) c.delayed_update = -1, c.overlap_update = true;
     const std::vector<double> want = zt::test::train_losses(c);
-    setenv("ZT_ADAM_THREADS", "1", 1);
-    setenv("ZT_ADAM_WAIT_THREADS", "3", 1);
-    setenv("ZT_RANK_THREADS_BESIDE", "1", 1);
-    const std::vector<double> one = zt::test::train_losses(c);
-    unsetenv("ZT_ADAM_THREADS");
-    unsetenv("ZT_ADAM_WAIT_THREADS");
-    unsetenv("ZT_RANK_THREADS_BESIDE");
+    const std::vector<double> one = [&] {
+      zt::test::ScopedEnv adam("ZT_ADAM_THREADS", "1"), waited("ZT_ADAM_WAIT_THREADS", "3"),
+          beside("ZT_RANK_THREADS_BESIDE", "1");
+      return zt::test::train_losses(c);
+    }();
     EXPECT_EQ(one, want);
   }
   const TrainConfig c = dpu_run(4, 0);
-  {
-    setenv("ZT_RANK_THREADS_BESIDE", "x", 1);
+  // A run of c with one variable set to `value`: its status.
+  auto train_with = [&](const char* name, const char* value) {
+    zt::test::ScopedEnv env(name, value);
     TrainSummary s;
-    const zt::Status st = train(c, nullptr, nullptr, &s);
-    unsetenv("ZT_RANK_THREADS_BESIDE");
+    return train(c, nullptr, nullptr, &s);
+  };
+  {
+    const zt::Status st = train_with("ZT_RANK_THREADS_BESIDE", "x");
     ASSERT_FALSE(st.ok());
     EXPECT_NE(st.message().find("ZT_RANK_THREADS_BESIDE='x': the rank thread's threads while the background AdamW"),
               std::string::npos)
         << st.message();
   }
   for (const char* name : {"ZT_ADAM_THREADS", "ZT_ADAM_WAIT_THREADS"}) {
-    setenv(name, "0", 1);
-    TrainSummary s;
-    const zt::Status st = train(c, nullptr, nullptr, &s);
-    unsetenv(name);
+    const zt::Status st = train_with(name, "0");
     ASSERT_FALSE(st.ok());
     EXPECT_NE(st.message().find(std::string(name) + "='0': the background AdamW's threads"), std::string::npos)
         << st.message();

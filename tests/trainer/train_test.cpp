@@ -178,14 +178,13 @@ TEST(Train, BadConfigsAreRejectedClearly) {
 // A bad ZT_CUDA_SYNC stops a --device cuda run before anything starts, naming the value (with or
 // without a GPU here); the simulated GPU does not read it.
 TEST(Train, ABadCudaSyncIsRefusedWithItsValue) {
-  setenv("ZT_CUDA_SYNC", "sleepy", 1);
+  zt::test::ScopedEnv env("ZT_CUDA_SYNC", "sleepy");
   TrainConfig c = zt::test::tiny_run(1);
   c.device = "cuda";
   TrainSummary s;
   const zt::Status st = train(c, nullptr, nullptr, &s);
   c.device = "sim";
   const zt::Status sim = train(c, nullptr, nullptr, &s);
-  unsetenv("ZT_CUDA_SYNC");
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("ZT_CUDA_SYNC='sleepy': use auto (CUDA's choice), spin, yield or blocking"),
             std::string::npos)
