@@ -42,6 +42,8 @@ int db_sql(const std::string& path, const std::string& sql, bool csv);
 // db info's report of a delayed or overlapped update (the background AdamW, the waits for it, the
 // early write-back), alone.
 int db_background_update(const std::string& path);
+// db info's report of a partial optimizer offload (the modules on each side, the device AdamW), alone.
+int db_partial_offload(const std::string& path);
 int db_kernels(const std::string& path, const db::KernelSummaryOptions& opt, size_t top);
 void add_demo_command(CLI::App& app, Action& action);  // prints "zt: message" to stderr, returns kExitBadInput
 

@@ -361,6 +361,13 @@ int db_background_update(const std::string& path) {
   return kExitOk;
 }
 
+int db_partial_offload(const std::string& path) {
+  std::unique_ptr<db::TraceReader> reader;
+  if (Status s = db::TraceReader::open(path, &reader); !s) return fail(s.message());
+  print_partial_offload(*reader);
+  return kExitOk;
+}
+
 int db_sql(const std::string& path, const std::string& sql, bool csv) {
   std::unique_ptr<db::TraceReader> reader;
   if (Status s = db::TraceReader::open(path, &reader); !s) return fail(s.message());

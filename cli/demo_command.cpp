@@ -60,7 +60,8 @@ std::string scenario_path(const std::string& file) {
 void add_demo_command(CLI::App& app, Action& action) {
   auto* demo = app.add_subcommand("demo", "The demo: train on a simulated GPU with a trace, explain it, run out of "
                                           "memory for real, reproduce bug report R2 and cure it, check the trace, export "
-                                          "for Perfetto, train again with flash attention and with the overlapped update\nExample: zt demo --dir demo-out");
+                                          "for Perfetto, train again with flash attention, the overlapped update, the delayed update and a partial "
+                                          "optimizer offload\nExample: zt demo --dir demo-out");
   auto dir = std::make_shared<std::string>("demo-out");
   auto steps = std::make_shared<int64_t>(80);
   auto device = std::make_shared<std::string>("auto");
@@ -238,6 +239,20 @@ void add_demo_command(CLI::App& app, Action& action) {
                 << "   (most copies begin before the update is applied) instead of all after the pass:\n";
       if (int rc = run_training(delayed, "zt demo: zt train ... --delayed-update 0", false); rc != 0) return rc;
       if (int rc = db_background_update(delayed.trace); rc != 0) return rc;
+
+      // The partial optimizer offload (DeepSpeed's offload_optimizer.ratio, issue 8): exact, so its
+      // losses are run 1's.
+      trainer::TrainConfig partial = cfg;
+      partial.steps = 20;
+      partial.zero.offload_ratio = 0.5;
+      partial.trace = *dir + "/partial.db";
+      std::cout << "\n== 11. the same run with --offload-ratio 0.5 --steps 20 --trace " << partial.trace << "\n"
+                << "   DeepSpeed's partial offload (ZeRO-Offload++): the first half of the modules keep their optimizer\n"
+                << "   state on the simulated GPU and are updated there, the rest on the CPU; the same arithmetic, so\n"
+                << "   rank 0's loss at step 20 is run 1's:\n";
+      if (int rc = run_training(partial, "zt demo: zt train ... --offload-ratio 0.5", false); rc != 0) return rc;
+      if (int rc = db_sql(partial.trace, loss20, false); rc != 0) return rc;
+      if (int rc = db_partial_offload(partial.trace); rc != 0) return rc;
 
       std::cout << "\nNext: zt view " << cfg.trace << " (the timeline viewer); zt repro inject/scenarios/*.yaml "
                    "(all five reports; --virtual for their real sizes); zt faults (the fault catalog).\n";

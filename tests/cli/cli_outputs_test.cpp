@@ -281,3 +281,27 @@ TEST(CliOutputs, DbInfoSaysHowAPartialOffloadSplitTheModules) {
   info = run_zt("db info " + dir.file("full.db"));
   EXPECT_EQ(info.out.find("partial optimizer offload"), std::string::npos) << info.out;
 }
+
+// zt demo (README's first command) to its end: its last sections show the updates run beside the
+// step and the partial offload: the overlapped update's and the partial offload's loss at step 20 are
+// run 1's (all three printed alike), the delayed update's early write-back and the partial offload's
+// split are reported.
+TEST(CliOutputs, TheDemoShowsTheUpdatesBesideTheStepAndThePartialOffload) {
+  zt::test::TempDir dir;
+  Result demo = run_zt("demo --device sim --dir " + dir.file("demo"));
+  ASSERT_EQ(demo.code, 0) << demo.out;
+  std::vector<std::string> losses;
+  for (size_t at = demo.out.find("loss_at_step_20\n"); at != std::string::npos;
+       at = demo.out.find("loss_at_step_20\n", at + 1)) {
+    const size_t from = at + std::string("loss_at_step_20\n").size();
+    losses.push_back(demo.out.substr(from, demo.out.find('\n', from) - from));
+  }
+  ASSERT_EQ(losses.size(), 3u) << demo.out;
+  EXPECT_EQ(losses[1], losses[0]) << "the overlapped update";
+  EXPECT_EQ(losses[2], losses[0]) << "the partial offload";
+  EXPECT_NE(demo.out.find("copies began before the apply of their update"), std::string::npos) << demo.out;
+  EXPECT_NE(demo.out.find("== 11. the same run with --offload-ratio 0.5"), std::string::npos) << demo.out;
+  EXPECT_NE(demo.out.find("partial optimizer offload (offload_ratio 0.5):"), std::string::npos) << demo.out;
+  EXPECT_NE(demo.out.find("the optimizer state of 2 of 4 modules on the host, 2 on cuda:0"), std::string::npos)
+      << demo.out;
+}
