@@ -1,5 +1,7 @@
 // zt train: flags and a config file into a TrainConfig, then the trainer, with a trace.
 #include <iostream>
+#include <sstream>
+#include <tuple>
 #include <limits>
 
 #include "commands.h"
@@ -94,7 +96,9 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_flag("--virtual", cfg->virtual_mode, "virtual mode: sizes only, no math (replays a run for memory)");
   sub->add_option("--data-samples", cfg->data_samples, "virtual mode: samples in the data set");
   auto ds_config = std::make_shared<std::string>();
-  sub->add_option("--ds-config", *ds_config, "DeepSpeed JSON config (batch sizes, bf16/fp16, optimizer, zero_optimization)");
+  sub->add_option("--ds-config", *ds_config,
+                  "DeepSpeed JSON config (batch sizes, bf16/fp16, optimizer, zero_optimization); a flag given beside it "
+                  "that it sets otherwise is refused");
   sub->add_option("--zero-stage", cfg->zero.stage, "ZeRO stage 0, 1, 2 or 3")->check(CLI::Range(0, 3));
   sub->add_flag("--offload-optimizer", cfg->zero.offload_optimizer, "fp32 master weights and Adam moments on the host");
   sub->add_flag("--offload-param", cfg->zero.offload_param, "stage 3: parameter shards on the host");
@@ -177,8 +181,33 @@ void add_train_command(CLI::App& app, Action& action) {
       }
       if (!ds_config->empty()) {
         std::vector<std::string> warnings;
-        if (Status s = trainer::load_deepspeed_config(*ds_config, &c, &warnings); !s) return fail(s.message());
+        trainer::TrainConfig after = c;
+        if (Status s = trainer::load_deepspeed_config(*ds_config, &after, &warnings); !s) return fail(s.message());
         for (auto& w : warnings) std::fprintf(stderr, "zt train: warning: %s\n", w.c_str());
+        // A flag typed beside the DeepSpeed config that the config sets otherwise: neither may win
+        // silently (DeepSpeed takes its JSON, the --config file gives way to flags), so say which.
+        auto num = [](double v) {
+          std::ostringstream o;
+          o << v;
+          return o.str();
+        };
+        auto yes_no = [](bool b) { return std::string(b ? "on" : "off"); };
+        const std::vector<std::tuple<const char*, std::string, std::string>> settable = {
+            {"--micro-batch", std::to_string(c.micro_batch), std::to_string(after.micro_batch)},
+            {"--grad-accum", std::to_string(c.grad_accum), std::to_string(after.grad_accum)},
+            {"--grad-clip", num(c.grad_clip), num(after.grad_clip)},
+            {"--precision", c.precision, after.precision},
+            {"--lr", num(c.lr), num(after.lr)},
+            {"--weight-decay", num(c.weight_decay), num(after.weight_decay)},
+            {"--zero-stage", std::to_string(c.zero.stage), std::to_string(after.zero.stage)},
+            {"--offload-optimizer", yes_no(c.zero.offload_optimizer), yes_no(after.zero.offload_optimizer)},
+            {"--offload-param", yes_no(c.zero.offload_param), yes_no(after.zero.offload_param)},
+            {"--offload-ratio", num(c.zero.offload_ratio), num(after.zero.offload_ratio)}};
+        for (const auto& [flag, given, file] : settable)
+          if (sub->get_option(flag)->count() > 0 && given != file)
+            return fail(std::string(flag) + " " + given + " and --ds-config " + *ds_config + " (" + file +
+                        ") disagree: set it in one place");
+        c = after;
       }
       if (Status s = trainer::validate(c); !s) return fail(s.message());
       if (c.steps == 0 && c.epochs == 0) c.steps = 50;
@@ -213,7 +242,8 @@ void add_train_command(CLI::App& app, Action& action) {
       }
 
       // Bad input is refused before the trace is opened: opening it replaces the file at that path.
-      if (Status s = trainer::check_inputs(c); !s) return fail(s.message());
+      trainer::Corpus corpus;  // the data file, read once by the check
+      if (Status s = trainer::check_inputs(c, &corpus); !s) return fail(s.message());
       std::unique_ptr<probe::Recorder> rec;
       if (!c.trace.empty()) {
         probe::RecorderOptions ro;
@@ -265,7 +295,7 @@ void add_train_command(CLI::App& app, Action& action) {
       } stop_cupti{cupti_running};
 #endif
       trainer::TrainSummary sum;
-      Status s = trainer::train(c, rec.get(), c.quiet ? nullptr : &std::cout, &sum);
+      Status s = trainer::train(c, rec.get(), c.quiet ? nullptr : &std::cout, &sum, nullptr, &corpus);
 #if ZT_HAVE_CUPTI
       stop_cupti.now();  // before the close
 #else
@@ -295,9 +325,17 @@ void add_train_command(CLI::App& app, Action& action) {
       else if (sum.resumed_from_step >= 0 && sum.losses.empty())
         std::printf("nothing left to train: %s has the %lld steps this run asks for\n", sum.resumed_from.c_str(),
                     (long long)sum.steps);
+      else if (sum.resumed_from_step >= 0)  // sum.steps counts from the run's start; the rest, this process's part
+        std::printf("trained %lld step%s (%lld tokens), steps %lld-%lld after resuming from %s, in %s: loss %.4f -> %.4f; "
+                    "samples used %lld (this part); peak %s allocated, %s reserved\n",
+                    (long long)(sum.steps - sum.resumed_from_step), sum.steps - sum.resumed_from_step == 1 ? "" : "s",
+                    (long long)sum.tokens, (long long)sum.resumed_from_step + 1,
+                    (long long)sum.steps, sum.resumed_from.c_str(), format_duration_ns(sum.seconds * 1e9).c_str(),
+                    sum.first_loss, sum.last_loss, (long long)sum.samples_used, format_bytes(double(sum.peak_allocated)).c_str(),
+                    format_bytes(double(sum.peak_reserved)).c_str());
       else
-        std::printf("trained %lld steps (%lld tokens) in %s: loss %.4f -> %.4f; samples used %lld; peak %s allocated, %s reserved\n",
-                    (long long)sum.steps, (long long)sum.tokens, format_duration_ns(sum.seconds * 1e9).c_str(),
+        std::printf("trained %lld step%s (%lld tokens) in %s: loss %.4f -> %.4f; samples used %lld; peak %s allocated, %s reserved\n",
+                    (long long)sum.steps, sum.steps == 1 ? "" : "s", (long long)sum.tokens, format_duration_ns(sum.seconds * 1e9).c_str(),
                     sum.first_loss, sum.last_loss, (long long)sum.samples_used, format_bytes(double(sum.peak_allocated)).c_str(),
                     format_bytes(double(sum.peak_reserved)).c_str());
       if (trace_failed) {

@@ -64,7 +64,10 @@ void add_view_command(CLI::App& app, Action& action) {
         o.at_ns = parse_time(*at);
         if (!o.at_ns) return fail("--at: '" + *at + "' is not a time (try 1.5s, 250ms or 40us)");
       }
-      if (*step >= 0) o.step = *step;
+      if (view->get_option("--step")->count() > 0) {
+        if (*step < 0) return fail("--step " + std::to_string(*step) + ": a step number is 0 or more");
+        o.step = *step;
+      }
       int w = 0, h = 0;
       char x = 0;
       if (std::sscanf(size->c_str(), "%d%c%d", &w, &x, &h) != 3 || (x != 'x' && x != 'X') || w < 320 || h < 240 ||

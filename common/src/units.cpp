@@ -80,16 +80,26 @@ std::optional<uint64_t> parse_bytes(std::string_view text, std::string* why) {
   double mult = 0;
   if (unit.empty() || unit == "b")
     mult = 1;
-  else if (unit == "k" || unit == "kib" || unit == "kb")
+  else if (unit == "k" || unit == "kib")
     mult = 1024.0;
-  else if (unit == "m" || unit == "mib" || unit == "mb")
+  else if (unit == "m" || unit == "mib")
     mult = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gib" || unit == "gb")
+  else if (unit == "g" || unit == "gib")
     mult = 1024.0 * 1024 * 1024;
-  else if (unit == "t" || unit == "tib" || unit == "tb")
+  else if (unit == "t" || unit == "tib")
     mult = 1024.0 * 1024 * 1024 * 1024;
+  // The SI units are what they say (4.9MB is 4,900,000 bytes): read as GiB, a budget of "70GB"
+  // would pass a peak 5 GB over it.
+  else if (unit == "kb")
+    mult = 1e3;
+  else if (unit == "mb")
+    mult = 1e6;
+  else if (unit == "gb")
+    mult = 1e9;
+  else if (unit == "tb")
+    mult = 1e12;
   else {
-    *why = "is not a size: unknown unit '" + std::string(end) + "' (B, KiB, MiB, GiB or TiB)";
+    *why = "is not a size: unknown unit '" + std::string(end) + "' (B, KiB, MiB, GiB, TiB; or kB, MB, GB, TB: powers of 1000)";
     return std::nullopt;
   }
   // Rounded to whole bytes, halves away from zero; 2^64 and above do not fit (llround stopped at

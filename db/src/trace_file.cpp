@@ -42,6 +42,7 @@ Status inspect_trace_file(const std::string& path, TraceFileInfo* info) {
 }
 
 Status check_trace_destination(const std::string& path) {
+  if (path.empty()) return Status::Error("the trace file name is empty: name a file to write");
   TraceFileInfo info;
   if (Status s = inspect_trace_file(path, &info); !s) return s;
   if (info.exists && info.size > 0 && !(info.is_sqlite && info.application_id == kApplicationId))

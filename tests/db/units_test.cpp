@@ -16,6 +16,13 @@ TEST(Units, ParsesSizes) {
   EXPECT_EQ(zt::parse_bytes("1.5MiB"), uint64_t(3) << 19);
   EXPECT_EQ(zt::parse_bytes("4096"), 4096u);
   EXPECT_EQ(zt::parse_bytes("1e9"), 1000000000u);
+  // The SI units in powers of 1000 (4.9MB read as MiB passed a 4,925,952-byte peak), any case;
+  // a letter alone is binary.
+  EXPECT_EQ(zt::parse_bytes("4.9MB"), 4900000u);
+  EXPECT_EQ(zt::parse_bytes("70GB"), 70000000000u);
+  EXPECT_EQ(zt::parse_bytes("2kb"), 2000u);
+  EXPECT_EQ(zt::parse_bytes("1TB"), 1000000000000u);
+  EXPECT_EQ(zt::parse_bytes("2G"), uint64_t(2) << 30);
   EXPECT_FALSE(zt::parse_bytes("").has_value());
   EXPECT_FALSE(zt::parse_bytes("12 parsecs").has_value());
   EXPECT_FALSE(zt::parse_bytes("-1GiB").has_value());
@@ -31,7 +38,7 @@ TEST(Units, ParsesSizes) {
   EXPECT_FALSE(zt::parse_bytes("1e400", &why).has_value());
   EXPECT_EQ(why, "is not a size: too large (a size is below 16 EiB)");
   EXPECT_FALSE(zt::parse_bytes("12 parsecs", &why).has_value());
-  EXPECT_EQ(why, "is not a size: unknown unit 'parsecs' (B, KiB, MiB, GiB or TiB)");
+  EXPECT_EQ(why, "is not a size: unknown unit 'parsecs' (B, KiB, MiB, GiB, TiB; or kB, MB, GB, TB: powers of 1000)");
   EXPECT_FALSE(zt::parse_bytes("-1GiB", &why).has_value());
   EXPECT_EQ(why, "is not a size");
   // Kept as int64: below 2^63.
@@ -43,7 +50,7 @@ TEST(Units, ParsesSizes) {
   EXPECT_FALSE(zt::parse_size_i64("16777216TiB", &why).has_value());
   EXPECT_EQ(why, "is not a size: too large (a size is below 16 EiB)");
   EXPECT_FALSE(zt::parse_size_i64("2 parsecs", &why).has_value());
-  EXPECT_EQ(why, "is not a size: unknown unit 'parsecs' (B, KiB, MiB, GiB or TiB)");
+  EXPECT_EQ(why, "is not a size: unknown unit 'parsecs' (B, KiB, MiB, GiB, TiB; or kB, MB, GB, TB: powers of 1000)");
 }
 
 TEST(Units, FormatsDurations) {

@@ -111,7 +111,7 @@ TEST(CheckCli, BadInputExitsTwoWithOneLine) {
   r = zt_check(trace + " --budget cuda=70GiB,host=9parsecs");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out,
-            "zt: --budget: 'host=9parsecs': '9parsecs' is not a size: unknown unit 'parsecs' (B, KiB, MiB, GiB or TiB) "
+            "zt: --budget: 'host=9parsecs': '9parsecs' is not a size: unknown unit 'parsecs' (B, KiB, MiB, GiB, TiB; or kB, MB, GB, TB: powers of 1000) "
             "(try 70GiB)\n");
   r = zt_check(trace + " --leak-threshold lots");
   EXPECT_EQ(r.code, 2);

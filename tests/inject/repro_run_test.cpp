@@ -121,6 +121,33 @@ TEST(ReproRun, WithoutItsFaultTheBugIsNotReproduced) {
   EXPECT_EQ(r.exit_code(), 1);
 }
 
+// The keep directory's bug.db / fix.db are replaced by the runs: a file there that is not a trace, or
+// a directory of that name, is refused before either run (they were deleted: a text file bug.db
+// came back a trace, exit 0).
+TEST(ReproRun, AKeptFileThatIsNotATraceIsNotReplaced) {
+  repro::Scenario s;
+  ASSERT_TRUE(repro::load_scenario(std::string(ZT_SOURCE_DIR) + "/inject/scenarios/r5-axolotl-unscale-clip-mismatch.yaml", &s));
+  test::TempDir dir;
+  std::ofstream(dir.file("bug.db")) << "PRECIOUS\n";
+  fs::create_directory(dir.file("other"));
+  fs::create_directory(dir.file("other/fix.db"));
+  for (const std::string keep : {dir.path(), dir.file("other")}) {
+    repro::RunOptions o;
+    o.keep_dir = keep;
+    o.crash_handlers = false;
+    repro::ReproResult r;
+    Status st = repro::run_scenario(s, o, &r);
+    ASSERT_FALSE(st) << keep;
+    EXPECT_NE(st.message().find(keep == dir.path() ? dir.file("bug.db") + ": exists and is not a zerotrace trace"
+                                                   : dir.file("other/fix.db") + ": is a directory"),
+              std::string::npos)
+        << st.message();
+  }
+  EXPECT_EQ(test::read_file(dir.file("bug.db")), "PRECIOUS\n");
+  EXPECT_TRUE(fs::is_directory(dir.file("other/fix.db")));
+  EXPECT_FALSE(fs::exists(dir.file("other/bug.db")));  // refused before the bug run, too
+}
+
 TEST(ReproRun, MechanismNeedsItsConditions) {
   // zero.norm_on_device only bites with clipping on and the norm over the clip: clip off, no error.
   repro::Scenario s;

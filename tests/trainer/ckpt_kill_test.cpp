@@ -327,4 +327,24 @@ TEST(CheckpointCli, InfoAndConsolidate) {
   EXPECT_NE(torn.out.find("zt: " + dir + "/step000004/rank00001.zts is missing"), std::string::npos) << torn.out;
   EXPECT_FALSE(fs::exists(tmp.file("x.safetensors")));
   EXPECT_EQ(run_zt("ckpt consolidate " + dir + " --out x --dtype fp8").code, 2);
+  Ran a_file = run_zt("ckpt info " + tmp.file("hf/config.json"));
+  EXPECT_EQ(a_file.code, 2);
+  EXPECT_EQ(a_file.out, "zt: " + tmp.file("hf/config.json") + ": not a directory (a checkpoint directory is expected)\n");
+
+  // config.json goes beside the weights: --out naming it is refused (its weights were replaced by
+  // the config, exit 0), and a config.json that cannot be written fails before the weights already
+  // there are replaced.
+  fs::create_directory(tmp.file("o1"));
+  Ran config_out = run_zt("ckpt consolidate " + dir + " --tag step000002 --out " + tmp.file("o1/config.json"));
+  EXPECT_EQ(config_out.code, 2) << config_out.out;
+  EXPECT_NE(config_out.out.find(tmp.file("o1/config.json") + ": that is where the Hugging Face config.json"),
+            std::string::npos) << config_out.out;
+  EXPECT_TRUE(fs::is_empty(tmp.file("o1")));
+  fs::create_directories(tmp.file("o2/config.json"));
+  std::ofstream(tmp.file("o2/model.safetensors")) << "KEEP";
+  Ran config_dir = run_zt("ckpt consolidate " + dir + " --tag step000002 --out " + tmp.file("o2/model.safetensors"));
+  EXPECT_EQ(config_dir.code, 2) << config_dir.out;
+  EXPECT_NE(config_dir.out.find(tmp.file("o2/config.json") + ": is a directory"), std::string::npos) << config_dir.out;
+  EXPECT_EQ(zt::test::read_file(tmp.file("o2/model.safetensors")), "KEEP");
+  EXPECT_FALSE(fs::exists(tmp.file("o2/model.safetensors.tmp")));
 }

@@ -472,7 +472,8 @@ int64_t save(const std::string& dir_arg, const TrainConfig& cfg, const Position&
 Status verify_checkpoint(const std::string& dir, const std::string& tag, Manifest* out) {
   const std::string path = without_trailing_slash(dir) + "/" + tag;
   std::error_code ec;
-  if (!fs::is_directory(path, ec)) return Status::Error(path + ": no such checkpoint directory");
+  if (!fs::is_directory(path, ec))
+    return Status::Error(path + (fs::exists(path, ec) ? ": not a directory (a checkpoint directory is expected)" : ": no such checkpoint directory"));
   const std::string mpath = path + "/" + kManifest;
   std::ifstream in(mpath);
   if (!in) return Status::Error(mpath + " is missing: the save did not finish (a partial checkpoint)");
@@ -576,7 +577,8 @@ Status verify_checkpoint(const std::string& dir, const std::string& tag, Manifes
 Status select_checkpoint(const std::string& dir_arg, Selected* out, bool need_optimizer_state) {
   const std::string dir = without_trailing_slash(dir_arg);
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return Status::Error(dir + ": no such checkpoint directory");
+  if (!fs::is_directory(dir, ec))
+    return Status::Error(dir + (fs::exists(dir, ec) ? ": not a directory (a checkpoint directory is expected)" : ": no such checkpoint directory"));
   std::vector<std::string> candidates;
   const std::string latest = read_latest(dir);
   if (!latest.empty()) candidates.push_back(latest);
@@ -668,7 +670,8 @@ Position load(const Selected& sel, int rank, ZeroEngine& engine) {
 Status describe_checkpoints(const std::string& dir_arg, std::string* text) {
   const std::string dir = without_trailing_slash(dir_arg);
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return Status::Error(dir + ": no such checkpoint directory");
+  if (!fs::is_directory(dir, ec))
+    return Status::Error(dir + (fs::exists(dir, ec) ? ": not a directory (a checkpoint directory is expected)" : ": no such checkpoint directory"));
   const std::string latest = read_latest(dir);
   std::ostringstream o;
   o << "checkpoints in " << dir << " (latest -> " << (latest.empty() ? "none" : latest) << ")\n";
@@ -728,7 +731,19 @@ Status consolidate(const std::string& dir_arg, const std::string& tag, const std
     return Status::Error(path + "/" + kManifest + ": model '" + man.model +
                          "' has no GPT-2 layout recorded; only GPT-2 models have a Hugging Face layout to write");
   const std::vector<model::ModuleSpec> modules = model::module_table(*mc);
+  // config.json goes beside the output: an output of that name would be replaced by it, and a
+  // config.json that cannot be written (a directory) must fail the run before anything is renamed.
+  fs::path parent = fs::path(out).parent_path();
+  if (parent.empty()) parent = ".";
+  const std::string config_path = (parent / kHfConfigFile).string();
+  if (fs::path(out).filename() == kHfConfigFile)
+    return Status::Error(out + ": that is where the Hugging Face " + kHfConfigFile +
+                         " beside the weights goes; name the safetensors file otherwise (e.g. model.safetensors)");
+  if (std::error_code ec; fs::is_directory(config_path, ec))
+    return Status::Error(config_path + ": is a directory; the Hugging Face " + std::string(kHfConfigFile) +
+                         " beside " + out + " cannot be written");
   const std::string part = out + ".tmp";
+  const std::string config_part = config_path + ".tmp";
   struct RemoveUnlessDone {  // a failed consolidation leaves no partial file behind
     const std::string& path;
     bool done = false;
@@ -736,7 +751,7 @@ Status consolidate(const std::string& dir_arg, const std::string& tag, const std
       std::error_code ec;
       if (!done) fs::remove(path, ec);
     }
-  } cleanup{part};
+  } cleanup{part}, cleanup_config{config_part};
   try {
     SafetensorsWriter w(part, gpt2_hf_tensors(*mc, dtype),
                         weights_metadata(man.tag, man.pos.global_step,
@@ -780,13 +795,14 @@ Status consolidate(const std::string& dir_arg, const std::string& tag, const std
     w.sync_and_close();
     rep.bytes = w.bytes();
     rep.tensors = int64_t(w.tensors().size());
+    // Both files written in full before either replaces what was there.
+    write_file_synced(config_part, gpt2_hf_config_json(*mc, dtype));
     rename_or_throw(part, out);
     cleanup.done = true;
-    fs::path parent = fs::path(out).parent_path();
-    if (parent.empty()) parent = ".";
+    rename_or_throw(config_part, config_path);
+    cleanup_config.done = true;
     fsync_dir(parent.string());
-    rep.config_path = (parent / kHfConfigFile).string();
-    write_file_synced(rep.config_path, gpt2_hf_config_json(*mc, dtype));
+    rep.config_path = config_path;
   } catch (const CheckpointError& e) {
     return Status::Error(e.what());
   }

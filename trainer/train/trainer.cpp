@@ -302,6 +302,11 @@ Status checkpoint_settings_ok(const TrainConfig& cfg) {
   if (cfg.save_every < 0) return Status::Error("--save-every " + std::to_string(cfg.save_every) + ": must be 0 (never) or more");
   if ((cfg.save_every > 0 || cfg.resume) && cfg.checkpoint_dir.empty())
     return Status::Error(std::string(cfg.resume ? "--resume" : "--save-every") + " needs --checkpoint-dir DIR");
+  if (!cfg.checkpoint_dir.empty() && !cfg.virtual_mode) {
+    std::error_code ec;
+    if (std::filesystem::exists(cfg.checkpoint_dir, ec) && !std::filesystem::is_directory(cfg.checkpoint_dir, ec))
+      return Status::Error("--checkpoint-dir " + cfg.checkpoint_dir + ": exists and is not a directory");
+  }
   if (cfg.resume && cfg.virtual_mode)
     return Status::Error("--resume: virtual mode keeps sizes only, so there is no model state to load a checkpoint into");
   // A fresh run saving into another run's checkpoints would replace some of them and leave the
@@ -327,14 +332,25 @@ Status load_corpus(const TrainConfig& cfg, Corpus* out) {
   return load_text_corpus(cfg.data, cfg.max_doc_tokens, out);
 }
 
-Status check_inputs(const TrainConfig& cfg) {
+Status check_inputs(const TrainConfig& cfg, Corpus* corpus) {
   if (Status s = validate(cfg); !s) return s;
   model::Config mc;
   if (Status s = model_config_of(cfg, &mc); !s) return s;
   std::vector<fail::Spec> specs;
   if (Status s = fault_specs_of(cfg, &specs); !s) return s;
-  if (!cfg.virtual_mode && !cfg.data.empty())
+  if (!cfg.virtual_mode && !cfg.data.empty()) {
     if (Status s = check_input_file(cfg.data, "data file"); !s) return s;
+    // Its contents too (empty, not text, too small for one global batch): read once, and handed
+    // to train() by a caller that passes `corpus`.
+    Corpus local;
+    Corpus& c = corpus ? *corpus : local;
+    if (Status s = load_corpus(cfg, &c); !s) return s;
+    if (c.vocab > mc.vocab)
+      return Status::Error(c.source + ": its vocab of " + std::to_string(c.vocab) + " tokens does not fit the model's " +
+                           std::to_string(mc.vocab));
+    const DataPlan plan = plan_data(c, cfg.seq_len ? cfg.seq_len : mc.context, cfg.micro_batch, cfg.grad_accum, cfg.world_size);
+    if (!plan.error.empty()) return Status::Error(c.source + ": " + plan.error);
+  }
   if (Status s = checkpoint_settings_ok(cfg); !s) return s;
   if (cfg.resume) {  // a checkpoint to resume from exists and fits (train() checks it against the data plan too)
     ckpt::Selected resume;
@@ -345,7 +361,7 @@ Status check_inputs(const TrainConfig& cfg) {
 }
 
 Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progress, TrainSummary* summary,
-             Backend* given_backend) {
+             Backend* given_backend, Corpus* loaded) {
   *summary = TrainSummary{};
   if (Status s = validate(cfg); !s) return s;
   const bool virt = cfg.virtual_mode;
@@ -399,6 +415,8 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
   int64_t virtual_samples = cfg.data_samples;
   if (virt)
     corpus.source = "virtual data set (" + std::to_string(cfg.data_samples) + " samples)";
+  else if (loaded && !cfg.data.empty())
+    corpus = std::move(*loaded);
   else if (Status s = load_corpus(cfg, &corpus); !s)
     return s;
   // data.parallel_drop (R1): parallel preprocessing lost part of the data, and said nothing.

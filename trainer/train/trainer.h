@@ -50,13 +50,16 @@ class Backend;  // core/backend.h
 // The checks train() makes before anything runs, that need no data, device or trace: the settings
 // (validate), the model and batch shape, the fault specs, that the data file is a readable file,
 // the checkpoint settings and, with --resume, that a complete checkpoint is there. A caller runs them before it opens the trace, so that bad input never
-// replaces a trace the user already had. train() makes them again itself.
-Status check_inputs(const TrainConfig& cfg);
+// replaces a trace the user already had. train() makes them again itself. A data file is read and
+// checked too (not empty, text or tokens, at least one global batch); `corpus`, when not null,
+// receives it for train() to take instead of reading the file again.
+Status check_inputs(const TrainConfig& cfg, Corpus* corpus = nullptr);
 
 // Runs the whole training. `progress`, when not null, gets one line per step. `backend`, when not
 // null, is the accelerator of every rank instead of the one cfg.device names (tests drive the
 // GPU code path with a backend of their own through it); cfg.device must then be "cuda".
+// `loaded`, when not null, is the data check_inputs read for this config (moved from, not read again).
 Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progress, TrainSummary* summary,
-             Backend* backend = nullptr);
+             Backend* backend = nullptr, Corpus* loaded = nullptr);
 
 }  // namespace zt::trainer

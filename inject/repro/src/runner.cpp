@@ -16,6 +16,7 @@
 #include "data/corpus.h"
 #include "model/config.h"
 #include "train/trainer.h"
+#include "zt/db/trace_file.h"
 #include "zt/common/units.h"
 #include "zt/probe/recorder.h"
 
@@ -218,6 +219,10 @@ Status run_scenario(const Scenario& s, const RunOptions& o_in, ReproResult* out)
   fs::create_directories(o.keep_dir, ec);
   if (ec || !fs::is_directory(o.keep_dir))
     return Status::Error(o.keep_dir + ": cannot create the keep directory (" + ec.message() + ")");
+  // Each run replaces its trace: refused before either run when something else has that name.
+  for (const char* label : {"bug", "fix"})
+    if (Status st = db::check_trace_destination((fs::path(o.keep_dir) / (std::string(label) + ".db")).string()); !st)
+      return st;
 
   ReproResult& r = *out;
   r = ReproResult{};

@@ -14,10 +14,11 @@ std::string format_bytes(double bytes);         // "3.39 GiB", "512.00 MiB", "17
 std::string format_duration_ns(double ns);      // "1.25 ms", "3.20 s", "850 ns"
 std::string format_count(double n);             // "1.2M", "15.3k", "42"
 std::optional<uint64_t> parse_bytes(std::string_view text);
-// Sizes up to 2^64 - 2 KiB (the doubles near 2^64 are 2 KiB apart); 2.5B is 3 bytes.
+// Sizes up to 2^64 - 2 KiB (the doubles near 2^64 are 2 KiB apart); 2.5B is 3 bytes. KiB/MiB/GiB/TiB
+// (and K/M/G/T alone) are powers of 1024, kB/MB/GB/TB powers of 1000; case does not matter.
 // The same; when `text` is not a size, *why says what is wrong with it, to follow the quoted text:
 // "is not a size", or that followed by ": too large (a size is below 16 EiB)" or ": unknown unit
-// 'x' (B, KiB, MiB, GiB or TiB)".
+// 'x' (B, KiB, MiB, GiB, TiB; or kB, MB, GB, TB: powers of 1000)".
 std::optional<uint64_t> parse_bytes(std::string_view text, std::string* why);
 // A size kept as int64 (a trace's byte counts, budgets, thresholds): parse_bytes, and up to 8 EiB
 // (2^63) less a byte; above, *why is "is not a size: too large (at most 8 EiB)".
