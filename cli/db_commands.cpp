@@ -1,4 +1,5 @@
 // zt db info|sql|kernels|merge, zt export, zt synth, zt demo.
+#include <cerrno>
 #include <cstdint>
 #include <ctime>
 #include <filesystem>
@@ -272,11 +273,12 @@ int db_info(const std::string& path) {
       rows.push_back({std::to_string(d.device.rank), d.device.label, std::string(db::to_string(d.device.kind)),
                       d.device.name, d.device.capacity_bytes ? format_bytes(double(*d.device.capacity_bytes)) : "-",
                       format_bytes(double(d.peak_allocated)), format_bytes(double(d.peak_reserved)),
-                      format_bytes(double(d.live_at_end)), std::to_string(d.allocations)});
+                      format_bytes(double(d.allocated_at_end)), format_bytes(double(d.reserved_at_end)),
+                      std::to_string(d.allocations)});
     }
     print_table(std::cout, {"rank", "device", "kind", "name", "capacity", "peak allocated", "peak reserved",
-                            "live at end", "allocations"},
-                rows, {true, false, false, false, true, true, true, true, true}, "  ");
+                            "allocated at end", "reserved at end", "allocations"},
+                rows, {true, false, false, false, true, true, true, true, true, true}, "  ");
   }
   if (sum.driver) {
     const db::DriverRecords& d = *sum.driver;
@@ -298,7 +300,11 @@ int db_info(const std::string& path) {
               << format_duration_ns(double(sum.t_first - run_start)) << " after the run started)\n";
   else
     std::cout << "time span: no timed events\n";
-  std::cout << "steps: " << sum.steps << ", epochs: " << sum.epochs;
+  std::cout << "steps: " << sum.steps;
+  if (sum.steps_unfinished > 0)
+    std::cout << " (and " << sum.steps_unfinished << (sum.steps_unfinished == 1 ? " that" : " that each")
+              << " began and never ended)";
+  std::cout << ", epochs: " << sum.epochs;
   {
     // The set-up before the first step (the initial weights, every model state allocated and filled):
     // at the large presets a cost of its own.
@@ -525,10 +531,11 @@ void add_db_commands(CLI::App& app, Action& action) {
           const size_t dash = steps->find('-');
           char* end = nullptr;
           const std::string a = steps->substr(0, dash), b = dash == std::string::npos ? a : steps->substr(dash + 1);
+          errno = 0;
           o.first_step = std::strtoll(a.c_str(), &end, 10);
-          const bool ok_a = !a.empty() && *end == 0;
+          const bool ok_a = !a.empty() && *end == 0 && errno == 0;
           o.last_step = std::strtoll(b.c_str(), &end, 10);
-          if (!ok_a || b.empty() || *end || o.first_step < 0 || o.last_step < 0)
+          if (!ok_a || b.empty() || *end || errno != 0 || o.first_step < 0 || o.last_step < 0)
             return fail("--steps '" + *steps + "': give a step (3) or a range (2-4) of steps counted from 0");
         }
         return db_kernels(*path, o, *top);

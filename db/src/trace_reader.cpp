@@ -400,13 +400,15 @@ Status TraceReader::summarize(TraceSummary* out) {
       if (AllocLevel(peak.i64(1)) == AllocLevel::Segment) p.peak_reserved = peak.i64(2);
       else p.peak_allocated = peak.i64(2);
     }
+    // Blocks lie inside segments: what is left at the end is counted per level, as the peaks are.
     Stmt live(db_,
-              std::string("SELECT device_id, count(*), sum(CASE WHEN t_free IS NULL THEN bytes ELSE 0 END) FROM"
-                          " allocation WHERE NOT ") + kSecondRecordSql + " GROUP BY device_id");
+              std::string("SELECT device_id, level, count(*), sum(CASE WHEN t_free IS NULL THEN bytes ELSE 0 END) FROM"
+                          " allocation WHERE NOT ") + kSecondRecordSql + " GROUP BY device_id, level");
     while (live.step()) {
       auto& p = peaks[live.i64(0)];
-      p.allocations = live.i64(1);
-      p.live_at_end = live.i64(2);
+      p.allocations += live.i64(2);
+      if (AllocLevel(live.i64(1)) == AllocLevel::Segment) p.reserved_at_end = live.i64(3);
+      else p.allocated_at_end = live.i64(3);
     }
     summarize_driver_records(db_, out);
     for (auto& [id, p] : peaks) {
@@ -435,7 +437,11 @@ Status TraceReader::summarize(TraceSummary* out) {
       s.collective = double(st.i64(4)) / n;
       out->step_traffic.push_back(s);
     }
-    out->steps = detail::query_int(db_, "SELECT count(DISTINCT coalesce(step, id)) FROM marker WHERE kind = 0");
+    out->steps = detail::query_int(
+        db_, "SELECT count(DISTINCT coalesce(step, id)) FROM marker WHERE kind = 0 AND t_end IS NOT NULL");
+    out->steps_unfinished = detail::query_int(
+        db_, "SELECT count(DISTINCT coalesce(step, id)) FROM marker WHERE kind = 0 AND t_end IS NULL AND coalesce(step, id)"
+             " NOT IN (SELECT coalesce(step, id) FROM marker WHERE kind = 0 AND t_end IS NOT NULL)");
     out->epochs = detail::query_int(db_, "SELECT count(DISTINCT coalesce(epoch, id)) FROM marker WHERE kind = 2");
     out->dropped_events = detail::query_int(db_, "SELECT coalesce(sum(events), 0) FROM dropped");
   } catch (const SqlError& e) {

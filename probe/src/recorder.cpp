@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -137,6 +138,7 @@ struct Recorder::Impl {
   std::atomic<bool> pressure{false};
   std::atomic<bool> closed{false};
   std::mutex close_mu;  // close(): one caller at a time
+  int64_t t_latest = 0;  // the latest time of any event written (writer thread)
   RunStatus end_status = RunStatus::Ok;
   std::optional<int64_t> end_code;
   std::string end_detail;
@@ -565,6 +567,7 @@ void Recorder::Impl::write_meta(bool blocking) {
 
 void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees, std::vector<PendingEnd>& ends,
                                  std::vector<PendingAddrFree>& addr_frees) {
+  t_latest = std::max({t_latest, e.t0, e.t1});
   switch (e.type) {
     case EventType::Alloc: {
       db::AllocationRow a;
@@ -818,7 +821,9 @@ void Recorder::Impl::writer_main() {
       if (stopping) {
         drain(true);
         w->begin();
-        w->set_run_end(run.id, now_ns(), end_status, end_code, end_detail);
+        // A run ends after its last event, also where the events' times were given (zt synth's
+        // made-up timeline runs ahead of the clock).
+        w->set_run_end(run.id, std::max(now_ns(), t_latest), end_status, end_code, end_detail);
         w->commit();
         return;
       }

@@ -76,7 +76,7 @@ TEST(Cli, SynthInfoSqlExportMerge) {
   Result info = run_zt("db info " + dir.file("a.db"));
   ASSERT_EQ(info.code, 0) << info.out;
   for (const char* want : {"ranks: 2 (world size 2)", "cuda:0", "cuda:1", "80.00 GiB", "steps: 6, epochs: 2",
-                           "collective:all_gather", "dropped events: 0", "status: ok", "live at end", "2.00 MiB",
+                           "collective:all_gather", "dropped events: 0", "status: ok", "allocated at end", "reserved at end", "2.00 MiB",
                            "per step (mean bytes moved by each rank during its optimizer steps):"})
     EXPECT_NE(info.out.find(want), std::string::npos) << want << "\n" << info.out;
 
@@ -84,6 +84,10 @@ TEST(Cli, SynthInfoSqlExportMerge) {
   ASSERT_EQ(sql.code, 0) << sql.out;
   EXPECT_NE(sql.out.find("offload.buffer[epoch 0]  1048576"), std::string::npos) << sql.out;
   EXPECT_NE(sql.out.find("(1 row)"), std::string::npos);
+  // zt synth's timeline runs ahead of the clock: its run ends after its last event all the same.
+  Result ends = run_zt("db sql --csv " + dir.file("a.db") +
+                       " \"SELECT (SELECT t_end FROM run) >= (SELECT max(coalesce(t_end, t_start)) FROM marker) AS ok\"");
+  EXPECT_EQ(ends.out, "ok\n1\n");
   Result csv = run_zt("db sql --csv " + dir.file("a.db") + " \"SELECT 'a,b' AS x, 2 AS y\"");
   EXPECT_EQ(csv.out, "x,y\n\"a,b\",2\n");
   Result bad_sql = run_zt("db sql " + dir.file("a.db") + " \"DROP TABLE run\"");
@@ -317,16 +321,122 @@ TEST(Cli, BadInputLeavesAnExistingTraceAlone) {
   std::filesystem::create_directory(dir.file("adir"));
   const std::string ck = dir.file("ck");  // a checkpoint of the default seed, to resume with another one
   ASSERT_EQ(run_zt("train --model tiny --steps 2 -q --checkpoint-dir " + ck + " --save-every 2").code, 0);
+  // The data's contents too (once read only after the trace was opened), and a checkpoint
+  // directory that is a file (once found at the first save, exit 1, after training).
+  std::ofstream(dir.file("empty.txt")).close();
+  std::ofstream(dir.file("small.txt")) << "hi\n";
+  std::ofstream(dir.file("afile")) << "x\n";
   for (const std::string& bad : {std::string("--fault 'bogus=return'"), "--data " + dir.file("adir"),
                                  "--data " + dir.file("none.txt"), std::string("--seq-len 100000"),
                                  std::string("--save-every 2"), "--resume --checkpoint-dir " + dir.file("nock"),
-                                 "--resume --checkpoint-dir " + ck + " --seed 99"}) {
+                                 "--resume --checkpoint-dir " + ck + " --seed 99", "--data " + dir.file("empty.txt"),
+                                 "--data " + dir.file("small.txt"), "--save-every 1 --checkpoint-dir " + dir.file("afile")}) {
     Result r = run_zt("train --model tiny --steps 2 -q --trace " + trace + " " + bad);
     EXPECT_EQ(r.code, 2) << bad << "\n" << r.out;
     EXPECT_TRUE(zt::test::read_file(trace) == before) << bad << " replaced the trace";  // not the bytes: a trace is binary
   }
   Result dir_data = run_zt("train --model tiny --steps 2 -q --data " + dir.file("adir"));
   EXPECT_NE(dir_data.out.find(dir.file("adir") + ": is a directory, not a data file"), std::string::npos) << dir_data.out;
+  Result empty = run_zt("train --model tiny --steps 2 -q --data " + dir.file("empty.txt"));
+  EXPECT_EQ(empty.out, "zt: " + dir.file("empty.txt") + ": the data file is empty\n");
+  Result file_ck = run_zt("train --model tiny --steps 2 -q --save-every 1 --checkpoint-dir " + dir.file("afile"));
+  EXPECT_EQ(file_ck.out, "zt: --checkpoint-dir " + dir.file("afile") + ": exists and is not a directory\n");
+}
+
+// A flag beside --ds-config that the DeepSpeed config sets otherwise is refused, naming both (the
+// JSON used to win silently: --micro-batch 1 ran with 2, --zero-stage 1 at stage 3); the same
+// value in both is fine.
+TEST(Cli, AFlagTheDeepSpeedConfigContradictsIsRefused) {
+  zt::test::TempDir dir;
+  const std::string ds = dir.file("ds.json");
+  std::ofstream(ds) << R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})";
+  const std::string train = "train --model tiny --steps 1 --seq-len 32 -q --ds-config " + ds + " ";
+  const std::pair<const char*, const char*> cases[] = {
+      {"--micro-batch 1", "--micro-batch 1 and --ds-config DS (2) disagree: set it in one place"},
+      {"--zero-stage 1", "--zero-stage 1 and --ds-config DS (3) disagree: set it in one place"},
+      {"--precision fp32", "--precision fp32 and --ds-config DS (bf16) disagree: set it in one place"},
+  };
+  for (auto& [flag, want] : cases) {
+    Result r = run_zt(train + flag);
+    EXPECT_EQ(r.code, 2) << flag << "\n" << r.out;
+    std::string w = want;
+    w.replace(w.find("DS"), 2, ds);
+    EXPECT_EQ(r.out, "zt: " + w + "\n") << flag;
+  }
+  Result same = run_zt(train + "--micro-batch 2 --zero-stage 3 --precision bf16 --offload-optimizer");
+  EXPECT_EQ(same.code, 0) << same.out;
+  // A flag the config leaves alone still applies.
+  Result other = run_zt(train + "--lr 0.01");
+  EXPECT_EQ(other.code, 0) << other.out;
+}
+
+// After --resume the closing line counts the steps this process ran, and says which they were.
+TEST(Cli, AResumedRunSaysWhichStepsItTrained) {
+  zt::test::TempDir dir;
+  const std::string ck = dir.file("ck");
+  const std::string train = "train --model tiny --seq-len 32 --micro-batch 2 --checkpoint-dir " + ck;
+  ASSERT_EQ(run_zt(train + " --steps 3 --save-every 3 -q").code, 0);
+  Result r = run_zt(train + " --steps 6 --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("trained 3 steps (192 tokens), steps 4-6 after resuming from " + ck + "/step000003, in "),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("samples used 6 (this part)"), std::string::npos) << r.out;
+}
+
+// Small bad arguments, each one line and exit 2: a step count past int64 (read as INT64_MAX), a
+// negative --step (ignored, the view drawn unzoomed), an empty trace name (the error named no file).
+TEST(Cli, OutOfRangeStepsAndEmptyNamesAreRefused) {
+  zt::test::TempDir dir;
+  const std::string t = dir.file("t.db");
+  ASSERT_EQ(run_zt("synth -o " + t + " --ranks 1 --epochs 1 --steps 2").code, 0);
+  Result big = run_zt("db kernels " + t + " --steps 99999999999999999999");
+  EXPECT_EQ(big.code, 2) << big.out;
+  EXPECT_NE(big.out.find("--steps '99999999999999999999': give a step"), std::string::npos) << big.out;
+  Result neg = run_zt("view " + t + " --screenshot " + dir.file("v.png") + " --step -5");
+  EXPECT_EQ(neg.code, 2) << neg.out;
+  EXPECT_NE(neg.out.find("--step -5: a step number is 0 or more"), std::string::npos) << neg.out;
+  Result empty = run_zt("synth -o '' --ranks 1 --epochs 1 --steps 1");
+  EXPECT_EQ(empty.code, 2) << empty.out;
+  EXPECT_NE(empty.out.find("the trace file name is empty"), std::string::npos) << empty.out;
+}
+
+// db info counts the steps that ended, and says how many began and never did (a killed run's last);
+// what is left allocated at the end is counted apart from what is left reserved (blocks lie inside
+// segments: their sum was more than the reserve itself).
+TEST(Cli, DbInfoCountsFinishedStepsAndWhatIsLeftPerLevel) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("killed.db");
+  {
+    std::unique_ptr<zt::db::TraceWriter> w = zt::test::hand_written_trace(path, "zt train");
+    ASSERT_TRUE(w);
+    w->insert(zt::db::StringRow{1, "step"});
+    w->insert(zt::db::DeviceRow{1, 0, zt::db::DeviceKind::Sim, 0, "cuda:0", "simulated GPU", 1 << 30, true});
+    for (int64_t s = 0; s < 3; ++s) {
+      zt::db::MarkerRow m;
+      m.id = s + 1, m.rank = 0, m.kind = zt::db::MarkerKind::Step, m.name_id = 1, m.t_start = 100 * s, m.step = s;
+      if (s < 2) m.t_end = 100 * s + 90;
+      w->insert(m);
+    }
+    zt::db::AllocationRow seg;
+    seg.id = 1, seg.rank = 0, seg.device_id = 1, seg.memory_kind = zt::db::MemoryKind::Device;
+    seg.level = zt::db::AllocLevel::Segment, seg.address = 0x1000, seg.bytes = seg.requested_bytes = 4 << 20;
+    seg.t_alloc = 10;
+    w->insert(seg);
+    zt::db::AllocationRow blk = seg;
+    blk.id = 2, blk.level = zt::db::AllocLevel::Block, blk.bytes = blk.requested_bytes = 1 << 20, blk.t_alloc = 20;
+    blk.segment_id = 1;
+    w->insert(blk);
+    w->commit();
+    ASSERT_TRUE(w->finish().ok());
+  }
+  Result info = run_zt("db info " + path);
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find("steps: 2 (and 1 that began and never ended), epochs: 0"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("allocated at end"), std::string::npos) << info.out;
+  // 1 MiB allocated and 4 MiB reserved at the end (and at the peaks): their sum is nowhere.
+  EXPECT_EQ(info.out.find("5.00 MiB"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("1.00 MiB"), std::string::npos) << info.out;
 }
 
 // A DeepSpeed config of the wrong shape or with impossible values: one line naming the file and the key.

@@ -131,7 +131,8 @@ TEST(DriverRecords, SummaryCountsEachMemoryOnceAndShowsWhatIsOutside) {
   // twins counted too).
   EXPECT_EQ(by_id[2].peak_reserved, 54 * MiB);
   EXPECT_EQ(by_id[2].peak_allocated, 8 * MiB);
-  EXPECT_EQ(by_id[2].live_at_end, 32 * MiB);
+  EXPECT_EQ(by_id[2].reserved_at_end, 32 * MiB);  // segments only: the block was freed
+  EXPECT_EQ(by_id[2].allocated_at_end, 0);
   EXPECT_EQ(by_id[4].peak_reserved, 20 * MiB);
   EXPECT_EQ(by_id[1].peak_reserved, 4 * MiB);
   ASSERT_TRUE(sum.driver.has_value());

@@ -204,7 +204,9 @@ TEST(RoundTrip, EveryRecordTypeReadsBackIdentical) {
   ASSERT_EQ(sum.devices.size(), 2u);
   EXPECT_EQ(sum.devices[0].peak_reserved, 1 << 30);
   EXPECT_EQ(sum.devices[0].peak_allocated, 4096);
-  EXPECT_EQ(sum.devices[0].live_at_end, 1 << 30);
+  // The segment is still reserved at the end; its block was freed (blocks and segments counted apart).
+  EXPECT_EQ(sum.devices[0].reserved_at_end, 1 << 30);
+  EXPECT_EQ(sum.devices[0].allocated_at_end, 0);
 }
 
 TEST(RoundTrip, SummaryPeakCountsFreesBeforeAllocsAtEqualTimes) {
@@ -241,7 +243,8 @@ TEST(RoundTrip, SummaryPeakCountsFreesBeforeAllocsAtEqualTimes) {
   ASSERT_TRUE(r->summarize(&sum).ok());
   ASSERT_EQ(sum.devices.size(), 1u);
   EXPECT_EQ(sum.devices[0].peak_allocated, 200);
-  EXPECT_EQ(sum.devices[0].live_at_end, 0);
+  EXPECT_EQ(sum.devices[0].allocated_at_end, 0);
+  EXPECT_EQ(sum.devices[0].reserved_at_end, 0);
 }
 
 TEST(RoundTrip, SqlQueryIsReadOnly) {

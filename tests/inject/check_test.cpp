@@ -374,6 +374,53 @@ TEST(CheckBudget, PeakOverTheBudgetNamesDeviceStepAndTensors) {
       << format_text(host);
 }
 
+// A merged trace of processes run one after another on one host (zt probe of a parent that runs two
+// children in turn): memory a process never freed goes with it when its run ends, so the host's peak
+// is the parent's 2 MiB and the larger child's 5 MiB, not every child's together (10 MiB).
+TEST(CheckBudget, MemoryOfAProcessThatEndedCountsNoLonger) {
+  test::TempDir dir;
+  const std::string path = dir.file("children.db");
+  {
+    std::unique_ptr<db::TraceWriter> w;
+    ASSERT_TRUE(db::TraceWriter::create(path, &w).ok());
+    w->begin();
+    w->insert(db::StringRow{1, "malloc"});
+    const int64_t mib = 1 << 20;
+    // run id, its span, its allocation (never freed), and its size
+    const int64_t runs[3][4] = {{1, 0, 1000, 2}, {2, 100, 200, 3}, {3, 300, 400, 5}};
+    for (const auto& [id, t0, t1, size] : runs) {
+      db::RunRow run;
+      run.id = id, run.command_line = "child", run.hostname = "testhost", run.t_start = t0, run.t_end = t1;
+      run.exit_code = 0;
+      w->insert(run);
+      const int64_t rank = id - 1;
+      db::RankRow rk;
+      rk.rank = rank, rk.run_id = id, rk.hostname = "testhost";
+      w->insert(rk);
+      db::DeviceRow d;
+      d.id = id, d.rank = rank, d.kind = db::DeviceKind::Cpu, d.label = "cpu", d.name = "host memory";
+      w->insert(d);
+      db::AllocationRow a;
+      a.id = id, a.rank = rank, a.device_id = id, a.memory_kind = db::MemoryKind::PageableHost;
+      a.address = 0x1000 * uint64_t(id), a.bytes = a.requested_bytes = size * mib, a.t_alloc = t0 + 10, a.name_id = 1;
+      w->insert(a);
+    }
+    w->commit();
+    ASSERT_TRUE(w->finish().ok());
+  }
+  Options o;
+  Budget bud;
+  ASSERT_TRUE(parse_budget("host=7.5MiB", &bud).ok());
+  o.budget = bud;
+  Report pass = run(path, o);
+  EXPECT_EQ(only(pass, "budget").outcome, Outcome::Pass) << format_text(pass);
+  EXPECT_TRUE(has(only(pass, "budget").summary, "host: highest 7.00 MiB")) << format_text(pass);
+  ASSERT_TRUE(parse_budget("host=6.5MiB", &bud).ok());
+  o.budget = bud;
+  Report fail = run(path, o);
+  EXPECT_EQ(only(fail, "budget").outcome, Outcome::Fail) << format_text(fail);
+}
+
 TEST(CheckSteps, AgainstThePlanAndAgainstN) {
   test::TempDir dir;
   RunShape s;
@@ -407,7 +454,7 @@ TEST(CheckSteps, ShortRunReportsTheDataAccounting) {
   std::string text = format_text(r);
   EXPECT_TRUE(has(text, "run 1 ended with status failed, exit code 1: step 8: CUDA out of memory")) << text;
   EXPECT_TRUE(has(text, "data accounting: documents=12 documents_dropped=3 documents_truncated=1 samples_per_epoch=8 "
-                        "steps_per_epoch=4 steps_planned=12 samples_used per epoch (rank 0)=8,16"))
+                        "steps_per_epoch=4 steps_planned=12 samples_used by each epoch's end (rank 0, running total)=8,16"))
       << text;
 }
 
@@ -494,6 +541,19 @@ TEST(CheckRun, AFailedRunFailsWithHowItEndedAndItsErrors) {
   Report alone = run(dir.file("failed.db"), run_only());
   ASSERT_EQ(alone.checks.size(), 1u);
   EXPECT_EQ(alone.checks[0].name, "run");
+
+  // An allocator's error row has no step of its own: the step under way on its rank is named.
+  Report from_allocator = run(make(dir, "allocator.db", s, [](TraceBuilder& b) {
+                                db::ErrorRow e;
+                                e.rank = 0;
+                                e.t = test::step_t0(5) + 10;
+                                e.kind = "oom";
+                                e.message = "CUDA out of memory.";
+                                b.error(e);
+                              }),
+                              run_only());
+  ASSERT_EQ(only(from_allocator, "run").context.size(), 1u) << format_text(from_allocator);
+  EXPECT_EQ(only(from_allocator, "run").context[0], "error on rank 0 during step 5: oom: CUDA out of memory.");
 }
 
 TEST(CheckRun, ATraceNeverClosedFailsAndACleanOnePasses) {

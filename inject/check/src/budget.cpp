@@ -55,12 +55,23 @@ struct Peak {
 };
 
 // The highest sum of live bytes (alive = t_alloc <= t < t_free) and when it was first reached.
-Peak sweep(const std::vector<const Alloc*>& rows) {
+// Memory never freed goes with its process: it counts until the end of the rank's run where that
+// run ended (a merged trace of processes run one after another on one host must not add up an
+// exited child's memory with the next one's), and to the end of the trace where it did not.
+Peak sweep(const std::vector<const Alloc*>& rows, const TraceData& d) {
+  std::map<int64_t, int64_t> run_end;  // rank -> its run's end, or kNever
+  auto end_of = [&](int64_t rank) {
+    auto it = run_end.find(rank);
+    if (it != run_end.end()) return it->second;
+    const db::RunRow* run = d.run_of(rank);
+    return run_end[rank] = run && run->t_end ? *run->t_end : kNever;
+  };
   std::vector<std::pair<int64_t, int64_t>> ev;  // (t, delta); frees sort before allocations at one t
   ev.reserve(rows.size() * 2);
   for (const Alloc* a : rows) {
     ev.emplace_back(a->t_alloc, a->bytes);
-    if (a->t_free != kNever) ev.emplace_back(a->t_free, -a->bytes);
+    const int64_t t_free = a->t_free != kNever ? a->t_free : end_of(a->rank);
+    if (t_free != kNever && t_free >= a->t_alloc) ev.emplace_back(t_free, -a->bytes);
   }
   std::sort(ev.begin(), ev.end());
   Peak p;
@@ -129,11 +140,11 @@ Status check_budget(TraceData& d, const Budget& b, CheckResult* out) {
       const db::DeviceRow& dev = *dp;
       const int64_t id = dev.id;
       ++n;
-      Peak alloc, reserved = sweep(segments[id]);
+      Peak alloc, reserved = sweep(segments[id], d);
       std::string what = "peak allocated";
       const std::vector<const Alloc*>* rows = &blocks[id];
       if (!blocks[id].empty()) {
-        alloc = sweep(blocks[id]);
+        alloc = sweep(blocks[id], d);
       } else {
         // No tensor-level rows: the allocator's own counter, else the reserved segments.
         bool from_counter = false;
@@ -186,7 +197,7 @@ Status check_budget(TraceData& d, const Budget& b, CheckResult* out) {
     int64_t highest = -1;
     std::string highest_at;
     for (auto& [host, rows] : per_host) {
-      Peak p = sweep(rows);
+      Peak p = sweep(rows, d);
       if (p.bytes > highest) {
         highest = p.bytes;
         highest_at = host;

@@ -22,7 +22,16 @@ std::vector<std::string> error_lines(const TraceData& d, size_t most) {
       break;
     }
     std::string line = "error on rank " + std::to_string(e.rank);
-    if (e.step) line += " at step " + std::to_string(*e.step);
+    if (e.step) {
+      line += " at step " + std::to_string(*e.step);
+    } else if (auto it = d.steps.find(e.rank); it != d.steps.end()) {
+      // Rows an allocator wrote (oom, host_oom) know no step: the rank's step under way then.
+      for (const Span& s : it->second)
+        if (s.t_start <= e.t && e.t <= s.t_end) {
+          line += " during step " + std::to_string(s.index);
+          break;
+        }
+    }
     if (!e.site.empty()) line += " in " + e.site;
     line += ": " + e.kind + ": " + e.message;
     lines.push_back(std::move(line));

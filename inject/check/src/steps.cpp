@@ -24,7 +24,7 @@ Status check_steps(TraceData& d, const Options& o, CheckResult* out) {
   std::optional<int64_t> expected = o.expected_steps;
   std::string what = "expected", source = "--steps";
   std::map<std::string, double> data;  // data.* counters: the first value of each
-  std::vector<double> samples_used;    // data.samples_used, one per epoch (rank 0's, else the lowest rank's)
+  std::vector<double> samples_used;    // data.samples_used, a running total at each epoch's end (rank 0's, else the lowest rank's)
   int64_t samples_rank = -1;
   for (auto& c : d.counters) {
     if (c.name.rfind("data.", 0) != 0) continue;
@@ -112,7 +112,7 @@ Status check_steps(TraceData& d, const Options& o, CheckResult* out) {
     for (const char* k : keys)
       if (auto it = data.find(k); it != data.end()) line += std::string(" ") + (k + 5) + "=" + num(it->second);
     if (!samples_used.empty()) {
-      line += " samples_used per epoch (rank " + std::to_string(samples_rank) + ")=";
+      line += " samples_used by each epoch's end (rank " + std::to_string(samples_rank) + ", running total)=";
       for (size_t i = 0; i < samples_used.size(); ++i) line += (i ? "," : "") + num(samples_used[i]);
     }
     r.context.push_back(std::move(line));

@@ -30,7 +30,8 @@ struct DevicePeak {
   DeviceRow device;
   int64_t peak_allocated = 0;  // live block bytes at their highest
   int64_t peak_reserved = 0;   // live segment bytes at their highest
-  int64_t live_at_end = 0;     // bytes of allocations never freed (blocks + segments)
+  int64_t allocated_at_end = 0;  // block bytes never freed (inside the segments below)
+  int64_t reserved_at_end = 0;   // segment bytes never freed
   // Second records of a segment (CUPTI's, paired with the trainer's) count in none of these.
   int64_t allocations = 0;
 };
@@ -70,7 +71,8 @@ struct TraceSummary {
   std::vector<TransferTotal> transfers;
   std::vector<StepTraffic> step_traffic;
   std::optional<DriverRecords> driver;  // only when the trace has CUPTI and api segments
-  int64_t steps = 0, epochs = 0;
+  int64_t steps = 0, epochs = 0;  // steps that ended (on some rank); epochs begun
+  int64_t steps_unfinished = 0;    // steps that began and ended on no rank (the run died in them)
   int64_t dropped_events = 0;
   std::vector<FaultRow> faults;
   std::vector<ErrorRow> errors;
