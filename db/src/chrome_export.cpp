@@ -70,6 +70,12 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
   const int64_t t0 = !sum.runs.empty() ? std::min(sum.runs.front().t_start, sum.t_first ? sum.t_first : INT64_MAX)
                                        : sum.t_first;
   const int64_t t_end = std::max(sum.t_last, t0);
+  // Where a rank's process ended before the trace does (a merged trace of processes run in turn),
+  // what it never freed ends with it, not at the trace's end.
+  std::map<int64_t, int64_t> process_end;  // rank -> its run's end, only where before t_end
+  for (auto& r : sum.ranks)
+    for (auto& run : sum.runs)
+      if (run.id == r.run_id && run.t_end && *run.t_end < t_end) process_end[r.rank] = *run.t_end;
 
   std::string tmp = json_path + ".writing";
   std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
@@ -103,7 +109,9 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
     while (a.step()) {
       int64_t id = a.i64(0), rank = a.i64(1), dev = a.i64(2), bytes = a.i64(5), ta = a.i64(6);
       bool alive = a.is_null(7);
-      int64_t tf = alive ? t_end : a.i64(7);
+      const auto ended = alive ? process_end.find(rank) : process_end.end();
+      const bool gone = ended != process_end.end() && ended->second >= ta;  // freed by its process's exit
+      int64_t tf = !alive ? a.i64(7) : gone ? ended->second : t_end;
       int level = int(a.i64(4));
       std::string nm = name_of(a.is_null(8) ? 0 : a.i64(8), "allocation");
       std::string common = "\"cat\":\"allocation\",\"id\":" + std::to_string(id) + ",\"pid\":" + std::to_string(rank) +
@@ -115,7 +123,7 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
       out.event(common + ",\"ph\":\"e\",\"ts\":" + us(tf, t0));
       if (is_second_record(AllocLevel(level), a.is_null(9) ? 0 : a.i64(9))) continue;  // counted by its twin
       sweep.push_back({ta, bytes, dev, level, rank});
-      if (!alive) sweep.push_back({tf, -bytes, dev, level, rank});
+      if (!alive || gone) sweep.push_back({tf, -bytes, dev, level, rank});
     }
     std::stable_sort(sweep.begin(), sweep.end(), [](const Ev& x, const Ev& y) {
       return x.t != y.t ? x.t < y.t : x.delta < y.delta;

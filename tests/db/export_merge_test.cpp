@@ -183,6 +183,33 @@ TEST(Merge, FourRankFilesBecomeOneTrace) {
   EXPECT_EQ(runs[2].source_file, inputs[2]);
 }
 
+// Ranks whose processes ran one after another (each file was written and closed before the next
+// began): in the merged trace's export, what a process never freed leaves its memory counter when
+// that process ended, not at the end of the whole trace. The last process's stays to the end.
+TEST(ChromeExport, AMergedProcessesMemoryEndsWithIt) {
+  zt::test::TempDir dir;
+  std::vector<std::string> inputs;
+  for (int r = 0; r < 3; ++r) inputs.push_back(rank_trace(dir, r, 3));
+  const std::string merged = dir.file("merged.db");
+  ASSERT_TRUE(merge_traces(merged, inputs, false).ok());
+  ASSERT_TRUE(export_chrome(merged, dir.file("m.json")).ok());
+  std::ifstream in(dir.file("m.json"));
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::map<int, int64_t> last_allocated;  // rank -> its memory counter's last value
+  std::map<int, double> last_ts;
+  for (const auto& ev : j["traceEvents"])
+    if (ev["ph"] == "C" && ev["name"].get<std::string>().rfind("memory ", 0) == 0) {
+      const int pid = ev["pid"].get<int>();
+      if (!last_ts.count(pid) || ev["ts"].get<double>() >= last_ts[pid]) {
+        last_ts[pid] = ev["ts"].get<double>();
+        last_allocated[pid] = ev["args"]["allocated"].get<int64_t>();
+      }
+    }
+  EXPECT_EQ(last_allocated[1], 0) << "rank 1 never freed 2000 bytes, and its process ended before rank 2's began";
+  EXPECT_EQ(last_allocated[2], 3000 * 2) << "the last process's memory stays to the end of the trace";
+  EXPECT_LT(last_ts[1], last_ts[2]);
+}
+
 TEST(Merge, SameRankTwiceIsRefused) {
   zt::test::TempDir dir;
   std::string a = rank_trace(dir, 0, 2);
