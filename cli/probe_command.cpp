@@ -208,8 +208,9 @@ std::string merged_name(const std::string& main) {
   return name;
 }
 
-// The library ends each run as "ok" without an exit code; the code belongs to the last image of
-// the child's pid (earlier images ended by exec and say so).
+// The library ends each run with the exit code where the process knew it (main's return, exit,
+// _exit); where it did not (a death by signal, an exit path nothing hooks) the code belongs to the
+// last image of the child's pid (earlier images ended by exec and say so).
 void write_exit_code(const std::string& path, pid_t pid, int code, int sig) {
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {

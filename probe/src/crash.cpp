@@ -82,8 +82,12 @@ void on_terminate() {
   std::abort();
 }
 
-void install() {
+void install(bool interrupts) {
   for (size_t i = 0; i < sizeof kSignals / sizeof kSignals[0]; ++i) {
+    if (kSignals[i] == SIGINT && !interrupts) {
+      sigaction(SIGINT, nullptr, &g_previous[i]);  // on_signal never sees it; kept for symmetry
+      continue;
+    }
     struct sigaction sa{};
     sa.sa_sigaction = on_signal;
     sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
@@ -97,8 +101,8 @@ void install() {
 }
 }  // namespace
 
-void register_recorder(Recorder* r) {
-  std::call_once(g_install_once, install);
+void register_recorder(Recorder* r, bool interrupts) {
+  std::call_once(g_install_once, install, interrupts);
   for (auto& slot : g_live) {
     Recorder* expected = nullptr;
     if (slot.compare_exchange_strong(expected, r)) return;

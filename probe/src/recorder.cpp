@@ -21,6 +21,7 @@
 #include <unordered_map>
 
 #include "crash.h"
+#include "elf_symbols.h"
 #include "zt/db/trace_writer.h"
 #include "zt/version.h"
 
@@ -208,7 +209,7 @@ Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>*
     return Status::Error(options.path + ": cannot write the run row: " + e.what());
   }
   m.writer = std::thread([&m] { m.writer_main(); });
-  if (options.crash_handlers) crash::register_recorder(r.get());
+  if (options.crash_handlers) crash::register_recorder(r.get(), options.crash_on_interrupt);
   *out = std::move(r);
   return Status::Ok();
 }
@@ -853,21 +854,44 @@ void Recorder::Impl::symbolize() {
     frames = frames_all;
   }
   if (frames.empty()) return;
+  // The program itself is named by dladdr as it was started (argv[0]: "../src/prog"), which means
+  // nothing from another directory: its absolute path instead.
+  std::string exe;
+  {
+    char buf[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n > 0) exe.assign(buf, size_t(n));
+  }
+  std::map<std::string, std::unique_ptr<ElfSymbols>> elf_tables;  // by module, read at first need
   w->begin();
   for (auto& [id, ip] : frames) {
     Dl_info info{};
     // A return address points after the call; ip-1 lies inside the calling function.
     if (!dladdr(reinterpret_cast<void*>(ip - 1), &info)) continue;
     std::string symbol;
-    if (info.dli_sname) {
+    const char* raw = info.dli_sname;
+    // dladdr sees the dynamic symbol table only: a program's own functions (not exported unless
+    // linked with -rdynamic) and static functions are found in the file's full symbol table.
+    std::string module = info.dli_fname ? info.dli_fname : "";
+    if (!module.empty() && module[0] != '/' && !exe.empty()) module = exe;
+    if (!raw && !module.empty()) {
+      std::unique_ptr<ElfSymbols>& table = elf_tables[module];
+      if (!table) {
+        table = std::make_unique<ElfSymbols>();
+        table->load(module);
+      }
+      const uint64_t base = reinterpret_cast<uint64_t>(info.dli_fbase);
+      raw = table->find(table->position_independent() ? ip - 1 - base : ip - 1);
+    }
+    if (raw) {
       int st = 0;
-      char* dem = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &st);
-      symbol = (st == 0 && dem) ? dem : info.dli_sname;
+      char* dem = abi::__cxa_demangle(raw, nullptr, nullptr, &st);
+      symbol = (st == 0 && dem) ? dem : raw;
       std::free(dem);
     }
     std::optional<int64_t> offset;
     if (info.dli_fbase) offset = static_cast<int64_t>(ip - reinterpret_cast<uint64_t>(info.dli_fbase));
-    w->set_frame_symbol(id, info.dli_fname ? info.dli_fname : "", offset, symbol);
+    w->set_frame_symbol(id, module, offset, symbol);
   }
   w->commit();
 }

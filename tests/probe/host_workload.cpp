@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -116,6 +117,28 @@ int main(int argc, char** argv) {
     perror("execv");
     return 5;
   }
-  fprintf(stderr, "usage: %s leak N BYTES | fork | threads T K | api | exec SELF N BYTES\n", argv[0]);
+  if (mode == "execl" && argc == 5) {  // the list form, at once after the allocation
+    zt_test_parent_alloc();
+    execl(argv[2], argv[2], "leak", argv[3], argv[4], static_cast<char*>(nullptr));
+    perror("execl");
+    return 5;
+  }
+  if (mode == "return" && argc == 3) {  // main returns the code, which only libc's own exit sees
+    zt_test_parent_alloc();
+    return atoi(argv[2]);
+  }
+  if (mode == "exit" && argc == 3) {
+    zt_test_parent_alloc();
+    exit(atoi(argv[2]));
+  }
+  if (mode == "sigint") {  // what an interpreter finds before it installs its own handler
+    struct sigaction sa {};
+    sigaction(SIGINT, nullptr, &sa);
+    const bool is_default = !(sa.sa_flags & SA_SIGINFO) && sa.sa_handler == SIG_DFL;
+    fprintf(stderr, "SIGINT %s\n", is_default ? "default" : "taken");
+    return 0;
+  }
+  fprintf(stderr, "usage: %s leak N BYTES | fork | threads T K | api | exec SELF N BYTES | execl SELF N BYTES | "
+                  "return CODE | exit CODE | sigint\n", argv[0]);
   return 2;
 }

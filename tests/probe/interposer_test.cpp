@@ -125,6 +125,43 @@ TEST(Interposer, ExecClosesTheTraceAndTheNewImageWritesItsOwn) {
   EXPECT_EQ(allocations_in(second, "zt_test_leak_buffers", "t_free IS NULL").size(), 3u);
 }
 
+// execl, execlp and execle are hooked too: the trace was left unclosed and the allocations of
+// the last moments before the exec lost.
+TEST(Interposer, TheListFormOfExecClosesTheTraceToo) {
+  TempDir dir;
+  std::string out = dir.file("execl.db");
+  RunResult r = run_probed(out, {"execl", kWorkload, "2", std::to_string(1 << 20)});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(allocations_in(out, "zt_test_parent_alloc").size(), 1u);
+  auto detail = sql(out, "SELECT exit_detail, t_end IS NOT NULL FROM run");
+  ASSERT_FALSE(detail.empty());
+  EXPECT_NE(detail[0][0].find("process image replaced by exec"), std::string::npos) << detail[0][0];
+  EXPECT_EQ(detail[0][1], "1");
+}
+
+// The exit code goes into the run row from inside the process (a child's trace has no zt probe
+// to write it afterwards): main's return, exit().
+TEST(Interposer, TheExitCodeIsRecordedByTheProcessItself) {
+  TempDir dir;
+  for (const char* how : {"return", "exit"}) {
+    std::string out = dir.file(std::string(how) + ".db");
+    RunResult r = run_probed(out, {how, "5"});
+    ASSERT_EQ(r.code, 5) << how << ": " << r.err;
+    auto code = sql(out, "SELECT exit_code FROM run");
+    ASSERT_FALSE(code.empty()) << how;
+    EXPECT_EQ(code[0][0], "5") << how;
+  }
+}
+
+// A preloaded probe leaves SIGINT at its default: Python installs its KeyboardInterrupt handler
+// only where it finds the default one (under the probe, Ctrl-C killed it with status 130).
+TEST(Interposer, SigintIsLeftToTheProgram) {
+  TempDir dir;
+  RunResult r = run_probed(dir.file("sigint.db"), {"sigint"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("SIGINT default"), std::string::npos) << r.err;
+}
+
 TEST(Interposer, ThresholdComesFromTheEnvironment) {
   TempDir dir;
   std::string out = dir.file("threshold.db");

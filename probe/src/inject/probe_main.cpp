@@ -11,8 +11,10 @@
 //  - fork: the child stops recording at once (it never writes into the parent's trace).
 //  - exec: the trace is closed first (an exec never runs atexit handlers); the new image, if
 //    it loads the probe again, writes its own per-process file (see probe_config.h).
-//  - exit: CUPTI force-flushed and drained, then the trace closed with status ok. The exit
-//    code is not known here; `zt probe` writes it into the run row after the process ends.
+//  - exit: CUPTI force-flushed and drained, then the trace closed with the exit code (status
+//    failed where it is not 0), where this process knows it: main's return (main is wrapped through
+//    __libc_start_main), exit(), _exit() or _Exit(). `zt probe` writes the root's code into its
+//    run row again after the process ends (it also sees a death by signal).
 //  - fatal signals: the Recorder's crash handlers (and the collector's, chained before them)
 //    write what there is and mark the run.
 #include <dlfcn.h>
@@ -23,11 +25,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +56,7 @@ struct State {
   bool root = false;
   std::atomic<bool> closed{false};
   std::atomic<bool> injection_called{false};
+  std::atomic<int> exit_code{-1};  // 0-255 once main returned or exit/_exit was called
   std::string cuda_off_reason;  // set when InitializeInjection could not start CUPTI
   std::mutex mu;
 
@@ -181,7 +186,9 @@ void finish(const char* detail) {
     // One line, from the process the user started, when it really ends (not at an exec).
     if (g->root && !is_exec && !g->injection_called.load()) say(e.message);
   }
-  Status s = g->rec->close(RunStatus::Ok, std::nullopt, detail ? detail : "");
+  const int code = g->exit_code.load();
+  Status s = g->rec->close(code > 0 ? RunStatus::Failed : RunStatus::Ok,
+                           code >= 0 ? std::optional<int64_t>(code) : std::nullopt, detail ? detail : "");
   if (!s) say("closing the trace failed: " + s.message());
   // Other processes of the run (shell wrappers, `readlink`, ...) that recorded nothing would
   // only bury the interesting traces: their files go.
@@ -234,6 +241,7 @@ __attribute__((constructor)) void on_load() {
   opt.overflow = OverflowPolicy::Block;
   opt.ring_events = 8192;  // 768 KiB per recording thread; host rows are rare by design
   opt.crash_handlers = true;
+  opt.crash_on_interrupt = false;  // Python's KeyboardInterrupt needs SIGINT at its default
   std::unique_ptr<Recorder> rec;
   if (Status s = Recorder::open(opt, &rec); !s) {
     // Said even when quiet: without it `zt probe` could only say that no trace was written.
@@ -320,15 +328,50 @@ F next(const char* name) {
 }
 }  // namespace
 
+namespace zt::probe::inject {
+namespace {
+void note_exit_code(int code) {
+  if (g && getpid() == g->owner_pid) g->exit_code.store(code & 0xff);  // what the parent's wait sees
+}
+using main_fn = int (*)(int, char**, char**);
+main_fn g_main = nullptr;
+int main_noting_its_return(int argc, char** argv, char** envp) {
+  const int code = g_main(argc, argv, envp);
+  note_exit_code(code);
+  return code;
+}
+}  // namespace
+}  // namespace zt::probe::inject
+
+// The program's main, wrapped to note its return: returning from main calls exit inside libc,
+// where no interposition reaches. glibc 2.34's __libc_start_main still calls `init` when it is
+// not null (older binaries pass their constructors' caller there): passed on unchanged.
+ZT_EXPORT int __libc_start_main(main_fn main, int argc, char** argv, void (*init)(void), void (*fini)(void),
+                                void (*rtld_fini)(void), void* stack_end) {
+  using start_fn = int (*)(main_fn, int, char**, void (*)(void), void (*)(void), void (*)(void), void*);
+  static start_fn real = next<start_fn>("__libc_start_main");
+  g_main = main;
+  return real(main_noting_its_return, argc, argv, init, fini, rtld_fini, stack_end);
+}
+
+ZT_EXPORT void exit(int code) {
+  static auto real = next<void (*)(int)>("exit");
+  note_exit_code(code);
+  real(code);
+  __builtin_unreachable();
+}
+
 // _exit skips atexit handlers (shells exit this way): end the trace first, as exit would.
 ZT_EXPORT void _exit(int code) {
   static auto real = next<void (*)(int)>("_exit");
+  note_exit_code(code);
   if (g && !g->closed.load() && getpid() == g->owner_pid) finish("exited through _exit");
   real(code);
   __builtin_unreachable();
 }
 ZT_EXPORT void _Exit(int code) {
   static auto real = next<void (*)(int)>("_Exit");
+  note_exit_code(code);
   if (g && !g->closed.load() && getpid() == g->owner_pid) finish("exited through _Exit");
   real(code);
   __builtin_unreachable();
@@ -353,4 +396,35 @@ ZT_EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) 
   static execve_fn real = next<execve_fn>("execvpe");
   before_exec(file);
   return real(file, argv, envp);
+}
+
+// The list forms: their arguments gathered into the vector forms above (which close the trace).
+namespace {
+std::vector<char*> gather(const char* arg0, va_list ap) {
+  std::vector<char*> argv{const_cast<char*>(arg0)};
+  while (argv.back()) argv.push_back(va_arg(ap, char*));
+  return argv;
+}
+}  // namespace
+ZT_EXPORT int execl(const char* path, const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  std::vector<char*> argv = gather(arg, ap);
+  va_end(ap);
+  return execv(path, argv.data());
+}
+ZT_EXPORT int execlp(const char* file, const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  std::vector<char*> argv = gather(arg, ap);
+  va_end(ap);
+  return execvp(file, argv.data());
+}
+ZT_EXPORT int execle(const char* path, const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  std::vector<char*> argv = gather(arg, ap);
+  char* const* envp = va_arg(ap, char* const*);
+  va_end(ap);
+  return execve(path, argv.data(), envp);
 }

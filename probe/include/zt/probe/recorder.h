@@ -64,6 +64,10 @@ struct RecorderOptions {
   OverflowPolicy overflow = OverflowPolicy::Block;
   int commit_interval_ms = 50;
   bool crash_handlers = true;  // flush and mark the run on fatal signals and std::terminate
+  // With crash_handlers: SIGINT too. Off in a process the probe library was preloaded into: an
+  // interpreter (Python) installs its own SIGINT handler (KeyboardInterrupt) only where it finds
+  // the default one, so a handler of ours there changed what Ctrl-C does to the program.
+  bool crash_on_interrupt = true;
 };
 
 struct AllocEvent {
