@@ -18,6 +18,7 @@ struct CheckArgs {
   std::string trace;
   bool run = false, leaks = false, placement = false;
   std::string budget;
+  bool budget_given = false;  // --budget '' is refused, not taken for no budget
   std::vector<std::string> steps;  // --steps [N]: empty value = against the plan
   bool steps_given = false;
   std::string junit;
@@ -31,7 +32,7 @@ int run_check(const CheckArgs& a) {
   o.run = a.run;
   o.leaks = a.leaks;
   o.placement = a.placement;
-  if (!a.budget.empty()) {
+  if (a.budget_given) {
     check::Budget b;
     if (Status s = check::parse_budget(a.budget, &b); !s) return fail(s.message());
     o.budget = b;
@@ -90,15 +91,16 @@ void add_check_command(CLI::App& app, Action& action) {
   c->add_flag("--placement", a->placement,
               "tensors where the run's zero_optimization config puts them (offloaded states on the host); "
               "no device_mismatch errors");
-  c->add_option("--budget", a->budget, "peak allocated per accelerator and per host, e.g. cuda=70GiB,host=900GiB");
+  auto* budget = c->add_option("--budget", a->budget, "peak allocated per accelerator and per host, e.g. cuda=70GiB,host=900GiB");
   auto* steps = c->add_option("--steps", a->steps,
                               "steps run must equal N (without N: the plan the trace records, data.steps_planned)")
                     ->expected(0, 1)
                     ->type_name("[N]");
   c->add_option("--junit", a->junit, "also write a JUnit XML report here (atomically)");
   c->add_option("--leak-threshold", a->leak_threshold, "growth per epoch that counts as a leak (default: 512KiB, or 1% of a smaller memory, 64KiB at least)");
-  c->callback([&action, a, steps] {
+  c->callback([&action, a, steps, budget] {
     a->steps_given = steps->count() > 0;
+    a->budget_given = budget->count() > 0;
     action = [a] { return run_check(*a); };
   });
 }

@@ -1,6 +1,7 @@
 // zt ckpt: checkpoints offline (issue 5). `info` lists a checkpoint directory; `consolidate`
 // writes one safetensors file of the whole model from a sharded checkpoint (DeepSpeed's
 // zero_to_fp32), with config.json beside it. No training starts.
+#include <filesystem>
 #include <iostream>
 
 #include "ckpt/checkpoint.h"
@@ -40,7 +41,7 @@ void add_ckpt_command(CLI::App& app, Action& action) {
     auto dtype = std::make_shared<std::string>("fp32");
     co->add_option("CKPT_DIR", *dir, "checkpoint directory")->required();
     co->add_option("--tag", *tag, "checkpoint to read, e.g. step000004 (default: latest, or the newest complete)");
-    co->add_option("--out", *out, "safetensors file to write (config.json goes beside it)")->required();
+    co->add_option("--out", *out, "safetensors file to write (config.json goes beside it; its folder is made if needed)")->required();
     co->add_option("--dtype", *dtype, "fp32, bf16 or fp16 (default fp32)")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
     co->callback([&action, dir, tag, out, dtype] {
       action = [=] {
@@ -51,9 +52,20 @@ void add_ckpt_command(CLI::App& app, Action& action) {
         if (inside_directory(*out, *dir))
           return fail(*out + ": the output lies inside the checkpoint directory " + *dir +
                       " being read (choose a place outside it)");
-        if (Status s = check_output_path(*out, {}); !s) return fail(s.message());
+        // The output's folder is made as Hugging Face's save_pretrained makes it (and removed again,
+        // if it was made here and the consolidation fails).
+        namespace fs = std::filesystem;
+        const fs::path parent = fs::path(*out).parent_path();
+        std::error_code ec;
+        const bool make_parent = !parent.empty() && !fs::exists(parent, ec);
+        if (make_parent && !fs::create_directories(parent, ec))
+          return fail(*out + ": cannot create its directory " + parent.string() + ": " + ec.message());
+        auto undo = [&] {
+          if (make_parent) fs::remove(parent, ec);  // only while empty
+        };
+        if (Status s = check_output_path(*out, {}); !s) return undo(), fail(s.message());
         trainer::ckpt::ConsolidateReport rep;
-        if (Status s = trainer::ckpt::consolidate(*dir, *tag, *out, *dt, &rep); !s) return fail(s.message());
+        if (Status s = trainer::ckpt::consolidate(*dir, *tag, *out, *dt, &rep); !s) return undo(), fail(s.message());
         if (!rep.notes.empty()) std::cerr << "zt ckpt: warning: " << rep.notes;
         std::cout << "consolidated " << rep.checkpoint << " (" << rep.source << "): " << rep.tensors << " tensors, "
                   << format_count(double(rep.params)) << " parameters, " << *dtype << ", " << format_bytes(double(rep.bytes))

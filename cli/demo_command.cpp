@@ -69,7 +69,9 @@ void add_demo_command(CLI::App& app, Action& action) {
   demo->add_option("--device", *device, "where the first run trains: auto (a GPU when there is a usable one, else the "
                                         "simulated GPU), sim or cuda")
       ->check(CLI::IsMember({"auto", "sim", "cuda"}));
-  demo->add_option("--steps", *steps, "training steps of the first run");
+  // Later sections compare their loss at step 20 with the first run's: it must have one.
+  demo->add_option("--steps", *steps, "training steps of the first run (20 or more; default 80)")
+      ->check(CLI::Range(int64_t(20), int64_t(1) << 30));
   demo->callback([&action, dir, steps, device] {
     action = [=]() -> int {
       std::error_code ec;

@@ -68,6 +68,15 @@ int main(int argc, char** argv) {
   add_not_built(app, action, "view", "Open a trace in the timeline viewer", "viewer");
 #endif
   add_ckpt_command(app, action);
+  // A usage error is one line, as every other error: "zt: <what> (zt train --help lists the options)".
+  app.failure_message([](const CLI::App* failed, const CLI::Error& e) {
+    std::string cmd = "zt";  // and the subcommands given, deepest last
+    for (const CLI::App* a = failed; !a->get_subcommands().empty();) {
+      a = a->get_subcommands().back();
+      cmd += " " + a->get_name();
+    }
+    return "zt: " + std::string(e.what()) + " (" + cmd + " --help lists the options)\n";
+  });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

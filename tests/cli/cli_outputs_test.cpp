@@ -176,14 +176,20 @@ TEST(CliOutputs, CkptConsolidateRefusesToWriteInsideTheCheckpoint) {
                  shard + ": the output lies inside the checkpoint directory ck being read (choose a place outside it)");
   expect_refused(dir.path(), "ckpt consolidate ck/ --out ./ck/latest", "ck/latest",
                  "./ck/latest: the output lies inside the checkpoint directory ck/ being read (choose a place outside it)");
-  expect_refused(dir.path(), "ckpt consolidate ck --out hf/model.safetensors", shard,
-                 "hf/model.safetensors: directory hf does not exist");
   expect_refused(dir.path(), "ckpt consolidate ck --out ''", shard,
                  "--out: the file name is empty; name the safetensors file to write");
   Result info = run_zt("ckpt info " + dir.file("ck"));
   EXPECT_EQ(info.out.find("INCOMPLETE"), std::string::npos) << info.out;
   Result ok = run_zt("ckpt consolidate " + dir.file("ck") + " --out " + dir.file("model.safetensors"));
   EXPECT_EQ(ok.code, 0) << ok.out;
+  // The output's folder is made, as save_pretrained makes it (the help's own example failed on a
+  // fresh machine: "directory model does not exist"); made and then left empty, it goes again.
+  Result made = run_zt("ckpt consolidate " + dir.file("ck") + " --out " + dir.file("hf/model.safetensors"));
+  EXPECT_EQ(made.code, 0) << made.out;
+  EXPECT_TRUE(fs::exists(dir.file("hf/config.json")));
+  Result gone = run_zt("ckpt consolidate " + dir.file("nock") + " --out " + dir.file("hf2/model.safetensors"));
+  EXPECT_EQ(gone.code, 2) << gone.out;
+  EXPECT_FALSE(fs::exists(dir.file("hf2")));
 }
 
 TEST(CliOutputs, DbKernelsAndInfoAlignByScreenColumns) {

@@ -399,6 +399,19 @@ TEST(Cli, OutOfRangeStepsAndEmptyNamesAreRefused) {
   Result empty = run_zt("synth -o '' --ranks 1 --epochs 1 --steps 1");
   EXPECT_EQ(empty.code, 2) << empty.out;
   EXPECT_NE(empty.out.find("the trace file name is empty"), std::string::npos) << empty.out;
+  Result no_budget = run_zt("check " + t + " --budget ''");  // was taken for no budget, exit 0
+  EXPECT_EQ(no_budget.code, 2) << no_budget.out;
+  EXPECT_NE(no_budget.out.find("--budget: empty"), std::string::npos) << no_budget.out;
+  // The demo's later runs compare their loss at step 20 with the first run's.
+  Result short_demo = run_zt("demo --steps 10 --dir " + dir.file("d"));
+  EXPECT_EQ(short_demo.code, 2) << short_demo.out;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("d")));
+  // A usage error is one line too, naming the command whose --help lists the options.
+  Result bogus = run_zt("train --bogus");
+  EXPECT_EQ(bogus.code, 2);
+  EXPECT_EQ(bogus.out, "zt: The following argument was not expected: --bogus (zt train --help lists the options)\n");
+  Result missing = run_zt("db kernels");
+  EXPECT_EQ(missing.out, "zt: TRACE is required (zt db kernels --help lists the options)\n");
 }
 
 // db info counts the steps that ended, and says how many began and never did (a killed run's last);
