@@ -155,3 +155,18 @@ CREATE INDEX IF NOT EXISTS stack_by_parent ON stack(parent_id);
 }
 
 }  // namespace zt::db
+
+#include "zt/db/rows.h"
+
+namespace zt::db {
+
+std::string run_end_text(const RunRow& run) {
+  std::string line;
+  if (run.status == RunStatus::Running) line = "ended without closing the trace (killed, or still running)";
+  else line = "ended with status " + std::string(to_string(run.status));
+  if (run.exit_code) line += ", exit code " + std::to_string(*run.exit_code);
+  if (!run.exit_detail.empty()) line += ": " + run.exit_detail;
+  return line;
+}
+
+}  // namespace zt::db

@@ -318,6 +318,57 @@ TEST(TraceModelAlign, ATraceWithoutStepsIsAlignedOnItsFirstEventAndSaysSo) {
   EXPECT_EQ(m->t_align, m->t_first);
 }
 
+// Two traces side by side line up at the lowest rank's step 0, the rank drawn first (they lined up
+// at the earliest step 0 of any rank: where rank 1 began first, rank 0 sat 2.4 ms off the other
+// trace's rank 0).
+TEST(TraceModelAlign, TheLowestRanksStepZeroIsTheAlignment) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("ranks.db");
+  std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "zt train --world-size 2");
+  ASSERT_NE(w, nullptr);
+  w->insert(RankRow{1, 1, 2, 1, "h", 1});
+  w->insert(StringRow{1, "step 0"});
+  const int64_t start[2] = {3000, 1000};  // rank 1 begins first
+  for (int64_t r = 0; r < 2; ++r) {
+    MarkerRow m;
+    m.id = r + 1, m.rank = r, m.kind = MarkerKind::Step, m.name_id = 1, m.t_start = start[r], m.t_end = start[r] + 500;
+    m.step = 0;
+    w->insert(m);
+  }
+  std::unique_ptr<TraceModel> m = finish_and_load(*w, path);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->t_align, 3000);
+  EXPECT_EQ(m->align_label, "step 0");
+}
+
+// How a run ended is kept for the errors panel where it did not end well (the viewer showed nothing
+// of a killed or crashed run); a counter that counts is not drawn on a memory track's byte scale
+// (host_small_allocations read "peak 7 B"), while byte counters are.
+TEST(TraceModelRun, ARunThatEndedBadlySaysSoAndCountsAreNotBytes) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("killed.db");
+  std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "prog");  // its run never closed
+  ASSERT_NE(w, nullptr);
+  w->insert(DeviceRow{1, 0, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+  w->insert(StringRow{1, "host_rss"});
+  w->insert(StringRow{2, "host_small_allocations"});
+  for (int64_t i = 0; i < 4; ++i) {
+    w->insert(CounterRow{2 * i + 1, 0, 1, 1, 100 * i, double((i + 1) << 20)});
+    w->insert(CounterRow{2 * i + 2, 0, 1, 2, 100 * i, double(i + 7)});
+  }
+  std::unique_ptr<TraceModel> m = finish_and_load(*w, path);
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(m->run_problems.size(), 1u);
+  EXPECT_EQ(m->run_problems[0], "run 1 ended without closing the trace (killed, or still running)");
+  std::vector<std::string> names;
+  for (const Track& t : m->tracks)
+    if (t.kind == TrackKind::HostMemory)
+      for (const SeriesRef& r : t.series) names.push_back(r.name);
+  EXPECT_EQ(names, std::vector<std::string>{"host_rss"});
+}
+
 // A phase of step s that runs into step s+1 (the delayed update's AdamW, on a background thread
 // beside the next step) is drawn on a "background" lane of its own, so the next step's phases stay
 // on the first phase lane; a phase between two steps (a checkpoint) stays with the phases.

@@ -233,6 +233,11 @@ Status TraceModel::read_all(LoadProgress* progress) {
   std::vector<db::FaultRow> faults;
   std::vector<db::ErrorRow> errors;
   std::vector<db::StringRow> string_rows;
+  std::vector<db::RunRow> run_rows;
+  if (Status s = r.read(&run_rows); !s) return s;
+  for (auto& run : run_rows)
+    if (run.status != db::RunStatus::Ok || (run.exit_code && *run.exit_code != 0))
+      run_problems.push_back("run " + std::to_string(run.id) + " " + db::run_end_text(run));
   if (Status s = r.read(&dev_rows); !s) return s;
   if (Status s = r.read(&rank_rows); !s) return s;
   if (Status s = r.read(&faults); !s) return s;
@@ -385,6 +390,10 @@ Status TraceModel::read_all(LoadProgress* progress) {
   for (size_t i = 1; i < strings_.size(); ++i) {
     const std::string& n = strings_[i];
     if (n == "allocated" || n == "reserved" || n == "pinned" || n == "pageable") continue;
+    // Counts are not bytes (host_small_allocations was drawn on the byte scale, "peak 7 B").
+    const bool count = n.find("count") != std::string::npos ||
+                       (n.size() >= 11 && n.compare(n.size() - 11, 11, "allocations") == 0);
+    if (count) continue;
     if (n.find("rss") != std::string::npos || n.find("mem") != std::string::npos ||
         n.find("bytes") != std::string::npos || n.find("host") != std::string::npos)
       wanted += (wanted.empty() ? "" : ",") + std::to_string(i);
@@ -446,7 +455,17 @@ Status TraceModel::read_all(LoadProgress* progress) {
     if (mark.kind[i] == uint8_t(MarkerKind::Epoch) && mark.rank[i] >= 0 && mark.rank[i] < ranks)
       epoch_ends[size_t(mark.rank[i])].push_back(mark.t_end[i]);
   for (auto& v : epoch_ends) std::sort(v.begin(), v.end());
-  int64_t s0 = step_start(0);
+  // Step 0 of the lowest rank that has one: the rank drawn first, so two traces compared side by
+  // side line up where the eye looks (the earliest step 0 of any rank put one trace's rank 0
+  // 2.4 ms off the other's when another rank began first).
+  int64_t s0 = -1;
+  int s0_rank = -1;
+  for (size_t i = 0; i < mark.size(); ++i)
+    if (mark.kind[i] == uint8_t(MarkerKind::Step) && mark.step[i] == 0 &&
+        (s0_rank < 0 || mark.rank[i] < s0_rank || (mark.rank[i] == s0_rank && mark.t_start[i] < s0))) {
+      s0 = mark.t_start[i];
+      s0_rank = mark.rank[i];
+    }
   align_label = "step 0";
   if (s0 < 0) {
     // No step 0: align on the first step recorded, else on the first event.

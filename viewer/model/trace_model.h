@@ -129,8 +129,8 @@ class TraceModel {
   // The call stack of an allocation, innermost frame first; read from the file on demand.
   Status stack_text(int64_t stack_id, std::vector<std::string>* lines) const;
 
-  // Time span of everything in the trace, and the alignment point (start of step 0, or
-  // t_first when there are no steps) used to put two traces on one axis.
+  // Time span of everything in the trace, and the alignment point (the start of the lowest
+  // rank's step 0, or t_first when there are no steps) used to put two traces on one axis.
   int64_t t_first = 0, t_last = 0, t_align = 0;
   std::string align_label = "step 0";  // what t_align is: "step 0", "step 3" (the first recorded), "the first event"
   int ranks = 0;
@@ -146,6 +146,9 @@ class TraceModel {
   mutable Placements place;
   Status load_placements() const;
   std::vector<Flag> flags;  // faults and errors, by time
+  // How each run ended where it did not end well ("run 1 ended with status signal, exit code
+  // 139: killed by SIGSEGV"): the errors panel leads with them.
+  std::vector<std::string> run_problems;
   std::vector<Series> series;
   std::vector<Track> tracks;
 

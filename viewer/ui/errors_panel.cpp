@@ -9,21 +9,29 @@ namespace zt::viewer {
 
 void draw_errors_panel(ViewerState& st) {
   size_t total = 0;
+  // How a run ended comes first: a killed run or a crash is the news, with or without error rows.
+  for (auto& lt : st.traces)
+    for (const std::string& p : lt.model->run_problems) {
+      ImGui::PushStyleColor(ImGuiCol_Text, ImGui::ColorConvertU32ToFloat4(kErrorColor));
+      ImGui::TextWrapped("%s%s", st.traces.size() > 1 ? (lt.label.substr(0, 1) + ": ").c_str() : "", p.c_str());
+      ImGui::PopStyleColor();
+    }
   for (auto& lt : st.traces) total += lt.model->flags.size();
   if (total == 0) {
     ImGui::Text("No faults or errors recorded.");
     return;
   }
   if (!ImGui::BeginTable("##errors", 6, ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY |
-                                            ImGuiTableFlags_Resizable))
+                                            ImGuiTableFlags_Resizable | ImGuiTableFlags_SizingStretchProp))
     return;
+  // Long texts wrap in their columns (they were cut at a fixed width, the panel's lower part empty).
   ImGui::TableSetupScrollFreeze(0, 1);
-  ImGui::TableSetupColumn("time");
-  ImGui::TableSetupColumn("trace");
-  ImGui::TableSetupColumn("rank / step");
-  ImGui::TableSetupColumn("what");
-  ImGui::TableSetupColumn("message");
-  ImGui::TableSetupColumn("tensors");
+  ImGui::TableSetupColumn("time", ImGuiTableColumnFlags_WidthFixed, ImGui::CalcTextSize("+00.000 ms").x);
+  ImGui::TableSetupColumn("trace", ImGuiTableColumnFlags_WidthFixed, ImGui::CalcTextSize("trace").x);
+  ImGui::TableSetupColumn("rank / step", ImGuiTableColumnFlags_WidthFixed, ImGui::CalcTextSize("rank / step").x);
+  ImGui::TableSetupColumn("what", ImGuiTableColumnFlags_WidthStretch, 1.2f);
+  ImGui::TableSetupColumn("message", ImGuiTableColumnFlags_WidthStretch, 2.5f);
+  ImGui::TableSetupColumn("tensors", ImGuiTableColumnFlags_WidthStretch, 1.3f);
   ImGui::TableHeadersRow();
   for (int ti = 0; ti < int(st.traces.size()); ++ti) {
     LoadedTrace& lt = st.traces[size_t(ti)];
@@ -48,12 +56,13 @@ void draw_errors_panel(ViewerState& st) {
       if (f.step >= 0) ImGui::Text("%d / %lld", f.rank, static_cast<long long>(f.step));
       else ImGui::Text("%d", f.rank);
       ImGui::TableNextColumn();
-      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(f.is_error ? kErrorColor : kFaultColor), "%s %s",
-                         f.is_error ? "error" : "fault", f.title.c_str());
+      ImGui::PushStyleColor(ImGuiCol_Text, ImGui::ColorConvertU32ToFloat4(f.is_error ? kErrorColor : kFaultColor));
+      ImGui::TextWrapped("%s %s", f.is_error ? "error" : "fault", f.title.c_str());
+      ImGui::PopStyleColor();
       ImGui::TableNextColumn();
-      ImGui::TextUnformatted(f.detail.c_str());
+      ImGui::TextWrapped("%s", f.detail.c_str());
       ImGui::TableNextColumn();
-      ImGui::TextUnformatted(f.tensors.c_str());
+      ImGui::TextWrapped("%s", f.tensors.c_str());
     }
   }
   ImGui::EndTable();

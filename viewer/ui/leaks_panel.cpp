@@ -20,15 +20,16 @@ void draw_leaks_panel(ViewerState& st) {
     }
     ImGui::PushID(ti);
     if (ImGui::BeginTable("##leaks", 6, ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY |
-                                            ImGuiTableFlags_Resizable,
+                                            ImGuiTableFlags_Resizable | ImGuiTableFlags_SizingStretchProp,
                           ImVec2(0, st.traces.size() > 1 ? ImGui::GetContentRegionAvail().y / 2 : 0))) {
       ImGui::TableSetupScrollFreeze(0, 1);
-      ImGui::TableSetupColumn("tensor (grouped)");
-      ImGui::TableSetupColumn("verdict");
-      ImGui::TableSetupColumn("alive at end");
-      ImGui::TableSetupColumn("bytes at each epoch end");
-      ImGui::TableSetupColumn("devices");
-      ImGui::TableSetupColumn("stack");
+      // The tensor's name gets the room (names such as fp32_partitioned_groups_flat[48] were cut).
+      ImGui::TableSetupColumn("tensor (grouped)", ImGuiTableColumnFlags_WidthStretch, 2.6f);
+      ImGui::TableSetupColumn("verdict", ImGuiTableColumnFlags_WidthStretch, 1.0f);
+      ImGui::TableSetupColumn("alive at end", ImGuiTableColumnFlags_WidthStretch, 1.0f);
+      ImGui::TableSetupColumn("bytes at each epoch end", ImGuiTableColumnFlags_WidthStretch, 1.6f);
+      ImGui::TableSetupColumn("devices", ImGuiTableColumnFlags_WidthStretch, 1.8f);
+      ImGui::TableSetupColumn("stack", ImGuiTableColumnFlags_WidthStretch, 0.8f);
       ImGui::TableHeadersRow();
       for (size_t i = 0; i < leaks.size(); ++i) {
         const LeakGroup& g = leaks[i];

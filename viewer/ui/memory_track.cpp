@@ -52,9 +52,23 @@ std::vector<std::string> draw_memory_labels(const LoadedTrace& lt, const Track& 
     } else if (swatch) {
       dl->AddRectFilled(ImVec2(x0, y + 4), ImVec2(x0 + 8, y + 12), swatch);
     }
-    dl->AddText(ImVec2(x0 + 12, y), text_col, name.c_str());
-    ImVec2 vs = ImGui::CalcTextSize(value.c_str());
-    dl->AddText(ImVec2(x1 - vs.x, y), text_col, value.c_str());
+    std::string shown = name;
+    // In a host memory track "host_" says nothing the title does not (host_rss: rss).
+    if (track.kind == TrackKind::HostMemory && shown.rfind("host_", 0) == 0) shown = shown.substr(5);
+    // A long counter name gives way to its value (they were drawn over each other): "peak " goes
+    // first (the rows above say it), then the name's end (its start says what it counts).
+    std::string shown_value = value;
+    auto room_for = [&](const std::string& v) { return std::max(0.0f, x1 - ImGui::CalcTextSize(v.c_str()).x - 8 - (x0 + 12)); };
+    if (ImGui::CalcTextSize(shown.c_str()).x > room_for(shown_value) && shown_value.rfind("peak ", 0) == 0)
+      shown_value = shown_value.substr(5);
+    const ImVec2 vs = ImGui::CalcTextSize(shown_value.c_str());
+    const float room = room_for(shown_value);
+    if (ImGui::CalcTextSize(shown.c_str()).x > room) {
+      while (!shown.empty() && ImGui::CalcTextSize((shown + "...").c_str()).x > room) shown.pop_back();
+      shown += "...";
+    }
+    dl->AddText(ImVec2(x0 + 12, y), text_col, shown.c_str());
+    dl->AddText(ImVec2(x1 - vs.x, y), text_col, shown_value.c_str());
     lines.push_back(name.empty() ? value : name + " " + value);
     y += row;
   };

@@ -5,14 +5,7 @@
 
 namespace zt::check::detail {
 
-std::string run_end_line(const db::RunRow& run) {
-  std::string line = "run " + std::to_string(run.id) + " ";
-  if (run.status == db::RunStatus::Running) line += "ended without closing the trace (killed, or still running)";
-  else line += "ended with status " + std::string(db::to_string(run.status));
-  if (run.exit_code) line += ", exit code " + std::to_string(*run.exit_code);
-  if (!run.exit_detail.empty()) line += ": " + run.exit_detail;
-  return line;
-}
+std::string run_end_line(const db::RunRow& run) { return "run " + std::to_string(run.id) + " " + db::run_end_text(run); }
 
 std::vector<std::string> error_lines(const TraceData& d, size_t most) {
   std::vector<std::string> lines;

@@ -28,6 +28,10 @@ struct RunRow {
   std::string source_file;
 };
 
+// How a run ended, in one phrase: "ended with status failed, exit code 1: step 8: CUDA out of
+// memory", "ended without closing the trace (killed, or still running)".
+std::string run_end_text(const RunRow& run);
+
 struct RankRow {
   int64_t rank = 0;
   int64_t run_id = 1;
