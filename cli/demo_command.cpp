@@ -156,7 +156,7 @@ void add_demo_command(CLI::App& app, Action& action) {
 
       const std::string r2 = scenario_path("r2-qwen72b-offload-device-mismatch.yaml");
       std::cout << "\n== 5. zt repro " << r2 << " --keep " << *dir << "/r2\n"
-                << "   bug report R2 (Qwen 72B, ZeRO-3 + offload: a gradient partition on cuda:N beside the host ones)\n"
+                << "   bug report R2 (Qwen 72B, ZeRO-3 + offload: the clip scale on cuda:N, the fp32 partitions on the host)\n"
                 << "   replayed small with its fault, then with the fix; the verdict is read from the two traces\n";
       {
         repro::Scenario sc;

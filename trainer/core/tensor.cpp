@@ -247,6 +247,10 @@ void check_same_device(const char* op, std::initializer_list<const Tensor*> tens
   const Device* first = nullptr;
   for (const Tensor* t : tensors) {
     const Device& d = t->device();
+    // PyTorch's TensorIterator lets a 0-dim CPU tensor (a "CPU scalar") meet tensors on any
+    // device: `cuda_grad.mul_(1. / cpu_scalar)` runs. A 0-dim tensor on an accelerator gets no
+    // such pass against host tensors (R2/R5: the norm left on the GPU).
+    if (t->shape().empty() && d.is_host()) continue;
     if (!first) {
       first = &d;
       continue;

@@ -691,7 +691,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
                 "global_grad_norm kept on " + accel.label() + (norm_on_host ? " beside host partitions" : "")) &&
       norm_on_host)
     norm_on_host = false;
-  Tensor norm_t = Tensor::empty("global_grad_norm", {1}, DType::F32, norm_on_host ? host : accel);
+  Tensor norm_t = Tensor::empty("global_grad_norm", {}, DType::F32, norm_on_host ? host : accel);
   set_scalar(norm_t, float(norm));
   r.grad_norm = norm;
 
@@ -742,25 +742,18 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       }
     }
     if (r.clipped) {
-      // The clip coefficient comes from the norm tensor, so it lives where the norm lives.
-      Tensor combined_scale = Tensor::empty("combined_scale", {1}, DType::F32, norm_t.device());
+      // The clip coefficient comes from the norm tensor, so it lives where the norm lives: a 0-dim
+      // tensor, as torch.norm's (on the host it is a CPU scalar, valid against any device).
+      Tensor combined_scale = Tensor::empty("combined_scale", {}, DType::F32, norm_t.device());
       set_scalar(combined_scale, float(combined));
-      // Under a partial offload (offload_ratio < 1) the modules whose optimizer state stayed on the
-      // accelerator have their partitions there, beside a norm on the host: they get the scale's
-      // copy on their device (one small H2D copy, as DeepSpeed moves the norm to each sub-group's
-      // device). A norm on the accelerator beside host partitions (the fault zero.norm_on_device:
-      // R2, R5) gets no such help: the guard stops it.
-      Tensor scale_on_accel;
+      // On the host the scale is a CPU scalar, valid against partitions anywhere (under a partial
+      // offload some are on the accelerator). On the accelerator (the fault zero.norm_on_device:
+      // R2, R5) it meets the host partitions, and the guard stops the in-place mul_ as PyTorch does.
       for (size_t mi = 0; mi < g32.size(); ++mi) {
         Tensor& g = g32[mi];
-        const Tensor* scale_t = &combined_scale;
-        if (!parts_[mi]->opt_host && combined_scale.device().is_host() && &g.device() == &accel) {
-          if (!scale_on_accel.defined()) scale_on_accel = copy_to(combined_scale, accel, false, "combined_scale");  // H2D
-          scale_t = &scale_on_accel;
-        }
-        check_same_device("unscale_and_clip_grads", {scale_t, &g}, step);
-        if (!g.raw() || !scale_t->raw()) continue;  // virtual mode
-        scale_partition(mi, g, 1.0f / scalar_of(*scale_t));
+        check_same_device("unscale_and_clip_grads", {&combined_scale, &g}, step);
+        if (!g.raw() || !combined_scale.raw()) continue;  // virtual mode
+        scale_partition(mi, g, 1.0f / scalar_of(combined_scale));
       }
     } else if (combined != 1.0) {
       const float inv = float(1.0 / combined);  // a host scalar: valid against any device

@@ -44,8 +44,9 @@ const std::vector<CatalogEntry>& catalog() {
        "guard raises. Never fires its error when clipping is off or the norm is under the threshold."},
       {"zero.grad_partition_stays_on_device", "R2", "ZeRO optimizer step, fp32 gradient partitions",
        "one module's fp32 gradient partition is left on the device instead of offloaded at the accumulation "
-       "boundary (arg: module index, default the last module); the next op that mixes it with host partitions "
-       "meets the device guard",
+       "boundary (arg: module index, default the last module); CPU AdamW, handed it beside the host master "
+       "weights and moments, meets the device guard (the clip's host scalar does not: PyTorch lets a 0-dim CPU "
+       "tensor meet a CUDA tensor)",
        "module index", "N", "an integer of at least 0, a module of the model (default the last module)", module_index},
       {"optim.device_only_kernels", "R5", "ZeRO optimizer step, Adam",
        "the optimizer's kernels accept only device tensors (an 8-bit or paged AdamW): it constructs fine and its "
