@@ -104,7 +104,7 @@ TEST(CudaDeviceMemory, FractionLimitOnTheWholeDevice) {
   } catch (const OutOfMemoryError& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("Tried to allocate 20.00 MiB"), std::string::npos) << m;
-    EXPECT_NE(m.find(" allowed; Of the allocated memory 20.00 MiB is allocated by the allocator"), std::string::npos)
+    EXPECT_NE(m.find(" allowed; Of the allocated memory 20.00 MiB is allocated by PyTorch"), std::string::npos)
         << m;
     EXPECT_EQ(e.figures().capacity_bytes, total_b);
     EXPECT_GE(e.figures().process_bytes, 20 * MiB);  // the whole device's use, ours included

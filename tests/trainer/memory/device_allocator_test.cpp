@@ -203,9 +203,9 @@ TEST(DeviceAllocator, MemoryFractionCapsReserved) {
     // PyTorch's format_size prints exactly 1 GiB as "1024.00 MiB" (its bounds are inclusive).
     EXPECT_EQ(std::string(e.what()),
               "CUDA out of memory. Tried to allocate 300.00 MiB. GPU 5 has a total capacity of 1024.00 MiB of which "
-              "724.00 MiB is free. Including non-allocator memory, this process has 300.00 MiB memory in use. "
-              "512.00 MiB allowed; Of the allocated memory 300.00 MiB is allocated by the allocator, and "
-              "0 bytes is reserved by the allocator but unallocated. If reserved but unallocated memory is "
+              "724.00 MiB is free. Including non-PyTorch memory, this process has 300.00 MiB memory in use. "
+              "512.00 MiB allowed; Of the allocated memory 300.00 MiB is allocated by PyTorch, and "
+              "0 bytes is reserved by PyTorch but unallocated. If reserved but unallocated memory is "
               "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
     EXPECT_EQ(e.figures().limit_bytes, 512 * MiB);
     EXPECT_EQ(e.tensor_name(), "y");
@@ -289,8 +289,8 @@ TEST(DeviceAllocator, OutOfMemoryTextReproducesR4) {
   }
   EXPECT_EQ(text,
             "CUDA out of memory. Tried to allocate 3.39 GiB. GPU 0 has a total capacity of 79.32 GiB of which "
-            "2.00 GiB is free. Including non-allocator memory, this process has 77.31 GiB memory in use. Of the "
-            "allocated memory 73.29 GiB is allocated by the allocator, and 1.60 GiB is reserved by the allocator "
+            "2.00 GiB is free. Including non-PyTorch memory, this process has 77.31 GiB memory in use. Of the "
+            "allocated memory 73.29 GiB is allocated by PyTorch, and 1.60 GiB is reserved by PyTorch "
             "but unallocated. If reserved but unallocated memory is large try setting "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
   DeviceAllocatorStats st = a.stats();

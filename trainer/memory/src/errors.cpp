@@ -20,20 +20,20 @@ std::string pytorch_format_size(uint64_t size) {
   return buf;
 }
 
-// PyTorch's sentences in PyTorch's order (c10/cuda/CUDACachingAllocator.cpp), "PyTorch"
-// read as "the allocator". PyTorch ends with a link to its documentation; ours has no such
+// PyTorch's sentences in PyTorch's order (c10/cuda/CUDACachingAllocator.cpp), word for word
+// (a user searching for "allocated by PyTorch" finds the reproduction). PyTorch ends with a link to its documentation; ours has no such
 // page, so the text stops after the advice. "allowed" appears only under a fraction limit.
 std::string OutOfMemoryError::message(const DeviceOomFigures& f) {
   std::string m = "CUDA out of memory. Tried to allocate " + pytorch_format_size(f.alloc_bytes) + ". GPU " +
                   std::to_string(f.device_ordinal) + " has a total capacity of " +
                   pytorch_format_size(f.capacity_bytes) + " of which " + pytorch_format_size(f.free_bytes) +
                   " is free. ";
-  m += "Including non-allocator memory, this process has " + pytorch_format_size(f.process_bytes) +
+  m += "Including non-PyTorch memory, this process has " + pytorch_format_size(f.process_bytes) +
        " memory in use. ";
   if (f.limit_bytes != 0) m += pytorch_format_size(f.limit_bytes) + " allowed; ";
   m += "Of the allocated memory " + pytorch_format_size(f.allocated_bytes) +
-       " is allocated by the allocator, and " + pytorch_format_size(f.reserved_bytes - f.allocated_bytes) +
-       " is reserved by the allocator but unallocated. If reserved but unallocated memory is large try "
+       " is allocated by PyTorch, and " + pytorch_format_size(f.reserved_bytes - f.allocated_bytes) +
+       " is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try "
        "setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.";
   return m;
 }

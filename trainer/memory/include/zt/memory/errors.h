@@ -1,9 +1,10 @@
 // zt/memory/errors.h: the out-of-memory errors the allocators throw, and PyTorch's size
 // format that their messages use.
 //
-// The device error's what() is PyTorch's CUDACachingAllocator message with "PyTorch"
-// replaced by "the allocator": users paste that text into bug reports (R4), and a
-// reproduction must produce the same sentences with its own figures. The figures are also
+// The device error's what() is PyTorch's CUDACachingAllocator message, word for word ("allocated
+// by PyTorch": the simulated and caching allocators stand in for PyTorch's): users paste that
+// text into bug reports (R4) and search for it, and a reproduction must produce the same
+// sentences with its own figures. The figures are also
 // kept as fields so that code and tests never parse the text.
 #pragma once
 
@@ -27,7 +28,7 @@ struct DeviceOomFigures {
   size_t capacity_bytes = 0;        // "total capacity"
   size_t free_bytes = 0;            // capacity - in_use of the source, after the cache was emptied
   size_t process_bytes = 0;         // "this process has X memory in use": source in_use, allocator included
-  size_t allocated_bytes = 0;       // "allocated by the allocator"
+  size_t allocated_bytes = 0;       // "allocated by PyTorch"
   size_t reserved_bytes = 0;        // reserved - allocated = "reserved ... but unallocated"
   size_t limit_bytes = 0;           // per-process cap from set_per_process_memory_fraction; 0 = none
 };
