@@ -330,7 +330,10 @@ TEST(Cli, BadInputLeavesAnExistingTraceAlone) {
                                  "--data " + dir.file("none.txt"), std::string("--seq-len 100000"),
                                  std::string("--save-every 2"), "--resume --checkpoint-dir " + dir.file("nock"),
                                  "--resume --checkpoint-dir " + ck + " --seed 99", "--data " + dir.file("empty.txt"),
-                                 "--data " + dir.file("small.txt"), "--save-every 1 --checkpoint-dir " + dir.file("afile")}) {
+                                 "--data " + dir.file("small.txt"), "--save-every 1 --checkpoint-dir " + dir.file("afile"),
+                                 // a module the model does not have: refused only when the fault fired, once
+                                 std::string("--zero-stage 3 --offload-optimizer --fault "
+                                             "'zero.grad_partition_stays_on_device=return(99)'")}) {
     Result r = run_zt("train --model tiny --steps 2 -q --trace " + trace + " " + bad);
     EXPECT_EQ(r.code, 2) << bad << "\n" << r.out;
     EXPECT_TRUE(zt::test::read_file(trace) == before) << bad << " replaced the trace";  // not the bytes: a trace is binary
@@ -339,6 +342,9 @@ TEST(Cli, BadInputLeavesAnExistingTraceAlone) {
   EXPECT_NE(dir_data.out.find(dir.file("adir") + ": is a directory, not a data file"), std::string::npos) << dir_data.out;
   Result empty = run_zt("train --model tiny --steps 2 -q --data " + dir.file("empty.txt"));
   EXPECT_EQ(empty.out, "zt: " + dir.file("empty.txt") + ": the data file is empty\n");
+  Result module = run_zt("train --model tiny --steps 2 -q --zero-stage 3 --offload-optimizer --fault "
+                         "'zero.grad_partition_stays_on_device=return(99)'");
+  EXPECT_NE(module.out.find("module index '99': the model has modules 0..3"), std::string::npos) << module.out;
   Result file_ck = run_zt("train --model tiny --steps 2 -q --save-every 1 --checkpoint-dir " + dir.file("afile"));
   EXPECT_EQ(file_ck.out, "zt: --checkpoint-dir " + dir.file("afile") + ": exists and is not a directory\n");
 }

@@ -211,6 +211,40 @@ TEST(Failpoint, ProbabilityDrawsRepeatFromTheSeed) {
   EXPECT_LT(fired, 95);
 }
 
+// fail-rs's Action::get_task takes a count only once the probability draw passed:
+// "30%2*return(pow2)->return(fork)" returns pow2 at the first two calls where a plain "30%return"
+// fires, and fork at every other call (a miss falls through to the next term). (A failed draw
+// used to take the count too.)
+TEST(Failpoint, ACountIsTakenOnlyWhenTheDrawPasses) {
+  const std::vector<int> plain = draws(7, 0);
+  std::vector<Spec> s;
+  ASSERT_TRUE(parse_specs("host.epoch_leak=30%2*return(pow2)->return(fork)", &s).ok());
+  Scope scope(s, 7);
+  int a_seen = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    auto f = eval("host.epoch_leak", Context{0, -1, -1, -1, nullptr});
+    ASSERT_TRUE(f) << "call " << i + 1;  // a miss falls through to the chain's unconditional tail
+    const bool first_term = a_seen < 2 && plain[i] == 1;
+    EXPECT_EQ(f->arg, first_term ? "pow2" : "fork") << "call " << i + 1;
+    a_seen += f->arg == "pow2";
+  }
+  EXPECT_EQ(a_seen, 2);
+}
+
+// `call=N` is the Nth evaluation of the site on that rank, whatever the site's other specs did (an
+// earlier spec that fired stopped the later ones from counting: [call=5] fired at the 8th).
+TEST(Failpoint, CallCountsEveryEvaluationAcrossSpecs) {
+  std::vector<Spec> s;
+  ASSERT_TRUE(parse_specs("config.max_iters[call<=3]=return(1);config.max_iters[call=5]=return(5)", &s).ok());
+  Scope scope(s, 1);
+  std::vector<std::string> got;
+  for (int i = 0; i < 8; ++i) {
+    auto f = eval("config.max_iters", Context{0, -1, -1, -1, nullptr});
+    got.push_back(f ? f->arg : "-");
+  }
+  EXPECT_EQ(got, (std::vector<std::string>{"1", "1", "1", "-", "5", "-", "-", "-"}));
+}
+
 TEST(Failpoint, PauseHoldsUntilReconfigured) {
   std::vector<Spec> s;
   ASSERT_TRUE(parse_specs("comm.hang=pause", &s).ok());

@@ -194,6 +194,16 @@ TEST(EpochLeak, Pow2AndForkVariantsGrowTheHostToo) {
     EXPECT_NE(r.status.message().find(std::string(v) == "pow2" ? "(pinned)" : "(pageable)"), std::string::npos)
         << r.status.message();
   }
+  // Without the cap the flat buffer is made, and so is its own fault row (it went nowhere before:
+  // recorded without the recorder).
+  auto roomy = epoch_run(dir);
+  roomy.host_memory = 0;
+  roomy.faults = {"host.epoch_leak=return(pow2)"};
+  auto ok = train_traced(roomy, dir.file("roomy.db"));
+  ASSERT_TRUE(ok.status.ok()) << ok.status.message();
+  int flat = 0;
+  for (const auto& f : faults(ok)) flat += f.details.find("re-created one flat pinned buffer of") != std::string::npos;
+  EXPECT_GT(flat, 0);
   auto bad = epoch_run(dir);
   bad.faults = {"host.epoch_leak=return(sideways)"};
   auto r = train_traced(bad, dir.file("bad.db"));

@@ -159,6 +159,16 @@ TEST(OverlapUpdate, AnAdamWErrorOnTheBackgroundThreadEndsTheRun) {
       EXPECT_NE(st.message().find(std::string("step ") + (std::string(mode) == "ordinary" ? "2" : "3")), std::string::npos)
           << st.message();
     }
+  // The trace explains it with an error row (it had only the run's exit detail).
+  zt::test::TempDir dir;
+  TrainConfig c = overlap_run(6);
+  c.faults = {"optim.cpu_adam_error[call=10]=return"};
+  zt::test::TracedRun run = zt::test::train_traced(c, dir.file("adam.db"));
+  ASSERT_FALSE(run.status.ok());
+  zt::db::QueryResult q;
+  ASSERT_TRUE(run.reader->query("SELECT kind, site, step FROM error", &q).ok());
+  ASSERT_EQ(q.rows.size(), 1u);
+  EXPECT_EQ(q.rows[0], (std::vector<std::string>{"cpu_adam_error", "adamw block0", "2"}));
 }
 
 TEST(OverlapUpdate, BadSettingsAreRefused) {

@@ -965,9 +965,20 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
     // The fault optim.cpu_adam_error: this module's AdamW raises (on whichever thread runs it; the
     // epoch is left out: the rank thread may be changing it meanwhile).
     if (p.master.device().is_host() && ZT_FAIL_D("optim.cpu_adam_error", (fail::Context{rank_, step, -1, -1, rec_}),
-                                                 "CPU AdamW of " + p.spec.name + " raises"))
-      throw std::runtime_error("CPU AdamW of " + p.spec.name + " at step " + std::to_string(step) +
-                               " failed (fault optim.cpu_adam_error)");
+                                                 "CPU AdamW of " + p.spec.name + " raises")) {
+      const std::string message =
+          "CPU AdamW of " + p.spec.name + " at step " + std::to_string(step) + " failed (fault optim.cpu_adam_error)";
+      if (rec_) {  // an error row, as every failure the trace explains has
+        db::ErrorRow row;
+        row.rank = rank_;
+        row.step = step;
+        row.kind = "cpu_adam_error";
+        row.site = "adamw " + p.spec.name;
+        row.message = message;
+        rec_->error(row);
+      }
+      throw std::runtime_error(message);
+    }
     if (virt_) {
       // sizes only
     } else if (j.grad.dtype() == DType::F32 && j.grad_scale == 1.0f) {
@@ -1171,7 +1182,7 @@ void ZeroEngine::boundary_faults(int64_t step) {
       leaked_.push_back(Tensor::empty("fp32_partitioned_groups_flat.grad (re-created at epoch " +
                                           std::to_string(epoch_) + ")",
                                       {n}, part_grad_dtype_, rt_.host(), true));
-      fail::record("host.epoch_leak", fail::Context{}, "epoch boundary",
+      fail::record("host.epoch_leak", fail::Context{rank_, -1, -1, epoch_, rec_}, "epoch boundary",
                    "re-created one flat pinned buffer of " + std::to_string(n * int64_t(dtype_size(part_grad_dtype_))) +
                        " bytes; the old ones kept");
     }

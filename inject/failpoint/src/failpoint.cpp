@@ -395,7 +395,10 @@ std::optional<Fired> eval(std::string_view name, const Context& given, std::stri
     bool found = false;
     for (auto& site : r.sites) {
       if (site.spec.name != name) continue;
+      // Every spec of this site counts the evaluation, also after an earlier one fired: `call` is
+      // the Nth evaluation of the site on that rank whatever the other specs did.
       const int64_t call = ++site.calls[ctx.rank];
+      if (found) continue;
       bool ok = true;
       for (const auto& c : site.spec.when) ok = ok && holds(c, ctx, call);
       if (!ok) continue;
@@ -404,12 +407,12 @@ std::optional<Fired> eval(std::string_view name, const Context& given, std::stri
       for (size_t k = 0; k < site.spec.terms.size(); ++k) {
         const Term& t = site.spec.terms[k];
         if (t.count >= 0 && used[k] >= t.count) continue;
-        if (t.count >= 0) ++used[k];  // fail-rs: the count is taken before the draw
         if (t.probability < 1.0) {
           const uint64_t h = mix(r.seed ^ mix(fnv(name) ^ mix(uint64_t(ctx.rank + 1) * 0x100000001b3ull + uint64_t(call))));
           const double u = double(h >> 11) * (1.0 / 9007199254740992.0);
           if (u >= t.probability) continue;
         }
+        if (t.count >= 0) ++used[k];  // fail-rs (Action::get_task): the count is taken once the draw passed
         chosen = t;
         found = true;
         ++site.fired;
@@ -417,7 +420,6 @@ std::optional<Fired> eval(std::string_view name, const Context& given, std::stri
                   (r.seed ? ", seed " + std::to_string(r.seed) : "") + ")";
         break;
       }
-      if (found) break;
     }
     if (!found) return std::nullopt;
     generation = r.generation;

@@ -295,7 +295,7 @@ void print_verdict(const ReproResult& r, std::ostream& out) {
     row("trace     ", e.read_error);
   } else if (e.has_error && e.before_first_step) {
     row("symptom   ", e.error_kind + (e.error_site.empty() ? "" : " at " + e.error_site) +
-                          ", during setup before the first step (model states being placed), rank " +
+                          ", during setup before the first step (model states and activations being placed), rank " +
                           std::to_string(e.error_rank) + (e.world_size > 0 ? " of " + std::to_string(e.world_size) : ""));
     row("error     ", e.error_message.size() > 400 ? e.error_message.substr(0, 400) + "..." : e.error_message);
     if (!e.error_tensors.empty()) row("tensors   ", e.error_tensors[0]);
