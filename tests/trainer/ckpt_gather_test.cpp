@@ -248,3 +248,18 @@ TEST(CheckpointWeights, FaultGatherOnDeviceForcesTheDeviceStrategy) {
   const json man = json::parse(slurp(tmp.file("ck/step000000/manifest.json")));
   EXPECT_EQ(man["weights"]["gather"], "device");
 }
+
+// With every module under the persistence threshold nothing is sharded, so there is no gather for
+// the fault to force: it is not evaluated (its fault row claimed a gather that never happened).
+TEST(CheckpointWeights, FaultGatherOnDeviceDoesNothingWithoutShards) {
+  zt::test::TempDir tmp;
+  std::vector<zt::fail::Spec> specs;
+  ASSERT_TRUE(zt::fail::parse_specs("ckpt.gather_on_device=return", &specs).ok());
+  zt::fail::Scope scope(specs, 1);
+  TrainConfig c = gather_config("streamed");
+  c.zero.param_persistence_threshold = int64_t(1) << 40;  // every module kept whole
+  Saved s = save_fresh(c, *zt::model::preset("tiny"), tmp.file("ck"));
+  ASSERT_TRUE(all_ok(s.errors)) << s.errors[0];
+  EXPECT_FALSE(s.report.gather_forced_by_fault);
+  EXPECT_EQ(zt::fail::fired_count("ckpt.gather_on_device"), 0);
+}

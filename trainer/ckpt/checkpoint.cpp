@@ -245,7 +245,9 @@ int64_t save(const std::string& dir_arg, const TrainConfig& cfg, const Position&
   auto how = cfg.checkpoint_gather == "device" && !cfg.save_only_model ? ZeroEngine::WeightsGather::Device
                                                                        : ZeroEngine::WeightsGather::Streamed;
   // The fault is the full-state save's gather; save_only_model does not take that path (R4's cure).
-  if (rep.weights && !cfg.save_only_model &&
+  // Where no module is sharded (every one under the persistence threshold) there is no gather for
+  // it to act on, and it is not evaluated (its row claimed a gather that never happened).
+  if (rep.weights && !cfg.save_only_model && engine.has_sharded_modules() &&
       ZT_FAIL_D("ckpt.gather_on_device", ctx, "the consolidated weights gathered on the device all at once")) {
     how = ZeroEngine::WeightsGather::Device;
     rep.gather_forced_by_fault = true;

@@ -1143,6 +1143,12 @@ void ZeroEngine::on_epoch_boundary(int64_t epoch, int64_t global_step) {
   }
 }
 
+bool ZeroEngine::has_sharded_modules() const {
+  for (const auto& p : parts_)
+    if (p->sharded) return true;
+  return false;
+}
+
 // At the start of the boundary micro-step (the last of the accumulation window).
 void ZeroEngine::boundary_faults(int64_t step) {
   // Nothing offloaded (no offload_optimizer, or offload_ratio 0): neither fault has anything to act on.

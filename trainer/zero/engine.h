@@ -180,6 +180,9 @@ class ZeroEngine {
     int64_t gathered_modules = 0;        // modules that needed a gather
   };
   GatherStats gather_weights(WeightsGather how, bool to_host, const WeightsVisitor& visit);
+  // Whether any module lives as shards (stage 3, above the persistence threshold): only those
+  // need a gather at all.
+  bool has_sharded_modules() const;
   DType compute_dtype() const { return dtype_; }
   const model::Config& model_config() const { return mc_; }
   probe::DeviceId accelerator_trace_id() const { return rt_.accelerator().trace_id(); }
