@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "zt/common/units.h"
 #include "zt/memory/device_allocator.h"
 #include "zt/memory/host_allocator.h"
@@ -74,7 +75,9 @@ struct Mode {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int iters = argc > 1 ? std::atoi(argv[1]) : 100000;
+  zt::bench::Options opt(argc, argv, "bench_allocator [--iters N]   (allocate/free pairs a run; default 100000)");
+  const int iters = int(opt.integer("--iters", 100000, 1, 1'000'000'000));
+  opt.done();
   const std::vector<size_t> sizes = {512, 64 * KiB, 4 * MiB, 64 * MiB};
   // Sustained: iters / 2 pairs of 4 events (alloc, free, two counters) = 200000 events per
   // run against a 32768-event ring, so most of each run waits on the writer.

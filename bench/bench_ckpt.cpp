@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "ckpt/checkpoint.h"
 #include "model/config.h"
 #include "train/rank_runtime.h"
@@ -134,14 +135,15 @@ std::string rate(int64_t bytes, double s) { return format_bytes(double(bytes) / 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "124M", dir = "bench-ckpt.tmp";
-  int ranks = 2, repeat = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--model")) model = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--ranks")) ranks = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--dir")) dir = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--repeat")) repeat = std::max(1, std::atoi(argv[i + 1]));
-  }
+  zt::bench::Options opt(argc, argv, "bench_ckpt [--model 124M|tiny|350M] [--ranks W] [--dir DIR] [--repeat N]");
+  const std::string model = opt.text("--model", "124M");
+  const int ranks = int(opt.integer("--ranks", 2, 1, 64));
+  // A scratch directory of its own under the system's temporary directory unless given (it was
+  // ./bench-ckpt.tmp: run from a checkout, it left files in it).
+  const std::string dir =
+      opt.text("--dir", (std::filesystem::temp_directory_path() / ("zt-bench-ckpt-" + std::to_string(getpid()))).string());
+  const int repeat = int(opt.integer("--repeat", 3, 1, 1000));
+  opt.done();
   const auto mc = model::preset(model);
   if (!mc) {
     std::fprintf(stderr, "bench_ckpt: --model %s: not a preset\n", model.c_str());

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "core/backend.h"
 
 using namespace zt::trainer;
@@ -31,18 +32,12 @@ double seconds_of(const std::chrono::steady_clock::time_point& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t n = 50257 * 768;  // GPT-2 124M's token embeddings: the largest partition, landed last
-  int reps = 7;
-  DType t = DType::BF16;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--numel")) n = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--dtype")) t = std::string(argv[i + 1]) == "fp16" ? DType::F16 : DType::BF16;
-    else {
-      std::fprintf(stderr, "usage: bench_landing [--numel N] [--reps R] [--dtype bf16|fp16]\n");
-      return 2;
-    }
-  }
+  zt::bench::Options opt(argc, argv, "bench_landing [--numel N] [--reps R] [--dtype bf16|fp16]");
+  // GPT-2 124M's token embeddings by default: the largest partition, landed last.
+  const int64_t n = opt.integer("--numel", 50257 * 768, 1);
+  const int reps = int(opt.integer("--reps", 7, 1, 100000));
+  const DType t = opt.text("--dtype", "bf16", {"bf16", "fp16"}) == "fp16" ? DType::F16 : DType::BF16;
+  opt.done();
   if (n < 1 || reps < 1) {
     std::fprintf(stderr, "bench_landing: --numel and --reps must be positive\n");
     return 2;

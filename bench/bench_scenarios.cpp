@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "train/trainer.h"
 #include "zt/common/units.h"
 #include "zt/fail/failpoint.h"
@@ -94,13 +95,11 @@ double ns_per_call(int64_t calls, int reps, F&& body) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool all = false;
-  int64_t steps = 30, calls = 20000000;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--all")) all = true;
-    else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--calls") && i + 1 < argc) calls = std::atoll(argv[++i]);
-  }
+  zt::bench::Options opt(argc, argv, "bench_scenarios [--all] [--steps N] [--calls N]");
+  const bool all = opt.flag("--all");
+  const int64_t steps = opt.integer("--steps", 30, 1);
+  const int64_t calls = opt.integer("--calls", 20000000, 1);
+  opt.done();
   const fs::path src = fs::path(__FILE__).parent_path().parent_path() / "inject" / "scenarios";
   const fs::path dir = fs::temp_directory_path() / ("zt_bench_scenarios_" + std::to_string(getpid()));
   fs::create_directories(dir);

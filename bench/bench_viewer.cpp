@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <string>
 
+#include "bench_util.h"
 #include "ui/viewer_state.h"
 #include "zt/common/units.h"
 #include "zt/db/trace_reader.h"
@@ -239,12 +240,10 @@ void measure(ViewerState& st, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t target = 10'000'000;
-  std::string path = "/tmp/zt-bench-viewer.db";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--rows")) target = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--trace")) path = argv[i + 1];
-  }
+  zt::bench::Options opt(argc, argv, "bench_viewer [--rows N] [--trace PATH]   (the trace is generated once and reused)");
+  const int64_t target = opt.integer("--rows", 10'000'000, 1);
+  const std::string path = opt.text("--trace", "/tmp/zt-bench-viewer.db");
+  opt.done();
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
     std::printf("generating %s rows into %s ...\n", format_count(double(target)).c_str(), path.c_str());

@@ -20,6 +20,7 @@
 #include <map>
 #include <string>
 
+#include "bench_util.h"
 #include "train/trainer.h"
 #include "zt/common/units.h"
 #include "zt/db/trace_reader.h"
@@ -56,13 +57,15 @@ Run run(const trainer::TrainConfig& cfg, const std::string& path) {
   std::unique_ptr<db::TraceReader> reader;
   if (Status st = db::TraceReader::open(path, &reader); !st) std::exit(2);
   db::QueryResult q;
-  // Exclusive time of each phase: its span minus the spans of phases directly inside it.
+  // Exclusive time of each phase: its span minus the spans of phases directly inside it. A module's
+  // own forward or backward ("forward block0") is part of its parent's column, not a phase of its
+  // own (as 'other' it was taken out of forward and backward, which then showed 0.00 ms).
   (void)reader->query(
       "WITH p AS (SELECT id, step, t_start, t_end, CASE WHEN name LIKE 'fetch %' OR name LIKE 'prefetch %' THEN 'fetch'"
       " WHEN name LIKE 'reduce %' THEN 'reduce' WHEN name LIKE 'release %' THEN 'release'"
       " WHEN name LIKE 'adamw %' THEN 'adamw'"
       " WHEN name IN ('forward','loss','backward','optimizer') THEN name ELSE 'other' END AS cat"
-      " FROM marker_v WHERE rank = 0 AND kind = 'phase'),"
+      " FROM marker_v WHERE rank = 0 AND kind = 'phase' AND name NOT LIKE 'forward %' AND name NOT LIKE 'backward %'),"
       " inner AS (SELECT o.id, sum(i.t_end - i.t_start) AS nested FROM p o JOIN p i ON i.step = o.step AND i.id != o.id"
       " AND i.t_start >= o.t_start AND i.t_end <= o.t_end AND o.cat IN ('forward','loss','backward','optimizer')"
       " AND i.cat NOT IN ('forward','loss','backward','optimizer') GROUP BY o.id)"
@@ -89,12 +92,12 @@ int main(int argc, char** argv) {
   cfg.seq_len = 64;
   cfg.micro_batch = 4;
   cfg.precision = "bf16";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--model")) cfg.model = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--steps")) cfg.steps = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--ranks")) cfg.world_size = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--seq-len")) cfg.seq_len = std::atoll(argv[i + 1]);
-  }
+  zt::bench::Options opt(argc, argv, "bench_zero_step [--model tiny|124M] [--steps N] [--ranks W] [--seq-len T]");
+  cfg.model = opt.text("--model", cfg.model, {"tiny", "124M", "350M", "774M", "1.5B"});
+  cfg.steps = opt.integer("--steps", cfg.steps, 1);
+  cfg.world_size = int(opt.integer("--ranks", cfg.world_size, 1, 64));
+  cfg.seq_len = opt.integer("--seq-len", cfg.seq_len, 1);
+  opt.done();
   auto dir = std::filesystem::temp_directory_path() / ("zt_bench_zero_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
 

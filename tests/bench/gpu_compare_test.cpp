@@ -130,6 +130,35 @@ TEST(GpuCompare, BadArgumentsAreRefused) {
   const zt::test::CommandResult m = zt::test::run_command(gpu_compare() + " --analyze /nonexistent/t.db 2>&1");
   EXPECT_NE(m.code, 0);
   EXPECT_NE(m.out.find("/nonexistent/t.db"), std::string::npos) << m.out;
+  // A zero count was replaced by the default, and a missing --limits file ended in a traceback.
+  const zt::test::CommandResult z = zt::test::run_command(gpu_compare() + " --device sim --no-build --micro-batch 0 2>&1");
+  EXPECT_EQ(z.code, 2) << z.out;
+  EXPECT_NE(z.out.find("--micro-batch 0: at least 1"), std::string::npos) << z.out;
+  const zt::test::CommandResult l =
+      zt::test::run_command(gpu_compare() + " --analyze /nonexistent/t.db --limits /nonexistent/limits.json 2>&1");
+  EXPECT_NE(l.code, 0);
+  EXPECT_NE(l.out.find("--limits /nonexistent/limits.json: No such file or directory"), std::string::npos) << l.out;
+  EXPECT_EQ(l.out.find("Traceback"), std::string::npos) << l.out;
+}
+
+// The CPU benchmarks read their options strictly (bench_util.h Options): an unknown option or a
+// value that is not a number is refused with the usage, exit 2 (they ran with defaults, exit 0;
+// bench_ckpt --ranks abc aborted).
+TEST(BenchOptions, UnknownOptionsAndBadValuesAreRefused) {
+  const std::string bench = std::string(ZT_BINARY_DIR) + "/bench/";
+  const zt::test::CommandResult u = zt::test::run_command(bench + "bench_landing --numel 1000 --bogus 2>&1");
+  EXPECT_EQ(u.code, 2) << u.out;
+  EXPECT_NE(u.out.find("'--bogus': not an option of this benchmark"), std::string::npos) << u.out;
+  EXPECT_NE(u.out.find("usage: bench_landing"), std::string::npos) << u.out;
+  const zt::test::CommandResult v = zt::test::run_command(bench + "bench_ckpt --ranks abc 2>&1");
+  EXPECT_EQ(v.code, 2) << v.out;
+  EXPECT_NE(v.out.find("--ranks 'abc': a whole number from 1 to 64"), std::string::npos) << v.out;
+  const zt::test::CommandResult d = zt::test::run_command(bench + "bench_landing --dtype fp8 2>&1");
+  EXPECT_EQ(d.code, 2) << d.out;
+  EXPECT_NE(d.out.find("--dtype 'fp8': one of bf16, fp16"), std::string::npos) << d.out;
+  const zt::test::CommandResult h = zt::test::run_command(bench + "bench_allocator --help 2>&1");
+  EXPECT_EQ(h.code, 0) << h.out;
+  EXPECT_NE(h.out.find("usage: bench_allocator [--iters N]"), std::string::npos) << h.out;
 }
 
 TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
