@@ -138,10 +138,12 @@ int main(int argc, char** argv) {
   zt::bench::Options opt(argc, argv, "bench_ckpt [--model 124M|tiny|350M] [--ranks W] [--dir DIR] [--repeat N]");
   const std::string model = opt.text("--model", "124M");
   const int ranks = int(opt.integer("--ranks", 2, 1, 64));
-  // A scratch directory of its own under the system's temporary directory unless given (it was
-  // ./bench-ckpt.tmp: run from a checkout, it left files in it).
-  const std::string dir =
-      opt.text("--dir", (std::filesystem::temp_directory_path() / ("zt-bench-ckpt-" + std::to_string(getpid()))).string());
+  // A scratch directory of its own beside the benchmark's binary unless given: on the build's disk
+  // (the system's temporary directory may be tmpfs, where the cold loads would read RAM), and not
+  // the working directory (./bench-ckpt.tmp: run from a checkout, it left files in it).
+  const std::string dir = opt.text(
+      "--dir", (std::filesystem::read_symlink("/proc/self/exe").parent_path() / ("bench-ckpt-" + std::to_string(getpid()) + ".tmp"))
+                   .string());
   const int repeat = int(opt.integer("--repeat", 3, 1, 1000));
   opt.done();
   const auto mc = model::preset(model);

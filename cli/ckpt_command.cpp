@@ -3,6 +3,7 @@
 // zero_to_fp32), with config.json beside it. No training starts.
 #include <filesystem>
 #include <iostream>
+#include <vector>
 
 #include "ckpt/checkpoint.h"
 #include "commands.h"
@@ -57,11 +58,12 @@ void add_ckpt_command(CLI::App& app, Action& action) {
         namespace fs = std::filesystem;
         const fs::path parent = fs::path(*out).parent_path();
         std::error_code ec;
-        const bool make_parent = !parent.empty() && !fs::exists(parent, ec);
-        if (make_parent && !fs::create_directories(parent, ec))
+        std::vector<fs::path> made;  // the folders made here, deepest first
+        for (fs::path p = parent; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) made.push_back(p);
+        if (!made.empty() && !fs::create_directories(parent, ec))
           return fail(*out + ": cannot create its directory " + parent.string() + ": " + ec.message());
         auto undo = [&] {
-          if (make_parent) fs::remove(parent, ec);  // only while empty
+          for (const fs::path& p : made) fs::remove(p, ec);  // each only while empty
         };
         if (Status s = check_output_path(*out, {}); !s) return undo(), fail(s.message());
         trainer::ckpt::ConsolidateReport rep;

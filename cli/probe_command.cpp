@@ -221,6 +221,13 @@ void write_exit_code(const std::string& path, pid_t pid, int code, int sig) {
   const char* sql =
       "UPDATE run SET exit_code = ?1, "
       "status = CASE WHEN status IN (3, 4) THEN status WHEN ?2 > 0 THEN 3 WHEN ?1 <> 0 THEN 2 ELSE 1 END, "
+      // A process killed where nothing caught the signal (SIGINT is left to the program) never
+      // wrote its end: its last recorded event stands for it, so the run has a span (zt check
+      // --budget and zt export end its memory there).
+      "t_end = coalesce(t_end, (SELECT max(t) FROM (SELECT max(t_alloc) AS t FROM allocation UNION ALL "
+      "SELECT max(t_free) FROM allocation UNION ALL SELECT max(t_start) FROM marker UNION ALL "
+      "SELECT max(t_end) FROM marker UNION ALL SELECT max(t) FROM counter UNION ALL SELECT max(t_end) FROM transfer "
+      "UNION ALL SELECT max(t_end) FROM kernel)), t_start), "
       "exit_detail = CASE WHEN ?2 > 0 AND (exit_detail IS NULL OR exit_detail = '') THEN ?3 ELSE exit_detail END "
       "WHERE pid = ?4 AND exit_code IS NULL AND "
       "(exit_detail IS NULL OR exit_detail NOT LIKE 'process image replaced by exec%')";

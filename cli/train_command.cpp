@@ -1,7 +1,6 @@
 // zt train: flags and a config file into a TrainConfig, then the trainer, with a trace.
 #include <iostream>
-#include <sstream>
-#include <tuple>
+#include <charconv>
 #include <limits>
 
 #include "commands.h"
@@ -186,26 +185,39 @@ void add_train_command(CLI::App& app, Action& action) {
         for (auto& w : warnings) std::fprintf(stderr, "zt train: warning: %s\n", w.c_str());
         // A flag typed beside the DeepSpeed config that the config sets otherwise: neither may win
         // silently (DeepSpeed takes its JSON, the --config file gives way to flags), so say which.
+        // Values are compared as they are (two learning rates that print alike still differ) and
+        // printed in their shortest exact form (0.00030000001, not 0.00030000000999999999).
         auto num = [](double v) {
-          std::ostringstream o;
-          o << v;
-          return o.str();
+          char buf[64];
+          const auto r = std::to_chars(buf, buf + sizeof buf, v);
+          return std::string(buf, r.ptr);
         };
         auto yes_no = [](bool b) { return std::string(b ? "on" : "off"); };
-        const std::vector<std::tuple<const char*, std::string, std::string>> settable = {
-            {"--micro-batch", std::to_string(c.micro_batch), std::to_string(after.micro_batch)},
-            {"--grad-accum", std::to_string(c.grad_accum), std::to_string(after.grad_accum)},
-            {"--grad-clip", num(c.grad_clip), num(after.grad_clip)},
-            {"--precision", c.precision, after.precision},
-            {"--lr", num(c.lr), num(after.lr)},
-            {"--weight-decay", num(c.weight_decay), num(after.weight_decay)},
-            {"--zero-stage", std::to_string(c.zero.stage), std::to_string(after.zero.stage)},
-            {"--offload-optimizer", yes_no(c.zero.offload_optimizer), yes_no(after.zero.offload_optimizer)},
-            {"--offload-param", yes_no(c.zero.offload_param), yes_no(after.zero.offload_param)},
-            {"--offload-ratio", num(c.zero.offload_ratio), num(after.zero.offload_ratio)}};
-        for (const auto& [flag, given, file] : settable)
-          if (sub->get_option(flag)->count() > 0 && given != file)
-            return fail(std::string(flag) + " " + given + " and --ds-config " + *ds_config + " (" + file +
+        struct Setting {
+          const char* flag;
+          bool differs;
+          std::string given, file;
+        };
+        const Setting settable[] = {
+            {"--micro-batch", c.micro_batch != after.micro_batch, std::to_string(c.micro_batch), std::to_string(after.micro_batch)},
+            {"--grad-accum", c.grad_accum != after.grad_accum, std::to_string(c.grad_accum), std::to_string(after.grad_accum)},
+            {"--grad-clip", c.grad_clip != after.grad_clip, num(c.grad_clip), num(after.grad_clip)},
+            {"--precision", c.precision != after.precision, c.precision, after.precision},
+            {"--lr", c.lr != after.lr, num(c.lr), num(after.lr)},
+            {"--weight-decay", c.weight_decay != after.weight_decay, num(c.weight_decay), num(after.weight_decay)},
+            {"--zero-stage", c.zero.stage != after.zero.stage, std::to_string(c.zero.stage), std::to_string(after.zero.stage)},
+            {"--offload-optimizer", c.zero.offload_optimizer != after.zero.offload_optimizer,
+             yes_no(c.zero.offload_optimizer), yes_no(after.zero.offload_optimizer)},
+            {"--offload-param", c.zero.offload_param != after.zero.offload_param, yes_no(c.zero.offload_param),
+             yes_no(after.zero.offload_param)},
+            {"--offload-ratio", c.zero.offload_ratio != after.zero.offload_ratio, num(c.zero.offload_ratio),
+             num(after.zero.offload_ratio)}};
+        for (const Setting& s : settable)
+          if (sub->get_option(s.flag)->count() > 0 && s.differs)
+            return fail(std::string(s.flag) + " " + s.given + " and --ds-config " + *ds_config + " (" + s.file +
+                        (std::string(s.flag) == "--offload-ratio" && !after.zero.offload_optimizer
+                             ? ": its optimizer is not offloaded, and a ratio only applies to a cpu offload_optimizer"
+                             : "") +
                         ") disagree: set it in one place");
         c = after;
       }

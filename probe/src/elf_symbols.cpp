@@ -41,6 +41,17 @@ bool ElfSymbols::load(const std::string& path) {
       eh.e_shnum > 65000)
     return false;
   position_independent_ = eh.e_type == ET_DYN;
+  first_load_ = 0;
+  if (eh.e_phentsize == sizeof(Elf64_Phdr) && eh.e_phnum > 0 && eh.e_phnum < 4096) {
+    std::vector<Elf64_Phdr> ph(eh.e_phnum);
+    if (read_at(f.fd, ph.data(), ph.size() * sizeof(Elf64_Phdr), eh.e_phoff)) {
+      bool any = false;
+      for (const auto& p : ph)
+        if (p.p_type == PT_LOAD && (!any || p.p_vaddr < first_load_)) first_load_ = p.p_vaddr, any = true;
+      const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE) > 0 ? ::sysconf(_SC_PAGESIZE) : 4096);
+      first_load_ &= ~(page - 1);
+    }
+  }
   std::vector<Elf64_Shdr> sh(eh.e_shnum);
   if (!read_at(f.fd, sh.data(), sh.size() * sizeof(Elf64_Shdr), eh.e_shoff)) return false;
   const Elf64_Shdr* table = nullptr;

@@ -22,6 +22,10 @@ class ElfSymbols {
   const char* find(uint64_t addr) const;
   // ET_DYN (a shared library or a PIE program): symbol values are offsets from the load base.
   bool position_independent() const { return position_independent_; }
+  // The lowest PT_LOAD address, page-aligned down: where the first loaded segment begins in the
+  // file's own addresses (0 but for prelinked libraries or -Ttext-segment), so an address found
+  // at `dladdr`'s dli_fbase + k is first_load_address() + k in the symbol table's terms.
+  uint64_t first_load_address() const { return first_load_; }
   size_t size() const { return syms_.size(); }
 
  private:
@@ -32,6 +36,7 @@ class ElfSymbols {
   std::vector<Sym> syms_;  // sorted by start
   std::string strtab_;
   bool position_independent_ = false;
+  uint64_t first_load_ = 0;
 };
 
 }  // namespace zt::probe

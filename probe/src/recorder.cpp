@@ -3,6 +3,7 @@
 #include "zt/probe/recorder.h"
 
 #include <cxxabi.h>
+#include <errno.h>  // program_invocation_name
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
@@ -346,7 +347,7 @@ void Recorder::error(const db::ErrorRow& row) {
 ThreadRing* Recorder::ring() {
   if (TlsEntry* e = tls.find(impl_->serial)) return e->ring.get();
   auto r = std::make_shared<ThreadRing>();
-  r->buf.reset(new Event[impl_->opt.ring_events]);
+  r->buf.reset(new Event[impl_->opt.ring_events]());  // zeroed: no field of a slot is ever garbage
   r->mask = impl_->opt.ring_events - 1;
   r->thread_id = static_cast<int64_t>(syscall(SYS_gettid));
   {
@@ -568,7 +569,10 @@ void Recorder::Impl::write_meta(bool blocking) {
 
 void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees, std::vector<PendingEnd>& ends,
                                  std::vector<PendingAddrFree>& addr_frees) {
-  t_latest = std::max({t_latest, e.t0, e.t1});
+  // t1 is set by the events that have an end (transfers, kernels) only: elsewhere it is whatever
+  // the ring's slot held (a run end 34 h after its close, read from reused heap memory).
+  t_latest = std::max(t_latest, e.t0);
+  if (e.type == EventType::Transfer || e.type == EventType::Kernel) t_latest = std::max(t_latest, e.t1);
   switch (e.type) {
     case EventType::Alloc: {
       db::AllocationRow a;
@@ -872,16 +876,30 @@ void Recorder::Impl::symbolize() {
     const char* raw = info.dli_sname;
     // dladdr sees the dynamic symbol table only: a program's own functions (not exported unless
     // linked with -rdynamic) and static functions are found in the file's full symbol table.
+    // The program itself: dladdr names it argv[0] as given; its absolute path instead. Another
+    // relative name (a library dlopen'ed as "./libx.so", a relative LD_LIBRARY_PATH entry) is made
+    // absolute where it resolves; where it does not, its frames keep the name and get no symbol
+    // from a file that may not be theirs.
     std::string module = info.dli_fname ? info.dli_fname : "";
-    if (!module.empty() && module[0] != '/' && !exe.empty()) module = exe;
-    if (!raw && !module.empty()) {
+    bool file_known = !module.empty() && module[0] == '/';
+    if (!module.empty() && module[0] != '/') {
+      if (!exe.empty() && module == program_invocation_name) {
+        module = exe, file_known = true;
+      } else if (char* abs = ::realpath(module.c_str(), nullptr)) {
+        module = abs, file_known = true;
+        std::free(abs);
+      }
+    }
+    if (!raw && file_known) {
       std::unique_ptr<ElfSymbols>& table = elf_tables[module];
       if (!table) {
         table = std::make_unique<ElfSymbols>();
         table->load(module);
       }
+      // dli_fbase is where the first loaded segment begins: the file's addresses count from its
+      // first PT_LOAD's address (0 for ordinary shared libraries and PIE programs).
       const uint64_t base = reinterpret_cast<uint64_t>(info.dli_fbase);
-      raw = table->find(table->position_independent() ? ip - 1 - base : ip - 1);
+      raw = table->find(table->position_independent() ? ip - 1 - base + table->first_load_address() : ip - 1);
     }
     if (raw) {
       int st = 0;

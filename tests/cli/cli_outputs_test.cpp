@@ -187,9 +187,9 @@ TEST(CliOutputs, CkptConsolidateRefusesToWriteInsideTheCheckpoint) {
   Result made = run_zt("ckpt consolidate " + dir.file("ck") + " --out " + dir.file("hf/model.safetensors"));
   EXPECT_EQ(made.code, 0) << made.out;
   EXPECT_TRUE(fs::exists(dir.file("hf/config.json")));
-  Result gone = run_zt("ckpt consolidate " + dir.file("nock") + " --out " + dir.file("hf2/model.safetensors"));
+  Result gone = run_zt("ckpt consolidate " + dir.file("nock") + " --out " + dir.file("hf2/a/b/model.safetensors"));
   EXPECT_EQ(gone.code, 2) << gone.out;
-  EXPECT_FALSE(fs::exists(dir.file("hf2")));
+  EXPECT_FALSE(fs::exists(dir.file("hf2")));  // every level made here
 }
 
 TEST(CliOutputs, DbKernelsAndInfoAlignByScreenColumns) {

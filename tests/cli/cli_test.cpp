@@ -345,6 +345,10 @@ TEST(Cli, BadInputLeavesAnExistingTraceAlone) {
   Result module = run_zt("train --model tiny --steps 2 -q --zero-stage 3 --offload-optimizer --fault "
                          "'zero.grad_partition_stays_on_device=return(99)'");
   EXPECT_NE(module.out.find("module index '99': the model has modules 0..3"), std::string::npos) << module.out;
+  // Only return(N) names a module: print's message is its own (it was refused as module 'hello').
+  Result print = run_zt("train --model tiny --steps 1 -q --zero-stage 3 --offload-optimizer --fault "
+                        "'zero.grad_partition_stays_on_device[step=99]=print(hello)'");
+  EXPECT_EQ(print.code, 0) << print.out;
   Result file_ck = run_zt("train --model tiny --steps 2 -q --save-every 1 --checkpoint-dir " + dir.file("afile"));
   EXPECT_EQ(file_ck.out, "zt: --checkpoint-dir " + dir.file("afile") + ": exists and is not a directory\n");
 }
@@ -375,6 +379,14 @@ TEST(Cli, AFlagTheDeepSpeedConfigContradictsIsRefused) {
   // A flag the config leaves alone still applies.
   Result other = run_zt(train + "--lr 0.01");
   EXPECT_EQ(other.code, 0) << other.out;
+  // Values are compared as numbers, not as their 6-digit print (these two printed alike).
+  const std::string ds_lr = dir.file("lr.json");
+  std::ofstream(ds_lr) << R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.0003}}})";
+  Result same_lr = run_zt("train --model tiny --steps 1 --seq-len 32 -q --lr 3e-4 --ds-config " + ds_lr);
+  EXPECT_EQ(same_lr.code, 0) << same_lr.out;
+  Result close_lr = run_zt("train --model tiny --steps 1 --seq-len 32 -q --lr 0.00030000001 --ds-config " + ds_lr);
+  EXPECT_EQ(close_lr.code, 2) << close_lr.out;
+  EXPECT_NE(close_lr.out.find("--lr 0.00030000001"), std::string::npos) << close_lr.out;
 }
 
 // After --resume the closing line counts the steps this process ran, and says which they were.

@@ -56,6 +56,13 @@ TEST(ProbeCommand, KilledBySignalIs128PlusSignal) {
   EXPECT_EQ(r.code, 128 + 15) << r.err;
   EXPECT_EQ(sql_int(out, "SELECT exit_code FROM run"), 143);
   EXPECT_EQ(sql_int(out, "SELECT status FROM run"), 3);  // signal
+  // SIGINT is left at its default in a probed process (Python's KeyboardInterrupt needs that):
+  // nothing in it writes the run's end, so zt probe does, from the last event.
+  std::string sigint = dir.file("sigint.db");
+  RunResult i = zt_probe({"-o", sigint, "--", "/bin/sh", "-c", "kill -INT $$"});
+  EXPECT_EQ(i.code, 128 + 2) << i.err;
+  EXPECT_EQ(sql_int(sigint, "SELECT status FROM run"), 3);
+  EXPECT_EQ(sql_int(sigint, "SELECT t_end IS NOT NULL AND t_end >= t_start FROM run"), 1);
 }
 
 TEST(ProbeCommand, MissingCommandIsAUsageError) {

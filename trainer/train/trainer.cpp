@@ -289,7 +289,8 @@ Status fault_args_fit_model(const TrainConfig& cfg, const model::Config& mc, con
   for (const fail::Spec& s : specs) {
     if (s.name != "zero.grad_partition_stays_on_device") continue;
     for (const fail::Term& t : s.terms) {
-      if (!t.has_arg || t.arg.empty()) continue;
+      // Only return(N) names a module; print(msg), sleep(ms), ... carry their own arguments.
+      if (t.action != fail::Action::Return || !t.has_arg || t.arg.empty()) continue;
       char* end = nullptr;
       const int64_t idx = std::strtoll(t.arg.c_str(), &end, 10);
       if (*end || idx < 0 || idx >= modules)
@@ -418,7 +419,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
                              launch.describe());
       TrainConfig c = cfg;  // the launcher's world
       c.world_size = launch.world_size;
-      return train(c, rec, progress, summary, given_backend);
+      return train(c, rec, progress, summary, given_backend, loaded);
     }
     std::string why;
     CudaBackendOptions bo;

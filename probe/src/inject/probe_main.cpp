@@ -17,6 +17,7 @@
 //    run row again after the process ends (it also sees a death by signal).
 //  - fatal signals: the Recorder's crash handlers (and the collector's, chained before them)
 //    write what there is and mark the run.
+#include <alloca.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -346,6 +347,7 @@ int main_noting_its_return(int argc, char** argv, char** envp) {
 // The program's main, wrapped to note its return: returning from main calls exit inside libc,
 // where no interposition reaches. glibc 2.34's __libc_start_main still calls `init` when it is
 // not null (older binaries pass their constructors' caller there): passed on unchanged.
+#if defined(__x86_64__) || defined(__aarch64__)  // the prototype of these ABIs (powerpc's differs)
 ZT_EXPORT int __libc_start_main(main_fn main, int argc, char** argv, void (*init)(void), void (*fini)(void),
                                 void (*rtld_fini)(void), void* stack_end) {
   using start_fn = int (*)(main_fn, int, char**, void (*)(void), void (*)(void), void (*)(void), void*);
@@ -353,6 +355,7 @@ ZT_EXPORT int __libc_start_main(main_fn main, int argc, char** argv, void (*init
   g_main = main;
   return real(main_noting_its_return, argc, argv, init, fini, rtld_fini, stack_end);
 }
+#endif
 
 ZT_EXPORT void exit(int code) {
   static auto real = next<void (*)(int)>("exit");
@@ -398,33 +401,52 @@ ZT_EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) 
   return real(file, argv, envp);
 }
 
-// The list forms: their arguments gathered into the vector forms above (which close the trace).
+// The list forms: their arguments gathered on the stack (as glibc does: no malloc, so they stay
+// usable in a vfork child) into the vector forms above, which close the trace.
 namespace {
-std::vector<char*> gather(const char* arg0, va_list ap) {
-  std::vector<char*> argv{const_cast<char*>(arg0)};
-  while (argv.back()) argv.push_back(va_arg(ap, char*));
-  return argv;
+// The words of the list after arg0, up to and with its terminating null; `ap` is consumed.
+size_t list_length(const char* arg0, va_list ap) {
+  size_t n = 0;
+  if (arg0)
+    while (va_arg(ap, char*)) ++n;
+  return arg0 ? n + 2 : 1;  // arg0, the words, the null (or the null alone)
+}
+void fill_list(char** argv, size_t n, const char* arg0, va_list ap) {
+  argv[0] = const_cast<char*>(arg0);
+  for (size_t k = 1; k < n; ++k) argv[k] = va_arg(ap, char*);
 }
 }  // namespace
 ZT_EXPORT int execl(const char* path, const char* arg, ...) {
-  va_list ap;
+  va_list ap, count;
   va_start(ap, arg);
-  std::vector<char*> argv = gather(arg, ap);
+  va_copy(count, ap);
+  const size_t n = list_length(arg, count);
+  va_end(count);
+  char** argv = static_cast<char**>(alloca(n * sizeof(char*)));
+  fill_list(argv, n, arg, ap);
   va_end(ap);
-  return execv(path, argv.data());
+  return execv(path, argv);
 }
 ZT_EXPORT int execlp(const char* file, const char* arg, ...) {
-  va_list ap;
+  va_list ap, count;
   va_start(ap, arg);
-  std::vector<char*> argv = gather(arg, ap);
+  va_copy(count, ap);
+  const size_t n = list_length(arg, count);
+  va_end(count);
+  char** argv = static_cast<char**>(alloca(n * sizeof(char*)));
+  fill_list(argv, n, arg, ap);
   va_end(ap);
-  return execvp(file, argv.data());
+  return execvp(file, argv);
 }
 ZT_EXPORT int execle(const char* path, const char* arg, ...) {
-  va_list ap;
+  va_list ap, count;
   va_start(ap, arg);
-  std::vector<char*> argv = gather(arg, ap);
-  char* const* envp = va_arg(ap, char* const*);
+  va_copy(count, ap);
+  const size_t n = list_length(arg, count);
+  va_end(count);
+  char** argv = static_cast<char**>(alloca(n * sizeof(char*)));
+  fill_list(argv, n, arg, ap);
+  char* const* envp = va_arg(ap, char* const*);  // after the list's terminating null
   va_end(ap);
-  return execve(path, argv.data(), envp);
+  return execve(path, argv, envp);
 }
