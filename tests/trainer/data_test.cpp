@@ -6,6 +6,7 @@
 
 #include "../test_util.h"
 #include "data/corpus.h"
+#include "train/trainer.h"
 
 using namespace zt::trainer;
 
@@ -46,6 +47,27 @@ TEST(Corpus, TextDocumentsAreCountedTruncatedAndDropped) {
   EXPECT_EQ(c.tokens[0], 'h');
 }
 
+// Windows line ends separate documents as Unix ones do (a CRLF file was one document), and the
+// file's last line end is not text of its last document (it made "bb\n" out of "bb").
+TEST(Corpus, CrlfFilesAndAFinalLineEndReadAsTheirUnixTwin) {
+  zt::test::TempDir dir;
+  std::ofstream(dir.file("unix.txt"), std::ios::binary) << "aaa\n\nbbb\n\nccc";
+  std::ofstream(dir.file("crlf.txt"), std::ios::binary) << "aaa\r\n\r\nbbb\r\n\r\nccc\r\n";
+  std::ofstream(dir.file("final.txt"), std::ios::binary) << "aaa\n\nbbb\n\nccc\n";
+  Corpus u, w, f;
+  ASSERT_TRUE(load_text_corpus(dir.file("unix.txt"), 2, &u).ok());
+  ASSERT_TRUE(load_text_corpus(dir.file("crlf.txt"), 2, &w).ok());
+  ASSERT_TRUE(load_text_corpus(dir.file("final.txt"), 2, &f).ok());
+  EXPECT_EQ(u.documents, 3);
+  EXPECT_EQ(u.truncated_tokens, 3);
+  for (const Corpus* c : {&w, &f}) {
+    EXPECT_EQ(c->documents, u.documents);
+    EXPECT_EQ(c->truncated_documents, u.truncated_documents);
+    EXPECT_EQ(c->truncated_tokens, u.truncated_tokens);
+    EXPECT_EQ(c->tokens, u.tokens);
+  }
+}
+
 TEST(Corpus, TokenFileRoundTripAndBadFiles) {
   zt::test::TempDir dir;
   std::vector<int32_t> toks{1, 2, 3, 500, 0};
@@ -65,6 +87,16 @@ TEST(Corpus, TokenFileRoundTripAndBadFiles) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("cut.tok: truncated token file: header says 5 tokens, file holds 4"), std::string::npos)
       << s.message();
+  // More data than the header counts: the rest was left out without a word.
+  {
+    std::ifstream in(dir.file("a.tok"), std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(dir.file("long.tok"), std::ios::binary) << bytes << std::string(4, '\0');
+  }
+  s = load_token_file(dir.file("long.tok"), &c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("long.tok: the header says 5 tokens, but 14 bytes follow it (7 tokens)"), std::string::npos)
+      << s.message();
   std::ofstream(dir.file("bad.tok")) << "not a token file at all";
   s = load_token_file(dir.file("bad.tok"), &c);
   EXPECT_NE(s.message().find("bad.tok: not a token file"), std::string::npos) << s.message();
@@ -73,6 +105,24 @@ TEST(Corpus, TokenFileRoundTripAndBadFiles) {
   EXPECT_NE(s.message().find("token 500 at position 3 is outside the vocab of 100"), std::string::npos) << s.message();
   s = load_text_corpus(dir.file("missing.txt"), 0, &c);
   EXPECT_NE(s.message().find("missing.txt: no such data file"), std::string::npos) << s.message();
+}
+
+// --max-doc-tokens cuts text documents; a token file has none, so the limit is refused there (it
+// was ignored without a word).
+TEST(Corpus, TheDocumentLimitIsRefusedForATokenFile) {
+  zt::test::TempDir dir;
+  ASSERT_TRUE(write_token_file(dir.file("a.tok"), std::vector<int32_t>{1, 2, 3}, 100).ok());
+  zt::trainer::TrainConfig cfg;
+  cfg.data = dir.file("a.tok");
+  cfg.max_doc_tokens = 10;
+  Corpus c;
+  zt::Status s = zt::trainer::load_corpus(cfg, &c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("a.tok: a token file has no documents to cut: --max-doc-tokens applies to text data"),
+            std::string::npos)
+      << s.message();
+  cfg.max_doc_tokens = 0;
+  EXPECT_TRUE(zt::trainer::load_corpus(cfg, &c).ok());
 }
 
 TEST(Corpus, SyntheticIsDeterministic) {

@@ -37,6 +37,15 @@ Status load_text_corpus(const std::string& path, int64_t max_doc_tokens, Corpus*
   if (text.empty()) return Status::Error(path + ": the data file is empty");
   if (text.find('\0') != std::string::npos)
     return Status::Error(path + ": contains NUL bytes: not a text file (a token file starts with ZTTOKENS)");
+  // Windows line ends read as Unix ones: a blank line "\r\n\r\n" separates documents too (a CRLF
+  // file was one document, cut whole by --max-doc-tokens).
+  if (text.find('\r') != std::string::npos) {
+    std::string lf;
+    lf.reserve(text.size());
+    for (size_t i = 0; i < text.size(); ++i)
+      if (!(text[i] == '\r' && i + 1 < text.size() && text[i + 1] == '\n')) lf.push_back(text[i]);
+    text.swap(lf);
+  }
   Corpus c;
   c.source = path;
   size_t start = 0;
@@ -45,6 +54,10 @@ Status load_text_corpus(const std::string& path, int64_t max_doc_tokens, Corpus*
     if (end == std::string::npos) end = text.size();
     std::string doc = text.substr(start, end - start);
     while (!doc.empty() && doc.front() == '\n') doc.erase(doc.begin());
+    // The file's last line end is not text of its last document (the separator follows every
+    // document): "aa\n\nbb\n" holds the documents "aa" and "bb", as "aa\n\nbb" does.
+    if (end == text.size())
+      while (!doc.empty() && doc.back() == '\n') doc.pop_back();
     add_document(c, doc, max_doc_tokens);
     start = end + 2;
   }
@@ -78,6 +91,12 @@ Status load_token_file(const std::string& path, Corpus* out) {
   if (count > holds)
     return Status::Error(path + ": truncated token file: header says " + std::to_string(count) + " tokens, file holds " +
                          std::to_string(holds));
+  // More data than the header counts: a file written wrongly, or two concatenated; either way the
+  // rest would be left out without a word.
+  if (!ec && size != 32 + count * 2)
+    return Status::Error(path + ": the header says " + std::to_string(count) + " tokens, but " +
+                         std::to_string(size - 32) + " bytes follow it (" + std::to_string((size - 32) / 2) +
+                         " tokens" + ((size - 32) % 2 ? " and an odd byte" : "") + ")");
   std::vector<uint16_t> raw(count);
   f.read(reinterpret_cast<char*>(raw.data()), std::streamsize(count * 2));
   if (static_cast<uint64_t>(f.gcount()) != count * 2)

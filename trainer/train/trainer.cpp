@@ -360,7 +360,12 @@ Status load_corpus(const TrainConfig& cfg, Corpus* out) {
     *out = synthetic_corpus(cfg.seed, cfg.synthetic_bytes);
     return Status::Ok();
   }
-  if (is_token_file(cfg.data)) return load_token_file(cfg.data, out);
+  if (is_token_file(cfg.data)) {
+    // A token file is one stream of tokens, no documents: the limit would be ignored silently.
+    if (cfg.max_doc_tokens > 0)
+      return Status::Error(cfg.data + ": a token file has no documents to cut: --max-doc-tokens applies to text data");
+    return load_token_file(cfg.data, out);
+  }
   return load_text_corpus(cfg.data, cfg.max_doc_tokens, out);
 }
 
