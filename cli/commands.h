@@ -35,6 +35,12 @@ int fail(const std::string& message);
 // `rel` (a directory relative to the zt executable's, e.g. where `cmake --install` puts the probe
 // library), normalized; "" when the executable cannot be found.
 std::string beside_executable(const std::string& rel);
+// Where the shipped scenarios are: ./inject/scenarios (a checkout), else where `cmake --install`
+// put them beside this zt (share/zerotrace/scenarios), else the source tree this zt was built from.
+std::string scenario_dir();
+// A shipped scenario's file by its name ("r2-qwen72b-offload-device-mismatch", with or without
+// ".yaml"); "" when there is none of that name.
+std::string shipped_scenario(const std::string& name);
 
 // Shared by several commands.
 int db_info(const std::string& path);

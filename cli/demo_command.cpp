@@ -48,12 +48,7 @@ int run_training(const trainer::TrainConfig& cfg, const std::string& command, bo
 
 // The shipped scenarios: beside the working directory's checkout, else where `cmake --install`
 // put them (share/zerotrace/scenarios beside bin/), else the source tree the binary was built from.
-std::string scenario_path(const std::string& file) {
-  for (const std::string& dir :
-       {std::string("inject/scenarios"), beside_executable(ZT_INSTALLED_SCENARIO_DIR), std::string(ZT_SOURCE_DIR) + "/inject/scenarios"})
-    if (!dir.empty() && std::filesystem::exists(dir + "/" + file)) return dir + "/" + file;
-  return std::string(ZT_SOURCE_DIR) + "/inject/scenarios/" + file;
-}
+std::string scenario_path(const std::string& file) { return scenario_dir() + "/" + file; }
 
 }  // namespace
 
@@ -256,8 +251,9 @@ void add_demo_command(CLI::App& app, Action& action) {
       if (int rc = db_sql(partial.trace, loss20, false); rc != 0) return rc;
       if (int rc = db_partial_offload(partial.trace); rc != 0) return rc;
 
-      std::cout << "\nNext: zt view " << cfg.trace << " (the timeline viewer); zt repro inject/scenarios/*.yaml "
-                   "(all five reports; --virtual for their real sizes); zt faults (the fault catalog).\n";
+      std::cout << "\nNext: zt view " << cfg.trace << " (the timeline viewer); zt repro " << scenario_dir()
+                << "/*.yaml, or a scenario by name (zt repro r3-internlm2-20b-no-zero-oom: all five reports; --virtual "
+                   "for their real sizes); zt faults (the fault catalog).\n";
       return kExitOk;
     };
   });

@@ -22,6 +22,23 @@ std::string beside_executable(const std::string& rel) {
   return ec ? std::string() : (exe.parent_path() / rel).lexically_normal().string();
 }
 
+std::string scenario_dir() {
+  for (const std::string& dir : {std::string("inject/scenarios"), beside_executable(ZT_INSTALLED_SCENARIO_DIR),
+                                 std::string(ZT_SOURCE_DIR) + "/inject/scenarios"}) {
+    std::error_code ec;
+    if (!dir.empty() && std::filesystem::is_directory(dir, ec)) return dir;
+  }
+  return std::string(ZT_SOURCE_DIR) + "/inject/scenarios";
+}
+
+std::string shipped_scenario(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos) return "";
+  const std::string file = name.size() > 5 && name.compare(name.size() - 5, 5, ".yaml") == 0 ? name : name + ".yaml";
+  std::error_code ec;
+  const std::string path = scenario_dir() + "/" + file;
+  return std::filesystem::is_regular_file(path, ec) ? path : "";
+}
+
 namespace {
 // Subcommands whose module is not in this build (the viewer without ImGui/GLFW): they exist so
 // `zt --help` shows the whole tool, and they say so plainly instead of pretending.

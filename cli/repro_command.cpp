@@ -17,14 +17,18 @@ void add_repro_command(CLI::App& app, Action& action) {
       "Replay a bug report scenario with its faults, then with its known fix, and print a verdict from the traces\n"
       "(REPRODUCED / NOT REPRODUCED / INCONCLUSIVE, and whether the fix cures it). Exit 0 only when reproduced and\n"
       "cured, 1 otherwise, 2 for a bad scenario file.\n"
-      "Example: zt repro inject/scenarios/r3-internlm2-20b-no-zero-oom.yaml --json r3.json");
+      "Example: zt repro r3-internlm2-20b-no-zero-oom --json r3.json   (a shipped scenario by name)\n"
+      "         zt repro my-scenario.yaml");
   auto path = std::make_shared<std::string>();
   auto json_out = std::make_shared<std::string>();
   auto keep = std::make_shared<std::string>();
   auto seed = std::make_shared<uint64_t>(0);
   auto virt = std::make_shared<bool>(false);
   auto quiet = std::make_shared<bool>(false);
-  sub->add_option("scenario", *path, "scenario file (inject/scenarios/*.yaml)")->required();
+  sub->add_option("scenario", *path,
+                  "scenario file, or the name of a shipped one (zt demo lists where they are: inject/scenarios in a "
+                  "checkout, share/zerotrace/scenarios installed)")
+      ->required();
   sub->add_option("--json", *json_out, "also write the verdict as JSON (atomically)");
   sub->add_flag("--virtual", *virt,
                 "run the full-size scenario (the report's model and cluster) in virtual mode: sizes only, one rank "
@@ -34,6 +38,9 @@ void add_repro_command(CLI::App& app, Action& action) {
   sub->add_flag("-q,--quiet", *quiet, "no progress lines, only the verdict");
   sub->callback([&action, path, json_out, keep, seed, virt, quiet, seed_opt] {
     action = [path, json_out, keep, seed, virt, quiet, seed_opt]() -> int {
+      // A name with no file of that name here: the shipped scenario of that name.
+      if (std::error_code ec; !std::filesystem::exists(*path, ec))
+        if (const std::string shipped = shipped_scenario(*path); !shipped.empty()) *path = shipped;
       repro::Scenario s;
       if (Status st = repro::load_scenario(*path, &s); !st) return fail(st.message());
       // Before the runs: the verdict must not replace the scenario, nor the runs' traces

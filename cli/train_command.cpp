@@ -20,7 +20,9 @@ void add_train_command(CLI::App& app, Action& action) {
   auto config_file = std::make_shared<std::string>();
   auto device_memory = std::make_shared<std::string>();
   auto host_memory = std::make_shared<std::string>();
-  sub->add_option("--config", *config_file, "YAML file with the same settings (flags given too win)");
+  sub->add_option("--config", *config_file,
+                  "YAML file with the same settings as the flags, by their names (micro_batch or micro-batch), but "
+                  "--ds-config and --cupti; flags given too win");
   sub->add_option("--device", cfg->device,
                   "sim (a simulated GPU, shown as cuda:N), cpu, or cuda (a real GPU; under torchrun/mpirun/srun one "
                   "process per GPU joined by NCCL)");
@@ -125,8 +127,10 @@ void add_train_command(CLI::App& app, Action& action) {
           std::string n = opt->get_name();
           if (n == "--device") from_file.device = c.device;
           else if (n == "--model") from_file.model = c.model;
-          else if (n == "--steps") from_file.steps = c.steps;
-          else if (n == "--epochs") from_file.epochs = c.epochs;
+          // A flag also overrides the file's setting it excludes (--epochs against the file's
+          // steps: "give steps or epochs, not both" was the file's doing, not the user's).
+          else if (n == "--steps") from_file.steps = c.steps, from_file.epochs = sub->count("--epochs") ? c.epochs : 0;
+          else if (n == "--epochs") from_file.epochs = c.epochs, from_file.steps = sub->count("--steps") ? c.steps : 0;
           else if (n == "--micro-batch") from_file.micro_batch = c.micro_batch;
           else if (n == "--grad-accum") from_file.grad_accum = c.grad_accum;
           else if (n == "--world-size") from_file.world_size = c.world_size;
@@ -141,8 +145,12 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--grad-clip") from_file.grad_clip = c.grad_clip;
           else if (n == "--activation-checkpointing") from_file.activation_checkpointing = c.activation_checkpointing;
           else if (n == "--tf32") from_file.tf32 = c.tf32;
-          else if (n == "--delayed-update") from_file.delayed_update = c.delayed_update;
-          else if (n == "--overlap-update") from_file.overlap_update = c.overlap_update;
+          else if (n == "--delayed-update")
+            from_file.delayed_update = c.delayed_update,
+            from_file.overlap_update = sub->count("--overlap-update") ? c.overlap_update : false;
+          else if (n == "--overlap-update")
+            from_file.overlap_update = c.overlap_update,
+            from_file.delayed_update = sub->count("--delayed-update") ? c.delayed_update : -1;
           else if (n == "--grad-partition-dtype") from_file.grad_partition_dtype = c.grad_partition_dtype;
           else if (n == "--pinned-numa") from_file.pinned_numa = c.pinned_numa;
           else if (n == "--matmul-precision") from_file.matmul_precision = c.matmul_precision;

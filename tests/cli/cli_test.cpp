@@ -298,6 +298,15 @@ TEST(Cli, TrainExitCodes) {
   Result missing = run_zt("train --config " + dir.file("none.yaml"));
   EXPECT_EQ(missing.code, 2);
   EXPECT_NE(missing.out.find("none.yaml: no such config file"), std::string::npos) << missing.out;
+  // A flag wins over the file's setting it excludes too ("give steps or epochs, not both" came from
+  // the file's epochs beside --steps), and the flags' own names are keys (fault, comm_timeout, quiet).
+  std::ofstream(dir.file("x.yaml")) << "model: tiny\nseq_len: 32\nepochs: 3\nzero_stage: 3\noffload_optimizer: true\n"
+                                       "delayed_update: 0\nquiet: true\ncomm_timeout: 5000\n"
+                                       "fault: 'zero.norm_on_device[step=99]=return'\n";
+  Result excl = run_zt("train --config " + dir.file("x.yaml") + " --steps 2 --overlap-update");
+  EXPECT_EQ(excl.code, 0) << excl.out;
+  EXPECT_NE(excl.out.find("trained 2 steps"), std::string::npos) << excl.out;
+  EXPECT_EQ(excl.out.find(" tok/s | "), std::string::npos) << "quiet: true";
   Result bad = run_zt("train --zero-stage 2 --offload-param --steps 1");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("offload_param needs ZeRO stage 3"), std::string::npos) << bad.out;

@@ -68,7 +68,7 @@ std::string read(const std::string& path) { return zt::test::read_file(path); }
 TEST(ReproCli, HelpHasAnExample) {
   Result r = run_zt("repro --help");
   EXPECT_EQ(r.code, 0);
-  EXPECT_TRUE(has(r.out, "Example: zt repro inject/scenarios/")) << r.out;
+  EXPECT_TRUE(has(r.out, "Example: zt repro r3-internlm2-20b-no-zero-oom")) << r.out;
   for (const char* flag : {"--json", "--virtual", "--keep", "--seed"}) EXPECT_TRUE(has(r.out, flag)) << flag;
 }
 
@@ -101,6 +101,22 @@ TEST(ReproCli, ReproducedAndCuredIsExit0WithJson) {
   // The trace it names opens with zt db.
   Result info = run_zt("db info " + dir.file("keep/bug.db"));
   EXPECT_EQ(info.code, 0) << info.out;
+}
+
+// A shipped scenario by its name, from any directory (an installed zt has no inject/scenarios/ in
+// the user's directory: the path its demo printed did not exist there).
+TEST(ReproCli, AShippedScenarioRunsByItsName) {
+  zt::test::TempDir dir;
+  Result r = zt::test::run_command("cd " + dir.path() + " && " + std::string(ZT_BINARY_DIR) +
+                                   "/zt repro r3-internlm2-20b-no-zero-oom -q --keep k 2>&1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("verdict: REPRODUCED; the fix cures it"), std::string::npos) << r.out;
+  Result with_ext = zt::test::run_command("cd " + dir.path() + " && " + std::string(ZT_BINARY_DIR) +
+                                          "/zt repro r3-internlm2-20b-no-zero-oom.yaml -q --keep k2 2>&1");
+  EXPECT_EQ(with_ext.code, 0) << with_ext.out;
+  Result none = run_zt("repro no-such-report -q");
+  EXPECT_EQ(none.code, 2);
+  EXPECT_NE(none.out.find("no-such-report: no such scenario file"), std::string::npos) << none.out;
 }
 
 TEST(ReproCli, NotReproducedIsExit1) {

@@ -46,6 +46,12 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
     };
   };
   TrainConfig& c = *cfg;
+  auto add_faults = [&](const YAML::Node& n) {  // one spec or a list of them
+    if (n.IsSequence())
+      for (const auto& f : n) c.faults.push_back(f.as<std::string>());
+    else
+      c.faults.push_back(n.as<std::string>());
+  };
   std::map<std::string, Setter> setters = {
       {"device", [&](const YAML::Node& n) { c.device = n.as<std::string>(); }},
       {"model", [&](const YAML::Node& n) { c.model = n.as<std::string>(); }},
@@ -82,12 +88,11 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
       {"checkpoint_gather", [&](const YAML::Node& n) { c.checkpoint_gather = n.as<std::string>(); }},
       {"save_safetensors", [&](const YAML::Node& n) { c.save_safetensors = n.as<bool>(); }},
       {"save_only_model", [&](const YAML::Node& n) { c.save_only_model = n.as<bool>(); }},
-      {"faults", [&](const YAML::Node& n) {
-         if (n.IsSequence())
-           for (const auto& f : n) c.faults.push_back(f.as<std::string>());
-         else
-           c.faults.push_back(n.as<std::string>());
-       }},
+      {"faults", add_faults},
+      // The flags' own names too, where the key differs (--fault, --comm-timeout MS), and -q.
+      {"fault", add_faults},
+      {"comm_timeout", [&](const YAML::Node& n) { c.comm_timeout_ms = n.as<int64_t>(); }},
+      {"quiet", [&](const YAML::Node& n) { c.quiet = n.as<bool>(); }},
       {"zero_stage", [&](const YAML::Node& n) { c.zero.stage = n.as<int>(); }},
       {"offload_optimizer", [&](const YAML::Node& n) { c.zero.offload_optimizer = n.as<bool>(); }},
       {"offload_param", [&](const YAML::Node& n) { c.zero.offload_param = n.as<bool>(); }},
