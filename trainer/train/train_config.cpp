@@ -3,6 +3,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -256,15 +258,33 @@ MatmulPrecision matmul_precision_of(const TrainConfig& c) {
   return c.tf32 ? MatmulPrecision::High : parse_matmul_precision(c.matmul_precision).value_or(MatmulPrecision::Highest);
 }
 
-namespace {
-// The modules the engine partitions (DeepSpeed's optimizer sub-groups here), from the tables the
-// engine takes them from (zero/engine.cpp); -1 for an unknown model.
 int64_t optimizer_modules(const TrainConfig& c) {
   if (c.model == "custom") return int64_t(shape_modules(c.shape, false).size());
   const auto mc = model::preset(c.model);
   return mc ? int64_t(model::module_table(*mc).size()) : -1;
 }
-}  // namespace
+
+int64_t first_offloaded_module(const ZeroSettings& z, int64_t modules) {
+  // DeepSpeed's rule over its sub-groups (stage3.py in its SuperOffload-era releases; earlier ones
+  // offloaded the first sub-groups).
+  return z.offload_optimizer ? int64_t((1.0 - z.offload_ratio) * double(modules)) : modules;
+}
+
+std::string stays_on_device_module_problem(const std::string& arg, const ZeroSettings& z, int64_t modules) {
+  char* end = nullptr;
+  const int64_t idx = std::strtoll(arg.c_str(), &end, 10);
+  if (arg.empty() || *end || idx < 0 || idx >= modules)
+    return "module index '" + arg + "': the model has modules 0.." + std::to_string(modules - 1);
+  const int64_t first = first_offloaded_module(z, modules);
+  if (z.offload_optimizer && idx < first) {
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%g", z.offload_ratio);
+    return "module " + arg + " keeps its optimizer state on the accelerator (offload_ratio " + ratio +
+           "): its partition is never offloaded; the offloaded modules are " + std::to_string(first) + ".." +
+           std::to_string(modules - 1);
+  }
+  return "";
+}
 
 std::string to_json(const TrainConfig& c) {
   nlohmann::json j = {{"device", c.device},

@@ -167,5 +167,15 @@ MatmulPrecision matmul_precision_of(const TrainConfig& cfg);
 model::Attention attention_of(const TrainConfig& cfg);
 // The resolved configuration as JSON (written into the trace's run row).
 std::string to_json(const TrainConfig& cfg);
+// The modules the ZeRO engine partitions (DeepSpeed's optimizer sub-groups here), from the tables
+// the engine takes them from; -1 for an unknown model.
+int64_t optimizer_modules(const TrainConfig& cfg);
+// offload_optimizer.ratio's split: module i keeps its optimizer state on the accelerator when
+// i < first_offloaded_module (int((1 - ratio) * modules); `modules` without offload_optimizer).
+int64_t first_offloaded_module(const ZeroSettings& z, int64_t modules);
+// What is wrong with ARG of zero.grad_partition_stays_on_device=return(ARG), a module index, or ""
+// when it names a module whose partition is offloaded: the trainer's check before the run and the
+// engine's when the fault fires (for callers that skip the trainer) both ask it.
+std::string stays_on_device_module_problem(const std::string& arg, const ZeroSettings& z, int64_t modules);
 
 }  // namespace zt::trainer

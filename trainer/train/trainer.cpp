@@ -279,31 +279,15 @@ Status fault_specs_of(const TrainConfig& cfg, std::vector<fail::Spec>* out) {
 
 // A fault argument that names a module is checked against the model before anything runs (it was
 // refused only when the fault fired, after a fault row that claimed it had acted).
-Status fault_args_fit_model(const TrainConfig& cfg, const model::Config& mc, const std::vector<fail::Spec>& specs) {
-  const ModelShape shape = cfg.model == "custom" ? cfg.shape : shape_of(mc, cfg.model);
-  const int64_t modules = int64_t(cfg.virtual_mode ? shape_modules(shape, cfg.model != "custom").size()
-                                                   : model::module_table(mc).size());
-  // As the engine splits them (ZeroEngine: module i offloaded when i >= int((1 - ratio) * modules)).
-  const int64_t first_offloaded =
-      cfg.zero.offload_optimizer ? int64_t((1.0 - cfg.zero.offload_ratio) * double(modules)) : modules;
+Status fault_args_fit_model(const TrainConfig& cfg, const std::vector<fail::Spec>& specs) {
+  const int64_t modules = optimizer_modules(cfg);
   for (const fail::Spec& s : specs) {
     if (s.name != "zero.grad_partition_stays_on_device") continue;
     for (const fail::Term& t : s.terms) {
       // Only return(N) names a module; print(msg), sleep(ms), ... carry their own arguments.
       if (t.action != fail::Action::Return || !t.has_arg || t.arg.empty()) continue;
-      char* end = nullptr;
-      const int64_t idx = std::strtoll(t.arg.c_str(), &end, 10);
-      if (*end || idx < 0 || idx >= modules)
-        return Status::Error("--fault '" + s.text + "': module index '" + t.arg + "': the model has modules 0.." +
-                             std::to_string(modules - 1));
-      if (cfg.zero.offload_optimizer && idx < first_offloaded) {
-        char ratio[32];
-        std::snprintf(ratio, sizeof ratio, "%g", cfg.zero.offload_ratio);
-        return Status::Error("--fault '" + s.text + "': module " + t.arg +
-                             " keeps its optimizer state on the accelerator (offload_ratio " + ratio +
-                             "): its partition is never offloaded; the offloaded modules are " +
-                             std::to_string(first_offloaded) + ".." + std::to_string(modules - 1));
-      }
+      if (const std::string why = stays_on_device_module_problem(t.arg, cfg.zero, modules); !why.empty())
+        return Status::Error("--fault '" + s.text + "': " + why);
     }
   }
   return Status::Ok();
@@ -375,7 +359,7 @@ Status check_inputs(const TrainConfig& cfg, Corpus* corpus) {
   if (Status s = model_config_of(cfg, &mc); !s) return s;
   std::vector<fail::Spec> specs;
   if (Status s = fault_specs_of(cfg, &specs); !s) return s;
-  if (Status s = fault_args_fit_model(cfg, mc, specs); !s) return s;
+  if (Status s = fault_args_fit_model(cfg, specs); !s) return s;
   if (!cfg.virtual_mode && !cfg.data.empty()) {
     if (Status s = check_input_file(cfg.data, "data file"); !s) return s;
     // Its contents too (empty, not text, too small for one global batch): read once, and handed
@@ -447,7 +431,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
   // Faults (inject/failpoint): --fault specs and ZT_FAULTS, for this run, from one seed.
   std::vector<fail::Spec> specs;
   if (Status s = fault_specs_of(cfg, &specs); !s) return s;
-  if (Status s = fault_args_fit_model(cfg, *mc, specs); !s) return s;
+  if (Status s = fault_args_fit_model(cfg, specs); !s) return s;
   fail::Scope fault_scope(specs, cfg.fault_seed ? cfg.fault_seed : cfg.seed);
 
   Corpus corpus;

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -225,11 +224,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   std::unique_ptr<float[]> init(virt ? nullptr : new float[size_t(model::num_params(mc))]);
   if (!virt) model::init_params(mc, cfg.seed, init.get());
   std::vector<float> padded_vals;
-  // offload_optimizer.ratio (ZeRO-Offload++): DeepSpeed's rule over its sub-groups (stage3.py in
-  // its SuperOffload-era releases; earlier ones offloaded the first sub-groups), over modules here:
-  // module i is offloaded when i >= int((1 - ratio) * modules).
-  const int64_t first_offloaded =
-      z_.offload_optimizer ? int64_t((1.0 - z_.offload_ratio) * double(modules_.size())) : int64_t(modules_.size());
+  // offload_optimizer.ratio (ZeRO-Offload++): module i is offloaded when i >= int((1 - ratio) * modules).
+  const int64_t first_offloaded = first_offloaded_module(z_, int64_t(modules_.size()));
   for (const auto& spec : modules_) {
     auto p = std::make_unique<Part>();
     p->spec = spec;
@@ -1157,22 +1153,11 @@ void ZeroEngine::boundary_faults(int64_t step) {
   if (auto f = ZT_FAIL_D("zero.grad_partition_stays_on_device", fail::Context{},
                          "an fp32 gradient partition left on " + rt_.accelerator().label())) {
     // The offloaded modules are the last ones (offload_ratio): by default the last of them.
-    const int first = modules - offloaded;
     int64_t idx = int64_t(parts_.size()) - 1;
     if (!f->arg.empty()) {
-      char* end = nullptr;
-      idx = std::strtoll(f->arg.c_str(), &end, 10);
-      if (*end || idx < 0 || idx >= int64_t(parts_.size()))
-        throw std::invalid_argument("fault zero.grad_partition_stays_on_device: module index '" + f->arg +
-                                    "': the model has modules 0.." + std::to_string(parts_.size() - 1));
-      if (!parts_[size_t(idx)]->opt_host) {
-        char ratio[32];
-        std::snprintf(ratio, sizeof ratio, "%g", z_.offload_ratio);
-        throw std::invalid_argument("fault zero.grad_partition_stays_on_device: module " + f->arg +
-                                    " keeps its optimizer state on the accelerator (offload_ratio " + ratio +
-                                    "): its partition is never offloaded; the offloaded modules are " +
-                                    std::to_string(first) + ".." + std::to_string(modules - 1));
-      }
+      if (const std::string why = stays_on_device_module_problem(f->arg, z_, modules); !why.empty())
+        throw std::invalid_argument("fault zero.grad_partition_stays_on_device: " + why);
+      idx = std::strtoll(f->arg.c_str(), nullptr, 10);
     }
     stays_on_device_ = int(idx);
   }

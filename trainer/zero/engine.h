@@ -21,8 +21,8 @@
 // ZeRO-Offload++) keeps the optimizer state of the first int((1 - ratio) * modules) modules (its
 // sub-groups are modules here) on the accelerator: their partitions stay there, the device AdamW
 // updates them in the optimizer step on the rank thread ("device adamw <module>", never delayed or
-// run beside the next step), and the clip scale, computed on the host, gets a copy on the device
-// for them. The rest are offloaded as above.
+// run beside the next step), and the clip scale, a 0-dim host tensor, serves them as a CPU scalar.
+// The rest are offloaded as above.
 //
 // Stage 3 fetches a module before its forward or backward (host->device copy of the shard
 // when offload_param, then all-gather), and releases it after use unless it is reused
