@@ -131,7 +131,7 @@ TEST(ReproRun, AKeptFileThatIsNotATraceIsNotReplaced) {
   std::ofstream(dir.file("bug.db")) << "PRECIOUS\n";
   fs::create_directory(dir.file("other"));
   fs::create_directory(dir.file("other/fix.db"));
-  for (const std::string keep : {dir.path(), dir.file("other")}) {
+  for (const std::string& keep : {dir.path(), dir.file("other")}) {
     repro::RunOptions o;
     o.keep_dir = keep;
     o.crash_handlers = false;

@@ -404,49 +404,45 @@ ZT_EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) 
 // The list forms: their arguments gathered on the stack (as glibc does: no malloc, so they stay
 // usable in a vfork child) into the vector forms above, which close the trace.
 namespace {
-// The words of the list after arg0, up to and with its terminating null; `ap` is consumed.
-size_t list_length(const char* arg0, va_list ap) {
-  size_t n = 0;
-  if (arg0)
-    while (va_arg(ap, char*)) ++n;
-  return arg0 ? n + 2 : 1;  // arg0, the words, the null (or the null alone)
-}
-void fill_list(char** argv, size_t n, const char* arg0, va_list ap) {
+// Gathers arg0 and the words after it, up to and with their terminating null, into an array on
+// this frame's stack and calls exec(argv) with it; `ap` is left after the null (execle's envp).
+template <typename Exec>
+int with_word_list(const char* arg0, va_list& ap, Exec&& exec) {
+  va_list count;
+  va_copy(count, ap);
+  size_t n = 1;  // the null
+  if (arg0) {
+    ++n;  // arg0
+    while (va_arg(count, char*)) ++n;
+  }
+  va_end(count);
+  char** argv = static_cast<char**>(alloca(n * sizeof(char*)));
   argv[0] = const_cast<char*>(arg0);
   for (size_t k = 1; k < n; ++k) argv[k] = va_arg(ap, char*);
+  return exec(argv);
 }
 }  // namespace
 ZT_EXPORT int execl(const char* path, const char* arg, ...) {
-  va_list ap, count;
+  va_list ap;
   va_start(ap, arg);
-  va_copy(count, ap);
-  const size_t n = list_length(arg, count);
-  va_end(count);
-  char** argv = static_cast<char**>(alloca(n * sizeof(char*)));
-  fill_list(argv, n, arg, ap);
+  const int rc = with_word_list(arg, ap, [&](char** argv) { return execv(path, argv); });
   va_end(ap);
-  return execv(path, argv);
+  return rc;
 }
 ZT_EXPORT int execlp(const char* file, const char* arg, ...) {
-  va_list ap, count;
+  va_list ap;
   va_start(ap, arg);
-  va_copy(count, ap);
-  const size_t n = list_length(arg, count);
-  va_end(count);
-  char** argv = static_cast<char**>(alloca(n * sizeof(char*)));
-  fill_list(argv, n, arg, ap);
+  const int rc = with_word_list(arg, ap, [&](char** argv) { return execvp(file, argv); });
   va_end(ap);
-  return execvp(file, argv);
+  return rc;
 }
 ZT_EXPORT int execle(const char* path, const char* arg, ...) {
-  va_list ap, count;
+  va_list ap;
   va_start(ap, arg);
-  va_copy(count, ap);
-  const size_t n = list_length(arg, count);
-  va_end(count);
-  char** argv = static_cast<char**>(alloca(n * sizeof(char*)));
-  fill_list(argv, n, arg, ap);
-  char* const* envp = va_arg(ap, char* const*);  // after the list's terminating null
+  const int rc = with_word_list(arg, ap, [&](char** argv) {
+    char* const* envp = va_arg(ap, char* const*);  // after the list's terminating null
+    return execve(path, argv, envp);
+  });
   va_end(ap);
-  return execve(path, argv, envp);
+  return rc;
 }
