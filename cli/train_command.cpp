@@ -61,6 +61,10 @@ void add_train_command(CLI::App& app, Action& action) {
                 "run each step's CPU AdamW beside the next step's forward, module by module in the forward's order "
                 "(needs --offload-optimizer): each module waits for its own update, so the arithmetic is the ordinary "
                 "update's, bit for bit");
+  sub->add_flag("--adam-in-backward", cfg->adam_in_backward,
+                "with --overlap-update, ZeRO stage 2-3: start each module's CPU AdamW as soon as its gradient "
+                "partition has landed, during backward (exact: the update stands only where the step's norm says "
+                "the ordinary one would be the same; 12 bytes a parameter more host memory)");
   sub->add_option("--grad-partition-dtype", cfg->grad_partition_dtype,
                   "the host gradient partitions CPU AdamW reads (with --offload-optimizer): fp32 (default, DeepSpeed's "
                   "fp32_partitioned_groups_flat[i].grad) or compute (ZeRO stage 2-3, bf16/fp16: kept as they land from "
@@ -151,6 +155,7 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--overlap-update")
             from_file.overlap_update = c.overlap_update,
             from_file.delayed_update = sub->count("--delayed-update") ? c.delayed_update : -1;
+          else if (n == "--adam-in-backward") from_file.adam_in_backward = c.adam_in_backward;
           else if (n == "--grad-partition-dtype") from_file.grad_partition_dtype = c.grad_partition_dtype;
           else if (n == "--pinned-numa") from_file.pinned_numa = c.pinned_numa;
           else if (n == "--matmul-precision") from_file.matmul_precision = c.matmul_precision;

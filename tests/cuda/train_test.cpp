@@ -219,6 +219,30 @@ TEST(CudaTrain, PartialOffloadIsTheFullOffloadOnTheGpu) {
   expect_losses_close(train_losses(c), train_losses(sim), 2e-2);
 }
 
+// AdamW during backward (--overlap-update --adam-in-backward) on the GPU: each module's CPU AdamW
+// starts once its gradient partition has landed from the GPU, beside the rest of backward; the run
+// is the ordinary update's bit for bit (the GPU's passes repeat exactly), with device and host
+// parameter shards, on 1 and 2 ranks, without clipping and with a clip that acts on some steps.
+TEST(CudaTrain, AdamInBackwardIsTheOrdinaryUpdateBitForBit) {
+  ZT_REQUIRE_GPU();
+  for (int world : {1, 2})
+    for (bool off_param : {false, true})
+      for (double clip : {0.0, 3.0}) {
+        SCOPED_TRACE(std::to_string(world) + " ranks, " + (off_param ? "host" : "device") + " parameter shards, clip " +
+                     std::to_string(clip));
+        TrainConfig c = optimizer_offload_run("bf16");
+        c.device = "cuda";
+        c.world_size = world;
+        c.grad_clip = clip;
+        c.zero.offload_param = off_param;
+        c.zero.param_persistence_threshold = 0;
+        const std::vector<double> ordinary = train_losses(c);
+        c.overlap_update = true;
+        c.adam_in_backward = true;
+        EXPECT_EQ(train_losses(c), ordinary);
+      }
+}
+
 // ZT_CUDA_SYNC=blocking (the rank thread sleeps in its waits for the GPU instead of spinning): the
 // same run as CUDA's default schedule, bit for bit (the delayed update, bf16: its waits for the
 // gradient copies and the apply's).

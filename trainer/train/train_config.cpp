@@ -80,6 +80,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
       {"tf32", [&](const YAML::Node& n) { c.tf32 = n.as<bool>(); }},
       {"delayed_update", [&](const YAML::Node& n) { c.delayed_update = n.as<int64_t>(); }},
       {"overlap_update", [&](const YAML::Node& n) { c.overlap_update = n.as<bool>(); }},
+      {"adam_in_backward", [&](const YAML::Node& n) { c.adam_in_backward = n.as<bool>(); }},
       {"grad_partition_dtype", [&](const YAML::Node& n) { c.grad_partition_dtype = n.as<std::string>(); }},
       {"pinned_numa", [&](const YAML::Node& n) { c.pinned_numa = n.as<std::string>(); }},
       {"matmul_precision", [&](const YAML::Node& n) { c.matmul_precision = n.as<std::string>(); }},
@@ -215,6 +216,11 @@ Status validate(const TrainConfig& c) {
     return bad("overlap_update runs CPU AdamW beside the next step's forward: it needs the optimizer on the host (offload_optimizer, ZeRO stage 1-3)");
   if (c.overlap_update && c.delayed_update >= 0)
     return bad("overlap_update and delayed_update are two ways of running AdamW beside the next step (exact, and one update stale): give one");
+  if (c.adam_in_backward && !c.overlap_update)
+    return bad("adam_in_backward starts the overlapped update's AdamW during backward: give overlap_update too");
+  if (c.adam_in_backward && c.zero.stage < 2)
+    return bad("adam_in_backward needs ZeRO stage 2 or 3: only there does a module's gradient partition reach the "
+               "host during backward (stage 1 offloads them at the optimizer step)");
   if (std::string p = grad_partition_dtype_problem(c); !p.empty()) return bad(p);
   try {
     memory::parse_placement(c.pinned_numa);  // the one list of placements' names
@@ -312,6 +318,7 @@ std::string to_json(const TrainConfig& c) {
                       {"matmul_precision", std::string(matmul_precision_name(matmul_precision_of(c)))},
                       {"delayed_update", c.delayed_update},
                       {"overlap_update", c.overlap_update},
+                      {"adam_in_backward", c.adam_in_backward},
                       {"grad_partition_dtype", c.grad_partition_dtype},
                       {"pinned_numa", c.pinned_numa},
                       {"attention", c.attention},

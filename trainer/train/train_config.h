@@ -98,6 +98,13 @@ struct TrainConfig {
   // s+1 starts; each module's first use in step s+1 waits for its own update. The same arithmetic
   // as the ordinary update, bit for bit: only the time it takes moves under the next forward.
   bool overlap_update = false;
+  // AdamW during backward (with overlap_update; stages 2-3, where a module's gradient partition lands
+  // on the host during backward): each module's CPU AdamW starts as soon as its partition has landed,
+  // beside the rest of backward, writing its master weights and moments out of place (a second fp32
+  // state, 12 bytes a parameter of host memory); the step's norm then says whether that update stands
+  // (nothing clipped, the norm finite: the ordinary update's arithmetic, bit for bit) or is thrown
+  // away (clipped: the overlapped update's pass from the state kept; not finite: the step skipped).
+  bool adam_in_backward = false;
   // The dtype of the gradient partitions the CPU AdamW reads under offload_optimizer: fp32
   // (DeepSpeed's fp32_partitioned_groups_flat[i].grad: each partition lands in the compute dtype
   // and is widened into an fp32 buffer on the host) or compute (bf16/fp16, ZeRO stage 2-3: the

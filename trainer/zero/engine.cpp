@@ -27,6 +27,9 @@ struct ZeroEngine::Part {
   Tensor param_shard;  // [shard], compute dtype: accelerator, or host with offload_param (when sharded)
   Tensor grad;         // compute dtype on the accelerator: [padded] at stages 0-1, [shard] at 2-3
   Tensor master, m, v; // fp32 [opt_n]: pinned host when opt_host, else accelerator
+  // AdamW during backward: the second fp32 state its out-of-place pass writes (swapped with the
+  // first when the update stands and the module is awaited).
+  Tensor master_alt, m_alt, v_alt;
   // The gradient partition CPU AdamW reads, [opt_n] on the host with offload_optimizer
   // (persistent): fp32 (DeepSpeed's NAME.grad), or the compute dtype under grad_partition_dtype
   // compute (it stays as it lands from the device; AdamW widens it and applies the step's scale).
@@ -285,9 +288,19 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   // (cudaHostAlloc: on an H100 those steps ran at a third of the later speed; 2026-11-23).
   if (cfg.delayed_update >= 0 || cfg.overlap_update) {
     for (auto& p : parts_) {
-      // Overlapped, a module AdamW writes in place (offload_param) has no buffer; delayed, none is.
-      if (p->master.device().is_host() && dtype_ != DType::F32 && !(cfg.overlap_update && adam_in_place(*p, false)))
+      // Overlapped, a module AdamW writes in place (offload_param) has no buffer, unless it runs
+      // during backward (never in place: the step may throw it away); delayed, none is in place.
+      if (p->master.device().is_host() && dtype_ != DType::F32 &&
+          !(cfg.overlap_update && !cfg.adam_in_backward && adam_in_place(*p, false)))
         for (int slot = 0; slot < (cfg.overlap_update ? 1 : 2); ++slot) p->update[slot] = update_buffer(*p);
+      // AdamW during backward: the second fp32 state, made as the first (the same names: it is the
+      // state, double-buffered).
+      if (cfg.adam_in_backward && p->opt_host) {
+        const bool opt_pin = z_.pin_memory;
+        p->master_alt = Tensor::empty(p->master.name(), {p->opt_n}, DType::F32, host, opt_pin);
+        p->m_alt = Tensor::empty(p->m.name(), {p->opt_n}, DType::F32, host, opt_pin);
+        p->v_alt = Tensor::empty(p->v.name(), {p->opt_n}, DType::F32, host, opt_pin);
+      }
       if (cfg.delayed_update >= 0 && p->part_grad.defined())
         p->part_grad_spare = Tensor::zeros(p->part_grad.name(), {p->opt_n}, part_grad_dtype_, host, pin);
       // The early write-back's second device shard: where the update's copy goes while the step
@@ -297,6 +310,15 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     }
     early_write_back_ = std::any_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->shard_next.defined(); });
   }
+  if (cfg.adam_in_backward) {
+    if (!cfg.overlap_update) throw std::invalid_argument("adam_in_backward needs overlap_update");
+    if (z_.stage < 2) throw std::invalid_argument("adam_in_backward needs ZeRO stage 2 or 3");
+    const size_t n = parts_.size();
+    early_.jobs.resize(n);
+    early_.landed.assign(n, 0);
+    early_.taken.assign(n, 0);
+    early_.done.assign(n, 0);
+  }
   host_tokens_ = Tensor::empty("batch.tokens", {B, T}, DType::I32, host, true);
   host_targets_ = Tensor::empty("batch.targets", {B, T}, DType::I32, host, true);
 }
@@ -304,6 +326,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
 // In-flight copies finish, and the device's queue drains, before any tensor of this engine is
 // freed (a failed step leaves both behind).
 ZeroEngine::~ZeroEngine() {
+  if (early_.live) abort_early(true);  // a pass during backward waits for partitions that never come
   try {
     if (background_) background_->wait();  // its jobs read this engine's tensors
   } catch (...) {
@@ -341,7 +364,7 @@ int64_t ZeroEngine::model_state_bytes() const {
   int64_t b = 0;
   for (const auto& p : parts_)
     for (const Tensor* t : {&p->param, &p->param_shard, &p->shard_next, &p->grad, &p->master, &p->m, &p->v, &p->part_grad,
-                            &p->part_grad_spare})
+                            &p->part_grad_spare, &p->master_alt, &p->m_alt, &p->v_alt})
       if (t->defined()) b += int64_t(t->bytes());
   return b;
 }
@@ -397,6 +420,7 @@ void ZeroEngine::finish_offload(Offload& o) {
     o.part->part_grad_sq_ready = true;
   }
   o.staging.reset();
+  if (cfg_.adam_in_backward) early_landed(*o.part);
 }
 
 // The partitions already on their way to the host land, but `keep`: called while the device
@@ -622,7 +646,18 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
 
 // ---------------------------------------------------------------- the optimizer step
 
+// AdamW during backward: a step that throws stops the pass in flight first (its updates thrown away):
+// the error is the step's.
 StepResult ZeroEngine::optimizer_step(int64_t step) {
+  try {
+    return optimizer_step_body(step);
+  } catch (...) {
+    if (early_now() && !early_.committed) abort_early(true);
+    throw;
+  }
+}
+
+StepResult ZeroEngine::optimizer_step_body(int64_t step) {
   Device& accel = rt_.accelerator();
   Device& host = rt_.host();
   StepResult r;
@@ -661,6 +696,13 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   probe::MarkerId gl = phase("gradients landed", step);
   land_offloads(0);  // every partition has reached the host
   end(gl);
+  if (early_now()) {
+    // AdamW during backward: the pass takes the modules still to do in the forward's order now; one
+    // that failed already ends the step with its error.
+    std::lock_guard lock(update_mu_);
+    early_.all_landed = true;
+    update_cv_.notify_all();
+  }
 
   // 2. The global norm. Each rank sums the squares of its own partition (at stage 0 every
   // rank holds all of it, so one rank's sum is the total), then the sums are all-reduced.
@@ -707,6 +749,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       rec_->counter(rank_, 0, rec_->intern("loss_scale"), loss_scale_);
     }
     for (auto& p : parts_) zero_tensor(p->grad);
+    if (early_now()) abort_early(false);  // AdamW during backward: this step's update is thrown away
     // A delayed update in flight is applied all the same: the next step is one update behind,
     // as every other step, not two.
     apply_update(step);
@@ -758,6 +801,9 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     }
     end(uc);
   }
+  // AdamW during backward: its factor was this step's unless it clips. Clipped, its updates are
+  // thrown away and the overlapped update's pass below runs from the state it kept.
+  if (early_now() && (r.clipped || early_.stopped)) abort_early(false);
 
   // 4. AdamW on each partition, where the optimizer state lives: the vectorized CPU Adam (bit-
   // identical to the reference). With the master weights on the host, the same pass writes
@@ -777,8 +823,9 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   // The fused pass may write host parameter shards that H2D copies read earlier in the step.
   rt_.accelerator().ops().synchronize();
   // The update of the step before, when it was delayed, is applied before this one starts: its
-  // AdamW has finished and its weights are written back before its buffers are used again.
-  apply_update(step);
+  // AdamW has finished and its weights are written back before its buffers are used again. (A pass
+  // during backward in flight now is this step's own.)
+  if (!early_now()) apply_update(step);
   const bool delayed = cfg_.delayed_update >= 0 && step >= cfg_.delayed_update;
   const bool overlapped = cfg_.overlap_update;
   const optim::AdamParams hp{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
@@ -822,7 +869,15 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       write_back(j.mi, j.fused);
     }
   }
-  if (overlapped) {
+  if (overlapped && early_now()) {
+    // AdamW during backward: the pass in flight is this step's update (nothing clipped, the norm
+    // finite: its factor was the step's). It stands: the next step's first use of each module
+    // awaits it there and swaps the module's two states (await_update).
+    for (auto& p : parts_) zero_tensor(p->grad);
+    std::lock_guard lock(update_mu_);
+    early_.committed = true;
+    pending_step_ = step;
+  } else if (overlapped) {
     // The AdamW pass to the background thread, in the order the forward first uses the modules;
     // the next step's first use of each waits for it (await_update).
     for (auto& p : parts_) zero_tensor(p->grad);
@@ -977,6 +1032,15 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
     }
     if (virt_) {
       // sizes only
+    } else if (j.to_alt) {
+      // AdamW during backward: out of place into the second state (the same kernel as the in-place
+      // branches below, cpu_adam.h: bit for bit their values).
+      const optim::GradDType gt = j.grad.dtype() == DType::F32    ? optim::GradDType::F32
+                                  : j.grad.dtype() == DType::BF16 ? optim::GradDType::BF16
+                                                                  : optim::GradDType::F16;
+      optim::cpu_adamw_step_grads_into(p.master.f32(), p.m.f32(), p.v.f32(), p.master_alt.f32(), p.m_alt.f32(),
+                                       p.v_alt.f32(), j.grad.raw(), gt, j.grad_scale, p.opt_n, hp, adam_step,
+                                       j.low_out, j.low);
     } else if (j.grad.dtype() == DType::F32 && j.grad_scale == 1.0f) {
       p.master.device().ops().adamw(p.master.f32(), j.grad.f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_step,
                                     j.low_out, j.low);
@@ -1005,12 +1069,18 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
 void ZeroEngine::apply_update(int64_t at_step) {
   if (!update_pending()) return;
   if (cfg_.overlap_update) {
-    // Each module not yet used since: awaited and written back now (in the job's order).
+    // Each module not yet used since: awaited and written back now (in the job's order; a pass during
+    // backward's in the forward's).
     std::vector<int> due;
-    for (const AdamJob& j : pending_) due.push_back(j.mi);
+    if (early_.live) {
+      due = early_.forward_order;
+    } else {
+      for (const AdamJob& j : pending_) due.push_back(j.mi);
+    }
     for (int mi : due) await_update(mi);
     background_->wait();  // finished: every module's AdamW was awaited
     pending_.clear();
+    early_.live = false;
     // Nothing of it is on its way up any more (ordered, then waited for: see optimizer_step).
     for (auto& p : parts_) p->written.wait();
     rt_.accelerator().ops().synchronize();
@@ -1076,16 +1146,26 @@ bool ZeroEngine::wait_updates_past(size_t k) {
 bool ZeroEngine::update_finished(const Part& p) {
   if (!p.update_due) return true;
   std::lock_guard lock(update_mu_);
+  if (early_.live) return early_.done[size_t(p.spec.index)] != 0;
   return updates_done_ > update_pos_[size_t(p.spec.index)];
 }
 
 void ZeroEngine::await_update(int mi) {
   Part& p = *parts_[size_t(mi)];
   if (!p.update_due) return;
+  if (early_.live && !early_.committed)
+    throw std::logic_error("ZeroEngine: module " + p.spec.name + " used before its AdamW during backward was decided");
   probe::MarkerId ph = phase("await update " + p.spec.name, step_now_);
-  const size_t k = update_pos_[size_t(mi)];
   bool failed = false;
-  {
+  if (early_.live) {
+    // AdamW during backward: the pass takes the rest in the forward's order; while the rank thread
+    // waits, the pieces under way take its threads too.
+    BackgroundThread::Waiting waiting(*background_, INT64_MAX);
+    std::unique_lock lock(update_mu_);
+    update_cv_.wait(lock, [&] { return early_.done[size_t(mi)] || update_failed_; });
+    failed = !early_.done[size_t(mi)];
+  } else {
+    const size_t k = update_pos_[size_t(mi)];
     // The pass may take the rank's threads for the modules up to this one (not those after it: the
     // rank thread computes again once this one is done).
     BackgroundThread::Waiting waiting(*background_, int64_t(k));
@@ -1095,6 +1175,7 @@ void ZeroEngine::await_update(int mi) {
     // The job stopped at this or an earlier module's AdamW: its error, thrown by the wait; no
     // update is due now.
     for (auto& q : parts_) q->update_due = false;
+    early_.live = false;
     try {
       background_->wait();
     } catch (...) {
@@ -1110,8 +1191,132 @@ void ZeroEngine::await_update(int mi) {
   // The write-back (a host copy, an H2D copy the gather waits for on the device, or the all-gather
   // of a whole module) is the ordinary update's, outside the wait's marker.
   p.update_due = false;
-  const AdamJob& j = pending_[k];
+  if (early_.live) {
+    // The updated state is the second one: it becomes the state (the first takes the next update).
+    std::swap(p.master, p.master_alt);
+    std::swap(p.m, p.m_alt);
+    std::swap(p.v, p.v_alt);
+    write_back(mi, early_.jobs[size_t(mi)].fused, true);
+    return;
+  }
+  const AdamJob& j = pending_[update_pos_[size_t(mi)]];
   if (!j.in_place) write_back(mi, j.fused, true);
+}
+
+// AdamW during backward (engine.h): module p's gradient partition has landed on the host during
+// backward. Its job (the partition, the factor the step has unless it clips, out of place into the
+// second state, the compute-dtype update into update[0], never in place) joins the pass, which the
+// first landing of the step starts on the background thread.
+void ZeroEngine::early_landed(Part& p) {
+  const size_t mi = size_t(p.spec.index);
+  if (!p.opt_host) return;
+  if (!early_now()) {
+    // The step before's pass has no module left to await (the forward used every one): it ends now.
+    // Its write-backs out of the update buffers have landed: each module's gather waited for its own
+    // on the device before the backward whose partitions land here.
+    apply_update(step_now_);
+    std::fill(early_.landed.begin(), early_.landed.end(), 0);
+    std::fill(early_.taken.begin(), early_.taken.end(), 0);
+    std::fill(early_.done.begin(), early_.done.end(), 0);
+    early_.queue.clear();
+    early_.all_landed = early_.abort = early_.committed = early_.stopped = false;
+    early_.sq = 0;
+    early_.step = step_now_;
+    // The factor the optimizer step gives a host partition unless it clips (unscale_and_clip_grads).
+    early_.factor = loss_scale_ != 1.0 ? float(1.0 / loss_scale_) : 1.0f;
+    early_.forward_order.clear();
+    std::vector<char> seen(parts_.size(), 0);
+    for (int m : order_)
+      if (!seen[size_t(m)]) seen[size_t(m)] = 1, early_.forward_order.push_back(m);
+    for (size_t m = 0; m < parts_.size(); ++m)
+      if (!seen[m]) early_.forward_order.push_back(int(m));
+    {
+      std::lock_guard lock(update_mu_);
+      updates_done_ = 0;
+      update_failed_ = false;
+    }
+    early_.live = true;
+    const optim::AdamParams hp{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
+    const int64_t step = early_.step, adam_step = adam_steps_ + 1;
+    background_->submit([this, hp, step, adam_step] {
+      for (int64_t k = 0;; ++k) {
+        int m = -1;
+        {
+          std::unique_lock lock(update_mu_);
+          auto next = [&] {
+            if (early_.all_landed) {
+              for (int f : early_.forward_order)
+                if (early_.landed[size_t(f)] && !early_.taken[size_t(f)]) return f;
+              return -1;
+            }
+            while (!early_.queue.empty() && early_.taken[size_t(early_.queue.front())]) early_.queue.pop_front();
+            return early_.queue.empty() ? -1 : early_.queue.front();
+          };
+          update_cv_.wait(lock, [&] { return early_.abort || early_.all_landed || next() >= 0; });
+          if (early_.abort) return;
+          m = next();
+          if (m < 0) return;  // every partition landed and taken
+          early_.taken[size_t(m)] = 1;
+        }
+        background_->refresh_width(k);
+        try {
+          run_adam(early_.jobs[size_t(m)], hp, step, adam_step);
+        } catch (...) {
+          {
+            std::lock_guard lock(update_mu_);
+            update_failed_ = true;
+          }
+          update_cv_.notify_all();
+          throw;  // kept by the background thread, thrown by the wait in await_update/abort_early
+        }
+        std::lock_guard lock(update_mu_);
+        early_.done[size_t(m)] = 1;
+        ++updates_done_;
+        update_cv_.notify_all();
+      }
+    });
+  }
+  AdamJob j;
+  j.mi = int(mi);
+  j.grad = p.part_grad;
+  j.grad_scale = early_.factor;
+  j.to_alt = true;
+  if (dtype_ != DType::F32) {
+    j.low = dtype_ == DType::BF16 ? optim::LowDType::BF16 : optim::LowDType::F16;
+    j.fused = p.update[0];
+    j.low_out = j.fused.raw();
+  }
+  p.update_due = true;
+  // The partitions landed so far already make this rank's part of the global norm clip: the step
+  // clips (the other ranks' parts only add to it), so the pass takes no more modules (a soft stop:
+  // the optimizer step then throws it away as it does a clipped one, whatever the norm says).
+  if (cfg_.grad_clip > 0 && p.part_grad_sq_ready) {
+    early_.sq += p.part_grad_sq;
+    if ((std::sqrt(early_.sq) / loss_scale_ + 1e-6) / cfg_.grad_clip > 1.0 + 1e-4) early_.stopped = true;
+  }
+  std::lock_guard lock(update_mu_);
+  early_.jobs[mi] = std::move(j);
+  early_.landed[mi] = 1;
+  early_.queue.push_back(int(mi));
+  if (early_.stopped) early_.abort = true;
+  update_cv_.notify_all();
+}
+
+void ZeroEngine::abort_early(bool quiet) {
+  {
+    std::lock_guard lock(update_mu_);
+    early_.abort = true;
+  }
+  update_cv_.notify_all();
+  for (auto& p : parts_)
+    if (p->opt_host) p->update_due = false;  // nothing of it is swapped in, ever
+  early_.live = false;
+  early_.committed = false;
+  try {
+    background_->wait();
+  } catch (...) {
+    if (!quiet) throw;
+  }
 }
 
 void ZeroEngine::require_no_pending_update(const char* what) const {
@@ -1219,6 +1424,7 @@ void ZeroEngine::offload_grad(int mi, const Tensor& grad, int64_t step) {
   }
   if (!leak_active_.empty() || !grad.raw()) {
     copy_into(p.part_grad, grad);  // D2H, upcast to fp32 on the host (unless kept in the compute dtype)
+    if (cfg_.adam_in_backward) early_landed(p);
     return;
   }
   // D2H on the copy lane, overlapping what follows (the rest of backward), in the compute dtype

@@ -73,6 +73,23 @@
 // buffer: a module's next partition lands only after its update was awaited, and the compute-dtype
 // update one buffer per module: the pass starts after the last write-back out of it has landed.
 //
+// AdamW during backward (cfg.adam_in_backward, with the overlapped update; stages 2-3): a module's
+// gradient partition is final once it has landed on the host during backward, so its AdamW starts
+// then, on the same background thread (early_landed), beside the rest of backward, while the step's
+// global norm is not yet known. It applies the factor the step will have unless it clips (1 /
+// loss_scale) and writes the updated master weights and moments out of place, into the module's
+// second fp32 state (master_alt, m_alt, v_alt: 12 bytes a parameter of host memory, counted in
+// model_state_bytes), its compute-dtype update into update[0]; the state it read stays as it was.
+// Once every partition has landed, the pass takes the modules left in the forward's order. The
+// optimizer step then decides: nothing clipped and the norm finite, the update stands, and each
+// module's first use in the next step awaits its AdamW, swaps the two states and writes it back (the
+// ordinary update, bit for bit: the same kernel on the same values, cpu_adam.h); clipped, the pass is
+// stopped and thrown away, and the overlapped update's pass runs from the state kept (the AdamW of
+// the modules done early ran twice: the cost of the steps that clip; the pass stops taking modules as
+// soon as the partitions landed on this rank alone make the step clip); not finite, thrown away and
+// the step skipped. A module's write-back out of update[0] has landed before its next partition does (its
+// gather waited on the device for it, before the backward whose partition that is).
+//
 // The global norm and unscale_and_clip_grads are an explicit step: the norm is a tensor on
 // the host under offload_optimizer and on the device otherwise; when clipping is active the
 // combined scale is a tensor on the norm's device, and every gradient partition passes the
@@ -222,6 +239,7 @@ class ZeroEngine {
     void* low_out = nullptr;  // fused's storage, or the host parameter shard itself
     optim::LowDType low = optim::LowDType::None;
     bool in_place = false;    // it writes the host parameter shard itself: no write-back
+    bool to_alt = false;      // AdamW during backward: the updated state goes to master_alt, m_alt, v_alt
   };
   void run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t step, int64_t adam_step);
   // pending_'s AdamW pass to the background thread, counting the modules it has done.
@@ -240,6 +258,13 @@ class ZeroEngine {
   // Waits until the background pass has done more than `k` modules (true) or has failed (false).
   bool wait_updates_past(size_t k);
   void require_no_pending_update(const char* what) const;
+  // AdamW during backward: module p's partition has landed (its job joins the pass, which starts with
+  // the first); the pass told to stop and waited for, its updates thrown away (rethrows its error
+  // unless `quiet`).
+  void early_landed(Part& p);
+  void abort_early(bool quiet);
+  bool early_now() const { return early_.live && early_.step == step_now_; }  // this step's pass is in flight
+  StepResult optimizer_step_body(int64_t step);
   probe::MarkerId phase(const std::string& name, int64_t step, int64_t micro = -1);
   void end(probe::MarkerId id);
 
@@ -288,6 +313,22 @@ class ZeroEngine {
   std::condition_variable update_cv_;
   size_t updates_done_ = 0;
   bool update_failed_ = false;
+  // AdamW during backward (cfg_.adam_in_backward): the pass in flight is an early one (per-module
+  // done flags, out-of-place state) from its first landed partition until it is waited for; its
+  // update stands once the optimizer step has said so (committed). The vectors are indexed by module
+  // and, but for jobs written before a module is marked landed, guarded by update_mu_.
+  struct EarlyPass {
+    bool live = false, committed = false;
+    int64_t step = -1;
+    float factor = 1.0f;           // the scale its AdamW applies: the step's when nothing clips
+    std::vector<AdamJob> jobs;
+    std::vector<char> landed, taken, done;
+    std::deque<int> queue;         // landed and not yet taken, in landing order
+    std::vector<int> forward_order;  // the modules in the order the forward first uses them
+    bool all_landed = false, abort = false;
+    bool stopped = false;  // the partitions landed already make the step clip: no more modules taken
+    double sq = 0;         // their sum of squares (this rank's part of the global norm's)
+  } early_;
   double loss_scale_ = 1;
   int64_t good_steps_ = 0, hysteresis_left_ = 0, adam_steps_ = 0;
 };
