@@ -14,7 +14,8 @@
 namespace zt::cli {
 
 void add_train_command(CLI::App& app, Action& action) {
-  auto* sub = app.add_subcommand("train", "Train GPT-2 on a simulated GPU (or the CPU) and record a trace\n"
+  auto* sub = app.add_subcommand("train", "Train GPT-2 with ZeRO (stages 0-3, CPU offload) on a CUDA GPU, a simulated GPU or the CPU, "
+                                          "and record a trace\n"
                                           "Example: zt train --device sim --model tiny --steps 200 --trace run.db");
   auto cfg = std::make_shared<trainer::TrainConfig>();
   auto config_file = std::make_shared<std::string>();
@@ -31,7 +32,8 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--epochs", cfg->epochs, "epochs (instead of --steps)");
   sub->add_option("--micro-batch", cfg->micro_batch, "sequences per micro-step");
   sub->add_option("--grad-accum", cfg->grad_accum, "micro-steps per optimizer step");
-  sub->add_option("--world-size", cfg->world_size, "ranks: threads, each with its own simulated GPU");
+  sub->add_option("--world-size", cfg->world_size,
+                  "ranks, as threads of this process: each with its own simulated GPU, or all on --device cuda's GPU");
   sub->add_option("--seq-len", cfg->seq_len, "tokens per sequence (default: the model's context)");
   sub->add_option("--seed", cfg->seed, "seed of init, data order and synthetic data");
   sub->add_option("--precision", cfg->precision, "fp32, bf16 or fp16 weights (math in fp32)");
