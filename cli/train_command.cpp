@@ -105,6 +105,10 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--zero-stage", cfg->zero.stage, "ZeRO stage 0, 1, 2 or 3")->check(CLI::Range(0, 3));
   sub->add_flag("--offload-optimizer", cfg->zero.offload_optimizer, "fp32 master weights and Adam moments on the host");
   sub->add_flag("--offload-param", cfg->zero.offload_param, "stage 3: parameter shards on the host");
+  sub->add_option("--param-persistence-threshold", cfg->zero.param_persistence_threshold,
+                  "stage 3: a module with fewer parameters than this stays whole on every GPU, not sharded "
+                  "(DeepSpeed's stage3_param_persistence_threshold; default 100000; 0: shard every module)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--offload-ratio", cfg->zero.offload_ratio,
                   "with --offload-optimizer at stage 3: the fraction of the modules whose optimizer state goes to the "
                   "host (DeepSpeed's offload_optimizer.ratio, ZeRO-Offload++); the first modules keep theirs on the "
@@ -168,6 +172,8 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--offload-optimizer") from_file.zero.offload_optimizer = c.zero.offload_optimizer;
           else if (n == "--offload-param") from_file.zero.offload_param = c.zero.offload_param;
           else if (n == "--offload-ratio") from_file.zero.offload_ratio = c.zero.offload_ratio;
+          else if (n == "--param-persistence-threshold")
+            from_file.zero.param_persistence_threshold = c.zero.param_persistence_threshold;
           else if (n == "--fault") from_file.faults.insert(from_file.faults.end(), c.faults.begin(), c.faults.end());
           else if (n == "--fault-seed") from_file.fault_seed = c.fault_seed;
           else if (n == "--comm-timeout") from_file.comm_timeout_ms = c.comm_timeout_ms;
@@ -221,7 +227,9 @@ void add_train_command(CLI::App& app, Action& action) {
             {"--offload-param", c.zero.offload_param != after.zero.offload_param, yes_no(c.zero.offload_param),
              yes_no(after.zero.offload_param)},
             {"--offload-ratio", c.zero.offload_ratio != after.zero.offload_ratio, num(c.zero.offload_ratio),
-             num(after.zero.offload_ratio)}};
+             num(after.zero.offload_ratio)},
+            {"--param-persistence-threshold", c.zero.param_persistence_threshold != after.zero.param_persistence_threshold,
+             std::to_string(c.zero.param_persistence_threshold), std::to_string(after.zero.param_persistence_threshold)}};
         for (const Setting& s : settable)
           if (sub->get_option(s.flag)->count() > 0 && s.differs)
             return fail(std::string(s.flag) + " " + s.given + " and --ds-config " + *ds_config + " (" + s.file +
