@@ -5,7 +5,9 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <ostream>
 #include <string>
+#include <vector>
 
 namespace zt::db {
 struct KernelSummaryOptions;  // zt/db/kernel_summary.h
@@ -43,6 +45,11 @@ std::string scenario_dir();
 std::string shipped_scenario(const std::string& name);
 
 // Shared by several commands.
+// Prints rows as an aligned table; right_align[c]: column c is numbers. Widths are columns on screen
+// (cli/text_width.h): "251.81 µs" is 10 bytes but 9 columns.
+void print_table(std::ostream& out, const std::vector<std::string>& header,
+                 const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right_align,
+                 const std::string& indent = "");
 int db_info(const std::string& path);
 int db_sql(const std::string& path, const std::string& sql, bool csv);
 // db info's report of a delayed or overlapped update (the background AdamW, the waits for it, the

@@ -29,11 +29,11 @@ std::string utc_time(int64_t unix_ns) {
   return buf;
 }
 
-// Prints rows as an aligned table; numeric columns right-aligned. Widths are columns on screen
-// (cli/text_width.h): "251.81 µs" is 10 bytes but 9 columns.
+}  // namespace
+
 void print_table(std::ostream& out, const std::vector<std::string>& header,
                  const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right_align,
-                 const std::string& indent = "") {
+                 const std::string& indent) {
   std::vector<size_t> width(header.size());
   for (size_t c = 0; c < header.size(); ++c) width[c] = display_width(header[c]);
   for (auto& r : rows)
@@ -51,6 +51,8 @@ void print_table(std::ostream& out, const std::vector<std::string>& header,
   line(header);
   for (auto& r : rows) line(r);
 }
+
+namespace {
 
 std::string csv_field(const std::string& v) {
   if (v.find_first_of(",\"\n") == std::string::npos) return v;

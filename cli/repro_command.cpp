@@ -14,9 +14,9 @@ namespace zt::cli {
 void add_repro_command(CLI::App& app, Action& action) {
   auto* sub = app.add_subcommand(
       "repro",
-      "Replay a bug report scenario with its faults, then with its known fix, and print a verdict from the traces\n"
-      "(REPRODUCED / NOT REPRODUCED / INCONCLUSIVE, and whether the fix cures it). Exit 0 only when reproduced and\n"
-      "cured, 1 otherwise, 2 for a bad scenario file.\n"
+      "Replay a bug report scenario with its faults, then with its known fix, and print a verdict from the traces "
+      "(REPRODUCED / NOT REPRODUCED / INCONCLUSIVE, and whether the fix cures it).\n"
+      "Exit 0 only when reproduced and cured, 1 otherwise, 2 for a bad scenario file.\n"
       "Example: zt repro r3-internlm2-20b-no-zero-oom --json r3.json   (a shipped scenario by name)\n"
       "         zt repro my-scenario.yaml");
   auto path = std::make_shared<std::string>();

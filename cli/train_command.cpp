@@ -14,7 +14,8 @@
 namespace zt::cli {
 
 void add_train_command(CLI::App& app, Action& action) {
-  auto* sub = app.add_subcommand("train", "Train GPT-2 on a simulated GPU (or the CPU) and record a trace\n"
+  auto* sub = app.add_subcommand("train", "Train GPT-2 with ZeRO (stages 0-3, CPU offload) on a CUDA GPU, a simulated GPU or the CPU, "
+                                          "and record a trace\n"
                                           "Example: zt train --device sim --model tiny --steps 200 --trace run.db");
   auto cfg = std::make_shared<trainer::TrainConfig>();
   auto config_file = std::make_shared<std::string>();
@@ -31,7 +32,8 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--epochs", cfg->epochs, "epochs (instead of --steps)");
   sub->add_option("--micro-batch", cfg->micro_batch, "sequences per micro-step");
   sub->add_option("--grad-accum", cfg->grad_accum, "micro-steps per optimizer step");
-  sub->add_option("--world-size", cfg->world_size, "ranks: threads, each with its own simulated GPU");
+  sub->add_option("--world-size", cfg->world_size,
+                  "ranks, as threads of this process: each with its own simulated GPU, or all on --device cuda's GPU");
   sub->add_option("--seq-len", cfg->seq_len, "tokens per sequence (default: the model's context)");
   sub->add_option("--seed", cfg->seed, "seed of init, data order and synthetic data");
   sub->add_option("--precision", cfg->precision, "fp32, bf16 or fp16 weights (math in fp32)");
@@ -107,6 +109,10 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--zero-stage", cfg->zero.stage, "ZeRO stage 0, 1, 2 or 3")->check(CLI::Range(0, 3));
   sub->add_flag("--offload-optimizer", cfg->zero.offload_optimizer, "fp32 master weights and Adam moments on the host");
   sub->add_flag("--offload-param", cfg->zero.offload_param, "stage 3: parameter shards on the host");
+  sub->add_option("--param-persistence-threshold", cfg->zero.param_persistence_threshold,
+                  "stage 3: a module with fewer parameters than this stays whole on every GPU, not sharded "
+                  "(DeepSpeed's stage3_param_persistence_threshold; default 100000; 0: shard every module)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--offload-ratio", cfg->zero.offload_ratio,
                   "with --offload-optimizer at stage 3: the fraction of the modules whose optimizer state goes to the "
                   "host (DeepSpeed's offload_optimizer.ratio, ZeRO-Offload++); the first modules keep theirs on the "
@@ -171,6 +177,8 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--offload-optimizer") from_file.zero.offload_optimizer = c.zero.offload_optimizer;
           else if (n == "--offload-param") from_file.zero.offload_param = c.zero.offload_param;
           else if (n == "--offload-ratio") from_file.zero.offload_ratio = c.zero.offload_ratio;
+          else if (n == "--param-persistence-threshold")
+            from_file.zero.param_persistence_threshold = c.zero.param_persistence_threshold;
           else if (n == "--fault") from_file.faults.insert(from_file.faults.end(), c.faults.begin(), c.faults.end());
           else if (n == "--fault-seed") from_file.fault_seed = c.fault_seed;
           else if (n == "--comm-timeout") from_file.comm_timeout_ms = c.comm_timeout_ms;
@@ -224,7 +232,9 @@ void add_train_command(CLI::App& app, Action& action) {
             {"--offload-param", c.zero.offload_param != after.zero.offload_param, yes_no(c.zero.offload_param),
              yes_no(after.zero.offload_param)},
             {"--offload-ratio", c.zero.offload_ratio != after.zero.offload_ratio, num(c.zero.offload_ratio),
-             num(after.zero.offload_ratio)}};
+             num(after.zero.offload_ratio)},
+            {"--param-persistence-threshold", c.zero.param_persistence_threshold != after.zero.param_persistence_threshold,
+             std::to_string(c.zero.param_persistence_threshold), std::to_string(after.zero.param_persistence_threshold)}};
         for (const Setting& s : settable)
           if (sub->get_option(s.flag)->count() > 0 && s.differs)
             return fail(std::string(s.flag) + " " + s.given + " and --ds-config " + *ds_config + " (" + s.file +

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
@@ -29,6 +30,42 @@ TEST(Cli, HelpAndVersion) {
   Result dh = run_zt("db info --help");
   EXPECT_EQ(dh.code, 0);
   EXPECT_NE(dh.out.find("Example: zt db info run.db"), std::string::npos) << dh.out;
+}
+
+// --help fits the terminal: COLUMNS when set, else at most 100 columns (a pipe has no width), with
+// the same words however narrow; only a word wider than its column may stick out. A subcommand's
+// summary in zt --help is the first line of its description, and train's names the CUDA GPU.
+TEST(Cli, HelpIsWrappedToTheTerminal) {
+  auto words = [](const std::string& text) {
+    std::istringstream in(text);
+    std::vector<std::string> w;
+    for (std::string x; in >> x;) w.push_back(x);
+    return w;
+  };
+  for (const char* cmd : {"--help", "train --help", "check --help", "view --help", "repro --help", "db kernels --help"}) {
+    Result wide = run_zt(cmd);
+    ASSERT_EQ(wide.code, 0) << cmd;
+    for (size_t columns : {size_t(0), size_t(60), size_t(80), size_t(200)}) {
+      Result h = columns ? zt::test::run_command("COLUMNS=" + std::to_string(columns) + " " + ZT_EXE + " " + cmd + " 2>&1")
+                         : zt::test::run_command("env -u COLUMNS " + std::string(ZT_EXE) + " " + cmd + " 2>&1 | cat");
+      ASSERT_EQ(h.code, 0) << cmd;
+      const size_t limit = columns == 0 || columns > 100 ? 100 : columns;
+      std::istringstream lines(h.out);
+      for (std::string line; std::getline(lines, line);) {
+        if (line.size() <= limit) continue;
+        const size_t last_space = line.find_last_of(' ');
+        EXPECT_TRUE(last_space != std::string::npos && line.find_first_not_of(' ') > last_space - 1 &&
+                    words(line).size() == 1)
+            << cmd << " at " << columns << " columns: " << line;
+      }
+      EXPECT_EQ(words(h.out), words(wide.out)) << cmd << " at " << columns << " columns";
+    }
+  }
+  Result h = zt::test::run_command("COLUMNS=100 " + std::string(ZT_EXE) + " --help 2>&1");
+  EXPECT_NE(h.out.find("  train                       Train GPT-2 with ZeRO (stages 0-3, CPU offload) on a CUDA GPU, a\n"),
+            std::string::npos)
+      << h.out;
+  EXPECT_EQ(h.out.find("Example: zt train"), std::string::npos) << "the subcommands' list shows summaries only";
 }
 
 TEST(Cli, EverySubcommandIsBuiltAndNamesAMissingFile) {

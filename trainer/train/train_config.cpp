@@ -100,6 +100,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
       {"offload_optimizer", [&](const YAML::Node& n) { c.zero.offload_optimizer = n.as<bool>(); }},
       {"offload_param", [&](const YAML::Node& n) { c.zero.offload_param = n.as<bool>(); }},
       {"offload_ratio", [&](const YAML::Node& n) { c.zero.offload_ratio = n.as<double>(); }},
+      {"param_persistence_threshold", [&](const YAML::Node& n) { c.zero.param_persistence_threshold = n.as<int64_t>(); }},
       {"fault_seed", [&](const YAML::Node& n) { c.fault_seed = n.as<uint64_t>(); }},
       {"comm_timeout_ms", [&](const YAML::Node& n) { c.comm_timeout_ms = n.as<int64_t>(); }},
       {"virtual", [&](const YAML::Node& n) { c.virtual_mode = n.as<bool>(); }},
@@ -203,6 +204,8 @@ Status validate(const TrainConfig& c) {
   if (c.zero.offload_optimizer && c.zero.stage == 0)
     return bad("offload_optimizer needs ZeRO stage 1, 2 or 3 (it offloads the optimizer partition)");
   if (c.zero.offload_param && c.zero.stage != 3) return bad("offload_param needs ZeRO stage 3 (only stage 3 partitions parameters)");
+  if (c.zero.param_persistence_threshold < -1)
+    return bad("param_persistence_threshold must be 0 or more (-1: 10 x the model width, DeepSpeed's \"auto\")");
   if (!(c.zero.offload_ratio >= 0 && c.zero.offload_ratio <= 1))
     return bad("offload_ratio must lie in [0, 1] (the fraction of the modules whose optimizer state is offloaded)");
   if (c.zero.offload_ratio < 1 && !(c.zero.offload_optimizer && c.zero.stage == 3))

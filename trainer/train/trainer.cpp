@@ -522,7 +522,8 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
               << plan.tail_tokens_dropped << " tail tokens unused); " << plan.samples_per_step
               << " samples per step (micro-batch " << B << " x accumulation " << cfg.grad_accum << " x data-parallel "
               << cfg.world_size << ") = " << plan.steps_per_epoch << " steps per epoch, "
-              << plan.samples_dropped_per_epoch << " samples dropped per epoch; training " << total_steps
+              << plan.samples_dropped_per_epoch << (plan.samples_dropped_per_epoch == 1 ? " sample" : " samples")
+              << " dropped per epoch; training " << total_steps
               << " steps\n";
     if (cfg.delayed_update >= 0)
       *progress << "delayed parameter update after " << cfg.delayed_update << " ordinary step"

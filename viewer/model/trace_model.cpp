@@ -569,6 +569,8 @@ void TraceModel::build_tracks() {
       size_t lane = size_t(assigners[size_t(d)].assign(alloc.t_alloc[i], alloc.t_free[i]));
       if (t.lanes.size() <= lane) t.lanes.resize(lane + 1);
       t.lanes[lane].push(alloc.t_alloc[i], alloc.t_free[i], i);
+      t.families |= uint8_t(1u << alloc.family[i]);
+      t.segments = t.segments || alloc.level[i] == uint8_t(db::AllocLevel::Segment);
     }
   });
 

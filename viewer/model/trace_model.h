@@ -97,6 +97,10 @@ struct Track {
   std::vector<std::string> lane_names;
   std::vector<SeriesRef> series;  // memory tracks
   int64_t capacity = 0;           // memory tracks: drawn as a line when known
+  // Allocation tracks: the families of the rows drawn (bit 1 << Family) and whether allocator
+  // segments are among them: what the track's legend names.
+  uint8_t families = 0;
+  bool segments = false;
 };
 
 struct Flag {

@@ -11,10 +11,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
-#include <streambuf>
 
 #include "data/corpus.h"
 #include "model/config.h"
+#include "train/progress_filter.h"
 #include "train/trainer.h"
 #include "zt/db/trace_file.h"
 #include "zt/common/units.h"
@@ -26,59 +26,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-// Passes the trainer's progress lines through, indented, with the per-step lines thinned out
-// on long runs: the first few, about one per tenth of the run, and the last (kept back and
-// printed at the end when it was not shown).
-class ProgressFilter : public std::streambuf {
- public:
-  ProgressFilter(std::ostream* out, int max_step_lines) : out_(out), max_(std::max(3, max_step_lines)) {}
-  void finish() {
-    if (!out_) return;
-    flush_line();
-    if (!held_.empty()) {
-      if (skipped_ > 1) *out_ << "    ... " << skipped_ - 1 << " step lines not shown\n";
-      *out_ << "    " << held_ << "\n";
-      held_.clear();
-    }
-    out_->flush();
-  }
-
- protected:
-  int overflow(int c) override {
-    if (c == traits_type::eof()) return 0;
-    if (c == '\n') flush_line();
-    else line_ += char(c);
-    return c;
-  }
-
- private:
-  void flush_line() {
-    if (!out_ || line_.empty()) return;
-    long long x = 0, y = 0;
-    if (std::sscanf(line_.c_str(), "step %lld/%lld", &x, &y) == 2 && y > 0) {
-      const long long head = 3;
-      const long long stride = std::max<long long>(1, y / std::max(1, max_ - 3));
-      const bool show = y <= max_ || x <= head || x == y || x % stride == 0;
-      if (show) {
-        if (skipped_ > 0 && !held_.empty() && skipped_ > 1) *out_ << "    ... " << skipped_ - 1 << " step lines not shown\n";
-        *out_ << "    " << line_ << "\n";
-        held_.clear();
-        skipped_ = 0;
-      } else {
-        held_ = line_;
-        ++skipped_;
-      }
-    } else {
-      *out_ << "    " << line_ << "\n";
-    }
-    line_.clear();
-  }
-  std::ostream* out_;
-  int max_;
-  std::string line_, held_;
-  long long skipped_ = 0;
-};
 
 void remove_trace(const std::string& path) {
   std::error_code ec;
@@ -141,7 +88,7 @@ Status run_one(const trainer::TrainConfig& cfg_in, const std::string& label, con
   std::unique_ptr<probe::Recorder> rec;
   if (Status s = probe::Recorder::open(ro, &rec); !s) return Status::Error(label + " run: " + s.message());
 
-  ProgressFilter filter(p, o.max_step_lines);
+  trainer::ProgressFilter filter(p, o.max_step_lines);
   std::ostream filtered(&filter);
   trainer::TrainSummary sum;
   const auto t0 = std::chrono::steady_clock::now();
