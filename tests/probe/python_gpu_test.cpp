@@ -2,8 +2,10 @@
 // CUDA): epochs and steps from NVTX ranges `epoch N` / `step N` (torch.cuda.nvtx, through CUPTI)
 // and from the zerotrace module; a device tensor kept every epoch fails `zt check --leaks`, the
 // same loop without it passes; PyTorch's own device-mismatch error is the trace's error row; a
-// CUDA module's globals are kind module_global. About 20-30 s on an H100/H200 (three python
-// starts, each importing torch). ZT_TEST_PYTHON names the interpreter (default: python3 on PATH).
+// CUDA module's globals are kind module_global; an HF transformers.Trainer run (where transformers
+// imports) gets its epochs and steps from the bootstrap's callback. About 30 s on an H100/H200
+// (four python starts, each importing torch). ZT_TEST_PYTHON names the interpreter (default:
+// python3 on PATH).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -121,4 +123,35 @@ TEST(ProbePythonGpu, PyTorchsOwnDeviceMismatchIsTheErrorRow) {
   // Both devices, in the order PyTorch's text names them.
   EXPECT_NE(rows[0][1].find("\"@cuda:0\""), std::string::npos) << rows[0][2];
   EXPECT_NE(rows[0][1].find("\"@cpu\""), std::string::npos) << rows[0][2];
+}
+
+// The real transformers.Trainer (the CI tests run on stand-ins of its callback interface): the
+// bootstrap adds its callback, 2 epochs of 3 steps come from it.
+TEST(ProbePythonGpu, TheHfTrainersEpochsAndStepsComeFromItsCallbacks) {
+  if (std::string why = why_no_torch_gpu(); !why.empty()) GTEST_SKIP() << why;
+  auto has = run_command(python() + " -c 'import transformers, accelerate' 2>&1");
+  if (has.code != 0) GTEST_SKIP() << "transformers or accelerate does not import: " << has.out;
+  TempDir dir;
+  std::ofstream(dir.file("hf.py"))
+      << "import sys, torch\n"
+         "from transformers import Trainer, TrainingArguments\n"
+         "class M(torch.nn.Module):\n"
+         "    def __init__(self):\n"
+         "        super().__init__()\n"
+         "        self.l = torch.nn.Linear(8, 1)\n"
+         "    def forward(self, x, labels):\n"
+         "        return {'loss': torch.nn.functional.mse_loss(self.l(x).squeeze(-1), labels)}\n"
+         "data = [{'x': torch.randn(8), 'labels': torch.randn(())} for _ in range(12)]\n"
+         "args = TrainingArguments(output_dir=sys.argv[1], per_device_train_batch_size=4, num_train_epochs=2,\n"
+         "                         report_to=[], save_strategy='no', logging_strategy='no', disable_tqdm=True)\n"
+         "Trainer(model=M(), args=args, train_dataset=data).train()\n";
+  const std::string out = dir.file("hf.db");
+  RunResult r = run_program({ZT_EXE, "probe", "-o", out, "--", "/bin/sh", "-c", "exec " + python() + " \"$0\" \"$1\"",
+                             dir.file("hf.py"), dir.file("out")},
+                            {{"LD_PRELOAD", nullptr}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("6 steps (from transformers.Trainer's callbacks), 2 epochs (from transformers.Trainer's "
+                       "callbacks)"),
+            std::string::npos)
+      << r.err;
 }

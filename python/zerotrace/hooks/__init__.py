@@ -14,6 +14,9 @@ The rules every hook keeps: never change what the program computes or prints; im
 heavy at start-up (wait for the program to import the framework: _imports.when_imported); do
 nothing where the probe is not loaded (zerotrace._probe's functions return at once then).
 
+Helpers for hooks: _imports.when_imported, _wrap.wrap_init (a framework class's __init__, wrapped
+once), _ranges.EpochsAndSteps (the ranges a callback keeps open).
+
 Hooks here: exceptions (an uncaught exception -> the trace's error row), distributed
 (torch.distributed's world size), transformers_trainer and lightning (epochs and steps from
 the HF Trainer's and PyTorch Lightning's callbacks).

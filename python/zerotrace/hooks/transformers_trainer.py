@@ -4,10 +4,9 @@
 (on_step_begin .. on_step_end, N = state.global_step: optimizer steps done before it).
 """
 
-import functools
-
-from .. import _probe
-from . import _imports, debug
+from . import _imports
+from ._ranges import EpochsAndSteps
+from ._wrap import wrap_init
 
 DOMAIN = "zerotrace.transformers"
 
@@ -19,55 +18,35 @@ def _callback_class():
         """zt probe's: marks epochs and steps in the trace (changes nothing of the training)."""
 
         def __init__(self):
-            self._epoch = None
-            self._step = None
-
-        def _end(self, attr):
-            _probe.range_end(getattr(self, attr))
-            setattr(self, attr, None)
+            self._ranges = EpochsAndSteps(DOMAIN)
 
         def on_epoch_begin(self, args, state, control, **kwargs):
-            self._end("_step")
-            self._end("_epoch")
-            self._epoch = _probe.range_start("epoch %d" % int(round(state.epoch or 0)), DOMAIN)
+            self._ranges.begin_epoch(int(round(state.epoch or 0)))
 
         def on_epoch_end(self, args, state, control, **kwargs):
-            self._end("_step")
-            self._end("_epoch")
+            self._ranges.end_epoch()
 
         def on_step_begin(self, args, state, control, **kwargs):
-            self._end("_step")
-            self._step = _probe.range_start("step %d" % int(state.global_step or 0), DOMAIN)
+            self._ranges.begin_step(int(state.global_step or 0))
 
         def on_step_end(self, args, state, control, **kwargs):
-            self._end("_step")
+            self._ranges.end_step()
 
         def on_train_end(self, args, state, control, **kwargs):
-            self._end("_step")
-            self._end("_epoch")
+            self._ranges.end_all()
 
     return ZerotraceCallback
 
 
 def _patch(module):
-    trainer = getattr(module, "Trainer", None)
-    if trainer is None or getattr(trainer.__init__, "_zerotrace", False):
-        return
-    original = trainer.__init__
     holder = {}
 
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        try:
-            if "cls" not in holder:
-                holder["cls"] = _callback_class()  # the framework is whole by now
-            self.add_callback(holder["cls"]())
-        except Exception as err:
-            debug("transformers.Trainer callback", err)
+    def add_callback(trainer):
+        if "cls" not in holder:
+            holder["cls"] = _callback_class()  # the framework is whole by now
+        trainer.add_callback(holder["cls"]())
 
-    __init__._zerotrace = True
-    trainer.__init__ = __init__
+    wrap_init(getattr(module, "Trainer", None), "transformers.Trainer callback", after=add_callback)
 
 
 def install():
