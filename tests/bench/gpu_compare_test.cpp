@@ -172,7 +172,7 @@ TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
   for (const auto& row : j["rows"]) rows[row["step"].get<std::string>()] = row;
   for (const auto& st : j["steps"]) steps[st["step"].get<std::string>()] = st;
   // Every model step left a row with a step time, each run of gpu_compare with the tiny preset.
-  for (const char* name : {"350M-early", "1.5B-early", "350M-overlap", "350M-early-narrow", "350M", "350M-ratio", "350M-bf16grad", "350M-nowiden", "350M-adamall", "350M-narrowrank", "350M-static", "350M-latewb",
+  for (const char* name : {"350M-early", "1.5B-early", "350M-overlap", "350M-early-narrow", "350M-early-nice", "350M-early-adam8", "350M", "350M-ratio", "350M-bf16grad", "350M-nowiden", "350M-adamall", "350M-narrowrank", "350M-static", "350M-latewb",
                            "350M-blocksync",
                            "350M-interleave",
                            "1.5B", "124M"}) {
@@ -196,6 +196,7 @@ TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
   EXPECT_EQ(rows["350M-overlap"]["settings"].get<std::string>().find("AdamW in backward"), std::string::npos);
   EXPECT_NE(rows["350M-overlap"]["settings"].get<std::string>().find("overlapped update"), std::string::npos);
   EXPECT_TRUE(rows["350M-early-narrow"]["env"].contains("ZT_RANK_THREADS_BESIDE")) << rows["350M-early-narrow"];
+  EXPECT_EQ(rows["350M-early-nice"]["env"].value("ZT_ADAM_NICE", ""), "10") << rows["350M-early-nice"];
   // ... and never the settings the delayed-update steps after them take.
   EXPECT_EQ(rows["1.5B"]["settings"].get<std::string>().find("overlapped"), std::string::npos) << rows["1.5B"];
   // A partial offload is never the settings the later steps take (FSDP2 offloads everything).

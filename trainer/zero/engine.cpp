@@ -199,7 +199,18 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     // rank keeps all its threads (an A/B knob for GPU hosts: bench/gpu_session).
     const int rank_beside = threads_from_env("ZT_RANK_THREADS_BESIDE", 0,
                                              "the rank thread's threads while the background AdamW runs beside it");
-    background_ = std::make_unique<BackgroundThread>(adam_threads, waited_threads, rank_beside);
+    // ZT_ADAM_NICE=N (1-19): the background AdamW's threads at niceness N, so that the rank thread (on a
+    // GPU: the one queueing the device's work between landing partitions) wins a contended core; unset
+    // or 0, as the rank's (an A/B knob for GPU hosts: bench/gpu_session).
+    int adam_nice = 0;
+    if (const char* env = std::getenv("ZT_ADAM_NICE"); env && *env) {
+      char* end = nullptr;
+      const long v = std::strtol(env, &end, 10);
+      if (*end || v < 0 || v > 19)
+        throw std::invalid_argument(std::string("ZT_ADAM_NICE='") + env + "': the background AdamW's niceness, 0 to 19");
+      adam_nice = int(v);
+    }
+    background_ = std::make_unique<BackgroundThread>(adam_threads, waited_threads, rank_beside, adam_nice);
     // ZT_EARLY_WRITE_BACK=0: the delayed update's weights go up to device shards only once the whole
     // pass is applied (as before 2026-11-26), not module by module as its AdamW finishes.
     if (cfg.delayed_update >= 0) {
