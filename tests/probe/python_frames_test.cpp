@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "../hand_trace.h"
 #include "../test_util.h"
 #include "probe_run_util.h"
 
@@ -201,3 +202,47 @@ TEST(PythonFrames, AProgramWithoutPythonKeepsItsNativeStacks) {
   EXPECT_EQ(la, lb);
 }
 
+// zt db top and zt export on a probed Python program; zt check --leaks names the growing line.
+TEST(PythonFrames, DbTopExportAndCheckNameThePythonLine) {
+  if (python3().empty()) GTEST_SKIP() << "no python3";
+  TempDir dir;
+  const std::string script = write_script(dir, "nested.py", kNested), out = dir.file("nested.db");
+  ASSERT_EQ(run_python(out, script).code, 0);
+  const std::string zt = ZT_EXE;
+  CommandResult top = run_command(zt + " db top " + out + " 2>&1");
+  ASSERT_EQ(top.code, 0) << top.out;
+  // The peak: both bytearrays alive, the larger first, each at its line.
+  const size_t inner = top.out.find("8.00 MiB"), module = top.out.find("3.00 MiB");
+  EXPECT_NE(top.out.find("allocation sites by line, at the peak of each device"), std::string::npos) << top.out;
+  ASSERT_NE(inner, std::string::npos) << top.out;
+  EXPECT_LT(inner, module) << top.out;
+  EXPECT_EQ(top.out.find("inner (" + script + ":4)"), top.out.find('\n', inner) - std::string("inner (" + script + ":4)").size())
+      << top.out;
+  EXPECT_NE(top.out.find("<module> (" + script + ":14)"), std::string::npos) << top.out;
+  top = run_command(zt + " db top " + out + " --by module --top 1 2>&1");
+  ASSERT_EQ(top.code, 0) << top.out;
+  // The script's two lines as one module, two allocations; the rest in one line.
+  EXPECT_NE(top.out.find(" 2  " + script + "\n"), std::string::npos) << top.out;
+  EXPECT_NE(top.out.find("more site"), std::string::npos) << top.out;
+  top = run_command(zt + " db top " + out + " --by file 2>&1");
+  EXPECT_EQ(top.code, 2) << top.out;
+  EXPECT_NE(top.out.find("--by 'file': give line, function or module"), std::string::npos) << top.out;
+
+  // The Chrome export: an unnamed allocation is named by its site and carries its stack.
+  const std::string json = dir.file("nested.json");
+  CommandResult ex = run_command(zt + " export " + out + " --chrome " + json + " 2>&1");
+  ASSERT_EQ(ex.code, 0) << ex.out;
+  const std::string text = read_file(json);
+  EXPECT_NE(text.find("\"name\":\"inner (" + script + ":4)\""), std::string::npos);
+  EXPECT_NE(text.find("\"stack\":[\""), std::string::npos);
+  EXPECT_NE(text.find("\"middle (" + script + ":8)\",\"outer (" + script + ":11)\""), std::string::npos);
+
+  const std::string leak = dir.file("leak.db");
+  ASSERT_TRUE(write_python_leak_trace(leak));
+  CommandResult check = run_command(zt + " check " + leak + " --leaks 2>&1");
+  EXPECT_EQ(check.code, 1) << check.out;
+  EXPECT_NE(check.out.find("grow (/w/leak.py:12) +8.00 MiB in 2 allocations"), std::string::npos) << check.out;
+  top = run_command(zt + " db top " + leak + " --per-epoch 2>&1");
+  ASSERT_EQ(top.code, 0) << top.out;
+  EXPECT_NE(top.out.find("4.00 MiB    16.00 MiB            4  grow (/w/leak.py:12)"), std::string::npos) << top.out;
+}
