@@ -29,7 +29,8 @@ constexpr const char* kAllocatorFunctions[] = {
     "cudaMallocFromPoolAsync", "cudaMallocPitch", "cudaMalloc3D", "cudaHostAlloc", "cudaMemcpy", "cudaMemcpyAsync",
     "cudaMemcpy2D", "cudaMemcpy2DAsync", "cudaMemcpyPeer", "cudaMemcpyPeerAsync", "cudaMemset", "cudaMemsetAsync",
     "cuMem", "PyMem_", "_PyMem_", "PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc", "_PyObject_Malloc",
-    "_PyObject_Calloc", "_PyObject_Realloc", "_PyObject_ArenaMmap", "zt::probe::"};
+    "_PyObject_Calloc", "_PyObject_Realloc", "_PyObject_ArenaMmap", "_PyObject_VirtualAlloc", "new_arena",
+    "allocate_from_new_pool", "pymalloc_alloc", "zt::probe::"};
 
 bool allocator_frame(const FrameRow& f) {
   if (f.module.find("libzt_probe") != std::string::npos) return true;

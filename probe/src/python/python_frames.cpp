@@ -174,6 +174,13 @@ inline T at(const void* base, int offset) {
   return v;
 }
 inline const void* ptr_at(const void* base, int offset) { return at<const void*>(base, offset); }
+// A pointer worth following: aligned, above the first pages, inside a user address space. Every
+// pointer read from the interpreter's memory is checked before it is followed, so that a layout
+// that does not fit (a field holding a small integer or flags) ends the walk instead of the program.
+inline bool plausible(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  return v >= 65536 && (v & 7) == 0 && v < (uintptr_t(1) << 56);
+}
 
 // UTF-8 of a str into buf (at most cap - 1 bytes, NUL-terminated); its length. Compact strings
 // (every identifier and file name) are read in place; a str that is neither compact nor
@@ -185,13 +192,14 @@ size_t read_str(const Interp& in, const void* s, char* buf, size_t cap) {
     buf[n] = 0;
     return n;
   };
-  if (!s || ptr_at(s, kObType) != in.str_type) return put("?", 1);
+  if (!plausible(s) || ptr_at(s, kObType) != in.str_type) return put("?", 1);
   const uint32_t state = at<uint32_t>(s, kStrState);
   const int64_t length = at<int64_t>(s, kStrLength);
   if (length < 0) return put("?", 1);
   const bool compact = state & kStrCompact, ascii = state & kStrAscii;
   if (compact && ascii) return put(static_cast<const char*>(s) + in.L.ascii_size, size_t(length));
-  if (const char* utf8 = static_cast<const char*>(ptr_at(s, in.L.utf8)))
+  const auto* utf8 = static_cast<const char*>(ptr_at(s, in.L.utf8));
+  if (utf8 && plausible(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(utf8) & ~uintptr_t(7))))
     return put(utf8, size_t(at<int64_t>(s, in.L.utf8_length)));
   if (!compact) return put("?", 1);
   const int kind = int((state & kStrKindMask) >> 2);  // bytes per code point: 1, 2 or 4
@@ -241,14 +249,14 @@ int read_frames(const Interp& in, Item* items) {
   if (!ts) return 0;
   const Layout& L = in.L;
   const void* f = ptr_at(ts, L.ts_frame);
-  if (f && L.cframe_current >= 0) f = ptr_at(f, L.cframe_current);
+  if (plausible(f) && L.cframe_current >= 0) f = ptr_at(f, L.cframe_current);
   int n = 0, frames = 0;
-  for (int walked = 0; f && walked < kMaxWalk && frames < kMaxPythonFrames && n < kMaxItems - 1;
+  for (int walked = 0; plausible(f) && walked < kMaxWalk && frames < kMaxPythonFrames && n < kMaxItems - 1;
        ++walked, f = ptr_at(f, L.f_back)) {
     if (L.minor <= 10) {
       // One eval-loop call per frame object.
       const void* code = ptr_at(f, L.f_code);
-      if (ptr_at(code, kObType) != in.code_type) break;
+      if (!plausible(code) || ptr_at(code, kObType) != in.code_type) break;
       items[n++] = {code, in.frame_line(const_cast<void*>(f))};
       items[n++] = {nullptr, 0};
       ++frames;
@@ -260,7 +268,7 @@ int read_frames(const Interp& in, Item* items) {
       continue;
     }
     const void* code = ptr_at(f, L.f_code);
-    if (ptr_at(code, kObType) != in.code_type) break;
+    if (!plausible(code) || ptr_at(code, kObType) != in.code_type) break;
     // The instruction it runs, in bytes from the code's start; a frame not yet at its first
     // traceable instruction (still setting up, _PyFrame_IsIncomplete) is skipped, as CPython's
     // own tracebacks do.
