@@ -5,9 +5,9 @@
 // of a 20000-record structure, ROUNDS times. Nearly all its allocations are small (counted by the
 // probe, not recorded); each dumps makes a string of about 2.9 MiB and the encoder's chunk list,
 // which are above the default 1 MiB threshold and recorded with a stack of native and Python
-// frames. Runs alternate (unprobed, probed, probed without Python frames, heaptrack) and the fastest
-// wall time of each is kept, with its CPU time (user + system of the process and its children,
-// which for heaptrack includes heaptrack_interpret). Ratios are against the unprobed run. A second
+// frames. Runs alternate (unprobed, probed, probed without Python frames, heaptrack); the median
+// wall time of each is printed, and the median CPU time (user + system of the process and its
+// children, which for heaptrack includes heaptrack_interpret). Ratios are against the unprobed run. A second
 // workload records every allocation (2 MiB bytearrays, 20 Python calls deep): the CPU time one
 // recorded stack costs, with and without its Python frames.
 #include <fcntl.h>
@@ -68,9 +68,19 @@ int64_t now_ns() {
   return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+// The median of the runs' wall times and of their CPU times (each taken apart): on a shared machine
+// the fastest run says more about the neighbours' quiet moments than about the program.
 struct Timing {
-  int64_t wall = INT64_MAX, cpu = INT64_MAX;  // fastest of the runs (each kept apart)
+  std::vector<int64_t> walls, cpus;
+  int64_t wall = 0, cpu = 0;
   bool ok = false;
+  void settle() {
+    auto median = [](std::vector<int64_t> v) {
+      std::sort(v.begin(), v.end());
+      return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    };
+    wall = median(walls), cpu = median(cpus);
+  }
 };
 
 // Runs argv with env added (stdout and stderr to /dev/null); wall and CPU time, or -1 on failure.
@@ -103,8 +113,9 @@ std::pair<int64_t, int64_t> run(const std::vector<std::string>& argv, const std:
 void keep(Timing& t, std::pair<int64_t, int64_t> r) {
   if (r.first < 0) return;
   t.ok = true;
-  t.wall = std::min(t.wall, r.first);
-  t.cpu = std::min(t.cpu, r.second);
+  t.walls.push_back(r.first);
+  t.cpus.push_back(r.second);
+  t.settle();
 }
 
 bool on_path(const std::string& name) {
@@ -173,7 +184,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_probe_python: the workload failed (%s %s)\n", python.c_str(), script.c_str());
     return 1;
   }
-  std::printf("bench_probe_python: %s, %ld json round trips of 20000 records a run, fastest of %ld alternating runs\n",
+  std::printf("bench_probe_python: %s, %ld json round trips of 20000 records a run, median of %ld alternating runs\n",
               python.c_str(), rounds, runs);
   std::printf("  %-44s %10s %8s %10s %8s\n", "", "wall", "ratio", "cpu", "ratio");
   auto line = [&](const char* what, const Timing& t) {
