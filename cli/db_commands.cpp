@@ -1,4 +1,4 @@
-// zt db info|sql|kernels|merge, zt export, zt synth, zt demo.
+// zt db info|sql|kernels|top|merge, zt export, zt synth, zt demo.
 #include <cerrno>
 #include <cstdint>
 #include <ctime>
@@ -14,6 +14,7 @@
 #include "zt/db/derive_steps.h"
 #include "zt/db/export.h"
 #include "zt/db/kernel_summary.h"
+#include "zt/db/sites.h"
 #include "zt/db/trace_reader.h"
 #include "zt/probe/recorder.h"
 #include "zt/probe/synthetic.h"
@@ -509,6 +510,78 @@ int db_kernels(const std::string& path, const db::KernelSummaryOptions& opt, siz
   return kExitOk;
 }
 
+// zt db top: the allocation sites that hold the most (see zt/db/sites.h and docs/db-top.md).
+int db_top(const std::string& path, const db::TopOptions& o) {
+  std::unique_ptr<db::TraceReader> reader;
+  if (Status s = db::TraceReader::open(path, &reader); !s) return fail(s.message());
+  std::vector<db::DeviceTop> devices;
+  if (Status s = db::top_sites(*reader, o, &devices); !s) return fail(s.message());
+  auto pct = [](double part, double whole) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f%%", whole > 0 ? 100.0 * part / whole : 0.0);
+    return std::string(b);
+  };
+  const bool epochs = o.when == db::TopWhen::Epochs;
+  std::cout << path << ": allocation sites by " << db::to_string(o.by) << ", ";
+  switch (o.when) {
+    case db::TopWhen::Peak: std::cout << "at the peak of each device\n"; break;
+    case db::TopWhen::End: std::cout << "at the end (never freed)\n"; break;
+    case db::TopWhen::Time: std::cout << "at " << format_duration_ns(double(o.t_ns)) << " since the trace began\n"; break;
+    case db::TopWhen::Epochs: std::cout << "grown per epoch (held at each epoch's end)\n"; break;
+  }
+  if (devices.empty()) std::cout << "no allocations" << (o.device.empty() ? "" : " on " + o.device) << "\n";
+  bool many_ranks = false;
+  for (auto& d : devices) many_ranks = many_ranks || d.rank != devices.front().rank;
+  for (auto& d : devices) {
+    std::cout << "\n" << d.device.label << (many_ranks ? " of rank " + std::to_string(d.rank) : "") << ": ";
+    if (!d.note.empty()) {
+      std::cout << d.note << "\n";
+      continue;
+    }
+    const std::string counted = d.blocks ? "tensor blocks" : "segments";
+    if (epochs) {
+      const size_t n = d.epochs.size();
+      std::cout << (n == 1 ? "epoch " + std::to_string(d.epochs[0])
+                           : "epochs " + std::to_string(d.epochs.front()) + "-" + std::to_string(d.epochs.back()))
+                << ", " << format_bytes(double(d.total)) << " of " << counted << " held at epoch " << d.epochs.back()
+                << "'s end in " << d.sites << " site" << (d.sites == 1 ? "" : "s")
+                << (n >= 3 ? " (growth counted from epoch " + std::to_string(d.epochs[1]) + ": epoch " +
+                                 std::to_string(d.epochs[0]) + " is warm-up)"
+                           : n == 1 ? " (one epoch: nothing to compare)" : "")
+                << "\n";
+    } else {
+      std::cout << format_bytes(double(d.total)) << " of " << counted << " held";
+      if (o.when != db::TopWhen::End) std::cout << " at " << format_duration_ns(double(d.t));
+      std::cout << " in " << d.sites << " site" << (d.sites == 1 ? "" : "s") << "\n";
+    }
+    std::vector<std::vector<std::string>> rows;
+    for (auto& s : d.top) {
+      if (epochs) {
+        std::string series = format_bytes(double(s.series[0]));
+        for (size_t i = 1; i < s.series.size(); ++i) {
+          const int64_t delta = s.series[i] - s.series[i - 1];
+          series += (delta < 0 ? ", -" : ", +") + format_bytes(double(delta < 0 ? -delta : delta));
+        }
+        rows.push_back({(s.grew_per_epoch < 0 ? "-" : "") + format_bytes(s.grew_per_epoch < 0 ? -s.grew_per_epoch : s.grew_per_epoch),
+                        format_bytes(double(s.bytes)), std::to_string(s.allocations), s.site, series});
+      } else {
+        rows.push_back({format_bytes(double(s.bytes)), pct(double(s.bytes), double(d.total)), std::to_string(s.allocations),
+                        s.site});
+      }
+    }
+    if (d.other_bytes > 0 && !epochs)
+      rows.push_back({format_bytes(double(d.other_bytes)), pct(double(d.other_bytes), double(d.total)), "",
+                      "(" + std::to_string(d.sites - int64_t(d.top.size())) + " more site" +
+                          (d.sites - int64_t(d.top.size()) == 1 ? ")" : "s)")});
+    if (epochs)
+      print_table(std::cout, {"grew/epoch", "held at end", "allocations", "site", "at each epoch's end"}, rows,
+                  {true, true, true, false, false}, "  ");
+    else
+      print_table(std::cout, {"held", "share", "allocations", "site"}, rows, {true, true, true, false}, "  ");
+  }
+  return kExitOk;
+}
+
 namespace {
 
 int synth(const std::string& out, const probe::SyntheticOptions& opt, const std::string& command, bool quiet) {
@@ -615,6 +688,44 @@ void add_db_commands(CLI::App& app, Action& action) {
         std::cout << "\n";
         for (auto& n : d.notes) std::cout << "  " << n << "\n";
         return kExitOk;
+      };
+    });
+  }
+  {
+    auto* top = dbc->add_subcommand(
+        "top",
+        "The allocation sites that hold the most, by Python line, function or module (the innermost native frame "
+        "that is not the allocator's when a stack has no Python frame): at each device's peak, at the end, at a time, "
+        "or grown per epoch\n"
+        "Example: zt db top run.db\n"
+        "         zt db top run.db --by function --at end\n"
+        "         zt db top run.db --per-epoch --device cpu");
+    auto path = std::make_shared<std::string>();
+    auto by = std::make_shared<std::string>("line");
+    auto at = std::make_shared<std::string>("peak");
+    auto per_epoch = std::make_shared<bool>(false);
+    auto n = std::make_shared<size_t>(10);
+    auto device = std::make_shared<std::string>();
+    top->add_option("TRACE", *path, "trace file")->required();
+    top->add_option("--by", *by, "line, function or module (default line)");
+    auto* at_opt = top->add_option("--at", *at, "peak (default), end, or a time since the trace began: 1.5s, 250ms");
+    top->add_flag("--per-epoch", *per_epoch, "held at each epoch's end and grown per epoch (epoch markers)")->excludes(at_opt);
+    top->add_option("--top", *n, "sites listed per device (default 10)")->check(CLI::Range(size_t(1), size_t(100000)));
+    top->add_option("--device", *device, "only this device (cuda:0, cpu)");
+    top->callback([&action, path, by, at, per_epoch, n, device] {
+      action = [=] {
+        db::TopOptions o;
+        auto level = db::parse_site_level(*by);
+        if (!level) return fail("--by '" + *by + "': give line, function or module");
+        o.by = *level;
+        o.top = *n;
+        o.device = *device;
+        if (*per_epoch) o.when = db::TopWhen::Epochs;
+        else if (*at == "peak") o.when = db::TopWhen::Peak;
+        else if (*at == "end") o.when = db::TopWhen::End;
+        else if (auto t = parse_duration_ns(*at); t && *t >= 0) o.when = db::TopWhen::Time, o.t_ns = *t;
+        else return fail("--at '" + *at + "': give peak, end, or a time since the trace began (1.5s, 250ms, 40us)");
+        return db_top(*path, o);
       };
     });
   }

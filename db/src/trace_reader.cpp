@@ -37,6 +37,7 @@ Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* 
     int64_t version = detail::query_int(r->db_, "PRAGMA user_version", -1);
     if (!schema_version_readable(version)) return Status::Error(schema_version_refusal(path, version));
     r->schema_version_ = int(version);
+    r->frame_lines_ = detail::query_int(r->db_, "SELECT count(*) FROM pragma_table_info('frame') WHERE name = 'line'") > 0;
     for (const auto& t : table_names()) {
       Stmt s(r->db_, "SELECT count(*) FROM (SELECT 1 FROM " + t + " LIMIT 1)");
       s.step();
@@ -52,6 +53,27 @@ Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* 
 
 TraceReader::~TraceReader() {
   if (db_) sqlite3_close(db_);
+}
+
+std::string frame_text(const FrameRow& f) {
+  char buf[64];
+  if (f.python()) {
+    std::string line = (f.symbol.empty() ? std::string("?") : f.symbol) + " (" + f.module;
+    if (*f.line > 0) line += ":" + std::to_string(*f.line);
+    return line + ")";
+  }
+  std::string line;
+  if (!f.symbol.empty()) {
+    line = f.symbol;
+  } else {
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(f.ip));
+    line = buf;
+  }
+  if (!f.module.empty()) {
+    std::snprintf(buf, sizeof buf, "+0x%llx", static_cast<unsigned long long>(f.module_offset.value_or(0)));
+    line += " (" + f.module + buf + ")";
+  }
+  return line;
 }
 
 Status TraceReader::fail(const std::string& what) const { return Status::Error(path_ + ": " + what); }
@@ -147,10 +169,11 @@ Status TraceReader::read(std::vector<StringRow>* out) {
   });
 }
 Status TraceReader::read(std::vector<FrameRow>* out) {
-  return read_rows("SELECT id,ip,module,module_offset,symbol FROM frame ORDER BY id", out,
-                   [](const Stmt& s, FrameRow& r) {
+  return read_rows(frame_lines_ ? "SELECT id,ip,module,module_offset,symbol,line FROM frame ORDER BY id"
+                                : "SELECT id,ip,module,module_offset,symbol,NULL FROM frame ORDER BY id",
+                   out, [](const Stmt& s, FrameRow& r) {
                      r.id = s.i64(0); r.ip = uint64_t(s.i64(1)); r.module = s.text(2); r.module_offset = s.opt(3);
-                     r.symbol = s.text(4);
+                     r.symbol = s.text(4); r.line = s.opt(5);
                    });
 }
 Status TraceReader::read(std::vector<StackRow>* out) {
@@ -249,27 +272,21 @@ Status TraceReader::stack_text(int64_t stack_id, std::vector<std::string>* out) 
   out->clear();
   try {
     Stmt s(db_,
-           "WITH RECURSIVE walk(id, parent_id, frame_id, depth) AS ("
-           " SELECT id, parent_id, frame_id, 0 FROM stack WHERE id = ?"
-           " UNION ALL SELECT s.id, s.parent_id, s.frame_id, w.depth + 1 FROM stack s JOIN walk w ON s.id = w.parent_id"
-           " WHERE w.depth < 1024)"
-           " SELECT f.ip, f.module, f.module_offset, f.symbol FROM walk w JOIN frame f ON f.id = w.frame_id"
-           " ORDER BY w.depth");
+           std::string("WITH RECURSIVE walk(id, parent_id, frame_id, depth) AS ("
+                       " SELECT id, parent_id, frame_id, 0 FROM stack WHERE id = ?"
+                       " UNION ALL SELECT s.id, s.parent_id, s.frame_id, w.depth + 1 FROM stack s JOIN walk w ON s.id = w.parent_id"
+                       " WHERE w.depth < 1024)"
+                       " SELECT f.ip, f.module, f.module_offset, f.symbol, ") +
+               (frame_lines_ ? "f.line" : "NULL") + " FROM walk w JOIN frame f ON f.id = w.frame_id ORDER BY w.depth");
     s.bind(1, stack_id);
     while (s.step()) {
-      char buf[64];
-      std::string line;
-      std::string sym = s.text(3), mod = s.text(1);
-      if (!sym.empty()) line = sym;
-      else {
-        std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(s.i64(0)));
-        line = buf;
-      }
-      if (!mod.empty()) {
-        std::snprintf(buf, sizeof buf, "+0x%llx", static_cast<unsigned long long>(s.is_null(2) ? 0 : s.i64(2)));
-        line += " (" + mod + buf + ")";
-      }
-      out->push_back(std::move(line));
+      FrameRow f;
+      f.ip = uint64_t(s.i64(0));
+      f.module = s.text(1);
+      f.module_offset = s.opt(2);
+      f.symbol = s.text(3);
+      f.line = s.opt(4);
+      out->push_back(frame_text(f));
     }
   } catch (const SqlError& e) {
     return fail(std::string("reading stack failed: ") + e.what());

@@ -254,7 +254,7 @@ Status TraceWriter::create(const std::string& path, std::unique_ptr<TraceWriter>
     s.device = Stmt(db,
                     "INSERT INTO device(id,rank,kind,ordinal,label,name,capacity_bytes,simulated) VALUES(?,?,?,?,?,?,?,?)");
     s.string = Stmt(db, "INSERT INTO string(id,text) VALUES(?,?)");
-    s.frame = Stmt(db, "INSERT INTO frame(id,ip,module,module_offset,symbol) VALUES(?,?,?,?,?)");
+    s.frame = Stmt(db, "INSERT INTO frame(id,ip,module,module_offset,symbol,line) VALUES(?,?,?,?,?,?)");
     s.stack = Stmt(db, "INSERT INTO stack(id,parent_id,frame_id) VALUES(?,?,?)");
     s.allocation = Batched<AllocationRow>(db, "allocation",
                                           "id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,"
@@ -347,7 +347,7 @@ void TraceWriter::insert(const DeviceRow& r) {
 void TraceWriter::insert(const StringRow& r) { st_->string.bind(1, r.id).bind(2, r.text).step_done(); }
 void TraceWriter::insert(const FrameRow& r) {
   st_->frame.bind(1, r.id).bind(2, i(r.ip)).bind_text_or_null(3, r.module).bind_opt(4, r.module_offset)
-      .bind_text_or_null(5, r.symbol).step_done();
+      .bind_text_or_null(5, r.symbol).bind_opt(6, r.line).step_done();
 }
 void TraceWriter::insert(const StackRow& r) {
   st_->stack.bind(1, r.id).bind_id(2, r.parent_id).bind(3, r.frame_id).step_done();

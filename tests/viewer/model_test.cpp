@@ -202,6 +202,25 @@ TEST_F(KnownTraceTest, LeaksGroupByNameAndGrowPerEpoch) {
   EXPECT_NE(stack[0].find("zt::offload::make_buffer"), std::string::npos);
 }
 
+// A probed Python program's leak: the leaks view names where it was allocated, by its Python line.
+TEST(PythonLeak, TheLeaksViewNamesTheSiteOfEachGroup) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("pyleak.db");
+  ASSERT_TRUE(zt::test::write_python_leak_trace(path));
+  std::unique_ptr<TraceModel> m;
+  ASSERT_TRUE(TraceModel::load(path, &m).ok());
+  auto leaks = find_leaks(*m);
+  ASSERT_EQ(leaks.size(), 2u);
+  const LeakGroup* grow = nullptr;
+  for (auto& g : leaks)
+    if (g.grows) grow = &g;
+  ASSERT_NE(grow, nullptr);
+  EXPECT_EQ(m->site(grow->stack_id), "grow (/w/leak.py:12)");
+  EXPECT_EQ(grow->alive_bytes, 16 << 20);
+  EXPECT_EQ(m->site(9), "make_table (/usr/lib/libtable.so+0x2000)");
+  EXPECT_EQ(m->site(0), "");
+}
+
 TEST_F(KnownTraceTest, PlacementFlagsTheGradientPartitionOnTheWrongDevice) {
   auto rows = placement_timeline(*model_, 1000);
   ASSERT_GE(rows.size(), 4u);

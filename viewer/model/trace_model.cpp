@@ -156,6 +156,15 @@ Status TraceModel::stack_text(int64_t stack_id, std::vector<std::string>* lines)
   return reader_->stack_text(stack_id, lines);
 }
 
+const std::string& TraceModel::site(int64_t stack_id) const {
+  auto [it, fresh] = site_text_.try_emplace(stack_id);
+  if (fresh && stack_id > 0) {
+    if (!sites_ && !db::StackSites::load(*reader_, &sites_)) sites_.reset();
+    it->second = sites_ ? sites_->site(stack_id, db::SiteLevel::Line) : "stack " + std::to_string(stack_id);
+  }
+  return it->second;
+}
+
 Status TraceModel::load_placements() const {
   if (placements_loaded_) return Status::Ok();
   Placements& p = place;

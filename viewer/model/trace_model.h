@@ -14,12 +14,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "families.h"
 #include "lod.h"
 #include "zt/common/status.h"
 #include "zt/db/rows.h"
+#include "zt/db/sites.h"
 
 namespace zt::db {
 class TraceReader;
@@ -132,6 +134,10 @@ class TraceModel {
 
   // The call stack of an allocation, innermost frame first; read from the file on demand.
   Status stack_text(int64_t stack_id, std::vector<std::string>* lines) const;
+  // Where a stack allocated (zt/db/sites.h): its Python line ("grow (/x/leak.py:12)"), else its first
+  // native frame that is not the allocator's; "" for stack 0. The frame and stack tables are read at
+  // the first call, each site once.
+  const std::string& site(int64_t stack_id) const;
 
   // Time span of everything in the trace, and the alignment point (the start of the lowest
   // rank's step 0, or t_first when there are no steps) used to put two traces on one axis.
@@ -170,6 +176,8 @@ class TraceModel {
   void build_tracks();
   std::string path_;
   std::unique_ptr<db::TraceReader> reader_;
+  mutable std::unique_ptr<db::StackSites> sites_;
+  mutable std::unordered_map<int64_t, std::string> site_text_;
   std::vector<std::string> strings_;
   struct ExtraCounter {
     int device;

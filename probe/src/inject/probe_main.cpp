@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "../interpose/host_hooks.h"
+#include "../python/python_frames.h"
 #include "zero/launcher_env.h"
 #include "zt/probe/probe_config.h"
 #include "zt/probe/python_error.h"
@@ -74,6 +75,17 @@ struct State {
   NameId n_rss = 0, n_small_bytes = 0, n_small_count = 0;
 };
 State* g = nullptr;  // heap-allocated once, never freed (hooks may run during exit)
+
+// A JSON string literal of text (quotes, backslashes and control characters escaped).
+std::string json_string(const char* text) {
+  std::string out = "\"";
+  for (const char* c = text; *c; ++c) {
+    if (*c == '"' || *c == '\\') out += '\\', out += *c;
+    else if (static_cast<unsigned char>(*c) < 0x20) out += ' ';
+    else out += *c;
+  }
+  return out + "\"";
+}
 
 // This process's arguments, quoted as a shell needs them (an argument with a space stays one).
 std::string read_cmdline() {
@@ -242,12 +254,19 @@ __attribute__((constructor)) void on_load() {
     setenv(kEnvClaimed, std::to_string(getpid()).c_str(), 1);
   }
 
+  // Python frames: the interpreter's symbols are in the process already when it is a python3
+  // (the executable or its libpython), so this finds them before anything is recorded.
+  python::configure(cfg.python == PythonFrames::Off   ? python::Mode::Off
+                    : cfg.python == PythonFrames::Gil ? python::Mode::Gil
+                                                      : python::Mode::Own);
   RecorderOptions opt;
   opt.path = path;
   opt.command_line = cfg.command_line.empty() || !g->root ? read_cmdline() : cfg.command_line;
   opt.config_json = "{\"probe\":\"libzt_probe.so\",\"host_threshold\":" + std::to_string(cfg.host_threshold) +
                     ",\"stacks\":" + (cfg.stacks ? "true" : "false") +
                     ",\"stack_depth\":" + std::to_string(cfg.stack_depth) +
+                    ",\"python_frames\":" + (cfg.python == PythonFrames::Off ? "\"off\"" : cfg.python == PythonFrames::Gil ? "\"gil\"" : "\"own\"") +
+                    ",\"python\":" + json_string(python::describe()) +
                     ",\"host\":" + (cfg.host ? "true" : "false") + ",\"cuda\":" + (cfg.cuda ? "true" : "false") +
                     ",\"rss_interval_ms\":" + std::to_string(cfg.rss_interval_ms) +
                     // run_id holds only [A-Za-z0-9._-] (probe_config_from_env checks): no escaping needed.

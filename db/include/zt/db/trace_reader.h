@@ -130,6 +130,7 @@ class TraceReader {
   std::string path_;
   sqlite3* db_ = nullptr;
   int schema_version_ = 0;
+  bool frame_lines_ = false;  // the frame table has its `line` column (Python frames; files before it have none)
 };
 
 }  // namespace zt::db

@@ -24,6 +24,9 @@ inline constexpr const char* kEnvCuda = "ZT_PROBE_CUDA";                    // 0
 inline constexpr const char* kEnvRssMs = "ZT_PROBE_RSS_MS";                 // RSS sampling period, 0 = off
 inline constexpr const char* kEnvQuiet = "ZT_PROBE_QUIET";                  // 1: no lines on stderr
 inline constexpr const char* kEnvCommand = "ZT_PROBE_COMMAND";              // the command line as the user typed it
+// Python frames in stacks: "1" (default) a thread's own frames, with or without the GIL; "gil"
+// only while it holds the GIL; "0" none (probe/src/python/python_frames.h).
+inline constexpr const char* kEnvPython = "ZT_PROBE_PYTHON";
 // A token naming one `zt probe` run ([A-Za-z0-9._-], at most 64 characters). Every process of
 // the run writes it into its trace's run row (config_json "run_id"), so that `zt probe` finds
 // exactly the traces of this run, never an older file at the same path.
@@ -33,11 +36,14 @@ inline constexpr const char* kEnvRunId = "ZT_PROBE_RUN_ID";
 // and writes its own per-process file instead of overwriting the root's trace.
 inline constexpr const char* kEnvClaimed = "ZT_PROBE_CLAIMED";
 
+enum class PythonFrames : uint8_t { Off, Gil, Own };
+
 struct ProbeConfig {
   std::string output = "zt-probe.db";
   uint64_t host_threshold = 1ull << 20;
   bool stacks = true;
   int stack_depth = 32;
+  PythonFrames python = PythonFrames::Own;
   bool host = true;
   bool cuda = true;
   int rss_interval_ms = 100;

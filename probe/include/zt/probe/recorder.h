@@ -142,8 +142,18 @@ class Recorder {
   DeviceId add_device(int rank, DeviceKind kind, int ordinal, std::string label, std::string name,
                       std::optional<int64_t> capacity_bytes, bool simulated);
   NameId intern(std::string_view text);  // cheap after the first time on a thread
-  // ips innermost first. Identical stacks get one id; shared callers share rows.
+  // ips innermost first. Identical stacks get one id; shared callers share rows. An entry with
+  // kPythonFrameBit set is a Python frame (python_frame_token), any other a native ip.
   StackId intern_stack(const uint64_t* ips, int depth);
+  // A Python function (source file, qualified name), interned once: the key that
+  // python_frame_token() pairs with a line. Slow path (a lock, a map); callers cache the key.
+  uint64_t python_function(std::string_view file, std::string_view function);
+  static constexpr uint64_t kPythonFrameBit = 1ull << 63;  // never set in a user-space ip
+  static constexpr int kPythonLineBits = 24;               // lines above 16777215 read as 0 (unknown)
+  static uint64_t python_frame_token(uint64_t function_key, int line) {
+    const uint64_t l = line > 0 && line < (1 << kPythonLineBits) ? uint64_t(line) : 0;
+    return kPythonFrameBit | (function_key << kPythonLineBits) | l;
+  }
   // A libunwind backtrace of the calling thread, `skip` frames above the caller dropped.
   StackId capture_stack(int skip = 0, int max_depth = 32);
   void fault(const db::FaultRow& row);  // id and t filled in when 0
