@@ -189,10 +189,14 @@ void add_demo_command(CLI::App& app, Action& action) {
                 << "   FlashAttention-2 keeps one value per attention row instead of the B x H x T x T probabilities\n"
                 << "   (on a GPU tensor-core kernels; here their CPU twin, which multiplies in bf16 as they do)\n";
       if (int rc = run_training(flash, "zt demo: zt train ... --attention flash", false); rc != 0) return rc;
-      std::cout << "   rank 0's activation memory with the materialized attention (run 1) and with flash (this run):\n";
+      // On the simulated GPU the device holds what PyTorch's autograd would keep, tensor by tensor
+      // (block0.attn.probs, ...); a GPU's passes hold theirs as one 'activations' tensor.
+      std::cout << "   what rank 0's block0 keeps of its attention for backward, with the materialized attention (run 1)\n"
+                << "   and with flash (this run) (on a GPU: the passes' whole activation buffer):\n";
       const std::string activations =
-          "SELECT requested_bytes AS activation_bytes FROM allocation_v WHERE rank = 0 AND level = 'block' AND name = "
-          "'activations' LIMIT 1";
+          "SELECT sum(b) AS activation_bytes FROM (SELECT name, max(requested_bytes) AS b FROM allocation_v WHERE rank = 0 "
+          "AND level = 'block' AND (name = 'activations' OR (name GLOB 'block0.attn.*' AND name NOT GLOB '*.scores*' "
+          "AND name NOT IN ('block0.attn.y', 'block0.attn.proj'))) GROUP BY name)";
       if (int rc = db_sql(cfg.trace, activations, false); rc != 0) return rc;
       if (int rc = db_sql(flash.trace, activations, false); rc != 0) return rc;
 
