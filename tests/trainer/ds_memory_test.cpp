@@ -312,6 +312,28 @@ TEST(DsMemoryAgainstDeepSpeed, Virtual350MPeakAllocatedWithinFivePercent) {
   EXPECT_NEAR(double(s.peak_reserved), reserved, 0.10 * reserved);
 }
 
+// The host side of the same run, as DeepSpeed keeps it: the fp32 master weights and Adam's two
+// moments pageable (12 bytes a parameter, 350M's 354,823,168 of them), the gradients pinned.
+TEST(DsMemoryAgainstDeepSpeed, Virtual350MHostIsPageableStatesAndPinnedGradients) {
+  zt::test::TempDir dir;
+  auto r = zt::test::train_traced(virtual_run("350M", false), dir.file("h.db"));
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  zt::db::QueryResult q;
+  ASSERT_TRUE(r.reader
+                  ->query("WITH e AS (SELECT t_end FROM marker WHERE rank = 0 AND kind = 0 AND step = 1)"
+                          " SELECT memory_kind, sum(requested_bytes) FROM allocation_v, e WHERE rank = 0 AND level = 'block'"
+                          " AND device = 'cpu' AND t_alloc <= e.t_end AND (t_free IS NULL OR t_free > e.t_end)"
+                          " AND (name GLOB 'fp32_partitioned_groups_flat*' OR name GLOB 'adam.*' OR name GLOB '*.grad[[]shard]')"
+                          " GROUP BY 1 ORDER BY 1",
+                          &q)
+                  .ok());
+  std::map<std::string, int64_t> got;
+  for (auto& row : q.rows) got[row[0]] = std::stoll(row[1]);
+  const int64_t P = 354823168;
+  EXPECT_EQ(got["pageable_host"], 12 * P);         // master, m, v
+  EXPECT_EQ(got["pinned_host"], 4 * P + 2 * P);     // the fp32 gradient, the bf16 gradient partitions
+}
+
 TEST(DsMemoryAgainstDeepSpeed, Virtual1p5BCheckpointedPeakAllocatedWithinFivePercent) {
   zt::trainer::TrainSummary s;
   ASSERT_TRUE(zt::trainer::train(virtual_run("1.5B", true), nullptr, nullptr, &s).ok());

@@ -987,7 +987,8 @@ bool ZeroEngine::adam_in_place(const Part& p, bool delayed) const {
 }
 
 Tensor ZeroEngine::update_buffer(const Part& p) const {
-  return Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
+  // DeepSpeed's is a pageable copy (the fp32 partition's .to() the compute dtype on the way up).
+  return Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory && !ds_layout_);
 }
 
 // The AdamW pass over pending_ on the background thread, in its order, counting the modules done

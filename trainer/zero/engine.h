@@ -282,8 +282,9 @@ class ZeroEngine {
   // Virtual mode at stage 3: DeepSpeed's layout. The gradients take its path (each module's
   // gradient in the compute dtype into the ipg bucket, its flushes) instead of our fp32 buckets; under
   // offload_optimizer the compute-dtype gradient partitions live on the host, pinned
-  // (grad_partitions_flat_buffer), not on the device, and the fp32 master weights and Adam moments
-  // are pageable (a CPU clone and DeepSpeedCPUAdam's state), not pinned.
+  // (grad_partitions_flat_buffer), not on the device, and the fp32 master weights, Adam moments and
+  // each step's compute-dtype update are pageable (a CPU clone, DeepSpeedCPUAdam's state, a .to()),
+  // not pinned.
   bool ds_layout_ = false;
   ActivationShape act_;
   std::map<std::string, Tensor> charges_;
