@@ -279,6 +279,18 @@ TEST(DsMemoryAgainstDeepSpeed, TheRunsSegmentsAreTheTermsRoundedAsTheCachingAllo
   EXPECT_GE(count_of(rows, "pageable", h.step_copy, 8 * KiB), 4);  // one each step
 }
 
+// `select` over rank 0's blocks alive when its step `step` ended, narrowed by `where`.
+zt::db::QueryResult alive_at_step_end(zt::db::TraceReader& r, int step, const std::string& select,
+                                      const std::string& where) {
+  zt::db::QueryResult q;
+  EXPECT_TRUE(r.query("WITH e AS (SELECT t_end FROM marker WHERE rank = 0 AND kind = 0 AND step = " + std::to_string(step) +
+                          ") SELECT " + select + " FROM allocation_v, e WHERE rank = 0 AND level = 'block' AND t_alloc <= "
+                          "e.t_end AND (t_free IS NULL OR t_free > e.t_end) AND " + where,
+                      &q)
+                  .ok());
+  return q;
+}
+
 // The regression rows of issue 33: `zt train --virtual` against DeepSpeed 0.19.8's
 // torch.cuda.max_memory_allocated() on one H200 (B=8, T=1024, ZeRO-3 + offload_optimizer, bf16).
 zt::trainer::TrainConfig virtual_run(const std::string& model, bool ckpt) {
@@ -318,15 +330,10 @@ TEST(DsMemoryAgainstDeepSpeed, Virtual350MHostIsPageableStatesAndPinnedGradients
   zt::test::TempDir dir;
   auto r = zt::test::train_traced(virtual_run("350M", false), dir.file("h.db"));
   ASSERT_TRUE(r.status.ok()) << r.status.message();
-  zt::db::QueryResult q;
-  ASSERT_TRUE(r.reader
-                  ->query("WITH e AS (SELECT t_end FROM marker WHERE rank = 0 AND kind = 0 AND step = 1)"
-                          " SELECT memory_kind, sum(requested_bytes) FROM allocation_v, e WHERE rank = 0 AND level = 'block'"
-                          " AND device = 'cpu' AND t_alloc <= e.t_end AND (t_free IS NULL OR t_free > e.t_end)"
-                          " AND (name GLOB 'fp32_partitioned_groups_flat*' OR name GLOB 'adam.*' OR name GLOB '*.grad[[]shard]')"
-                          " GROUP BY 1 ORDER BY 1",
-                          &q)
-                  .ok());
+  const zt::db::QueryResult q = alive_at_step_end(
+      *r.reader, 1, "memory_kind, sum(requested_bytes)",
+      "device = 'cpu' AND (name GLOB 'fp32_partitioned_groups_flat*' OR name GLOB 'adam.*' OR name GLOB '*.grad[[]shard]')"
+      " GROUP BY 1 ORDER BY 1");
   std::map<std::string, int64_t> got;
   for (auto& row : q.rows) got[row[0]] = std::stoll(row[1]);
   const int64_t P = 354823168;
@@ -356,16 +363,10 @@ TEST(DsMemory, ActivationsAreFreedAfterBackwardInEveryMode) {
     if (virt) c.data_samples = 100;
     auto r = zt::test::train_traced(c, dir.file("a.db"));
     ASSERT_TRUE(r.status.ok()) << r.status.message();
-    zt::db::QueryResult q;
-    ASSERT_TRUE(r.reader
-                    ->query("WITH e AS (SELECT t_end FROM marker WHERE rank = 0 AND kind = 0 AND step = 0)"
-                            " SELECT count(*), sum(name GLOB 'block*.mlp.act' OR name GLOB 'lm_head.*' OR name = 'activations')"
-                            " FROM allocation_v, e WHERE rank = 0 AND level = 'block' AND t_alloc <= e.t_end"
-                            " AND (t_free IS NULL OR t_free > e.t_end) AND (name GLOB 'block*.*' OR name GLOB 'lm_head.*'"
-                            " OR name GLOB 'final_ln.*' OR name = 'activations' OR name = 'grad.hidden')"
-                            " AND name NOT GLOB '*.shard' AND name NOT GLOB '*.param' AND name NOT GLOB '*.grad*'",
-                            &q)
-                    .ok());
+    zt::db::QueryResult q = alive_at_step_end(
+        *r.reader, 0, "count(*)",
+        "(name GLOB 'block*.*' OR name GLOB 'lm_head.*' OR name GLOB 'final_ln.*' OR name = 'activations' OR name = "
+        "'grad.hidden') AND name NOT GLOB '*.shard' AND name NOT GLOB '*.param' AND name NOT GLOB '*.grad*'");
     ASSERT_EQ(q.rows.size(), 1u);
     EXPECT_EQ(q.rows[0][0], "0") << (virt ? "virtual" : "simulated GPU");
     // ... and they were there during the step.
