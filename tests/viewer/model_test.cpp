@@ -62,6 +62,16 @@ TEST(Families, ClassifiesTensorNames) {
   EXPECT_EQ(classify_tensor("adam.m[shard]"), Family::OptimizerState);
   EXPECT_EQ(classify_tensor("block3.master"), Family::OptimizerState);
   EXPECT_EQ(classify_tensor("block3.act"), Family::Activations);
+  // The memory model's terms (trainer/zero/ds_memory.h).
+  for (const char* n : {"block3.ln_1.out", "block3.attn.qkv", "block3.attn.lse", "block3.mlp.fc", "block3.residual",
+                        "block4.input", "final_ln.rstd", "lm_head.log_softmax", "block3.forward_scratch", "embeddings.wte_out"})
+    EXPECT_EQ(classify_tensor(n), Family::Activations) << n;
+  EXPECT_EQ(classify_tensor("lm_head.grad_logits_fp32"), Family::Gradients);
+  EXPECT_EQ(classify_tensor("ipg_bucket"), Family::Gradients);
+  EXPECT_EQ(classify_tensor("ipg.flat"), Family::Gradients);
+  EXPECT_EQ(classify_tensor("block3.persistent"), Family::Parameters);
+  EXPECT_EQ(classify_tensor("final_ln.param"), Family::Parameters);
+  EXPECT_EQ(classify_tensor("embeddings.wte.gathered"), Family::Parameters);
   EXPECT_EQ(classify_tensor("offload.buffer[epoch 1]"), Family::Buffers);
   EXPECT_EQ(classify_tensor("segment0"), Family::Buffers);
   EXPECT_EQ(leak_group_name("offload.buffer[epoch 12]"), "offload.buffer[epoch *]");

@@ -233,6 +233,7 @@ class CpuModelPasses final : public ModelPasses {
       : ws_(c, B, T, checkpointing, 0, attention) {}
   size_t bytes() const override { return ws_.bytes(); }
   void bind(void*) override {}
+  bool owns_memory() const override { return true; }
   float* residual(int i) override { return ws_.residual(i); }
   float* grad_residual() override { return ws_.grad_residual(); }
   void embed_forward(const float* p, const int32_t* tokens, float* x_out) override {

@@ -112,6 +112,10 @@ class ModelPasses {
   // Hands the passes that allocation (bytes() of them, on the device) before the first pass.
   // Implementations that own their memory (the CPU reference) ignore it.
   virtual void bind(void* memory) = 0;
+  // True when the passes keep their activations in memory of their own and ignore bind() (the CPU
+  // reference's workspace, on the host): the engine then charges the device with what PyTorch's
+  // autograd would keep instead (zero/ds_memory.h), tensor by tensor, as in virtual mode.
+  virtual bool owns_memory() const { return false; }
   virtual float* residual(int i) = 0;  // [B, T, C]; 0: embedding output, l + 1: block l's output
   virtual float* grad_residual() = 0;  // [B, T, C]
   virtual void embed_forward(const float* emb_params, const int32_t* tokens, float* x_out) = 0;

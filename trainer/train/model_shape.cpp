@@ -79,13 +79,6 @@ int64_t shape_params(const ModelShape& s, bool learned_positions) {
   return n;
 }
 
-int64_t activation_bytes(const ModelShape& s, int64_t B, int64_t T, bool checkpointing, bool flash_attention) {
-  // Flash attention keeps no T x T term (one log-sum-exp per row, inside the first term's slack).
-  const int64_t per_layer = T * B * s.width * 34 + (flash_attention ? 0 : 5 * s.heads * T * T * B);
-  if (checkpointing) return s.layers * 2 * T * B * s.width + per_layer;
-  return s.layers * per_layer;
-}
-
 std::string describe_shape(const ModelShape& s, bool learned_positions) {
   char buf[512];
   std::snprintf(buf, sizeof buf, "%s: %s parameters, %lld layers, width %lld, %lld heads (%lld KV), %s %lld, vocab %lld",
@@ -107,12 +100,6 @@ long double shape_params_bound(const ModelShape& m) {
   const L moe = L(m.experts + m.shared_experts) * mats * C * L(m.expert_ffn) + C * L(m.experts);
   const L per_layer = attention + (dense > moe ? dense : moe);
   return L(m.vocab) * C * (m.tied_embeddings ? 1 : 2) + L(m.context) * C + L(m.layers) * per_layer + 2 * C;
-}
-
-long double activation_bytes_bound(const ModelShape& m, int64_t B, int64_t T) {
-  using L = long double;
-  const L per_layer = L(T) * L(B) * L(m.width) * 34 + 5 * L(m.heads) * L(T) * L(T) * L(B);
-  return (L(m.layers) + 1) * per_layer;
 }
 
 }  // namespace zt::trainer

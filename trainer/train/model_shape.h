@@ -1,7 +1,7 @@
 // trainer/train/model_shape.h: the bug reports' real models as module tables, for virtual
 // mode (issue 9). A ModelShape (train_config.h) describes a transformer by width, layers,
 // heads, kv-heads, FFN, vocab and experts; this file turns it into the per-module parameter
-// counts the ZeRO engine partitions, and estimates the activation memory of a micro-batch.
+// counts the ZeRO engine partitions (the activation memory is zero/ds_memory.h's).
 // Owns: those formulas and the checks that refuse impossible shapes. Nothing here does math
 // on weights: a shape is for sizes only.
 #pragma once
@@ -36,15 +36,6 @@ int64_t shape_params(const ModelShape& s, bool learned_positions);
 // FFN or experts and router, whichever is larger. A reader of shapes (zt repro's scenarios)
 // refuses a shape whose bound would not fit int64 before anything computes shape_params.
 long double shape_params_bound(const ModelShape& s);
-
-// Bytes of activations kept for backward by one micro-batch of B sequences of T tokens, in a
-// 16-bit dtype (Korthikanti et al. 2022, no sequence parallelism): per layer T*B*width*34 +
-// 5*heads*T^2*B, without the second term under flash attention; with activation checkpointing each layer keeps only its
-// input (2*T*B*width) and one layer's full set is live during its recomputation.
-int64_t activation_bytes(const ModelShape& s, int64_t B, int64_t T, bool checkpointing, bool flash_attention = false);
-// An upper bound of activation_bytes (with or without checkpointing and flash attention), in long
-// double, so that a caller can refuse a shape and batch whose int64 figure would wrap.
-long double activation_bytes_bound(const ModelShape& s, int64_t B, int64_t T);
 
 // "Yi-34B: 34.39 B parameters, 60 layers, width 7168, 56 heads (8 KV), FFN 20480, vocab 64000".
 std::string describe_shape(const ModelShape& s, bool learned_positions);

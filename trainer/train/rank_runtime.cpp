@@ -9,8 +9,9 @@ class RankRuntime::DeviceStorage : public StorageAllocator {
  public:
   DeviceStorage(memory::DeviceAllocator& a, bool backed) : a_(a), backed_(backed) {}
   bool backed() const override { return backed_; }
-  MemoryBlock allocate(size_t bytes, std::string_view name) override {
-    memory::DeviceBlock b = a_.allocate(bytes, name);
+  MemoryBlock allocate(size_t bytes, std::string_view name) override { return allocate_on_stream(bytes, name, -1); }
+  MemoryBlock allocate_on_stream(size_t bytes, std::string_view name, int64_t stream) override {
+    memory::DeviceBlock b = a_.allocate(bytes, name, stream);
     return {b.ptr, b.size, b.requested, b.stream, b.alloc_id, b.id};
   }
   void release(const MemoryBlock& m) override {
@@ -157,6 +158,7 @@ class RecordedPasses final : public ModelPasses {
   }
   size_t bytes() const override { return inner_->bytes(); }
   void bind(void* memory) override { inner_->bind(memory); }
+  bool owns_memory() const override { return inner_->owns_memory(); }
   float* residual(int i) override { return inner_->residual(i); }
   float* grad_residual() override { return inner_->grad_residual(); }
   void embed_forward(const float* emb_params, const int32_t* tokens, float* x_out) override {

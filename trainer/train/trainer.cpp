@@ -77,8 +77,7 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
   if (progress) {
     // The parameters the engine places: a real run draws the model's; virtual mode sizes its shape's.
     const bool custom = cfg.model == "custom";
-    const std::string n = format_count(double(
-        cfg.virtual_mode ? shape_params(custom ? cfg.shape : shape_of(mc, cfg.model), !custom) : model::num_params(mc)));
+    const std::string n = format_count(double(cfg.virtual_mode && custom ? shape_params(cfg.shape, false) : model::num_params(mc)));
     *progress << "setting up rank " << rank << ": "
               << (cfg.virtual_mode ? "placing the model states of " + n + " parameters (sizes only)"
                                    : "drawing " + n + " initial weights, placing the model states")

@@ -232,8 +232,13 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   // Virtual mode: the modules of any shape (a preset is GPT-2's shape), no initial values.
   const bool virt = cfg.virtual_mode;
   virt_ = virt;
-  const ModelShape shape = cfg.model == "custom" ? cfg.shape : shape_of(mc, cfg.model);
-  modules_ = virt ? shape_modules(shape, cfg.model != "custom") : model::module_table(mc);
+  const bool custom = cfg.model == "custom";
+  const ModelShape shape = custom ? cfg.shape : shape_of(mc, cfg.model);
+  // A preset's own parameter table (biases included) in virtual mode too: DeepSpeed's partitions
+  // count every parameter.
+  modules_ = virt && custom ? shape_modules(shape, false) : model::module_table(mc);
+  module_params_ = module_parameters(custom ? nullptr : &mc, shape, !custom);
+  ds_layout_ = virt && z_.stage == 3;
   // Left uninitialized: init_params writes every element, its threads touching the pages first.
   std::unique_ptr<float[]> init(virt ? nullptr : new float[size_t(model::num_params(mc))]);
   if (!virt) model::init_params(mc, cfg.seed, init.get());
@@ -269,30 +274,50 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
       p->param = Tensor::empty(n + ".param", {p->padded}, dtype_, accel);
       upload(p->param, 0, vals_at(0), p->padded);
     }
+    // DeepSpeed's grad_partitions_flat_buffer (its slice of this module): under offload_optimizer
+    // on the host, pinned, where the virtual model keeps it (ds_layout_); our compute keeps it on
+    // the device and moves it to the host at the accumulation boundary.
+    const bool grad_on_host = ds_layout_ && p->opt_host;
     p->grad = z_.stage <= 1 ? Tensor::zeros(n + ".grad", {p->padded}, dtype_, accel)
-                            : Tensor::zeros(n + ".grad[shard]", {p->shard}, dtype_, accel);
+                            : Tensor::zeros(n + ".grad[shard]", {p->shard}, dtype_, grad_on_host ? host : accel,
+                                            grad_on_host && pin);
     p->opt_lo = z_.stage == 0 ? 0 : p->lo;
     p->opt_n = z_.stage == 0 ? p->padded : p->shard;
     Device& opt = p->opt_host ? host : accel;
-    const bool opt_pin = p->opt_host && pin;
+    const bool opt_pin = p->opt_host && pin && !ds_layout_;  // DeepSpeed pins only the fp32 gradient
     const std::string group = partition_name(spec.index);
     p->master = Tensor::empty(group, {p->opt_n}, DType::F32, opt, opt_pin);
     upload(p->master, 0, vals_at(p->opt_lo), p->opt_n);
     p->m = Tensor::zeros("adam.m[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
     p->v = Tensor::zeros("adam.v[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
     if (p->opt_host)
-      p->part_grad = Tensor::zeros(part_grad_name(spec.index, part_grad_dtype_), {p->opt_n}, part_grad_dtype_, host, opt_pin);
+      p->part_grad = Tensor::zeros(part_grad_name(spec.index, part_grad_dtype_), {p->opt_n}, part_grad_dtype_, host,
+                                   p->opt_host && pin);
     parts_.push_back(std::move(p));
   }
-  int64_t act_bytes = 0;
-  if (virt) {
-    act_bytes = activation_bytes(shape, B, T, cfg.activation_checkpointing, attention_of(cfg) == model::Attention::Flash);
-  } else {
-    passes_ = rt.model_passes(mc, B, T, cfg.activation_checkpointing, attention_of(cfg));
-    act_bytes = int64_t(passes_->bytes());
+  // Activations: a real GPU's passes get theirs as one tensor; elsewhere the device is charged what
+  // PyTorch's autograd would keep, tensor by tensor, allocated and freed as the passes run (step()).
+  act_ = activation_shape(shape, !custom, B, T, dtype_, attention_of(cfg) == model::Attention::Flash,
+                          cfg.activation_checkpointing);
+  if (!virt) passes_ = rt.model_passes(mc, B, T, cfg.activation_checkpointing, attention_of(cfg));
+  charge_terms_ = virt || passes_->owns_memory();
+  if (!charge_terms_) {
+    const int64_t act_bytes = int64_t(passes_->bytes());
+    activations_ = Tensor::empty("activations", {(act_bytes + 3) / 4}, DType::F32, accel);
+    passes_->bind(activations_.raw());
   }
-  activations_ = Tensor::empty("activations", {(act_bytes + 3) / 4}, DType::F32, accel);
-  if (passes_) passes_->bind(activations_.raw());
+  if (charge_terms_ && z_.stage == 3 && W_ > 1)
+    for (auto& p : parts_) {
+      // DeepSpeed keeps each parameter below the persistence threshold whole on every rank (ours
+      // decides per module: a sharded module's small parameters are in its shards).
+      const int64_t n = p->sharded ? persistent_numel(module_params_[size_t(p->spec.index)], z_.param_persistence_threshold) : 0;
+      if (n > 0) persistent_.push_back(Tensor::empty(p->spec.name + ".persistent", {n}, dtype_, accel));
+    }
+  if (ds_layout_) {
+    // stage3.py's IPG bucket: reduce_bucket_size elements in the compute dtype, made once.
+    ipg_buffer_ = Tensor::empty("ipg_bucket", {z_.reduce_bucket_size}, dtype_, accel);
+    ipg_ = std::make_unique<IpgBucket>(z_.reduce_bucket_size, W_, dtype_, z_.offload_optimizer);
+  }
   head_ = int(parts_.size()) > int(mc.layers) + 2 ? int(mc.layers) + 2 : 0;
   // The background update's own buffers now, not at its first steps: made there, each took cached
   // pinned segments the gradient staging had used, and new ones were pinned inside steps 2-4
@@ -396,8 +421,14 @@ void ZeroEngine::gather(Part& p) {
   p.staging.wait();  // the H2D copy has landed before the all-gather reads it
   p.written.wait();  // ... and the delayed update's write-back into the shard
   const Tensor& src = p.staged.defined() ? p.staged : p.param_shard;
-  p.gathered = Tensor::empty(p.spec.name + ".gathered", {p.padded}, dtype_, accel);
-  comm_.all_gather(src.raw(), p.gathered.raw(), size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".gathered");
+  if (W_ == 1 && !src.device().is_host()) {
+    // A world of one: the shard on the device is the whole module, and DeepSpeed's fetch is a view
+    // of it (NoGatherHandle: no all-gather, no buffer).
+    p.gathered = src;
+  } else {
+    p.gathered = Tensor::empty(p.spec.name + ".gathered", {p.padded}, dtype_, accel);
+    comm_.all_gather(src.raw(), p.gathered.raw(), size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".gathered");
+  }
   p.staged.reset();
 }
 
@@ -526,14 +557,46 @@ void ZeroEngine::release(int mi, int64_t step) {
 
 // ---------------------------------------------------------------- gradients
 
+void ZeroEngine::charge(const std::vector<MemoryOp>& ops) {
+  for (const MemoryOp& op : ops) {
+    if (op.alloc) {
+      if (charges_.count(op.term.name))
+        throw std::logic_error("ZeroEngine: the memory term " + op.term.name + " is charged twice");
+      charges_[op.term.name] = Tensor::empty_on_stream(op.term.name, {op.term.numel}, op.term.dtype, rt_.accelerator(), op.stream);
+    } else {
+      if (!charges_.erase(op.term.name))
+        throw std::logic_error("ZeroEngine: the memory term " + op.term.name + " is freed but was never charged");
+    }
+  }
+}
+
+void ZeroEngine::ds_module_gradient(int mi) {
+  const Part& p = *parts_[size_t(mi)];
+  const std::string name = p.spec.name + ".grad";
+  if (!charges_.count(name)) charge(MemoryOp{true, {name, dtype_, p.spec.numel}});
+  // Parameter by parameter into the bucket (the copy is the bucket's own memory), each gradient
+  // freed once copied: DeepSpeed's __add_grad_to_ipg_bucket.
+  for (int64_t n : module_params_[size_t(mi)]) {
+    if (ipg_->needs_flush(n)) ds_flush_gradients();
+    ipg_->add(n);
+  }
+  charge(MemoryOp{false, {name, dtype_, 0}});
+}
+
+void ZeroEngine::ds_flush_gradients() {
+  if (ipg_) charge(ipg_->flush());
+}
+
 void ZeroEngine::reduce_module_grad(int mi, Tensor& bucket, int64_t step) {
   Part& p = *parts_[size_t(mi)];
   if (z_.stage >= 2) {
     probe::MarkerId ph = phase("reduce " + p.spec.name, step);
-    Tensor reduced = Tensor::empty("grad.reduced[" + p.spec.name + "]", {p.shard}, DType::F32, rt_.accelerator());
-    comm_.reduce_scatter(bucket.f32(), reduced.f32(), size_t(p.shard), 1.0f / float(W_),
-                         "grad.bucket" + std::to_string(mi));
-    add_into(p.grad, 0, reduced.f32(), p.shard);
+    // DeepSpeed's path (ds_layout_, virtual mode) made its own buffers: the collective is recorded.
+    Tensor reduced;
+    if (!ds_layout_) reduced = Tensor::empty("grad.reduced[" + p.spec.name + "]", {p.shard}, DType::F32, rt_.accelerator());
+    comm_.reduce_scatter(bucket.defined() ? bucket.f32() : nullptr, reduced.defined() ? reduced.f32() : nullptr,
+                         size_t(p.shard), 1.0f / float(W_), "grad.bucket" + std::to_string(mi));
+    if (reduced.defined()) add_into(p.grad, 0, reduced.f32(), p.shard);
     end(ph);
     // At the accumulation boundary the module's gradient partition is final: under optimizer
     // offload it goes to the host now, during backward (DeepSpeed's partition_grads).
@@ -581,16 +644,25 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     auto module_phase = [&](const char* what, int mi) {
       return phase(std::string(what) + " " + parts_[size_t(mi)]->spec.name, global_step, micro);
     };
+    // The device terms PyTorch's autograd keeps (ds_memory.h) are charged beside each pass where
+    // the passes do not allocate them on the device themselves (charge_terms_); each module's
+    // gradient is our fp32 bucket, or in virtual mode at stage 3 DeepSpeed's (ds_layout_).
+    auto bucket_for = [&](int mi) {
+      if (ds_layout_) return Tensor();
+      return Tensor::zeros("grad.bucket" + std::to_string(mi), {parts_[size_t(mi)]->padded}, DType::F32, accel);
+    };
     probe::MarkerId ph = phase("forward", global_step, micro);
     const float* P = fetch(0, global_step);
     probe::MarkerId mp = module_phase("forward", 0);
     if (!virt_) passes_->embed_forward(P, tokens.data<int32_t>(), passes_->residual(0));
+    if (charge_terms_) charge(embeddings_forward_ops(act_));
     end(mp);
     release(0, global_step);
     for (int l = 0; l < L; ++l) {
       P = fetch(l + 1, global_step);
       mp = module_phase("forward", l + 1);
       if (!virt_) passes_->block_forward(l, P, passes_->residual(l), passes_->residual(l + 1));
+      if (charge_terms_) charge(block_forward_ops(act_, l));
       end(mp);
       release(l + 1, global_step);
     }
@@ -599,19 +671,30 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     ph = phase("loss", global_step, micro);
     const float* Pf = fetch(fin, global_step);
     const float* Pe = fetch(0, global_step);
-    Tensor emb_bucket = Tensor::zeros("grad.bucket0", {parts_[0]->padded}, DType::F32, accel);
-    Tensor fin_bucket = Tensor::zeros("grad.bucket" + std::to_string(fin), {parts_[size_t(fin)]->padded}, DType::F32, accel);
+    // In a world of one DeepSpeed's fetches are views, but the tied LM head's weight, used outside
+    // its module, is gathered as an external parameter into a buffer of its own (Init._all_gather).
+    const bool wte_gathered = charge_terms_ && W_ == 1 && head_ == 0 && !z_.offload_param;
+    if (wte_gathered) charge(MemoryOp{true, {"embeddings.wte.gathered", dtype_, act_.vocab * act_.width}});
+    Tensor emb_bucket = bucket_for(0);
+    Tensor fin_bucket = bucket_for(fin);
     float* dx = virt_ ? nullptr : passes_->grad_residual();
     if (!virt_)
       loss_sum += passes_->head_forward_backward(Pf, Pe + wte, passes_->residual(L), targets.data<int32_t>(), dx,
                                                  fin_bucket.f32(), emb_bucket.f32() + wte, grad_scale);
+    if (charge_terms_) charge(head_ops(act_));
+    // The tied head's weight gradient waits in autograd's buffer for the embeddings' own (our
+    // fp32 embeddings bucket holds it, elsewhere).
+    if (ds_layout_ && head_ == 0) charge(MemoryOp{true, {"lm_head.weight.grad", dtype_, act_.vocab * act_.width}});
+    if (wte_gathered) charge(MemoryOp{false, {"embeddings.wte.gathered", dtype_, 0}});
     release(fin, global_step);
     release(0, global_step);
+    if (ds_layout_) ds_module_gradient(fin);
     reduce_module_grad(fin, fin_bucket, global_step);
     if (head_ > 0) {  // an untied LM head (virtual shapes): its own module
       fetch(head_, global_step);
-      Tensor head_bucket = Tensor::zeros("grad.bucket" + std::to_string(head_), {parts_[size_t(head_)]->padded}, DType::F32, accel);
+      Tensor head_bucket = bucket_for(head_);
       release(head_, global_step);
+      if (ds_layout_) ds_module_gradient(head_);
       reduce_module_grad(head_, head_bucket, global_step);
     }
     end(ph);
@@ -619,21 +702,33 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     ph = phase("backward", global_step, micro);
     for (int l = L - 1; l >= 0; --l) {
       P = fetch(l + 1, global_step);
-      Tensor bucket = Tensor::zeros("grad.bucket" + std::to_string(l + 1), {parts_[size_t(l) + 1]->padded}, DType::F32, accel);
+      Tensor bucket = bucket_for(l + 1);
       mp = module_phase("backward", l + 1);
       if (!virt_) passes_->block_backward(l, P, passes_->residual(l), dx, dx, bucket.f32());
+      if (ds_layout_) charge(MemoryOp{true, {parts_[size_t(l) + 1]->spec.name + ".grad", dtype_, parts_[size_t(l) + 1]->spec.numel}});
+      if (charge_terms_) charge(block_backward_ops(act_, l));
       end(mp);
       // The earlier modules' gradient partitions land while this backward runs, but the newest:
       // its copy (queued after the last reduce) runs beside this backward and lands after the next.
       land_offloads(1);
       release(l + 1, global_step);
+      if (ds_layout_) ds_module_gradient(l + 1);
       reduce_module_grad(l + 1, bucket, global_step);
     }
     mp = module_phase("backward", 0);
     if (!virt_) passes_->embed_backward(tokens.data<int32_t>(), dx, emb_bucket.f32());
+    if (ds_layout_) {
+      // The embeddings' gradient (dense), summed in place into the head's, which is then freed.
+      charge(MemoryOp{true, {parts_[0]->spec.name + ".grad", dtype_, parts_[0]->spec.numel}});
+      if (head_ == 0) charge(MemoryOp{false, {"lm_head.weight.grad", dtype_, 0}});
+    }
+    if (charge_terms_) charge(embeddings_backward_ops(act_));
     end(mp);
     land_offloads(1);
+    if (ds_layout_) ds_module_gradient(0);
     reduce_module_grad(0, emb_bucket, global_step);
+    // DeepSpeed's epilogue of every backward: what is left in the ipg bucket is reduced.
+    if (ds_layout_) ds_flush_gradients();
     end(ph);
     if (rec_) rec_->marker_end(mm);
   }
@@ -958,7 +1053,8 @@ bool ZeroEngine::adam_in_place(const Part& p, bool delayed) const {
 }
 
 Tensor ZeroEngine::update_buffer(const Part& p) const {
-  return Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
+  // DeepSpeed's is a pageable copy (the fp32 partition's .to() the compute dtype on the way up).
+  return Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory && !ds_layout_);
 }
 
 // The AdamW pass over pending_ on the background thread, in its order, counting the modules done

@@ -25,7 +25,8 @@
 // The rest are offloaded as above.
 //
 // Stage 3 fetches a module before its forward or backward (host->device copy of the shard
-// when offload_param, then all-gather), and releases it after use unless it is reused
+// when offload_param, then all-gather; in a world of one the device shard is the module, used as
+// it is, as DeepSpeed's fetch is a view there), and releases it after use unless it is reused
 // within max_reuse_distance; the order of modules seen in the first step drives prefetching
 // (up to the prefetch bucket, below max_live_parameters) from the second step on.
 // Gradients are reduce-scattered per module (stages 2, 3) or at the accumulation boundary
@@ -90,6 +91,17 @@
 // the step skipped. A module's write-back out of update[0] has landed before its next partition does (its
 // gather waited on the device for it, before the backward whose partition that is).
 //
+// Memory as PyTorch + DeepSpeed keep it (zero/ds_memory.h, issue 33): where the passes do not
+// allocate their activations on the device themselves (virtual mode; the simulated GPU, whose CPU
+// reference keeps its workspace on the host), the device is charged what autograd would keep, as
+// named tensors made and freed with each pass (block3.mlp.act, lm_head.log_softmax, grad.hidden, ...),
+// and at stage 3 with W > 1 the parameters below the persistence threshold whole (NAME.persistent).
+// In virtual mode at stage 3 the engine takes DeepSpeed's layout for the rest too: module gradients
+// into the ipg bucket and its flushes instead of our fp32 buckets, the gradient partitions on the
+// host under optimizer offload, the fp32 master weights and moments pageable. A real GPU's passes
+// get one `activations` tensor they carve up; what our fp32 compute needs beside (fp32 upcasts of
+// the gathered weights, fp32 gradient buckets) stays ours on the simulated and the real GPU.
+//
 // The global norm and unscale_and_clip_grads are an explicit step: the norm is a tensor on
 // the host under offload_optimizer and on the device otherwise; when clipping is active the
 // combined scale is a tensor on the norm's device, and every gradient partition passes the
@@ -117,6 +129,7 @@
 #include "train/train_config.h"
 #include "zero/background.h"
 #include "zero/communicator.h"
+#include "zero/ds_memory.h"
 
 namespace zt::trainer {
 
@@ -284,7 +297,32 @@ class ZeroEngine {
   std::vector<std::unique_ptr<Part>> parts_;
   std::deque<Offload> offloads_;  // gradient partitions in flight to the host (at most two)
   std::unique_ptr<ModelPasses> passes_;  // the model's passes on the accelerator (null in virtual mode)
-  Tensor activations_;  // their activation memory, from the device allocator (see trainer/README.md)
+  // Their activation memory, from the device allocator, as one tensor the passes carve up (a real
+  // GPU's passes); undefined where the device is charged term by term instead (charge_terms_).
+  Tensor activations_;
+  // The device memory of PyTorch + DeepSpeed, term by term (zero/ds_memory.h), where our compute
+  // does not allocate it itself: in virtual mode, and on a simulated GPU whose passes keep their
+  // activations on the host (the CPU reference). charge() allocates and frees the named tensors.
+  bool charge_terms_ = false;
+  // Virtual mode at stage 3: DeepSpeed's layout. The gradients take its path (each module's
+  // gradient in the compute dtype into the ipg bucket, its flushes) instead of our fp32 buckets; under
+  // offload_optimizer the compute-dtype gradient partitions live on the host, pinned
+  // (grad_partitions_flat_buffer), not on the device, and the fp32 master weights, Adam moments and
+  // each step's compute-dtype update are pageable (a CPU clone, DeepSpeedCPUAdam's state, a .to()),
+  // not pinned.
+  bool ds_layout_ = false;
+  ActivationShape act_;
+  std::map<std::string, Tensor> charges_;
+  void charge(const std::vector<MemoryOp>& ops);
+  void charge(const MemoryOp& op) { charge(std::vector<MemoryOp>{op}); }
+  std::vector<std::vector<int64_t>> module_params_;  // each module's parameters (DeepSpeed's units)
+  std::unique_ptr<IpgBucket> ipg_;
+  Tensor ipg_buffer_;                 // DeepSpeed's contiguous ipg bucket (ds_layout_)
+  std::vector<Tensor> persistent_;    // stage 3, W > 1: the parameters kept whole (below the threshold)
+  // ds_layout_: module m's gradient (autograd's, the compute dtype) made and copied into the ipg
+  // bucket, flushing it first whenever the next parameter would not fit.
+  void ds_module_gradient(int m);
+  void ds_flush_gradients();
   Tensor host_tokens_, host_targets_;
   // Fetch order recorded in the first step, and where the current step is in it.
   std::vector<int> order_;

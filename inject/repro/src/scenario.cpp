@@ -13,6 +13,7 @@
 #include <regex>
 
 #include "train/model_shape.h"
+#include "zero/ds_memory.h"
 #include "zt/common/files.h"
 #include "zt/common/units.h"
 #include "zt/common/yaml_keys.h"
@@ -412,7 +413,7 @@ constexpr int64_t kMaxVocab = int64_t(1) << 24;
 constexpr int64_t kMaxContext = int64_t(1) << 24;  // the trainer's own limit on seq_len
 constexpr int64_t kMaxExperts = int64_t(1) << 16;
 constexpr int64_t kMaxParams = int64_t(1) << 44;   // ~17.6 T parameters
-// One micro-batch's activations, bytes (the full-size run's estimate, trainer/train/model_shape.h).
+// One micro-batch's activations, bytes (the full-size run's terms, trainer/zero/ds_memory.h).
 constexpr int64_t kMaxActivationBytes = int64_t(1) << 60;
 
 struct ShapeLimit {
