@@ -78,10 +78,11 @@ int64_t id0(const Stmt& s, int c) { return s.is_null(c) ? 0 : s.i64(c); }
 // CUPTI's segments beside the trainer's (see DriverRecords); nothing when either is missing.
 void summarize_driver_records(sqlite3* db, TraceSummary* out) {
   const std::string seg = "level = " + std::to_string(int(AllocLevel::Segment));
-  const std::string api = std::to_string(int(Source::Api)), cupti = std::to_string(int(Source::Cupti));
+  // The allocators' own segments: the trainer's (api) and PyTorch's (torch).
+  const std::string api = std::string("(") + kAllocatorSourcesSql + ")", cupti = std::to_string(int(Source::Cupti));
   // Most traces have one source: EXISTS stops at the first row, and nothing else runs.
   Stmt both(db, "SELECT EXISTS(SELECT 1 FROM allocation WHERE source = " + cupti + " AND " + seg +
-                    ") AND EXISTS(SELECT 1 FROM allocation WHERE source = " + api + " AND " + seg + ")");
+                    ") AND EXISTS(SELECT 1 FROM allocation WHERE source IN " + api + " AND " + seg + ")");
   if (!both.step() || both.i64(0) == 0) return;
   // The trainer's segments CUPTI could have seen (not pageable host memory: malloc is not CUDA's)
   // and has no record of; uncorrelated, so one pass over the table (segment_id has no index).
@@ -91,7 +92,7 @@ void summarize_driver_records(sqlite3* db, TraceSummary* out) {
   const std::string twins = "SELECT segment_id FROM allocation WHERE source = " + cupti + " AND " + seg +
                             " AND segment_id IS NOT NULL";
   Stmt counts(db, "SELECT (SELECT count(*) FROM allocation WHERE source = " + cupti + " AND " + seg +
-                      "), (SELECT count(*) FROM (" + twins + ")), (SELECT count(*) FROM allocation WHERE source = " +
+                      "), (SELECT count(*) FROM (" + twins + ")), (SELECT count(*) FROM allocation WHERE source IN " +
                       api + " AND " + seg + " AND memory_kind IN (" + seen_kinds + ") AND id NOT IN (" + twins + "))");
   if (!counts.step()) return;
   DriverRecords d;
@@ -260,6 +261,15 @@ Status TraceReader::stack_text(int64_t stack_id, std::vector<std::string>* out) 
       char buf[64];
       std::string line;
       std::string sym = s.text(3), mod = s.text(1);
+      if (s.i64(0) == 0 && !mod.empty()) {
+        // A source frame (a Python frame from PyTorch's allocator history): no instruction
+        // pointer; module is the file and module_offset the line. "train.py:14 step", as
+        // memory_viz and py-spy print them.
+        line = mod + ":" + std::to_string(s.is_null(2) ? 0 : s.i64(2));
+        if (!sym.empty()) line += " " + sym;
+        out->push_back(std::move(line));
+        continue;
+      }
       if (!sym.empty()) line = sym;
       else {
         std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(s.i64(0)));
