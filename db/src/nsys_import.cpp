@@ -315,53 +315,53 @@ class Importer {
     }
   }
 
+  // A kernel row's fields every activity table has: start, end, globalPid, deviceId, streamId,
+  // correlationId (columns 0-5 of the caller's query).
+  KernelRow kernel_row(const Stmt& q, int64_t id) {
+    KernelRow r;
+    r.id = id;
+    r.rank = rank(q, 2);
+    r.device_id = device(r.rank, q.opt(3));
+    r.t_start = q.i64(0);
+    r.t_end = q.i64(1);
+    r.stream = q.opt(4);
+    r.correlation_id = q.opt(5);
+    r.source = Source::Cupti;
+    seen(r.t_start), seen(r.t_end);
+    return r;
+  }
+  std::string common_columns(const std::string& t) {
+    return "start, \"end\", " + s_.col(t, "globalPid") + ", " + s_.col(t, "deviceId") + ", " + s_.col(t, "streamId") +
+           ", " + s_.col(t, "correlationId");
+  }
+
   void kernels() {
     int64_t id = 1;
     const std::string k = "CUPTI_ACTIVITY_KIND_KERNEL";
     if (s_.column(k, "start") && s_.column(k, "end")) {
       auto c = [&](const char* col) { return s_.col(k, col); };
-      Stmt q(db_, "SELECT start, \"end\", " + c("globalPid") + ", " + c("deviceId") + ", " + c("demangledName") + ", " +
-                      c("shortName") + ", " + c("streamId") + ", " + c("correlationId") + ", " + c("gridX") + ", " +
-                      c("gridY") + ", " + c("gridZ") + ", " + c("blockX") + ", " + c("blockY") + ", " + c("blockZ") +
-                      " FROM " + k + " ORDER BY start, rowid");
+      Stmt q(db_, "SELECT " + common_columns(k) + ", " + c("demangledName") + ", " + c("shortName") + ", " + c("gridX") +
+                      ", " + c("gridY") + ", " + c("gridZ") + ", " + c("blockX") + ", " + c("blockY") + ", " +
+                      c("blockZ") + " FROM " + k + " ORDER BY start, rowid");
       while (q.step()) {
-        KernelRow r;
-        r.id = id++;
-        r.rank = rank(q, 2);
-        r.device_id = device(r.rank, q.opt(3));
-        std::string n = string_id(q, 4);
-        if (n.empty()) n = string_id(q, 5);
+        KernelRow r = kernel_row(q, id++);
+        std::string n = string_id(q, 6);
+        if (n.empty()) n = string_id(q, 7);
         r.name_id = name(n.empty() ? "kernel" : n);
-        r.t_start = q.i64(0);
-        r.t_end = q.i64(1);
-        r.stream = q.opt(6);
-        r.correlation_id = q.opt(7);
         if (!q.is_null(8))
           r.grid = std::to_string(q.i64(8)) + "," + std::to_string(q.i64(9)) + "," + std::to_string(q.i64(10));
         if (!q.is_null(11))
           r.block = std::to_string(q.i64(11)) + "," + std::to_string(q.i64(12)) + "," + std::to_string(q.i64(13));
-        r.source = Source::Cupti;
-        seen(r.t_start), seen(r.t_end);
         w_->insert(r);
         ++st_.kernels;
       }
     }
     const std::string m = "CUPTI_ACTIVITY_KIND_MEMSET";
     if (s_.column(m, "start") && s_.column(m, "end") && s_.column(m, "bytes")) {
-      Stmt q(db_, "SELECT start, \"end\", " + s_.col(m, "globalPid") + ", " + s_.col(m, "deviceId") + ", bytes, " +
-                      s_.col(m, "streamId") + ", " + s_.col(m, "correlationId") + " FROM " + m + " ORDER BY start, rowid");
+      Stmt q(db_, "SELECT " + common_columns(m) + ", bytes FROM " + m + " ORDER BY start, rowid");
       while (q.step()) {
-        KernelRow r;
-        r.id = id++;
-        r.rank = rank(q, 2);
-        r.device_id = device(r.rank, q.opt(3));
-        r.name_id = name("memset " + std::to_string(q.i64(4)) + " B");
-        r.t_start = q.i64(0);
-        r.t_end = q.i64(1);
-        r.stream = q.opt(5);
-        r.correlation_id = q.opt(6);
-        r.source = Source::Cupti;
-        seen(r.t_start), seen(r.t_end);
+        KernelRow r = kernel_row(q, id++);
+        r.name_id = name("memset " + std::to_string(q.i64(6)) + " B");
         w_->insert(r);
         ++st_.memsets;
       }

@@ -263,26 +263,19 @@ class Exporter {
     }
     w_.begin_list();
     stack_memo_[stack_id] = w_.remember();
-    Stmt s(r_.handle(),
-           "WITH RECURSIVE walk(id, parent_id, frame_id, depth) AS ("
-           " SELECT id, parent_id, frame_id, 0 FROM stack WHERE id = ?"
-           " UNION ALL SELECT s.id, s.parent_id, s.frame_id, w.depth + 1 FROM stack s JOIN walk w ON s.id = w.parent_id"
-           " WHERE w.depth < 1024)"
-           " SELECT f.ip, f.module, f.module_offset, f.symbol FROM walk w JOIN frame f ON f.id = w.frame_id"
-           " ORDER BY w.depth");
-    s.bind(1, stack_id);
-    while (s.step()) {
-      const int64_t ip = s.i64(0);
-      std::string module = s.text(1), symbol = s.text(3);
+    std::vector<FrameRow> frames;
+    if (Status st = r_.stack_frames(stack_id, &frames); !st) throw detail::SqlError(0, st.message());
+    for (const FrameRow& f : frames) {
+      std::string symbol = f.symbol;
       w_.begin_dict();
       w_.str("filename");
-      w_.str(module.empty() ? "??" : module);
+      w_.str(f.module.empty() ? "??" : f.module);
       w_.str("line");
-      w_.integer(ip == 0 && !s.is_null(2) ? s.i64(2) : 0);
+      w_.integer(f.ip == 0 ? f.module_offset.value_or(0) : 0);
       w_.str("name");
       if (symbol.empty()) {
         char buf[32];
-        std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(ip));
+        std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(f.ip));
         symbol = buf;
       }
       w_.str(symbol);

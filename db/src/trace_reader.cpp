@@ -246,7 +246,7 @@ Status TraceReader::strings(std::unordered_map<int64_t, std::string>* out) {
   return Status::Ok();
 }
 
-Status TraceReader::stack_text(int64_t stack_id, std::vector<std::string>* out) {
+Status TraceReader::stack_frames(int64_t stack_id, std::vector<FrameRow>* out) {
   out->clear();
   try {
     Stmt s(db_,
@@ -254,35 +254,50 @@ Status TraceReader::stack_text(int64_t stack_id, std::vector<std::string>* out) 
            " SELECT id, parent_id, frame_id, 0 FROM stack WHERE id = ?"
            " UNION ALL SELECT s.id, s.parent_id, s.frame_id, w.depth + 1 FROM stack s JOIN walk w ON s.id = w.parent_id"
            " WHERE w.depth < 1024)"
-           " SELECT f.ip, f.module, f.module_offset, f.symbol FROM walk w JOIN frame f ON f.id = w.frame_id"
+           " SELECT f.id, f.ip, f.module, f.module_offset, f.symbol FROM walk w JOIN frame f ON f.id = w.frame_id"
            " ORDER BY w.depth");
     s.bind(1, stack_id);
     while (s.step()) {
-      char buf[64];
-      std::string line;
-      std::string sym = s.text(3), mod = s.text(1);
-      if (s.i64(0) == 0 && !mod.empty()) {
-        // A source frame (a Python frame from PyTorch's allocator history): no instruction
-        // pointer; module is the file and module_offset the line. "train.py:14 step", as
-        // memory_viz and py-spy print them.
-        line = mod + ":" + std::to_string(s.is_null(2) ? 0 : s.i64(2));
-        if (!sym.empty()) line += " " + sym;
-        out->push_back(std::move(line));
-        continue;
-      }
-      if (!sym.empty()) line = sym;
-      else {
-        std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(s.i64(0)));
-        line = buf;
-      }
-      if (!mod.empty()) {
-        std::snprintf(buf, sizeof buf, "+0x%llx", static_cast<unsigned long long>(s.is_null(2) ? 0 : s.i64(2)));
-        line += " (" + mod + buf + ")";
-      }
-      out->push_back(std::move(line));
+      FrameRow f;
+      f.id = s.i64(0);
+      f.ip = uint64_t(s.i64(1));
+      f.module = s.text(2);
+      f.module_offset = s.opt(3);
+      f.symbol = s.text(4);
+      out->push_back(std::move(f));
     }
   } catch (const SqlError& e) {
     return fail(std::string("reading stack failed: ") + e.what());
+  }
+  return Status::Ok();
+}
+
+Status TraceReader::stack_text(int64_t stack_id, std::vector<std::string>* out) {
+  out->clear();
+  std::vector<FrameRow> frames;
+  if (Status s = stack_frames(stack_id, &frames); !s) return s;
+  for (const FrameRow& f : frames) {
+    char buf[64];
+    std::string line;
+    if (f.ip == 0 && !f.module.empty()) {
+      // A source frame (a Python frame from PyTorch's allocator history): no instruction
+      // pointer; module is the file and module_offset the line. "train.py:14 step", as
+      // memory_viz and py-spy print them.
+      line = f.module + ":" + std::to_string(f.module_offset.value_or(0));
+      if (!f.symbol.empty()) line += " " + f.symbol;
+      out->push_back(std::move(line));
+      continue;
+    }
+    if (!f.symbol.empty()) line = f.symbol;
+    else {
+      std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(f.ip));
+      line = buf;
+    }
+    if (!f.module.empty()) {
+      std::snprintf(buf, sizeof buf, "+0x%llx", static_cast<unsigned long long>(f.module_offset.value_or(0)));
+      line += " (" + f.module + buf + ")";
+    }
+    out->push_back(std::move(line));
   }
   return Status::Ok();
 }
