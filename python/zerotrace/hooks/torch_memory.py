@@ -48,7 +48,10 @@ def _patch(cuda):
 
     def _lazy_init(*args, **kwargs):
         result = original(*args, **kwargs)
-        if not _state["on"]:
+        # Not while the initialization is still under way: torch runs its queued calls (a
+        # manual_seed before the first CUDA tensor, ...) inside it, and they call _lazy_init again,
+        # which returns at once, before CUDA is up.
+        if not _state["on"] and cuda.is_initialized():
             _start(cuda)
         return result
 
@@ -62,8 +65,6 @@ def _patch(cuda):
 
 def _start(cuda):
     _state["on"] = True  # once, whatever happens below
-    if not cuda.is_initialized():
-        return
     entries = os.environ.get("ZT_PROBE_TORCH_ENTRIES", "1000000")
     try:
         entries = max(1, int(entries))
