@@ -74,13 +74,14 @@ class Parser {
   }
 
  private:
-  Status bad(const std::string& what) {
-    if (error_.ok()) error_ = Status::Error("not a PyTorch memory snapshot: " + what);
-    return error_;
-  }
+  // The first problem found is the one reported.
   bool fail(const std::string& what) {
-    bad(what);
+    if (error_.ok()) error_ = Status::Error("not a PyTorch memory snapshot: " + what);
     return false;
+  }
+  Status bad(const std::string& what) {
+    fail(what);
+    return error_;
   }
   // Every list item visited costs one unit; a genuine file spends at most one per byte.
   bool spend(int64_t n = 1) {

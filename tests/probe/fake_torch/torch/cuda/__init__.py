@@ -14,9 +14,29 @@ _next = SEG
 _live = {}
 
 
+_initializing = False
+
+
+def _seed_all():
+    _lazy_init()  # as torch's queued calls do, through the module's globals (the hook's wrapper)
+
+
+_queued = [_seed_all]  # torch.manual_seed before the first CUDA tensor queues such a call
+
+
 def _lazy_init():
-    global _initialized
+    """As torch's: the queued calls run inside the initialization and call _lazy_init again,
+    which returns at once while CUDA is not up yet."""
+    global _initialized, _initializing
+    if _initialized or _initializing:
+        return
     calls.append("lazy_init")
+    _initializing = True
+    try:
+        for fn in _queued:
+            fn()
+    finally:
+        _initializing = False
     _initialized = True
 
 
