@@ -11,6 +11,7 @@
 #include "output_paths.h"
 #include "text_width.h"
 #include "zt/common/units.h"
+#include "zt/db/derive_steps.h"
 #include "zt/db/export.h"
 #include "zt/db/torch_snapshot.h"
 #include "zt/db/kernel_summary.h"
@@ -235,6 +236,34 @@ bool print_background_update(db::TraceReader& reader) {
   return true;
 }
 
+// Host memory in words that mean something there: per rank, the peak of the resident set (the
+// probe's and the trainer's host_rss samples) and, in a probed program, of its allocations at or
+// above the probe's threshold (malloc, mmap). Nothing when the trace has neither.
+void print_host_memory(db::TraceReader& reader, const db::TraceSummary& sum) {
+  db::QueryResult rss, thr;
+  if (!reader.query("SELECT rank, max(value) FROM counter_v WHERE name = 'host_rss' GROUP BY rank ORDER BY rank", &rss))
+    return;
+  (void)reader.query("SELECT json_extract(config_json, '$.host_threshold') FROM run WHERE json_valid(config_json) AND "
+                     "json_extract(config_json, '$.probe') IS NOT NULL LIMIT 1",
+                     &thr);
+  const bool probed = !thr.rows.empty() && thr.rows[0][0] != "NULL";
+  std::map<std::string, std::string> rss_by_rank;
+  for (auto& r : rss.rows) rss_by_rank[r[0]] = r[1];
+  for (auto& d : sum.devices) {
+    if (d.device.kind != db::DeviceKind::Cpu) continue;
+    const std::string rank = std::to_string(d.device.rank);
+    const bool has_rss = rss_by_rank.count(rank) && rss_by_rank[rank] != "NULL";
+    if (!has_rss && !(probed && d.peak_reserved > 0)) continue;
+    std::cout << "host memory of rank " << rank << ":";
+    if (has_rss) std::cout << " resident set (RSS) peaked at " << format_bytes(std::stod(rss_by_rank[rank]));
+    if (probed && d.blocks == 0)
+      std::cout << (has_rss ? ";" : "") << " allocations of " << format_bytes(std::stod(thr.rows[0][0]))
+                << " or more (malloc, mmap) peaked at " << format_bytes(double(d.peak_reserved)) << ", "
+                << format_bytes(double(d.reserved_at_end)) << " left at the end";
+    std::cout << "\n";
+  }
+}
+
 }  // namespace
 
 int db_info(const std::string& path) {
@@ -263,24 +292,43 @@ int db_info(const std::string& path) {
     }
     if (!run.source_file.empty()) std::cout << "  merged from: " << run.source_file << "\n";
   }
+  // The world size the ranks recorded (the launcher's or the communicator's): a probed run's
+  // process images (compiler checks, workers) are rows of their own, not ranks of the job.
   std::cout << "ranks: " << sum.ranks.size();
-  if (!sum.ranks.empty()) std::cout << " (world size " << sum.ranks.front().world_size << ")";
+  if (!sum.ranks.empty()) {
+    int64_t world = 0;
+    for (auto& r : sum.ranks) world = std::max(world, r.world_size);
+    std::cout << " (world size " << world << ")";
+  }
   std::cout << "\n";
 
   std::cout << "devices:\n";
   {
     std::vector<std::vector<std::string>> rows;
+    bool unknown_allocated = false;
     for (auto& d : sum.devices) {
+      // Without allocator blocks "allocated" is not known (not 0): "-".
+      const bool blocks = d.blocks > 0 || d.peak_reserved == 0;
+      unknown_allocated = unknown_allocated || !blocks;
       rows.push_back({std::to_string(d.device.rank), d.device.label, std::string(db::to_string(d.device.kind)),
                       d.device.name, d.device.capacity_bytes ? format_bytes(double(*d.device.capacity_bytes)) : "-",
-                      format_bytes(double(d.peak_allocated)), format_bytes(double(d.peak_reserved)),
-                      format_bytes(double(d.allocated_at_end)), format_bytes(double(d.reserved_at_end)),
+                      blocks ? format_bytes(double(d.peak_allocated)) : "-", format_bytes(double(d.peak_reserved)),
+                      blocks ? format_bytes(double(d.allocated_at_end)) : "-", format_bytes(double(d.reserved_at_end)),
                       std::to_string(d.allocations)});
     }
     print_table(std::cout, {"rank", "device", "kind", "name", "capacity", "peak allocated", "peak reserved",
                             "allocated at end", "reserved at end", "allocations"},
                 rows, {true, false, false, false, true, true, true, true, true, true}, "  ");
+    if (unknown_allocated)
+      std::cout << "  (-: no allocator's blocks were recorded there; reserved is the memory taken from the device "
+                   "or the OS: cudaMalloc, or malloc/mmap of the host threshold or more)\n";
   }
+  print_host_memory(*reader, sum);
+  for (auto& d : sum.devices)
+    if (d.module_globals > 0)
+      std::cout << "module globals on rank " << d.device.rank << " " << d.device.label << ": " << d.module_globals
+                << " (" << format_bytes(double(d.module_global_bytes))
+                << "), the __device__ variables of CUDA modules as they loaded; left out of the figures above\n";
   if (sum.driver) {
     const db::DriverRecords& d = *sum.driver;
     std::cout << "CUPTI's view: " << d.cupti_segments << " segments, " << d.paired
@@ -349,6 +397,7 @@ int db_info(const std::string& path) {
     std::cout << ": " << f.name << (f.trigger.empty() ? "" : " [" + f.trigger + "]")
               << (f.details.empty() ? "" : " " + f.details) << "\n";
   }
+  for (auto& n : sum.notes) std::cout << "note: " << n << "\n";
   std::cout << "errors: " << (sum.errors.empty() ? "none" : std::to_string(sum.errors.size()) + " (times from the run's start)")
             << "\n";
   for (size_t i = 0; i < sum.errors.size() && i < 20; ++i) {
@@ -540,6 +589,31 @@ void add_db_commands(CLI::App& app, Action& action) {
             return fail("--steps '" + *steps + "': give a step (3) or a range (2-4) of steps counted from 0");
         }
         return db_kernels(*path, o, *top);
+      };
+    });
+  }
+  {
+    auto* st = dbc->add_subcommand(
+        "steps",
+        "Derive a probed program's steps, epochs and phases from its ranges again (zt probe does it when the program "
+        "ends): --step-range/--epoch-range, NVTX ranges 'epoch N'/'step N', DeepSpeed's own ranges, the HF Trainer's "
+        "and Lightning's callbacks, the zerotrace module, in that order\n"
+        "Example: zt db steps run.db --step-range 'DeepSpeedZeroOptimizer_Stage3.step'");
+    auto path = std::make_shared<std::string>();
+    auto rules = std::make_shared<db::StepRules>();
+    st->add_option("TRACE", *path, "trace file (changed in place: the derived markers are replaced)")->required();
+    st->add_option("--step-range", rules->step_range, "the range (a name or a regular expression) that is one step "
+                                                       "(default: the one zt probe was given, if any)");
+    st->add_option("--epoch-range", rules->epoch_range, "the range (a name or a regular expression) that is one epoch");
+    st->callback([&action, path, rules] {
+      action = [=] {
+        db::DerivedMarkers d;
+        if (Status s = db::derive_steps(*path, *rules, &d); !s) return fail(s.message());
+        std::cout << *path << ": " << db::describe(d);
+        if (d.phases) std::cout << ", " << d.phases << " phases";
+        std::cout << "\n";
+        for (auto& n : d.notes) std::cout << "  " << n << "\n";
+        return kExitOk;
       };
     });
   }

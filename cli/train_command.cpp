@@ -292,14 +292,10 @@ void add_train_command(CLI::App& app, Action& action) {
         const std::string why = probe::cupti::start(co);
         cupti_running = why.empty();
         if (!cupti_running) {
-          // As zt probe does: say why, record why, and train all the same.
+          // As zt probe does: say why, note why in the trace (a note, not an error of the run),
+          // and train all the same.
           std::fprintf(stderr, "zt train: CUDA tracing (--cupti) is off: %s\n", why.c_str());
-          db::ErrorRow e;
-          e.kind = "cuda_tracing_off";
-          e.site = "zt train --cupti";
-          e.rank = process_rank;
-          e.message = "CUDA tracing (--cupti) was off: " + why + "; the trainer's own rows were recorded";
-          rec->error(e);
+          rec->note("CUDA tracing (--cupti) was off: " + why + "; the trainer's own rows were recorded");
         }
       }
       // Stops CUDA tracing before `rec` goes, also when an exception unwinds past here (declared

@@ -104,8 +104,8 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
     struct Ev { int64_t t; int64_t delta; int64_t device; int level; int64_t rank; };
     std::vector<Ev> sweep;
     Stmt a(reader->handle(),
-           "SELECT id, rank, device_id, memory_kind, level, bytes, t_alloc, t_free, name_id, segment_id FROM allocation"
-           " ORDER BY t_alloc, id");
+           std::string("SELECT id, rank, device_id, memory_kind, level, bytes, t_alloc, t_free, name_id, segment_id FROM "
+                       "allocation WHERE NOT ") + kModuleGlobalSql + " ORDER BY t_alloc, id");
     while (a.step()) {
       int64_t id = a.i64(0), rank = a.i64(1), dev = a.i64(2), bytes = a.i64(5), ta = a.i64(6);
       bool alive = a.is_null(7);

@@ -91,9 +91,12 @@ MemoryKind memory_kind(const std::unordered_map<int64_t, std::string>& e, int64_
   };
   if (ends("_PAGEABLE") || s == "Pageable") return MemoryKind::PageableHost;
   if (ends("_PINNED") || s == "Pinned") return MemoryKind::PinnedHost;
-  if (ends("_DEVICE") || ends("_ARRAY") || ends("_DEVICE_STATIC") || s == "Device" || s == "Array" || s == "Device Static")
-    return MemoryKind::Device;
-  if (ends("_MANAGED") || ends("_MANAGED_STATIC") || s == "Managed" || s == "Managed Static") return MemoryKind::Managed;
+  // __device__ / __managed__ variables, set up as a module loads: not the program's allocations
+  // (as CUPTI's device static and managed static are in zt probe's traces).
+  if (ends("_DEVICE_STATIC") || ends("_MANAGED_STATIC") || s == "Device Static" || s == "Managed Static")
+    return MemoryKind::ModuleGlobal;
+  if (ends("_DEVICE") || ends("_ARRAY") || s == "Device" || s == "Array") return MemoryKind::Device;
+  if (ends("_MANAGED") || s == "Managed") return MemoryKind::Managed;
   return MemoryKind::Unknown;
 }
 

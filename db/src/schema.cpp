@@ -4,7 +4,8 @@
 
 namespace zt::db {
 namespace {
-constexpr std::array<std::string_view, 5> kMemoryKind{"unknown", "device", "pinned_host", "pageable_host", "managed"};
+constexpr std::array<std::string_view, 6> kMemoryKind{"unknown", "device", "pinned_host", "pageable_host", "managed",
+                                                      "module_global"};
 constexpr std::array<std::string_view, 2> kAllocLevel{"block", "segment"};
 constexpr std::array<std::string_view, 5> kSource{"api", "cupti", "host_hook", "synthetic", "torch"};
 constexpr std::array<std::string_view, 6> kTransferKind{"H2D", "D2H", "D2D", "H2H", "P2P", "collective"};
@@ -92,7 +93,8 @@ CREATE TABLE dropped (
   events INTEGER NOT NULL, reason TEXT NOT NULL);
 
 CREATE TABLE enum_memory_kind (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
-INSERT INTO enum_memory_kind VALUES (0,'unknown'),(1,'device'),(2,'pinned_host'),(3,'pageable_host'),(4,'managed');
+INSERT INTO enum_memory_kind VALUES (0,'unknown'),(1,'device'),(2,'pinned_host'),(3,'pageable_host'),(4,'managed'),
+  (5,'module_global');
 CREATE TABLE enum_level (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
 INSERT INTO enum_level VALUES (0,'block'),(1,'segment');
 CREATE TABLE enum_source (code INTEGER PRIMARY KEY, name TEXT NOT NULL);

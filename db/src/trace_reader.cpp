@@ -91,8 +91,8 @@ void summarize_driver_records(sqlite3* db, TraceSummary* out) {
                                  std::to_string(int(MemoryKind::Managed));
   const std::string twins = "SELECT segment_id FROM allocation WHERE source = " + cupti + " AND " + seg +
                             " AND segment_id IS NOT NULL";
-  Stmt counts(db, "SELECT (SELECT count(*) FROM allocation WHERE source = " + cupti + " AND " + seg +
-                      "), (SELECT count(*) FROM (" + twins + ")), (SELECT count(*) FROM allocation WHERE source IN " +
+  Stmt counts(db, "SELECT (SELECT count(*) FROM allocation WHERE source = " + cupti + " AND " + seg + " AND NOT " +
+                      kModuleGlobalSql + "), (SELECT count(*) FROM (" + twins + ")), (SELECT count(*) FROM allocation WHERE source IN " +
                       api + " AND " + seg + " AND memory_kind IN (" + seen_kinds + ") AND id NOT IN (" + twins + "))");
   if (!counts.step()) return;
   DriverRecords d;
@@ -414,7 +414,8 @@ Status TraceReader::summarize(TraceSummary* out) {
     std::map<int64_t, DevicePeak> peaks;
     for (auto& d : devices) peaks[d.id].device = d;
     Stmt peak(db_,
-              std::string("WITH a AS (SELECT * FROM allocation WHERE NOT ") + kSecondRecordSql + "),"
+              std::string("WITH a AS (SELECT * FROM allocation WHERE NOT ") + kSecondRecordSql + " AND NOT " +
+                  kModuleGlobalSql + "),"
               " ev AS (SELECT device_id, level, t_alloc AS t, bytes AS d FROM a"
               " UNION ALL SELECT device_id, level, t_free, -bytes FROM a WHERE t_free IS NOT NULL)"
               " SELECT device_id, level, max(live) FROM (SELECT device_id, level, sum(d) OVER"
@@ -428,12 +429,20 @@ Status TraceReader::summarize(TraceSummary* out) {
     // Blocks lie inside segments: what is left at the end is counted per level, as the peaks are.
     Stmt live(db_,
               std::string("SELECT device_id, level, count(*), sum(CASE WHEN t_free IS NULL THEN bytes ELSE 0 END) FROM"
-                          " allocation WHERE NOT ") + kSecondRecordSql + " GROUP BY device_id, level");
+                          " allocation WHERE NOT ") + kSecondRecordSql + " AND NOT " + kModuleGlobalSql +
+                  " GROUP BY device_id, level");
     while (live.step()) {
       auto& p = peaks[live.i64(0)];
       p.allocations += live.i64(2);
       if (AllocLevel(live.i64(1)) == AllocLevel::Segment) p.reserved_at_end = live.i64(3);
-      else p.allocated_at_end = live.i64(3);
+      else p.allocated_at_end = live.i64(3), p.blocks = live.i64(2);
+    }
+    Stmt globals(db_, std::string("SELECT device_id, count(*), sum(bytes) FROM allocation WHERE ") + kModuleGlobalSql +
+                          " GROUP BY device_id");
+    while (globals.step()) {
+      auto& p = peaks[globals.i64(0)];
+      p.module_globals = globals.i64(1);
+      p.module_global_bytes = globals.i64(2);
     }
     summarize_driver_records(db_, out);
     for (auto& [id, p] : peaks) {
@@ -474,6 +483,18 @@ Status TraceReader::summarize(TraceSummary* out) {
   }
   if (Status s = read(&out->faults); !s) return s;
   if (Status s = read(&out->errors); !s) return s;
+  // Notes: the runs' own, then the cuda_tracing_off error rows of traces older zt wrote.
+  try {
+    Stmt notes(db_, "SELECT j.value FROM run, json_each(run.config_json, '$.notes') j WHERE json_valid(run.config_json) "
+                    "AND json_type(run.config_json) = 'object' ORDER BY run.id, j.key");
+    while (notes.step()) out->notes.push_back(notes.text(0));
+  } catch (const SqlError& e) {
+    return fail(std::string("summary failed: ") + e.what());
+  }
+  auto legacy = std::stable_partition(out->errors.begin(), out->errors.end(),
+                                      [](const ErrorRow& e) { return e.kind != "cuda_tracing_off"; });
+  for (auto it = legacy; it != out->errors.end(); ++it) out->notes.push_back(it->message);
+  out->errors.erase(legacy, out->errors.end());
   return Status::Ok();
 }
 

@@ -209,7 +209,7 @@ void TraceWriter::prepare() {
   s.run = Stmt(db,
                "INSERT INTO run(id,tool_version,command_line,config_json,seed,hostname,pid,t_start,t_end,"
                "wall_start_unix_ns,status,exit_code,exit_detail,source_file) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
-  s.rank = Stmt(db, "INSERT INTO rank(rank,run_id,world_size,local_rank,hostname,pid) VALUES(?,?,?,?,?,?)");
+  s.rank = Stmt(db, "INSERT OR REPLACE INTO rank(rank,run_id,world_size,local_rank,hostname,pid) VALUES(?,?,?,?,?,?)");
   s.device = Stmt(db,
                   "INSERT INTO device(id,rank,kind,ordinal,label,name,capacity_bytes,simulated) VALUES(?,?,?,?,?,?,?,?)");
   s.string = Stmt(db, "INSERT INTO string(id,text) VALUES(?,?)");
@@ -428,6 +428,13 @@ void TraceWriter::set_run_end(int64_t run_id, int64_t t_end, RunStatus status, s
                               const std::string& detail) {
   st_->run_end.bind(1, t_end).bind(2, i(status)).bind_opt(3, exit_code).bind_text_or_null(4, detail).bind(5, run_id)
       .step_done();
+}
+void TraceWriter::add_run_note(int64_t run_id, const std::string& text) {
+  Stmt s(handle(),
+         "UPDATE run SET config_json = json_insert(json_insert(coalesce(config_json, '{}'), '$.notes', json('[]')), "
+         "'$.notes[#]', ?1) WHERE id = ?2 AND json_valid(coalesce(config_json, '{}')) AND "
+         "json_type(coalesce(config_json, '{}')) = 'object'");
+  s.bind(1, std::string_view(text)).bind(2, run_id).step_done();
 }
 void TraceWriter::set_frame_symbol(int64_t frame_id, const std::string& module, std::optional<int64_t> offset,
                                    const std::string& symbol) {

@@ -125,6 +125,7 @@ struct Recorder::Impl {
   std::vector<db::FaultRow> p_faults;
   std::vector<db::ErrorRow> p_errors;
   std::vector<db::DroppedRow> p_dropped;
+  std::vector<std::string> notes;  // written into the run row at the end
 
   std::mutex rings_mu;
   std::vector<std::shared_ptr<ThreadRing>> rings;
@@ -332,6 +333,11 @@ void Recorder::dropped(int64_t events, std::string_view reason, int rank) {
 }
 
 bool Recorder::on_writer_thread() { return tls_is_writer; }
+
+void Recorder::note(std::string text) {
+  std::lock_guard lock(impl_->meta_mu);
+  impl_->notes.push_back(std::move(text));
+}
 
 void Recorder::error(const db::ErrorRow& row) {
   db::ErrorRow r = row;
@@ -829,6 +835,12 @@ void Recorder::Impl::writer_main() {
         // A run ends after its last event, also where the events' times were given (zt synth's
         // made-up timeline runs ahead of the clock).
         w->set_run_end(run.id, std::max(now_ns(), t_latest), end_status, end_code, end_detail);
+        std::vector<std::string> notes_;
+        {
+          std::lock_guard lock(meta_mu);
+          notes_ = notes;
+        }
+        for (auto& n : notes_) w->add_run_note(run.id, n);
         w->commit();
         return;
       }

@@ -622,7 +622,7 @@ TEST(Cli, TrainCuptiNeedsDeviceCudaATraceAndSaysWhyItIsOff) {
     EXPECT_EQ(r.out.find(off_line, off + 1), std::string::npos) << r.out;
     EXPECT_LT(off, r.out.find("--device cuda: ")) << r.out;
     Result q = run_zt("db sql --csv " + trace +
-                      " \"SELECT count(*) AS n FROM error WHERE kind = 'cuda_tracing_off' AND message LIKE "
+                      " \"SELECT count(*) AS n FROM run, json_each(run.config_json, '\\$.notes') j WHERE j.value LIKE "
                       "'CUDA tracing (--cupti) was off: %'\"");
     EXPECT_EQ(q.out, "n\n1\n");
   }

@@ -2,6 +2,7 @@
 // visible-range search, folding, min/max decimation, leak grouping, placement mismatches,
 // the playhead state and range summaries.
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "model/trace_model.h"
 #include "hand_trace.h"
 #include "test_util.h"
+#include "zt/db/derive_steps.h"
 #include "zt/db/trace_writer.h"
 
 using namespace zt::viewer;
@@ -460,4 +462,39 @@ TEST(Placement, WrongDeviceSpanIsLastAndErrorNamesMatchWithoutTheirDevice) {
   }
   EXPECT_EQ(error_tensor_names(R"(["combined_scale@cpu","a.grad@cuda:0","plain"])"),
             (std::vector<std::string>{"combined_scale", "a.grad", "plain"}));
+}
+
+// A probed program's steps (derived from its ranges when the trace was finished: here DeepSpeed's,
+// the rows of a real trace, tests/data/deepspeed_zero3_offload_steps.sql) are the viewer's steps to
+// jump to; a CUDA module's globals are not drawn; an old trace's "CUDA tracing was off" error row is
+// not a flag.
+TEST(TraceModelProbed, DerivedStepsNavigateAndModuleGlobalsAndNotesAreNotDrawn) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("ds.db");
+  {
+    std::unique_ptr<TraceWriter> w;
+    ASSERT_TRUE(TraceWriter::create(path, &w).ok());
+    const std::string sql = zt::test::read_file(std::string(ZT_SOURCE_DIR) + "/tests/data/deepspeed_zero3_offload_steps.sql");
+    ASSERT_FALSE(sql.empty());
+    ASSERT_EQ(sqlite3_exec(w->handle(), sql.c_str(), nullptr, nullptr, nullptr), 0);
+    // One of its module globals as this zt records them, and an old trace's note-as-error.
+    ASSERT_EQ(sqlite3_exec(w->handle(),
+                           "UPDATE allocation SET memory_kind = 5 WHERE id = 5046;"
+                           "INSERT INTO error(rank, t, kind, site, message) VALUES (0, 150000000000, "
+                           "'cuda_tracing_off', 'probe', 'CUDA tracing was off: test');",
+                           nullptr, nullptr, nullptr),
+              0);
+    ASSERT_TRUE(w->finish().ok());
+  }
+  DerivedMarkers d;
+  ASSERT_TRUE(derive_steps(path, StepRules{}, &d).ok());
+  ASSERT_EQ(d.steps, 4);
+  std::unique_ptr<TraceModel> m;
+  ASSERT_TRUE(TraceModel::load(path, &m).ok());
+  EXPECT_EQ(m->max_step, 3);
+  EXPECT_EQ(m->step_start(0), 150277984551);  // the first DeepSpeedEngine.forward's start
+  EXPECT_EQ(m->step_end(3), 155060298970);   // the fourth optimizer step's end
+  for (size_t i = 0; i < m->alloc.size(); ++i) EXPECT_NE(m->alloc.id[i], 5046);
+  EXPECT_TRUE(m->flags.empty());
 }

@@ -283,7 +283,9 @@ Status TraceModel::read_all(LoadProgress* progress) {
     reserve_all(n, a.id, a.t_alloc, a.t_free, a.bytes, a.stack, a.device, a.name, a.kind, a.level, a.freed, segment_of);
     alloc_status = stream(
         second->handle(), path_, "allocation",
-        "SELECT id,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id,segment_id FROM allocation", progress,
+        // A CUDA module's globals are not the program's allocations (db/SCHEMA.md): not drawn.
+        (std::string("SELECT id,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id,segment_id FROM "
+                     "allocation WHERE NOT ") + db::kModuleGlobalSql).c_str(), progress,
         &alloc_rows, [&](sqlite3_stmt* st) {
           a.id.push_back(sqlite3_column_int64(st, 0));
           a.device.push_back(dev(sqlite3_column_int64(st, 1)));
@@ -441,7 +443,10 @@ Status TraceModel::read_all(LoadProgress* progress) {
     flags.push_back({f.t, int(f.rank), false, f.step.value_or(-1), f.name,
                      f.details + (f.trigger.empty() ? "" : " [trigger " + f.trigger + "]"), "", -1});
   for (auto& e : errors)
-    flags.push_back({e.t, int(e.rank), true, e.step.value_or(-1), e.kind.empty() ? "error" : e.kind, e.message,
+    // Older traces kept "CUDA tracing was off" as an error row: a note of the recording, not an
+    // error of the run (db/SCHEMA.md, run.config_json "notes"), so not a flag.
+    if (e.kind != "cuda_tracing_off")
+      flags.push_back({e.t, int(e.rank), true, e.step.value_or(-1), e.kind.empty() ? "error" : e.kind, e.message,
                      e.tensors, e.device_id ? dev(e.device_id) : -1});
   std::stable_sort(flags.begin(), flags.end(), [](const Flag& a, const Flag& b) { return a.t < b.t; });
 

@@ -50,9 +50,11 @@ Status TraceData::load(const std::string& path, std::unique_ptr<TraceData>* out)
 }
 
 Status TraceData::load_allocations() {
-  // A second record of a segment (CUPTI's twin of the trainer's) is the same memory: not loaded.
+  // A second record of a segment (CUPTI's twin of the trainer's) is the same memory, and a CUDA
+  // module's globals are not the program's allocations: neither is loaded.
   const std::string sql = std::string("SELECT id,rank,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id "
-                                      "FROM allocation WHERE NOT ") + db::kSecondRecordSql;
+                                      "FROM allocation WHERE NOT ") + db::kSecondRecordSql + " AND NOT " +
+                          db::kModuleGlobalSql;
   return for_each_row(reader_->handle(), path_, sql.c_str(),
                       [&](sqlite3_stmt* st) {
                         Alloc a;

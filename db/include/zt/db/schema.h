@@ -32,7 +32,12 @@ inline std::string schema_version_refusal(const std::string& path, int64_t v) {
 // "ZTRC" read as a big-endian integer: marks a file as a zerotrace trace.
 inline constexpr int32_t kApplicationId = 0x5A545243;
 
-enum class MemoryKind : uint8_t { Unknown = 0, Device = 1, PinnedHost = 2, PageableHost = 3, Managed = 4 };
+// ModuleGlobal: a CUDA module's global variables (__device__ / __managed__: CUPTI's "device
+// static" and "managed static" memory), set up by the driver as it loads a module (lazily, at a
+// kernel's first launch: hundreds of 1-23 byte rows). Not the program's allocations: every
+// count, sum and view leaves them out (kModuleGlobalSql) unless it asks for them.
+enum class MemoryKind : uint8_t { Unknown = 0, Device = 1, PinnedHost = 2, PageableHost = 3, Managed = 4, ModuleGlobal = 5 };
+inline constexpr const char* kModuleGlobalSql = "(memory_kind = 5)";
 // Segment: memory obtained from the device or OS (cudaMalloc, cudaHostAlloc, mmap, malloc).
 // Block: a piece an allocator carved out of a segment for one tensor.
 enum class AllocLevel : uint8_t { Block = 0, Segment = 1 };

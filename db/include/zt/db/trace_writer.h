@@ -63,6 +63,9 @@ class TraceWriter {
   bool set_marker_end(int64_t marker_id, int64_t t_end, std::optional<int64_t> value = std::nullopt);
   void set_run_end(int64_t run_id, int64_t t_end, RunStatus status, std::optional<int64_t> exit_code,
                    const std::string& detail);
+  // Appends `text` to the run's config_json "notes" array (config_json {} when it had none; a
+  // config that is not a JSON object is left alone).
+  void add_run_note(int64_t run_id, const std::string& text);
   void set_frame_symbol(int64_t frame_id, const std::string& module, std::optional<int64_t> offset,
                         const std::string& symbol);
   void set_meta(const std::string& key, const std::string& value);

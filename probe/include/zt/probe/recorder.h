@@ -136,6 +136,8 @@ class Recorder {
   const std::string& path() const;
 
   // --- set-up and slow path: any thread, takes a lock ---
+  // Adding a rank again replaces its row (the probe learns the world size from the program's
+  // communicator after it started).
   void add_rank(int rank, int world_size, std::optional<int> local_rank = std::nullopt);
   DeviceId add_device(int rank, DeviceKind kind, int ordinal, std::string label, std::string name,
                       std::optional<int64_t> capacity_bytes, bool simulated);
@@ -146,6 +148,9 @@ class Recorder {
   StackId capture_stack(int skip = 0, int max_depth = 32);
   void fault(const db::FaultRow& row);  // id and t filled in when 0
   void error(const db::ErrorRow& row);
+  // Something the reader should know that is not an error of the run ("CUDA tracing was off:
+  // ..."): kept in the run row's config_json as "notes" (written at close).
+  void note(std::string text);
   // Losses the recorder did not see itself (CUPTI's dropped activity records, ...): a row in
   // `dropped` with this reason, so that nothing is lost silently.
   void dropped(int64_t events, std::string_view reason, int rank = 0);
