@@ -29,6 +29,7 @@ void add_faults_command(CLI::App& app, Action& action);  // faults (cli/faults_c
 void add_repro_command(CLI::App& app, Action& action);  // repro (cli/repro_command.cpp, inject/repro)
 void add_ckpt_command(CLI::App& app, Action& action);  // ckpt info|consolidate (cli/ckpt_command.cpp)
 void add_check_command(CLI::App& app, Action& action);  // check (cli/check_command.cpp, inject/check)
+void add_import_command(CLI::App& app, Action& action);  // import (cli/import_command.cpp)
 #ifdef ZT_HAVE_VIEWER
 void add_view_command(CLI::App& app, Action& action);  // view (viewer/view_command.cpp)
 #endif

@@ -13,6 +13,7 @@
 #include "zt/common/units.h"
 #include "zt/db/derive_steps.h"
 #include "zt/db/export.h"
+#include "zt/db/torch_snapshot.h"
 #include "zt/db/kernel_summary.h"
 #include "zt/db/sites.h"
 #include "zt/db/trace_reader.h"
@@ -334,12 +335,12 @@ int db_info(const std::string& path) {
   if (sum.driver) {
     const db::DriverRecords& d = *sum.driver;
     std::cout << "CUPTI's view: " << d.cupti_segments << " segments, " << d.paired
-              << " of them the trainer's own (counted once); outside its allocators: " << d.outside_count
+              << " of them the trainer's or PyTorch's own (counted once); outside those allocators: " << d.outside_count
               << " device segment" << (d.outside_count == 1 ? "" : "s") << " (peak "
               << format_bytes(double(d.outside_peak_bytes))
               << ", " << format_bytes(double(d.outside_live_at_end)) << " live at the end)";
     if (d.api_unpaired)
-      std::cout << "; " << d.api_unpaired << " of the trainer's segments have no CUPTI record (see dropped)";
+      std::cout << "; " << d.api_unpaired << " of the allocators' segments have no CUPTI record (see dropped)";
     std::cout << "\n";
   }
   std::cout << "rows:";
@@ -749,18 +750,38 @@ void add_db_commands(CLI::App& app, Action& action) {
   }
   {
     auto* exp = app.add_subcommand("export", "Export a trace to another format\n"
-                                             "Example: zt export run.db --chrome run.json   (open in Perfetto)");
+                                             "Example: zt export run.db --chrome run.json   (open in Perfetto)\n"
+                                             "         zt export run.db --torch-snapshot run.pickle   (open in "
+                                             "pytorch.org/memory_viz)");
     auto path = std::make_shared<std::string>();
     auto chrome = std::make_shared<std::string>();
+    auto torch = std::make_shared<std::string>();
     exp->add_option("TRACE", *path, "trace file")->required();
-    exp->add_option("--chrome", *chrome, "write Chrome trace-event JSON here")->required();
-    exp->callback([&action, path, chrome] {
+    exp->add_option("--chrome", *chrome, "write Chrome trace-event JSON here");
+    exp->add_option("--torch-snapshot", *torch,
+                    "write the device memory as a PyTorch memory snapshot (pickle) here");
+    exp->callback([&action, path, chrome, torch] {
       action = [=] {
-        db::ExportStats st;
-        if (Status s = check_output_path(*chrome, {*path}); !s) return fail(s.message());
-        if (Status s = db::export_chrome(*path, *chrome, &st); !s) return fail(s.message());
-        std::cout << "wrote " << st.events << " trace events (" << format_bytes(double(st.bytes)) << ") to " << *chrome
-                  << "\n";
+        if (chrome->empty() && torch->empty()) return fail("export: give --chrome FILE or --torch-snapshot FILE");
+        if (Status s = check_output_if_given(*chrome, {*path}); !s) return fail(s.message());
+        if (Status s = check_output_if_given(*torch, {*path}); !s) return fail(s.message());
+        if (!chrome->empty() && !torch->empty() && same_file(*chrome, *torch))
+          return fail(*torch + ": --chrome and --torch-snapshot name the same file");
+        if (!chrome->empty()) {
+          db::ExportStats st;
+          if (Status s = db::export_chrome(*path, *chrome, &st); !s) return fail(s.message());
+          std::cout << "wrote " << st.events << " trace events (" << format_bytes(double(st.bytes)) << ") to "
+                    << *chrome << "\n";
+        }
+        if (!torch->empty()) {
+          db::TorchExportStats st;
+          if (Status s = db::export_torch_snapshot(*path, *torch, &st); !s) return fail(s.message());
+          std::cout << "wrote a PyTorch memory snapshot (" << format_bytes(double(st.bytes)) << ") to " << *torch
+                    << ": " << st.segments << " segments, " << st.blocks << " blocks, " << st.events
+                    << " history entries";
+          if (st.device_map.find(',') != std::string::npos) std::cout << "; devices: " << st.device_map;
+          std::cout << "\n";
+        }
         return kExitOk;
       };
     });

@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
   add_probe_command(app, action);
   add_repro_command(app, action);
   add_check_command(app, action);
+  add_import_command(app, action);
   add_faults_command(app, action);
 #ifdef ZT_HAVE_VIEWER
   add_view_command(app, action);

@@ -38,6 +38,7 @@
 #include <random>
 
 #include "commands.h"
+#include "probe_torch.h"
 #include "zt/common/units.h"
 #include "zt/db/derive_steps.h"
 #include "zt/db/trace_file.h"
@@ -403,6 +404,12 @@ int run_probe(const ProbeArgs& a) {
 
   std::vector<RunTrace> traces = traces_of_run(out.string(), run_id, started);
   for (auto& t : traces) write_exit_code(t.path, child, code, sig);
+  {
+    // PyTorch programs: each process's allocator history into its trace (cli/probe_torch.h).
+    std::vector<std::pair<std::string, int64_t>> paths;
+    for (auto& t : traces) paths.emplace_back(t.path, t.pid);
+    merge_torch_histories(out.string(), run_id, paths);
+  }
   if (traces.empty()) {
     std::fprintf(stderr,
                  "zt probe: no trace was written to %s (a statically linked program, or one that clears LD_PRELOAD, "

@@ -100,10 +100,11 @@ int64_t id0(const Stmt& s, int c) { return s.is_null(c) ? 0 : s.i64(c); }
 // CUPTI's segments beside the trainer's (see DriverRecords); nothing when either is missing.
 void summarize_driver_records(sqlite3* db, TraceSummary* out) {
   const std::string seg = "level = " + std::to_string(int(AllocLevel::Segment));
-  const std::string api = std::to_string(int(Source::Api)), cupti = std::to_string(int(Source::Cupti));
+  // The allocators' own segments: the trainer's (api) and PyTorch's (torch).
+  const std::string api = std::string("(") + kAllocatorSourcesSql + ")", cupti = std::to_string(int(Source::Cupti));
   // Most traces have one source: EXISTS stops at the first row, and nothing else runs.
   Stmt both(db, "SELECT EXISTS(SELECT 1 FROM allocation WHERE source = " + cupti + " AND " + seg +
-                    ") AND EXISTS(SELECT 1 FROM allocation WHERE source = " + api + " AND " + seg + ")");
+                    ") AND EXISTS(SELECT 1 FROM allocation WHERE source IN " + api + " AND " + seg + ")");
   if (!both.step() || both.i64(0) == 0) return;
   // The trainer's segments CUPTI could have seen (not pageable host memory: malloc is not CUDA's)
   // and has no record of; uncorrelated, so one pass over the table (segment_id has no index).
@@ -113,7 +114,7 @@ void summarize_driver_records(sqlite3* db, TraceSummary* out) {
   const std::string twins = "SELECT segment_id FROM allocation WHERE source = " + cupti + " AND " + seg +
                             " AND segment_id IS NOT NULL";
   Stmt counts(db, "SELECT (SELECT count(*) FROM allocation WHERE source = " + cupti + " AND " + seg + " AND NOT " +
-                      kModuleGlobalSql + "), (SELECT count(*) FROM (" + twins + ")), (SELECT count(*) FROM allocation WHERE source = " +
+                      kModuleGlobalSql + "), (SELECT count(*) FROM (" + twins + ")), (SELECT count(*) FROM allocation WHERE source IN " +
                       api + " AND " + seg + " AND memory_kind IN (" + seen_kinds + ") AND id NOT IN (" + twins + "))");
   if (!counts.step()) return;
   DriverRecords d;
@@ -268,7 +269,7 @@ Status TraceReader::strings(std::unordered_map<int64_t, std::string>* out) {
   return Status::Ok();
 }
 
-Status TraceReader::stack_text(int64_t stack_id, std::vector<std::string>* out) {
+Status TraceReader::stack_frames(int64_t stack_id, std::vector<FrameRow>* out) {
   out->clear();
   try {
     Stmt s(db_,
@@ -276,21 +277,30 @@ Status TraceReader::stack_text(int64_t stack_id, std::vector<std::string>* out) 
                        " SELECT id, parent_id, frame_id, 0 FROM stack WHERE id = ?"
                        " UNION ALL SELECT s.id, s.parent_id, s.frame_id, w.depth + 1 FROM stack s JOIN walk w ON s.id = w.parent_id"
                        " WHERE w.depth < 1024)"
-                       " SELECT f.ip, f.module, f.module_offset, f.symbol, ") +
+                       " SELECT f.id, f.ip, f.module, f.module_offset, f.symbol, ") +
                (frame_lines_ ? "f.line" : "NULL") + " FROM walk w JOIN frame f ON f.id = w.frame_id ORDER BY w.depth");
     s.bind(1, stack_id);
     while (s.step()) {
       FrameRow f;
-      f.ip = uint64_t(s.i64(0));
-      f.module = s.text(1);
-      f.module_offset = s.opt(2);
-      f.symbol = s.text(3);
-      f.line = s.opt(4);
-      out->push_back(frame_text(f));
+      f.id = s.i64(0);
+      f.ip = uint64_t(s.i64(1));
+      f.module = s.text(2);
+      f.module_offset = s.opt(3);
+      f.symbol = s.text(4);
+      f.line = s.opt(5);
+      out->push_back(std::move(f));
     }
   } catch (const SqlError& e) {
     return fail(std::string("reading stack failed: ") + e.what());
   }
+  return Status::Ok();
+}
+
+Status TraceReader::stack_text(int64_t stack_id, std::vector<std::string>* out) {
+  out->clear();
+  std::vector<FrameRow> frames;
+  if (Status s = stack_frames(stack_id, &frames); !s) return s;
+  for (const FrameRow& f : frames) out->push_back(frame_text(f));
   return Status::Ok();
 }
 

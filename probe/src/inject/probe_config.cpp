@@ -77,6 +77,10 @@ std::string trace_stem(const std::string& main) {
   return stem;
 }
 
+std::string torch_history_path(const std::string& main, int64_t pid) {
+  return trace_stem(main) + ".torch.pid" + std::to_string(pid) + ".pickle";
+}
+
 std::string per_process_trace_path(const std::string& main, int pid) {
   return trace_stem(main) + ".pid" + std::to_string(pid) + ".db";
 }

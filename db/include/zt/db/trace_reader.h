@@ -112,8 +112,11 @@ class TraceReader {
 
   // id -> text for every interned string.
   Status strings(std::unordered_map<int64_t, std::string>* out);
-  // A stack as text lines, innermost frame first ("symbol (module+0x1f3)", or the raw ip).
+  // A stack as text lines, innermost frame first ("symbol (module+0x1f3)", or the raw ip; a source
+  // frame, ip 0 with a module, as "file.py:LINE function").
   Status stack_text(int64_t stack_id, std::vector<std::string>* out);
+  // A stack's frame rows, innermost first (at most 1024).
+  Status stack_frames(int64_t stack_id, std::vector<FrameRow>* out);
   Status row_count(const std::string& table, int64_t* out);
   Status summarize(TraceSummary* out);
   // Any read-only SQL; values rendered as text.

@@ -30,6 +30,10 @@ class TraceWriter {
   // Creates `path`. An existing zerotrace trace there is replaced; any other existing file
   // is refused (we never clobber what we did not write).
   static Status create(const std::string& path, std::unique_ptr<TraceWriter>* out);
+  // Opens an existing, finished trace of this schema version to add rows to it (zt probe adds
+  // PyTorch's allocator history to a process's trace); finish() then pairs, indexes and folds the
+  // WAL again. The caller picks ids above the file's own. Any other file is refused, one line.
+  static Status append(const std::string& path, std::unique_ptr<TraceWriter>* out);
   ~TraceWriter();
 
   const std::string& path() const { return path_; }
@@ -75,6 +79,7 @@ class TraceWriter {
  private:
   struct Statements;
   TraceWriter() = default;
+  void prepare();  // the prepared statements, on db_
   std::string path_;
   sqlite3* db_ = nullptr;
   std::unique_ptr<Statements> st_;
