@@ -63,8 +63,8 @@ void add_repro_command(CLI::App& app, Action& action) {
   auto* sub = app.add_subcommand(
       "repro",
       "Replay a bug report scenario with its faults, then with its known fix, and print a verdict from the traces\n"
-      "(REPRODUCED / NOT REPRODUCED / INCONCLUSIVE, and whether the fix cures it). Exit 0 only when reproduced and\n"
-      "cured, 1 otherwise, 2 for a bad scenario file.\n"
+      "(REPRODUCED / NOT REPRODUCED / DIFFERENT FAILURE / INCONCLUSIVE, and whether the fix cures it). Exit 0 only\n"
+      "when reproduced and cured, 1 otherwise, 2 for a bad scenario file. The format: docs/scenario-format.md.\n"
       "Example: zt repro r3-internlm2-20b-no-zero-oom --json r3.json   (a shipped scenario by name)\n"
       "         zt repro r3          (a unique prefix of a shipped scenario's name)\n"
       "         zt repro --list      (the shipped scenarios: name, report, one line)\n"

@@ -109,7 +109,7 @@ Status skeleton(const InitOptions& o, std::string* out) {
     << "  message: 'TODO'" << todo << ": a regular expression of the report's error text\n"
     << "  mechanism:   # what must have caused it: else DIFFERENT FAILURE, never REPRODUCED\n"
     << "    phase: 'TODO'" << todo << ": the phase it failed in (a regex: checkpoint, evaluation, model load, backward)\n"
-    << "    # alive: ['TODO']   # tensors alive at the failure (regexes over name@device)\n"
+    << "    # alive: ['TODO']   # tensors alive at the failure (regexes over name@device:kind)\n"
     << "fix:\n"
     << "  description: \"TODO: the report's fix, in its words\"" << todo << "\n"
     << "  train: {}   # TODO: what the fix changes (train settings; or deepspeed: a merge patch; cluster: ...)\n"
