@@ -259,3 +259,53 @@ TEST(HfConfig, WhatIsNotReadIsRefusedByName) {
   st = trainer::read_hf_config("/nonexistent/config.json", &m);
   EXPECT_FALSE(st);
 }
+
+// A file's sizes are untrusted: past the limits every reader of shapes applies, each family refuses
+// the file in one line before its formula multiplies or loops over them (a trillion layers hung it).
+TEST(HfConfig, SizesPastTheLimitsAreRefusedBeforeAnythingIsComputed) {
+  const json huge_layers[] = {
+      {{"model_type", "llama"}, {"hidden_size", 64}, {"num_hidden_layers", 999999999999}, {"num_attention_heads", 4},
+       {"intermediate_size", 128}, {"vocab_size", 256}},
+      {{"model_type", "deepseek_v3"}, {"hidden_size", 64}, {"num_hidden_layers", 999999999999}, {"num_attention_heads", 4},
+       {"intermediate_size", 128}, {"moe_intermediate_size", 32}, {"n_routed_experts", 4}, {"vocab_size", 256},
+       {"kv_lora_rank", 16}, {"qk_nope_head_dim", 8}, {"qk_rope_head_dim", 8}, {"v_head_dim", 8}},
+      {{"model_type", "gpt2"}, {"n_embd", 64}, {"n_layer", 999999999999}, {"n_head", 4}, {"vocab_size", 256},
+       {"n_positions", 64}},
+      {{"model_type", "t5"}, {"d_model", 64}, {"d_ff", 128}, {"d_kv", 16}, {"num_layers", 999999999999}, {"num_heads", 4},
+       {"vocab_size", 256}},
+      {{"model_type", "bart"}, {"d_model", 64}, {"encoder_layers", 999999999999}, {"decoder_layers", 2},
+       {"encoder_attention_heads", 4}, {"encoder_ffn_dim", 128}, {"vocab_size", 256}, {"max_position_embeddings", 64}}};
+  for (const json& j : huge_layers) {
+    SCOPED_TRACE(j["model_type"].get<std::string>());
+    trainer::HfModel m;
+    Status st = trainer::hf_config_from_json(j, "config.json", &m);
+    EXPECT_FALSE(st);
+    EXPECT_NE(st.message().find("layers is above the limit of 65536"), std::string::npos) << st.message();
+  }
+  // Parameters past 2^44 from sizes each in range; and a single field past 2^40.
+  trainer::HfModel m;
+  Status st = trainer::hf_config_from_json({{"model_type", "llama"}, {"hidden_size", 1 << 20}, {"num_hidden_layers", 60000},
+                                            {"num_attention_heads", 8}, {"intermediate_size", 1 << 24}, {"vocab_size", 256}},
+                                           "config.json", &m);
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message().find("parameters is above the limit of 17592186044416"), std::string::npos) << st.message();
+  st = trainer::hf_config_from_json({{"model_type", "bart"}, {"d_model", 64}, {"encoder_layers", 2}, {"decoder_layers", 2},
+                                     {"encoder_attention_heads", 4}, {"encoder_ffn_dim", 128}, {"vocab_size", 256},
+                                     {"max_position_embeddings", int64_t(1) << 62}},
+                                    "config.json", &m);
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message().find("max_position_embeddings must be a whole number from 0 to 2^40"), std::string::npos)
+      << st.message();
+  // Zeros that divide: Qwen-MoE's decoder_sparse_step (a division by zero), T5's d_kv.
+  st = trainer::hf_config_from_json({{"model_type", "qwen2_moe"}, {"hidden_size", 64}, {"num_hidden_layers", 4},
+                                     {"num_attention_heads", 4}, {"intermediate_size", 128}, {"vocab_size", 100},
+                                     {"num_experts", 4}, {"moe_intermediate_size", 32}, {"decoder_sparse_step", 0}},
+                                    "config.json", &m);
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message().find("decoder_sparse_step must be at least 1"), std::string::npos) << st.message();
+  st = trainer::hf_config_from_json({{"model_type", "t5"}, {"d_model", 64}, {"d_ff", 128}, {"d_kv", 0}, {"num_layers", 2},
+                                     {"num_heads", 4}, {"vocab_size", 256}},
+                                    "config.json", &m);
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message().find("d_kv must be at least 1"), std::string::npos) << st.message();
+}

@@ -1,6 +1,8 @@
 // Hugging Face config.json files read into shapes, each family checked against its own formula.
 #include "train/hf_config.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <map>
 
@@ -35,13 +37,31 @@ struct Reader {
     }
     return integer(k, out);
   }
+  // At most 2^40 (no config's field comes near): a sum or a double of two fields stays in int64.
   bool integer(const char* k, int64_t* out) {
     const json& v = j[k];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0) {
-      error = origin + ": " + k + " must be a whole number of 0 or more, not " + v.dump();
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (int64_t(1) << 40)) {
+      error = origin + ": " + k + " must be a whole number from 0 to 2^40, not " + v.dump();
       return false;
     }
     *out = v.get<int64_t>();
+    return true;
+  }
+  // Before a family's formula (int64 products, a loop over the layers): the shape within the limits
+  // every reader of shapes applies (model_shape.h), so nothing below overflows or runs for long.
+  bool bounded(const ModelShape& s) {
+    if (s.layers > kMaxShapeLayers || s.encoder_layers > kMaxShapeLayers) {
+      error = origin + ": " + std::to_string(std::max(s.layers, s.encoder_layers)) + " layers is above the limit of " +
+              std::to_string(kMaxShapeLayers);
+      return false;
+    }
+    if (const long double p = shape_params_bound(s); p > (long double)kMaxShapeParams) {
+      char count[64];
+      std::snprintf(count, sizeof count, "%.3Lg", p);
+      error = origin + ": about " + count + " parameters is above the limit of " + std::to_string(kMaxShapeParams) +
+              " (2^44, ~17.6 T)";
+      return false;
+    }
     return true;
   }
   bool flag(const char* k, bool fallback, bool* out) {
@@ -98,6 +118,7 @@ Status llama_like(Reader& r, HfModel* out) {
     return Status::Error(r.error);
   if (H == 0 || kv == 0) return Status::Error(r.origin + ": num_attention_heads and num_key_value_heads must be at least 1");
   if (!r.opt("head_dim", C / H, &hd)) return Status::Error(r.error);
+  if (hd == 0) return Status::Error(r.origin + ": head_dim must be at least 1 (hidden_size / num_attention_heads by default)");
   bool tied = false, attention_bias = false, mlp_bias = false;
   if (!r.flag("tie_word_embeddings", false, &tied) || !r.flag("attention_bias", false, &attention_bias) ||
       !r.flag("mlp_bias", false, &mlp_bias))
@@ -121,6 +142,7 @@ Status llama_like(Reader& r, HfModel* out) {
   } else if (fam == "qwen2_moe" || fam == "qwen3_moe") {
     if (!r.need("num_experts", &E) || !r.need("moe_intermediate_size", &Fe) || !r.opt("decoder_sparse_step", 1, &step))
       return Status::Error(r.error);
+    if (step == 0) return Status::Error(r.origin + ": decoder_sparse_step must be at least 1 (every step-th layer is sparse)");
     if (fam == "qwen2_moe" && (!r.opt("shared_expert_intermediate_size", 0, &Fs))) return Status::Error(r.error);
     shared = Fs > 0 ? 1 : 0;
     // mlp_only_layers: dense layers by index; only a prefix (0..k-1) maps onto dense_layers.
@@ -153,6 +175,7 @@ Status llama_like(Reader& r, HfModel* out) {
   } else if (F <= 0) {
     return Status::Error(r.origin + ": intermediate_size is missing (the MLP's width)");
   }
+  if (!r.bounded(s)) return Status::Error(r.error);
   // The family's formula, from the file's fields.
   const int64_t attn = C * H * hd + 2 * C * kv * hd + H * hd * C + (qwen2 ? H * hd + 2 * kv * hd : 0) + (qwen3 ? 2 * hd : 0);
   int64_t blocks = 0;
@@ -179,7 +202,9 @@ Status deepseek(Reader& r, HfModel* out) {
     return Status::Error(r.error);
   bool tied = false;
   if (!r.flag("tie_word_embeddings", false, &tied)) return Status::Error(r.error);
-  if (H == 0 || freq == 0) return Status::Error(r.origin + ": num_attention_heads and moe_layer_freq must be at least 1");
+  if (H == 0 || freq == 0 || kvr == 0 || nope + rope == 0 || vh == 0)
+    return Status::Error(r.origin + ": num_attention_heads, moe_layer_freq, kv_lora_rank, v_head_dim and " +
+                         "qk_nope_head_dim + qk_rope_head_dim must be at least 1");
   if (!r.refuse_if(dense > L, "first_k_dense_replace above num_hidden_layers")) return Status::Error(r.error);
   // V3's router carries a score-correction bias per expert (topk_method noaux_tc).
   const bool correction = r.text("topk_method", "") == "noaux_tc";
@@ -202,6 +227,7 @@ Status deepseek(Reader& r, HfModel* out) {
       r.j["num_nextn_predict_layers"].get<int64_t>() > 0)
     out->notes.push_back(r.origin + ": num_nextn_predict_layers " + r.j["num_nextn_predict_layers"].dump() +
                          ": the multi-token-prediction layers are not part of the model transformers trains (not counted)");
+  if (!r.bounded(s)) return Status::Error(r.error);
   const int64_t qk = nope + rope;
   const int64_t attn = (qr > 0 ? C * qr + qr + qr * H * qk : C * H * qk) + C * (kvr + rope) + kvr + kvr * H * (nope + vh) +
                        H * vh * C;
@@ -235,6 +261,7 @@ Status gpt2(Reader& r, HfModel* out) {
   s.norm = "layer";
   s.qkv_bias = true;
   s.out_bias = true;
+  if (!r.bounded(s)) return Status::Error(r.error);
   const int64_t block = (3 * C * C + 3 * C) + (C * C + C) + 2 * (2 * C) + (C * F + F) + (F * C + C);
   out->formula_params = V * C * (tied ? 1 : 2) + P * C + L * block + 2 * C;
   return Status::Ok();
@@ -249,6 +276,7 @@ Status t5(Reader& r, HfModel* out) {
       !r.need("num_heads", &H) || !r.need("vocab_size", &V) || !r.opt("num_decoder_layers", L, &Ld) ||
       !r.opt("relative_attention_num_buckets", 32, &buckets))
     return Status::Error(r.error);
+  if (dkv == 0) return Status::Error(r.origin + ": d_kv must be at least 1 (each head's size)");
   bool tied = true;
   if (!r.flag("tie_word_embeddings", true, &tied)) return Status::Error(r.error);
   const std::string proj = r.text("feed_forward_proj", "relu");
@@ -263,6 +291,7 @@ Status t5(Reader& r, HfModel* out) {
   s.final_norms = 2;
   s.relative_attention_buckets = buckets;
   out->notes.push_back(r.origin + ": T5 has no position limit (relative buckets); context 512, its training length");
+  if (!r.bounded(s)) return Status::Error(r.error);
   const int64_t attn = 4 * C * H * dkv;
   const int64_t mlp = (gated ? 3 : 2) * C * F;
   const int64_t encoder = L * (attn + mlp + 2 * C) + (L > 0 ? buckets * H : 0) + C;
@@ -295,6 +324,7 @@ Status bart(Reader& r, HfModel* out) {
   s.out_bias = true;
   s.final_norms = 0;
   s.embed_norm = true;
+  if (!r.bounded(s)) return Status::Error(r.error);
   const int64_t attn = 4 * (C * C + C);
   const int64_t mlp = C * Fe + Fe + Fe * C + C;
   const int64_t encoder = (P + 2) * C + 2 * C + Le * (attn + mlp + 2 * (2 * C));

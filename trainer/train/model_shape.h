@@ -55,6 +55,10 @@ int64_t lora_params(const ModelShape& s, int64_t block, int64_t rank, const std:
 // FFN or experts and router, whichever is larger. A reader of shapes (zt repro's scenarios)
 // refuses a shape whose bound would not fit int64 before anything computes shape_params.
 long double shape_params_bound(const ModelShape& s);
+// The limits every reader of shapes applies before it computes from them (zt repro's scenarios,
+// Hugging Face configs): real models are far inside them (~130 layers, ~1 T parameters).
+constexpr int64_t kMaxShapeLayers = int64_t(1) << 16;
+constexpr int64_t kMaxShapeParams = int64_t(1) << 44;  // ~17.6 T parameters
 
 // Bytes of activations kept for backward by one micro-batch of B sequences of T tokens, in a
 // 16-bit dtype (Korthikanti et al. 2022, no sequence parallelism): per layer T*B*width*34 +

@@ -482,12 +482,12 @@ FixSpec read_fix(const Reader& r, const YAML::Node& n, const std::string& sectio
 // ~256k, contexts to ~10M tokens, 256 experts); past them a scenario's sizes would wrap in the
 // trainer's int64 products (parameters, bytes) and its verdict would be about another model.
 constexpr int64_t kMaxWidth = int64_t(1) << 20;
-constexpr int64_t kMaxLayers = int64_t(1) << 16;
+constexpr int64_t kMaxLayers = trainer::kMaxShapeLayers;
 constexpr int64_t kMaxFfn = int64_t(1) << 24;
 constexpr int64_t kMaxVocab = int64_t(1) << 24;
 constexpr int64_t kMaxContext = int64_t(1) << 24;  // the trainer's own limit on seq_len
 constexpr int64_t kMaxExperts = int64_t(1) << 16;
-constexpr int64_t kMaxParams = int64_t(1) << 44;   // ~17.6 T parameters
+constexpr int64_t kMaxParams = trainer::kMaxShapeParams;
 // One micro-batch's activations, bytes (the full-size run's estimate, trainer/train/model_shape.h).
 constexpr int64_t kMaxActivationBytes = int64_t(1) << 60;
 
