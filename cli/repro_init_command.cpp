@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "output_paths.h"
+#include "train/deepspeed_keys.h"
 #include "train/hf_config.h"
 #include "train/model_shape.h"
 #include "train/train_config.h"
@@ -47,6 +48,7 @@ Status skeleton(const InitOptions& o, std::string* out) {
       return Status::Error(o.ds_config + ": not valid JSON (" + std::string(e.what()) + ")");
     }
     if (Status s = trainer::load_deepspeed_config_text(text, o.ds_config, &c, &notes); !s) return s;
+    for (auto& n : trainer::deepspeed_version_notes(ds, o.ds_config)) notes.push_back(n + "  TODO: which release?");
   }
   std::string why;
   if (!parse_bytes(o.gpu_memory, &why)) return Status::Error("--gpu-memory '" + o.gpu_memory + "' " + why);

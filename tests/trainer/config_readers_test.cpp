@@ -56,6 +56,21 @@ TEST(DeepSpeedKeys, EveryAliasMeansWhatItMeansToDeepSpeed) {
   Loaded off = load({{"zero_optimization", {{"stage", 2}, {"cpu_offload", false}}}});
   ASSERT_TRUE(off.status);
   EXPECT_FALSE(off.cfg.zero.offload_optimizer);
+  // cpu_offload_params: DeepSpeed 0.3-0.6's name; those releases ignored offload_param beside it.
+  Loaded p = load({{"zero_optimization",
+                    {{"stage", 3}, {"cpu_offload_params", true}, {"offload_param", {{"device", "none"}}}}}});
+  ASSERT_TRUE(p.status) << p.status.message();
+  EXPECT_TRUE(p.cfg.zero.offload_param);
+  EXPECT_TRUE(p.noted("cpu_offload_params: true is the name of DeepSpeed 0.3 to 0.6"));
+  EXPECT_TRUE(p.noted("offload_param is ignored"));
+  // An offload block without pin_memory: pinned (today's default); that it changed in 0.19.5 is for
+  // the writer of a scenario (zt repro init), not a warning on every run.
+  EXPECT_TRUE(p.cfg.zero.param_pin_memory);
+  const auto version = trainer::deepspeed_version_notes(
+      {{"zero_optimization", {{"stage", 3}, {"cpu_offload_params", true}, {"offload_optimizer", {{"device", "cpu"}, {"pin_memory", true}}}}}},
+      "ds.json");
+  ASSERT_EQ(version.size(), 1u);
+  EXPECT_NE(version[0].find("zero_optimization.offload_param.pin_memory is not given"), std::string::npos) << version[0];
   // cpu_offload_use_pin_memory: DeepSpeed warns and ignores it.
   Loaded c = load({{"zero_optimization",
                     {{"stage", 2}, {"cpu_offload", true}, {"cpu_offload_use_pin_memory", false}}}});

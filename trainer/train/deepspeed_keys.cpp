@@ -231,6 +231,7 @@ std::vector<std::pair<std::string, std::string>> deepspeed_aliases() {
                    "zero_optimization.stage3_gather_16bit_weights_on_model_save");
   out.emplace_back("zero_optimization.cpu_offload: true", "zero_optimization.offload_optimizer.device cpu");
   out.emplace_back("zero_optimization.cpu_offload_param: true", "zero_optimization.offload_param.device cpu");
+  out.emplace_back("zero_optimization.cpu_offload_params: true", "zero_optimization.offload_param.device cpu");
   out.emplace_back("zero_optimization.cpu_offload_use_pin_memory", "(ignored by DeepSpeed)");
   return out;
 }
@@ -296,6 +297,22 @@ Status resolve_deepspeed_aliases(json& j, const std::string& path, std::vector<s
                      " is DeepSpeed's deprecated form: read as " + w + new_key +
                      (v.get<bool>() ? ".device cpu" : " off"));
   }
+  // DeepSpeed 0.3 to 0.6's name of cpu_offload_param (zero/constants.py); those releases read it and
+  // left offload_param unread when it was there; from 0.7 an unknown field, refused.
+  if (zo.contains("cpu_offload_params")) {
+    const json v = zo["cpu_offload_params"];
+    if (!v.is_boolean())
+      return Status::Error(path + ": " + w + "cpu_offload_params must be true or false, not " + v.dump());
+    zo.erase("cpu_offload_params");
+    if (zo.contains("offload_param")) {
+      zo.erase("offload_param");
+      notes->push_back(path + ": " + w + "offload_param is ignored: DeepSpeed 0.3 to 0.6 read cpu_offload_params instead");
+    }
+    if (v.get<bool>()) zo["offload_param"] = {{"device", "cpu"}};
+    notes->push_back(path + ": " + w + "cpu_offload_params: " + (v.get<bool>() ? "true" : "false") +
+                     " is the name of DeepSpeed 0.3 to 0.6 (later releases refuse it): read as " + w + "offload_param" +
+                     (v.get<bool>() ? ".device cpu" : " off"));
+  }
   if (zo.contains("cpu_offload_use_pin_memory")) {
     zo.erase("cpu_offload_use_pin_memory");
     notes->push_back(path + ": " + w +
@@ -303,6 +320,23 @@ Status resolve_deepspeed_aliases(json& j, const std::string& path, std::vector<s
                      "decides, true by default): ignored here too");
   }
   return Status::Ok();
+}
+
+std::vector<std::string> deepspeed_version_notes(json j, const std::string& path) {
+  std::vector<std::string> out, ignored;
+  if (!resolve_deepspeed_aliases(j, path, &ignored) || !j.contains("zero_optimization") ||
+      !j["zero_optimization"].is_object())
+    return out;
+  const json& zo = j["zero_optimization"];
+  // pin_memory's default (offload_config.py): false from 0.3 to 0.19.4, true since 0.19.5. Pinned
+  // buffers round up to powers of two, as PyTorch's caching host allocator does.
+  for (const char* block : {"offload_optimizer", "offload_param"})
+    if (zo.contains(block) && zo[block].is_object() && zo[block].value("device", json("none")) == "cpu" &&
+        !zo[block].contains("pin_memory"))
+      out.push_back(path + ": zero_optimization." + block + ".pin_memory is not given: pinned, as DeepSpeed 0.19.5 " +
+                    "and later default; DeepSpeed 0.3 to 0.19.4 kept these buffers pageable: for a report on one of " +
+                    "those, write pin_memory: false");
+  return out;
 }
 
 void classify_deepspeed_keys(const std::string& where, const json& obj, const std::vector<std::string>& read,

@@ -26,10 +26,16 @@ namespace zt::trainer {
 // there too), `zero_optimization: true/false` (the deprecated boolean form: stage 1 or 0, with
 // `allgather_size`), the zero_optimization field names without their `stage3_` aliases,
 // `stage3_gather_fp16_weights_on_model_save`, `cpu_offload`, `cpu_offload_param` (deprecated: an
-// offload of the optimizer or parameters to the CPU) and `cpu_offload_use_pin_memory` (deprecated;
-// DeepSpeed warns and ignores it). Each rewrite is a note in `notes`. A deprecated key given with its
-// replacement is refused, as DeepSpeed refuses it ("Cannot provide deprecated parameter ... together").
+// offload of the optimizer or parameters to the CPU), `cpu_offload_params` (DeepSpeed 0.3-0.6's name)
+// and `cpu_offload_use_pin_memory` (deprecated; DeepSpeed warns and ignores it). Each rewrite is a
+// note in `notes`. A deprecated key given with its replacement is refused, as DeepSpeed refuses it
+// ("Cannot provide deprecated parameter ... together").
 Status resolve_deepspeed_aliases(nlohmann::json& j, const std::string& path, std::vector<std::string>* notes);
+
+// What a config leaves to DeepSpeed's defaults where they changed between releases (an offload
+// block without pin_memory: pageable before 0.19.5, pinned since), one line each, for the writer of
+// a scenario to decide (zt repro init); the reader takes today's defaults without a word.
+std::vector<std::string> deepspeed_version_notes(nlohmann::json j, const std::string& path);
 
 // The keys of `obj` (the block at `where`: "" for the top level, "zero_optimization.", "fp16.", ...)
 // that the reader does not read itself (`read`): each known one noted with its effect, each that
