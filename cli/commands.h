@@ -27,6 +27,7 @@ void add_train_command(CLI::App& app, Action& action);  // train
 void add_probe_command(CLI::App& app, Action& action);  // probe (cli/probe_command.cpp)
 void add_faults_command(CLI::App& app, Action& action);  // faults (cli/faults_command.cpp)
 void add_repro_command(CLI::App& app, Action& action);  // repro (cli/repro_command.cpp, inject/repro)
+void add_repro_init_command(CLI::App& repro, Action& action);  // repro init (cli/repro_init_command.cpp)
 void add_ckpt_command(CLI::App& app, Action& action);  // ckpt info|consolidate (cli/ckpt_command.cpp)
 void add_check_command(CLI::App& app, Action& action);  // check (cli/check_command.cpp, inject/check)
 void add_import_command(CLI::App& app, Action& action);  // import (cli/import_command.cpp)

@@ -291,7 +291,16 @@ trainer::TrainConfig yi34b(int64_t world) {
   trainer::TrainConfig c;
   c.virtual_mode = true;
   c.model = "custom";
-  c.shape = {"Yi-34B", 7168, 60, 56, 8, 20480, true, 64000, 4096, false, 0, 0, 0, 0};
+  c.shape.name = "Yi-34B";
+  c.shape.width = 7168;
+  c.shape.layers = 60;
+  c.shape.heads = 56;
+  c.shape.kv_heads = 8;
+  c.shape.ffn = 20480;
+  c.shape.gated_ffn = true;
+  c.shape.vocab = 64000;
+  c.shape.context = 4096;
+  c.shape.tied_embeddings = false;
   c.world_size = world;
   c.ranks_per_node = 8;
   c.micro_batch = 1;

@@ -253,6 +253,9 @@ class CpuModelPasses final : public ModelPasses {
   void embed_backward(const int32_t* tokens, const float* dx, float* d_emb) override {
     model::embed_backward(ws_, tokens, dx, d_emb);
   }
+  float head_forward(const float* pf, const float* wte, const float* x, const int32_t* targets, float* logits) override {
+    return model::head_forward(ws_, pf, wte, x, targets, logits);
+  }
 
  private:
   model::Workspace ws_;

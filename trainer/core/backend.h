@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "core/dtype.h"
@@ -127,6 +128,12 @@ class ModelPasses {
   virtual void block_backward(int layer, const float* block_params, const float* x_in, const float* dx_out,
                               float* dx_in, float* d_block_params) = 0;
   virtual void embed_backward(const int32_t* tokens, const float* dx, float* d_emb_params) = 0;
+  // Forward only (an evaluation): the mean loss, and the [B, T, vocab] fp32 logits into `logits`
+  // when not null (device memory). Passes that have none throw std::invalid_argument.
+  virtual float head_forward(const float* /*final_params*/, const float* /*wte*/, const float* /*x*/,
+                             const int32_t* /*targets*/, float* /*logits*/) {
+    throw std::invalid_argument("these model passes have no forward-only head (evaluation runs on the simulated GPU and the CPU)");
+  }
 };
 
 // The CPU reference (model::Workspace and the passes of model/gpt2.h).

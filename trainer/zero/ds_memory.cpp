@@ -280,7 +280,13 @@ long double activation_bytes_bound(const ModelShape& m, int64_t B, int64_t T) {
   // temporaries and a backward's scratch, all at once; Korthikanti's 34 bytes and 5 a s^2 b beside.
   const L per_layer = 4 * (N * (10 * C + qkv + 5 * F) + 4 * scores + L(T) * L(T)) + N * C * 34 + 5 * scores;
   const L head = 4 * N * L(m.vocab) * 6 + 4 * N * C * 4;
-  return (L(m.layers) + 1) * per_layer + head;
+  if (m.encoder_layers <= 0) return (L(m.layers) + 1) * per_layer + head;
+  // An encoder-decoder (model_shape.h's encoder_decoder_activation_bytes): the FFN and attention
+  // widths, cross-attention over both lengths (its target length up to the largest a shape gives).
+  const L Tm = m.decoder_seq_len > T ? L(m.decoder_seq_len) : L(T);
+  const L A = L(m.heads) * (m.head_dim > 0 ? L(m.head_dim) : L(m.width) / L(m.heads));
+  const L wide = Tm * L(B) * (26 * C + 6 * L(m.ffn) + 24 * A) + 10 * L(m.heads) * Tm * Tm * L(B);
+  return (L(m.layers) + L(m.encoder_layers) + 2) * (per_layer + wide) + head;
 }
 
 std::vector<std::vector<int64_t>> module_parameters(const model::Config* gpt2, const ModelShape& s,

@@ -23,6 +23,8 @@ struct ZeroEngine::Part {
   bool persistent = false;                // stage 3 module kept whole on every rank
   bool sharded = false;                   // stage 3 and not persistent: parameters live as shards
   bool opt_host = false;                  // its optimizer state is offloaded (offload_optimizer, ratio)
+  bool frozen = false;                    // no gradient, no optimizer state (finetuning lora or freeze)
+  std::vector<float> init_master;         // set-up only: the optimizer range's initial values
   Tensor param;        // whole [padded], compute dtype, accelerator (when not sharded)
   Tensor param_shard;  // [shard], compute dtype: accelerator, or host with offload_param (when sharded)
   Tensor grad;         // compute dtype on the accelerator: [padded] at stages 0-1, [shard] at 2-3
@@ -121,7 +123,7 @@ void upload(Tensor& dst, int64_t dst_offset, const float* host_src, int64_t n) {
 }
 
 void zero_tensor(Tensor& t) {
-  if (t.raw()) t.device().ops().zero(t.raw(), t.bytes());
+  if (t.defined() && t.raw()) t.device().ops().zero(t.raw(), t.bytes());
 }
 
 // A one-element fp32 tensor's value, written from the host (nothing in virtual mode).
@@ -239,12 +241,138 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   modules_ = virt && custom ? shape_modules(shape, false) : model::module_table(mc);
   module_params_ = module_parameters(custom ? nullptr : &mc, shape, !custom);
   ds_layout_ = virt && z_.stage == 3;
+  const int64_t blocks = int64_t(mc.layers);
+  // What trains (cfg.finetuning): frozen modules keep parameters only. LoRA's adapters are modules
+  // of their own after the model's ("block3.lora"), trained as any module (virtual mode: sizes).
+  std::vector<char> frozen(modules_.size(), 0);
+  if (cfg.finetuning == "lora") {
+    std::fill(frozen.begin(), frozen.end(), 1);
+    lora_of_.assign(size_t(blocks), -1);
+    int64_t offset = modules_.back().offset + modules_.back().numel;
+    for (int64_t b = 0; b < blocks; ++b) {
+      model::ModuleSpec a;
+      a.name = modules_[size_t(b) + 1].name + ".lora";
+      a.index = int(modules_.size());
+      a.offset = offset;
+      a.numel = lora_params(shape, b, cfg.lora_rank, cfg.lora_targets);
+      offset += a.numel;
+      lora_of_[size_t(b)] = a.index;
+      modules_.push_back(a);
+      frozen.push_back(0);
+    }
+  } else if (cfg.finetuning == "freeze") {
+    if (cfg.trainable_layers > blocks)
+      throw std::invalid_argument("trainable_layers " + std::to_string(cfg.trainable_layers) + " is more than the model's " +
+                                  std::to_string(blocks) + " blocks");
+    for (size_t i = 0; i < modules_.size(); ++i)
+      frozen[i] = !(int64_t(i) >= 1 + blocks - cfg.trainable_layers && int64_t(i) <= blocks);
+  }
   // Left uninitialized: init_params writes every element, its threads touching the pages first.
   std::unique_ptr<float[]> init(virt ? nullptr : new float[size_t(model::num_params(mc))]);
   if (!virt) model::init_params(mc, cfg.seed, init.get());
   std::vector<float> padded_vals;
   // offload_optimizer.ratio (ZeRO-Offload++): module i is offloaded when i >= int((1 - ratio) * modules).
   const int64_t first_offloaded = first_offloaded_module(z_, int64_t(modules_.size()));
+  // Model loading (from_pretrained): the checkpoint's weights in host memory, in its dtype. Without
+  // zero.Init every rank holds the whole model at once (each module's part freed once its parameters
+  // are placed, before any optimizer state: DeepSpeed builds those after partitioning); with it one
+  // module at a time. Real runs take their weights from it (rounded through the checkpoint's dtype).
+  const DType load_dt = *parse_dtype(cfg.load_dtype.empty() ? cfg.precision : cfg.load_dtype);
+  std::vector<Tensor> loaded(modules_.size()), loaded_more(modules_.size());
+  auto load_module = [&](size_t i) {
+    const model::ModuleSpec& spec = modules_[i];
+    loaded[i] = Tensor::empty("model.from_pretrained[" + spec.name + "]", {spec.numel}, load_dt, host);
+    if (cfg.load_copies > 1)  // the checkpoint's state dict read beside the model built (cfg.load_copies)
+      loaded_more[i] = Tensor::empty("model.from_pretrained[" + spec.name + "].state_dict",
+                                     {spec.numel * (cfg.load_copies - 1)}, load_dt, host);
+    if (!virt && spec.offset + spec.numel <= model::num_params(mc)) {  // LoRA adapters are not in the checkpoint
+      host_ops().convert(loaded[i].raw(), load_dt, init.get() + spec.offset, DType::F32, spec.numel);
+      host_ops().convert(init.get() + spec.offset, DType::F32, loaded[i].raw(), load_dt, spec.numel);
+    }
+  };
+  auto host_held = [&]() {
+    return int64_t(rt.pinned_allocator().stats().reserved_bytes + rt.pageable_allocator().stats().reserved_bytes);
+  };
+  auto note_load_peak = [&]() { load_.host_peak_bytes = std::max(load_.host_peak_bytes, host_held()); };
+  if (cfg.from_pretrained) {
+    load_.on = true;
+    load_.zero_init = cfg.zero_init;
+    for (size_t i = 0; i < modules_.size(); ++i)
+      if (cfg.finetuning != "lora" || lora_of_.empty() || int(i) < lora_of_[0])
+        load_.model_bytes += modules_[i].numel * int64_t(dtype_size(load_dt)) * cfg.load_copies;
+  }
+  if (cfg.from_pretrained && !cfg.zero_init) {
+    probe::MarkerId ph = phase("model load (from_pretrained: the whole model on every rank)", -1);
+    for (size_t i = 0; i < modules_.size(); ++i)
+      if (cfg.finetuning != "lora" || lora_of_.empty() || int(i) < lora_of_[0]) load_module(i);
+    note_load_peak();
+    end(ph);
+  }
+  // A module's parameters (whole, or this rank's shard), from the initial values or the checkpoint.
+  auto place_params = [&](Part& pt) {
+    const model::ModuleSpec& spec = pt.spec;
+    const size_t i = size_t(spec.index);
+    probe::MarkerId ph = 0;
+    if (cfg.from_pretrained && cfg.zero_init && (cfg.finetuning != "lora" || lora_of_.empty() || int(i) < lora_of_[0])) {
+      ph = phase("model load (zero.Init: " + spec.name + ")", -1);
+      load_module(i);
+      note_load_peak();
+    }
+    // The module's initial values padded with zeros to a multiple of the world size: read where
+    // they are when no padding is needed (at world size 1 a copy of the whole model, on one thread).
+    const bool has_init = !virt && spec.offset + spec.numel <= model::num_params(mc);
+    const float* vals = nullptr;
+    if (has_init && pt.padded == spec.numel) {
+      vals = init.get() + spec.offset;
+    } else if (has_init) {
+      padded_vals.assign(size_t(pt.padded), 0.0f);
+      std::memcpy(padded_vals.data(), init.get() + spec.offset, size_t(spec.numel) * sizeof(float));
+      vals = padded_vals.data();
+    }
+    auto vals_at = [vals](int64_t k) { return vals ? vals + k : nullptr; };
+    const std::string& n = spec.name;
+    if (pt.sharded) {
+      Device& where = z_.offload_param ? host : accel;
+      pt.param_shard = Tensor::empty(n + ".shard", {pt.shard}, dtype_, where, z_.offload_param && z_.param_pin_memory);
+      upload(pt.param_shard, 0, vals_at(pt.lo), pt.shard);
+    } else {
+      pt.param = Tensor::empty(n + ".param", {pt.padded}, dtype_, accel);
+      upload(pt.param, 0, vals_at(0), pt.padded);
+    }
+    note_load_peak();
+    loaded[i].reset();  // partitioned: the loaded copy of this module is gone
+    loaded_more[i].reset();
+    if (ph) end(ph);
+    if (pt.frozen) return;
+    // The optimizer's range, with its initial fp32 master weights (kept for place_states).
+    pt.opt_lo = z_.stage == 0 ? 0 : pt.lo;
+    pt.opt_n = z_.stage == 0 ? pt.padded : pt.shard;
+    if (vals) pt.init_master.assign(vals + pt.opt_lo, vals + pt.opt_lo + pt.opt_n);
+  };
+  // Its gradient and optimizer state (none when frozen).
+  auto place_states = [&](Part& pt) {
+    if (pt.frozen) return;
+    const model::ModuleSpec& spec = pt.spec;
+    const std::string& n = spec.name;
+    // DeepSpeed's grad_partitions_flat_buffer (its slice of this module): under offload_optimizer
+    // on the host, pinned, where the virtual model keeps it (ds_layout_); our compute keeps it on
+    // the device and moves it to the host at the accumulation boundary.
+    const bool grad_on_host = ds_layout_ && pt.opt_host;
+    pt.grad = z_.stage <= 1 ? Tensor::zeros(n + ".grad", {pt.padded}, dtype_, accel)
+                            : Tensor::zeros(n + ".grad[shard]", {pt.shard}, dtype_, grad_on_host ? host : accel,
+                                            grad_on_host && pin);
+    Device& opt = pt.opt_host ? host : accel;
+    const bool opt_pin = pt.opt_host && pin && !ds_layout_;  // DeepSpeed pins only the fp32 gradient
+    const std::string group = partition_name(spec.index);
+    pt.master = Tensor::empty(group, {pt.opt_n}, DType::F32, opt, opt_pin);
+    upload(pt.master, 0, pt.init_master.empty() ? nullptr : pt.init_master.data(), pt.opt_n);
+    std::vector<float>().swap(pt.init_master);
+    pt.m = Tensor::zeros("adam.m[" + n + "]", {pt.opt_n}, DType::F32, opt, opt_pin);
+    pt.v = Tensor::zeros("adam.v[" + n + "]", {pt.opt_n}, DType::F32, opt, opt_pin);
+    if (pt.opt_host)
+      pt.part_grad = Tensor::zeros(part_grad_name(spec.index, part_grad_dtype_), {pt.opt_n}, part_grad_dtype_, host,
+                                   pt.opt_host && pin);
+  };
   for (const auto& spec : modules_) {
     auto p = std::make_unique<Part>();
     p->spec = spec;
@@ -253,64 +381,46 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     p->lo = rank_ * p->shard;
     p->persistent = z_.stage == 3 && spec.numel < z_.param_persistence_threshold;
     p->sharded = z_.stage == 3 && !p->persistent;
-    p->opt_host = int64_t(parts_.size()) >= first_offloaded;
-    // The module's initial values padded with zeros to a multiple of the world size: read where
-    // they are when no padding is needed (at world size 1 a copy of the whole model, on one thread).
-    const float* vals = nullptr;
-    if (!virt && p->padded == spec.numel) {
-      vals = init.get() + spec.offset;
-    } else if (!virt) {
-      padded_vals.assign(size_t(p->padded), 0.0f);
-      std::memcpy(padded_vals.data(), init.get() + spec.offset, size_t(spec.numel) * sizeof(float));
-      vals = padded_vals.data();
+    p->frozen = frozen[size_t(spec.index)] != 0;
+    p->opt_host = !p->frozen && int64_t(parts_.size()) >= first_offloaded;
+    // As before issue 30 when nothing is loaded: each module's parameters, then its states.
+    if (!cfg.from_pretrained) {
+      place_params(*p);
+      place_states(*p);
     }
-    auto vals_at = [vals](int64_t i) { return vals ? vals + i : nullptr; };
-    const std::string& n = spec.name;
-    if (p->sharded) {
-      Device& where = z_.offload_param ? host : accel;
-      p->param_shard = Tensor::empty(n + ".shard", {p->shard}, dtype_, where, z_.offload_param && pin);
-      upload(p->param_shard, 0, vals_at(p->lo), p->shard);
-    } else {
-      p->param = Tensor::empty(n + ".param", {p->padded}, dtype_, accel);
-      upload(p->param, 0, vals_at(0), p->padded);
-    }
-    // DeepSpeed's grad_partitions_flat_buffer (its slice of this module): under offload_optimizer
-    // on the host, pinned, where the virtual model keeps it (ds_layout_); our compute keeps it on
-    // the device and moves it to the host at the accumulation boundary.
-    const bool grad_on_host = ds_layout_ && p->opt_host;
-    p->grad = z_.stage <= 1 ? Tensor::zeros(n + ".grad", {p->padded}, dtype_, accel)
-                            : Tensor::zeros(n + ".grad[shard]", {p->shard}, dtype_, grad_on_host ? host : accel,
-                                            grad_on_host && pin);
-    p->opt_lo = z_.stage == 0 ? 0 : p->lo;
-    p->opt_n = z_.stage == 0 ? p->padded : p->shard;
-    Device& opt = p->opt_host ? host : accel;
-    const bool opt_pin = p->opt_host && pin && !ds_layout_;  // DeepSpeed pins only the fp32 gradient
-    const std::string group = partition_name(spec.index);
-    p->master = Tensor::empty(group, {p->opt_n}, DType::F32, opt, opt_pin);
-    upload(p->master, 0, vals_at(p->opt_lo), p->opt_n);
-    p->m = Tensor::zeros("adam.m[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
-    p->v = Tensor::zeros("adam.v[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
-    if (p->opt_host)
-      p->part_grad = Tensor::zeros(part_grad_name(spec.index, part_grad_dtype_), {p->opt_n}, part_grad_dtype_, host,
-                                   p->opt_host && pin);
     parts_.push_back(std::move(p));
+  }
+  if (cfg.from_pretrained) {
+    // DeepSpeed partitions every parameter first, then builds the optimizer: the loaded model is
+    // gone before the first optimizer state is allocated.
+    for (auto& p : parts_) place_params(*p);
+    for (auto& p : parts_) place_states(*p);
   }
   // Activations: a real GPU's passes get theirs as one tensor; elsewhere the device is charged what
   // PyTorch's autograd would keep, tensor by tensor, allocated and freed as the passes run (step()).
+  // An encoder-decoder's (virtual shapes only) is one tensor of model_shape.h's estimate, held.
   act_ = activation_shape(shape, !custom, B, T, dtype_, attention_of(cfg) == model::Attention::Flash,
                           cfg.activation_checkpointing);
   if (!virt) passes_ = rt.model_passes(mc, B, T, cfg.activation_checkpointing, attention_of(cfg));
-  charge_terms_ = virt || passes_->owns_memory();
+  charge_terms_ = (virt && shape.encoder_layers <= 0) || (!virt && passes_->owns_memory());
   if (!charge_terms_) {
-    const int64_t act_bytes = int64_t(passes_->bytes());
+    const bool flash = attention_of(cfg) == model::Attention::Flash;
+    const int64_t act_bytes =
+        virt ? encoder_decoder_activation_bytes(shape, B, T, shape.decoder_seq_len > 0 ? shape.decoder_seq_len : T,
+                                                cfg.activation_checkpointing, flash)
+             : int64_t(passes_->bytes());
     activations_ = Tensor::empty("activations", {(act_bytes + 3) / 4}, DType::F32, accel);
-    passes_->bind(activations_.raw());
+    if (passes_) passes_->bind(activations_.raw());
   }
   if (charge_terms_ && z_.stage == 3 && W_ > 1)
     for (auto& p : parts_) {
       // DeepSpeed keeps each parameter below the persistence threshold whole on every rank (ours
-      // decides per module: a sharded module's small parameters are in its shards).
-      const int64_t n = p->sharded ? persistent_numel(module_params_[size_t(p->spec.index)], z_.param_persistence_threshold) : 0;
+      // decides per module: a sharded module's small parameters are in its shards). LoRA's adapter
+      // modules (after the model's) have no parameter table here.
+      const size_t mi = size_t(p->spec.index);
+      const int64_t n = p->sharded && mi < module_params_.size()
+                            ? persistent_numel(module_params_[mi], z_.param_persistence_threshold)
+                            : 0;
       if (n > 0) persistent_.push_back(Tensor::empty(p->spec.name + ".persistent", {n}, dtype_, accel));
     }
   if (ds_layout_) {
@@ -318,7 +428,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     ipg_buffer_ = Tensor::empty("ipg_bucket", {z_.reduce_bucket_size}, dtype_, accel);
     ipg_ = std::make_unique<IpgBucket>(z_.reduce_bucket_size, W_, dtype_, z_.offload_optimizer);
   }
-  head_ = int(parts_.size()) > int(mc.layers) + 2 ? int(mc.layers) + 2 : 0;
+  for (size_t i = 0; i < parts_.size(); ++i)
+    if (parts_[i]->spec.name == "lm_head") head_ = int(i);
   // The background update's own buffers now, not at its first steps: made there, each took cached
   // pinned segments the gradient staging had used, and new ones were pinned inside steps 2-4
   // (cudaHostAlloc: on an H100 those steps ran at a third of the later speed; 2026-11-23).
@@ -408,6 +519,127 @@ int64_t ZeroEngine::model_state_bytes() const {
 std::pair<int, int> ZeroEngine::offloaded_modules() const {
   const int n = int(std::count_if(parts_.begin(), parts_.end(), [](const auto& p) { return p->opt_host; }));
   return {n, int(parts_.size())};
+}
+
+std::pair<int64_t, int64_t> ZeroEngine::trainable_and_frozen() const {
+  int64_t trained = 0, frozen = 0;
+  for (const auto& p : parts_) (p->frozen ? frozen : trained) += p->spec.numel;
+  return {trained, frozen};
+}
+
+// ---------------------------------------------------------------- evaluation
+
+double ZeroEngine::evaluate(DataLoader& loader, int64_t global_step, int64_t epoch) {
+  Device& accel = rt_.accelerator();
+  Device& host = rt_.host();
+  const int L = int(mc_.layers);
+  const int fin = L + 1;
+  const int64_t Be = cfg_.eval_batch > 0 ? cfg_.eval_batch : B_;
+  const ModelShape shape = cfg_.model == "custom" ? cfg_.shape : shape_of(mc_, cfg_.model);
+  // An encoder-decoder's logits are over its target tokens.
+  const int64_t Tl = shape.encoder_layers > 0 && shape.decoder_seq_len > 0 ? shape.decoder_seq_len : T_;
+  const int64_t V = mc_.vocab;
+  const int64_t batches = (cfg_.eval_samples + Be * W_ - 1) / (Be * W_);
+  const int64_t wte = virt_ ? 0 : model::embedding_offsets(mc_).wte;
+  // Without gradients a layer's activations live only while it runs: one layer's worth (virtual
+  // mode; a real run computes in the passes' own workspace).
+  ModelShape one = shape;
+  one.layers = 1;
+  one.encoder_layers = 0;
+  const int64_t act_bytes = virt_ ? activation_bytes(one, Be, std::max<int64_t>(T_, Tl), false, attention_of(cfg_) == model::Attention::Flash) : 0;
+  fail::set_thread_position({rank_, global_step, -1, epoch, rec_});
+  order_pos_ = 0;  // the forward's order: its prefetch serves the evaluation too
+  probe::MarkerId ph = phase("evaluation", global_step);
+  // Kept predictions, as transformers' evaluation loop keeps them: concatenated on the device batch by
+  // batch (torch.cat: a new tensor of both while the old one is alive), moved to the host every
+  // eval_accumulation_steps batches and concatenated there (numpy's concatenate: a new array each time).
+  Tensor dev_preds, preds;
+  // dst := a's values then b's (either may be undefined), a new tensor on `where`.
+  auto concat = [&](const Tensor& a, const Tensor& b, const std::string& name, Device& where) {
+    const int64_t n = (a.defined() ? a.numel() : 0) + (b.defined() ? b.numel() : 0);
+    Tensor out = Tensor::empty(name, {n}, DType::F32, where);
+    int64_t at = 0;
+    for (const Tensor* t : {&a, &b}) {
+      if (!t->defined()) continue;
+      if (out.raw() && t->raw()) where.ops().copy(out.f32() + at, t->f32(), t->bytes());
+      at += t->numel();
+    }
+    return out;
+  };
+  auto to_host = [&]() {
+    if (!dev_preds.defined()) return;
+    probe::MarkerId mv = phase("eval logits to the host", global_step);
+    Tensor h = copy_to(dev_preds, host, false, "eval.preds.cpu");  // D2H (.cpu())
+    dev_preds.reset();
+    preds = concat(preds, h, "eval.preds", host);
+    end(mv);
+  };
+  double loss_sum = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    probe::MarkerId bm = phase("eval batch " + std::to_string(b), global_step);
+    Tensor tokens, targets;
+    if (virt_) {
+      tokens = Tensor::empty("eval.tokens", {Be, T_}, DType::I32, accel);
+      targets = Tensor::empty("eval.targets", {Be, Tl}, DType::I32, accel);
+    } else {
+      loader.eval_batch(b, rank_, host_tokens_.data<int32_t>(), host_targets_.data<int32_t>());
+      tokens = copy_to(host_tokens_, accel);
+      targets = copy_to(host_targets_, accel);
+    }
+    Tensor acts = virt_ ? Tensor::empty("eval.activations", {(act_bytes + 3) / 4}, DType::F32, accel) : Tensor();
+    const float* P = fetch(0, global_step);
+    if (!virt_) passes_->embed_forward(P, tokens.data<int32_t>(), passes_->residual(0));
+    release(0, global_step);
+    for (int l = 0; l < L; ++l) {
+      P = fetch(l + 1, global_step);
+      const int adapter = lora_of_.empty() ? -1 : lora_of_[size_t(l)];
+      if (adapter >= 0) fetch(adapter, global_step);
+      if (!virt_) passes_->block_forward(l, P, passes_->residual(l), passes_->residual(l + 1));
+      if (adapter >= 0) release(adapter, global_step);
+      release(l + 1, global_step);
+    }
+    const float* Pf = fetch(fin, global_step);
+    const float* Pe = fetch(0, global_step);
+    if (head_ > 0) fetch(head_, global_step);
+    // The logits in fp32 (transformers upcasts them for the loss and returns them so).
+    Tensor logits = Tensor::empty("eval.logits", {Be, Tl, V}, DType::F32, accel);
+    if (!virt_) loss_sum += passes_->head_forward(Pf, Pe + wte, passes_->residual(L), targets.data<int32_t>(), logits.f32());
+    if (head_ > 0) release(head_, global_step);
+    release(fin, global_step);
+    release(0, global_step);
+    acts.reset();
+    if (cfg_.eval_keep_logits) {
+      // compute_metrics needs them: gathered from every rank (accelerate's gather_for_metrics), kept.
+      Tensor all = Tensor::empty("eval.logits.gathered", {W_ * Be * Tl * V}, DType::F32, accel);
+      comm_.all_gather(logits.raw(), all.raw(), logits.bytes(), "eval.logits");
+      logits.reset();
+      Tensor grown = concat(dev_preds, all, "eval.preds.device", accel);
+      dev_preds = std::move(grown);
+      if (cfg_.eval_accumulation_steps > 0 && (b + 1) % cfg_.eval_accumulation_steps == 0) to_host();
+    }
+    end(bm);
+  }
+  // The metrics read everything at the end (the rest moved to the host first); then all is freed.
+  if (cfg_.eval_keep_logits) {
+    to_host();
+    probe::MarkerId cm = phase("compute_metrics", global_step);
+    end(cm);
+  }
+  dev_preds.reset();
+  preds.reset();
+  for (auto& p : parts_) {  // gathered for the evaluation, stale for the next step's order
+    p->staging.wait();
+    p->staged.reset();
+    p->gathered.reset();
+    p->compute.reset();
+  }
+  end(ph);
+  double loss = virt_ ? std::nan("") : loss_sum / double(batches);
+  if (!virt_) {
+    comm_.all_reduce(&loss, 1, "eval_loss");
+    loss /= double(W_);
+  }
+  return loss;
 }
 
 // ---------------------------------------------------------------- fetch and release
@@ -647,10 +879,14 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     // The device terms PyTorch's autograd keeps (ds_memory.h) are charged beside each pass where
     // the passes do not allocate them on the device themselves (charge_terms_); each module's
     // gradient is our fp32 bucket, or in virtual mode at stage 3 DeepSpeed's (ds_layout_).
+    // A frozen module (finetuning lora or freeze) gets none either: the passes skip its weights'
+    // gradients, and nothing is reduced (trains(mi) says which do).
     auto bucket_for = [&](int mi) {
-      if (ds_layout_) return Tensor();
+      if (ds_layout_ || parts_[size_t(mi)]->frozen) return Tensor();
       return Tensor::zeros("grad.bucket" + std::to_string(mi), {parts_[size_t(mi)]->padded}, DType::F32, accel);
     };
+    auto trains = [&](int mi) { return !parts_[size_t(mi)]->frozen; };
+    auto grads_of = [](Tensor& t, int64_t offset = 0) { return t.defined() && t.raw() ? t.f32() + offset : nullptr; };
     probe::MarkerId ph = phase("forward", global_step, micro);
     const float* P = fetch(0, global_step);
     probe::MarkerId mp = module_phase("forward", 0);
@@ -660,10 +896,13 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     release(0, global_step);
     for (int l = 0; l < L; ++l) {
       P = fetch(l + 1, global_step);
+      const int adapter = lora_of_.empty() ? -1 : lora_of_[size_t(l)];
+      if (adapter >= 0) fetch(adapter, global_step);  // LoRA: the block's adapters with it (sizes only)
       mp = module_phase("forward", l + 1);
       if (!virt_) passes_->block_forward(l, P, passes_->residual(l), passes_->residual(l + 1));
       if (charge_terms_) charge(block_forward_ops(act_, l));
       end(mp);
+      if (adapter >= 0) release(adapter, global_step);
       release(l + 1, global_step);
     }
     end(ph);
@@ -680,44 +919,60 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     float* dx = virt_ ? nullptr : passes_->grad_residual();
     if (!virt_)
       loss_sum += passes_->head_forward_backward(Pf, Pe + wte, passes_->residual(L), targets.data<int32_t>(), dx,
-                                                 fin_bucket.f32(), emb_bucket.f32() + wte, grad_scale);
+                                                 grads_of(fin_bucket), grads_of(emb_bucket, wte), grad_scale);
     if (charge_terms_) charge(head_ops(act_));
     // The tied head's weight gradient waits in autograd's buffer for the embeddings' own (our
     // fp32 embeddings bucket holds it, elsewhere).
-    if (ds_layout_ && head_ == 0) charge(MemoryOp{true, {"lm_head.weight.grad", dtype_, act_.vocab * act_.width}});
+    if (ds_layout_ && head_ == 0 && trains(0))
+      charge(MemoryOp{true, {"lm_head.weight.grad", dtype_, act_.vocab * act_.width}});
     if (wte_gathered) charge(MemoryOp{false, {"embeddings.wte.gathered", dtype_, 0}});
     release(fin, global_step);
     release(0, global_step);
-    if (ds_layout_) ds_module_gradient(fin);
-    reduce_module_grad(fin, fin_bucket, global_step);
+    if (trains(fin)) {
+      if (ds_layout_) ds_module_gradient(fin);
+      reduce_module_grad(fin, fin_bucket, global_step);
+    }
     if (head_ > 0) {  // an untied LM head (virtual shapes): its own module
       fetch(head_, global_step);
       Tensor head_bucket = bucket_for(head_);
       release(head_, global_step);
-      if (ds_layout_) ds_module_gradient(head_);
-      reduce_module_grad(head_, head_bucket, global_step);
+      if (trains(head_)) {
+        if (ds_layout_) ds_module_gradient(head_);
+        reduce_module_grad(head_, head_bucket, global_step);
+      }
     }
     end(ph);
 
     ph = phase("backward", global_step, micro);
     for (int l = L - 1; l >= 0; --l) {
       P = fetch(l + 1, global_step);
+      const int adapter = lora_of_.empty() ? -1 : lora_of_[size_t(l)];
+      if (adapter >= 0) fetch(adapter, global_step);
       Tensor bucket = bucket_for(l + 1);
       mp = module_phase("backward", l + 1);
-      if (!virt_) passes_->block_backward(l, P, passes_->residual(l), dx, dx, bucket.f32());
-      if (ds_layout_) charge(MemoryOp{true, {parts_[size_t(l) + 1]->spec.name + ".grad", dtype_, parts_[size_t(l) + 1]->spec.numel}});
+      if (!virt_) passes_->block_backward(l, P, passes_->residual(l), dx, dx, grads_of(bucket));
+      if (ds_layout_ && trains(l + 1))
+        charge(MemoryOp{true, {parts_[size_t(l) + 1]->spec.name + ".grad", dtype_, parts_[size_t(l) + 1]->spec.numel}});
       if (charge_terms_) charge(block_backward_ops(act_, l));
       end(mp);
       // The earlier modules' gradient partitions land while this backward runs, but the newest:
       // its copy (queued after the last reduce) runs beside this backward and lands after the next.
       land_offloads(1);
       release(l + 1, global_step);
-      if (ds_layout_) ds_module_gradient(l + 1);
-      reduce_module_grad(l + 1, bucket, global_step);
+      if (trains(l + 1)) {
+        if (ds_layout_) ds_module_gradient(l + 1);
+        reduce_module_grad(l + 1, bucket, global_step);
+      }
+      if (adapter >= 0) {
+        Tensor adapter_bucket = bucket_for(adapter);
+        release(adapter, global_step);
+        if (ds_layout_) ds_module_gradient(adapter);
+        reduce_module_grad(adapter, adapter_bucket, global_step);
+      }
     }
     mp = module_phase("backward", 0);
-    if (!virt_) passes_->embed_backward(tokens.data<int32_t>(), dx, emb_bucket.f32());
-    if (ds_layout_) {
+    if (!virt_ && emb_bucket.defined()) passes_->embed_backward(tokens.data<int32_t>(), dx, emb_bucket.f32());
+    if (ds_layout_ && trains(0)) {
       // The embeddings' gradient (dense), summed in place into the head's, which is then freed.
       charge(MemoryOp{true, {parts_[0]->spec.name + ".grad", dtype_, parts_[0]->spec.numel}});
       if (head_ == 0) charge(MemoryOp{false, {"lm_head.weight.grad", dtype_, 0}});
@@ -725,8 +980,10 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     if (charge_terms_) charge(embeddings_backward_ops(act_));
     end(mp);
     land_offloads(1);
-    if (ds_layout_) ds_module_gradient(0);
-    reduce_module_grad(0, emb_bucket, global_step);
+    if (trains(0)) {
+      if (ds_layout_) ds_module_gradient(0);
+      reduce_module_grad(0, emb_bucket, global_step);
+    }
     // DeepSpeed's epilogue of every backward: what is left in the ipg bucket is reduced.
     if (ds_layout_) ds_flush_gradients();
     end(ph);
@@ -774,6 +1031,7 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
   std::vector<Tensor> g32(parts_.size());
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
     Part& p = *parts_[mi];
+    if (p.frozen) continue;  // no gradient, no optimizer state
     if (z_.stage <= 1) {
       Tensor full = Tensor::empty("grad.fp32[" + p.spec.name + "]", {p.padded}, DType::F32, accel);
       read_into(p.grad, 0, full.f32(), p.padded);
@@ -817,7 +1075,7 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
   for (size_t mi = 0; mi < g32.size(); ++mi) {
     Part& p = *parts_[mi];
     const Tensor& g = g32[mi];
-    if (!g.raw()) continue;
+    if (!g.defined() || !g.raw()) continue;  // frozen (undefined), or virtual mode
     // Summed when it landed (finish_offload): the same function over the same values.
     sq += p.part_grad_sq_ready && g.raw() == p.part_grad.raw() ? p.part_grad_sq : sum_squares_of(g);
   }
@@ -896,6 +1154,7 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
       // R2, R5) it meets the host partitions, and the guard stops the in-place mul_ as PyTorch does.
       for (size_t mi = 0; mi < g32.size(); ++mi) {
         Tensor& g = g32[mi];
+        if (parts_[mi]->frozen) continue;
         check_same_device("unscale_and_clip_grads", {&combined_scale, &g}, step);
         if (!g.raw() || !combined_scale.raw()) continue;  // virtual mode
         scale_partition(mi, g, 1.0f / scalar_of(combined_scale));
@@ -903,7 +1162,7 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
     } else if (combined != 1.0) {
       const float inv = float(1.0 / combined);  // a host scalar: valid against any device
       for (size_t mi = 0; mi < g32.size(); ++mi)
-        if (g32[mi].raw()) scale_partition(mi, g32[mi], inv);
+        if (g32[mi].defined() && g32[mi].raw()) scale_partition(mi, g32[mi], inv);
     }
     end(uc);
   }
@@ -923,6 +1182,7 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
                     (z_.offload_optimizer ? "the host" : accel.label())))
     for (size_t mi = 0; mi < parts_.size(); ++mi) {
       Part& p = *parts_[mi];
+      if (p.frozen) continue;
       require_accelerator("optimizer.step", {&p.master, &g32[mi], &p.m, &p.v}, step);
     }
   ++adam_steps_;
@@ -938,6 +1198,7 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
   std::vector<AdamJob> jobs;
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
     Part& p = *parts_[mi];
+    if (p.frozen) continue;  // (finetuning with frozen modules has neither the delayed nor the overlapped update)
     check_same_device("adamw_step", {&p.master, &g32[mi], &p.m, &p.v}, step);
     AdamJob j;
     j.mi = int(mi);
@@ -1616,6 +1877,10 @@ void ZeroEngine::export_states(const StateVisitor& visit) {
   Device& host = rt_.host();
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
     Part& p = *parts_[mi];
+    if (p.frozen) {  // no optimizer state (opt_n 0)
+      visit(layout[mi], nullptr, nullptr, nullptr);
+      continue;
+    }
     if (p.master.device().is_host()) {
       visit(layout[mi], p.master.f32(), p.m.f32(), p.v.f32());
       continue;
@@ -1632,6 +1897,7 @@ void ZeroEngine::import_states(const OptimizerScalars& scalars, const StateFille
   Device& host = rt_.host();
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
     Part& p = *parts_[mi];
+    if (p.frozen) continue;  // no optimizer state to restore
     if (p.master.device().is_host()) {
       fill(layout[mi], p.master.f32(), p.m.f32(), p.v.f32());
       continue;
@@ -1650,6 +1916,7 @@ void ZeroEngine::import_states(const OptimizerScalars& scalars, const StateFille
   hysteresis_left_ = scalars.hysteresis_left;
   loss_scale_ = scalars.loss_scale;
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
+    if (parts_[mi]->frozen) continue;  // its weights are the loaded ones: nothing to rebuild
     zero_tensor(parts_[mi]->grad);
     write_back(int(mi), Tensor());  // collective at stages 1-3 (all-gather of the updated shard)
   }

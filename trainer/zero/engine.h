@@ -163,6 +163,21 @@ class ZeroEngine {
   int64_t model_state_bytes() const;
   // How many modules have their optimizer state on the host (offload_optimizer, offload_ratio), of all.
   std::pair<int, int> offloaded_modules() const;
+  // Model loading (cfg.from_pretrained): the checkpoint's bytes in its dtype, and the host memory
+  // this rank held at most while it loaded (the model, and the shards placed meanwhile).
+  struct LoadReport {
+    bool on = false, zero_init = false;
+    int64_t model_bytes = 0, host_peak_bytes = 0;
+  };
+  const LoadReport& load_report() const { return load_; }
+  // Parameters that train and that are frozen (cfg.finetuning), over the modules.
+  std::pair<int64_t, int64_t> trainable_and_frozen() const;
+  // An evaluation (cfg.eval_steps): ceil(eval_samples / (eval_batch x world)) micro-batches, forward
+  // only through the same fetch and release of the modules; each batch's activations and logits are
+  // freed after it unless eval_keep_logits keeps the logits (gathered from every rank) on the device,
+  // moved to the host every eval_accumulation_steps batches; all freed at its end. Collective.
+  // Returns the mean loss (NaN in virtual mode).
+  double evaluate(DataLoader& loader, int64_t global_step, int64_t epoch);
 
   struct Part;
 
@@ -293,6 +308,8 @@ class ZeroEngine {
   int W_, rank_;
   bool virt_ = false;  // virtual mode: sizes only (no data, no kernels, no Adam math)
   int head_ = 0;       // index of an untied LM head module (virtual shapes), 0: tied
+  std::vector<int> lora_of_;  // block b's LoRA adapter module (finetuning lora), else empty
+  LoadReport load_;
   std::vector<model::ModuleSpec> modules_;
   std::vector<std::unique_ptr<Part>> parts_;
   std::deque<Offload> offloads_;  // gradient partitions in flight to the host (at most two)

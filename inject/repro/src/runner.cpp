@@ -110,6 +110,7 @@ Status run_one(const trainer::TrainConfig& cfg_in, const std::string& label, con
   ctx.grad_accum = cfg.grad_accum;
   ctx.faults = cfg.faults;
   ctx.train_status = out->status;
+  ctx.unmodeled_keys = cfg.unmodeled_memory_keys;
   Evidence ev = read_evidence(out->trace, x.error);
   out->judgement = is_fix ? judge_fix(x, ctx, std::move(ev)) : judge_bug(x, ctx, std::move(ev));
   return Status::Ok();
@@ -177,7 +178,7 @@ Status run_scenario(const Scenario& s, const RunOptions& o_in, ReproResult* out)
   r.scenario_path = s.path;
   r.report_id = s.report_id;
   r.report_title = s.report_title;
-  r.report_seed = s.report_seed;
+  r.report_sources = s.report_sources;
   r.variant = o.variant;
   r.keep_dir = o.keep_dir;
   const FixSpec fix = fix_of(s, o.variant);
@@ -192,7 +193,10 @@ Status run_scenario(const Scenario& s, const RunOptions& o_in, ReproResult* out)
   r.seed = bug_cfg.seed;
   if (o.progress) {
     *o.progress << "scenario " << s.name << " (" << s.path << "): report " << s.report_id;
-    if (!s.report_seed.empty()) *o.progress << " (seed " << s.report_seed << ")";
+    if (!s.report_sources.empty())
+      *o.progress << " (from " << s.report_sources[0]
+                  << (s.report_sources.size() > 1 ? " and " + std::to_string(s.report_sources.size() - 1) + " more" : "")
+                  << ")";
     *o.progress << "\n  " << s.report_title << "\n";
     *o.progress << "variant: " << variant_name(o.variant);
     if (o.variant == Variant::Small) *o.progress << " (real compute; zt repro --virtual runs the full-size one)";
@@ -225,7 +229,7 @@ Status run_scenario(const Scenario& s, const RunOptions& o_in, ReproResult* out)
   if (Status st = run_one(fix_cfg, "fix", x, ctx, true, o, &r.fix); !st) return st;
   r.reproduced = r.bug.judgement.outcome;
   r.cured = r.fix.judgement.outcome;
-  r.verdict = verdict_word(r.reproduced);
+  r.verdict = verdict_word(r.bug.judgement);
   return Status::Ok();
 }
 
@@ -235,9 +239,13 @@ void print_verdict(const ReproResult& r, std::ostream& out) {
   if (r.reproduced == Outcome::Valid)
     out << "; the fix " << (r.cured == Outcome::Valid ? "cures it" : r.cured == Outcome::Invalid ? "does NOT cure it" : "is inconclusive");
   out << "  (" << variant_name(r.variant) << ", seed " << r.seed << ")\n";
-  out << "  report    " << r.report_id << (r.report_seed.empty() ? "" : " (seed " + r.report_seed + ")") << ": " << r.report_title
-      << "\n";
+  out << "  report    " << r.report_id << ": " << r.report_title << "\n";
   auto row = [&](const char* label, const std::string& text) { out << "  " << label << text << "\n"; };
+  for (const auto& src : r.report_sources) row("from      ", src);
+  if (r.bug.judgement.different_failure)
+    row("mechanism ", "the run failed with the expected " + e.error_kind +
+                          ", but not through the mechanism the scenario names (the mechanism checks below): "
+                          "a different failure, not this report");
   if (!e.readable) {
     row("trace     ", e.read_error);
   } else if (e.has_error && e.before_first_step) {
@@ -334,7 +342,7 @@ json to_json(const ReproResult& r) {
   };
   return {{"scenario", r.scenario},
           {"scenario_file", r.scenario_path},
-          {"report", {{"id", r.report_id}, {"seed", r.report_seed}, {"title", r.report_title}}},
+          {"report", {{"id", r.report_id}, {"sources", r.report_sources}, {"title", r.report_title}}},
           {"variant", r.variant == Variant::Small ? "small" : "full"},
           {"seed", r.seed},
           {"verdict", r.verdict},
