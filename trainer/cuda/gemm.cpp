@@ -226,6 +226,15 @@ void matmul_backward(Blas& blas, void* dinp, float* dw, float* dbias, const void
   if (dbias != nullptr) column_sums_accumulate(dbias, dout, N, OC, t, stream);
 }
 
+void gemm_ex(Blas& blas, const ColumnMajorGemm& g, const void* a, const void* b, DType ab, float beta, void* d,
+             DType d_t, cudaStream_t stream, const char* what) {
+  if (g.m < 0 || g.n < 0 || g.k < 0) throw std::invalid_argument(std::string(what) + ": m, n and k must be >= 0");
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) throw std::invalid_argument(std::string(what) + ": k must be >= 1");  // cuBLAS would leave D as it is
+  gemm(blas, stream, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, a, g.lda, b,
+       g.ldb, data_type(ab, what), beta, d, g.ldd, data_type(d_t, what), what);
+}
+
 // ---- attention on cuBLAS (see gemm.h) ----
 // Row-major [T, hs] slices of qkv (row stride 3C) and of out/dout (row stride C) are column-major
 // [hs, T] matrices to cuBLAS; a row-major [T, T] att row block (ld T) is its column-major transpose.

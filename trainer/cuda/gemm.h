@@ -23,6 +23,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "cuda/gemm_mapping.h"
 
 typedef struct cublasContext* cublasHandle_t;
 
@@ -72,6 +73,13 @@ void matmul_forward(Blas& blas, void* out, const void* inp, const void* w, const
 void matmul_backward(Blas& blas, void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* w,
                      int64_t N, int64_t IC, int64_t OC, DType t, cudaStream_t stream, bool accumulate_dinp = false,
                      int64_t ld_dout = 0);
+
+// One column-major product (gemm_mapping.h) through cublasGemmEx: D (ldd) = op(A) op(B) + beta D,
+// A and B of type ab, D of type d_t (fp32 accumulation, CUBLAS_COMPUTE_32F; fp32 inputs follow the
+// Blas's matmul precision). The mixed products of bf16 compute (bf16 inputs, fp32 output) and its
+// unfused epilogues (gemm_bf16.h) go through it; matmul_forward/backward above are its same-type cases.
+void gemm_ex(Blas& blas, const ColumnMajorGemm& g, const void* a, const void* b, DType ab, float beta, void* d,
+             DType d_t, cudaStream_t stream, const char* what);
 
 // Causal self-attention in fp32 on cuBLAS: the same contract as kernels.h's attention_forward /
 // attention_backward (qkv [B, T, 3C], att [B, H, T, T] probabilities kept for the backward, zero
