@@ -206,6 +206,41 @@ double worst_relative(const std::vector<float>& got, const std::vector<float>& w
 
 size_t round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// `bytes` of device memory followed by a guard, all filled with 0xAB (synchronized: the passes run
+// on a non-blocking stream); and how many of the guard's bytes are no longer 0xAB.
+constexpr size_t kGuard = 64 * 1024;
+DeviceBuffer guarded(size_t bytes) {
+  DeviceBuffer mem(bytes + kGuard);
+  check(cudaMemset(mem.get(), 0xAB, mem.bytes()), "cudaMemset");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return mem;
+}
+// Two micro-steps' batches (seeds 12-15) and the reference's outputs for them on parameters P, the
+// second accumulating onto the first's gradients (grad_scale 0.5 each).
+struct TwoSteps {
+  std::vector<int32_t> tok0, tgt0, tok1, tgt1;
+  StepOutputs want0, want1;
+};
+TwoSteps reference_two_steps(const model::Config& c, const std::vector<float>& P, bool ckpt, int64_t head_rows,
+                             model::Attention attention) {
+  const size_t N = size_t(kB) * kT;
+  TwoSteps t{random_tokens(N, 12, c.vocab), random_tokens(N, 13, c.vocab), random_tokens(N, 14, c.vocab),
+             random_tokens(N, 15, c.vocab), {}, {}};
+  model::Workspace ws(c, kB, kT, ckpt, head_rows, attention);
+  std::vector<float> G(P.size(), 0.0f);
+  t.want0 = cpu_step(ws, P, t.tok0, t.tgt0, G, 0.5f);
+  t.want1 = cpu_step(ws, P, t.tok1, t.tgt1, G, 0.5f);
+  return t;
+}
+
+size_t guard_bytes_written(const DeviceBuffer& mem, size_t bytes) {
+  std::vector<unsigned char> tail(kGuard);
+  check(cudaMemcpy(tail.data(), static_cast<char*>(mem.get()) + bytes, kGuard, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  size_t written = 0;
+  for (unsigned char b : tail) written += b != 0xAB;
+  return written;
+}
+
 }  // namespace
 
 // ---- runs anywhere ------------------------------------------------------------------------------
@@ -368,46 +403,42 @@ TEST(CudaModelPassesTolerance, ToleranceCoversRoundingLevelPerturbations) {
 TEST(CudaModelPassesTolerance, Bf16ComputeRoundingsStayWithinAThirdOfTheTolerances) {
   const model::Config c = tiny();
   const auto P = bf16_valued(random_params(c, 11));
-  const size_t N = size_t(kB) * kT;
-  const auto tok0 = random_tokens(N, 12, c.vocab), tgt0 = random_tokens(N, 13, c.vocab);
-  const auto tok1 = random_tokens(N, 14, c.vocab), tgt1 = random_tokens(N, 15, c.vocab);
-  StepOutputs want0, want1;  // the materialized attention's, kept for the checks after the loop
   for (model::Attention attention : {model::Attention::Flash, model::Attention::Materialized}) {
-  const char* name = model::attention_name(attention);
-  model::Workspace ws(c, kB, kT, false, 0, attention);
-  std::vector<float> G(P.size(), 0.0f), G16(P.size(), 0.0f);
-  want0 = cpu_step(ws, P, tok0, tgt0, G, 0.5f);
-  want1 = cpu_step(ws, P, tok1, tgt1, G, 0.5f);
-  const StepOutputs got0 = bf16_twin_step(c, kB, kT, P, tok0, tgt0, G16, 0.5f, attention);
-  const StepOutputs got1 = bf16_twin_step(c, kB, kT, P, tok1, tgt1, G16, 0.5f, attention);
-  expect_step_close(got0, want0, c, std::string("bf16 roundings, micro-step 0, ") + name, /*margin=*/3.0, kBf16Step);
-  expect_step_close(got1, want1, c, std::string("bf16 roundings, micro-step 1, ") + name, /*margin=*/3.0, kBf16Step);
-  for (const StepOutputs* o : {&got0, &got1}) {
-    const StepOutputs& w = o == &got0 ? want0 : want1;
-    double act = 0, grad = 0;
-    for (size_t i = 0; i < w.residuals.size(); ++i) act = std::max(act, worst_relative(o->residuals[i], w.residuals[i]));
-    for (size_t i = 0; i < w.dx_blocks.size(); ++i) act = std::max(act, worst_relative(o->dx_blocks[i], w.dx_blocks[i]));
-    act = std::max(act, worst_relative(o->dx_head, w.dx_head));
-    for (const model::ParamSpec& p : model::param_table(c))
-      grad = std::max(grad, worst_relative(slice(o->grads, p.offset, p.numel), slice(w.grads, p.offset, p.numel)));
-    std::printf("bf16 compute's roundings, %s attention, micro-step %d: activations move by %.3g of max, "
-                "gradients by %.3g of max, loss by %.3g relative\n",
-                name, o == &got0 ? 0 : 1, act, grad, std::fabs(double(o->loss) - w.loss) / std::fabs(w.loss));
+    const char* name = model::attention_name(attention);
+    const TwoSteps ref = reference_two_steps(c, P, false, 0, attention);
+    std::vector<float> G16(P.size(), 0.0f);
+    const StepOutputs got[2] = {bf16_twin_step(c, kB, kT, P, ref.tok0, ref.tgt0, G16, 0.5f, attention),
+                                bf16_twin_step(c, kB, kT, P, ref.tok1, ref.tgt1, G16, 0.5f, attention)};
+    const StepOutputs* want[2] = {&ref.want0, &ref.want1};
+    for (int i = 0; i < 2; ++i) {
+      const StepOutputs &o = got[i], &w = *want[i];
+      expect_step_close(o, w, c, "bf16 roundings, micro-step " + std::to_string(i) + ", " + name, /*margin=*/3.0,
+                        kBf16Step);
+      double act = worst_relative(o.dx_head, w.dx_head), grad = 0;
+      for (size_t l = 0; l < w.residuals.size(); ++l) act = std::max(act, worst_relative(o.residuals[l], w.residuals[l]));
+      for (size_t l = 0; l < w.dx_blocks.size(); ++l) act = std::max(act, worst_relative(o.dx_blocks[l], w.dx_blocks[l]));
+      for (const model::ParamSpec& p : model::param_table(c))
+        grad = std::max(grad, worst_relative(slice(o.grads, p.offset, p.numel), slice(w.grads, p.offset, p.numel)));
+      std::printf("bf16 compute's roundings, %s attention, micro-step %d: activations move by %.3g of max, "
+                  "gradients by %.3g of max, loss by %.3g relative\n",
+                  name, i, act, grad, std::fabs(double(o.loss) - w.loss) / std::fabs(w.loss));
+    }
   }
-  }
+  const TwoSteps ref = reference_two_steps(c, P, false, 0, model::Attention::Materialized);
   // A bias not applied: block 0's qkv bias left out of the forward.
   std::vector<float> no_bias = P;
   const int64_t qkv_b = model::module_table(c)[1].offset + model::block_offsets(c).qkv_b;
   std::fill(no_bias.begin() + qkv_b, no_bias.begin() + qkv_b + 3 * c.width, 0.0f);
   std::vector<float> Gb(P.size(), 0.0f);
-  const StepOutputs biasless = bf16_twin_step(c, kB, kT, no_bias, tok0, tgt0, Gb, 0.5f);
-  EXPECT_FALSE(close(biasless.residuals[1], want0.residuals[1], kBf16Step.act, "without the qkv bias"));
+  const StepOutputs biasless = bf16_twin_step(c, kB, kT, no_bias, ref.tok0, ref.tgt0, Gb, 0.5f);
+  EXPECT_FALSE(close(biasless.residuals[1], ref.want0.residuals[1], kBf16Step.act, "without the qkv bias"));
   // A gradient overwritten: micro-step 1 from zero gradients against the accumulated reference.
   std::vector<float> Gz(P.size(), 0.0f);
-  const StepOutputs fresh = bf16_twin_step(c, kB, kT, P, tok1, tgt1, Gz, 0.5f);
+  const StepOutputs fresh = bf16_twin_step(c, kB, kT, P, ref.tok1, ref.tgt1, Gz, 0.5f);
   size_t caught = 0;
   for (const model::ParamSpec& p : model::param_table(c))
-    caught += !close(slice(fresh.grads, p.offset, p.numel), slice(want1.grads, p.offset, p.numel), kBf16Step.grad, p.name);
+    caught += !close(slice(fresh.grads, p.offset, p.numel), slice(ref.want1.grads, p.offset, p.numel), kBf16Step.grad,
+                     p.name);
   EXPECT_EQ(caught, model::param_table(c).size()) << "tensors whose lost accumulation the tolerance missed";
 }
 
@@ -508,13 +539,9 @@ TEST_P(CudaModelPassesParity, EveryPassMatchesTheCpuReference) {
   const int64_t rows = GetParam().head_rows;
   const size_t N = size_t(kB) * kT, NC = N * size_t(c.width);
   const auto P = random_params(c, 11);
-  const auto tok0 = random_tokens(N, 12, c.vocab), tgt0 = random_tokens(N, 13, c.vocab);
-  const auto tok1 = random_tokens(N, 14, c.vocab), tgt1 = random_tokens(N, 15, c.vocab);
-
-  model::Workspace ws(c, kB, kT, ckpt, rows);
-  std::vector<float> G(P.size(), 0.0f);
-  const StepOutputs want0 = cpu_step(ws, P, tok0, tgt0, G, 0.5f);
-  const StepOutputs want1 = cpu_step(ws, P, tok1, tgt1, G, 0.5f);
+  const TwoSteps ref = reference_two_steps(c, P, ckpt, rows, model::Attention::Materialized);
+  const auto &tok0 = ref.tok0, &tgt0 = ref.tgt0, &tok1 = ref.tok1, &tgt1 = ref.tgt1;
+  const StepOutputs &want0 = ref.want0, &want1 = ref.want1;
 
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -523,10 +550,7 @@ TEST_P(CudaModelPassesParity, EveryPassMatchesTheCpuReference) {
     CudaModelPasses ps(c, kB, kT, ckpt, stream, blas, rows);
     EXPECT_EQ(ps.bytes(), CudaModelPasses::required_bytes(c, kB, kT, ckpt, rows));
     EXPECT_EQ(ps.head_rows_per_chunk(), rows ? rows : int64_t(N));
-    constexpr size_t kGuard = 64 * 1024;
-    DeviceBuffer mem(ps.bytes() + kGuard);
-    check(cudaMemset(mem.get(), 0xAB, mem.bytes()), "cudaMemset");
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // before the passes' non-blocking stream
+    DeviceBuffer mem = guarded(ps.bytes());
     ps.bind(mem.get());
 
     DeviceBuffer dP = DeviceBuffer::from(P), dG = DeviceBuffer::from(std::vector<float>(P.size(), 0.0f));
@@ -541,12 +565,7 @@ TEST_P(CudaModelPassesParity, EveryPassMatchesTheCpuReference) {
                                       P.size(), 0.5f, spare.as<float>());
     expect_step_close(got1, want1, c, tag + " micro-step 1 (accumulated, out of place)");
 
-    std::vector<unsigned char> tail(kGuard);
-    check(cudaMemcpy(tail.data(), static_cast<char*>(mem.get()) + ps.bytes(), kGuard, cudaMemcpyDeviceToHost),
-          "cudaMemcpy");
-    size_t written = 0;
-    for (unsigned char b : tail) written += b != 0xAB;
-    EXPECT_EQ(written, 0u) << "the passes wrote past bytes()";
+    EXPECT_EQ(guard_bytes_written(mem, ps.bytes()), 0u) << "the passes wrote past bytes()";
 
     // Deterministic: the same micro-step from the same gradients gives the same bits.
     DeviceBuffer dG2 = DeviceBuffer::from(std::vector<float>(P.size(), 0.0f));
@@ -617,12 +636,9 @@ TEST_P(CudaModelPassesBf16Parity, EveryPassIsWithinTheBf16Tolerances) {
   if (k.vocab) c.vocab = k.vocab;
   const size_t N = size_t(kB) * kT, NC = N * size_t(c.width);
   const auto P = bf16_valued(random_params(c, 11));
-  const auto tok0 = random_tokens(N, 12, c.vocab), tgt0 = random_tokens(N, 13, c.vocab);
-  const auto tok1 = random_tokens(N, 14, c.vocab), tgt1 = random_tokens(N, 15, c.vocab);
-  model::Workspace ws(c, kB, kT, k.checkpointing, k.head_rows, k.attention);
-  std::vector<float> G(P.size(), 0.0f);
-  const StepOutputs want0 = cpu_step(ws, P, tok0, tgt0, G, 0.5f);
-  const StepOutputs want1 = cpu_step(ws, P, tok1, tgt1, G, 0.5f);
+  const TwoSteps ref = reference_two_steps(c, P, k.checkpointing, k.head_rows, k.attention);
+  const auto &tok0 = ref.tok0, &tgt0 = ref.tgt0, &tok1 = ref.tok1, &tgt1 = ref.tgt1;
+  const StepOutputs &want0 = ref.want0, &want1 = ref.want1;
 
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -632,10 +648,7 @@ TEST_P(CudaModelPassesBf16Parity, EveryPassIsWithinTheBf16Tolerances) {
     ps.set_fused_epilogues(k.fused);
     EXPECT_EQ(ps.bytes(),
               CudaModelPasses::required_bytes(c, kB, kT, k.checkpointing, k.head_rows, k.attention, Compute::Bf16));
-    constexpr size_t kGuard = 64 * 1024;
-    DeviceBuffer mem(ps.bytes() + kGuard);
-    check(cudaMemset(mem.get(), 0xAB, mem.bytes()), "cudaMemset");
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    DeviceBuffer mem = guarded(ps.bytes());
     ps.bind(mem.get());
     DeviceBuffer dP = DeviceBuffer::from(P), dG = DeviceBuffer::from(std::vector<float>(P.size(), 0.0f));
     DeviceBuffer dtok0 = DeviceBuffer::from(tok0), dtgt0 = DeviceBuffer::from(tgt0);
@@ -665,12 +678,7 @@ TEST_P(CudaModelPassesBf16Parity, EveryPassIsWithinTheBf16Tolerances) {
       }
     }
 
-    std::vector<unsigned char> tail(kGuard);
-    check(cudaMemcpy(tail.data(), static_cast<char*>(mem.get()) + ps.bytes(), kGuard, cudaMemcpyDeviceToHost),
-          "cudaMemcpy");
-    size_t written = 0;
-    for (unsigned char b : tail) written += b != 0xAB;
-    EXPECT_EQ(written, 0u) << "the passes wrote past bytes()";
+    EXPECT_EQ(guard_bytes_written(mem, ps.bytes()), 0u) << "the passes wrote past bytes()";
 
     if (k.attention == model::Attention::Materialized) {
       DeviceBuffer dG2 = DeviceBuffer::from(std::vector<float>(P.size(), 0.0f));

@@ -43,17 +43,8 @@ const CublasApi& cublas() {
   static std::once_flag once;
   std::call_once(once, [] {
     const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
-    void* lib = nullptr;
-    std::string tried;
-    for (const std::string& path : {soname, std::string(ZT_CUDA_LIBRARY_DIR) + "/" + soname}) {
-      if ((lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
-      const char* e = dlerror();
-      tried += (tried.empty() ? "" : "; ") + (e ? std::string(e) : path);
-    }
-    if (!lib) {
-      error = "cuBLAS could not be loaded: " + tried;
-      return;
-    }
+    void* lib = open_cuda_library(soname, "cuBLAS", &error);
+    if (!lib) return;
     auto sym = [&](const char* name) {
       void* f = dlsym(lib, name);
       if (!f && error.empty()) error = "cuBLAS (" + soname + ") has no symbol " + name;
@@ -139,6 +130,17 @@ void require_dims(const char* op, int64_t N, int64_t IC, int64_t OC) {
 }
 
 }  // namespace
+
+void* open_cuda_library(const std::string& soname, const char* what, std::string* error) {
+  std::string tried;
+  for (const std::string& path : {soname, std::string(ZT_CUDA_LIBRARY_DIR) + "/" + soname}) {
+    if (void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return lib;
+    const char* e = dlerror();
+    tried += (tried.empty() ? "" : "; ") + (e ? std::string(e) : path);
+  }
+  *error = std::string(what) + " could not be loaded: " + tried;
+  return nullptr;
+}
 
 bool cublas_loadable(std::string* why) {
   try {

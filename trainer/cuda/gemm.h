@@ -97,6 +97,10 @@ void attention_backward(Blas& blas, float* dqkv, float* scratch, const float* do
 // found; *why says what is missing. Needs no GPU.
 bool cublas_loadable(std::string* why = nullptr);
 
+// dlopen of a CUDA library (libcublas, libcublasLt) by its soname, then from the toolkit's library
+// directory: the handle, or null with *error "<what> could not be loaded: <each try's dlerror>".
+void* open_cuda_library(const std::string& soname, const char* what, std::string* error);
+
 // The text of a cuBLAS status, "CUBLAS_STATUS_NOT_SUPPORTED: the functionality requested is not supported".
 const char* cublas_status_text(int status);
 

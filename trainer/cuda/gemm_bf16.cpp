@@ -39,17 +39,8 @@ const LtApi& lt() {
   static std::once_flag once;
   std::call_once(once, [] {
     const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
-    void* lib = nullptr;
-    std::string tried;
-    for (const std::string& path : {soname, std::string(ZT_CUDA_LIBRARY_DIR) + "/" + soname}) {
-      if ((lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
-      const char* e = dlerror();
-      tried += (tried.empty() ? "" : "; ") + (e ? std::string(e) : path);
-    }
-    if (!lib) {
-      error = "cuBLASLt could not be loaded: " + tried;
-      return;
-    }
+    void* lib = open_cuda_library(soname, "cuBLASLt", &error);
+    if (!lib) return;
     auto sym = [&](auto& f, const char* name) {
       f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(lib, name));
       if (!f && error.empty()) error = "cuBLASLt (" + soname + ") has no symbol " + name;
@@ -248,16 +239,8 @@ void linear_forward_bf16(LtMatmul& lt, float* out, const float* residual, const 
   require_shape("linear_forward_bf16", N, IC, OC);
   const ColumnMajorGemm g = linear_forward_gemm(N, IC, OC);
   if (bias != nullptr) {
-    LtMatmul::Call c;
-    c.g = g;
-    c.epilogue = Epilogue::Bias;
-    c.a = w;
-    c.b = inp;
-    c.c = residual;
-    c.beta = residual != nullptr ? 1.0f : 0.0f;
-    c.d = out;
-    c.d_t = DType::F32;
-    c.bias = bias;
+    const LtMatmul::Call c{.g = g, .epilogue = Epilogue::Bias, .a = w, .b = inp, .c = residual,
+                           .beta = residual != nullptr ? 1.0f : 0.0f, .d = out, .d_t = DType::F32, .bias = bias};
     if (lt.try_run(c, stream)) return;
     lt.count_unfused(Epilogue::Bias);
   }
@@ -274,16 +257,8 @@ void linear_gelu_forward_bf16(LtMatmul& lt, void* out, void* pre, const void* in
   require_shape("linear_gelu_forward_bf16", N, IC, OC);
   if (bias == nullptr) throw std::invalid_argument("linear_gelu_forward_bf16: the bias is required");
   const ColumnMajorGemm g = linear_forward_gemm(N, IC, OC);
-  LtMatmul::Call c;
-  c.g = g;
-  c.epilogue = Epilogue::GeluAuxBias;
-  c.a = w;
-  c.b = inp;
-  c.d = out;
-  c.d_t = DType::BF16;
-  c.bias = bias;
-  c.aux = pre;
-  c.aux_ld = OC;
+  const LtMatmul::Call c{.g = g, .epilogue = Epilogue::GeluAuxBias, .a = w, .b = inp, .d = out, .d_t = DType::BF16,
+                         .bias = bias, .aux = pre, .aux_ld = OC};
   if (lt.try_run(c, stream)) return;
   lt.count_unfused(Epilogue::GeluAuxBias);
   add_bias_rows(pre, bias, N, OC, /*accumulate=*/false, DType::BF16, stream);
@@ -297,15 +272,8 @@ void linear_dinp_bf16(LtMatmul& lt, void* dinp, DType dinp_t, const void* dout, 
   const ColumnMajorGemm g = linear_dinp_gemm(N, IC, OC, ld_dout);
   if (gelu_pre != nullptr) {
     if (dinp_t != DType::BF16) throw std::invalid_argument("linear_dinp_bf16: the GELU's gradient is bf16");
-    LtMatmul::Call c;
-    c.g = g;
-    c.epilogue = Epilogue::DGelu;
-    c.a = w;
-    c.b = dout;
-    c.d = dinp;
-    c.d_t = DType::BF16;
-    c.aux = const_cast<void*>(gelu_pre);
-    c.aux_ld = IC;
+    const LtMatmul::Call c{.g = g, .epilogue = Epilogue::DGelu, .a = w, .b = dout, .d = dinp, .d_t = DType::BF16,
+                           .aux = const_cast<void*>(gelu_pre), .aux_ld = IC};
     if (lt.try_run(c, stream)) return;
     lt.count_unfused(Epilogue::DGelu);
   }

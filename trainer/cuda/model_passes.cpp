@@ -104,8 +104,13 @@ size_t CudaModelPasses::carve(const model::Config& config, int B, int T, bool ch
     else c.ln2 = k.take(N * C);
     c.ln2_mean = k.take(N);
     c.ln2_rstd = k.take(N);
-    if (bf16) c.fch_16 = k.take_bf16(N * 4 * C), c.fch_gelu_16 = k.take_bf16(N * 4 * C);
-    else c.fch = k.take(N * 4 * C), c.fch_gelu = k.take(N * 4 * C);
+    if (bf16) {
+      c.fch_16 = k.take_bf16(N * 4 * C);
+      c.fch_gelu_16 = k.take_bf16(N * 4 * C);
+    } else {
+      c.fch = k.take(N * 4 * C);
+      c.fch_gelu = k.take(N * 4 * C);
+    }
   }
   b.residual.assign(size_t(L) + 1, nullptr);
   for (float*& r : b.residual) r = k.take(N * C);
