@@ -108,7 +108,64 @@ struct LtMatmul::Plan {
       if (l) (void)api.layout_destroy(l);
     (void)api.desc_destroy(desc);
   }
+  // The product's descriptor (compute fp32, scale fp32, the transposes, the epilogue with its
+  // pointers) and the four matrix layouts (A and B bf16, C and D of D's type). Host calls only.
+  void build(const Call& call) {
+    const LtApi& api = lt();
+    const ColumnMajorGemm& g = call.g;
+    check_lt(api.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    auto set = [&](cublasLtMatmulDescAttributes_t attr, const auto& value, const char* what) {
+      check_lt(api.desc_set(desc, attr, &value, sizeof value), what);
+    };
+    set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(g.ta ? CUBLAS_OP_T : CUBLAS_OP_N), "cublasLtMatmulDescSetAttribute (TRANSA)");
+    set(CUBLASLT_MATMUL_DESC_TRANSB, int32_t(g.tb ? CUBLAS_OP_T : CUBLAS_OP_N), "cublasLtMatmulDescSetAttribute (TRANSB)");
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(lt_epilogue(call.epilogue)), "cublasLtMatmulDescSetAttribute (EPILOGUE)");
+    if (call.epilogue == Epilogue::Bias || call.epilogue == Epilogue::GeluAuxBias)  // of D's type (the default)
+      set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, call.bias, "cublasLtMatmulDescSetAttribute (BIAS_POINTER)");
+    if (call.epilogue == Epilogue::GeluAuxBias || call.epilogue == Epilogue::DGelu) {  // of D's type (bf16)
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, call.aux, "cublasLtMatmulDescSetAttribute (AUX_POINTER)");
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, call.aux_ld, "cublasLtMatmulDescSetAttribute (AUX_LD)");
+    }
+    const cudaDataType_t dt = lt_type(call.d_t);
+    check_lt(api.layout_create(&a, CUDA_R_16BF, uint64_t(g.a_rows()), uint64_t(g.a_cols()), g.lda),
+             "cublasLtMatrixLayoutCreate (A)");
+    check_lt(api.layout_create(&b, CUDA_R_16BF, uint64_t(g.b_rows()), uint64_t(g.b_cols()), g.ldb),
+             "cublasLtMatrixLayoutCreate (B)");
+    check_lt(api.layout_create(&c, dt, uint64_t(g.m), uint64_t(g.n), g.ldd), "cublasLtMatrixLayoutCreate (C)");
+    check_lt(api.layout_create(&d, dt, uint64_t(g.m), uint64_t(g.n), g.ldd), "cublasLtMatrixLayoutCreate (D)");
+  }
 };
+
+// What the heuristic may choose: our workspace at most, and algorithms that take the pointers'
+// actual alignments (cuBLASLt assumes 256 bytes unless told). Host calls only.
+struct LtMatmul::Preference {
+  cublasLtMatmulPreference_t p = nullptr;
+  Preference(const Call& call, size_t workspace_bytes) {
+    const LtApi& api = lt();
+    check_lt(api.pref_create(&p), "cublasLtMatmulPreferenceCreate");
+    auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& value) {
+      check_lt(api.pref_set(p, attr, &value, sizeof value), "cublasLtMatmulPreferenceSetAttribute");
+    };
+    set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(workspace_bytes));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(call.a));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(call.b));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(call.c ? call.c : call.d));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(call.d));
+  }
+  ~Preference() {
+    if (p) (void)lt().pref_destroy(p);
+  }
+  Preference(const Preference&) = delete;
+  Preference& operator=(const Preference&) = delete;
+};
+
+void LtMatmul::check_descriptors(const Call& call, size_t workspace_bytes) {
+  if (std::string why = epilogue_problem(call.epilogue, call.g, call.aux_ld, call.beta); !why.empty())
+    throw std::invalid_argument(std::string("cuBLASLt ") + epilogue_name(call.epilogue) + " product: " + why);
+  Plan plan;
+  plan.build(call);
+  const Preference pref(call, workspace_bytes);
+}
 
 LtMatmul::LtMatmul(Blas& blas) : blas_(blas) {}
 
@@ -135,46 +192,12 @@ LtMatmul::Plan* LtMatmul::plan_for(const Call& call) {
     handle_ = h;
   }
   auto plan = std::make_unique<Plan>();
-  check_lt(api.desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  auto set = [&](cublasLtMatmulDescAttributes_t attr, const auto& value) {
-    check_lt(api.desc_set(plan->desc, attr, &value, sizeof value), "cublasLtMatmulDescSetAttribute");
-  };
-  set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(g.ta ? CUBLAS_OP_T : CUBLAS_OP_N));
-  set(CUBLASLT_MATMUL_DESC_TRANSB, int32_t(g.tb ? CUBLAS_OP_T : CUBLAS_OP_N));
-  set(CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(lt_epilogue(call.epilogue)));
-  if (call.epilogue == Epilogue::Bias || call.epilogue == Epilogue::GeluAuxBias)
-    set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, call.bias);  // of D's type (cuBLASLt's default)
-  if (call.epilogue == Epilogue::GeluAuxBias || call.epilogue == Epilogue::DGelu) {
-    set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, call.aux);
-    set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, call.aux_ld);  // its type: D's (bf16), cuBLASLt's default
-  }
-  const cudaDataType_t dt = lt_type(call.d_t);
-  check_lt(api.layout_create(&plan->a, CUDA_R_16BF, uint64_t(g.a_rows()), uint64_t(g.a_cols()), g.lda),
-           "cublasLtMatrixLayoutCreate (A)");
-  check_lt(api.layout_create(&plan->b, CUDA_R_16BF, uint64_t(g.b_rows()), uint64_t(g.b_cols()), g.ldb),
-           "cublasLtMatrixLayoutCreate (B)");
-  check_lt(api.layout_create(&plan->c, dt, uint64_t(g.m), uint64_t(g.n), g.ldd), "cublasLtMatrixLayoutCreate (C)");
-  check_lt(api.layout_create(&plan->d, dt, uint64_t(g.m), uint64_t(g.n), g.ldd), "cublasLtMatrixLayoutCreate (D)");
-
-  cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(api.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
-  struct PrefGuard {
-    const LtApi& api;
-    cublasLtMatmulPreference_t p;
-    ~PrefGuard() { (void)api.pref_destroy(p); }
-  } pref_guard{api, pref};
-  auto pref_set = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& value) {
-    check_lt(api.pref_set(pref, attr, &value, sizeof value), "cublasLtMatmulPreferenceSetAttribute");
-  };
-  pref_set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(blas_.workspace_bytes()));
-  pref_set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(call.a));
-  pref_set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(call.b));
-  pref_set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(call.c ? call.c : call.d));
-  pref_set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(call.d));
+  plan->build(call);
+  const Preference pref(call, blas_.workspace_bytes());
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t s = api.heuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a, plan->b,
-                                         plan->c, plan->d, pref, 1, &result, &found);
+                                         plan->c, plan->d, pref.p, 1, &result, &found);
   // Any refusal (NOT_SUPPORTED, INVALID_VALUE for a combination this cuBLASLt does not take, or
   // nothing found): the product runs unfused from now on, and the first refusal is kept to be told.
   plan->usable = s == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
@@ -234,14 +257,30 @@ void require_shape(const char* op, int64_t N, int64_t IC, int64_t OC) {
 }
 }  // namespace
 
+LtMatmul::Call bias_product(float* out, const float* residual, const void* inp, const void* w, const float* bias,
+                            int64_t N, int64_t IC, int64_t OC) {
+  return {.g = linear_forward_gemm(N, IC, OC), .epilogue = Epilogue::Bias, .a = w, .b = inp, .c = residual,
+          .beta = residual != nullptr ? 1.0f : 0.0f, .d = out, .d_t = DType::F32, .bias = bias};
+}
+
+LtMatmul::Call gelu_product(void* out, void* pre, const void* inp, const void* w, const void* bias, int64_t N,
+                            int64_t IC, int64_t OC) {
+  return {.g = linear_forward_gemm(N, IC, OC), .epilogue = Epilogue::GeluAuxBias, .a = w, .b = inp, .d = out,
+          .d_t = DType::BF16, .bias = bias, .aux = pre, .aux_ld = OC};
+}
+
+LtMatmul::Call dgelu_product(void* dinp, const void* dout, const void* w, const void* gelu_pre, int64_t N, int64_t IC,
+                             int64_t OC, int64_t ld_dout) {
+  return {.g = linear_dinp_gemm(N, IC, OC, ld_dout), .epilogue = Epilogue::DGelu, .a = w, .b = dout, .d = dinp,
+          .d_t = DType::BF16, .aux = const_cast<void*>(gelu_pre), .aux_ld = IC};
+}
+
 void linear_forward_bf16(LtMatmul& lt, float* out, const float* residual, const void* inp, const void* w,
                          const float* bias, int64_t N, int64_t IC, int64_t OC, cudaStream_t stream) {
   require_shape("linear_forward_bf16", N, IC, OC);
   const ColumnMajorGemm g = linear_forward_gemm(N, IC, OC);
   if (bias != nullptr) {
-    const LtMatmul::Call c{.g = g, .epilogue = Epilogue::Bias, .a = w, .b = inp, .c = residual,
-                           .beta = residual != nullptr ? 1.0f : 0.0f, .d = out, .d_t = DType::F32, .bias = bias};
-    if (lt.try_run(c, stream)) return;
+    if (lt.try_run(bias_product(out, residual, inp, w, bias, N, IC, OC), stream)) return;
     lt.count_unfused(Epilogue::Bias);
   }
   if (residual != nullptr && residual != out)
@@ -257,9 +296,7 @@ void linear_gelu_forward_bf16(LtMatmul& lt, void* out, void* pre, const void* in
   require_shape("linear_gelu_forward_bf16", N, IC, OC);
   if (bias == nullptr) throw std::invalid_argument("linear_gelu_forward_bf16: the bias is required");
   const ColumnMajorGemm g = linear_forward_gemm(N, IC, OC);
-  const LtMatmul::Call c{.g = g, .epilogue = Epilogue::GeluAuxBias, .a = w, .b = inp, .d = out, .d_t = DType::BF16,
-                         .bias = bias, .aux = pre, .aux_ld = OC};
-  if (lt.try_run(c, stream)) return;
+  if (lt.try_run(gelu_product(out, pre, inp, w, bias, N, IC, OC), stream)) return;
   lt.count_unfused(Epilogue::GeluAuxBias);
   add_bias_rows(pre, bias, N, OC, /*accumulate=*/false, DType::BF16, stream);
   gemm_ex(lt.blas(), g, w, inp, DType::BF16, 1.0f, pre, DType::BF16, stream, "cublasGemmEx (linear_gelu_forward_bf16)");
@@ -272,9 +309,7 @@ void linear_dinp_bf16(LtMatmul& lt, void* dinp, DType dinp_t, const void* dout, 
   const ColumnMajorGemm g = linear_dinp_gemm(N, IC, OC, ld_dout);
   if (gelu_pre != nullptr) {
     if (dinp_t != DType::BF16) throw std::invalid_argument("linear_dinp_bf16: the GELU's gradient is bf16");
-    const LtMatmul::Call c{.g = g, .epilogue = Epilogue::DGelu, .a = w, .b = dout, .d = dinp, .d_t = DType::BF16,
-                           .aux = const_cast<void*>(gelu_pre), .aux_ld = IC};
-    if (lt.try_run(c, stream)) return;
+    if (lt.try_run(dgelu_product(dinp, dout, w, gelu_pre, N, IC, OC, ld_dout), stream)) return;
     lt.count_unfused(Epilogue::DGelu);
   }
   gemm_ex(lt.blas(), g, w, dout, DType::BF16, 0.0f, dinp, dinp_t, stream, "cublasGemmEx (linear_dinp_bf16)");

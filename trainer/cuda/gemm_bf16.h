@@ -61,6 +61,10 @@ class LtMatmul {
     int64_t aux_ld = 0;
   };
   bool try_run(const Call& call, cudaStream_t stream);
+  // Builds the descriptors, layouts and preference try_run would give `call`, and destroys them:
+  // cuBLASLt's own checks of every attribute's type and size, on the host, without a GPU. Throws
+  // as try_run does (std::runtime_error naming the call cuBLASLt refused).
+  static void check_descriptors(const Call& call, size_t workspace_bytes);
 
   // How many products ran fused on cuBLASLt and how many the unfused way, by epilogue (Epilogue's
   // values as indices).
@@ -78,6 +82,7 @@ class LtMatmul {
 
  private:
   struct Plan;
+  struct Preference;
   Plan* plan_for(const Call& call);
   void refuse(const Call& call, const std::string& why);
 
@@ -87,6 +92,14 @@ class LtMatmul {
   Routes routes_;
   std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;
 };
+
+// The cuBLASLt products the three fused layers below try first (their arguments as theirs).
+LtMatmul::Call bias_product(float* out, const float* residual, const void* inp, const void* w, const float* bias,
+                            int64_t N, int64_t IC, int64_t OC);
+LtMatmul::Call gelu_product(void* out, void* pre, const void* inp, const void* w, const void* bias, int64_t N,
+                            int64_t IC, int64_t OC);
+LtMatmul::Call dgelu_product(void* dinp, const void* dout, const void* w, const void* gelu_pre, int64_t N, int64_t IC,
+                             int64_t OC, int64_t ld_dout = 0);
 
 // out[N, OC] (fp32) = inp[N, IC] @ w[OC, IC]^T + bias[OC] (fp32; may be null) + residual[N, OC]
 // (fp32; null: nothing; may be out itself). inp and w bf16. Fused: CUBLASLT_EPILOGUE_BIAS with
