@@ -54,6 +54,11 @@ void add_train_command(CLI::App& app, Action& action) {
                   "--device cuda: fp32 matrix multiplies as torch.set_float32_matmul_precision: highest (true fp32, "
                   "default), high (TF32 tensor cores, as --tf32) or medium (bf16 tensor cores)")
       ->check(CLI::IsMember({"highest", "high", "medium"}));
+  sub->add_option("--matmul-dtype", cfg->matmul_dtype,
+                  "--device cuda --precision bf16: fp32 (default: fp32 activations, GEMMs as --matmul-precision says) "
+                  "or bf16 (bf16 activations and weights on bf16 tensor cores, fp32 accumulation, bias and GELU fused "
+                  "into the GEMMs; results within bf16's tolerances of fp32's)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   sub->add_option("--delayed-update", cfg->delayed_update,
                   "ZeRO-Offload's delayed parameter update after N ordinary steps (needs --offload-optimizer): then each "
                   "step's CPU AdamW runs beside the next step's forward and backward, which see weights one update "
@@ -165,6 +170,7 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--grad-partition-dtype") from_file.grad_partition_dtype = c.grad_partition_dtype;
           else if (n == "--pinned-numa") from_file.pinned_numa = c.pinned_numa;
           else if (n == "--matmul-precision") from_file.matmul_precision = c.matmul_precision;
+          else if (n == "--matmul-dtype") from_file.matmul_dtype = c.matmul_dtype;
           else if (n == "--attention") from_file.attention = c.attention;
           else if (n == "--quiet") from_file.quiet = c.quiet;
           else if (n == "--checkpoint-dir") from_file.checkpoint_dir = c.checkpoint_dir;

@@ -210,6 +210,8 @@ TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
   EXPECT_EQ(rows["350M"]["settings"].get<std::string>().find("bf16 grad partitions"), std::string::npos);
   // The CPU AdamW's tests ran, the GPU tests said why not, and the limits were measured once and
   // used where bench_gpu_limits is built (with the CUDA toolkit); elsewhere no step measures them.
+  EXPECT_NE(steps["350M-early-bf16"]["skipped"].get<std::string>().find("computes in fp32"), std::string::npos)
+      << steps["350M-early-bf16"];
   EXPECT_EQ(steps["adam-isa"]["rc"], 0);
   EXPECT_NE(steps["gpu-tests"]["skipped"].get<std::string>().find("no GPU"), std::string::npos);
   const std::string log = read_file(out + "/session.log");

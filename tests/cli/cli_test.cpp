@@ -568,8 +568,8 @@ TEST(Cli, DeviceCudaChecksTheLauncherAndSaysWhyThereIsNoGpu) {
 // --trace, and in a build without CUPTI; on a machine without a GPU it says why CUDA tracing is off,
 // records that in the trace, and fails as --device cuda does there (no crash, no hang).
 // --device cuda: the GPU's own memory unless a cap is given, on the command line or in the config
-// file (even one equal to the simulated GPU's default 80 GiB); --tf32, --matmul-precision and
-// --delayed-update reach the resolved config, and are refused where they cannot act.
+// file (even one equal to the simulated GPU's default 80 GiB); --tf32, --matmul-precision,
+// --matmul-dtype and --delayed-update reach the resolved config, and are refused where they cannot act.
 // The trace's run.config_json shows what the run was given (the run itself needs a GPU).
 TEST(Cli, TrainCudaCapsMemoryOnlyWhenAskedAndTakesTf32) {
   zt::test::TempDir dir;
@@ -604,6 +604,14 @@ TEST(Cli, TrainCudaCapsMemoryOnlyWhenAskedAndTakesTf32) {
   Result med = run_zt("train --matmul-precision medium --model tiny --steps 1");
   EXPECT_EQ(med.code, 2) << med.out;
   EXPECT_NE(med.out.find("matmul_precision chooses how a real GPU multiplies matrices"), std::string::npos) << med.out;
+  auto [code6, b16] = config_of("matmul_dtype: bf16\nprecision: bf16\n", "");
+  EXPECT_NE(b16.find("\"\"matmul_dtype\"\":\"\"bf16\"\""), std::string::npos) << b16;
+  EXPECT_NE(plain.find("\"\"matmul_dtype\"\":\"\"fp32\"\""), std::string::npos) << plain;
+  Result b16_sim = run_zt("train --matmul-dtype bf16 --precision bf16 --model tiny --steps 1");
+  EXPECT_EQ(b16_sim.code, 2) << b16_sim.out;
+  EXPECT_NE(b16_sim.out.find("matmul_dtype bf16 multiplies bf16 activations on a GPU's tensor cores"),
+            std::string::npos)
+      << b16_sim.out;
   Result dpu = run_zt("train --delayed-update 0 --model tiny --steps 1");
   EXPECT_EQ(dpu.code, 2) << dpu.out;
   EXPECT_NE(dpu.out.find("delayed_update runs CPU AdamW beside the next step: it needs the optimizer on the host"),

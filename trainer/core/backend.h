@@ -177,8 +177,10 @@ class Backend {
 // thread sleeps on an OS primitive until the GPU is done, freeing its core for the CPU AdamW beside
 // the step, at the price of a wake-up per wait). ZT_CUDA_SYNC picks it (parse_cuda_sync).
 enum class CudaSync { Auto, Spin, Yield, Blocking };
+// bf16_compute: the model passes' GEMMs on bf16 inputs (TrainConfig::matmul_dtype bf16; cuda/model_passes.h).
 struct CudaBackendOptions {
   MatmulPrecision matmul = MatmulPrecision::Highest;
+  bool bf16_compute = false;
   CudaSync sync = CudaSync::Auto;
 };
 // "auto", "spin", "yield" or "blocking"; false for anything else.

@@ -84,6 +84,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
       {"grad_partition_dtype", [&](const YAML::Node& n) { c.grad_partition_dtype = n.as<std::string>(); }},
       {"pinned_numa", [&](const YAML::Node& n) { c.pinned_numa = n.as<std::string>(); }},
       {"matmul_precision", [&](const YAML::Node& n) { c.matmul_precision = n.as<std::string>(); }},
+      {"matmul_dtype", [&](const YAML::Node& n) { c.matmul_dtype = n.as<std::string>(); }},
       {"attention", [&](const YAML::Node& n) { c.attention = n.as<std::string>(); }},
       {"checkpoint_dir", [&](const YAML::Node& n) { c.checkpoint_dir = n.as<std::string>(); }},
       {"save_every", [&](const YAML::Node& n) { c.save_every = n.as<int64_t>(); }},
@@ -235,6 +236,11 @@ Status validate(const TrainConfig& c) {
     return bad("matmul_precision chooses how a real GPU multiplies matrices: it needs --device cuda (the CPU and the simulated GPU compute in fp32)");
   if (c.tf32 && c.matmul_precision == "medium")
     return bad("tf32 and matmul_precision medium ask for two precisions: give one (tf32 is matmul_precision high)");
+  if (c.matmul_dtype != "fp32" && c.matmul_dtype != "bf16")
+    return bad("matmul_dtype '" + c.matmul_dtype + "': use fp32 (default) or bf16 (bf16 GEMM inputs on a GPU)");
+  if (c.matmul_dtype == "bf16" && (c.device != "cuda" || c.precision != "bf16"))
+    return bad("matmul_dtype bf16 multiplies bf16 activations on a GPU's tensor cores: it needs --device cuda and "
+               "--precision bf16 (the CPU and the simulated GPU compute in fp32)");
   if (c.device_memory == 0 && c.device != "cuda") return bad("device_memory must be positive (0: a real GPU's own size, with --device cuda)");
   if (!(c.lr > 0) || !std::isfinite(c.lr)) return bad("lr must be a positive number");
   if (c.beta1 < 0 || c.beta1 >= 1 || c.beta2 < 0 || c.beta2 >= 1) return bad("beta1 and beta2 must lie in [0, 1)");
@@ -362,6 +368,7 @@ std::string to_json(const TrainConfig& c) {
                       {"activation_checkpointing", c.activation_checkpointing},
                       {"tf32", c.tf32},
                       {"matmul_precision", std::string(matmul_precision_name(matmul_precision_of(c)))},
+                      {"matmul_dtype", c.matmul_dtype},
                       {"delayed_update", c.delayed_update},
                       {"overlap_update", c.overlap_update},
                       {"adam_in_backward", c.adam_in_backward},

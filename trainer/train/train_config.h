@@ -111,6 +111,14 @@ struct TrainConfig {
   // fp32, the default), high (TF32 tensor cores: what tf32 says) or medium (bf16 tensor cores:
   // inputs rounded to bf16 inside cuBLAS, fp32 accumulation and results).
   std::string matmul_precision = "highest";
+  // --device cuda with precision bf16: what the model's GEMMs take as inputs. fp32 (default: the
+  // fp32 activations of the CPU reference, the GEMMs in fp32 or TF32 as matmul_precision says) or
+  // bf16 (bf16 activations and weights into bf16 tensor cores, fp32 accumulation, biases and GELU
+  // fused into cuBLASLt epilogues; the residual stream, attention, LayerNorm statistics, the loss
+  // and every gradient stay fp32: trainer/cuda/README.md). Changes the results within bf16's
+  // tolerances; the CPU and the simulated GPU always compute in fp32. (Not "compute_dtype": the
+  // engine and grad_partition_dtype call the storage precision that.)
+  std::string matmul_dtype = "fp32";
   // ZeRO-Offload's delayed parameter update (DPU) after N ordinary steps (-1: off; needs
   // offload_optimizer): the first N steps update in order (the paper's warm-up), then step s's
   // CPU AdamW (s counted from 0: s >= N) runs on a background thread while step s+1's forward and

@@ -445,6 +445,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     std::string why;
     CudaBackendOptions bo;
     bo.matmul = matmul_precision_of(cfg);
+    bo.bf16_compute = cfg.matmul_dtype == "bf16";
     // ZT_CUDA_SYNC: how the rank thread waits for the GPU (an A/B knob for GPU hosts: bench/gpu_session).
     if (const char* env = std::getenv("ZT_CUDA_SYNC"); env && *env && !parse_cuda_sync(env, &bo.sync))
       return Status::Error(std::string("ZT_CUDA_SYNC='") + env +
