@@ -228,6 +228,12 @@ void add_demo_command(CLI::App& app, Action& action) {
       std::string why;
       cfg.device = *device;
       if (*device == "auto") cfg.device = trainer::make_cuda_backend(0, &why) ? "cuda" : "sim";
+      if (*device == "cuda" && !trainer::make_cuda_backend(0, &why)) {
+        // Said before anything runs, not as run 1's failure after a banner that promised a GPU.
+        std::cerr << "zt: demo --device cuda: no usable GPU here (" << no_gpu_words(why)
+                  << "); --device sim uses zt's simulated GPU\n";
+        return kExitBadInput;
+      }
       const bool gpu = cfg.device == "cuda";
       if (gpu) cfg.device_memory = 0;  // the whole GPU, as zt train --device cuda
       const std::string accel = gpu ? "the GPU" : "the simulated GPU";
@@ -472,8 +478,8 @@ void add_demo_command(CLI::App& app, Action& action) {
       std::cout << "\nThe demo took " << format_duration_ns(took * 1e9) << ". Next, by hand:\n";
       const std::vector<std::pair<std::string, std::string>> next = {
           {"zt view " + shell_word(cfg.trace), "the timeline viewer"},
-          {"zt repro r3-internlm2-20b-no-zero-oom", "another bug report; all five are in " + scenario_dir()},
-          {"zt repro r3-internlm2-20b-no-zero-oom --virtual", "the same at the report's real sizes"},
+          {"zt repro --list", "the shipped bug reports (in " + scenario_dir() + ")"},
+          {"zt repro r3 --virtual", "one of them at the report's real sizes"},
           {"zt faults", "the fault catalog"}};
       size_t w = 0;
       for (auto& [c, what] : next) w = std::max(w, display_width(c));

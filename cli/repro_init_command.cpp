@@ -131,7 +131,7 @@ void add_repro_init_command(CLI::App& repro, Action& action) {
   auto* sub = repro.add_subcommand(
       "init",
       "Write a scenario skeleton from your own files: the DeepSpeed config and the model's Hugging Face config.json\n"
-      "are read as they are (the shape and its parameter count checked, DeepSpeed's older key names resolved), and\n"
+      "Both are read as they are (the shape and its parameter count checked, DeepSpeed's older key names resolved); "
       "every field only the report can fill is marked TODO.\n"
       "Example: zt repro init --ds-config ds.json --hf-config config.json --gpus 8 --gpu-memory 80GiB -o my.yaml");
   auto o = std::make_shared<InitOptions>();

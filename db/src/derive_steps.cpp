@@ -237,12 +237,12 @@ Status check_range_pattern(const std::string& pattern, const std::string& flag) 
 
 std::string describe(const DerivedMarkers& d) {
   auto part = [](int64_t n, const char* what, const std::string& from, bool own) {
-    std::string s = std::to_string(n) + " " + what;
+    std::string s = std::to_string(n) + " " + what + (n == 1 ? "" : "s");
     if (own) s += " (the program's own)";
     else if (!from.empty()) s += " (from " + from + ")";
     return s;
   };
-  return part(d.steps, "steps", d.steps_from, d.own_steps) + ", " + part(d.epochs, "epochs", d.epochs_from, d.own_epochs);
+  return part(d.steps, "step", d.steps_from, d.own_steps) + ", " + part(d.epochs, "epoch", d.epochs_from, d.own_epochs);
 }
 
 Status derive_steps(const std::string& path, const StepRules& given, DerivedMarkers* out) {

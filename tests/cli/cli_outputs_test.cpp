@@ -2,6 +2,7 @@
 // the input intact byte for byte), and zt's tables align by columns on screen, not bytes ("µs").
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -353,4 +354,16 @@ TEST(CliOutputs, TheDemoShowsTheUpdatesBesideTheStepAndThePartialOffload) {
   Result a = run_zt("db sql " + trace + " " + same), b = run_zt("db sql " + dir.file("pasted.db") + " " + same);
   ASSERT_EQ(a.code, 0) << a.out;
   EXPECT_EQ(a.out, b.out) << command;
+}
+
+// zt demo --device cuda on a machine without a GPU is refused before it starts (one line, exit 2),
+// not after a banner that says "A GPU is used" and run 1's failure.
+TEST(CliOutputs, TheDemoOnCudaWithoutAGpuIsRefusedBeforeItStarts) {
+  if (fs::exists("/proc/driver/nvidia/version")) GTEST_SKIP() << "an NVIDIA driver is here: the demo would run on it";
+  zt::test::TempDir dir;
+  Result r = run_zt("demo --device cuda --dir " + dir.file("demo"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.out.rfind("zt: demo --device cuda: no usable GPU here (", 0), 0u) << r.out;
+  EXPECT_EQ(r.out.find("A GPU is used"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
 }

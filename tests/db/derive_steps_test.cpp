@@ -273,7 +273,7 @@ TEST(DeriveSteps, AProgramsOwnMarkersStand) {
   EXPECT_TRUE(d.own_steps);
   EXPECT_EQ(d.steps, 0);
   EXPECT_EQ(d.epochs, 1);
-  EXPECT_EQ(describe(d), "0 steps (the program's own), 1 epochs (from NVTX ranges 'epoch N')");
+  EXPECT_EQ(describe(d), "0 steps (the program's own), 1 epoch (from NVTX ranges 'epoch N')");
   EXPECT_EQ(t.cell("SELECT group_concat(step || '@' || coalesce(epoch, '-'), ' ') FROM marker WHERE kind = 0"), "0@-");
 }
 
