@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace zt {
@@ -40,6 +41,36 @@ Status read_text_file(const std::string& path, const std::string& what, std::str
   ::close(fd);
   *out = std::move(text);
   return Status::Ok();
+}
+
+std::string printable(std::string_view text, size_t most) {
+  std::string out;
+  size_t shown = 0, i = 0;
+  auto escape = [&](unsigned char c) {
+    char b[8];
+    std::snprintf(b, sizeof b, "\\x%02x", c);
+    out += b;
+  };
+  while (i < text.size()) {
+    if (shown == most) return out + "...";
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    // A whole UTF-8 character stays as it is, except the C1 controls (U+0080..U+009F), which
+    // some terminals obey as ESC [ does.
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool whole = len > 0 && i + len <= text.size();
+    for (size_t k = 1; whole && k < len; ++k) whole = (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
+    if (whole && len == 2 && c == 0xc2 && static_cast<unsigned char>(text[i + 1]) < 0xa0) whole = false;
+    if (len == 1 && (c < 0x20 || c == 0x7f)) whole = false;
+    if (!whole) {
+      escape(c);
+      ++i;
+    } else {
+      out.append(text.substr(i, len));
+      i += len;
+    }
+    ++shown;
+  }
+  return out;
 }
 
 }  // namespace zt

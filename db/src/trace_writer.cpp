@@ -325,6 +325,11 @@ void TraceWriter::commit() {
   if (failed) std::rethrow_exception(failed);
 }
 
+void TraceWriter::checkpoint() {
+  commit();
+  detail::exec(db_, "PRAGMA wal_checkpoint(PASSIVE);");
+}
+
 sqlite3* TraceWriter::handle() {
   if (st_) st_->flush();
   return db_;

@@ -205,6 +205,10 @@ Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>*
     m.w->begin();
     m.w->insert(m.run);
     m.w->commit();
+    // Into the main file now, not at the first automatic checkpoint: a trace copied without
+    // its -wal while the run records (a CI artifact of a killed job) still names the run, and
+    // its status says it never ended, so `zt check` fails it.
+    m.w->checkpoint();
   } catch (const std::exception& e) {
     m.w.reset();
     return Status::Error(options.path + ": cannot write the run row: " + e.what());

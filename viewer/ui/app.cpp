@@ -168,7 +168,7 @@ int run_viewer(const ViewOptions& opt) {
   // Bad or foreign files are refused before any window opens.
   for (auto& p : opt.traces) {
     std::unique_ptr<db::TraceReader> r;
-    if (Status s = db::TraceReader::open(p, &r); !s) return fail(s.message());
+    if (Status s = db::TraceReader::open(p, &r, db::TraceReader::Checks::SmallTables); !s) return fail(s.message());
   }
   const bool headless = !opt.screenshot.empty();
   glfwSetErrorCallback(on_glfw_error);

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "zt/db/trace_values.h"
+
 namespace zt::probe::cupti {
 
 MemoryKind memory_kind_from_cupti(uint32_t k) {
@@ -99,6 +101,14 @@ const char* cuda_error_name(uint32_t code) {
 }
 constexpr uint32_t kCudaErrorMemoryAllocation = 2;
 constexpr uint32_t kCudaErrorNotReady = 600;  // stream/event queries: an answer, not a failure
+
+// A record's values within what a trace holds (zt/db/trace_values.h): a record outside (an end
+// before its start, a time past 2^62 ns, a size past 2^53 bytes, a device index past 2^20) is
+// counted and dropped, never written, or every reader would refuse the whole trace for it.
+bool time_ok(uint64_t t) { return t <= uint64_t(db::kMaxTraceTime); }
+bool span_ok(uint64_t start, uint64_t end) { return start <= end && time_ok(end); }
+bool size_ok(uint64_t bytes) { return bytes <= uint64_t(db::kMaxTraceBytes); }
+bool device_ok(uint32_t ordinal) { return ordinal <= uint32_t(db::kMaxTraceRank); }
 }  // namespace
 
 Decoder::Decoder(Recorder& rec, DeviceId host_device, DecoderHooks hooks, int rank)
@@ -144,6 +154,10 @@ void Decoder::decode(const CUpti_Activity* r) {
 }
 
 void Decoder::memory(const CUpti_ActivityMemory4& r) {
+  if (!time_ok(r.timestamp) || !size_ok(r.bytes) || !device_ok(r.deviceId)) {
+    ++stats_.out_of_range;
+    return;
+  }
   MemoryKind kind = memory_kind_from_cupti(r.memoryKind);
   DeviceId dev = is_host(kind) ? host_device_ : cuda_device(r.deviceId);
   StackId stack = hooks_.take_stack ? hooks_.take_stack(r.correlationId) : 0;
@@ -166,7 +180,7 @@ void Decoder::memory(const CUpti_ActivityMemory4& r) {
     e.stream = r.isAsync ? stream_of(r.streamId) : -1;
     e.t = t;
     if (r.name && *r.name) e.name = name(r.name);
-    AllocId id = rec_.alloc(e);
+    const AllocId id = rec_.alloc(e);
     // A release that arrived first (records are not in order) closes it at once.
     auto range = early_frees_.equal_range(key);
     for (auto it = range.first; it != range.second; ++it) {
@@ -177,12 +191,14 @@ void Decoder::memory(const CUpti_ActivityMemory4& r) {
         return;
       }
     }
-    live_[key] = id;
+    live_[key] = {id, t};
   } else if (r.memoryOperationType == CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE) {
     ++stats_.frees;
     auto it = live_.find(key);
-    if (it != live_.end()) {
-      rec_.free(it->second, t);
+    if (it != live_.end() && t < it->second.second) {
+      ++stats_.out_of_range;  // freed before it was allocated: the allocation stays live
+    } else if (it != live_.end()) {
+      rec_.free(it->second.first, t);
       live_.erase(it);
     } else {
       early_frees_.emplace(key, t);
@@ -194,6 +210,10 @@ void Decoder::memory(const CUpti_ActivityMemory4& r) {
 }
 
 void Decoder::memory_pool(const CUpti_ActivityMemoryPool3& r) {
+  if (!time_ok(r.timestamp) || !device_ok(r.deviceId)) {
+    ++stats_.out_of_range;
+    return;
+  }
   ++stats_.pool_events;
   DeviceId dev = cuda_device(r.deviceId);
   bool destroyed = r.memoryPoolOperationType == CUPTI_ACTIVITY_MEMORY_POOL_OPERATION_TYPE_DESTROYED;
@@ -220,6 +240,10 @@ void Decoder::memcpy(const CUpti_ActivityMemcpy6& r) {
     ++stats_.unhandled;
     return;
   }
+  if (!span_ok(r.start, r.end) || !size_ok(r.bytes) || !device_ok(r.deviceId)) {
+    ++stats_.out_of_range;
+    return;
+  }
   ++stats_.transfers;
   DeviceId dev = cuda_device(r.deviceId);
   TransferEvent e;
@@ -239,6 +263,10 @@ void Decoder::memcpy(const CUpti_ActivityMemcpy6& r) {
 }
 
 void Decoder::memcpy_p2p(const CUpti_ActivityMemcpyPtoP4& r) {
+  if (!span_ok(r.start, r.end) || !size_ok(r.bytes) || !device_ok(r.srcDeviceId) || !device_ok(r.dstDeviceId)) {
+    ++stats_.out_of_range;
+    return;
+  }
   auto kind = transfer_kind_from_cupti(r.copyKind);
   ++stats_.transfers;
   TransferEvent e;
@@ -252,6 +280,10 @@ void Decoder::memcpy_p2p(const CUpti_ActivityMemcpyPtoP4& r) {
 }
 
 void Decoder::memset(const CUpti_ActivityMemset4& r) {
+  if (!span_ok(r.start, r.end) || !device_ok(r.deviceId)) {
+    ++stats_.out_of_range;
+    return;
+  }
   ++stats_.memsets;
   KernelEvent k;
   k.rank = rank_;
@@ -266,6 +298,10 @@ void Decoder::memset(const CUpti_ActivityMemset4& r) {
 }
 
 void Decoder::kernel(const CUpti_ActivityKernel10& r) {
+  if (!span_ok(r.start, r.end) || !device_ok(r.deviceId)) {  // an incomplete record's end is 0
+    ++stats_.out_of_range;
+    return;
+  }
   ++stats_.kernels;
   NameId n = 0;
   if (r.name) {
@@ -306,6 +342,10 @@ void Decoder::runtime(const CUpti_ActivityAPI& r) {
   }
   const std::string& api = it->second;
   if (api_is_query(api)) return;
+  if (!span_ok(r.start, r.end)) {
+    ++stats_.out_of_range;
+    return;
+  }
   ++stats_.runtime_written;
   MarkerEvent m;
   m.rank = rank_;
@@ -329,6 +369,10 @@ void Decoder::runtime(const CUpti_ActivityAPI& r) {
 }
 
 void Decoder::synchronization(const CUpti_ActivitySynchronization2& r) {
+  if (!span_ok(r.start, r.end)) {
+    ++stats_.out_of_range;
+    return;
+  }
   ++stats_.synchronizations;
   const char* what = "sync:unknown";
   switch (r.type) {
@@ -348,6 +392,10 @@ void Decoder::synchronization(const CUpti_ActivitySynchronization2& r) {
 }
 
 void Decoder::marker(const CUpti_ActivityMarker2& r) {
+  if (!time_ok(r.timestamp)) {
+    ++stats_.out_of_range;
+    return;
+  }
   uint32_t f = r.flags;
   int64_t t = static_cast<int64_t>(r.timestamp);
   std::string n;
@@ -392,6 +440,11 @@ void Decoder::emit_range(uint32_t id) {
   auto it = ranges_.find(id);
   if (it == ranges_.end()) return;
   Range& g = it->second;
+  if (*g.t_end < *g.t_start) {  // an NVTX end before its start
+    ++stats_.out_of_range;
+    ranges_.erase(it);
+    return;
+  }
   MarkerEvent m;
   m.rank = rank_;
   m.kind = MarkerKind::Range;
@@ -422,6 +475,13 @@ void Decoder::finish() {
   }
   ranges_.clear();
   if (orphan_ends) rec_.dropped(orphan_ends, "NVTX range end whose start CUPTI never delivered", rank_);
+  if (stats_.out_of_range > out_of_range_written_) {
+    rec_.dropped(stats_.out_of_range - out_of_range_written_,
+                 "CUPTI records with a value out of range (an end before its start, a time past 2^62 ns, a size past "
+                 "2^53 bytes, a device index past 2^20)",
+                 rank_);
+    out_of_range_written_ = stats_.out_of_range;
+  }
 }
 
 }  // namespace zt::probe::cupti

@@ -1,0 +1,57 @@
+#include "pattern.h"
+
+#include <algorithm>
+
+namespace zt::repro {
+namespace {
+
+constexpr auto kFlags = std::regex_constants::ECMAScript | std::regex_constants::__polynomial;
+
+// How deep the pattern's groups nest; escapes and bracket expressions hold no groups.
+int group_depth(const std::string& re) {
+  int depth = 0, deepest = 0;
+  bool in_class = false;
+  for (size_t i = 0; i < re.size(); ++i) {
+    const char c = re[i];
+    if (c == '\\') {
+      ++i;
+    } else if (in_class) {
+      in_class = c != ']';
+    } else if (c == '[') {
+      in_class = true;
+      if (i + 1 < re.size() && re[i + 1] == ']') ++i;  // "[]...]": the first ] is a member
+    } else if (c == '(') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ')' && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+}  // namespace
+
+std::string pattern_problem(const std::string& re) {
+  if (re.size() > kMaxPatternBytes)
+    return "is " + std::to_string(re.size()) + " characters long; a pattern may have at most " +
+           std::to_string(kMaxPatternBytes);
+  if (int d = group_depth(re); d > kMaxPatternDepth)
+    return "nests groups " + std::to_string(d) + " deep; at most " + std::to_string(kMaxPatternDepth) + " are allowed";
+  try {
+    std::regex check(re, kFlags);
+  } catch (const std::regex_error& x) {
+    return std::string("is not a regular expression (") + x.what() + ")";
+  }
+  return "";
+}
+
+bool pattern_search(const std::string& re, const std::string& text) {
+  if (!pattern_problem(re).empty()) return false;
+  try {
+    return std::regex_search(text, std::regex(re, kFlags));
+  } catch (const std::regex_error&) {
+    return false;
+  }
+}
+
+}  // namespace zt::repro
