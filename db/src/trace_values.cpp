@@ -54,15 +54,19 @@ ColumnRule device_ref(std::string c, bool nullable = true) {
   return integer(std::move(c), 1, kMaxTraceStringId,
                  std::string(nullable ? "NULL or " : "") + "a device id (an integer in 1 .. 2147483647)", nullable);
 }
-ColumnRule time(std::string c, bool nullable = false, std::string not_before = "") {
+// With not_before: a span's end; `summed` when readers add the spans' lengths up (busy time).
+ColumnRule time(std::string c, bool nullable = false, std::string not_before = "", bool summed = false) {
   ColumnRule r = integer(std::move(c), 0, kMaxTraceTime,
                          std::string(nullable ? "NULL or " : "") + "a time (an integer in 0 .. 2^62 ns)", nullable);
   r.not_before = std::move(not_before);
+  r.summed = summed;
   return r;
 }
-ColumnRule bytes(std::string c, bool nullable = false) {
-  return integer(std::move(c), 0, kMaxTraceBytes,
-                 std::string(nullable ? "NULL or " : "") + "a size (an integer in 0 .. 2^53 bytes)", nullable);
+ColumnRule bytes(std::string c, bool nullable = false, bool summed = true) {
+  ColumnRule r = integer(std::move(c), 0, kMaxTraceBytes,
+                         std::string(nullable ? "NULL or " : "") + "a size (an integer in 0 .. 2^53 bytes)", nullable);
+  r.summed = summed;
+  return r;
 }
 ColumnRule rank(std::string c = "rank", bool nullable = false) {
   return integer(std::move(c), 0, kMaxTraceRank,
@@ -106,7 +110,7 @@ const std::map<std::string, std::vector<ColumnRule>, std::less<>>& all_rules() {
                  rank("local_rank", true), integer("pid", 0, INT32_MAX, "NULL or a process id (0 .. 2^31-1)", true)};
     m["device"] = {device_ref("id", false), rank(), enumeration<DeviceKind>("kind", "device_kind"),
                    integer("ordinal", 0, kMaxTraceRank, "a device index (an integer in 0 .. 1048575)"),
-                   bytes("capacity_bytes", true), flag("simulated", false)};
+                   bytes("capacity_bytes", true, false), flag("simulated", false)};
     m["string"] = {string_ref("id", false)};
     m["frame"] = {id(), any_integer("ip", false), any_integer("module_offset")};
     m["stack"] = {id(), ref("parent_id"), ref("frame_id", false)};
@@ -117,11 +121,11 @@ const std::map<std::string, std::vector<ColumnRule>, std::less<>>& all_rules() {
                        any_integer("stream")};
     m["transfer"] = {id(), rank(), enumeration<TransferKind>("kind", "transfer_kind"), bytes("bytes"),
                      device_ref("src_device_id"), device_ref("dst_device_id"), flag("pinned", true), time("t_start"),
-                     time("t_end", false, "t_start"), any_integer("stream"), string_ref("name_id"), string_ref("op_id"),
+                     time("t_end", false, "t_start", true), any_integer("stream"), string_ref("name_id"), string_ref("op_id"),
                      integer("participants", 0, kMaxTraceRank + 1, "NULL or a count of ranks (0 .. 1048576)", true),
                      any_integer("correlation_id"), enumeration<Source>("source", "source"), ref("stack_id")};
     m["kernel"] = {id(), rank(), device_ref("device_id", false), string_ref("name_id"), time("t_start"),
-                   time("t_end", false, "t_start"), any_integer("stream"), any_integer("correlation_id"),
+                   time("t_end", false, "t_start", true), any_integer("stream"), any_integer("correlation_id"),
                    enumeration<Source>("source", "source")};
     m["placement"] = {id(), rank(), time("t"), string_ref("tensor_id", false), device_ref("device_id"),
                       enumeration<PlacementWhy>("why", "placement_why"), bytes("bytes", true), ref("allocation_id")};
@@ -200,14 +204,40 @@ Status check_table_values(sqlite3* db, const std::string& path, const std::strin
   }
   try {
     detail::Stmt s(db, "SELECT " + cols + " FROM " + quoted(table) + " WHERE NOT (" + cond + ") LIMIT 1");
-    if (!s.step()) return Status::Ok();
-    RowCheck check(path, table, s.raw(), 0);
-    if (!check.ok(s.raw())) return check.error();
-    return Status::Error(path + ": " + table + " row " + std::to_string(s.i64(0)) +
-                         " breaks a rule of db/SCHEMA.md (the trace is damaged or was edited)");
+    if (s.step()) {
+      RowCheck check(path, table, s.raw(), 0);
+      if (!check.ok(s.raw())) return check.error();
+      return Status::Error(path + ": " + table + " row " + std::to_string(s.i64(0)) +
+                           " breaks a rule of db/SCHEMA.md (the trace is damaged or was edited)");
+    }
   } catch (const detail::SqlError& e) {
     return Status::Error(path + ": not a readable zerotrace trace (table " + table + ": " + e.what() + ")");
   }
+  // Every value is in its range now: their sums, one pass (total(): a double, which never
+  // overflows as sum() would; near 2^62 it is exact to 1 KiB or 1 µs).
+  std::string sums;
+  std::vector<const ColumnRule*> summed;
+  for (const auto& r : rules)
+    if (r.summed) {
+      sums += std::string(sums.empty() ? "" : ", ") + "total(" + quoted(r.column) +
+              (r.not_before.empty() ? "" : " - " + quoted(r.not_before)) + ")";
+      summed.push_back(&r);
+    }
+  if (summed.empty()) return Status::Ok();
+  auto too_much = [&](const ColumnRule& r) {
+    return Status::Error(path + ": " + table + ": " +
+                         (r.not_before.empty() ? r.column : "the spans from " + r.not_before + " to " + r.column) +
+                         " add up to more than 2^62 over the table's rows (the trace is damaged or was edited)");
+  };
+  try {
+    detail::Stmt s(db, "SELECT " + sums + " FROM " + quoted(table));
+    if (s.step())
+      for (size_t k = 0; k < summed.size(); ++k)
+        if (s.f64(int(k)) > double(kMaxTraceSum)) return too_much(*summed[k]);
+  } catch (const detail::SqlError& e) {
+    return Status::Error(path + ": not a readable zerotrace trace (table " + table + ": " + e.what() + ")");
+  }
+  return Status::Ok();
 }
 
 RowCheck::RowCheck(std::string path, std::string table, sqlite3_stmt* st, int id_column)
@@ -239,6 +269,28 @@ bool RowCheck::fits(sqlite3_stmt* st, const Bound& b) {
   }
   return b.before_col < 0 || sqlite3_column_type(st, b.before_col) != SQLITE_INTEGER ||
          v >= sqlite3_column_int64(st, b.before_col);
+}
+
+bool RowCheck::add(sqlite3_stmt* st, Bound& b) {
+  if (sqlite3_column_type(st, b.col) != SQLITE_INTEGER) return true;  // NULL (an open span): nothing to add
+  int64_t v = sqlite3_column_int64(st, b.col);
+  if (b.before_col >= 0) {
+    if (sqlite3_column_type(st, b.before_col) != SQLITE_INTEGER) return true;
+    v -= sqlite3_column_int64(st, b.before_col);  // fits() saw both in 0 .. 2^62
+  }
+  if (v > kMaxTraceSum - b.sum) return false;
+  b.sum += v;
+  return true;
+}
+
+bool RowCheck::fail_sum(sqlite3_stmt* st, const Bound& b) {
+  const ColumnRule& r = *b.rule;
+  std::string row = table_ + " row";
+  if (id_column_ >= 0) row += " " + value_text(st, id_column_);
+  error_ = Status::Error(path_ + ": " + row + ": " +
+                         (r.not_before.empty() ? r.column : "the spans from " + r.not_before + " to " + r.column) +
+                         " of the rows so far add up to more than 2^62 (the trace is damaged or was edited)");
+  return false;
 }
 
 bool RowCheck::fail(sqlite3_stmt* st, const Bound& b) {

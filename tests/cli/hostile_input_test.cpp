@@ -7,7 +7,6 @@
 // `zt db sql` stops at its row and time limits and on Ctrl-C.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sqlite3.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 #include <fstream>
 #include <thread>
 
+#include "../hostile_traces.h"
 #include "../test_util.h"
 
 namespace {
@@ -26,15 +26,6 @@ namespace fs = std::filesystem;
 Result run_zt(const std::string& args) { return zt::test::run_command(std::string(ZT_EXE) + " " + args + " 2>&1"); }
 
 void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-void edit(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  char* err = nullptr;
-  EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "");
-  sqlite3_free(err);
-  sqlite3_close(db);
-}
 
 // Lines of output, without the last newline.
 size_t lines(const std::string& out) {
@@ -58,22 +49,11 @@ const std::string& trained_trace() {
 }  // namespace
 
 TEST(HostileInput, TheIssuesTracesAreRefusedByEveryReaderWithOneLine) {
-  struct Case {
-    const char* sql;
-    const char* expected;
-  } cases[] = {
-      {"UPDATE string SET id=-5 WHERE id=(SELECT max(id) FROM string)", "string row -5: id is -5"},
-      {"UPDATE string SET id=4000000000000 WHERE id=(SELECT max(id) FROM string)", "id is 4000000000000"},
-      {"UPDATE device SET rank=2147483647 WHERE id=(SELECT min(id) FROM device)", "rank is 2147483647"},
-      {"UPDATE allocation SET t_alloc=-9223372036854775808 WHERE id=(SELECT min(id) FROM allocation)",
-       "t_alloc is -9223372036854775808"},
-      {"UPDATE marker SET t_start='abc' WHERE kind=0", "t_start is the text 'abc'"},
-  };
   zt::test::TempDir dir;
-  for (const Case& c : cases) {
+  for (const zt::test::HostileEdit& c : zt::test::kIssueTraceEdits) {
     const std::string path = dir.file("bad.db");
     fs::copy_file(trained_trace(), path, fs::copy_options::overwrite_existing);
-    edit(path, c.sql);
+    zt::test::edit_trace(path, c.sql);
     for (const std::string& cmd :
          {"db info " + path, "check " + path, "export " + path + " --chrome " + dir.file("o.json"),
           "db kernels " + path, "db merge --force " + dir.file("m.db") + " " + path,
@@ -85,7 +65,7 @@ TEST(HostileInput, TheIssuesTracesAreRefusedByEveryReaderWithOneLine) {
       if (view && r.out.find("not built") != std::string::npos) continue;  // a build without the viewer
       EXPECT_EQ(r.code, 2) << cmd << "\n" << r.out;
       EXPECT_EQ(r.out.rfind("zt: " + path + ": ", 0), 0u) << cmd << "\n" << r.out;
-      EXPECT_NE(r.out.find(c.expected), std::string::npos) << cmd << "\n" << r.out;
+      EXPECT_NE(r.out.find(c.refusal), std::string::npos) << cmd << "\n" << r.out;
       EXPECT_EQ(lines(r.out), 1u) << cmd << "\n" << r.out;
     }
     EXPECT_FALSE(fs::exists(dir.file("o.json")));
@@ -97,7 +77,7 @@ TEST(HostileInput, CheckFailsATraceWithNoRunRow) {
   zt::test::TempDir dir;
   const std::string path = dir.file("norun.db");
   fs::copy_file(trained_trace(), path);
-  edit(path, "DELETE FROM run");
+  zt::test::edit_trace(path, "DELETE FROM run");
   Result r = run_zt("check " + path);
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("FAIL run: the trace has no run row: it cannot say what ran or how it ended"), std::string::npos)

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "../hand_trace.h"
+#include "../hostile_traces.h"
 #include "../test_util.h"
 #include "zt/db/trace_reader.h"
 #include "zt/db/trace_values.h"
@@ -54,15 +55,6 @@ std::string small_trace(const test::TempDir& dir, const std::string& name = "t.d
   return path;
 }
 
-void edit(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  char* err = nullptr;
-  EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "");
-  sqlite3_free(err);
-  sqlite3_close(db);
-}
-
 std::string refusal(const std::string& path, TraceReader::Checks checks = TraceReader::Checks::All) {
   std::unique_ptr<TraceReader> r;
   Status s = TraceReader::open(path, &r, checks);
@@ -85,14 +77,12 @@ TEST(TraceValues, TheIssuesFilesAreRefusedNamingFileTableRowColumnAndValue) {
     const char* sql;
     const char* expected;
   } cases[] = {
-      {"UPDATE string SET id=-5 WHERE id=(SELECT max(id) FROM string)",
-       ": string row -5: id is -5; it must be a string id (an integer in 1 .. 2147483647)"},
-      {"UPDATE string SET id=4000000000000 WHERE id=(SELECT max(id) FROM string)",
-       ": string row 4000000000000: id is 4000000000000; it must be a string id"},
-      {"UPDATE device SET rank=2147483647 WHERE id=1", ": device row 1: rank is 2147483647; it must be a rank (an integer in 0 .. 1048575)"},
-      {"UPDATE allocation SET t_alloc=-9223372036854775808 WHERE id=1",
+      {test::kIssueTraceEdits[0].sql, ": string row -5: id is -5; it must be a string id (an integer in 1 .. 2147483647)"},
+      {test::kIssueTraceEdits[1].sql, ": string row 4000000000000: id is 4000000000000; it must be a string id"},
+      {test::kIssueTraceEdits[2].sql, ": device row 1: rank is 2147483647; it must be a rank (an integer in 0 .. 1048575)"},
+      {test::kIssueTraceEdits[3].sql,
        ": allocation row 1: t_alloc is -9223372036854775808; it must be a time (an integer in 0 .. 2^62 ns)"},
-      {"UPDATE marker SET t_start='abc' WHERE id=2", ": marker row 2: t_start is the text 'abc'; it must be a time"},
+      {test::kIssueTraceEdits[4].sql, ": marker row 1: t_start is the text 'abc'; it must be a time"},
       {"UPDATE allocation SET t_free=5 WHERE id=2", ": allocation row 2: t_free 5 is before t_alloc 1110; a span cannot end before it starts"},
       {"UPDATE transfer SET bytes=-1", ": transfer row 1: bytes is -1; it must be a size (an integer in 0 .. 2^53 bytes)"},
       {"UPDATE marker SET kind=9 WHERE id=1", ": marker row 1: kind is 9; it must be a code of enum_marker_kind (0, 1, 2, 3, 4; db/SCHEMA.md)"},
@@ -102,7 +92,7 @@ TEST(TraceValues, TheIssuesFilesAreRefusedNamingFileTableRowColumnAndValue) {
   for (const Case& c : cases) {
     test::TempDir dir;
     const std::string path = small_trace(dir);
-    edit(path, c.sql);
+    test::edit_trace(path, c.sql);
     const std::string msg = refusal(path);
     EXPECT_EQ(msg.rfind(path + ":", 0), 0u) << msg;
     EXPECT_NE(msg.find(c.expected), std::string::npos) << c.sql << "\n" << msg;
@@ -110,10 +100,42 @@ TEST(TraceValues, TheIssuesFilesAreRefusedNamingFileTableRowColumnAndValue) {
   }
 }
 
+// Each value in its range is not enough: a reader sums sizes and spans. A table's add up to at
+// most 2^62, so every sum fits an int64 however many rows a file holds.
+TEST(TraceValues, ATablesSizesAndSpansAddUpToAtMost2To62) {
+  {
+    test::TempDir dir;
+    const std::string path = small_trace(dir);
+    test::edit_trace(path, "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 600) "
+               "INSERT INTO allocation(rank,device_id,memory_kind,level,address,bytes,requested_bytes,t_alloc,source) "
+               "SELECT 0, 1, 1, 0, i, 9007199254740992, 0, 5000, 0 FROM n");
+    EXPECT_NE(refusal(path).find(": allocation: bytes add up to more than 2^62 over the table's rows"), std::string::npos);
+    // The viewer's streaming check says the same, at the row where the sum passes 2^62.
+    std::unique_ptr<TraceReader> r;
+    ASSERT_TRUE(TraceReader::open(path, &r, TraceReader::Checks::SmallTables));
+    sqlite3_stmt* st = nullptr;
+    ASSERT_EQ(sqlite3_prepare_v2(r->handle(), "SELECT bytes, id FROM allocation ORDER BY id", -1, &st, nullptr), SQLITE_OK);
+    RowCheck check(path, "allocation", st, 1);
+    bool all = true;
+    while (sqlite3_step(st) == SQLITE_ROW && (all = check.ok(st))) {
+    }
+    sqlite3_finalize(st);
+    EXPECT_FALSE(all);
+    EXPECT_NE(check.error().message().find("allocation row 514: bytes of the rows so far add up to more than 2^62"),
+              std::string::npos)
+        << check.error().message();
+  }
+  test::TempDir dir;
+  const std::string path = small_trace(dir);
+  test::edit_trace(path, "INSERT INTO transfer(rank,kind,bytes,t_start,t_end,source) VALUES (0,0,1,0,4611686018427387904,0),"
+             "(0,0,1,0,4611686018427387904,0)");
+  EXPECT_NE(refusal(path).find(": transfer: the spans from t_start to t_end add up to more than 2^62"), std::string::npos);
+}
+
 TEST(TraceValues, TextFromTheFileIsPrintedEscaped) {
   test::TempDir dir;
   const std::string path = small_trace(dir);
-  edit(path, "UPDATE marker SET t_start=char(27)||'[2J'||char(7) WHERE id=1");
+  test::edit_trace(path, "UPDATE marker SET t_start=char(27)||'[2J'||char(7) WHERE id=1");
   const std::string msg = refusal(path);
   EXPECT_NE(msg.find("t_start is the text '\\x1b[2J\\x07'"), std::string::npos) << msg;
 }
@@ -122,7 +144,7 @@ TEST(TraceValues, TextFromTheFileIsPrintedEscaped) {
 TEST(TraceValues, SmallTablesLeavesTheStreamedOnesToTheirReader) {
   test::TempDir dir;
   const std::string path = small_trace(dir);
-  edit(path, "UPDATE allocation SET t_alloc=-1 WHERE id=1");
+  test::edit_trace(path, "UPDATE allocation SET t_alloc=-1 WHERE id=1");
   std::unique_ptr<TraceReader> r;
   ASSERT_TRUE(TraceReader::open(path, &r, TraceReader::Checks::SmallTables));
   sqlite3_stmt* st = nullptr;
@@ -134,7 +156,7 @@ TEST(TraceValues, SmallTablesLeavesTheStreamedOnesToTheirReader) {
   ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
   EXPECT_TRUE(check.ok(st));
   sqlite3_finalize(st);
-  edit(path, "UPDATE string SET id=-5 WHERE id=3");
+  test::edit_trace(path, "UPDATE string SET id=-5 WHERE id=3");
   EXPECT_NE(refusal(path, TraceReader::Checks::SmallTables).find("string row -5"), std::string::npos);
   // zt db sql looks at a damaged trace as it is.
   EXPECT_TRUE(TraceReader::open(path, &r, TraceReader::Checks::None));
@@ -145,7 +167,7 @@ TEST(TraceValues, SmallTablesLeavesTheStreamedOnesToTheirReader) {
 TEST(TraceValues, TablesThatAreViewsAreRefusedAndTheFilesViewsAreNotUsed) {
   test::TempDir dir;
   const std::string path = small_trace(dir);
-  edit(path, "DROP VIEW marker_v; CREATE VIEW marker_v AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) "
+  test::edit_trace(path, "DROP VIEW marker_v; CREATE VIEW marker_v AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) "
              "SELECT x AS id, 0 AS rank, 'step' AS kind, '' AS name, x AS t_start, NULL AS t_end, 0 AS step, NULL AS micro_step, "
              "0 AS epoch, NULL AS value FROM c");
   std::unique_ptr<TraceReader> r;
@@ -154,7 +176,7 @@ TEST(TraceValues, TablesThatAreViewsAreRefusedAndTheFilesViewsAreNotUsed) {
   ASSERT_TRUE(r->query("SELECT count(*) FROM marker_v", &q));  // ours: two rows, not an endless recursion
   EXPECT_EQ(q.rows.at(0).at(0), "2");
   r.reset();
-  edit(path, "ALTER TABLE kernel RENAME TO kernel_rows; CREATE VIEW kernel AS SELECT * FROM kernel_rows");
+  test::edit_trace(path, "ALTER TABLE kernel RENAME TO kernel_rows; CREATE VIEW kernel AS SELECT * FROM kernel_rows");
   const std::string msg = refusal(path, TraceReader::Checks::None);
   EXPECT_NE(msg.find("not a zerotrace trace (kernel is a view, not a table)"), std::string::npos) << msg;
 }

@@ -81,6 +81,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Base& b = base();
   const std::string tagdir = b.dir + "/" + b.tag;
   const uint8_t mode = in.byte() % 5;
+  const uint8_t reader = in.byte() % 4;  // one reader an input: a million inputs run
   const std::string bytes = in.rest();
   fuzz::Quiet quiet;
   if (mode == 4) {  // the safetensors reader alone
@@ -101,14 +102,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::write_file(tagdir + "/" + ckpt::kWeightsFile, mode == 2 ? bytes : b.weights);
   fuzz::write_file(b.dir + "/latest", mode == 3 ? bytes : b.latest);
 
-  ckpt::Manifest m;
-  (void)ckpt::verify_checkpoint(b.dir, b.tag, &m);
-  ckpt::Selected sel;
-  (void)ckpt::select_checkpoint(b.dir, &sel, true);
-  std::string text;
-  (void)ckpt::describe_checkpoints(b.dir, &text);
-  ckpt::ConsolidateReport rep;
-  (void)ckpt::consolidate(b.dir, "", fuzz::scratch_dir() + "/out/model.safetensors", DType::F32, &rep);
+  switch (reader) {
+    case 0: {  // zt train --resume
+      ckpt::Selected sel;
+      (void)ckpt::select_checkpoint(b.dir, &sel, true);
+      break;
+    }
+    case 1: {  // zt ckpt info
+      std::string text;
+      (void)ckpt::describe_checkpoints(b.dir, &text);
+      break;
+    }
+    default: {  // zt ckpt consolidate: every shard read module by module, or the weights file
+      ckpt::ConsolidateReport rep;
+      (void)ckpt::consolidate(b.dir, reader == 2 ? "" : b.tag, fuzz::scratch_dir() + "/out/model.safetensors",
+                              reader == 2 ? DType::F32 : DType::BF16, &rep);
+      break;
+    }
+  }
   return 0;
 }
 

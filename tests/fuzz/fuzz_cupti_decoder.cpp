@@ -3,7 +3,10 @@
 // 2^62, sizes near 2^64, unknown memory and copy kinds, releases before allocations, NVTX ends
 // without starts), names from a fixed set (CUPTI's pointers are valid). The property: nothing
 // crashes, and the trace it writes is one every reader accepts (TraceReader::open checks every
-// value), or the run's recording would be lost to its own readers.
+// value), or the run's recording would be lost to its own readers. A trace (a Recorder, its
+// writer thread, an SQLite file) costs milliseconds to open and close, so one serves 1024 inputs
+// (each its own Decoder, as a process is) and is then closed and checked; a check that fails
+// names the trace; ZT_FUZZ_CHECK_EVERY=1 checks after every input, to find the culprit.
 #include <cupti_activity.h>
 
 #include "fuzz_input.h"
@@ -28,16 +31,38 @@ void fill(T& r, fuzz::Input& in, CUpti_ActivityKind kind) {
   r.kind = kind;
 }
 
+// Closes the trace and checks that its readers accept it.
+void close_and_check(std::unique_ptr<Recorder>& rec, const std::string& path) {
+  if (!rec) return;
+  if (Status s = rec->close(db::RunStatus::Ok, 0); !s) std::abort();
+  rec.reset();
+  std::unique_ptr<db::TraceReader> r;
+  if (Status s = db::TraceReader::open(path, &r); !s) {
+    std::fprintf(stderr, "fuzz_cupti_decoder: the decoder wrote a trace its readers refuse: %s\n", s.message().c_str());
+    std::abort();
+  }
+}
+
+std::unique_ptr<Recorder> g_rec;
+int g_inputs = 0;
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Input in(data, size);
   const std::string path = fuzz::scratch_dir() + "/decoded.db";
-  RecorderOptions o;
-  o.path = path;
-  o.crash_handlers = false;
-  std::unique_ptr<Recorder> rec;
-  if (!Recorder::open(o, &rec)) std::abort();
+  // ZT_FUZZ_CHECK_EVERY=1: a trace per input, to find which input a failed check came from.
+  static const int every = std::max(1, std::getenv("ZT_FUZZ_CHECK_EVERY") ? std::atoi(std::getenv("ZT_FUZZ_CHECK_EVERY")) : 1024);
+  if (g_rec && g_inputs % every == 0) close_and_check(g_rec, path);
+  ++g_inputs;
+  if (!g_rec) {
+    RecorderOptions o;
+    o.path = path;
+    o.crash_handlers = false;
+    if (!Recorder::open(o, &g_rec)) std::abort();
+    std::atexit([] { close_and_check(g_rec, fuzz::scratch_dir() + "/decoded.db"); });
+  }
+  Recorder* rec = g_rec.get();
   const DeviceId host = rec->add_device(0, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false);
   cupti::DecoderHooks h;
   h.device_info = [](uint32_t ordinal) { return cupti::DeviceInfo{"Fake GPU " + std::to_string(ordinal), 80ll << 30}; };
@@ -120,13 +145,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
     dec.finish();
-  }
-  if (Status s = rec->close(db::RunStatus::Ok, 0); !s) std::abort();
-  rec.reset();
-  std::unique_ptr<db::TraceReader> r;
-  if (Status s = db::TraceReader::open(path, &r); !s) {
-    std::fprintf(stderr, "fuzz_cupti_decoder: the decoder wrote a trace its readers refuse: %s\n", s.message().c_str());
-    std::abort();
   }
   return 0;
 }

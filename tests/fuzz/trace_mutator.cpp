@@ -173,7 +173,7 @@ void bind_value(sqlite3_stmt* st, int i, Input& in) {
       sqlite3_bind_blob(st, i, s.data(), int(s.size()), SQLITE_TRANSIENT);
       break;
     }
-    default: sqlite3_bind_int64(st, i, int64_t(in.byte()) + edge(in.byte())); break;
+    default: sqlite3_bind_int64(st, i, int64_t(uint64_t(in.byte()) + uint64_t(edge(in.byte())))); break;  // wraps
   }
 }
 

@@ -4,11 +4,11 @@
 // nothing is sized by a value from the file: sparse string ids are renumbered, and tracks are made
 // for the ranks the trace has, not for every number below the highest.
 #include <gtest/gtest.h>
-#include <sqlite3.h>
 
 #include <filesystem>
 
 #include "hand_trace.h"
+#include "hostile_traces.h"
 #include "known_trace.h"
 #include "model/trace_model.h"
 #include "test_util.h"
@@ -17,15 +17,6 @@ using namespace zt;
 using namespace zt::viewer;
 
 namespace {
-
-void edit(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  char* err = nullptr;
-  EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "");
-  sqlite3_free(err);
-  sqlite3_close(db);
-}
 
 std::string known(const test::TempDir& dir) {
   std::string err;
@@ -41,11 +32,11 @@ TEST(HostileModel, TheIssuesTracesAndBadStreamedRowsAreRefusedNamingTheValue) {
     const char* sql;
     const char* expected;
   } cases[] = {
-      {"UPDATE string SET id=-5 WHERE id=(SELECT max(id) FROM string)", "string row -5: id is -5"},
-      {"UPDATE string SET id=4000000000000 WHERE id=(SELECT max(id) FROM string)", "id is 4000000000000"},
-      {"UPDATE device SET rank=2147483647 WHERE id=1", "device row 1: rank is 2147483647"},
-      {"UPDATE allocation SET t_alloc=-9223372036854775808 WHERE id=1", "allocation row 1: t_alloc is -9223372036854775808"},
-      {"UPDATE marker SET t_start='abc' WHERE id=3", "marker row 3: t_start is the text 'abc'"},
+      {test::kIssueTraceEdits[0].sql, test::kIssueTraceEdits[0].refusal},
+      {test::kIssueTraceEdits[1].sql, test::kIssueTraceEdits[1].refusal},
+      {test::kIssueTraceEdits[2].sql, test::kIssueTraceEdits[2].refusal},
+      {test::kIssueTraceEdits[3].sql, test::kIssueTraceEdits[3].refusal},
+      {test::kIssueTraceEdits[4].sql, test::kIssueTraceEdits[4].refusal},
       {"UPDATE transfer SET kind=77 WHERE id=2", "transfer row 2: kind is 77"},
       {"UPDATE kernel SET t_end=0", ""},  // no kernel rows in this trace: nothing to refuse
       {"UPDATE placement SET tensor_id=0 WHERE id=1", ""},  // read when the placement view opens
@@ -54,7 +45,7 @@ TEST(HostileModel, TheIssuesTracesAndBadStreamedRowsAreRefusedNamingTheValue) {
   for (const Case& c : cases) {
     test::TempDir dir;
     const std::string path = known(dir);
-    edit(path, c.sql);
+    test::edit_trace(path, c.sql);
     std::unique_ptr<TraceModel> m;
     Status s = TraceModel::load(path, &m);
     if (!*c.expected) {
@@ -68,7 +59,7 @@ TEST(HostileModel, TheIssuesTracesAndBadStreamedRowsAreRefusedNamingTheValue) {
   // Placements are checked when they are read.
   test::TempDir dir;
   const std::string path = known(dir);
-  edit(path, "UPDATE placement SET t=-3 WHERE id=2");
+  test::edit_trace(path, "UPDATE placement SET t=-3 WHERE id=2");
   std::unique_ptr<TraceModel> m;
   ASSERT_TRUE(TraceModel::load(path, &m));
   Status s = m->load_placements();
@@ -82,7 +73,7 @@ TEST(HostileModel, TheIssuesTracesAndBadStreamedRowsAreRefusedNamingTheValue) {
 TEST(HostileModel, SparseStringIdsAreRenumberedNotUsedAsSizes) {
   test::TempDir dir;
   const std::string path = known(dir);
-  edit(path,
+  test::edit_trace(path,
        "UPDATE allocation SET name_id = name_id + 2000000000; UPDATE marker SET name_id = name_id + 2000000000;"
        "UPDATE transfer SET name_id = name_id + 2000000000, op_id = op_id + 2000000000;"
        "UPDATE placement SET tensor_id = tensor_id + 2000000000; UPDATE string SET id = id + 2000000000;");
@@ -102,7 +93,7 @@ TEST(HostileModel, SparseStringIdsAreRenumberedNotUsedAsSizes) {
 TEST(HostileModel, TracksAreForTheRanksTheTraceHas) {
   test::TempDir dir;
   const std::string path = known(dir);
-  edit(path, "UPDATE rank SET rank = 1048575; UPDATE device SET rank = 1048575; UPDATE marker SET rank = 1048575;"
+  test::edit_trace(path, "UPDATE rank SET rank = 1048575; UPDATE device SET rank = 1048575; UPDATE marker SET rank = 1048575;"
              "UPDATE transfer SET rank = 1048575; UPDATE allocation SET rank = 1048575");
   std::unique_ptr<TraceModel> m;
   Status s = TraceModel::load(path, &m);

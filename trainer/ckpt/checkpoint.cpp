@@ -438,7 +438,7 @@ int64_t save(const std::string& dir_arg, const TrainConfig& cfg, const Position&
                       {"gather", rep.gather},
                       {"peak_temp_device_bytes", rep.peak_temp_device_bytes}};
     }
-    const std::string text = j.dump(2) + "\n";
+    const std::string text = j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
     {
       FileWriter mw(tmp + "/" + kManifest);
       mw.write(text.data(), text.size());

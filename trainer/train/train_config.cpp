@@ -35,6 +35,7 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
 
 Status load_train_config_text(const std::string& text, const std::string& path, TrainConfig* cfg,
                               std::vector<std::string>* keys) {
+  if (Status s = check_yaml_text(text, path); !s) return s;
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -384,7 +385,7 @@ std::string to_json(const TrainConfig& c) {
                   {"context", c.shape.context},   {"tied_embeddings", c.shape.tied_embeddings},
                   {"experts", c.shape.experts},   {"shared_experts", c.shape.shared_experts},
                   {"expert_ffn", c.shape.expert_ffn}, {"dense_layers", c.shape.dense_layers}};
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // a flag's path need not be UTF-8
 }
 
 }  // namespace zt::trainer

@@ -62,15 +62,20 @@ Status stream(sqlite3* db, const std::string& path, const char* table, const cha
 }
 
 // Rows in a table, estimated from its largest rowid: instant, where count(*) walks the whole
-// table. Used to reserve columns and to size the progress bar.
+// table. Used to reserve columns and to size the progress bar. Ids need not be dense (a file may
+// hold one row with id 2^60), so the estimate is also capped by what the file can hold: a row
+// takes more than 16 bytes of it.
 int64_t estimate_rows(sqlite3* db, const char* table) {
-  sqlite3_stmt* st = nullptr;
-  int64_t n = 0;
-  std::string sql = std::string("SELECT max(rowid) FROM ") + table;
-  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-    n = sqlite3_column_int64(st, 0);
-  sqlite3_finalize(st);
-  return n;
+  auto one = [db](const std::string& sql) {
+    sqlite3_stmt* st = nullptr;
+    int64_t n = 0;
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+      n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return n;
+  };
+  const int64_t file_bytes = one("PRAGMA page_count") * one("PRAGMA page_size");
+  return std::clamp<int64_t>(one(std::string("SELECT max(rowid) FROM ") + table), 0, file_bytes / 16);
 }
 
 template <typename... V>

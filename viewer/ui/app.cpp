@@ -158,7 +158,7 @@ void write_layout(const ViewerState& st, const std::string& path, int w, int h) 
     j["placement_rows"].push_back({{"trace", r.trace}, {"rank", r.rank}, {"name", r.name}, {"text", r.text},
                                    {"x0", r.x0}, {"x1", r.x1}, {"y0", r.y0}, {"y1", r.y1}, {"t0", r.t0}, {"t1", r.t1}});
   j["replay_traces"] = l.replay_traces;
-  std::ofstream(path) << j.dump(1) << "\n";
+  std::ofstream(path) << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
 }  // namespace

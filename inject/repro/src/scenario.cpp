@@ -723,7 +723,7 @@ Status resolve(const Scenario& s, Variant v, bool fix, std::optional<uint64_t> s
     std::vector<std::string> w;
     const std::string origin = s.path + ":" + std::to_string(s.deepspeed_line) + ": deepspeed" +
                                std::string(v == Variant::Small ? " (small" : " (full size") + (fix ? ", fix)" : ")");
-    if (Status st = trainer::load_deepspeed_config_text(ds.dump(), origin, &c, &w); !st) return st;
+    if (Status st = trainer::load_deepspeed_config_text(ds.dump(-1, ' ', false, json::error_handler_t::replace), origin, &c, &w); !st) return st;
     if (warnings) warnings->insert(warnings->end(), w.begin(), w.end());
   }
   std::vector<std::string> faults = s.faults;
@@ -757,6 +757,7 @@ Status load_once(const std::string& path, Scenario* out) {
   YAML::Node root;
   std::string text;
   if (Status s = read_text_file(path, "scenario file", &text); !s) return s;
+  if (Status s = check_yaml_text(text, path); !s) return s;
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {

@@ -22,4 +22,8 @@ Status read_text_file(const std::string& path, const std::string& what, std::str
 // reach the terminal as it is).
 std::string printable(std::string_view text, size_t most = 60);
 
+// Where `text` stops being well-formed UTF-8 (a byte offset), or npos when it is all UTF-8. Text
+// files zt reads (YAML) must be: their strings go into JSON (a trace's config, a verdict).
+size_t utf8_invalid_at(std::string_view text);
+
 }  // namespace zt

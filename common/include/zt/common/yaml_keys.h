@@ -10,10 +10,13 @@
 #include <yaml-cpp/yaml.h>
 
 #include <functional>
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <string>
 
+#include "zt/common/files.h"
 #include "zt/common/status.h"
 
 namespace zt {
@@ -62,6 +65,17 @@ inline Status check_yaml_tree(const YAML::Node& node, const std::string& path,
   return Status::Ok();
 }
 }  // namespace detail
+
+// Before YAML::Load: the text is UTF-8 (yaml-cpp takes any bytes, and its strings go into JSON,
+// which refuses what is not): "PATH:LINE: not UTF-8 text (byte 0xff)".
+inline Status check_yaml_text(const std::string& text, const std::string& path) {
+  const size_t at = utf8_invalid_at(text);
+  if (at == std::string::npos) return Status::Ok();
+  const long line = 1 + std::count(text.begin(), text.begin() + long(at), '\n');
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned char>(text[at]));
+  return Status::Error(path + ":" + std::to_string(line) + ": not UTF-8 text (byte " + byte + "); a YAML file is UTF-8");
+}
 
 // Every mapping in `node`, nested ones too: "PATH:LINE: 'K' is given twice (first at line L)";
 // and the tree within kMaxYamlDepth and kMaxYamlNodes (an alias cycle or bomb is refused, naming

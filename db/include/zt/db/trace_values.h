@@ -30,6 +30,10 @@ inline constexpr int64_t kMaxTraceBytes = int64_t(1) << 53;  // 8 PiB: every siz
 inline constexpr int64_t kMaxTraceRank = (int64_t(1) << 20) - 1;
 inline constexpr int64_t kMaxTraceStringId = (int64_t(1) << 31) - 1;
 inline constexpr int64_t kMaxTraceCount = (int64_t(1) << 31) - 1;  // steps, micro-steps, epochs
+// A table's sizes (allocations', transfers', placements') and the lengths of its kernels and
+// transfers add up to at most this: any sum a reader makes of them (live bytes, bytes moved, busy
+// time) fits an int64, however many rows the file holds.
+inline constexpr int64_t kMaxTraceSum = int64_t(1) << 62;
 
 // What one column may hold.
 struct ColumnRule {
@@ -40,6 +44,7 @@ struct ColumnRule {
   int64_t lo = INT64_MIN, hi = INT64_MAX;  // Integer: the range
   std::vector<int64_t> codes;              // Integer: an enum's codes (empty: any in the range)
   std::string not_before;                  // Integer: a column of the row this one may not be below
+  bool summed = false;                     // the column (with not_before: the span's length) adds up to at most kMaxTraceSum
   std::string what;                        // the rule in words, for the message: "a time is an integer in 0 .. 2^62 ns"
 };
 
@@ -59,8 +64,10 @@ class RowCheck {
  public:
   RowCheck(std::string path, std::string table, sqlite3_stmt* st, int id_column = -1);
   bool ok(sqlite3_stmt* st) {
-    for (const Bound& b : bound_)
+    for (Bound& b : bound_) {
       if (!fits(st, b)) return fail(st, b);
+      if (b.rule->summed && !add(st, b)) return fail_sum(st, b);
+    }
     return true;
   }
   // After ok() returned false: "PATH: TABLE row ID: COLUMN is VALUE; it must be RULE".
@@ -71,9 +78,12 @@ class RowCheck {
     int col;
     int before_col;  // -1: none
     const ColumnRule* rule;
+    int64_t sum = 0;  // summed rules: the rows' values (or spans) so far
   };
   static bool fits(sqlite3_stmt* st, const Bound& b);
+  static bool add(sqlite3_stmt* st, Bound& b);
   bool fail(sqlite3_stmt* st, const Bound& b);
+  bool fail_sum(sqlite3_stmt* st, const Bound& b);
   std::string path_, table_;
   int id_column_;
   std::vector<Bound> bound_;

@@ -28,7 +28,8 @@
 //    release seen before its allocation waits for it; an NVTX end seen before its start waits;
 //    finish() writes what never matched (counted in `dropped`, or a marker left open).
 //  - A record with a value no trace holds (zt/db/trace_values.h: an end before its start, a
-//    time past 2^62 ns, ...) is dropped and counted, so the trace stays readable.
+//    time past 2^62 ns, ...) is dropped and counted, so the trace stays readable (the Recorder
+//    drops what would pass a table's sums).
 //  - Every timestamp is already on our clock (the collector registers now_ns() with
 //    cuptiActivityRegisterTimestampCallback); the decoder never rescales time.
 //  - Single-threaded: one decoder, one thread.
