@@ -14,6 +14,7 @@
 #include "../hand_trace.h"
 #include "../hostile_traces.h"
 #include "../test_util.h"
+#include "zt/db/export.h"
 #include "zt/db/trace_reader.h"
 #include "zt/db/trace_values.h"
 #include "zt/db/trace_writer.h"
@@ -130,6 +131,26 @@ TEST(TraceValues, ATablesSizesAndSpansAddUpToAtMost2To62) {
   test::edit_trace(path, "INSERT INTO transfer(rank,kind,bytes,t_start,t_end,source) VALUES (0,0,1,0,4611686018427387904,0),"
              "(0,0,1,0,4611686018427387904,0)");
   EXPECT_NE(refusal(path).find(": transfer: the spans from t_start to t_end add up to more than 2^62"), std::string::npos);
+}
+
+// Two traces that each keep the rules can break one together (device ids offset past 2^31 - 1):
+// `zt db merge` checks what it made before it replaces anything.
+TEST(TraceValues, AMergeThatWouldBreakARuleWritesNothing) {
+  test::TempDir dir;
+  const std::string a = small_trace(dir, "a.db"), b = small_trace(dir, "b.db");
+  test::edit_trace(a, "UPDATE device SET id=2147483640; UPDATE allocation SET device_id=2147483640;"
+                      "UPDATE transfer SET dst_device_id=2147483640; UPDATE counter SET device_id=2147483640");
+  test::edit_trace(b, "UPDATE rank SET rank=1; UPDATE device SET id=20, rank=1; UPDATE allocation SET device_id=20, rank=1;"
+                      "UPDATE transfer SET dst_device_id=20, rank=1; UPDATE counter SET device_id=20, rank=1;"
+                      "UPDATE marker SET rank=1");
+  Status s = merge_traces(dir.file("m.db"), {a, b}, false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("m.db: the merged trace would break a rule of db/SCHEMA.md (device row 2147483660: id is "
+                             "2147483660; it must be a device id"),
+            std::string::npos)
+      << s.message();
+  EXPECT_FALSE(std::filesystem::exists(dir.file("m.db")));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("m.db.merging")));
 }
 
 TEST(TraceValues, TextFromTheFileIsPrintedEscaped) {

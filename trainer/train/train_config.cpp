@@ -154,8 +154,11 @@ Status load_train_config_text(const std::string& text, const std::string& path, 
       it->second(kv.second);
       if (keys) keys->push_back(key);
     } catch (const YAML::Exception& e) {
-      return Status::Error(path + ":" + std::to_string(kv.second.Mark().line + 1) + ": bad value for '" + key +
-                           "': " + (e.msg.empty() ? "wrong type" : e.msg));
+      // The value too, escaped: "run.yaml:3: bad value for 'steps': '1e18' (bad conversion)".
+      const YAML::Node& v = kv.second;
+      const std::string value = v.IsScalar() ? "'" + printable(v.Scalar()) + "'" : v.IsSequence() ? "a list" : v.IsMap() ? "a mapping" : "nothing";
+      return Status::Error(path + ":" + std::to_string(v.Mark().line + 1) + ": bad value for '" + key + "': " + value +
+                           " (" + (e.msg.empty() ? "wrong type" : e.msg) + ")");
     }
   }
   c.config_file = path;
