@@ -366,6 +366,10 @@ ThreadRing* Recorder::ring() {
     std::lock_guard lock(impl_->rings_mu);
     impl_->rings.push_back(r);
   }
+  // Rings of recorders closed since (only this thread's entry still holds them) go: a thread that
+  // records into one recorder after another (tests, fuzz_cupti_decoder's thousands) kept every
+  // ring's memory until it ended.
+  std::erase_if(tls.entries, [](const TlsEntry& e) { return e.ring.use_count() == 1; });
   tls.entries.push_back({impl_->serial, r, {}});
   tls.last_serial = 0;
   tls.last = nullptr;

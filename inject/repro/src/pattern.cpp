@@ -29,6 +29,37 @@ int group_depth(const std::string& re) {
   return deepest;
 }
 
+// The longest number a pattern gives a repetition ({n,m}) or a back-reference (\n): libstdc++
+// reads them into an int without a check (\5555555555555555555 overflows: undefined).
+size_t longest_count(const std::string& re) {
+  size_t longest = 0, run = 0;
+  bool counting = false, in_braces = false, in_class = false;
+  for (size_t i = 0; i < re.size(); ++i) {
+    const char c = re[i];
+    const bool digit = c >= '0' && c <= '9';
+    if (counting && digit) {
+      longest = std::max(longest, ++run);
+      continue;
+    }
+    counting = in_braces && (digit || c == ',');
+    run = 0;
+    if (c == '\\' && i + 1 < re.size()) {
+      const char n = re[i + 1];
+      if (n >= '1' && n <= '9' && !in_class) counting = true;  // a back-reference
+      else ++i;
+    } else if (in_class) {
+      in_class = c != ']';
+    } else if (c == '[') {
+      in_class = true;
+    } else if (c == '{') {
+      in_braces = counting = true;
+    } else if (c == '}') {
+      in_braces = false;
+    }
+  }
+  return longest;
+}
+
 }  // namespace
 
 std::string pattern_problem(const std::string& re) {
@@ -37,6 +68,8 @@ std::string pattern_problem(const std::string& re) {
            std::to_string(kMaxPatternBytes);
   if (int d = group_depth(re); d > kMaxPatternDepth)
     return "nests groups " + std::to_string(d) + " deep; at most " + std::to_string(kMaxPatternDepth) + " are allowed";
+  if (longest_count(re) > 4)
+    return "has a repetition count or back-reference of more than 4 digits (at most {9999})";
   try {
     std::regex check(re, kFlags);
   } catch (const std::regex_error& x) {

@@ -5,8 +5,9 @@
 // recursive descent (20,000 nested groups overflow the stack) and its default matcher
 // backtracks (exponential on (a|a)*b). So a pattern is at most kMaxPatternBytes long and nests
 // groups at most kMaxPatternDepth deep, and matching uses libstdc++'s polynomial (Thompson NFA)
-// matcher, which refuses back-references. libstdc++ also caps a compiled pattern at 100,000 NFA
-// states (x{1000}{1000} is refused, not expanded).
+// matcher, which refuses back-references, and counts ({n,m}) have at most 4 digits (libstdc++
+// reads them into an int unchecked). libstdc++ also caps a compiled pattern at 100,000 NFA states
+// (x{1000}{1000} is refused, not expanded).
 #pragma once
 
 #include <regex>
