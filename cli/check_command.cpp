@@ -75,9 +75,9 @@ int run_check(const CheckArgs& a) {
 void add_check_command(CLI::App& app, Action& action) {
   auto* c = app.add_subcommand(
       "check",
-      "Pass/fail checks on a trace for CI: a run that failed or was killed, memory that grows across epochs,\n"
-      "tensors on the wrong device, peak memory over a budget, steps lost. With no check named: --run, --leaks,\n"
-      "--placement and --steps (vs the plan).\n"
+      "Pass/fail checks on a trace for CI: a run that failed or was killed, memory that grows across epochs, "
+      "tensors on the wrong device, peak memory over a budget, steps lost.\n"
+      "With no check named: --run, --leaks, --placement and --steps (vs the plan).\n"
       "Exit 0 all passed, 1 a check failed, 2 bad input.\n"
       "Example: zt check run.db --junit check.xml\n"
       "         zt check run.db --budget cuda=70GiB,host=900GiB --steps 200 --leaks --leak-threshold 1MiB");

@@ -33,7 +33,7 @@ void add_ckpt_command(CLI::App& app, Action& action) {
   {
     auto* co = ck->add_subcommand(
         "consolidate",
-        "Write the whole model as one safetensors file (Hugging Face GPT-2 names and shapes) and config.json beside it,\n"
+        "Write the whole model as one safetensors file (Hugging Face GPT-2 names and shapes) and config.json beside it, "
         "from a checkpoint's fp32 master weights (or a weights-only checkpoint's model.safetensors)\n"
         "Example: zt ckpt consolidate ck/ --out model/model.safetensors --dtype bf16");
     auto dir = std::make_shared<std::string>();

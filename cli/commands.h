@@ -5,7 +5,9 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <ostream>
 #include <string>
+#include <vector>
 
 namespace zt::db {
 struct KernelSummaryOptions;  // zt/db/kernel_summary.h
@@ -25,8 +27,10 @@ void add_train_command(CLI::App& app, Action& action);  // train
 void add_probe_command(CLI::App& app, Action& action);  // probe (cli/probe_command.cpp)
 void add_faults_command(CLI::App& app, Action& action);  // faults (cli/faults_command.cpp)
 void add_repro_command(CLI::App& app, Action& action);  // repro (cli/repro_command.cpp, inject/repro)
+void add_repro_init_command(CLI::App& repro, Action& action);  // repro init (cli/repro_init_command.cpp)
 void add_ckpt_command(CLI::App& app, Action& action);  // ckpt info|consolidate (cli/ckpt_command.cpp)
 void add_check_command(CLI::App& app, Action& action);  // check (cli/check_command.cpp, inject/check)
+void add_import_command(CLI::App& app, Action& action);  // import (cli/import_command.cpp)
 #ifdef ZT_HAVE_VIEWER
 void add_view_command(CLI::App& app, Action& action);  // view (viewer/view_command.cpp)
 #endif
@@ -43,6 +47,11 @@ std::string scenario_dir();
 std::string shipped_scenario(const std::string& name);
 
 // Shared by several commands.
+// Prints rows as an aligned table; right_align[c]: column c is numbers. Widths are columns on screen
+// (cli/text_width.h): "251.81 µs" is 10 bytes but 9 columns.
+void print_table(std::ostream& out, const std::vector<std::string>& header,
+                 const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right_align,
+                 const std::string& indent = "");
 int db_info(const std::string& path);
 // `zt db sql`: limits of 0 are none (the demo's own queries have none).
 int db_sql(const std::string& path, const std::string& sql, bool csv, int64_t max_rows = 0, double timeout_s = 0);

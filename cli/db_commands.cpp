@@ -1,4 +1,4 @@
-// zt db info|sql|kernels|merge, zt export, zt synth, zt demo.
+// zt db info|sql|kernels|top|merge, zt export, zt synth, zt demo.
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
@@ -12,8 +12,11 @@
 #include "output_paths.h"
 #include "text_width.h"
 #include "zt/common/units.h"
+#include "zt/db/derive_steps.h"
 #include "zt/db/export.h"
+#include "zt/db/torch_snapshot.h"
 #include "zt/db/kernel_summary.h"
+#include "zt/db/sites.h"
 #include "zt/db/trace_reader.h"
 #include "zt/probe/recorder.h"
 #include "zt/probe/synthetic.h"
@@ -30,11 +33,11 @@ std::string utc_time(int64_t unix_ns) {
   return buf;
 }
 
-// Prints rows as an aligned table; numeric columns right-aligned. Widths are columns on screen
-// (cli/text_width.h): "251.81 µs" is 10 bytes but 9 columns.
+}  // namespace
+
 void print_table(std::ostream& out, const std::vector<std::string>& header,
                  const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right_align,
-                 const std::string& indent = "") {
+                 const std::string& indent) {
   std::vector<size_t> width(header.size());
   for (size_t c = 0; c < header.size(); ++c) width[c] = display_width(header[c]);
   for (auto& r : rows)
@@ -52,6 +55,8 @@ void print_table(std::ostream& out, const std::vector<std::string>& header,
   line(header);
   for (auto& r : rows) line(r);
 }
+
+namespace {
 
 std::string csv_field(const std::string& v) {
   if (v.find_first_of(",\"\n") == std::string::npos) return v;
@@ -235,6 +240,34 @@ bool print_background_update(db::TraceReader& reader) {
   return true;
 }
 
+// Host memory in words that mean something there: per rank, the peak of the resident set (the
+// probe's and the trainer's host_rss samples) and, in a probed program, of its allocations at or
+// above the probe's threshold (malloc, mmap). Nothing when the trace has neither.
+void print_host_memory(db::TraceReader& reader, const db::TraceSummary& sum) {
+  db::QueryResult rss, thr;
+  if (!reader.query("SELECT rank, max(value) FROM counter_v WHERE name = 'host_rss' GROUP BY rank ORDER BY rank", &rss))
+    return;
+  (void)reader.query("SELECT json_extract(config_json, '$.host_threshold') FROM run WHERE json_valid(config_json) AND "
+                     "json_extract(config_json, '$.probe') IS NOT NULL LIMIT 1",
+                     &thr);
+  const bool probed = !thr.rows.empty() && thr.rows[0][0] != "NULL";
+  std::map<std::string, std::string> rss_by_rank;
+  for (auto& r : rss.rows) rss_by_rank[r[0]] = r[1];
+  for (auto& d : sum.devices) {
+    if (d.device.kind != db::DeviceKind::Cpu) continue;
+    const std::string rank = std::to_string(d.device.rank);
+    const bool has_rss = rss_by_rank.count(rank) && rss_by_rank[rank] != "NULL";
+    if (!has_rss && !(probed && d.peak_reserved > 0)) continue;
+    std::cout << "host memory of rank " << rank << ":";
+    if (has_rss) std::cout << " resident set (RSS) peaked at " << format_bytes(std::stod(rss_by_rank[rank]));
+    if (probed && d.blocks == 0)
+      std::cout << (has_rss ? ";" : "") << " allocations of " << format_bytes(std::stod(thr.rows[0][0]))
+                << " or more (malloc, mmap) peaked at " << format_bytes(double(d.peak_reserved)) << ", "
+                << format_bytes(double(d.reserved_at_end)) << " left at the end";
+    std::cout << "\n";
+  }
+}
+
 }  // namespace
 
 int db_info(const std::string& path) {
@@ -263,33 +296,52 @@ int db_info(const std::string& path) {
     }
     if (!run.source_file.empty()) std::cout << "  merged from: " << run.source_file << "\n";
   }
+  // The world size the ranks recorded (the launcher's or the communicator's): a probed run's
+  // process images (compiler checks, workers) are rows of their own, not ranks of the job.
   std::cout << "ranks: " << sum.ranks.size();
-  if (!sum.ranks.empty()) std::cout << " (world size " << sum.ranks.front().world_size << ")";
+  if (!sum.ranks.empty()) {
+    int64_t world = 0;
+    for (auto& r : sum.ranks) world = std::max(world, r.world_size);
+    std::cout << " (world size " << world << ")";
+  }
   std::cout << "\n";
 
   std::cout << "devices:\n";
   {
     std::vector<std::vector<std::string>> rows;
+    bool unknown_allocated = false;
     for (auto& d : sum.devices) {
+      // Without allocator blocks "allocated" is not known (not 0): "-".
+      const bool blocks = d.blocks > 0 || d.peak_reserved == 0;
+      unknown_allocated = unknown_allocated || !blocks;
       rows.push_back({std::to_string(d.device.rank), d.device.label, std::string(db::to_string(d.device.kind)),
                       d.device.name, d.device.capacity_bytes ? format_bytes(double(*d.device.capacity_bytes)) : "-",
-                      format_bytes(double(d.peak_allocated)), format_bytes(double(d.peak_reserved)),
-                      format_bytes(double(d.allocated_at_end)), format_bytes(double(d.reserved_at_end)),
+                      blocks ? format_bytes(double(d.peak_allocated)) : "-", format_bytes(double(d.peak_reserved)),
+                      blocks ? format_bytes(double(d.allocated_at_end)) : "-", format_bytes(double(d.reserved_at_end)),
                       std::to_string(d.allocations)});
     }
     print_table(std::cout, {"rank", "device", "kind", "name", "capacity", "peak allocated", "peak reserved",
                             "allocated at end", "reserved at end", "allocations"},
                 rows, {true, false, false, false, true, true, true, true, true, true}, "  ");
+    if (unknown_allocated)
+      std::cout << "  (-: no allocator's blocks were recorded there; reserved is the memory taken from the device "
+                   "or the OS: cudaMalloc, or malloc/mmap of the host threshold or more)\n";
   }
+  print_host_memory(*reader, sum);
+  for (auto& d : sum.devices)
+    if (d.module_globals > 0)
+      std::cout << "module globals on rank " << d.device.rank << " " << d.device.label << ": " << d.module_globals
+                << " (" << format_bytes(double(d.module_global_bytes))
+                << "), the __device__ variables of CUDA modules as they loaded; left out of the figures above\n";
   if (sum.driver) {
     const db::DriverRecords& d = *sum.driver;
     std::cout << "CUPTI's view: " << d.cupti_segments << " segments, " << d.paired
-              << " of them the trainer's own (counted once); outside its allocators: " << d.outside_count
+              << " of them the trainer's or PyTorch's own (counted once); outside those allocators: " << d.outside_count
               << " device segment" << (d.outside_count == 1 ? "" : "s") << " (peak "
               << format_bytes(double(d.outside_peak_bytes))
               << ", " << format_bytes(double(d.outside_live_at_end)) << " live at the end)";
     if (d.api_unpaired)
-      std::cout << "; " << d.api_unpaired << " of the trainer's segments have no CUPTI record (see dropped)";
+      std::cout << "; " << d.api_unpaired << " of the allocators' segments have no CUPTI record (see dropped)";
     std::cout << "\n";
   }
   std::cout << "rows:";
@@ -349,6 +401,7 @@ int db_info(const std::string& path) {
     std::cout << ": " << f.name << (f.trigger.empty() ? "" : " [" + f.trigger + "]")
               << (f.details.empty() ? "" : " " + f.details) << "\n";
   }
+  for (auto& n : sum.notes) std::cout << "note: " << n << "\n";
   std::cout << "errors: " << (sum.errors.empty() ? "none" : std::to_string(sum.errors.size()) + " (times from the run's start)")
             << "\n";
   for (size_t i = 0; i < sum.errors.size() && i < 20; ++i) {
@@ -485,6 +538,78 @@ int db_kernels(const std::string& path, const db::KernelSummaryOptions& opt, siz
   return kExitOk;
 }
 
+// zt db top: the allocation sites that hold the most (see zt/db/sites.h and docs/db-top.md).
+int db_top(const std::string& path, const db::TopOptions& o) {
+  std::unique_ptr<db::TraceReader> reader;
+  if (Status s = db::TraceReader::open(path, &reader); !s) return fail(s.message());
+  std::vector<db::DeviceTop> devices;
+  if (Status s = db::top_sites(*reader, o, &devices); !s) return fail(s.message());
+  auto pct = [](double part, double whole) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f%%", whole > 0 ? 100.0 * part / whole : 0.0);
+    return std::string(b);
+  };
+  const bool epochs = o.when == db::TopWhen::Epochs;
+  std::cout << path << ": allocation sites by " << db::to_string(o.by) << ", ";
+  switch (o.when) {
+    case db::TopWhen::Peak: std::cout << "at the peak of each device\n"; break;
+    case db::TopWhen::End: std::cout << "at the end (never freed)\n"; break;
+    case db::TopWhen::Time: std::cout << "at " << format_duration_ns(double(o.t_ns)) << " since the trace began\n"; break;
+    case db::TopWhen::Epochs: std::cout << "grown per epoch (held at each epoch's end)\n"; break;
+  }
+  if (devices.empty()) std::cout << "no allocations" << (o.device.empty() ? "" : " on " + o.device) << "\n";
+  bool many_ranks = false;
+  for (auto& d : devices) many_ranks = many_ranks || d.rank != devices.front().rank;
+  for (auto& d : devices) {
+    std::cout << "\n" << d.device.label << (many_ranks ? " of rank " + std::to_string(d.rank) : "") << ": ";
+    if (!d.note.empty()) {
+      std::cout << d.note << "\n";
+      continue;
+    }
+    const std::string counted = d.blocks ? "tensor blocks" : "segments";
+    if (epochs) {
+      const size_t n = d.epochs.size();
+      std::cout << (n == 1 ? "epoch " + std::to_string(d.epochs[0])
+                           : "epochs " + std::to_string(d.epochs.front()) + "-" + std::to_string(d.epochs.back()))
+                << ", " << format_bytes(double(d.total)) << " of " << counted << " held at epoch " << d.epochs.back()
+                << "'s end in " << d.sites << " site" << (d.sites == 1 ? "" : "s")
+                << (n >= 3 ? " (growth counted from epoch " + std::to_string(d.epochs[1]) + ": epoch " +
+                                 std::to_string(d.epochs[0]) + " is warm-up)"
+                           : n == 1 ? " (one epoch: nothing to compare)" : "")
+                << "\n";
+    } else {
+      std::cout << format_bytes(double(d.total)) << " of " << counted << " held";
+      if (o.when != db::TopWhen::End) std::cout << " at " << format_duration_ns(double(d.t));
+      std::cout << " in " << d.sites << " site" << (d.sites == 1 ? "" : "s") << "\n";
+    }
+    std::vector<std::vector<std::string>> rows;
+    for (auto& s : d.top) {
+      if (epochs) {
+        std::string series = format_bytes(double(s.series[0]));
+        for (size_t i = 1; i < s.series.size(); ++i) {
+          const int64_t delta = s.series[i] - s.series[i - 1];
+          series += (delta < 0 ? ", -" : ", +") + format_bytes(double(delta < 0 ? -delta : delta));
+        }
+        rows.push_back({(s.grew_per_epoch < 0 ? "-" : "") + format_bytes(s.grew_per_epoch < 0 ? -s.grew_per_epoch : s.grew_per_epoch),
+                        format_bytes(double(s.bytes)), std::to_string(s.allocations), s.site, series});
+      } else {
+        rows.push_back({format_bytes(double(s.bytes)), pct(double(s.bytes), double(d.total)), std::to_string(s.allocations),
+                        s.site});
+      }
+    }
+    if (d.other_bytes > 0 && !epochs)
+      rows.push_back({format_bytes(double(d.other_bytes)), pct(double(d.other_bytes), double(d.total)), "",
+                      "(" + std::to_string(d.sites - int64_t(d.top.size())) + " more site" +
+                          (d.sites - int64_t(d.top.size()) == 1 ? ")" : "s)")});
+    if (epochs)
+      print_table(std::cout, {"grew/epoch", "held at end", "allocations", "site", "at each epoch's end"}, rows,
+                  {true, true, true, false, false}, "  ");
+    else
+      print_table(std::cout, {"held", "share", "allocations", "site"}, rows, {true, true, true, false}, "  ");
+  }
+  return kExitOk;
+}
+
 namespace {
 
 int synth(const std::string& out, const probe::SyntheticOptions& opt, const std::string& command, bool quiet) {
@@ -578,6 +703,69 @@ void add_db_commands(CLI::App& app, Action& action) {
     });
   }
   {
+    auto* st = dbc->add_subcommand(
+        "steps",
+        "Derive a probed program's steps, epochs and phases from its ranges again (zt probe does it when the program "
+        "ends): --step-range/--epoch-range, NVTX ranges 'epoch N'/'step N', DeepSpeed's own ranges, the HF Trainer's "
+        "and Lightning's callbacks, the zerotrace module, in that order\n"
+        "Example: zt db steps run.db --step-range 'DeepSpeedZeroOptimizer_Stage3.step'");
+    auto path = std::make_shared<std::string>();
+    auto rules = std::make_shared<db::StepRules>();
+    st->add_option("TRACE", *path, "trace file (changed in place: the derived markers are replaced)")->required();
+    st->add_option("--step-range", rules->step_range, "the range (a name or a regular expression) that is one step "
+                                                       "(default: the one zt probe was given, if any)");
+    st->add_option("--epoch-range", rules->epoch_range, "the range (a name or a regular expression) that is one epoch");
+    st->callback([&action, path, rules] {
+      action = [=] {
+        db::DerivedMarkers d;
+        if (Status s = db::derive_steps(*path, *rules, &d); !s) return fail(s.message());
+        std::cout << *path << ": " << db::describe(d);
+        if (d.phases) std::cout << ", " << d.phases << " phases";
+        std::cout << "\n";
+        for (auto& n : d.notes) std::cout << "  " << n << "\n";
+        return kExitOk;
+      };
+    });
+  }
+  {
+    auto* top = dbc->add_subcommand(
+        "top",
+        "The allocation sites that hold the most, by Python line, function or module (the innermost native frame "
+        "that is not the allocator's when a stack has no Python frame): at each device's peak, at the end, at a time, "
+        "or grown per epoch\n"
+        "Example: zt db top run.db\n"
+        "         zt db top run.db --by function --at end\n"
+        "         zt db top run.db --per-epoch --device cpu");
+    auto path = std::make_shared<std::string>();
+    auto by = std::make_shared<std::string>("line");
+    auto at = std::make_shared<std::string>("peak");
+    auto per_epoch = std::make_shared<bool>(false);
+    auto n = std::make_shared<size_t>(10);
+    auto device = std::make_shared<std::string>();
+    top->add_option("TRACE", *path, "trace file")->required();
+    top->add_option("--by", *by, "line, function or module (default line)");
+    auto* at_opt = top->add_option("--at", *at, "peak (default), end, or a time since the trace began: 1.5s, 250ms");
+    top->add_flag("--per-epoch", *per_epoch, "held at each epoch's end and grown per epoch (epoch markers)")->excludes(at_opt);
+    top->add_option("--top", *n, "sites listed per device (default 10)")->check(CLI::Range(size_t(1), size_t(100000)));
+    top->add_option("--device", *device, "only this device (cuda:0, cpu)");
+    top->callback([&action, path, by, at, per_epoch, n, device] {
+      action = [=] {
+        db::TopOptions o;
+        auto level = db::parse_site_level(*by);
+        if (!level) return fail("--by '" + *by + "': give line, function or module");
+        o.by = *level;
+        o.top = *n;
+        o.device = *device;
+        if (*per_epoch) o.when = db::TopWhen::Epochs;
+        else if (*at == "peak") o.when = db::TopWhen::Peak;
+        else if (*at == "end") o.when = db::TopWhen::End;
+        else if (auto t = parse_duration_ns(*at); t && *t >= 0) o.when = db::TopWhen::Time, o.t_ns = *t;
+        else return fail("--at '" + *at + "': give peak, end, or a time since the trace began (1.5s, 250ms, 40us)");
+        return db_top(*path, o);
+      };
+    });
+  }
+  {
     auto* merge = dbc->add_subcommand("merge", "Merge per-rank traces into one (clocks kept, ranks kept apart)\n"
                                                "Example: zt db merge run.db rank0.db rank1.db");
     auto out = std::make_shared<std::string>();
@@ -597,18 +785,38 @@ void add_db_commands(CLI::App& app, Action& action) {
   }
   {
     auto* exp = app.add_subcommand("export", "Export a trace to another format\n"
-                                             "Example: zt export run.db --chrome run.json   (open in Perfetto)");
+                                             "Example: zt export run.db --chrome run.json   (open in Perfetto)\n"
+                                             "         zt export run.db --torch-snapshot run.pickle   (open in "
+                                             "pytorch.org/memory_viz)");
     auto path = std::make_shared<std::string>();
     auto chrome = std::make_shared<std::string>();
+    auto torch = std::make_shared<std::string>();
     exp->add_option("TRACE", *path, "trace file")->required();
-    exp->add_option("--chrome", *chrome, "write Chrome trace-event JSON here")->required();
-    exp->callback([&action, path, chrome] {
+    exp->add_option("--chrome", *chrome, "write Chrome trace-event JSON here");
+    exp->add_option("--torch-snapshot", *torch,
+                    "write the device memory as a PyTorch memory snapshot (pickle) here");
+    exp->callback([&action, path, chrome, torch] {
       action = [=] {
-        db::ExportStats st;
-        if (Status s = check_output_path(*chrome, {*path}); !s) return fail(s.message());
-        if (Status s = db::export_chrome(*path, *chrome, &st); !s) return fail(s.message());
-        std::cout << "wrote " << st.events << " trace events (" << format_bytes(double(st.bytes)) << ") to " << *chrome
-                  << "\n";
+        if (chrome->empty() && torch->empty()) return fail("export: give --chrome FILE or --torch-snapshot FILE");
+        if (Status s = check_output_if_given(*chrome, {*path}); !s) return fail(s.message());
+        if (Status s = check_output_if_given(*torch, {*path}); !s) return fail(s.message());
+        if (!chrome->empty() && !torch->empty() && same_file(*chrome, *torch))
+          return fail(*torch + ": --chrome and --torch-snapshot name the same file");
+        if (!chrome->empty()) {
+          db::ExportStats st;
+          if (Status s = db::export_chrome(*path, *chrome, &st); !s) return fail(s.message());
+          std::cout << "wrote " << st.events << " trace events (" << format_bytes(double(st.bytes)) << ") to "
+                    << *chrome << "\n";
+        }
+        if (!torch->empty()) {
+          db::TorchExportStats st;
+          if (Status s = db::export_torch_snapshot(*path, *torch, &st); !s) return fail(s.message());
+          std::cout << "wrote a PyTorch memory snapshot (" << format_bytes(double(st.bytes)) << ") to " << *torch
+                    << ": " << st.segments << " segments, " << st.blocks << " blocks, " << st.events
+                    << " history entries";
+          if (st.device_map.find(',') != std::string::npos) std::cout << "; devices: " << st.device_map;
+          std::cout << "\n";
+        }
         return kExitOk;
       };
     });

@@ -7,6 +7,8 @@
 #include <iostream>
 
 #include "commands.h"
+#include "help_format.h"
+#include "text_width.h"
 #include "zt/version.h"
 
 namespace zt::cli {
@@ -68,7 +70,9 @@ int main(int argc, char** argv) {
     execv("/proc/self/exe", argv);  // on failure, carry on with the default policy
   }
   CLI::App app{"zerotrace: reproduce, record and explain the memory failures of ZeRO-3 offload training.\n"
-               "Example: zt demo        (record a workload, print what the trace holds)"};
+               "Example: zt demo        (a tour: train with a trace, read it, reproduce a bug report)",
+               "zt"};  // named, so that usage lines say "zt train", not the path zt was started by
+  app.formatter(std::make_shared<HelpFormatter>(output_width()));  // before the subcommands: they copy it
   app.set_version_flag("--version", std::string("zt ") + ZT_VERSION + (ZT_HAVE_CUDA_BUILD ? " (CUDA)" : " (no CUDA)"));
   app.require_subcommand(1);
   Action action;
@@ -78,6 +82,7 @@ int main(int argc, char** argv) {
   add_probe_command(app, action);
   add_repro_command(app, action);
   add_check_command(app, action);
+  add_import_command(app, action);
   add_faults_command(app, action);
 #ifdef ZT_HAVE_VIEWER
   add_view_command(app, action);

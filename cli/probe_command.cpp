@@ -13,7 +13,14 @@
 // each run, into its run row, so an older file at the same path is never reported as this run's.
 // A run whose processes exec or start probed children leaves one trace per process image; the
 // command numbers their ranks 0, 1, ... (each file holds one process, rank 0 as written) so that
-// `zt db merge` joins them, and says so.
+// `zt db merge` joins them, and says so. Each keeps the world size its process recorded (the
+// launcher's or its communicator's): process images are not ranks of a job.
+//
+// Python programs: zt probe puts python/zt_bootstrap (a sitecustomize that installs the zerotrace
+// hooks and chains to the program's own) and the zerotrace package's directory first on
+// PYTHONPATH. When the program has ended, each trace gets the steps, epochs and phases its ranges
+// say (zt/db/derive_steps.h: --step-range/--epoch-range first), and the summary says where they
+// came from.
 #include <fcntl.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -31,7 +38,9 @@
 #include <random>
 
 #include "commands.h"
+#include "probe_torch.h"
 #include "zt/common/units.h"
+#include "zt/db/derive_steps.h"
 #include "zt/db/trace_file.h"
 #include "zt/db/trace_reader.h"
 #include "zt/probe/probe_config.h"
@@ -49,8 +58,20 @@ struct ProbeArgs {
   bool no_host = false;
   bool no_cuda = false;
   int rss_ms = 100;
+  std::string step_range, epoch_range;
+  bool python_path = false;
   std::vector<std::string> command;
 };
+
+// The directory of the zerotrace Python package (and of zt_bootstrap beside it): where `cmake
+// --install` puts it (share/zerotrace/python beside bin/), else the source tree's python/ (a
+// build tree). "" when neither exists.
+std::string find_python_dir() {
+  std::error_code ec;
+  for (const std::string& dir : {beside_executable(ZT_INSTALLED_PYTHON_DIR), std::string(ZT_SOURCE_DIR) + "/python"})
+    if (!dir.empty() && fs::is_regular_file(dir + "/zerotrace/__init__.py", ec)) return dir;
+  return "";
+}
 
 // ZT_PROBE_LIBRARY, else beside the zt executable (a build tree), else where `cmake --install`
 // puts it (lib/zerotrace beside bin/). The first candidate when none exists, for the error.
@@ -161,7 +182,7 @@ std::vector<RunTrace> traces_of_run(const std::string& main, const std::string& 
 // Each probed process writes its own trace as rank 0 of 1. For `zt db merge` (which keeps ranks
 // apart) the i-th trace of the run becomes rank i of `world`. A trace whose process is still
 // running (a daemon the program left behind) is left as it is: its writer would go on with 0.
-bool set_rank(const RunTrace& t, int rank, int world) {
+bool set_rank(const RunTrace& t, int rank) {
   if (t.status == int(db::RunStatus::Running) && t.pid > 0 && (::kill(pid_t(t.pid), 0) == 0 || errno == EPERM))
     return false;
   sqlite3* db = nullptr;
@@ -191,8 +212,6 @@ bool set_rank(const RunTrace& t, int rank, int world) {
       std::string sql = "UPDATE \"" + table + "\" SET rank = " + std::to_string(rank) + " WHERE rank IS NOT NULL";
       ok = ok && sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK;
     }
-    std::string sql = "UPDATE rank SET world_size = " + std::to_string(world);
-    ok = ok && sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK;
     ok = sqlite3_exec(db, ok ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr) == SQLITE_OK && ok;
   }
   sqlite3_close(db);
@@ -251,7 +270,7 @@ void write_exit_code(const std::string& path, pid_t pid, int code, int sig) {
 
 struct TraceCounts {
   int64_t allocations = 0, live = 0, transfers = 0, kernels = 0, dropped = 0;
-  std::string cuda_off;  // the cuda_tracing_off message, if any
+  std::string cuda_off;  // the "CUDA tracing was off" note, if any
   bool ok = false;
 };
 
@@ -263,7 +282,8 @@ TraceCounts count(const std::string& path) {
   if (r->query("SELECT (SELECT count(*) FROM allocation), (SELECT count(*) FROM allocation WHERE t_free IS NULL), "
                "(SELECT count(*) FROM transfer), (SELECT count(*) FROM kernel), "
                "(SELECT coalesce(sum(events),0) FROM dropped), "
-               "(SELECT message FROM error WHERE kind = 'cuda_tracing_off' LIMIT 1)",
+               "(SELECT j.value FROM run, json_each(run.config_json, '$.notes') j WHERE json_valid(run.config_json) "
+               "AND j.value LIKE 'CUDA tracing was off%' LIMIT 1)",
                &q) && !q.rows.empty()) {
     auto& row = q.rows[0];
     c.allocations = std::stoll(row[0]);
@@ -283,8 +303,19 @@ void forward_signal(int sig) {
 }
 
 int run_probe(const ProbeArgs& a) {
+  const std::string python_dir = find_python_dir();
+  if (a.python_path) {
+    if (python_dir.empty()) return fail("probe: the zerotrace Python package was not found (not installed?)");
+    std::cout << python_dir << "\n";
+    return kExitOk;
+  }
   if (a.command.empty())
     return fail("probe: no command given; example: zt probe -o out.db -- python train.py");
+  // Bad patterns are refused before anything runs.
+  if (!a.step_range.empty())
+    if (Status s = db::check_range_pattern(a.step_range, "--step-range"); !s) return fail("probe: " + s.message());
+  if (!a.epoch_range.empty())
+    if (Status s = db::check_range_pattern(a.epoch_range, "--epoch-range"); !s) return fail("probe: " + s.message());
   std::string program = resolve_command(a.command[0]);
   if (program.empty()) return fail("probe: " + a.command[0] + ": command not found (or not executable)");
   std::string lib = find_library();
@@ -332,6 +363,13 @@ int run_probe(const ProbeArgs& a) {
     setenv(probe::kEnvCommand, probe::shell_quote_command(a.command).c_str(), 1);
     setenv(probe::kEnvRunId, run_id.c_str(), 1);
     unsetenv(probe::kEnvClaimed);      // a fresh run, even when zt itself runs under a probe
+    if (!python_dir.empty()) {
+      // The bootstrap first (its sitecustomize shadows the program's, which it then imports),
+      // then the zerotrace package, then what the program had.
+      std::string pp = python_dir + "/zt_bootstrap:" + python_dir;
+      if (const char* old = std::getenv("PYTHONPATH"); old && *old) pp += std::string(":") + old;
+      setenv("PYTHONPATH", pp.c_str(), 1);
+    }
     ::execv(program.c_str(), argv.data());
     int err = errno;
     (void)!::write(exec_pipe[1], &err, sizeof err);
@@ -366,6 +404,12 @@ int run_probe(const ProbeArgs& a) {
 
   std::vector<RunTrace> traces = traces_of_run(out.string(), run_id, started);
   for (auto& t : traces) write_exit_code(t.path, child, code, sig);
+  {
+    // PyTorch programs: each process's allocator history into its trace (cli/probe_torch.h).
+    std::vector<std::pair<std::string, int64_t>> paths;
+    for (auto& t : traces) paths.emplace_back(t.path, t.pid);
+    merge_torch_histories(out.string(), run_id, paths);
+  }
   if (traces.empty()) {
     std::fprintf(stderr,
                  "zt probe: no trace was written to %s (a statically linked program, or one that clears LD_PRELOAD, "
@@ -376,7 +420,7 @@ int run_probe(const ProbeArgs& a) {
   // One trace per process image: make them mergeable (ranks kept apart), then say where they are.
   std::vector<bool> renumbered(traces.size(), true);
   if (traces.size() > 1)
-    for (size_t i = 0; i < traces.size(); ++i) renumbered[i] = set_rank(traces[i], int(i), int(traces.size()));
+    for (size_t i = 0; i < traces.size(); ++i) renumbered[i] = set_rank(traces[i], int(i));
   std::string cuda_off;
   bool any_cuda_on = false;
   for (size_t i = 0; i < traces.size(); ++i) {
@@ -397,10 +441,23 @@ int run_probe(const ProbeArgs& a) {
              (next_recorded ? ")" : ", which left no trace)");
     }
     if (!renumbered[i]) then += " (its process is still running: not renumbered for zt db merge)";
-    std::fprintf(stderr, "zt probe: %s: %lld allocations (%lld live at exit), %lld transfers, %lld kernels%s%s\n",
+    // Steps and epochs from the ranges (a trace whose process still runs is left alone).
+    std::string steps;
+    std::vector<std::string> notes;
+    if (renumbered[i]) {
+      db::DerivedMarkers d;
+      if (Status s = db::derive_steps(t.path, db::StepRules{a.step_range, a.epoch_range}, &d); !s) {
+        notes.push_back(s.message());
+      } else {
+        steps = ", " + db::describe(d);
+        notes = d.notes;
+      }
+    }
+    std::fprintf(stderr, "zt probe: %s: %lld allocations (%lld live at exit), %lld transfers, %lld kernels%s%s%s\n",
                  what.c_str(), (long long)c.allocations, (long long)c.live, (long long)c.transfers,
                  (long long)c.kernels, c.dropped ? (", " + std::to_string(c.dropped) + " events dropped").c_str() : "",
-                 then.c_str());
+                 steps.c_str(), then.c_str());
+    for (auto& n : notes) std::fprintf(stderr, "zt probe:   %s\n", n.c_str());
   }
   if (!any_cuda_on && !cuda_off.empty()) std::fprintf(stderr, "zt probe: %s\n", cuda_off.c_str());
   if (traces.size() > 1) {
@@ -438,6 +495,12 @@ void add_probe_command(CLI::App& app, Action& action) {
   sub->add_flag("--no-host", a->no_host, "do not record host allocations");
   sub->add_flag("--no-cuda", a->no_cuda, "do not start CUPTI");
   sub->add_option("--rss-interval-ms", a->rss_ms, "resident set size sampling period, 0 = off (default 100)");
+  sub->add_option("--step-range", a->step_range,
+                  "the NVTX range (a name, or a regular expression) that is one training step; first of every source "
+                  "of steps (probe/README.md)");
+  sub->add_option("--epoch-range", a->epoch_range, "the NVTX range (a name or a regular expression) that is one epoch");
+  sub->add_flag("--python-path", a->python_path,
+                "print the directory of the zerotrace Python package (for PYTHONPATH outside zt probe) and exit");
   sub->add_option("command", a->command, "the program and its arguments, after --")->expected(-1);
   sub->callback([&action, a] { action = [a] { return run_probe(*a); }; });
 }

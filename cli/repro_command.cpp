@@ -1,4 +1,5 @@
 // zt repro: replay a bug report's scenario, then its fix, and print the verdict from the traces.
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 
@@ -11,24 +12,76 @@
 
 namespace zt::cli {
 
+namespace {
+
+// The shipped scenarios' names, sorted.
+std::vector<std::string> shipped_names() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(scenario_dir(), ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec))
+    if (it->path().extension() == ".yaml") names.push_back(it->path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// `zt repro --list`: each shipped scenario, its report and title, one line each.
+int list_scenarios() {
+  const std::string dir = scenario_dir();
+  std::cout << "shipped scenarios (" << dir << "):\n";
+  for (const std::string& n : shipped_names()) {
+    repro::Scenario s;
+    if (Status st = repro::load_scenario(dir + "/" + n + ".yaml", &s); !st) {
+      std::cout << "  " << n << "  (cannot be read: " << st.message() << ")\n";
+      continue;
+    }
+    std::cout << "  " << n << "\n      " << s.report_id << ": " << s.report_title << "\n";
+  }
+  std::cout << "run one by its name or a unique prefix of it (zt repro r2), or give a scenario file.\n";
+  return kExitOk;
+}
+
+// A scenario argument that is no file: a shipped scenario of that name, or the one its prefix names.
+// "" with *why set when there is none or several.
+std::string shipped_by_prefix(const std::string& arg, std::string* why) {
+  if (const std::string exact = shipped_scenario(arg); !exact.empty()) return exact;
+  std::vector<std::string> hits;
+  const std::vector<std::string> names = shipped_names();
+  for (const auto& n : names)
+    if (!arg.empty() && n.compare(0, arg.size(), arg) == 0) hits.push_back(n);
+  if (hits.size() == 1) return shipped_scenario(hits[0]);
+  std::string list;
+  for (const auto& n : hits.empty() ? names : hits) list += "\n  " + n;
+  *why = hits.empty() ? arg + ": no such scenario file, nor a shipped scenario of that name; the shipped ones:" + list
+                      : arg + ": names several shipped scenarios; give more of the name:" + list;
+  return "";
+}
+
+}  // namespace
+
 void add_repro_command(CLI::App& app, Action& action) {
   auto* sub = app.add_subcommand(
       "repro",
-      "Replay a bug report scenario with its faults, then with its known fix, and print a verdict from the traces\n"
-      "(REPRODUCED / NOT REPRODUCED / INCONCLUSIVE, and whether the fix cures it). Exit 0 only when reproduced and\n"
-      "cured, 1 otherwise, 2 for a bad scenario file.\n"
+      "Replay a bug report scenario with its faults, then with its known fix, and print a verdict from the traces "
+      "(REPRODUCED / NOT REPRODUCED / DIFFERENT FAILURE / INCONCLUSIVE, and whether the fix cures it).\n"
+      "Exit 0 only when reproduced and cured, 1 otherwise, 2 for a bad scenario file. The format: "
+      "docs/scenario-format.md.\n"
       "Example: zt repro r3-internlm2-20b-no-zero-oom --json r3.json   (a shipped scenario by name)\n"
-      "         zt repro my-scenario.yaml");
+      "         zt repro r3          (a unique prefix of a shipped scenario's name)\n"
+      "         zt repro --list      (the shipped scenarios: name, report, one line)\n"
+      "         zt repro my-scenario.yaml\n"
+      "         zt repro init --ds-config ds.json --hf-config config.json --gpus 8 --gpu-memory 80GiB -o my.yaml");
   auto path = std::make_shared<std::string>();
   auto json_out = std::make_shared<std::string>();
   auto keep = std::make_shared<std::string>();
   auto seed = std::make_shared<uint64_t>(0);
   auto virt = std::make_shared<bool>(false);
   auto quiet = std::make_shared<bool>(false);
+  auto list = std::make_shared<bool>(false);
   sub->add_option("scenario", *path,
-                  "scenario file, or the name of a shipped one (zt demo lists where they are: inject/scenarios in a "
-                  "checkout, share/zerotrace/scenarios installed)")
-      ->required();
+                  "scenario file, or the name (or a unique prefix of the name) of a shipped one (zt repro --list)");
+  sub->add_flag("--list", *list, "list the shipped scenarios (name, report, one line) and exit");
+  add_repro_init_command(*sub, action);
   sub->add_option("--json", *json_out, "also write the verdict as JSON (atomically)");
   sub->add_flag("--virtual", *virt,
                 "run the full-size scenario (the report's model and cluster) in virtual mode: sizes only, one rank "
@@ -36,11 +89,18 @@ void add_repro_command(CLI::App& app, Action& action) {
   sub->add_option("--keep", *keep, "directory for the traces bug.db and fix.db (default ./zt-repro-SCENARIO)");
   auto* seed_opt = sub->add_option("--seed", *seed, "seed of the runs and of the faults' draws (default: the scenario's)");
   sub->add_flag("-q,--quiet", *quiet, "no progress lines, only the verdict");
-  sub->callback([&action, path, json_out, keep, seed, virt, quiet, seed_opt] {
-    action = [path, json_out, keep, seed, virt, quiet, seed_opt]() -> int {
-      // A name with no file of that name here: the shipped scenario of that name.
-      if (std::error_code ec; !std::filesystem::exists(*path, ec))
-        if (const std::string shipped = shipped_scenario(*path); !shipped.empty()) *path = shipped;
+  sub->callback([&action, sub, path, json_out, keep, seed, virt, quiet, seed_opt, list] {
+    if (!sub->get_subcommands().empty()) return;  // zt repro init: its own action
+    action = [path, json_out, keep, seed, virt, quiet, seed_opt, list]() -> int {
+      if (*list) return list_scenarios();
+      if (path->empty()) return fail("repro: give a scenario file or a shipped scenario's name (zt repro --list lists them)");
+      // A name with no file of that name here: the shipped scenario of that name, or of that prefix.
+      if (std::error_code ec; !std::filesystem::exists(*path, ec)) {
+        std::string why;
+        const std::string shipped = shipped_by_prefix(*path, &why);
+        if (shipped.empty()) return fail(why);
+        *path = shipped;
+      }
       repro::Scenario s;
       if (Status st = repro::load_scenario(*path, &s); !st) return fail(st.message());
       // Before the runs: the verdict must not replace the scenario, nor the runs' traces

@@ -14,7 +14,8 @@
 namespace zt::cli {
 
 void add_train_command(CLI::App& app, Action& action) {
-  auto* sub = app.add_subcommand("train", "Train GPT-2 on a simulated GPU (or the CPU) and record a trace\n"
+  auto* sub = app.add_subcommand("train", "Train GPT-2 with ZeRO (stages 0-3, CPU offload) on a CUDA GPU, a simulated GPU or the CPU, "
+                                          "and record a trace\n"
                                           "Example: zt train --device sim --model tiny --steps 200 --trace run.db");
   auto cfg = std::make_shared<trainer::TrainConfig>();
   auto config_file = std::make_shared<std::string>();
@@ -31,7 +32,8 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--epochs", cfg->epochs, "epochs (instead of --steps)");
   sub->add_option("--micro-batch", cfg->micro_batch, "sequences per micro-step");
   sub->add_option("--grad-accum", cfg->grad_accum, "micro-steps per optimizer step");
-  sub->add_option("--world-size", cfg->world_size, "ranks: threads, each with its own simulated GPU");
+  sub->add_option("--world-size", cfg->world_size,
+                  "ranks, as threads of this process: each with its own simulated GPU, or all on --device cuda's GPU");
   sub->add_option("--seq-len", cfg->seq_len, "tokens per sequence (default: the model's context)");
   sub->add_option("--seed", cfg->seed, "seed of init, data order and synthetic data");
   sub->add_option("--precision", cfg->precision, "fp32, bf16 or fp16 weights (math in fp32)");
@@ -52,6 +54,11 @@ void add_train_command(CLI::App& app, Action& action) {
                   "--device cuda: fp32 matrix multiplies as torch.set_float32_matmul_precision: highest (true fp32, "
                   "default), high (TF32 tensor cores, as --tf32) or medium (bf16 tensor cores)")
       ->check(CLI::IsMember({"highest", "high", "medium"}));
+  sub->add_option("--matmul-dtype", cfg->matmul_dtype,
+                  "--device cuda --precision bf16: fp32 (default: fp32 activations, GEMMs as --matmul-precision says) "
+                  "or bf16 (bf16 activations and weights on bf16 tensor cores, fp32 accumulation, bias and GELU fused "
+                  "into the GEMMs; results within bf16's tolerances of fp32's)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   sub->add_option("--delayed-update", cfg->delayed_update,
                   "ZeRO-Offload's delayed parameter update after N ordinary steps (needs --offload-optimizer): then each "
                   "step's CPU AdamW runs beside the next step's forward and backward, which see weights one update "
@@ -61,6 +68,10 @@ void add_train_command(CLI::App& app, Action& action) {
                 "run each step's CPU AdamW beside the next step's forward, module by module in the forward's order "
                 "(needs --offload-optimizer): each module waits for its own update, so the arithmetic is the ordinary "
                 "update's, bit for bit");
+  sub->add_flag("--adam-in-backward", cfg->adam_in_backward,
+                "with --overlap-update, ZeRO stage 2-3: start each module's CPU AdamW as soon as its gradient "
+                "partition has landed, during backward (exact: the update stands only where the step's norm says "
+                "the ordinary one would be the same; 12 bytes a parameter more host memory)");
   sub->add_option("--grad-partition-dtype", cfg->grad_partition_dtype,
                   "the host gradient partitions CPU AdamW reads (with --offload-optimizer): fp32 (default, DeepSpeed's "
                   "fp32_partitioned_groups_flat[i].grad) or compute (ZeRO stage 2-3, bf16/fp16: kept as they land from "
@@ -103,6 +114,10 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--zero-stage", cfg->zero.stage, "ZeRO stage 0, 1, 2 or 3")->check(CLI::Range(0, 3));
   sub->add_flag("--offload-optimizer", cfg->zero.offload_optimizer, "fp32 master weights and Adam moments on the host");
   sub->add_flag("--offload-param", cfg->zero.offload_param, "stage 3: parameter shards on the host");
+  sub->add_option("--param-persistence-threshold", cfg->zero.param_persistence_threshold,
+                  "stage 3: a module with fewer parameters than this stays whole on every GPU, not sharded "
+                  "(DeepSpeed's stage3_param_persistence_threshold; default 100000; 0: shard every module)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--offload-ratio", cfg->zero.offload_ratio,
                   "with --offload-optimizer at stage 3: the fraction of the modules whose optimizer state goes to the "
                   "host (DeepSpeed's offload_optimizer.ratio, ZeRO-Offload++); the first modules keep theirs on the "
@@ -151,9 +166,11 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--overlap-update")
             from_file.overlap_update = c.overlap_update,
             from_file.delayed_update = sub->count("--delayed-update") ? c.delayed_update : -1;
+          else if (n == "--adam-in-backward") from_file.adam_in_backward = c.adam_in_backward;
           else if (n == "--grad-partition-dtype") from_file.grad_partition_dtype = c.grad_partition_dtype;
           else if (n == "--pinned-numa") from_file.pinned_numa = c.pinned_numa;
           else if (n == "--matmul-precision") from_file.matmul_precision = c.matmul_precision;
+          else if (n == "--matmul-dtype") from_file.matmul_dtype = c.matmul_dtype;
           else if (n == "--attention") from_file.attention = c.attention;
           else if (n == "--quiet") from_file.quiet = c.quiet;
           else if (n == "--checkpoint-dir") from_file.checkpoint_dir = c.checkpoint_dir;
@@ -166,6 +183,8 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--offload-optimizer") from_file.zero.offload_optimizer = c.zero.offload_optimizer;
           else if (n == "--offload-param") from_file.zero.offload_param = c.zero.offload_param;
           else if (n == "--offload-ratio") from_file.zero.offload_ratio = c.zero.offload_ratio;
+          else if (n == "--param-persistence-threshold")
+            from_file.zero.param_persistence_threshold = c.zero.param_persistence_threshold;
           else if (n == "--fault") from_file.faults.insert(from_file.faults.end(), c.faults.begin(), c.faults.end());
           else if (n == "--fault-seed") from_file.fault_seed = c.fault_seed;
           else if (n == "--comm-timeout") from_file.comm_timeout_ms = c.comm_timeout_ms;
@@ -219,7 +238,9 @@ void add_train_command(CLI::App& app, Action& action) {
             {"--offload-param", c.zero.offload_param != after.zero.offload_param, yes_no(c.zero.offload_param),
              yes_no(after.zero.offload_param)},
             {"--offload-ratio", c.zero.offload_ratio != after.zero.offload_ratio, num(c.zero.offload_ratio),
-             num(after.zero.offload_ratio)}};
+             num(after.zero.offload_ratio)},
+            {"--param-persistence-threshold", c.zero.param_persistence_threshold != after.zero.param_persistence_threshold,
+             std::to_string(c.zero.param_persistence_threshold), std::to_string(after.zero.param_persistence_threshold)}};
         for (const Setting& s : settable)
           if (sub->get_option(s.flag)->count() > 0 && s.differs)
             return fail(std::string(s.flag) + " " + s.given + " and --ds-config " + *ds_config + " (" + s.file +
@@ -292,14 +313,10 @@ void add_train_command(CLI::App& app, Action& action) {
         const std::string why = probe::cupti::start(co);
         cupti_running = why.empty();
         if (!cupti_running) {
-          // As zt probe does: say why, record why, and train all the same.
+          // As zt probe does: say why, note why in the trace (a note, not an error of the run),
+          // and train all the same.
           std::fprintf(stderr, "zt train: CUDA tracing (--cupti) is off: %s\n", why.c_str());
-          db::ErrorRow e;
-          e.kind = "cuda_tracing_off";
-          e.site = "zt train --cupti";
-          e.rank = process_rank;
-          e.message = "CUDA tracing (--cupti) was off: " + why + "; the trainer's own rows were recorded";
-          rec->error(e);
+          rec->note("CUDA tracing (--cupti) was off: " + why + "; the trainer's own rows were recorded");
         }
       }
       // Stops CUDA tracing before `rec` goes, also when an exception unwinds past here (declared

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "zt/db/trace_writer.h"
@@ -20,6 +21,60 @@ inline std::unique_ptr<db::TraceWriter> hand_written_trace(const std::string& pa
   w->insert(run);
   w->insert(db::RankRow{0, 1, 1, 0, "h", 1});
   return w;
+}
+
+// A probed Python program that leaks, as `zt probe` records one (host allocations with stacks of
+// native and Python frames) with epoch markers: 4 epochs of 100 ns on rank 0's cpu device. Each
+// epoch `grow` keeps 4 MiB (/w/leak.py:12, called from train at line 20), `train` makes an 8 MiB
+// temporary freed within the epoch (/w/leak.py:21), and a native function with no Python frame
+// (make_table in /usr/lib/libtable.so, under malloc) made 2 MiB before epoch 0, kept.
+inline bool write_python_leak_trace(const std::string& path) {
+  auto w = hand_written_trace(path, "python3 /w/leak.py");
+  if (!w) return false;
+  constexpr int64_t MiB = 1 << 20;
+  w->insert(db::DeviceRow{1, 0, db::DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+  w->insert(db::StringRow{1, "epoch"});
+  // Frames: native ones symbolized, Python ones as the probe writes them (ip 0, file, function, line).
+  w->insert(db::FrameRow{1, 0x7f0000001000, "/lib/x86_64-linux-gnu/libc.so.6", 0x1000, "malloc", std::nullopt});
+  w->insert(db::FrameRow{2, 0x501000, "/usr/bin/python3", 0x101000, "PyByteArray_Resize", std::nullopt});
+  w->insert(db::FrameRow{3, 0, "/w/leak.py", std::nullopt, "grow", 12});
+  w->insert(db::FrameRow{4, 0, "/w/leak.py", std::nullopt, "train", 20});
+  w->insert(db::FrameRow{5, 0, "/w/leak.py", std::nullopt, "train", 21});
+  w->insert(db::FrameRow{6, 0, "/w/leak.py", std::nullopt, "<module>", 30});
+  w->insert(db::FrameRow{7, 0x502000, "/usr/bin/python3", 0x102000, "Py_RunMain", std::nullopt});
+  w->insert(db::FrameRow{8, 0x7f0000002000, "/usr/lib/libtable.so", 0x2000, "make_table", std::nullopt});
+  // Stacks (a node names its innermost frame; parent = the caller's node).
+  w->insert(db::StackRow{1, 0, 7});  // Py_RunMain
+  w->insert(db::StackRow{2, 1, 6});  // <module>:30
+  w->insert(db::StackRow{3, 2, 4});  // train:20
+  w->insert(db::StackRow{4, 3, 3});  // grow:12
+  w->insert(db::StackRow{5, 4, 2});  // PyByteArray_Resize      <- grow's allocations
+  w->insert(db::StackRow{6, 2, 5});  // train:21
+  w->insert(db::StackRow{7, 6, 2});  // PyByteArray_Resize      <- train's temporaries
+  w->insert(db::StackRow{8, 0, 8});  // make_table
+  w->insert(db::StackRow{9, 8, 1});  // malloc                  <- the native table
+  int64_t id = 0;
+  auto alloc = [&](int64_t bytes, int64_t t_alloc, std::optional<int64_t> t_free, int64_t stack) {
+    db::AllocationRow a;
+    a.id = ++id, a.rank = 0, a.device_id = 1, a.memory_kind = db::MemoryKind::PageableHost;
+    a.level = db::AllocLevel::Segment, a.address = 0x10000000 + uint64_t(id) * 0x1000000;
+    a.bytes = a.requested_bytes = bytes, a.t_alloc = t_alloc, a.t_free = t_free, a.stack_id = stack;
+    a.source = db::Source::HostHook;
+    w->insert(a);
+  };
+  alloc(2 * MiB, 5, std::nullopt, 9);
+  for (int e = 0; e < 4; ++e) {
+    const int64_t t0 = 10 + 100 * e;
+    db::MarkerRow m;
+    m.id = e + 1, m.rank = 0, m.kind = db::MarkerKind::Epoch, m.name_id = 1, m.t_start = t0, m.t_end = t0 + 90;
+    m.epoch = e;
+    w->insert(m);
+    alloc(8 * MiB, t0 + 10, t0 + 30, 7);
+    alloc(4 * MiB, t0 + 50, std::nullopt, 5);
+  }
+  w->set_run_end(1, 500, db::RunStatus::Ok, 0, "");
+  w->commit();
+  return w->finish().ok();
 }
 
 }  // namespace zt::test

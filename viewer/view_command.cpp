@@ -6,26 +6,9 @@
 #include "commands.h"
 #include "output_paths.h"
 #include "ui/app.h"
+#include "zt/common/units.h"
 
 namespace zt::cli {
-namespace {
-
-// "1.5s", "250ms", "40us", "1000ns", or a plain number of seconds; negative allowed.
-std::optional<int64_t> parse_time(const std::string& text) {
-  char* end = nullptr;
-  double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || !std::isfinite(v)) return std::nullopt;
-  std::string unit(end);
-  double scale;
-  if (unit.empty() || unit == "s") scale = 1e9;
-  else if (unit == "ms") scale = 1e6;
-  else if (unit == "us") scale = 1e3;
-  else if (unit == "ns") scale = 1;
-  else return std::nullopt;
-  return int64_t(std::llround(v * scale));
-}
-
-}  // namespace
 
 void add_view_command(CLI::App& app, Action& action) {
   auto* view = app.add_subcommand(
@@ -61,7 +44,7 @@ void add_view_command(CLI::App& app, Action& action) {
       o.screenshot = *shot;
       o.panel = *panel;
       if (!at->empty()) {
-        o.at_ns = parse_time(*at);
+        o.at_ns = parse_duration_ns(*at);
         if (!o.at_ns) return fail("--at: '" + *at + "' is not a time (try 1.5s, 250ms or 40us)");
       }
       if (view->get_option("--step")->count() > 0) {

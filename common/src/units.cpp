@@ -123,4 +123,20 @@ std::optional<int64_t> parse_size_i64(std::string_view text, std::string* why) {
   return static_cast<int64_t>(*b);
 }
 
+std::optional<int64_t> parse_duration_ns(std::string_view text) {
+  const std::string t(text);
+  char* end = nullptr;
+  const double v = std::strtod(t.c_str(), &end);
+  if (end == t.c_str() || !std::isfinite(v)) return std::nullopt;
+  const std::string unit(end);
+  double scale;
+  if (unit.empty() || unit == "s") scale = 1e9;
+  else if (unit == "ms") scale = 1e6;
+  else if (unit == "us") scale = 1e3;
+  else if (unit == "ns") scale = 1;
+  else return std::nullopt;
+  if (std::fabs(v * scale) > 9.2e18) return std::nullopt;
+  return int64_t(std::llround(v * scale));
+}
+
 }  // namespace zt

@@ -14,6 +14,7 @@
 
 #include "sqlite.h"
 #include "zt/db/export.h"
+#include "zt/db/sites.h"
 #include "zt/db/trace_reader.h"
 
 namespace zt::db {
@@ -77,6 +78,9 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
     for (auto& run : sum.runs)
       if (run.id == r.run_id && run.t_end && *run.t_end < t_end) process_end[r.rank] = *run.t_end;
 
+  std::unique_ptr<StackSites> sites;  // frames and stacks, for the events' stacks and sites
+  if (Status s = StackSites::load(*reader, &sites); !s) return s;
+
   std::string tmp = json_path + ".writing";
   std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
   if (!f) return Status::Error(json_path + ": cannot write here");
@@ -100,12 +104,28 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
                   std::string(to_string(TransferKind(k))) + "\"}");
     }
 
+    // Call stacks (innermost frame first, Python frames among the native ones) as each event's
+    // "stack" argument; its site names an allocation that has no tensor name.
+    std::unordered_map<int64_t, std::string> stack_args;  // stack id -> ",\"stack\":[...]"
+    auto stack_arg = [&](int64_t stack_id) -> const std::string& {
+      auto [it, fresh] = stack_args.try_emplace(stack_id);
+      if (fresh && stack_id) {
+        std::vector<std::string> lines;
+        if (reader->stack_text(stack_id, &lines) && !lines.empty()) {
+          it->second = ",\"site\":" + q(sites->site(stack_id, SiteLevel::Line)) + ",\"stack\":[";
+          for (size_t i = 0; i < lines.size(); ++i) it->second += (i ? "," : "") + q(lines[i]);
+          it->second += "]";
+        }
+      }
+      return it->second;
+    };
+
     // Allocations: async begin/end; a live-bytes counter per device from the same sweep.
     struct Ev { int64_t t; int64_t delta; int64_t device; int level; int64_t rank; };
     std::vector<Ev> sweep;
     Stmt a(reader->handle(),
-           "SELECT id, rank, device_id, memory_kind, level, bytes, t_alloc, t_free, name_id, segment_id FROM allocation"
-           " ORDER BY t_alloc, id");
+           std::string("SELECT id, rank, device_id, memory_kind, level, bytes, t_alloc, t_free, name_id, segment_id, "
+                       "stack_id FROM allocation WHERE NOT ") + kModuleGlobalSql + " ORDER BY t_alloc, id");
     while (a.step()) {
       int64_t id = a.i64(0), rank = a.i64(1), dev = a.i64(2), bytes = a.i64(5), ta = a.i64(6);
       bool alive = a.is_null(7);
@@ -113,13 +133,16 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
       const bool gone = ended != process_end.end() && ended->second >= ta;  // freed by its process's exit
       int64_t tf = !alive ? a.i64(7) : gone ? ended->second : t_end;
       int level = int(a.i64(4));
-      std::string nm = name_of(a.is_null(8) ? 0 : a.i64(8), "allocation");
+      const int64_t stack_id = a.is_null(10) ? 0 : a.i64(10);
+      const std::string& stack = stack_arg(stack_id);
+      std::string nm = name_of(a.is_null(8) ? 0 : a.i64(8), "");
+      if (nm.empty()) nm = stack.empty() ? "allocation" : sites->site(stack_id, SiteLevel::Line);
       std::string common = "\"cat\":\"allocation\",\"id\":" + std::to_string(id) + ",\"pid\":" + std::to_string(rank) +
                            ",\"tid\":" + std::to_string(1000 + dev) + ",\"name\":" + q(nm);
       out.event(common + ",\"ph\":\"b\",\"ts\":" + us(ta, t0) + ",\"args\":{\"bytes\":" + std::to_string(bytes) +
                 ",\"device\":" + q(label_of(dev)) + ",\"memory_kind\":" +
                 q(std::string(to_string(MemoryKind(a.i64(3))))) + ",\"level\":" +
-                q(std::string(to_string(AllocLevel(level)))) + ",\"alive_at_end\":" + (alive ? "true" : "false") + "}");
+                q(std::string(to_string(AllocLevel(level)))) + ",\"alive_at_end\":" + (alive ? "true" : "false") + stack + "}");
       out.event(common + ",\"ph\":\"e\",\"ts\":" + us(tf, t0));
       if (is_second_record(AllocLevel(level), a.is_null(9) ? 0 : a.i64(9))) continue;  // counted by its twin
       sweep.push_back({ta, bytes, dev, level, rank});
@@ -138,8 +161,8 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
     }
 
     Stmt tr(reader->handle(),
-            "SELECT rank, kind, bytes, src_device_id, dst_device_id, pinned, t_start, t_end, name_id, op_id, stream"
-            " FROM transfer ORDER BY t_start, id");
+            "SELECT rank, kind, bytes, src_device_id, dst_device_id, pinned, t_start, t_end, name_id, op_id, stream,"
+            " stack_id FROM transfer ORDER BY t_start, id");
     while (tr.step()) {
       TransferKind kind = TransferKind(tr.i64(1));
       std::string nm = std::string(to_string(kind));
@@ -150,7 +173,8 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
                 ",\"ts\":" + us(tr.i64(6), t0) + ",\"dur\":" + us(tr.i64(7), tr.i64(6)) + ",\"args\":{\"bytes\":" +
                 std::to_string(tr.i64(2)) + ",\"src\":" + q(tr.is_null(3) ? "-" : label_of(tr.i64(3))) +
                 ",\"dst\":" + q(tr.is_null(4) ? "-" : label_of(tr.i64(4))) + ",\"pinned\":" +
-                (tr.is_null(5) ? "null" : (tr.i64(5) ? "true" : "false")) + "}");
+                (tr.is_null(5) ? "null" : (tr.i64(5) ? "true" : "false")) + stack_arg(tr.is_null(11) ? 0 : tr.i64(11)) +
+                "}");
     }
 
     Stmt k(reader->handle(), "SELECT rank, device_id, name_id, t_start, t_end, stream FROM kernel ORDER BY t_start, id");

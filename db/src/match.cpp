@@ -115,12 +115,12 @@ int64_t fold_cupti_devices(sqlite3* db) {
 
 MatchStats match_driver_records(sqlite3* db) {
   MatchStats out;
-  const std::string kinds = std::to_string(int(Source::Api)) + ", " + std::to_string(int(Source::Cupti));
+  const std::string kinds = std::string(kAllocatorSourcesSql) + ", " + std::to_string(int(Source::Cupti));
   // Cheap test first: most traces have only one of the two sources (EXISTS stops at the first
   // row; a trace without CUPTI rows costs one scan of the allocation table, no sort).
   const bool mixed =
       query_int(db, ("SELECT EXISTS(SELECT 1 FROM allocation WHERE source = " + std::to_string(int(Source::Cupti)) +
-                     ") AND EXISTS(SELECT 1 FROM allocation WHERE source = " + std::to_string(int(Source::Api)) + ")")
+                     ") AND EXISTS(SELECT 1 FROM allocation WHERE source IN (" + kAllocatorSourcesSql + "))")
                         .c_str()) != 0;
   const auto equal = equal_devices(db);  // the device table is small
   if (!mixed && equal.empty()) return out;

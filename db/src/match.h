@@ -6,6 +6,9 @@
 // records both into one trace. match_driver_records() pairs them so that nothing is counted
 // twice and what CUPTI saw outside the trainer's allocators (NCCL's buffers, CUDA libraries'
 // own memory, ...) stands out:
+//  - PyTorch's segments (source torch: its caching allocator's own history, merged by zt probe)
+//    pair with CUPTI's records exactly as the trainer's do; "api" below means either. Devices fold
+//    only for the trainer's rows (PyTorch's rows are written on CUPTI's device rows already).
 //  - Pairs: a CUPTI segment and an api segment of the same run (through `rank.run_id`), memory
 //    kind, address and size, whose lifetimes overlap; one to one, each CUPTI row taking the api
 //    row closest to it in allocation time. Unified virtual addressing makes an address unique

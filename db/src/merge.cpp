@@ -58,6 +58,9 @@ Status merge_traces(const std::string& out_path, const std::vector<std::string>&
                     stack_off = max_id(db, "stack"), alloc_off = max_id(db, "allocation"),
                     marker_off = max_id(db, "marker");
       auto o = [](int64_t v) { return std::to_string(v); };
+      // Python frames' lines: files written before the column existed have none.
+      const bool src_lines =
+          detail::query_int(db, "SELECT count(*) FROM pragma_table_info('frame', 'src') WHERE name = 'line'") > 0;
       exec(db, "INSERT OR IGNORE INTO main.string(text) SELECT text FROM src.string ORDER BY id;");
       exec(db, "DROP TABLE IF EXISTS temp.smap;");
       exec(db, "CREATE TEMP TABLE smap(old INTEGER PRIMARY KEY, new INTEGER NOT NULL);");
@@ -69,7 +72,8 @@ Status merge_traces(const std::string& out_path, const std::vector<std::string>&
           " exit_code, exit_detail, coalesce(source_file, " + detail::sql_quote(in) + ") FROM src.run;"
           "INSERT INTO main.rank SELECT rank, run_id+" + o(run_off) + ", world_size, local_rank, hostname, pid FROM src.rank;"
           "INSERT INTO main.device SELECT id+" + o(dev_off) + ", rank, kind, ordinal, label, name, capacity_bytes, simulated FROM src.device;"
-          "INSERT INTO main.frame SELECT id+" + o(frame_off) + ", ip, module, module_offset, symbol FROM src.frame;"
+          "INSERT INTO main.frame(id,ip,module,module_offset,symbol,line) SELECT id+" + o(frame_off) +
+          ", ip, module, module_offset, symbol, " + (src_lines ? "line" : "NULL") + " FROM src.frame;"
           "INSERT INTO main.stack SELECT id+" + o(stack_off) + ", parent_id+" + o(stack_off) + ", frame_id+" + o(frame_off) + " FROM src.stack;"
           "INSERT INTO main.allocation SELECT id+" + o(alloc_off) + ", rank, device_id+" + o(dev_off) +
           ", memory_kind, level, address, bytes, requested_bytes, t_alloc, t_free, " + S + "name_id), stack_id+" +

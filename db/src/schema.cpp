@@ -5,9 +5,10 @@
 
 namespace zt::db {
 namespace {
-constexpr std::array<std::string_view, 5> kMemoryKind{"unknown", "device", "pinned_host", "pageable_host", "managed"};
+constexpr std::array<std::string_view, 6> kMemoryKind{"unknown", "device", "pinned_host", "pageable_host", "managed",
+                                                      "module_global"};
 constexpr std::array<std::string_view, 2> kAllocLevel{"block", "segment"};
-constexpr std::array<std::string_view, 4> kSource{"api", "cupti", "host_hook", "synthetic"};
+constexpr std::array<std::string_view, 5> kSource{"api", "cupti", "host_hook", "synthetic", "torch"};
 constexpr std::array<std::string_view, 6> kTransferKind{"H2D", "D2H", "D2D", "H2H", "P2P", "collective"};
 constexpr std::array<std::string_view, 3> kPlacementWhy{"created", "moved", "freed"};
 constexpr std::array<std::string_view, 5> kMarkerKind{"step", "micro_step", "epoch", "phase", "range"};
@@ -55,7 +56,7 @@ CREATE TABLE device (
   label TEXT NOT NULL, name TEXT, capacity_bytes INTEGER, simulated INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE string (id INTEGER PRIMARY KEY, text TEXT NOT NULL UNIQUE);
 CREATE TABLE frame (
-  id INTEGER PRIMARY KEY, ip INTEGER NOT NULL, module TEXT, module_offset INTEGER, symbol TEXT);
+  id INTEGER PRIMARY KEY, ip INTEGER NOT NULL, module TEXT, module_offset INTEGER, symbol TEXT, line INTEGER);
 CREATE TABLE stack (id INTEGER PRIMARY KEY, parent_id INTEGER, frame_id INTEGER NOT NULL);
 CREATE TABLE allocation (
   id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, device_id INTEGER NOT NULL,
@@ -93,11 +94,12 @@ CREATE TABLE dropped (
   events INTEGER NOT NULL, reason TEXT NOT NULL);
 
 CREATE TABLE enum_memory_kind (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
-INSERT INTO enum_memory_kind VALUES (0,'unknown'),(1,'device'),(2,'pinned_host'),(3,'pageable_host'),(4,'managed');
+INSERT INTO enum_memory_kind VALUES (0,'unknown'),(1,'device'),(2,'pinned_host'),(3,'pageable_host'),(4,'managed'),
+  (5,'module_global');
 CREATE TABLE enum_level (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
 INSERT INTO enum_level VALUES (0,'block'),(1,'segment');
 CREATE TABLE enum_source (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
-INSERT INTO enum_source VALUES (0,'api'),(1,'cupti'),(2,'host_hook'),(3,'synthetic');
+INSERT INTO enum_source VALUES (0,'api'),(1,'cupti'),(2,'host_hook'),(3,'synthetic'),(4,'torch');
 CREATE TABLE enum_transfer_kind (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
 INSERT INTO enum_transfer_kind VALUES (0,'H2D'),(1,'D2H'),(2,'D2D'),(3,'H2H'),(4,'P2P'),(5,'collective');
 CREATE TABLE enum_placement_why (code INTEGER PRIMARY KEY, name TEXT NOT NULL);

@@ -68,6 +68,7 @@ Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* 
       return Status::Error(path + ": not a zerotrace trace (" + why + ")");
     define_views(r->db_);
     detail::exec(r->db_, "PRAGMA query_only=1;");
+    r->frame_lines_ = detail::query_int(r->db_, "SELECT count(*) FROM pragma_table_info('frame') WHERE name = 'line'") > 0;
     // Touch the schema and every table once: corruption and foreign layouts show here,
     // not halfway through a command.
     for (const auto& t : table_names()) {
@@ -95,6 +96,27 @@ TraceReader::~TraceReader() {
   if (db_) sqlite3_close(db_);
 }
 
+std::string frame_text(const FrameRow& f) {
+  char buf[64];
+  if (f.python()) {
+    std::string line = (f.symbol.empty() ? std::string("?") : f.symbol) + " (" + f.module;
+    if (*f.line > 0) line += ":" + std::to_string(*f.line);
+    return line + ")";
+  }
+  std::string line;
+  if (!f.symbol.empty()) {
+    line = f.symbol;
+  } else {
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(f.ip));
+    line = buf;
+  }
+  if (!f.module.empty()) {
+    std::snprintf(buf, sizeof buf, "+0x%llx", static_cast<unsigned long long>(f.module_offset.value_or(0)));
+    line += " (" + f.module + buf + ")";
+  }
+  return line;
+}
+
 Status TraceReader::fail(const std::string& what) const { return Status::Error(path_ + ": " + what); }
 
 template <typename Row, typename Fill>
@@ -119,10 +141,11 @@ int64_t id0(const Stmt& s, int c) { return s.is_null(c) ? 0 : s.i64(c); }
 // CUPTI's segments beside the trainer's (see DriverRecords); nothing when either is missing.
 void summarize_driver_records(sqlite3* db, TraceSummary* out) {
   const std::string seg = "level = " + std::to_string(int(AllocLevel::Segment));
-  const std::string api = std::to_string(int(Source::Api)), cupti = std::to_string(int(Source::Cupti));
+  // The allocators' own segments: the trainer's (api) and PyTorch's (torch).
+  const std::string api = std::string("(") + kAllocatorSourcesSql + ")", cupti = std::to_string(int(Source::Cupti));
   // Most traces have one source: EXISTS stops at the first row, and nothing else runs.
   Stmt both(db, "SELECT EXISTS(SELECT 1 FROM allocation WHERE source = " + cupti + " AND " + seg +
-                    ") AND EXISTS(SELECT 1 FROM allocation WHERE source = " + api + " AND " + seg + ")");
+                    ") AND EXISTS(SELECT 1 FROM allocation WHERE source IN " + api + " AND " + seg + ")");
   if (!both.step() || both.i64(0) == 0) return;
   // The trainer's segments CUPTI could have seen (not pageable host memory: malloc is not CUDA's)
   // and has no record of; uncorrelated, so one pass over the table (segment_id has no index).
@@ -131,8 +154,8 @@ void summarize_driver_records(sqlite3* db, TraceSummary* out) {
                                  std::to_string(int(MemoryKind::Managed));
   const std::string twins = "SELECT segment_id FROM allocation WHERE source = " + cupti + " AND " + seg +
                             " AND segment_id IS NOT NULL";
-  Stmt counts(db, "SELECT (SELECT count(*) FROM allocation WHERE source = " + cupti + " AND " + seg +
-                      "), (SELECT count(*) FROM (" + twins + ")), (SELECT count(*) FROM allocation WHERE source = " +
+  Stmt counts(db, "SELECT (SELECT count(*) FROM allocation WHERE source = " + cupti + " AND " + seg + " AND NOT " +
+                      kModuleGlobalSql + "), (SELECT count(*) FROM (" + twins + ")), (SELECT count(*) FROM allocation WHERE source IN " +
                       api + " AND " + seg + " AND memory_kind IN (" + seen_kinds + ") AND id NOT IN (" + twins + "))");
   if (!counts.step()) return;
   DriverRecords d;
@@ -188,10 +211,11 @@ Status TraceReader::read(std::vector<StringRow>* out) {
   });
 }
 Status TraceReader::read(std::vector<FrameRow>* out) {
-  return read_rows("SELECT id,ip,module,module_offset,symbol FROM frame ORDER BY id", out,
-                   [](const Stmt& s, FrameRow& r) {
+  return read_rows(frame_lines_ ? "SELECT id,ip,module,module_offset,symbol,line FROM frame ORDER BY id"
+                                : "SELECT id,ip,module,module_offset,symbol,NULL FROM frame ORDER BY id",
+                   out, [](const Stmt& s, FrameRow& r) {
                      r.id = s.i64(0); r.ip = uint64_t(s.i64(1)); r.module = s.text(2); r.module_offset = s.opt(3);
-                     r.symbol = s.text(4);
+                     r.symbol = s.text(4); r.line = s.opt(5);
                    });
 }
 Status TraceReader::read(std::vector<StackRow>* out) {
@@ -286,35 +310,38 @@ Status TraceReader::strings(std::unordered_map<int64_t, std::string>* out) {
   return Status::Ok();
 }
 
-Status TraceReader::stack_text(int64_t stack_id, std::vector<std::string>* out) {
+Status TraceReader::stack_frames(int64_t stack_id, std::vector<FrameRow>* out) {
   out->clear();
   try {
     Stmt s(db_,
-           "WITH RECURSIVE walk(id, parent_id, frame_id, depth) AS ("
-           " SELECT id, parent_id, frame_id, 0 FROM stack WHERE id = ?"
-           " UNION ALL SELECT s.id, s.parent_id, s.frame_id, w.depth + 1 FROM stack s JOIN walk w ON s.id = w.parent_id"
-           " WHERE w.depth < 1024)"
-           " SELECT f.ip, f.module, f.module_offset, f.symbol FROM walk w JOIN frame f ON f.id = w.frame_id"
-           " ORDER BY w.depth");
+           std::string("WITH RECURSIVE walk(id, parent_id, frame_id, depth) AS ("
+                       " SELECT id, parent_id, frame_id, 0 FROM stack WHERE id = ?"
+                       " UNION ALL SELECT s.id, s.parent_id, s.frame_id, w.depth + 1 FROM stack s JOIN walk w ON s.id = w.parent_id"
+                       " WHERE w.depth < 1024)"
+                       " SELECT f.id, f.ip, f.module, f.module_offset, f.symbol, ") +
+               (frame_lines_ ? "f.line" : "NULL") + " FROM walk w JOIN frame f ON f.id = w.frame_id ORDER BY w.depth");
     s.bind(1, stack_id);
     while (s.step()) {
-      char buf[64];
-      std::string line;
-      std::string sym = s.text(3), mod = s.text(1);
-      if (!sym.empty()) line = sym;
-      else {
-        std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(s.i64(0)));
-        line = buf;
-      }
-      if (!mod.empty()) {
-        std::snprintf(buf, sizeof buf, "+0x%llx", static_cast<unsigned long long>(s.is_null(2) ? 0 : s.i64(2)));
-        line += " (" + mod + buf + ")";
-      }
-      out->push_back(std::move(line));
+      FrameRow f;
+      f.id = s.i64(0);
+      f.ip = uint64_t(s.i64(1));
+      f.module = s.text(2);
+      f.module_offset = s.opt(3);
+      f.symbol = s.text(4);
+      f.line = s.opt(5);
+      out->push_back(std::move(f));
     }
   } catch (const SqlError& e) {
     return fail(std::string("reading stack failed: ") + e.what());
   }
+  return Status::Ok();
+}
+
+Status TraceReader::stack_text(int64_t stack_id, std::vector<std::string>* out) {
+  out->clear();
+  std::vector<FrameRow> frames;
+  if (Status s = stack_frames(stack_id, &frames); !s) return s;
+  for (const FrameRow& f : frames) out->push_back(frame_text(f));
   return Status::Ok();
 }
 
@@ -467,7 +494,8 @@ Status TraceReader::summarize(TraceSummary* out) {
     std::map<int64_t, DevicePeak> peaks;
     for (auto& d : devices) peaks[d.id].device = d;
     Stmt peak(db_,
-              std::string("WITH a AS (SELECT * FROM allocation WHERE NOT ") + kSecondRecordSql + "),"
+              std::string("WITH a AS (SELECT * FROM allocation WHERE NOT ") + kSecondRecordSql + " AND NOT " +
+                  kModuleGlobalSql + "),"
               " ev AS (SELECT device_id, level, t_alloc AS t, bytes AS d FROM a"
               " UNION ALL SELECT device_id, level, t_free, -bytes FROM a WHERE t_free IS NOT NULL)"
               " SELECT device_id, level, max(live) FROM (SELECT device_id, level, sum(d) OVER"
@@ -481,12 +509,20 @@ Status TraceReader::summarize(TraceSummary* out) {
     // Blocks lie inside segments: what is left at the end is counted per level, as the peaks are.
     Stmt live(db_,
               std::string("SELECT device_id, level, count(*), sum(CASE WHEN t_free IS NULL THEN bytes ELSE 0 END) FROM"
-                          " allocation WHERE NOT ") + kSecondRecordSql + " GROUP BY device_id, level");
+                          " allocation WHERE NOT ") + kSecondRecordSql + " AND NOT " + kModuleGlobalSql +
+                  " GROUP BY device_id, level");
     while (live.step()) {
       auto& p = peaks[live.i64(0)];
       p.allocations += live.i64(2);
       if (AllocLevel(live.i64(1)) == AllocLevel::Segment) p.reserved_at_end = live.i64(3);
-      else p.allocated_at_end = live.i64(3);
+      else p.allocated_at_end = live.i64(3), p.blocks = live.i64(2);
+    }
+    Stmt globals(db_, std::string("SELECT device_id, count(*), sum(bytes) FROM allocation WHERE ") + kModuleGlobalSql +
+                          " GROUP BY device_id");
+    while (globals.step()) {
+      auto& p = peaks[globals.i64(0)];
+      p.module_globals = globals.i64(1);
+      p.module_global_bytes = globals.i64(2);
     }
     summarize_driver_records(db_, out);
     for (auto& [id, p] : peaks) {
@@ -527,6 +563,18 @@ Status TraceReader::summarize(TraceSummary* out) {
   }
   if (Status s = read(&out->faults); !s) return s;
   if (Status s = read(&out->errors); !s) return s;
+  // Notes: the runs' own, then the cuda_tracing_off error rows of traces older zt wrote.
+  try {
+    Stmt notes(db_, "SELECT j.value FROM run, json_each(run.config_json, '$.notes') j WHERE json_valid(run.config_json) "
+                    "AND json_type(run.config_json) = 'object' ORDER BY run.id, j.key");
+    while (notes.step()) out->notes.push_back(notes.text(0));
+  } catch (const SqlError& e) {
+    return fail(std::string("summary failed: ") + e.what());
+  }
+  auto legacy = std::stable_partition(out->errors.begin(), out->errors.end(),
+                                      [](const ErrorRow& e) { return e.kind != "cuda_tracing_off"; });
+  for (auto it = legacy; it != out->errors.end(); ++it) out->notes.push_back(it->message);
+  out->errors.erase(legacy, out->errors.end());
   return Status::Ok();
 }
 

@@ -204,6 +204,39 @@ void configure_sqlite_once() {
 }
 }  // namespace
 
+void TraceWriter::prepare() {
+  auto& s = *(st_ = std::make_unique<Statements>());
+  sqlite3* db = db_;
+  s.run = Stmt(db,
+               "INSERT INTO run(id,tool_version,command_line,config_json,seed,hostname,pid,t_start,t_end,"
+               "wall_start_unix_ns,status,exit_code,exit_detail,source_file) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+  s.rank = Stmt(db, "INSERT OR REPLACE INTO rank(rank,run_id,world_size,local_rank,hostname,pid) VALUES(?,?,?,?,?,?)");
+  s.device = Stmt(db,
+                  "INSERT INTO device(id,rank,kind,ordinal,label,name,capacity_bytes,simulated) VALUES(?,?,?,?,?,?,?,?)");
+  s.string = Stmt(db, "INSERT INTO string(id,text) VALUES(?,?)");
+  s.frame = Stmt(db, "INSERT INTO frame(id,ip,module,module_offset,symbol,line) VALUES(?,?,?,?,?,?)");
+  s.stack = Stmt(db, "INSERT INTO stack(id,parent_id,frame_id) VALUES(?,?,?)");
+  s.allocation = Batched<AllocationRow>(db, "allocation",
+                                        "id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,"
+                                        "t_alloc,t_free,name_id,stack_id,source,segment_id,stream");
+  s.transfer = Batched<TransferRow>(db, "transfer",
+                                    "id,rank,kind,bytes,src_device_id,dst_device_id,pinned,t_start,t_end,stream,"
+                                    "name_id,op_id,participants,correlation_id,source,stack_id");
+  s.kernel = Batched<KernelRow>(db, "kernel",
+                                "id,rank,device_id,name_id,t_start,t_end,stream,correlation_id,grid,block,source");
+  s.placement = Batched<PlacementRow>(db, "placement", "id,rank,t,tensor_id,device_id,why,bytes,allocation_id");
+  s.marker = Batched<MarkerRow>(db, "marker", "id,rank,kind,name_id,t_start,t_end,step,micro_step,epoch,value");
+  s.counter = Batched<CounterRow>(db, "counter", "id,rank,device_id,name_id,t,value");
+  s.fault = Stmt(db, "INSERT INTO fault(id,rank,t,name,trigger,step,details) VALUES(?,?,?,?,?,?,?)");
+  s.error = Stmt(db, "INSERT INTO error(id,rank,t,step,kind,site,message,tensors,device_id) VALUES(?,?,?,?,?,?,?,?,?)");
+  s.dropped = Stmt(db, "INSERT INTO dropped(id,rank,thread,t,events,reason) VALUES(?,?,?,?,?,?)");
+  s.alloc_free = Stmt(db, "UPDATE allocation SET t_free=? WHERE id=?");
+  s.marker_end = Stmt(db, "UPDATE marker SET t_end=?, value=coalesce(?, value) WHERE id=?");
+  s.run_end = Stmt(db, "UPDATE run SET t_end=?, status=?, exit_code=?, exit_detail=? WHERE id=?");
+  s.frame_symbol = Stmt(db, "UPDATE frame SET module=?, module_offset=?, symbol=? WHERE id=?");
+  s.meta = Stmt(db, "INSERT OR REPLACE INTO meta(key,value) VALUES(?,?)");
+}
+
 Status TraceWriter::create(const std::string& path, std::unique_ptr<TraceWriter>* out) {
   configure_sqlite_once();
   if (Status s = check_trace_destination(path); !s) return s;
@@ -246,42 +279,48 @@ Status TraceWriter::create(const std::string& path, std::unique_ptr<TraceWriter>
     // process loses at most the transaction in flight. NORMAL sync: no fsync per commit,
     // which survives a process crash (the kernel has the pages), not a power cut.
     detail::exec(w->db_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-65536;");
-    auto& s = *(w->st_ = std::make_unique<Statements>());
-    sqlite3* db = w->db_;
-    s.run = Stmt(db,
-                 "INSERT INTO run(id,tool_version,command_line,config_json,seed,hostname,pid,t_start,t_end,"
-                 "wall_start_unix_ns,status,exit_code,exit_detail,source_file) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
-    s.rank = Stmt(db, "INSERT INTO rank(rank,run_id,world_size,local_rank,hostname,pid) VALUES(?,?,?,?,?,?)");
-    s.device = Stmt(db,
-                    "INSERT INTO device(id,rank,kind,ordinal,label,name,capacity_bytes,simulated) VALUES(?,?,?,?,?,?,?,?)");
-    s.string = Stmt(db, "INSERT INTO string(id,text) VALUES(?,?)");
-    s.frame = Stmt(db, "INSERT INTO frame(id,ip,module,module_offset,symbol) VALUES(?,?,?,?,?)");
-    s.stack = Stmt(db, "INSERT INTO stack(id,parent_id,frame_id) VALUES(?,?,?)");
-    s.allocation = Batched<AllocationRow>(db, "allocation",
-                                          "id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,"
-                                          "t_alloc,t_free,name_id,stack_id,source,segment_id,stream");
-    s.transfer = Batched<TransferRow>(db, "transfer",
-                                      "id,rank,kind,bytes,src_device_id,dst_device_id,pinned,t_start,t_end,stream,"
-                                      "name_id,op_id,participants,correlation_id,source,stack_id");
-    s.kernel = Batched<KernelRow>(db, "kernel",
-                                  "id,rank,device_id,name_id,t_start,t_end,stream,correlation_id,grid,block,source");
-    s.placement = Batched<PlacementRow>(db, "placement", "id,rank,t,tensor_id,device_id,why,bytes,allocation_id");
-    s.marker = Batched<MarkerRow>(db, "marker", "id,rank,kind,name_id,t_start,t_end,step,micro_step,epoch,value");
-    s.counter = Batched<CounterRow>(db, "counter", "id,rank,device_id,name_id,t,value");
-    s.fault = Stmt(db, "INSERT INTO fault(id,rank,t,name,trigger,step,details) VALUES(?,?,?,?,?,?,?)");
-    s.error = Stmt(db, "INSERT INTO error(id,rank,t,step,kind,site,message,tensors,device_id) VALUES(?,?,?,?,?,?,?,?,?)");
-    s.dropped = Stmt(db, "INSERT INTO dropped(id,rank,thread,t,events,reason) VALUES(?,?,?,?,?,?)");
-    s.alloc_free = Stmt(db, "UPDATE allocation SET t_free=? WHERE id=?");
-    s.marker_end = Stmt(db, "UPDATE marker SET t_end=?, value=coalesce(?, value) WHERE id=?");
-    s.run_end = Stmt(db, "UPDATE run SET t_end=?, status=?, exit_code=?, exit_detail=? WHERE id=?");
-    s.frame_symbol = Stmt(db, "UPDATE frame SET module=?, module_offset=?, symbol=? WHERE id=?");
-    s.meta = Stmt(db, "INSERT OR REPLACE INTO meta(key,value) VALUES(?,?)");
+    w->prepare();
   } catch (const detail::SqlError& e) {
     w->st_.reset();
     if (w->db_) sqlite3_close(w->db_);
     w->db_ = nullptr;
     remove_trace_files(tmp);
     return Status::Error(path + ": cannot create the trace: " + e.what());
+  }
+  *out = std::move(w);
+  return Status::Ok();
+}
+
+Status TraceWriter::append(const std::string& path, std::unique_ptr<TraceWriter>* out) {
+  configure_sqlite_once();
+  if (Status s = validate_trace_file(path); !s) return s;
+  TraceFileInfo info;
+  if (Status s = inspect_trace_file(path, &info); !s) return s;
+  if (info.schema_version != kSchemaVersion)
+    return Status::Error(path + ": written with trace schema version " + std::to_string(info.schema_version) +
+                         "; rows are added only to version " + std::to_string(kSchemaVersion) + " traces");
+  std::unique_ptr<TraceWriter> w(new TraceWriter());
+  w->path_ = path;
+  int rc = sqlite3_open_v2(path.c_str(), &w->db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = w->db_ ? sqlite3_errmsg(w->db_) : sqlite3_errstr(rc);
+    sqlite3_close(w->db_);
+    w->db_ = nullptr;
+    return Status::Error(path + ": cannot open the trace to add rows: " + msg);
+  }
+  try {
+    detail::exec(w->db_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-65536;");
+    // A code added to an enum after the file was written (a trace from an older zt).
+    detail::exec(w->db_, "INSERT OR IGNORE INTO enum_source VALUES (4,'torch');");
+    // A trace from before Python frames (frame.line): the column is added, NULL for its rows.
+    if (detail::query_int(w->db_, "SELECT count(*) FROM pragma_table_info('frame') WHERE name = 'line'") == 0)
+      detail::exec(w->db_, "ALTER TABLE frame ADD COLUMN line INTEGER;");
+    w->prepare();
+  } catch (const detail::SqlError& e) {
+    w->st_.reset();
+    sqlite3_close(w->db_);
+    w->db_ = nullptr;
+    return Status::Error(path + ": cannot open the trace to add rows: " + e.what());
   }
   *out = std::move(w);
   return Status::Ok();
@@ -353,7 +392,7 @@ void TraceWriter::insert(const DeviceRow& r) {
 void TraceWriter::insert(const StringRow& r) { st_->string.bind(1, r.id).bind(2, r.text).step_done(); }
 void TraceWriter::insert(const FrameRow& r) {
   st_->frame.bind(1, r.id).bind(2, i(r.ip)).bind_text_or_null(3, r.module).bind_opt(4, r.module_offset)
-      .bind_text_or_null(5, r.symbol).step_done();
+      .bind_text_or_null(5, r.symbol).bind_opt(6, r.line).step_done();
 }
 void TraceWriter::insert(const StackRow& r) {
   st_->stack.bind(1, r.id).bind_id(2, r.parent_id).bind(3, r.frame_id).step_done();
@@ -398,6 +437,13 @@ void TraceWriter::set_run_end(int64_t run_id, int64_t t_end, RunStatus status, s
                               const std::string& detail) {
   st_->run_end.bind(1, t_end).bind(2, i(status)).bind_opt(3, exit_code).bind_text_or_null(4, detail).bind(5, run_id)
       .step_done();
+}
+void TraceWriter::add_run_note(int64_t run_id, const std::string& text) {
+  Stmt s(handle(),
+         "UPDATE run SET config_json = json_insert(json_insert(coalesce(config_json, '{}'), '$.notes', json('[]')), "
+         "'$.notes[#]', ?1) WHERE id = ?2 AND json_valid(coalesce(config_json, '{}')) AND "
+         "json_type(coalesce(config_json, '{}')) = 'object'");
+  s.bind(1, std::string_view(text)).bind(2, run_id).step_done();
 }
 void TraceWriter::set_frame_symbol(int64_t frame_id, const std::string& module, std::optional<int64_t> offset,
                                    const std::string& symbol) {

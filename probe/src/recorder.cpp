@@ -24,6 +24,7 @@
 #include "crash.h"
 #include "elf_symbols.h"
 #include "zt/db/trace_values.h"
+#include "python/python_frames.h"
 #include "zt/db/trace_writer.h"
 #include "zt/version.h"
 
@@ -113,7 +114,9 @@ struct Recorder::Impl {
   std::timed_mutex meta_mu;
   std::unordered_map<std::string, NameId> strings;
   NameId next_string = 1;
-  std::unordered_map<uint64_t, int64_t> frame_by_ip;
+  std::unordered_map<uint64_t, int64_t> frame_by_ip;  // native ips and Python frame tokens
+  std::unordered_map<std::string, uint64_t> python_function_key;  // file NUL function -> key (1, 2, ...)
+  std::vector<std::pair<std::string, std::string>> python_functions;  // key - 1 -> (file, function)
   std::vector<std::pair<int64_t, uint64_t>> frames_all;  // for symbolization at close
   std::map<std::pair<int64_t, int64_t>, int64_t> stack_node;  // (parent, frame) -> node
   std::unordered_map<std::string, StackId> stack_by_key;
@@ -126,6 +129,7 @@ struct Recorder::Impl {
   std::vector<db::FaultRow> p_faults;
   std::vector<db::ErrorRow> p_errors;
   std::vector<db::DroppedRow> p_dropped;
+  std::vector<std::string> notes;  // written into the run row at the end
 
   std::mutex rings_mu;
   std::vector<std::shared_ptr<ThreadRing>> rings;
@@ -302,9 +306,21 @@ StackId Recorder::intern_stack(const uint64_t* ips, int depth) {
     if (fnew) {
       db::FrameRow f;
       f.id = fit->second;
-      f.ip = ips[i];
-      m.p_frames.push_back(f);
-      m.frames_all.emplace_back(f.id, f.ip);
+      if (ips[i] & kPythonFrameBit) {
+        // A Python frame is complete when it is made: its file and function were copied when its
+        // function was interned, and nothing is left to symbolize at close.
+        const uint64_t key = (ips[i] & ~kPythonFrameBit) >> kPythonLineBits;
+        if (key >= 1 && key <= m.python_functions.size()) {
+          f.module = m.python_functions[key - 1].first;
+          f.symbol = m.python_functions[key - 1].second;
+        }
+        f.line = int64_t(ips[i] & ((1ull << kPythonLineBits) - 1));
+        m.p_frames.push_back(std::move(f));
+      } else {
+        f.ip = ips[i];
+        m.p_frames.push_back(f);
+        m.frames_all.emplace_back(f.id, f.ip);
+      }
     }
     auto [nit, nnew] = m.stack_node.try_emplace({parent, fit->second}, int64_t(m.stack_node.size() + 1));
     if (nnew) m.p_stacks.push_back({nit->second, parent, fit->second});
@@ -314,6 +330,18 @@ StackId Recorder::intern_stack(const uint64_t* ips, int depth) {
   return parent;
 }
 
+uint64_t Recorder::python_function(std::string_view file, std::string_view function) {
+  std::string key;
+  key.reserve(file.size() + 1 + function.size());
+  key.append(file).push_back('\0');
+  key.append(function);
+  std::lock_guard lock(impl_->meta_mu);
+  Impl& m = *impl_;
+  auto [it, fresh] = m.python_function_key.try_emplace(std::move(key), m.python_functions.size() + 1);
+  if (fresh) m.python_functions.emplace_back(std::string(file), std::string(function));
+  return it->second;
+}
+
 StackId Recorder::capture_stack(int skip, int max_depth) {
   void* raw[128];
   if (max_depth > 128) max_depth = 128;
@@ -321,7 +349,9 @@ StackId Recorder::capture_stack(int skip, int max_depth) {
   uint64_t ips[128];
   int depth = 0;
   for (int i = skip + 1; i < n && depth < max_depth; ++i) ips[depth++] = reinterpret_cast<uint64_t>(raw[i]);
-  return intern_stack(ips, depth);
+  // In a Python process, the interpreter's frames where it runs them (a copy of ips otherwise).
+  uint64_t stack[128 + python::kMaxPythonFrames];
+  return intern_stack(stack, python::interleave(*this, ips, depth, stack, int(sizeof stack / sizeof stack[0])));
 }
 
 void Recorder::fault(const db::FaultRow& row) {
@@ -344,6 +374,11 @@ void Recorder::dropped(int64_t events, std::string_view reason, int rank) {
 }
 
 bool Recorder::on_writer_thread() { return tls_is_writer; }
+
+void Recorder::note(std::string text) {
+  std::lock_guard lock(impl_->meta_mu);
+  impl_->notes.push_back(std::move(text));
+}
 
 void Recorder::error(const db::ErrorRow& row) {
   db::ErrorRow r = row;
@@ -897,6 +932,12 @@ void Recorder::Impl::writer_main() {
         // A run ends after its last event, also where the events' times were given (zt synth's
         // made-up timeline runs ahead of the clock).
         w->set_run_end(run.id, std::max(now_ns(), t_latest), end_status, end_code, end_detail);
+        std::vector<std::string> notes_;
+        {
+          std::lock_guard lock(meta_mu);
+          notes_ = notes;
+        }
+        for (auto& n : notes_) w->add_run_note(run.id, n);
         w->commit();
         return;
       }

@@ -172,7 +172,7 @@ TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
   for (const auto& row : j["rows"]) rows[row["step"].get<std::string>()] = row;
   for (const auto& st : j["steps"]) steps[st["step"].get<std::string>()] = st;
   // Every model step left a row with a step time, each run of gpu_compare with the tiny preset.
-  for (const char* name : {"350M", "350M-ratio", "350M-bf16grad", "350M-nowiden", "350M-adamall", "350M-narrowrank", "350M-static", "350M-latewb",
+  for (const char* name : {"350M-early", "1.5B-early", "350M-overlap", "350M-early-narrow", "350M-early-nice", "350M-early-adam8", "350M", "350M-ratio", "350M-bf16grad", "350M-nowiden", "350M-adamall", "350M-narrowrank", "350M-static", "350M-latewb",
                            "350M-blocksync",
                            "350M-interleave",
                            "1.5B", "124M"}) {
@@ -188,6 +188,17 @@ TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
   EXPECT_NE(rows["350M-interleave"]["settings"].get<std::string>().find("pinned interleaved"), std::string::npos);
   EXPECT_NE(rows["350M-ratio"]["settings"].get<std::string>().find("offload ratio 0.5"), std::string::npos)
       << rows["350M-ratio"];
+  // The ordinary update's steps: AdamW during backward, and the overlapped update without it (A/B).
+  EXPECT_NE(rows["350M-early"]["settings"].get<std::string>().find("overlapped update, AdamW in backward"),
+            std::string::npos)
+      << rows["350M-early"];
+  EXPECT_NE(rows["1.5B-early"]["settings"].get<std::string>().find("AdamW in backward"), std::string::npos);
+  EXPECT_EQ(rows["350M-overlap"]["settings"].get<std::string>().find("AdamW in backward"), std::string::npos);
+  EXPECT_NE(rows["350M-overlap"]["settings"].get<std::string>().find("overlapped update"), std::string::npos);
+  EXPECT_TRUE(rows["350M-early-narrow"]["env"].contains("ZT_RANK_THREADS_BESIDE")) << rows["350M-early-narrow"];
+  EXPECT_EQ(rows["350M-early-nice"]["env"].value("ZT_ADAM_NICE", ""), "10") << rows["350M-early-nice"];
+  // ... and never the settings the delayed-update steps after them take.
+  EXPECT_EQ(rows["1.5B"]["settings"].get<std::string>().find("overlapped"), std::string::npos) << rows["1.5B"];
   // A partial offload is never the settings the later steps take (FSDP2 offloads everything).
   EXPECT_EQ(rows["1.5B"]["settings"].get<std::string>().find("offload ratio"), std::string::npos) << rows["1.5B"];
   EXPECT_TRUE(rows["350M-nowiden"]["env"].contains("ZT_ADAM_WAIT_THREADS")) << rows["350M-nowiden"];
@@ -199,6 +210,8 @@ TEST(GpuSession, EveryStepRunsOnTheSimulatedGpuAndTheRowsSayWhatChanged) {
   EXPECT_EQ(rows["350M"]["settings"].get<std::string>().find("bf16 grad partitions"), std::string::npos);
   // The CPU AdamW's tests ran, the GPU tests said why not, and the limits were measured once and
   // used where bench_gpu_limits is built (with the CUDA toolkit); elsewhere no step measures them.
+  EXPECT_NE(steps["350M-early-bf16"]["skipped"].get<std::string>().find("computes in fp32"), std::string::npos)
+      << steps["350M-early-bf16"];
   EXPECT_EQ(steps["adam-isa"]["rc"], 0);
   EXPECT_NE(steps["gpu-tests"]["skipped"].get<std::string>().find("no GPU"), std::string::npos);
   const std::string log = read_file(out + "/session.log");

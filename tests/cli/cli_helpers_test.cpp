@@ -27,6 +27,34 @@ TEST(TextWidth, CountsCodePointsNotBytes) {
   EXPECT_EQ(pad_right(us, 9), us);
 }
 
+// Help text wrapped by the columns it takes: the first line starts at the indent, the later lines
+// are indented; explicit line breaks and a paragraph's leading spaces (an aligned example) stay.
+TEST(TextWidth, WrapsAtSpacesUnderAnIndent) {
+  EXPECT_EQ(wrap_text("one two three four", 13, 4), "one two\n    three\n    four");
+  EXPECT_EQ(wrap_text("one two three four", 100, 4), "one two three four");
+  // A word wider than the room stays whole, alone on its line.
+  EXPECT_EQ(wrap_text("a unbreakable-word b", 10, 2), "a\n  unbreakable-word\n  b");
+  // Line breaks kept, each paragraph wrapped alone; an example keeps its own indent.
+  EXPECT_EQ(wrap_text("Example: zt a\n         zt b c d", 16, 0), "Example: zt a\n         zt b c\n         d");
+  EXPECT_EQ(wrap_text("x\n\ny", 10, 3), "x\n\n   y");
+  // The spaces between two words on one line stay as written (a note set apart); a break drops them.
+  EXPECT_EQ(wrap_text("zt demo   (a note)", 40, 0), "zt demo   (a note)");
+  EXPECT_EQ(wrap_text("zt demo   (a note)", 11, 0), "zt demo\n(a note)");
+  // Widths are columns: "µs" is two columns, three bytes.
+  EXPECT_EQ(wrap_text("12 \xC2\xB5s 34", 7, 0), "12 \xC2\xB5s\n34");
+  // No line is wider than the width unless it is one word.
+  const std::string text = "the quick brown fox jumps over the lazy dog and keeps running far away";
+  for (size_t w = 12; w < 40; ++w) {
+    const std::string out = wrap_text(text, w, 5);
+    bool first = true;
+    for (size_t from = 0, nl; from <= out.size(); from = nl + 1, first = false) {
+      nl = out.find('\n', from);
+      if (nl == std::string::npos) nl = out.size();
+      EXPECT_LE(display_width(out.substr(from, nl - from)) + (first ? 5 : 0), w) << out;
+    }
+  }
+}
+
 class OutputPaths : public ::testing::Test {
  protected:
   void SetUp() override {

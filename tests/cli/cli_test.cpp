@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
@@ -29,6 +30,42 @@ TEST(Cli, HelpAndVersion) {
   Result dh = run_zt("db info --help");
   EXPECT_EQ(dh.code, 0);
   EXPECT_NE(dh.out.find("Example: zt db info run.db"), std::string::npos) << dh.out;
+}
+
+// --help fits the terminal: COLUMNS when set, else at most 100 columns (a pipe has no width), with
+// the same words however narrow; only a word wider than its column may stick out. A subcommand's
+// summary in zt --help is the first line of its description, and train's names the CUDA GPU.
+TEST(Cli, HelpIsWrappedToTheTerminal) {
+  auto words = [](const std::string& text) {
+    std::istringstream in(text);
+    std::vector<std::string> w;
+    for (std::string x; in >> x;) w.push_back(x);
+    return w;
+  };
+  for (const char* cmd : {"--help", "train --help", "check --help", "view --help", "repro --help", "db kernels --help"}) {
+    Result wide = run_zt(cmd);
+    ASSERT_EQ(wide.code, 0) << cmd;
+    for (size_t columns : {size_t(0), size_t(60), size_t(80), size_t(200)}) {
+      Result h = columns ? zt::test::run_command("COLUMNS=" + std::to_string(columns) + " " + ZT_EXE + " " + cmd + " 2>&1")
+                         : zt::test::run_command("env -u COLUMNS " + std::string(ZT_EXE) + " " + cmd + " 2>&1 | cat");
+      ASSERT_EQ(h.code, 0) << cmd;
+      const size_t limit = columns == 0 || columns > 100 ? 100 : columns;
+      std::istringstream lines(h.out);
+      for (std::string line; std::getline(lines, line);) {
+        if (line.size() <= limit) continue;
+        const size_t last_space = line.find_last_of(' ');
+        EXPECT_TRUE(last_space != std::string::npos && line.find_first_not_of(' ') > last_space - 1 &&
+                    words(line).size() == 1)
+            << cmd << " at " << columns << " columns: " << line;
+      }
+      EXPECT_EQ(words(h.out), words(wide.out)) << cmd << " at " << columns << " columns";
+    }
+  }
+  Result h = zt::test::run_command("COLUMNS=100 " + std::string(ZT_EXE) + " --help 2>&1");
+  EXPECT_NE(h.out.find("  train                       Train GPT-2 with ZeRO (stages 0-3, CPU offload) on a CUDA GPU, a\n"),
+            std::string::npos)
+      << h.out;
+  EXPECT_EQ(h.out.find("Example: zt train"), std::string::npos) << "the subcommands' list shows summaries only";
 }
 
 TEST(Cli, EverySubcommandIsBuiltAndNamesAMissingFile) {
@@ -532,8 +569,8 @@ TEST(Cli, DeviceCudaChecksTheLauncherAndSaysWhyThereIsNoGpu) {
 // --trace, and in a build without CUPTI; on a machine without a GPU it says why CUDA tracing is off,
 // records that in the trace, and fails as --device cuda does there (no crash, no hang).
 // --device cuda: the GPU's own memory unless a cap is given, on the command line or in the config
-// file (even one equal to the simulated GPU's default 80 GiB); --tf32, --matmul-precision and
-// --delayed-update reach the resolved config, and are refused where they cannot act.
+// file (even one equal to the simulated GPU's default 80 GiB); --tf32, --matmul-precision,
+// --matmul-dtype and --delayed-update reach the resolved config, and are refused where they cannot act.
 // The trace's run.config_json shows what the run was given (the run itself needs a GPU).
 TEST(Cli, TrainCudaCapsMemoryOnlyWhenAskedAndTakesTf32) {
   zt::test::TempDir dir;
@@ -568,6 +605,14 @@ TEST(Cli, TrainCudaCapsMemoryOnlyWhenAskedAndTakesTf32) {
   Result med = run_zt("train --matmul-precision medium --model tiny --steps 1");
   EXPECT_EQ(med.code, 2) << med.out;
   EXPECT_NE(med.out.find("matmul_precision chooses how a real GPU multiplies matrices"), std::string::npos) << med.out;
+  auto [code6, b16] = config_of("matmul_dtype: bf16\nprecision: bf16\n", "");
+  EXPECT_NE(b16.find("\"\"matmul_dtype\"\":\"\"bf16\"\""), std::string::npos) << b16;
+  EXPECT_NE(plain.find("\"\"matmul_dtype\"\":\"\"fp32\"\""), std::string::npos) << plain;
+  Result b16_sim = run_zt("train --matmul-dtype bf16 --precision bf16 --model tiny --steps 1");
+  EXPECT_EQ(b16_sim.code, 2) << b16_sim.out;
+  EXPECT_NE(b16_sim.out.find("matmul_dtype bf16 multiplies bf16 activations on a GPU's tensor cores"),
+            std::string::npos)
+      << b16_sim.out;
   Result dpu = run_zt("train --delayed-update 0 --model tiny --steps 1");
   EXPECT_EQ(dpu.code, 2) << dpu.out;
   EXPECT_NE(dpu.out.find("delayed_update runs CPU AdamW beside the next step: it needs the optimizer on the host"),
@@ -623,7 +668,7 @@ TEST(Cli, TrainCuptiNeedsDeviceCudaATraceAndSaysWhyItIsOff) {
     EXPECT_EQ(r.out.find(off_line, off + 1), std::string::npos) << r.out;
     EXPECT_LT(off, r.out.find("--device cuda: ")) << r.out;
     Result q = run_zt("db sql --csv " + trace +
-                      " \"SELECT count(*) AS n FROM error WHERE kind = 'cuda_tracing_off' AND message LIKE "
+                      " \"SELECT count(*) AS n FROM run, json_each(run.config_json, '\\$.notes') j WHERE j.value LIKE "
                       "'CUDA tracing (--cupti) was off: %'\"");
     EXPECT_EQ(q.out, "n\n1\n");
   }

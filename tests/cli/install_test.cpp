@@ -1,7 +1,10 @@
 // `cmake --install` of this build into a fresh prefix: the installed zt runs from there, its
 // libraries load (the run paths of those outside the build tree, CUDA's, are kept), and it finds
-// its probe library in lib/zerotrace and the scenarios in share/zerotrace/scenarios.
+// its probe library in lib/zerotrace, the scenarios in share/zerotrace/scenarios and the zerotrace
+// Python package (with zt probe's bootstrap) in share/zerotrace/python.
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -34,4 +37,16 @@ TEST(Install, InstalledZtRunsAndFindsItsProbeLibraryAndScenarios) {
                                            " probe -o p.db -- /bin/true 2>&1");
   EXPECT_EQ(probe.code, 0) << probe.out;
   EXPECT_NE(probe.out.find("trace written to " + dir.file("p.db")), std::string::npos) << probe.out;
+  // The Python package, found where it was installed; a probed Python program imports it.
+  EXPECT_TRUE(fs::exists(prefix + "/share/zerotrace/python/zt_bootstrap/sitecustomize.py"));
+  const auto where = zt::test::run_command(zt + " probe --python-path 2>&1");
+  EXPECT_EQ(where.code, 0) << where.out;
+  EXPECT_EQ(where.out, fs::weakly_canonical(prefix + "/share/zerotrace/python").string() + "\n");
+  if (::access("/usr/bin/python3", X_OK) == 0) {
+    const auto py = zt::test::run_command("cd " + dir.path() + " && env -u ZT_PROBE_LIBRARY " + zt +
+                                          " probe -o py.db -- /usr/bin/python3 -c 'import zerotrace; "
+                                          "print(zerotrace.__file__, zerotrace.recording())' 2>/dev/null");
+    EXPECT_EQ(py.code, 0) << py.out;
+    EXPECT_EQ(py.out, fs::weakly_canonical(prefix + "/share/zerotrace/python/zerotrace/__init__.py").string() + " True\n");
+  }
 }

@@ -35,6 +35,7 @@
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
 #include "cuda/model_passes.h"
+#include "bf16_twin.h"
 #include "cuda_test_util.h"
 #include "model/gpt2.h"
 #include "model/layout.h"
@@ -50,6 +51,32 @@ namespace {
 constexpr Tolerance kActivationTol{1e-4, 1e-4};
 constexpr Tolerance kGradTol{1e-3, 1e-4};
 constexpr double kLossRtol = 1e-5;
+
+// A micro-step's three tolerances: activations and activation gradients, each parameter gradient
+// tensor, the mean loss (relative).
+struct StepTolerances {
+  Tolerance act, grad;
+  double loss_rtol;
+};
+constexpr StepTolerances kFp32Step{kActivationTol, kGradTol, kLossRtol};
+
+// bf16 compute (Compute::Bf16, zt train --matmul-dtype bf16) against the same fp32 reference on the
+// same parameters (bf16 values, as --precision bf16 stores them), per element as cuda_test_util.h's
+// close() checks it. Every GEMM input is rounded to bf16 (half an ulp: 2^-9 = 2e-3 relative) and the
+// roundings of a block's GEMMs, a LayerNorm backward's cancellations and the tied LM head compound;
+// fp32 accumulation keeps each product's error to its inputs' roundings. Measured on the CPU by
+// Bf16ComputeRoundingsStayWithinAThirdOfTheTolerances (bf16_twin.h: exactly these roundings; tiny,
+// B=3, T=37, two micro-steps): activations and activation gradients move by up to 5.0e-3 of their
+// tensor's largest value (flash attention; 4.2e-3 materialized), parameter gradients by up to 8.4e-3,
+// the mean loss by 1.1e-5 relative. Stated with three times that room (the GPU's own summation
+// orders and its GELU epilogue take the rest; llm.c holds its bf16 logits to 1e-2 and gradients to
+// 2e-2 the same way): activations and activation gradients 2e-2 |want| + 1.5e-2 max|want|, each
+// parameter gradient tensor 5e-2 |want| + 3e-2 max|want|, the loss 1e-3 relative. A bias left out or
+// a gradient overwritten instead of accumulated falls outside them (checked there too).
+constexpr StepTolerances kBf16Step{{2e-2, 1.5e-2}, {5e-2, 3e-2}, 1e-3};
+
+// The parameters as --precision bf16 hands them to the passes: bf16 values in fp32.
+std::vector<float> bf16_valued(std::vector<float> p) { return rounded(p, DType::BF16); }
 
 constexpr int kB = 3, kT = 37;  // N = 111 rows: odd, not a multiple of any chunk or warp
 
@@ -85,15 +112,6 @@ std::vector<int32_t> random_tokens(size_t n, uint64_t seed, int64_t vocab) {
   for (int32_t& x : v) x = d(g);
   return v;
 }
-
-// What one micro-step's passes produce, pass by pass.
-struct StepOutputs {
-  std::vector<std::vector<float>> residuals;  // L + 1, after the forward
-  float loss = 0;
-  std::vector<float> dx_head;                 // after head_forward_backward
-  std::vector<std::vector<float>> dx_blocks;  // after block_backward of layers L-1, ..., 0
-  std::vector<float> grads;                   // the whole gradient buffer after embed_backward
-};
 
 // The reference micro-step (gpt2.cpp's forward_backward, pass by pass), gradients accumulated
 // into G.
@@ -160,13 +178,13 @@ std::vector<float> slice(const std::vector<float>& v, int64_t offset, int64_t n)
 
 // Every output of a micro-step within the tolerances above (divided by `margin`).
 void expect_step_close(const StepOutputs& got, const StepOutputs& want, const model::Config& c,
-                       const std::string& what, double margin = 1.0) {
-  const Tolerance act{kActivationTol.rtol / margin, kActivationTol.atol / margin};
-  const Tolerance grad{kGradTol.rtol / margin, kGradTol.atol / margin};
+                       const std::string& what, double margin = 1.0, const StepTolerances& tol = kFp32Step) {
+  const Tolerance act{tol.act.rtol / margin, tol.act.atol / margin};
+  const Tolerance grad{tol.grad.rtol / margin, tol.grad.atol / margin};
   ASSERT_EQ(got.residuals.size(), want.residuals.size());
   for (size_t i = 0; i < want.residuals.size(); ++i)
     EXPECT_TRUE(close(got.residuals[i], want.residuals[i], act, what + " residual(" + std::to_string(i) + ")"));
-  EXPECT_NEAR(got.loss, want.loss, kLossRtol / margin * std::fabs(want.loss)) << what << " loss";
+  EXPECT_NEAR(got.loss, want.loss, tol.loss_rtol / margin * std::fabs(want.loss)) << what << " loss";
   EXPECT_TRUE(close(got.dx_head, want.dx_head, act, what + " dx after the head"));
   ASSERT_EQ(got.dx_blocks.size(), want.dx_blocks.size());
   for (size_t i = 0; i < want.dx_blocks.size(); ++i) {
@@ -187,6 +205,41 @@ double worst_relative(const std::vector<float>& got, const std::vector<float>& w
 }
 
 size_t round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// `bytes` of device memory followed by a guard, all filled with 0xAB (synchronized: the passes run
+// on a non-blocking stream); and how many of the guard's bytes are no longer 0xAB.
+constexpr size_t kGuard = 64 * 1024;
+DeviceBuffer guarded(size_t bytes) {
+  DeviceBuffer mem(bytes + kGuard);
+  check(cudaMemset(mem.get(), 0xAB, mem.bytes()), "cudaMemset");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return mem;
+}
+// Two micro-steps' batches (seeds 12-15) and the reference's outputs for them on parameters P, the
+// second accumulating onto the first's gradients (grad_scale 0.5 each).
+struct TwoSteps {
+  std::vector<int32_t> tok0, tgt0, tok1, tgt1;
+  StepOutputs want0, want1;
+};
+TwoSteps reference_two_steps(const model::Config& c, const std::vector<float>& P, bool ckpt, int64_t head_rows,
+                             model::Attention attention) {
+  const size_t N = size_t(kB) * kT;
+  TwoSteps t{random_tokens(N, 12, c.vocab), random_tokens(N, 13, c.vocab), random_tokens(N, 14, c.vocab),
+             random_tokens(N, 15, c.vocab), {}, {}};
+  model::Workspace ws(c, kB, kT, ckpt, head_rows, attention);
+  std::vector<float> G(P.size(), 0.0f);
+  t.want0 = cpu_step(ws, P, t.tok0, t.tgt0, G, 0.5f);
+  t.want1 = cpu_step(ws, P, t.tok1, t.tgt1, G, 0.5f);
+  return t;
+}
+
+size_t guard_bytes_written(const DeviceBuffer& mem, size_t bytes) {
+  std::vector<unsigned char> tail(kGuard);
+  check(cudaMemcpy(tail.data(), static_cast<char*>(mem.get()) + bytes, kGuard, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  size_t written = 0;
+  for (unsigned char b : tail) written += b != 0xAB;
+  return written;
+}
 
 }  // namespace
 
@@ -244,6 +297,54 @@ TEST(CudaModelPassesLayout, FlashAttentionKeepsOneValuePerRow) {
   EXPECT_NO_THROW(CudaModelPasses::required_bytes(wide, 1, 4, false));  // the cuBLAS attention takes it
 }
 
+// bf16 compute: ln1, ln2, the MLP's pre-activation and GELU output in bf16 instead of fp32; no fp32
+// dfch, lnf or padded wte; its bf16 scratch (the GELU input's and a projection's gradient, the
+// attention output, one block's bf16 weights, its biases, lnf, wte and the logits' gradient, rows
+// V rounded up to 64 apart) on 256-byte boundaries like every other buffer. At 350M (B=8, T=1024)
+// it needs less than fp32 compute: the four activations halve in every layer.
+TEST(CudaModelPassesLayout, Bf16ComputeCarvesItsBuffersFromBytes) {
+  const model::Config c = tiny();
+  const int64_t C = c.width, H = c.heads, L = c.layers, V = c.vocab, N = int64_t(kB) * kT, ld = (V + 63) / 64 * 64;
+  const int64_t att = int64_t(kB) * H * kT * kT;
+  auto f = [](int64_t floats) { return round256(size_t(floats) * 4); };
+  auto h = [](int64_t halves) { return round256(size_t(halves) * 2); };
+  // ln1, ln2 (bf16); atty, res2; ln1/ln2 mean and rstd; qkv; att; fch, fch_gelu (bf16)
+  const size_t cache = 2 * h(N * C) + 2 * f(N * C) + 4 * f(N) + f(N * 3 * C) + f(att) + 2 * h(N * 4 * C);
+  const size_t residuals = size_t(L + 1) * f(N * C);
+  // grad_residual, dres2, dln, datty, dqkv, att scratch, lnf mean/rstd, dlnf, row losses, cuBLAS's workspace
+  const size_t scratch = 4 * f(N * C) + f(N * 3 * C) + f(att) + 2 * f(N) + f(N * C) + f(N) + kCublasWorkspaceBytes;
+  // d16, g16, a16; the block's weights; its biases (three fp32, fc's bf16); lnf16; head_w16
+  const size_t bf16 = h(N * 4 * C) + 2 * h(N * C) + h(3 * C * C) + h(C * C) + 2 * h(4 * C * C) + f(3 * C) + 2 * f(C) +
+                      h(4 * C) + h(N * C) + h(ld * C);
+  for (int64_t rows : {int64_t(0), int64_t(10)}) {
+    const int64_t r = rows == 0 ? N : rows;
+    const size_t logits = f(r * ld) + h(r * ld);  // fp32 logits, bf16 gradient
+    for (bool ckpt : {false, true})
+      EXPECT_EQ(CudaModelPasses::required_bytes(c, kB, kT, ckpt, rows, model::Attention::Materialized, Compute::Bf16),
+                size_t(ckpt ? 1 : L) * cache + residuals + scratch + bf16 + logits)
+          << (ckpt ? "checkpointing" : "kept") << ", head rows " << rows;
+  }
+  const model::Config m350 = *model::preset("350M");
+  const size_t fp32 = CudaModelPasses::required_bytes(m350, 8, 1024, false, 0, model::Attention::Flash);
+  const size_t b16 =
+      CudaModelPasses::required_bytes(m350, 8, 1024, false, 0, model::Attention::Flash, Compute::Bf16);
+  std::printf("350M, B=8, T=1024, flash: activations %.2f GiB with fp32 compute, %.2f GiB with bf16\n",
+              double(fp32) / double(1 << 30), double(b16) / double(1 << 30));
+  EXPECT_LT(b16, fp32);
+  model::Config odd = c;  // the GELU epilogue's aux matrix needs 4C to be a multiple of 8
+  odd.width = 66;
+  odd.heads = 2;
+  EXPECT_NO_THROW(CudaModelPasses::required_bytes(odd, 1, 4, false));
+  odd.width = 63;
+  odd.heads = 3;
+  try {
+    CudaModelPasses::required_bytes(odd, 1, 4, false, 0, model::Attention::Materialized, Compute::Bf16);
+    ADD_FAILURE() << "an odd width was accepted for bf16 compute";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16 compute needs an even width"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CudaModelPassesLayout, RefusesShapesThatCannotRun) {
   const model::Config c = tiny();
   EXPECT_THROW(CudaModelPasses::required_bytes(c, 0, kT, false), std::invalid_argument);
@@ -292,6 +393,53 @@ TEST(CudaModelPassesTolerance, ToleranceCoversRoundingLevelPerturbations) {
     std::printf("1-ulp perturbation%s: activations move by %.3g of max, gradients by %.3g of max, loss by %.3g relative\n",
                 ckpt ? " (checkpointing)" : "", act, grad, std::fabs(double(b.loss) - a.loss) / std::fabs(a.loss));
   }
+}
+
+// bf16 compute's roundings, emulated on the CPU (bf16_twin.h), move two micro-steps (the second
+// accumulating) by under a third of kBf16Step from the fp32 reference, with either attention: the
+// measurement the GPU test's tolerances stand on (printed). And the tolerances still catch the bugs a
+// fused epilogue could bring: a bias left out (one block's qkv bias, as if the epilogue had not
+// applied it) or a gradient overwritten instead of accumulated both fall outside them.
+TEST(CudaModelPassesTolerance, Bf16ComputeRoundingsStayWithinAThirdOfTheTolerances) {
+  const model::Config c = tiny();
+  const auto P = bf16_valued(random_params(c, 11));
+  for (model::Attention attention : {model::Attention::Flash, model::Attention::Materialized}) {
+    const char* name = model::attention_name(attention);
+    const TwoSteps ref = reference_two_steps(c, P, false, 0, attention);
+    std::vector<float> G16(P.size(), 0.0f);
+    const StepOutputs got[2] = {bf16_twin_step(c, kB, kT, P, ref.tok0, ref.tgt0, G16, 0.5f, attention),
+                                bf16_twin_step(c, kB, kT, P, ref.tok1, ref.tgt1, G16, 0.5f, attention)};
+    const StepOutputs* want[2] = {&ref.want0, &ref.want1};
+    for (int i = 0; i < 2; ++i) {
+      const StepOutputs &o = got[i], &w = *want[i];
+      expect_step_close(o, w, c, "bf16 roundings, micro-step " + std::to_string(i) + ", " + name, /*margin=*/3.0,
+                        kBf16Step);
+      double act = worst_relative(o.dx_head, w.dx_head), grad = 0;
+      for (size_t l = 0; l < w.residuals.size(); ++l) act = std::max(act, worst_relative(o.residuals[l], w.residuals[l]));
+      for (size_t l = 0; l < w.dx_blocks.size(); ++l) act = std::max(act, worst_relative(o.dx_blocks[l], w.dx_blocks[l]));
+      for (const model::ParamSpec& p : model::param_table(c))
+        grad = std::max(grad, worst_relative(slice(o.grads, p.offset, p.numel), slice(w.grads, p.offset, p.numel)));
+      std::printf("bf16 compute's roundings, %s attention, micro-step %d: activations move by %.3g of max, "
+                  "gradients by %.3g of max, loss by %.3g relative\n",
+                  name, i, act, grad, std::fabs(double(o.loss) - w.loss) / std::fabs(w.loss));
+    }
+  }
+  const TwoSteps ref = reference_two_steps(c, P, false, 0, model::Attention::Materialized);
+  // A bias not applied: block 0's qkv bias left out of the forward.
+  std::vector<float> no_bias = P;
+  const int64_t qkv_b = model::module_table(c)[1].offset + model::block_offsets(c).qkv_b;
+  std::fill(no_bias.begin() + qkv_b, no_bias.begin() + qkv_b + 3 * c.width, 0.0f);
+  std::vector<float> Gb(P.size(), 0.0f);
+  const StepOutputs biasless = bf16_twin_step(c, kB, kT, no_bias, ref.tok0, ref.tgt0, Gb, 0.5f);
+  EXPECT_FALSE(close(biasless.residuals[1], ref.want0.residuals[1], kBf16Step.act, "without the qkv bias"));
+  // A gradient overwritten: micro-step 1 from zero gradients against the accumulated reference.
+  std::vector<float> Gz(P.size(), 0.0f);
+  const StepOutputs fresh = bf16_twin_step(c, kB, kT, P, ref.tok1, ref.tgt1, Gz, 0.5f);
+  size_t caught = 0;
+  for (const model::ParamSpec& p : model::param_table(c))
+    caught += !close(slice(fresh.grads, p.offset, p.numel), slice(ref.want1.grads, p.offset, p.numel), kBf16Step.grad,
+                     p.name);
+  EXPECT_EQ(caught, model::param_table(c).size()) << "tensors whose lost accumulation the tolerance missed";
 }
 
 TEST(CudaAdamWChecks, ArgumentsAreCheckedBeforeTheGpu) {
@@ -391,13 +539,9 @@ TEST_P(CudaModelPassesParity, EveryPassMatchesTheCpuReference) {
   const int64_t rows = GetParam().head_rows;
   const size_t N = size_t(kB) * kT, NC = N * size_t(c.width);
   const auto P = random_params(c, 11);
-  const auto tok0 = random_tokens(N, 12, c.vocab), tgt0 = random_tokens(N, 13, c.vocab);
-  const auto tok1 = random_tokens(N, 14, c.vocab), tgt1 = random_tokens(N, 15, c.vocab);
-
-  model::Workspace ws(c, kB, kT, ckpt, rows);
-  std::vector<float> G(P.size(), 0.0f);
-  const StepOutputs want0 = cpu_step(ws, P, tok0, tgt0, G, 0.5f);
-  const StepOutputs want1 = cpu_step(ws, P, tok1, tgt1, G, 0.5f);
+  const TwoSteps ref = reference_two_steps(c, P, ckpt, rows, model::Attention::Materialized);
+  const auto &tok0 = ref.tok0, &tgt0 = ref.tgt0, &tok1 = ref.tok1, &tgt1 = ref.tgt1;
+  const StepOutputs &want0 = ref.want0, &want1 = ref.want1;
 
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -406,10 +550,7 @@ TEST_P(CudaModelPassesParity, EveryPassMatchesTheCpuReference) {
     CudaModelPasses ps(c, kB, kT, ckpt, stream, blas, rows);
     EXPECT_EQ(ps.bytes(), CudaModelPasses::required_bytes(c, kB, kT, ckpt, rows));
     EXPECT_EQ(ps.head_rows_per_chunk(), rows ? rows : int64_t(N));
-    constexpr size_t kGuard = 64 * 1024;
-    DeviceBuffer mem(ps.bytes() + kGuard);
-    check(cudaMemset(mem.get(), 0xAB, mem.bytes()), "cudaMemset");
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // before the passes' non-blocking stream
+    DeviceBuffer mem = guarded(ps.bytes());
     ps.bind(mem.get());
 
     DeviceBuffer dP = DeviceBuffer::from(P), dG = DeviceBuffer::from(std::vector<float>(P.size(), 0.0f));
@@ -424,12 +565,7 @@ TEST_P(CudaModelPassesParity, EveryPassMatchesTheCpuReference) {
                                       P.size(), 0.5f, spare.as<float>());
     expect_step_close(got1, want1, c, tag + " micro-step 1 (accumulated, out of place)");
 
-    std::vector<unsigned char> tail(kGuard);
-    check(cudaMemcpy(tail.data(), static_cast<char*>(mem.get()) + ps.bytes(), kGuard, cudaMemcpyDeviceToHost),
-          "cudaMemcpy");
-    size_t written = 0;
-    for (unsigned char b : tail) written += b != 0xAB;
-    EXPECT_EQ(written, 0u) << "the passes wrote past bytes()";
+    EXPECT_EQ(guard_bytes_written(mem, ps.bytes()), 0u) << "the passes wrote past bytes()";
 
     // Deterministic: the same micro-step from the same gradients gives the same bits.
     DeviceBuffer dG2 = DeviceBuffer::from(std::vector<float>(P.size(), 0.0f));
@@ -440,6 +576,153 @@ TEST_P(CudaModelPassesParity, EveryPassMatchesTheCpuReference) {
     EXPECT_TRUE(again.dx_blocks == got0.dx_blocks) << "activation gradients differ between two identical runs";
   }
   check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+}
+
+// ---- bf16 compute on a GPU -------------------------------------------------------------------------
+
+namespace {
+
+struct Bf16Case {
+  bool checkpointing;
+  int64_t head_rows;  // 0: one chunk
+  int64_t vocab;      // 0: tiny's 256; 251: the head's padded GEMMs
+  bool fused;         // cuBLASLt's epilogues, or the unfused way (ZT_CUBLASLT_EPILOGUES=0)
+  model::Attention attention;
+};
+
+std::string bf16_case_name(const ::testing::TestParamInfo<Bf16Case>& info) {
+  const Bf16Case& c = info.param;
+  return std::string(c.checkpointing ? "checkpointing" : "kept") +
+         (c.head_rows ? "_head_chunks_of_" + std::to_string(c.head_rows) : "_head_one_chunk") +
+         (c.vocab ? "_vocab_" + std::to_string(c.vocab) : "") + (c.fused ? "_fused" : "_unfused") +
+         (c.attention == model::Attention::Flash ? "_flash" : "");
+}
+
+class CudaModelPassesBf16Parity : public ::testing::TestWithParam<Bf16Case> {
+ protected:
+  void SetUp() override { ZT_REQUIRE_GPU(); }
+};
+
+void print_routes(const CudaModelPasses& ps, const std::string& tag) {
+  const LtMatmul::Routes* r = ps.epilogue_routes();
+  if (r == nullptr) return;
+  std::printf("%s: epilogues fused on cuBLASLt / unfused: bias %lld / %lld, gelu+bias %lld / %lld, dgelu %lld / %lld\n",
+              tag.c_str(), (long long)r->fused[int(Epilogue::Bias)], (long long)r->unfused[int(Epilogue::Bias)],
+              (long long)r->fused[int(Epilogue::GeluAuxBias)], (long long)r->unfused[int(Epilogue::GeluAuxBias)],
+              (long long)r->fused[int(Epilogue::DGelu)], (long long)r->unfused[int(Epilogue::DGelu)]);
+  if (!r->first_refusal.empty()) std::printf("%s: cuBLASLt refused %s\n", tag.c_str(), r->first_refusal.c_str());
+}
+
+}  // namespace
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CudaModelPassesBf16Parity,
+    ::testing::Values(Bf16Case{false, 0, 0, true, model::Attention::Materialized},
+                      Bf16Case{true, 10, 0, true, model::Attention::Materialized},
+                      Bf16Case{false, 10, 251, true, model::Attention::Materialized},
+                      Bf16Case{false, 0, 0, false, model::Attention::Materialized},
+                      Bf16Case{true, 10, 251, false, model::Attention::Materialized},
+                      Bf16Case{false, 0, 0, true, model::Attention::Flash},
+                      Bf16Case{true, 0, 0, true, model::Attention::Flash}),
+    bf16_case_name);
+
+// bf16 compute against the fp32 CPU reference on the same bf16-valued parameters, with kBf16Step's
+// tolerances: two micro-steps (the second accumulating, out of place), nothing written past bytes(),
+// every epilogue product gone the way asked, and (materialized attention: flash's dQ uses atomics)
+// a repeated run bit for bit.
+TEST_P(CudaModelPassesBf16Parity, EveryPassIsWithinTheBf16Tolerances) {
+  const Bf16Case& k = GetParam();
+  model::Config c = tiny();
+  if (k.vocab) c.vocab = k.vocab;
+  const size_t N = size_t(kB) * kT, NC = N * size_t(c.width);
+  const auto P = bf16_valued(random_params(c, 11));
+  const TwoSteps ref = reference_two_steps(c, P, k.checkpointing, k.head_rows, k.attention);
+  const auto &tok0 = ref.tok0, &tgt0 = ref.tgt0, &tok1 = ref.tok1, &tgt1 = ref.tgt1;
+  const StepOutputs &want0 = ref.want0, &want1 = ref.want1;
+
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  {
+    Blas blas(0);
+    CudaModelPasses ps(c, kB, kT, k.checkpointing, stream, blas, k.head_rows, k.attention, Compute::Bf16);
+    ps.set_fused_epilogues(k.fused);
+    EXPECT_EQ(ps.bytes(),
+              CudaModelPasses::required_bytes(c, kB, kT, k.checkpointing, k.head_rows, k.attention, Compute::Bf16));
+    DeviceBuffer mem = guarded(ps.bytes());
+    ps.bind(mem.get());
+    DeviceBuffer dP = DeviceBuffer::from(P), dG = DeviceBuffer::from(std::vector<float>(P.size(), 0.0f));
+    DeviceBuffer dtok0 = DeviceBuffer::from(tok0), dtgt0 = DeviceBuffer::from(tgt0);
+    DeviceBuffer dtok1 = DeviceBuffer::from(tok1), dtgt1 = DeviceBuffer::from(tgt1);
+    DeviceBuffer spare(NC * sizeof(float));
+    const std::string tag = bf16_case_name({GetParam(), 0});
+    const StepOutputs got0 = gpu_step(ps, dP.as<float>(), dtok0.as<int32_t>(), dtgt0.as<int32_t>(), dG.as<float>(),
+                                      P.size(), 0.5f, nullptr);
+    expect_step_close(got0, want0, c, tag + " micro-step 0 (in place)", 1.0, kBf16Step);
+    const StepOutputs got1 = gpu_step(ps, dP.as<float>(), dtok1.as<int32_t>(), dtgt1.as<int32_t>(), dG.as<float>(),
+                                      P.size(), 0.5f, spare.as<float>());
+    expect_step_close(got1, want1, c, tag + " micro-step 1 (accumulated, out of place)", 1.0, kBf16Step);
+    double act = 0, grad = 0;
+    for (size_t i = 0; i < want1.dx_blocks.size(); ++i)
+      act = std::max(act, worst_relative(got1.dx_blocks[i], want1.dx_blocks[i]));
+    for (const model::ParamSpec& p : model::param_table(c))
+      grad = std::max(grad, worst_relative(slice(got1.grads, p.offset, p.numel), slice(want1.grads, p.offset, p.numel)));
+    std::printf("%s: micro-step 1 moves activation gradients by %.3g of max, gradients by %.3g, loss by %.3g relative\n",
+                tag.c_str(), act, grad, std::fabs(double(got1.loss) - want1.loss) / std::fabs(want1.loss));
+    print_routes(ps, tag);
+
+    const LtMatmul::Routes& r = *ps.epilogue_routes();
+    for (Epilogue e : {Epilogue::Bias, Epilogue::GeluAuxBias, Epilogue::DGelu}) {
+      EXPECT_GT(r.fused[int(e)] + r.unfused[int(e)], 0) << epilogue_name(e);
+      if (!k.fused) {
+        EXPECT_EQ(r.fused[int(e)], 0) << epilogue_name(e);
+      }
+    }
+
+    EXPECT_EQ(guard_bytes_written(mem, ps.bytes()), 0u) << "the passes wrote past bytes()";
+
+    if (k.attention == model::Attention::Materialized) {
+      DeviceBuffer dG2 = DeviceBuffer::from(std::vector<float>(P.size(), 0.0f));
+      const StepOutputs again = gpu_step(ps, dP.as<float>(), dtok0.as<int32_t>(), dtgt0.as<int32_t>(),
+                                         dG2.as<float>(), P.size(), 0.5f, nullptr);
+      EXPECT_EQ(std::memcmp(&again.loss, &got0.loss, sizeof(float)), 0);
+      EXPECT_TRUE(again.grads == got0.grads) << "gradients differ between two identical runs";
+    }
+  }
+  check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+}
+
+// bf16 compute leaves fp32 compute as it was: fp32 passes on a Blas, then bf16 passes on the same
+// Blas and stream (its cuBLASLt handle, plans and workspace use), then the fp32 passes again (bound
+// again: they give the Blas their workspace back) give the first run's bits.
+TEST(CudaModelPasses, Bf16ComputeLeavesFp32ComputeBitForBit) {
+  ZT_REQUIRE_GPU();
+  const model::Config c = tiny();
+  const size_t N = size_t(kB) * kT;
+  const auto P = bf16_valued(random_params(c, 31));
+  const auto tok = random_tokens(N, 32, c.vocab), tgt = random_tokens(N, 33, c.vocab);
+  Blas blas(0);
+  DeviceBuffer dP = DeviceBuffer::from(P), dtok = DeviceBuffer::from(tok), dtgt = DeviceBuffer::from(tgt);
+  CudaModelPasses fp32(c, kB, kT, false, nullptr, blas);
+  DeviceBuffer mem32(fp32.bytes());
+  fp32.bind(mem32.get());
+  auto run = [&](CudaModelPasses& ps) {
+    DeviceBuffer g = DeviceBuffer::from(std::vector<float>(P.size(), 0.0f));
+    return gpu_step(ps, dP.as<float>(), dtok.as<int32_t>(), dtgt.as<int32_t>(), g.as<float>(), P.size(), 1.0f, nullptr);
+  };
+  const StepOutputs before = run(fp32);
+  {
+    CudaModelPasses b16(c, kB, kT, false, nullptr, blas, 0, model::Attention::Materialized, Compute::Bf16);
+    DeviceBuffer mem16(b16.bytes());
+    b16.bind(mem16.get());
+    const StepOutputs other = run(b16);
+    EXPECT_FALSE(other.grads == before.grads) << "bf16 compute gave fp32's bits: did it run in bf16?";
+  }
+  fp32.bind(mem32.get());
+  const StepOutputs after = run(fp32);
+  EXPECT_EQ(std::memcmp(&after.loss, &before.loss, sizeof(float)), 0);
+  EXPECT_TRUE(after.grads == before.grads);
+  EXPECT_TRUE(after.residuals == before.residuals);
+  EXPECT_EQ(fp32.epilogue_routes(), nullptr);
 }
 
 // Asynchronous mode: the same results when the passes only queue work on the stream.

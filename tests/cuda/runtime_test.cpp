@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "cuda/gemm.h"
+#include "cuda/gemm_bf16.h"
 #include "cuda/kernels.h"
 #include "cuda/memory_sources.h"
 #include "cuda/runtime.h"
@@ -74,9 +75,41 @@ TEST(CudaRuntime, BadArgumentsAreRefusedBeforeAnyCudaCall) {
   EXPECT_NO_THROW(embedding_forward(nullptr, nullptr, nullptr, nullptr, 0, 4, 8, DType::BF16, nullptr));
 }
 
-// cuBLAS is loaded on first use, not linked (gemm.cpp): the toolkit this was built with has it, and
-// the five functions the GEMMs call are found in it. No GPU needed.
+// cuBLAS and cuBLASLt are loaded on first use, not linked (gemm.cpp, gemm_bf16.cpp): the toolkit
+// this was built with has them, and every function the GEMMs call is found in them. A library that
+// is not there is an error naming it and each place tried. No GPU needed.
 TEST(CudaRuntime, CublasIsLoadedOnDemand) {
   std::string why;
   EXPECT_TRUE(zt::cuda::cublas_loadable(&why)) << why;
+  EXPECT_TRUE(zt::cuda::cublaslt_loadable(&why)) << why;
+  EXPECT_EQ(zt::cuda::open_cuda_library("libzt-no-such-library.so.1", "Nothing", &why), nullptr);
+  EXPECT_EQ(why.rfind("Nothing could not be loaded: ", 0), 0u) << why;
+  EXPECT_NE(why.find("libzt-no-such-library.so.1"), std::string::npos) << why;
+  EXPECT_NE(why.find("; "), std::string::npos) << why;  // both places tried
 }
+
+// bf16 compute's cuBLASLt products (gemm_bf16.h) at GPT-2 350M's shapes (B*T = 8192, C = 1024) and
+// the tiny preset's: cuBLASLt accepts every descriptor attribute, layout and preference they are
+// given (its own checks of each one's type and size, on the host: no GPU needed). Whether it has an
+// algorithm for them only a GPU says (the gpu tests print it).
+TEST(CudaRuntime, Bf16ComputesCublasLtDescriptorsAreAccepted) {
+  using zt::cuda::LtMatmul;
+  alignas(256) static char mem[256 * 8];
+  void* p[8];
+  for (int i = 0; i < 8; ++i) p[i] = mem + 256 * i;  // stand-ins: only their alignment is looked at
+  auto* f = static_cast<float*>(p[0]);
+  for (int64_t C : {int64_t(1024), int64_t(64)}) {
+    const int64_t N = C == 1024 ? 8192 : 111;
+    SCOPED_TRACE("C = " + std::to_string(C));
+    const size_t ws = size_t(32) << 20;
+    EXPECT_NO_THROW(LtMatmul::check_descriptors(zt::cuda::bias_product(f, nullptr, p[1], p[2], f + 64, N, C, 3 * C), ws));
+    EXPECT_NO_THROW(LtMatmul::check_descriptors(zt::cuda::bias_product(f, f + 128, p[1], p[2], f + 64, N, C, C), ws));
+    EXPECT_NO_THROW(LtMatmul::check_descriptors(zt::cuda::gelu_product(p[3], p[4], p[1], p[2], p[5], N, C, 4 * C), ws));
+    EXPECT_NO_THROW(LtMatmul::check_descriptors(zt::cuda::bias_product(f, f, p[1], p[2], f + 64, N, 4 * C, C), ws));
+    EXPECT_NO_THROW(LtMatmul::check_descriptors(zt::cuda::dgelu_product(p[3], p[1], p[2], p[4], N, 4 * C, C), ws));
+  }
+  // The epilogues' own rules are ours, checked first: an aux matrix of leading dimension 12.
+  EXPECT_THROW(LtMatmul::check_descriptors(zt::cuda::gelu_product(p[3], p[4], p[1], p[2], p[5], 2, 8, 12), 0),
+               std::invalid_argument);
+}
+

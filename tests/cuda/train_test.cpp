@@ -141,6 +141,40 @@ TEST(CudaTrain, FlashAttentionStaysNearItsCpuTwinAndTheReference) {
   }
 }
 
+// --matmul-dtype bf16 (bf16 GEMM inputs, cuBLASLt epilogues; model_passes_test.cpp holds each pass to
+// its stated tolerances): six steps of the tiny model stay within 2e-2 of the same run's losses with
+// fp32 compute on the GPU (bf16 storage's own tolerance against the simulated GPU, the test above),
+// with the materialized and the flash attention, with checkpointing, and the unfused epilogues
+// (ZT_CUBLASLT_EPILOGUES=0) likewise; a materialized run repeats bit for bit.
+TEST(CudaTrain, Bf16MatmulsTrainNearTheFp32Computation) {
+  ZT_REQUIRE_GPU();
+  for (const char* attention : {"materialized", "flash"}) {
+    SCOPED_TRACE(attention);
+    TrainConfig c = optimizer_offload_run("bf16");
+    c.attention = attention;
+    c.device = "cuda";
+    const std::vector<double> fp32 = train_losses(c);
+    c.matmul_dtype = "bf16";
+    const std::vector<double> bf16 = train_losses(c);
+    expect_losses_close(bf16, fp32, 2e-2);
+    std::printf("%s: losses with fp32 compute", attention);
+    for (double l : fp32) std::printf(" %.5f", l);
+    std::printf("; with bf16");
+    for (double l : bf16) std::printf(" %.5f", l);
+    std::printf("\n");
+    if (std::string(attention) == "materialized") {
+      EXPECT_EQ(train_losses(c), bf16) << "a second bf16 run gave other losses";
+      c.activation_checkpointing = true;
+      expect_losses_close(train_losses(c), fp32, 2e-2);
+      c.activation_checkpointing = false;
+      setenv("ZT_CUBLASLT_EPILOGUES", "0", 1);
+      const std::vector<double> unfused = train_losses(c);
+      unsetenv("ZT_CUBLASLT_EPILOGUES");
+      expect_losses_close(unfused, fp32, 2e-2);
+    }
+  }
+}
+
 // A checkpoint of a one-rank GPU run (its collectives queue device copies and skip the stream
 // synchronizations, but the save's digest exchange passes host buffers: those copies are
 // synchronous), resumed, and the delayed update with it: the resumed run picks the save up (its
@@ -217,6 +251,30 @@ TEST(CudaTrain, PartialOffloadIsTheFullOffloadOnTheGpu) {
   TrainConfig sim = c;
   sim.device = "sim";
   expect_losses_close(train_losses(c), train_losses(sim), 2e-2);
+}
+
+// AdamW during backward (--overlap-update --adam-in-backward) on the GPU: each module's CPU AdamW
+// starts once its gradient partition has landed from the GPU, beside the rest of backward; the run
+// is the ordinary update's bit for bit (the GPU's passes repeat exactly), with device and host
+// parameter shards, on 1 and 2 ranks, without clipping and with a clip that acts on some steps.
+TEST(CudaTrain, AdamInBackwardIsTheOrdinaryUpdateBitForBit) {
+  ZT_REQUIRE_GPU();
+  for (int world : {1, 2})
+    for (bool off_param : {false, true})
+      for (double clip : {0.0, 3.0}) {
+        SCOPED_TRACE(std::to_string(world) + " ranks, " + (off_param ? "host" : "device") + " parameter shards, clip " +
+                     std::to_string(clip));
+        TrainConfig c = optimizer_offload_run("bf16");
+        c.device = "cuda";
+        c.world_size = world;
+        c.grad_clip = clip;
+        c.zero.offload_param = off_param;
+        c.zero.param_persistence_threshold = 0;
+        const std::vector<double> ordinary = train_losses(c);
+        c.overlap_update = true;
+        c.adam_in_backward = true;
+        EXPECT_EQ(train_losses(c), ordinary);
+      }
 }
 
 // ZT_CUDA_SYNC=blocking (the rank thread sleeps in its waits for the GPU instead of spinning): the

@@ -44,8 +44,8 @@ TEST(RoundTrip, EveryRecordTypeReadsBackIdentical) {
   w->insert(StringRow{1, "block0.shard"});
   w->insert(StringRow{2, "all_gather"});
   w->insert(StringRow{3, "it's \"quoted\", with ünïcode"});
-  w->insert(FrameRow{1, 0x401000, "/bin/x", 0x1000, "main"});
-  w->insert(FrameRow{2, 0x402000, "", std::nullopt, ""});
+  w->insert(FrameRow{1, 0x401000, "/bin/x", 0x1000, "main", std::nullopt});
+  w->insert(FrameRow{2, 0x402000, "", std::nullopt, "", std::nullopt});
   w->insert(StackRow{1, 0, 1});
   w->insert(StackRow{2, 1, 2});
   AllocationRow seg{10, 3, 1, MemoryKind::Device, AllocLevel::Segment, 0x7f0000000000, 1 << 30, 1 << 30, 1100,

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "../test_util.h"
+#include "../hand_trace.h"
 #include "check_traces.h"
 #include "zt/check/check.h"
 #include "zt/probe/recorder.h"
@@ -87,6 +88,25 @@ TEST(CheckLeaks, TwoEpochsAreEnoughToCatchIt) {
   const CheckResult& c = only(r, "leaks");
   ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
   EXPECT_TRUE(has(c.findings.at(0), "offload.buffer[epoch *] +1.00 MiB in 1 allocation")) << c.findings[0];
+}
+
+// A probed Python program's host allocations have no tensor names: the growing site is named by the
+// Python line that allocated (its innermost Python frame), however deep in C the allocation was.
+TEST(CheckLeaks, AProbedPythonLeakNamesItsLine) {
+  test::TempDir dir;
+  const std::string path = dir.file("pyleak.db");
+  ASSERT_TRUE(test::write_python_leak_trace(path));
+  Options o;
+  o.leaks = true;
+  Report r = run(path, o);
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u) << format_text(r);
+  const std::string& f = c.findings[0];
+  EXPECT_TRUE(has(f, "rank 0 cpu pageable host memory")) << f;
+  EXPECT_TRUE(has(f, "grew 4.00 MiB per epoch")) << f;
+  EXPECT_TRUE(has(f, ": grow (/w/leak.py:12) +8.00 MiB in 2 allocations")) << f;
+  EXPECT_FALSE(has(f, "make_table")) << f;  // flat: not part of the growth
 }
 
 TEST(CheckLeaks, AFlatRunPasses) {

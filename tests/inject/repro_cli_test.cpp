@@ -155,10 +155,71 @@ TEST_P(FullSize, ReproducedWithinBudget) {
 INSTANTIATE_TEST_SUITE_P(Reports, FullSize,
                          ::testing::Values("r1-xtuner-yi34b-epoch-host-oom", "r2-qwen72b-offload-device-mismatch",
                                            "r3-internlm2-20b-no-zero-oom", "r4-deepseek-coder-v2-236b-save-oom",
-                                           "r5-axolotl-unscale-clip-mismatch", "r5-axolotl-8bit-optimizer-cpu-state"),
+                                           "r5-axolotl-unscale-clip-mismatch", "r5-axolotl-8bit-optimizer-cpu-state",
+                                           // issue 30: the two reports it describes, and three more public ones
+                                           "hf12587-blenderbot9b-fp16-save-oom", "fairl66-qwen3vl30b-lora-load-host-oom",
+                                           "llamafactory836-baichuan2-13b-eval-logits-oom",
+                                           "openrlhf632-qwen72b-pinned-host-ray-oom",
+                                           "ds3517-chatglm6b-lora-no-checkpointing-oom"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string n = info.param;
                            for (auto& c : n)
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return n;
                          });
+
+// Issue 30: finding a scenario (--list, a unique prefix, the names when none matches) and writing one
+// from the user's own files (zt repro init: a skeleton whose TODOs keep it from running until filled).
+TEST(ReproCli, ListAndPrefixFindTheShippedScenarios) {
+  Result list = run_zt("repro --list");
+  EXPECT_EQ(list.code, 0) << list.out;
+  for (const char* name : {"r4-deepseek-coder-v2-236b-save-oom", "fairl66-qwen3vl30b-lora-load-host-oom"})
+    EXPECT_TRUE(has(list.out, name)) << list.out;
+  EXPECT_TRUE(has(list.out, "FAI-RL-66: FAI-RL, Qwen3-VL-30B-A3B-Instruct LoRA")) << list.out;
+  zt::test::TempDir dir;
+  Result prefix = run_zt("repro r3 -q --keep " + dir.file("k"));
+  EXPECT_EQ(prefix.code, 0) << prefix.out;
+  EXPECT_TRUE(has(prefix.out, "report    R3:")) << prefix.out;
+  Result several = run_zt("repro r5 -q");
+  EXPECT_EQ(several.code, 2);
+  EXPECT_TRUE(has(several.out, "r5: names several shipped scenarios")) << several.out;
+  EXPECT_TRUE(has(several.out, "r5-axolotl-8bit-optimizer-cpu-state")) << several.out;
+  Result none = run_zt("repro nothing-like-it -q");
+  EXPECT_EQ(none.code, 2);
+  EXPECT_TRUE(has(none.out, "the shipped ones:")) << none.out;
+  EXPECT_TRUE(has(none.out, "r3-internlm2-20b-no-zero-oom")) << none.out;
+  // The verdict says where the report came from with "from", not "seed" (--seed is the runs' seed).
+  EXPECT_FALSE(has(prefix.out, "(seed 002_")) << prefix.out;
+  EXPECT_TRUE(has(prefix.out, "from      002_")) << prefix.out;
+}
+
+TEST(ReproCli, InitWritesASkeletonFromTheUsersFiles) {
+  zt::test::TempDir dir;
+  std::ofstream(dir.file("ds.json")) << R"({"bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 2,
+    "zero_optimization": {"stage": 3, "cpu_offload": true, "stage3_gather_fp16_weights_on_model_save": true}})";
+  std::ofstream(dir.file("config.json")) << R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 11008,
+    "vocab_size": 32000, "max_position_embeddings": 4096, "torch_dtype": "float16"})";
+  Result r = run_zt("repro init --ds-config " + dir.file("ds.json") + " --hf-config " + dir.file("config.json") +
+                    " --gpus 8 --gpu-memory 80GiB -o " + dir.file("my.yaml"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string y = read(dir.file("my.yaml"));
+  EXPECT_TRUE(has(y, "hf_config: config.json")) << y;
+  EXPECT_TRUE(has(y, "6738415616, the llama formula")) << y;
+  EXPECT_TRUE(has(y, "gpus_per_node: 8")) << y;
+  EXPECT_TRUE(has(y, "precision: bf16")) << y;
+  EXPECT_TRUE(has(y, "micro_batch: 2")) << y;
+  EXPECT_TRUE(has(y, "cpu_offload: true is DeepSpeed's deprecated form")) << y;
+  for (const char* todo : {"id: TODO", "sources: [TODO]", "error: TODO", "seq_len: TODO", "host_memory: TODO"})
+    EXPECT_TRUE(has(y, todo)) << todo << "\n" << y;
+  // Not runnable until the TODOs are filled: refused with its file and line.
+  Result run = run_zt("repro " + dir.file("my.yaml") + " -q");
+  EXPECT_EQ(run.code, 2) << run.out;
+  EXPECT_TRUE(has(run.out, "my.yaml:")) << run.out;
+  EXPECT_TRUE(has(run.out, "TODO")) << run.out;
+  // It never replaces a file, and it refuses a bad input.
+  EXPECT_EQ(run_zt("repro init --hf-config " + dir.file("config.json") + " -o " + dir.file("my.yaml")).code, 2);
+  Result bad = run_zt("repro init --hf-config " + dir.file("ds.json"));
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(has(bad.out, "model_type is missing")) << bad.out;
+}

@@ -24,18 +24,25 @@ std::vector<std::string> shipped() {
   return out;
 }
 
-repro::ReproResult run(const std::string& name, const std::string& keep, std::optional<uint64_t> seed = std::nullopt) {
-  repro::Scenario s;
-  Status st = repro::load_scenario(std::string(ZT_SOURCE_DIR) + "/inject/scenarios/" + name + ".yaml", &s);
-  EXPECT_TRUE(st) << st.message();
+// One scenario as loaded (and perhaps edited by the test), its runs kept in `keep`.
+repro::ReproResult run_loaded(const repro::Scenario& s, const std::string& keep, std::optional<uint64_t> seed = std::nullopt,
+                              repro::Variant variant = repro::Variant::Small) {
   repro::RunOptions o;
+  o.variant = variant;
   o.keep_dir = keep;
   o.seed = seed;
   o.crash_handlers = false;
   repro::ReproResult r;
-  st = repro::run_scenario(s, o, &r);
+  Status st = repro::run_scenario(s, o, &r);
   EXPECT_TRUE(st) << st.message();
   return r;
+}
+
+repro::ReproResult run(const std::string& name, const std::string& keep, std::optional<uint64_t> seed = std::nullopt) {
+  repro::Scenario s;
+  Status st = repro::load_scenario(std::string(ZT_SOURCE_DIR) + "/inject/scenarios/" + name + ".yaml", &s);
+  EXPECT_TRUE(st) << st.message();
+  return run_loaded(s, keep, seed);
 }
 
 std::string explain(const repro::ReproResult& r) {
@@ -209,4 +216,43 @@ small: {model: tiny, world_size: 2, gpu_memory: 64MiB}
   ASSERT_TRUE(repro::run_scenario(s, o, &r));
   EXPECT_EQ(r.verdict, "REPRODUCED") << explain(r);
   EXPECT_EQ(r.exit_code(), 0) << explain(r);
+}
+
+// Issue 30: a run that fails with the expected kind of error through another mechanism is a
+// DIFFERENT FAILURE, never REPRODUCED. FAI-RL#66 at 2 GPUs as a full fine-tune with the model not
+// loaded from its checkpoint: the pinned Adam states of 30 B parameters reach Ray's threshold while
+// they are placed (the same error kind and text), not while the model loads.
+TEST(ReproRun, TheExpectedErrorThroughAnotherMechanismIsADifferentFailure) {
+  repro::Scenario s;
+  ASSERT_TRUE(repro::load_scenario(std::string(ZT_SOURCE_DIR) + "/inject/scenarios/fairl66-qwen3vl30b-lora-load-host-oom.yaml", &s));
+  s.train.push_back({"finetuning", "full", 0});
+  s.train.push_back({"from_pretrained", "false", 0});
+  test::TempDir dir;
+  repro::ReproResult r = run_loaded(s, dir.path(), std::nullopt, repro::Variant::Full);
+  const repro::Evidence& e = r.bug.judgement.evidence;
+  EXPECT_EQ(e.error_kind, "memory_watchdog") << explain(r);
+  EXPECT_EQ(r.verdict, "DIFFERENT FAILURE") << explain(r);
+  EXPECT_TRUE(r.bug.judgement.different_failure);
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_NE(explain(r).find("[invalid] mechanism: phase"), std::string::npos) << explain(r);
+  // Unchanged, the same scenario is REPRODUCED through its own mechanism.
+  repro::Scenario as_shipped;
+  ASSERT_TRUE(repro::load_scenario(s.path, &as_shipped));
+  test::TempDir dir2;
+  r = run_loaded(as_shipped, dir2.path(), std::nullopt, repro::Variant::Full);
+  EXPECT_EQ(r.verdict, "REPRODUCED") << explain(r);
+}
+
+// A DeepSpeed key that changes memory zerotrace does not model makes both verdicts INCONCLUSIVE,
+// naming it, whatever the runs showed.
+TEST(ReproRun, AnUnmodeledMemoryKeyIsInconclusiveNamingIt) {
+  repro::Scenario s;
+  ASSERT_TRUE(repro::load_scenario(std::string(ZT_SOURCE_DIR) + "/inject/scenarios/r3-internlm2-20b-no-zero-oom.yaml", &s));
+  s.deepspeed["zero_optimization"]["zero_hpz_partition_size"] = 8;
+  test::TempDir dir;
+  repro::ReproResult r = run_loaded(s, dir.path());
+  EXPECT_EQ(r.verdict, "INCONCLUSIVE") << explain(r);
+  EXPECT_EQ(repro::cure_word(r.cured), "INCONCLUSIVE");
+  EXPECT_NE(explain(r).find("zero_optimization.zero_hpz_partition_size 8"), std::string::npos) << explain(r);
+  EXPECT_EQ(r.exit_code(), 1);
 }

@@ -103,7 +103,10 @@ TEST(ReproScenario, EveryShippedScenarioParsesAndResolves) {
     Status st = repro::load_scenario(f, &s);
     ASSERT_TRUE(st) << st.message();
     reports.insert(s.report_id);
-    EXPECT_TRUE(std::regex_match(s.report_seed, std::regex(R"(\d{3}_[0-9a-f]{16}\.txt)"))) << s.report_seed;
+    // Every report says where it came from: a seed article of docs/bug-reports.md, or public URLs.
+    ASSERT_FALSE(s.report_sources.empty());
+    for (const auto& src : s.report_sources)
+      EXPECT_TRUE(std::regex_match(src, std::regex(R"(\d{3}_[0-9a-f]{16}\.txt|https://github\.com/\S+)"))) << src;
     EXPECT_FALSE(s.report_title.empty());
     EXPECT_FALSE(s.fix.description.empty()) << "a fix says what it is";
     EXPECT_EQ(fs::path(f).stem().string(), s.name) << "the file is named for its scenario";
@@ -290,7 +293,7 @@ TEST(ReproScenario, FaultArgumentsAreCheckedWhenLoaded) {
 }
 
 TEST(ReproScenario, ExpectErrorIsAKindTheTrainerRecords) {
-  for (const char* kind : {"oom", "host_oom", "device_mismatch", "watchdog_timeout"}) {
+  for (const char* kind : {"oom", "host_oom", "device_mismatch", "watchdog_timeout", "memory_watchdog"}) {
     test::TempDir dir;
     repro::Scenario s;
     Status st = repro::load_scenario(write(dir, "k.yaml", variant("  error: device_mismatch", std::string("  error: ") + kind)), &s);
@@ -298,7 +301,7 @@ TEST(ReproScenario, ExpectErrorIsAKindTheTrainerRecords) {
   }
   std::string t = variant("  error: device_mismatch", "  error: gremlins");
   expect_refused(t, line_of(t, "gremlins"), "expect.error: 'gremlins' is not an error kind a run records; use oom, host_oom, "
-                                            "device_mismatch or watchdog_timeout");
+                                            "device_mismatch, watchdog_timeout or memory_watchdog");
   t = variant("  error: device_mismatch", "  error: Device_Mismatch");
   expect_refused(t, line_of(t, "Device_Mismatch"), "'Device_Mismatch' is not an error kind");
   t = variant("  error: device_mismatch", "  error: uncaught_exception");

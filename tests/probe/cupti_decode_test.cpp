@@ -99,8 +99,8 @@ TEST(CuptiDecode, KindTranslationIsExplicit) {
   EXPECT_EQ(memory_kind_from_cupti(CUPTI_ACTIVITY_MEMORY_KIND_DEVICE), MemoryKind::Device);
   EXPECT_EQ(memory_kind_from_cupti(CUPTI_ACTIVITY_MEMORY_KIND_ARRAY), MemoryKind::Device);
   EXPECT_EQ(memory_kind_from_cupti(CUPTI_ACTIVITY_MEMORY_KIND_MANAGED), MemoryKind::Managed);
-  EXPECT_EQ(memory_kind_from_cupti(CUPTI_ACTIVITY_MEMORY_KIND_DEVICE_STATIC), MemoryKind::Device);
-  EXPECT_EQ(memory_kind_from_cupti(CUPTI_ACTIVITY_MEMORY_KIND_MANAGED_STATIC), MemoryKind::Managed);
+  EXPECT_EQ(memory_kind_from_cupti(CUPTI_ACTIVITY_MEMORY_KIND_DEVICE_STATIC), MemoryKind::ModuleGlobal);
+  EXPECT_EQ(memory_kind_from_cupti(CUPTI_ACTIVITY_MEMORY_KIND_MANAGED_STATIC), MemoryKind::ModuleGlobal);
   EXPECT_EQ(memory_kind_from_cupti(99), MemoryKind::Unknown);
   // Our codes are not CUPTI's: pageable is 1 there, 3 here.
   EXPECT_EQ(int(memory_kind_from_cupti(1)), 3);

@@ -52,6 +52,16 @@ TEST(ProbeConfig, BadValuesNameTheVariable) {
   EXPECT_NE(e.find("ZT_PROBE_STACKS=maybe"), std::string::npos);
 }
 
+TEST(ProbeConfig, PythonFramesOwnGilOrOff) {
+  EXPECT_EQ(parse({}).python, PythonFrames::Own);
+  EXPECT_EQ(parse({{kEnvPython, "gil"}}).python, PythonFrames::Gil);
+  EXPECT_EQ(parse({{kEnvPython, "0"}}).python, PythonFrames::Off);
+  EXPECT_EQ(parse({{kEnvPython, "1"}}).python, PythonFrames::Own);
+  std::string e;
+  parse({{kEnvPython, "always"}}, false, &e);
+  EXPECT_NE(e.find("ZT_PROBE_PYTHON=always: expected 1, gil or 0"), std::string::npos) << e;
+}
+
 TEST(ProbeConfig, PerProcessTraceNames) {
   EXPECT_EQ(per_process_trace_path("/x/run.db", 42), "/x/run.pid42.db");
   EXPECT_EQ(per_process_trace_path("/x/run", 7), "/x/run.pid7.db");

@@ -17,6 +17,22 @@ namespace zt::test {
 
 inline std::string probe_library() { return std::string(ZT_BINARY_DIR) + "/libzt_probe.so"; }
 
+// Debian's python3 (what CI runs), else the first python3 on PATH that is a real executable
+// (not a shim script); empty when there is none.
+inline std::string python3() {
+  if (access("/usr/bin/python3", X_OK) == 0) return "/usr/bin/python3";
+  const char* path = getenv("PATH");
+  std::string p = path ? path : "";
+  for (size_t a = 0; a <= p.size();) {
+    size_t b = p.find(':', a);
+    if (b == std::string::npos) b = p.size();
+    std::string f = p.substr(a, b - a) + "/python3";
+    if (access(f.c_str(), X_OK) == 0) return f;
+    a = b + 1;
+  }
+  return "";
+}
+
 struct RunResult {
   int code = -1;  // exit code, or 128+signal
   std::string err;  // stderr

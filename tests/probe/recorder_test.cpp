@@ -61,6 +61,35 @@ __attribute__((noinline)) StackId other_function_for_stack_test(Recorder& rec) {
   return id;
 }
 
+// Python frames (tokens of python_frame_token) beside native ips: one row per (function, line),
+// written complete with file, function and line, left alone by the symbolization at close.
+TEST(Recorder, PythonFramesAreInternedBesideNativeOnes) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("py.db");
+  auto rec = open_recorder(path);
+  const uint64_t grow = rec->python_function("/w/leak.py", "grow");
+  const uint64_t train = rec->python_function("/w/leak.py", "Trainer.train");
+  EXPECT_EQ(rec->python_function("/w/leak.py", "grow"), grow);
+  EXPECT_NE(train, grow);
+  const uint64_t native = reinterpret_cast<uint64_t>(&leaky_function_for_stack_test) + 1;
+  const uint64_t a[] = {native, Recorder::python_frame_token(grow, 12), Recorder::python_frame_token(train, 20)};
+  const uint64_t b[] = {native, Recorder::python_frame_token(grow, 13), Recorder::python_frame_token(train, 20)};
+  const StackId sa = rec->intern_stack(a, 3), sb = rec->intern_stack(b, 3);
+  EXPECT_EQ(rec->intern_stack(a, 3), sa);
+  EXPECT_NE(sa, sb);
+  ASSERT_TRUE(rec->close().ok());
+  auto r = open_reader(path);
+  std::vector<std::string> lines;
+  ASSERT_TRUE(r->stack_text(sa, &lines).ok());
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_NE(lines[0].find("leaky_function_for_stack_test"), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[1], "grow (/w/leak.py:12)");
+  EXPECT_EQ(lines[2], "Trainer.train (/w/leak.py:20)");
+  // grow:12, grow:13 and train:20 are three rows; the caller's node is shared.
+  EXPECT_EQ(scalar(*r, "SELECT count(*) FROM frame WHERE ip = 0"), "3");
+  EXPECT_EQ(scalar(*r, "SELECT count(*) FROM stack WHERE parent_id IS NULL"), "1");
+}
+
 TEST(Recorder, EveryEventTypeBecomesARow) {
   zt::test::TempDir dir;
   auto rec = open_recorder(dir.file("t.db"));

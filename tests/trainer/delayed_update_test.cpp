@@ -7,12 +7,16 @@
 #include <gtest/gtest.h>
 
 #include <omp.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -618,4 +622,33 @@ TEST(BackgroundThread, TheOwnerNarrowsBesideARunningJobOnly) {
     EXPECT_EQ(omp_get_max_threads(), 3);
   }
   omp_set_num_threads(before);
+}
+
+// ZT_ADAM_NICE's mechanism: the job's thread and the OpenMP threads of its regions run at the niceness
+// given (each thread's own, read back with getpriority on its thread id), the owner's stays as it was.
+TEST(BackgroundThread, TheJobsThreadsRunAtTheirNiceness) {
+  auto own_nice = [] { return getpriority(PRIO_PROCESS, id_t(syscall(SYS_gettid))); };
+  const int owner_before = own_nice();
+  if (owner_before > 7) GTEST_SKIP() << "this test runs at niceness " << owner_before << ", above the 7 it sets";
+  BackgroundThread bt(3, 0, 0, 7);
+  std::vector<int> seen;
+  std::mutex mu;
+  bt.submit([&] {
+    bt.refresh_width(0);
+    std::lock_guard lock(mu);
+    seen.push_back(own_nice());
+  });
+  bt.wait();
+  bt.submit([&] {
+#pragma omp parallel num_threads(3)
+    {
+      const int n = own_nice();
+      std::lock_guard lock(mu);
+      seen.push_back(n);
+    }
+  });
+  bt.wait();
+  ASSERT_EQ(seen.size(), 4u);
+  for (int n : seen) EXPECT_EQ(n, 7);
+  EXPECT_EQ(own_nice(), owner_before);
 }

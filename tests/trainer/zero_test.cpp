@@ -293,6 +293,17 @@ TEST(Zero, BadDeepSpeedConfigsAreRejected) {
   m.matmul_precision = "low";
   EXPECT_NE(validate(m).message().find("matmul_precision 'low': use highest (fp32), high (TF32) or medium (bf16)"),
             std::string::npos);
+  TrainConfig b16 = base(1);
+  b16.matmul_dtype = "bf16";  // bf16 GEMM inputs: a real GPU's, over bf16 parameters only
+  const char* needs = "matmul_dtype bf16 multiplies bf16 activations on a GPU's tensor cores: it needs --device cuda "
+                      "and --precision bf16";
+  EXPECT_NE(validate(b16).message().find(needs), std::string::npos) << validate(b16).message();
+  b16.device = "cuda";
+  EXPECT_NE(validate(b16).message().find(needs), std::string::npos) << validate(b16).message();
+  b16.precision = "bf16";
+  EXPECT_TRUE(validate(b16).ok()) << validate(b16).message();
+  b16.matmul_dtype = "fp16";
+  EXPECT_NE(validate(b16).message().find("matmul_dtype 'fp16': use fp32 (default) or bf16"), std::string::npos);
 }
 
 // --attention flash on the simulated GPU (model/flash_attention.h, the CUDA kernels' CPU twin):

@@ -61,8 +61,8 @@ inline bool write_known_trace(const std::string& path, std::string* error) {
   DeviceRow cpu{2, 0, DeviceKind::Cpu, 0, "cpu", "host", std::nullopt, false};
   w->insert(gpu);
   w->insert(cpu);
-  w->insert(FrameRow{1, 0x401000, "/usr/bin/trainer", 0x1000, "main"});
-  w->insert(FrameRow{2, 0x402000, "/usr/bin/trainer", 0x2000, "zt::offload::make_buffer"});
+  w->insert(FrameRow{1, 0x401000, "/usr/bin/trainer", 0x1000, "main", std::nullopt});
+  w->insert(FrameRow{2, 0x402000, "/usr/bin/trainer", 0x2000, "zt::offload::make_buffer", std::nullopt});
   w->insert(StackRow{1, 0, 1});
   w->insert(StackRow{2, 1, 2});
 

@@ -2,6 +2,7 @@
 // visible-range search, folding, min/max decimation, leak grouping, placement mismatches,
 // the playhead state and range summaries.
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "model/trace_model.h"
 #include "hand_trace.h"
 #include "test_util.h"
+#include "zt/db/derive_steps.h"
 #include "zt/db/trace_writer.h"
 
 using namespace zt::viewer;
@@ -60,6 +62,16 @@ TEST(Families, ClassifiesTensorNames) {
   EXPECT_EQ(classify_tensor("adam.m[shard]"), Family::OptimizerState);
   EXPECT_EQ(classify_tensor("block3.master"), Family::OptimizerState);
   EXPECT_EQ(classify_tensor("block3.act"), Family::Activations);
+  // The memory model's terms (trainer/zero/ds_memory.h).
+  for (const char* n : {"block3.ln_1.out", "block3.attn.qkv", "block3.attn.lse", "block3.mlp.fc", "block3.residual",
+                        "block4.input", "final_ln.rstd", "lm_head.log_softmax", "block3.forward_scratch", "embeddings.wte_out"})
+    EXPECT_EQ(classify_tensor(n), Family::Activations) << n;
+  EXPECT_EQ(classify_tensor("lm_head.grad_logits_fp32"), Family::Gradients);
+  EXPECT_EQ(classify_tensor("ipg_bucket"), Family::Gradients);
+  EXPECT_EQ(classify_tensor("ipg.flat"), Family::Gradients);
+  EXPECT_EQ(classify_tensor("block3.persistent"), Family::Parameters);
+  EXPECT_EQ(classify_tensor("final_ln.param"), Family::Parameters);
+  EXPECT_EQ(classify_tensor("embeddings.wte.gathered"), Family::Parameters);
   EXPECT_EQ(classify_tensor("offload.buffer[epoch 1]"), Family::Buffers);
   EXPECT_EQ(classify_tensor("segment0"), Family::Buffers);
   EXPECT_EQ(leak_group_name("offload.buffer[epoch 12]"), "offload.buffer[epoch *]");
@@ -198,6 +210,25 @@ TEST_F(KnownTraceTest, LeaksGroupByNameAndGrowPerEpoch) {
   ASSERT_TRUE(model_->stack_text(leaks[0].stack_id, &stack).ok());
   ASSERT_EQ(stack.size(), 2u);
   EXPECT_NE(stack[0].find("zt::offload::make_buffer"), std::string::npos);
+}
+
+// A probed Python program's leak: the leaks view names where it was allocated, by its Python line.
+TEST(PythonLeak, TheLeaksViewNamesTheSiteOfEachGroup) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("pyleak.db");
+  ASSERT_TRUE(zt::test::write_python_leak_trace(path));
+  std::unique_ptr<TraceModel> m;
+  ASSERT_TRUE(TraceModel::load(path, &m).ok());
+  auto leaks = find_leaks(*m);
+  ASSERT_EQ(leaks.size(), 2u);
+  const LeakGroup* grow = nullptr;
+  for (auto& g : leaks)
+    if (g.grows) grow = &g;
+  ASSERT_NE(grow, nullptr);
+  EXPECT_EQ(m->site(grow->stack_id), "grow (/w/leak.py:12)");
+  EXPECT_EQ(grow->alive_bytes, 16 << 20);
+  EXPECT_EQ(m->site(9), "make_table (/usr/lib/libtable.so+0x2000)");
+  EXPECT_EQ(m->site(0), "");
 }
 
 TEST_F(KnownTraceTest, PlacementFlagsTheGradientPartitionOnTheWrongDevice) {
@@ -460,4 +491,39 @@ TEST(Placement, WrongDeviceSpanIsLastAndErrorNamesMatchWithoutTheirDevice) {
   }
   EXPECT_EQ(error_tensor_names(R"(["combined_scale@cpu","a.grad@cuda:0","plain"])"),
             (std::vector<std::string>{"combined_scale", "a.grad", "plain"}));
+}
+
+// A probed program's steps (derived from its ranges when the trace was finished: here DeepSpeed's,
+// the rows of a real trace, tests/data/deepspeed_zero3_offload_steps.sql) are the viewer's steps to
+// jump to; a CUDA module's globals are not drawn; an old trace's "CUDA tracing was off" error row is
+// not a flag.
+TEST(TraceModelProbed, DerivedStepsNavigateAndModuleGlobalsAndNotesAreNotDrawn) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("ds.db");
+  {
+    std::unique_ptr<TraceWriter> w;
+    ASSERT_TRUE(TraceWriter::create(path, &w).ok());
+    const std::string sql = zt::test::read_file(std::string(ZT_SOURCE_DIR) + "/tests/data/deepspeed_zero3_offload_steps.sql");
+    ASSERT_FALSE(sql.empty());
+    ASSERT_EQ(sqlite3_exec(w->handle(), sql.c_str(), nullptr, nullptr, nullptr), 0);
+    // One of its module globals as this zt records them, and an old trace's note-as-error.
+    ASSERT_EQ(sqlite3_exec(w->handle(),
+                           "UPDATE allocation SET memory_kind = 5 WHERE id = 5046;"
+                           "INSERT INTO error(rank, t, kind, site, message) VALUES (0, 150000000000, "
+                           "'cuda_tracing_off', 'probe', 'CUDA tracing was off: test');",
+                           nullptr, nullptr, nullptr),
+              0);
+    ASSERT_TRUE(w->finish().ok());
+  }
+  DerivedMarkers d;
+  ASSERT_TRUE(derive_steps(path, StepRules{}, &d).ok());
+  ASSERT_EQ(d.steps, 4);
+  std::unique_ptr<TraceModel> m;
+  ASSERT_TRUE(TraceModel::load(path, &m).ok());
+  EXPECT_EQ(m->max_step, 3);
+  EXPECT_EQ(m->step_start(0), 150277984551);  // the first DeepSpeedEngine.forward's start
+  EXPECT_EQ(m->step_end(3), 155060298970);   // the fourth optimizer step's end
+  for (size_t i = 0; i < m->alloc.size(); ++i) EXPECT_NE(m->alloc.id[i], 5046);
+  EXPECT_TRUE(m->flags.empty());
 }

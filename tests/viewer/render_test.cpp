@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -206,6 +207,26 @@ TEST_F(RenderTest, NarrowPlacementColumnKeepsTheEndOfTheName) {
   std::string end = "[3].grad  (in an error)";
   ASSERT_GE(text.size(), end.size());
   EXPECT_EQ(text.substr(text.size() - end.size()), end) << text;
+}
+
+// The first frame: the playhead at the first step's start (view time 0), where the model states
+// are live, not at the trace's first event before anything is; each allocation track names its
+// colours in its label column: the families of its rows, and the allocator's segments (dimmer).
+TEST_F(RenderTest, FirstFrameHasThePlayheadAtStepZeroAndTheAllocationColoursNamed) {
+  TAKE_OR_SKIP(s, "");
+  EXPECT_EQ(s.layout["playhead_ns"].get<double>(), 0.0);
+  // The known trace's device holds blockA.gathered, .act, .grad and checkpoint.gather; its host
+  // block0.master and the offload buffers, in pinned segments.
+  std::map<std::string, json> legends;
+  for (auto& t : s.layout["tracks"])
+    if (t["kind"] == "allocations") legends[t["title"]] = t["labels"];
+  ASSERT_EQ(legends.size(), 2u) << s.layout["tracks"].dump();
+  for (auto& [title, labels] : legends) {
+    if (title.find("cuda:0") != std::string::npos)
+      EXPECT_EQ(labels, json({"parameters", "gradients", "activations", "buffers/other"})) << title;
+    else
+      EXPECT_EQ(labels, json({"optimizer state", "buffers/other", "dimmer: allocator segment"})) << title;
+  }
 }
 
 // Every number of a memory track is in its label column: each series' real peak, the capacity,

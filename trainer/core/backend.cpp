@@ -233,6 +233,7 @@ class CpuModelPasses final : public ModelPasses {
       : ws_(c, B, T, checkpointing, 0, attention) {}
   size_t bytes() const override { return ws_.bytes(); }
   void bind(void*) override {}
+  bool owns_memory() const override { return true; }
   float* residual(int i) override { return ws_.residual(i); }
   float* grad_residual() override { return ws_.grad_residual(); }
   void embed_forward(const float* p, const int32_t* tokens, float* x_out) override {
@@ -251,6 +252,9 @@ class CpuModelPasses final : public ModelPasses {
   }
   void embed_backward(const int32_t* tokens, const float* dx, float* d_emb) override {
     model::embed_backward(ws_, tokens, dx, d_emb);
+  }
+  float head_forward(const float* pf, const float* wte, const float* x, const int32_t* targets, float* logits) override {
+    return model::head_forward(ws_, pf, wte, x, targets, logits);
   }
 
  private:

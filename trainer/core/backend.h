@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "core/dtype.h"
@@ -112,6 +113,10 @@ class ModelPasses {
   // Hands the passes that allocation (bytes() of them, on the device) before the first pass.
   // Implementations that own their memory (the CPU reference) ignore it.
   virtual void bind(void* memory) = 0;
+  // True when the passes keep their activations in memory of their own and ignore bind() (the CPU
+  // reference's workspace, on the host): the engine then charges the device with what PyTorch's
+  // autograd would keep instead (zero/ds_memory.h), tensor by tensor, as in virtual mode.
+  virtual bool owns_memory() const { return false; }
   virtual float* residual(int i) = 0;  // [B, T, C]; 0: embedding output, l + 1: block l's output
   virtual float* grad_residual() = 0;  // [B, T, C]
   virtual void embed_forward(const float* emb_params, const int32_t* tokens, float* x_out) = 0;
@@ -123,6 +128,12 @@ class ModelPasses {
   virtual void block_backward(int layer, const float* block_params, const float* x_in, const float* dx_out,
                               float* dx_in, float* d_block_params) = 0;
   virtual void embed_backward(const int32_t* tokens, const float* dx, float* d_emb_params) = 0;
+  // Forward only (an evaluation): the mean loss, and the [B, T, vocab] fp32 logits into `logits`
+  // when not null (device memory). Passes that have none throw std::invalid_argument.
+  virtual float head_forward(const float* /*final_params*/, const float* /*wte*/, const float* /*x*/,
+                             const int32_t* /*targets*/, float* /*logits*/) {
+    throw std::invalid_argument("these model passes have no forward-only head (evaluation runs on the simulated GPU and the CPU)");
+  }
 };
 
 // The CPU reference (model::Workspace and the passes of model/gpt2.h).
@@ -166,8 +177,10 @@ class Backend {
 // thread sleeps on an OS primitive until the GPU is done, freeing its core for the CPU AdamW beside
 // the step, at the price of a wake-up per wait). ZT_CUDA_SYNC picks it (parse_cuda_sync).
 enum class CudaSync { Auto, Spin, Yield, Blocking };
+// bf16_compute: the model passes' GEMMs on bf16 inputs (TrainConfig::matmul_dtype bf16; cuda/model_passes.h).
 struct CudaBackendOptions {
   MatmulPrecision matmul = MatmulPrecision::Highest;
+  bool bf16_compute = false;
   CudaSync sync = CudaSync::Auto;
 };
 // "auto", "spin", "yield" or "blocking"; false for anything else.

@@ -46,6 +46,12 @@ class StorageAllocator {
   virtual ~StorageAllocator() = default;
   // Throws the allocator's out-of-memory error when it cannot.
   virtual MemoryBlock allocate(size_t bytes, std::string_view name) = 0;
+  // The same on a stream of the device (a caching allocator keeps each stream's blocks apart, as
+  // PyTorch's does); allocators without streams ignore it.
+  virtual MemoryBlock allocate_on_stream(size_t bytes, std::string_view name, int64_t stream) {
+    (void)stream;
+    return allocate(bytes, name);
+  }
   virtual void release(const MemoryBlock& block) = 0;
   // False in virtual mode: blocks have sizes and addresses but no memory behind them, so a
   // tensor's raw() is null and every byte copy and kernel is skipped.

@@ -21,6 +21,15 @@ Storage::~Storage() {
 }
 
 Tensor Tensor::empty(std::string name, std::vector<int64_t> shape, DType dtype, Device& device, bool pinned) {
+  return make(std::move(name), std::move(shape), dtype, device, pinned, -1);
+}
+
+Tensor Tensor::empty_on_stream(std::string name, std::vector<int64_t> shape, DType dtype, Device& device, int64_t stream) {
+  return make(std::move(name), std::move(shape), dtype, device, false, stream);
+}
+
+Tensor Tensor::make(std::string name, std::vector<int64_t> shape, DType dtype, Device& device, bool pinned,
+                    int64_t stream) {
   Tensor t;
   t.numel_ = 1;
   for (int64_t d : shape) {
@@ -33,7 +42,7 @@ Tensor Tensor::empty(std::string name, std::vector<int64_t> shape, DType dtype, 
   bool use_pinned = pinned && device.is_host() && device.pinned() != nullptr;
   StorageAllocator& alloc = use_pinned ? *device.pinned() : device.memory();
   size_t bytes = size_t(t.numel_) * dtype_size(dtype);
-  MemoryBlock block = alloc.allocate(bytes, t.name_);
+  MemoryBlock block = stream < 0 ? alloc.allocate(bytes, t.name_) : alloc.allocate_on_stream(bytes, t.name_, stream);
   t.storage_ = std::make_shared<Storage>(device, alloc, block, t.name_, use_pinned);
   if (probe::Recorder* rec = device.recorder())
     rec->placement(device.rank(), rec->intern(t.name_), device.trace_id(), probe::PlacementWhy::Created,

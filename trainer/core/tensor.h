@@ -51,6 +51,9 @@ class Tensor {
   // Allocates on `device` (pinned host memory when `pinned` and the device is the host).
   static Tensor empty(std::string name, std::vector<int64_t> shape, DType dtype, Device& device, bool pinned = false);
   static Tensor zeros(std::string name, std::vector<int64_t> shape, DType dtype, Device& device, bool pinned = false);
+  // On a stream of an accelerator's caching allocator (its blocks kept apart from the default
+  // stream's, as PyTorch keeps a side stream's).
+  static Tensor empty_on_stream(std::string name, std::vector<int64_t> shape, DType dtype, Device& device, int64_t stream);
 
   bool defined() const { return storage_ != nullptr; }
   const std::string& name() const { return name_; }
@@ -70,6 +73,8 @@ class Tensor {
   void reset() { storage_.reset(); }
 
  private:
+  static Tensor make(std::string name, std::vector<int64_t> shape, DType dtype, Device& device, bool pinned,
+                     int64_t stream);
   std::string name_;
   std::vector<int64_t> shape_;
   DType dtype_ = DType::F32;

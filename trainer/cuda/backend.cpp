@@ -9,8 +9,10 @@
 // the communicator synchronizes before other ranks read a buffer.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/backend.h"
@@ -216,11 +218,15 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ModelPasses> model_passes(int rank, const model::Config& config, int B, int T, bool checkpointing,
                                             model::Attention attention) override {
     Slot& s = slot(rank);
-    auto passes =
-        std::make_unique<cuda::CudaModelPasses>(config, B, T, checkpointing, s.ops.stream(), s.blas, 0, attention);
+    auto passes = std::make_unique<cuda::CudaModelPasses>(
+        config, B, T, checkpointing, s.ops.stream(), s.blas, 0, attention,
+        options_.bf16_compute ? cuda::Compute::Bf16 : cuda::Compute::Fp32);
     // Queued only: the ops, copies and collectives that read their results run later on the same
     // stream or synchronize it first (the communicator does), so no pass needs to wait.
     passes->set_synchronous(false);
+    // ZT_CUBLASLT_EPILOGUES=0: bf16 compute's bias and GELU the unfused way (an A/B knob for GPU hosts).
+    if (const char* e = std::getenv("ZT_CUBLASLT_EPILOGUES"); e && std::string(e) == "0")
+      passes->set_fused_epilogues(false);
     return passes;
   }
   std::unique_ptr<Communicator> process_communicator(int rank, probe::Recorder* rec, probe::DeviceId trace_device,

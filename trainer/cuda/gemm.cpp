@@ -43,17 +43,8 @@ const CublasApi& cublas() {
   static std::once_flag once;
   std::call_once(once, [] {
     const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
-    void* lib = nullptr;
-    std::string tried;
-    for (const std::string& path : {soname, std::string(ZT_CUDA_LIBRARY_DIR) + "/" + soname}) {
-      if ((lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
-      const char* e = dlerror();
-      tried += (tried.empty() ? "" : "; ") + (e ? std::string(e) : path);
-    }
-    if (!lib) {
-      error = "cuBLAS could not be loaded: " + tried;
-      return;
-    }
+    void* lib = open_cuda_library(soname, "cuBLAS", &error);
+    if (!lib) return;
     auto sym = [&](const char* name) {
       void* f = dlsym(lib, name);
       if (!f && error.empty()) error = "cuBLAS (" + soname + ") has no symbol " + name;
@@ -140,6 +131,17 @@ void require_dims(const char* op, int64_t N, int64_t IC, int64_t OC) {
 
 }  // namespace
 
+void* open_cuda_library(const std::string& soname, const char* what, std::string* error) {
+  std::string tried;
+  for (const std::string& path : {soname, std::string(ZT_CUDA_LIBRARY_DIR) + "/" + soname}) {
+    if (void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return lib;
+    const char* e = dlerror();
+    tried += (tried.empty() ? "" : "; ") + (e ? std::string(e) : path);
+  }
+  *error = std::string(what) + " could not be loaded: " + tried;
+  return nullptr;
+}
+
 bool cublas_loadable(std::string* why) {
   try {
     (void)cublas();
@@ -224,6 +226,15 @@ void matmul_backward(Blas& blas, void* dinp, float* dw, float* dbias, const void
     gemm(blas, stream, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, ld_dout, dt, 1.0f, dw, IC, CUDA_R_32F,
          "cublasGemmEx (matmul_backward dw)");
   if (dbias != nullptr) column_sums_accumulate(dbias, dout, N, OC, t, stream);
+}
+
+void gemm_ex(Blas& blas, const ColumnMajorGemm& g, const void* a, const void* b, DType ab, float beta, void* d,
+             DType d_t, cudaStream_t stream, const char* what) {
+  if (g.m < 0 || g.n < 0 || g.k < 0) throw std::invalid_argument(std::string(what) + ": m, n and k must be >= 0");
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) throw std::invalid_argument(std::string(what) + ": k must be >= 1");  // cuBLAS would leave D as it is
+  gemm(blas, stream, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, a, g.lda, b,
+       g.ldb, data_type(ab, what), beta, d, g.ldd, data_type(d_t, what), what);
 }
 
 // ---- attention on cuBLAS (see gemm.h) ----

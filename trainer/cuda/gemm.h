@@ -23,6 +23,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "cuda/gemm_mapping.h"
 
 typedef struct cublasContext* cublasHandle_t;
 
@@ -73,6 +74,13 @@ void matmul_backward(Blas& blas, void* dinp, float* dw, float* dbias, const void
                      int64_t N, int64_t IC, int64_t OC, DType t, cudaStream_t stream, bool accumulate_dinp = false,
                      int64_t ld_dout = 0);
 
+// One column-major product (gemm_mapping.h) through cublasGemmEx: D (ldd) = op(A) op(B) + beta D,
+// A and B of type ab, D of type d_t (fp32 accumulation, CUBLAS_COMPUTE_32F; fp32 inputs follow the
+// Blas's matmul precision). The mixed products of bf16 compute (bf16 inputs, fp32 output) and its
+// unfused epilogues (gemm_bf16.h) go through it; matmul_forward/backward above are its same-type cases.
+void gemm_ex(Blas& blas, const ColumnMajorGemm& g, const void* a, const void* b, DType ab, float beta, void* d,
+             DType d_t, cudaStream_t stream, const char* what);
+
 // Causal self-attention in fp32 on cuBLAS: the same contract as kernels.h's attention_forward /
 // attention_backward (qkv [B, T, 3C], att [B, H, T, T] probabilities kept for the backward, zero
 // above the diagonal; dqkv overwritten; scratch B*H*T*T floats), computed as strided-batched GEMMs
@@ -88,6 +96,10 @@ void attention_backward(Blas& blas, float* dqkv, float* scratch, const float* do
 // Whether cuBLAS (loaded on first use with dlopen, not linked) and the functions used here can be
 // found; *why says what is missing. Needs no GPU.
 bool cublas_loadable(std::string* why = nullptr);
+
+// dlopen of a CUDA library (libcublas, libcublasLt) by its soname, then from the toolkit's library
+// directory: the handle, or null with *error "<what> could not be loaded: <each try's dlerror>".
+void* open_cuda_library(const std::string& soname, const char* what, std::string* error);
 
 // The text of a cuBLAS status, "CUBLAS_STATUS_NOT_SUPPORTED: the functionality requested is not supported".
 const char* cublas_status_text(int status);

@@ -8,9 +8,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cuda/runtime.h"
 
@@ -116,6 +118,29 @@ __global__ void cast_kernel(D* dst, const S* src, int64_t n) {
     st(dst, i, ld(src, i));
 }
 
+// cast_segments' table, by value (a kernel parameter): segment blockIdx.y, grid-stride over x.
+struct SegmentTable {
+  struct Entry {
+    const float* src;
+    void* dst;
+    int64_t n;
+    int dst_kind;  // 0 fp32, 1 bf16, 2 fp16
+  } e[kMaxCastSegments];
+};
+
+__global__ void cast_segments_kernel(SegmentTable table) {
+  const SegmentTable::Entry& seg = table.e[blockIdx.y];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < seg.n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = seg.src[i];
+    if (seg.dst_kind == 0)
+      static_cast<float*>(seg.dst)[i] = v;
+    else if (seg.dst_kind == 1)
+      st(static_cast<__nv_bfloat16*>(seg.dst), i, v);
+    else
+      st(static_cast<__half*>(seg.dst), i, v);
+  }
+}
+
 template <typename T>
 __global__ void scale_kernel(T* x, int64_t n, float a) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -158,8 +183,8 @@ constexpr float kLayerNormEps = 1e-5f;  // GPT-2's layer_norm_epsilon
 constexpr int kRowThreads = 256;
 constexpr int kCrossEntropyThreads = 1024;  // a row of V = 50257 logits: 50 elements per thread
 
-template <typename T>
-__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b,
+template <typename T, typename TO = T>
+__global__ void layernorm_forward_kernel(TO* out, float* mean, float* rstd, const T* inp, const T* w, const T* b,
                                          int C) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
@@ -174,7 +199,7 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
     v += d * d;
   }
   const float r = 1.0f / sqrtf(block_sum(v, scratch) / float(C) + kLayerNormEps);
-  T* y = out + row * C;
+  TO* y = out + row * C;
   for (int i = threadIdx.x; i < C; i += blockDim.x) st(y, i, (ld(x, i) - m) * r * ld(w, i) + ld(b, i));
   if (threadIdx.x == 0) {
     mean[row] = m;
@@ -373,8 +398,8 @@ __global__ void causal_softmax_backward_rows_kernel(float* grad, const float* at
 
 // ---- cross-entropy ----
 
-template <typename T>
-__global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t V,
+template <typename T, typename TO = T>
+__global__ void cross_entropy_kernel(float* losses, TO* dlogits, const T* logits, const int32_t* targets, int64_t V,
                                      int64_t stride, float dscale) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
@@ -390,7 +415,7 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
   if (threadIdx.x == 0) losses[row] = logf(sum) + m - target_logit;
   if (dlogits == nullptr) return;
   const float inv = (1.0f / sum) * dscale;
-  T* d = dlogits + row * stride;
+  TO* d = dlogits + row * stride;
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
     float p = expf(ld(x, i) - m) * inv;
     if (i == target) p -= dscale;
@@ -472,6 +497,29 @@ void cast(void* dst, DType dst_t, const void* src, DType src_t, int64_t n, cudaS
   check_launch("cast_kernel");
 }
 
+void cast_segments(const CastSegment* segments, int count, cudaStream_t stream) {
+  require(count >= 0 && count <= kMaxCastSegments, "cast_segments", "at most kMaxCastSegments segments");
+  SegmentTable table{};
+  int64_t longest = 0;
+  for (int i = 0; i < count; ++i) {
+    const CastSegment& s = segments[i];
+    require(s.n >= 0, "cast_segments", "a segment's n must be >= 0");
+    require(s.n == 0 || (s.src != nullptr && s.dst != nullptr), "cast_segments", "a segment's pointers are null");
+    int kind = 0;
+    dispatch(s.dst_t, "cast_segments", [&](auto tag) {
+      using D = decltype(tag);
+      kind = std::is_same_v<D, float> ? 0 : std::is_same_v<D, __nv_bfloat16> ? 1 : 2;
+    });
+    table.e[i] = {s.src, s.dst, s.n, kind};
+    longest = std::max(longest, s.n);
+  }
+  if (count == 0 || longest == 0) return;
+  constexpr unsigned kMaxBlocks = 2048;  // per segment; the grid-stride loop covers the rest
+  const dim3 grid(std::min(grid_for(longest), kMaxBlocks), unsigned(count));
+  cast_segments_kernel<<<grid, kThreads, 0, stream>>>(table);
+  check_launch("cast_segments_kernel");
+}
+
 void scale_inplace(void* x, DType t, int64_t n, float a, cudaStream_t stream) {
   require(n >= 0, "scale_inplace", "n must be >= 0");
   if (n == 0) return;
@@ -525,6 +573,24 @@ void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, con
     layernorm_forward_kernel<T><<<unsigned(N), kRowThreads, 0, stream>>>(
         static_cast<T*>(out), mean, rstd, static_cast<const T*>(inp), static_cast<const T*>(w),
         static_cast<const T*>(b), int(C));
+  });
+  check_launch("layernorm_forward_kernel");
+}
+
+void layernorm_forward(void* out, DType out_t, float* mean, float* rstd, const void* inp, const void* w, const void* b,
+                       int64_t N, int64_t C, DType t, cudaStream_t stream) {
+  if (out_t == t) return layernorm_forward(out, mean, rstd, inp, w, b, N, C, t, stream);
+  require(N >= 0 && C >= 1 && C <= INT32_MAX, "layernorm_forward", "N must be >= 0 and 1 <= C < 2^31");
+  require(N <= INT32_MAX, "layernorm_forward", "N must be below 2^31 (one block per row)");
+  if (N == 0) return;
+  dispatch(t, "layernorm_forward", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch(out_t, "layernorm_forward", [&](auto out_tag) {
+      using TO = decltype(out_tag);
+      layernorm_forward_kernel<T, TO><<<unsigned(N), kRowThreads, 0, stream>>>(
+          static_cast<TO*>(out), mean, rstd, static_cast<const T*>(inp), static_cast<const T*>(w),
+          static_cast<const T*>(b), int(C));
+    });
   });
   check_launch("layernorm_forward_kernel");
 }
@@ -642,6 +708,27 @@ void cross_entropy_forward_backward(float* losses, void* dlogits, const void* lo
     using T = decltype(tag);
     cross_entropy_kernel<T><<<unsigned(N), kCrossEntropyThreads, 0, stream>>>(
         losses, static_cast<T*>(dlogits), static_cast<const T*>(logits), targets, V, ld, dscale);
+  });
+  check_launch("cross_entropy_kernel");
+}
+
+void cross_entropy_forward_backward(float* losses, void* dlogits, DType dlogits_t, const void* logits,
+                                    const int32_t* targets, int64_t N, int64_t V, float dscale, DType t,
+                                    cudaStream_t stream, int64_t ld) {
+  if (dlogits_t == t) return cross_entropy_forward_backward(losses, dlogits, logits, targets, N, V, dscale, t, stream, ld);
+  require(N >= 0 && V >= 1 && N <= INT32_MAX, "cross_entropy_forward_backward", "N must be in [0, 2^31) and V >= 1");
+  require(dlogits != nullptr && dlogits != logits, "cross_entropy_forward_backward",
+          "dlogits of another dtype must be a buffer of its own");
+  if (ld == 0) ld = V;
+  require(ld >= V, "cross_entropy_forward_backward", "the row stride ld must be >= V");
+  if (N == 0) return;
+  dispatch(t, "cross_entropy_forward_backward", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch(dlogits_t, "cross_entropy_forward_backward", [&](auto out_tag) {
+      using TO = decltype(out_tag);
+      cross_entropy_kernel<T, TO><<<unsigned(N), kCrossEntropyThreads, 0, stream>>>(
+          losses, static_cast<TO*>(dlogits), static_cast<const T*>(logits), targets, V, ld, dscale);
+    });
   });
   check_launch("cross_entropy_kernel");
 }

@@ -44,10 +44,26 @@ void column_sums_accumulate(float* sums, const void* in, int64_t rows, int64_t c
 // out[n, :] = bias (or += bias with accumulate), for every row n of [N, OC]: the GEMM's bias.
 void add_bias_rows(void* out, const void* bias, int64_t N, int64_t OC, bool accumulate, DType t, cudaStream_t stream);
 
+// dst := src converted (fp32 to dst_t, round to nearest even) for up to kMaxCastSegments
+// segments in one launch: bf16 compute's staging of a module's weights (model_passes.cpp).
+// Segments must not overlap one another.
+struct CastSegment {
+  const float* src = nullptr;
+  void* dst = nullptr;
+  int64_t n = 0;
+  DType dst_t = DType::BF16;
+};
+inline constexpr int kMaxCastSegments = 8;
+void cast_segments(const CastSegment* segments, int count, cudaStream_t stream);
+
 // ---- GPT-2's ops ----
 
 // out[N, C] = (inp - mean) * rstd * w + b per row (eps 1e-5); mean[N], rstd[N] kept (fp32).
 void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b,
+                       int64_t N, int64_t C, DType t, cudaStream_t stream);
+// The same with the output stored as out_t (inp, w, b in t): bf16 compute's LayerNorm, fp32 in and
+// bf16 out (the GEMM's input). out_t == t is the call above.
+void layernorm_forward(void* out, DType out_t, float* mean, float* rstd, const void* inp, const void* w, const void* b,
                        int64_t N, int64_t C, DType t, cudaStream_t stream);
 // dinp = (or += with accumulate_dinp) the input gradient (t); dw, db += (fp32).
 void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp, const void* w,
@@ -90,6 +106,11 @@ void cross_entropy_forward(float* losses, const void* logits, const int32_t* tar
 // ld: the row stride of logits and dlogits in elements (0: V).
 void cross_entropy_forward_backward(float* losses, void* dlogits, const void* logits, const int32_t* targets,
                                     int64_t N, int64_t V, float dscale, DType t, cudaStream_t stream, int64_t ld = 0);
+// The same with dlogits of type dlogits_t (logits in t) in a buffer of its own: bf16 compute's LM
+// head (fp32 logits, bf16 gradient for the GEMMs). Columns V..ld-1 of dlogits are not written.
+void cross_entropy_forward_backward(float* losses, void* dlogits, DType dlogits_t, const void* logits,
+                                    const int32_t* targets, int64_t N, int64_t V, float dscale, DType t,
+                                    cudaStream_t stream, int64_t ld = 0);
 
 // x[b, t, :] = wte[tokens[b, t]] + wpe[t]. wte [V, C], wpe [>= T, C], x [B*T, C], all dtype t.
 void embedding_forward(void* x, const int32_t* tokens, const void* wte, const void* wpe, int64_t B, int64_t T,

@@ -28,18 +28,29 @@
 // convention of trainer::DeviceOps); set_synchronous(false) leaves them queued on `stream` for a
 // caller that orders its own work after them on that stream. head_forward_backward always
 // synchronizes: it returns the loss.
-// Not thread-safe: one pass at a time. May call: kernels.h, gemm.h, runtime.h, model/layout.h.
-// Called by: the CUDA backend's model_passes().
+// bf16 compute (Compute::Bf16, zt train --matmul-dtype bf16; the end of model_passes.cpp): the same
+// passes with every GEMM on bf16 tensor cores (fp32 accumulation, gemm_bf16.h): the LayerNorm
+// outputs, the MLP's pre-activation and GELU output are kept in bf16 (they only feed GEMMs and
+// the GELU's derivative); the attention output and the activation gradients are cast to bf16
+// where they feed a GEMM; each module's weights are staged once per pass into bf16 copies of our
+// own (one kernel for the block; the passes get fp32 parameters, ModelPasses' contract);
+// biases, the residual add and GELU ride in cuBLASLt epilogues. The residual stream, qkv, the
+// attention, LayerNorm statistics and backward, the logits and the loss, and every parameter
+// gradient stay fp32. Its buffers are carved from bytes() as every other.
+// Not thread-safe: one pass at a time. May call: kernels.h, gemm.h, gemm_bf16.h, runtime.h,
+// model/layout.h. Called by: the CUDA backend's model_passes().
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/backend.h"
 #include "cuda/gemm.h"
+#include "cuda/gemm_bf16.h"
 #include "model/config.h"
 #include "model/gpt2.h"
 #include "model/layout.h"
@@ -49,6 +60,10 @@ namespace zt::cuda {
 // cuBLAS's workspace inside bytes(): NVIDIA's recommendation for Hopper (4 MiB for Ampere; the
 // larger size serves both), as PyTorch sizes its own on sm_90.
 inline constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+
+// What the passes' GEMMs take as inputs: fp32 (the default, the CPU reference's arithmetic up to
+// summation order, or TF32 under the Blas's matmul precision) or bf16 (see above).
+enum class Compute : uint8_t { Fp32, Bf16 };
 
 class CudaModelPasses final : public trainer::ModelPasses {
  public:
@@ -60,12 +75,14 @@ class CudaModelPasses final : public trainer::ModelPasses {
   // log-sum-exps (flash_attention.h) and is refused for a shape its kernels do not take.
   static size_t required_bytes(const model::Config& config, int B, int T, bool checkpointing,
                                int64_t head_rows_per_chunk = 0,
-                               model::Attention attention = model::Attention::Materialized);
+                               model::Attention attention = model::Attention::Materialized,
+                               Compute compute = Compute::Fp32);
 
   // Throws as required_bytes does. Makes no CUDA call; `blas` (its handle and device) and `stream`
   // must outlive the passes.
   CudaModelPasses(const model::Config& config, int B, int T, bool checkpointing, cudaStream_t stream, Blas& blas,
-                  int64_t head_rows_per_chunk = 0, model::Attention attention = model::Attention::Materialized);
+                  int64_t head_rows_per_chunk = 0, model::Attention attention = model::Attention::Materialized,
+                  Compute compute = Compute::Fp32);
   ~CudaModelPasses() override;
   CudaModelPasses(const CudaModelPasses&) = delete;
   CudaModelPasses& operator=(const CudaModelPasses&) = delete;
@@ -98,6 +115,13 @@ class CudaModelPasses final : public trainer::ModelPasses {
   int T() const { return T_; }
   bool checkpointing() const { return checkpoint_; }
   model::Attention attention() const { return attention_; }
+  Compute compute() const { return compute_; }
+  // bf16 compute: how its epilogue products ran (fused on cuBLASLt or not), and the switch that
+  // forces the unfused way (ZT_CUBLASLT_EPILOGUES=0 in the backend). Null / no effect in fp32.
+  const LtMatmul::Routes* epilogue_routes() const { return lt_ ? &lt_->routes() : nullptr; }
+  void set_fused_epilogues(bool fused) {
+    if (lt_) lt_->set_fused(fused);
+  }
 
  private:
   // What one block keeps from its forward for its backward (gpt2.cpp's BlockCache).
@@ -114,6 +138,12 @@ class CudaModelPasses final : public trainer::ModelPasses {
     float* ln2_rstd;  // [N]
     float* fch;       // [N, 4C] MLP pre-activation
     float* fch_gelu;  // [N, 4C]
+    // bf16 compute keeps these four in bf16 instead (the float* above are then null, and these
+    // null in fp32): ln1, ln2 [N, C], fch (the GELU epilogue's aux matrix), fch_gelu [N, 4C].
+    void* ln1_16 = nullptr;
+    void* ln2_16 = nullptr;
+    void* fch_16 = nullptr;
+    void* fch_gelu_16 = nullptr;
   };
   // Every buffer, carved from the bound allocation.
   struct Buffers {
@@ -136,20 +166,40 @@ class CudaModelPasses final : public trainer::ModelPasses {
     float* head_w = nullptr;    // [V rounded up to 64, C]: wte, then zero rows (null when V is a multiple of 64)
     float* row_loss = nullptr;  // [N]
     void* blas_workspace = nullptr;  // kCublasWorkspaceBytes, handed to cuBLAS by bind()
+    // bf16 compute only (null in fp32; there dfch, lnf and head_w are null instead).
+    void* d16 = nullptr;        // [N, 4C] bf16: the GELU input's gradient, then qkv's
+    void* g16 = nullptr;        // [N, C] bf16: a projection's output gradient
+    void* a16 = nullptr;        // [N, C] bf16: the attention output, the attention projection's input
+    void* w16[4] = {};          // bf16 weights of the block being run: qkv, attn proj, fc, mlp proj
+    float* b32[3] = {};         // its fp32 biases on 256-byte boundaries: qkv, attn proj, mlp proj
+    void* fc_b16 = nullptr;     // [4C] bf16: fc's bias (the GELU epilogue's, of its bf16 output's type)
+    void* lnf16 = nullptr;      // [N, C] bf16
+    void* head_w16 = nullptr;   // [V rounded up to 64, C] bf16: wte, then zero rows
+    void* dlogits16 = nullptr;  // [chunk_rows, V rounded up to 64] bf16, zero past V
   };
   // Lays the buffers out from `base` (null: only counts) and returns the bytes they take.
   static size_t carve(const model::Config& config, int B, int T, bool checkpointing, int64_t chunk_rows,
-                      model::Attention attention, char* base, Buffers* out);
+                      model::Attention attention, Compute compute, char* base, Buffers* out);
   void require_bound(const char* pass) const;
   BlockCache& cache(int layer);
   void run_block_forward(BlockCache& c, const float* p, const float* x_in, float* x_out);
   void finish();  // synchronizes the stream when synchronous_
+  // bf16 compute: the block's weights and biases into Buffers' w16/b32/fc_b16.
+  void stage_block(const float* p);
+  void run_block_forward_bf16(BlockCache& c, const float* p, const float* x_in, float* x_out);
+  void block_backward_bf16(BlockCache& c, const float* p, const float* x_in, const float* dx_out, float* dx_in,
+                           float* dp);
+  float head_forward_backward_bf16(const float* fp, const float* wte, const float* x, const int32_t* targets,
+                                   float* dx, float* dfp, float* dwte, float grad_scale);
+  float mean_loss();  // reads the per-row losses back (synchronizing) and averages them as gpt2.cpp does
 
   model::Config config_;
   int B_ = 0, T_ = 0;
   int64_t N_ = 0;
   bool checkpoint_ = false;
   model::Attention attention_ = model::Attention::Materialized;
+  Compute compute_ = Compute::Fp32;
+  std::unique_ptr<LtMatmul> lt_;  // bf16 compute's cuBLASLt products (null in fp32)
   cudaStream_t stream_ = nullptr;
   Blas& blas_;
   int64_t chunk_rows_ = 0;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <random>
 
 #include "zt/common/files.h"
@@ -234,6 +235,17 @@ void DataLoader::micro_batch(int64_t epoch, int64_t step_in_epoch, int64_t micro
     }
   }
   samples_used_ += B;
+}
+
+void DataLoader::eval_batch(int64_t index, int64_t rank, int32_t* tokens, int32_t* targets) const {
+  const int64_t T = plan_.seq_len, B = plan_.micro_batch, n = std::max<int64_t>(1, plan_.samples_per_epoch);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t start = ((index * plan_.data_parallel + rank) * B + b) % n * T;
+    for (int64_t t = 0; t < T; ++t) {
+      tokens[b * T + t] = corpus_.tokens[size_t(start + t)];
+      targets[b * T + t] = corpus_.tokens[size_t(start + t + 1)];
+    }
+  }
 }
 
 }  // namespace zt::trainer

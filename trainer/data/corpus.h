@@ -63,6 +63,9 @@ class DataLoader {
   // Fills tokens and targets (micro_batch x seq_len each) for one micro-step of one rank.
   void micro_batch(int64_t epoch, int64_t step_in_epoch, int64_t micro, int64_t rank, int32_t* tokens,
                    int32_t* targets);
+  // An evaluation's micro-batch `index` of one rank: the corpus's samples in order (zerotrace has no
+  // separate evaluation set), wrapping around; not counted as used for training.
+  void eval_batch(int64_t index, int64_t rank, int32_t* tokens, int32_t* targets) const;
   // Virtual mode: a micro-batch counted as used, no tokens read.
   void account_micro_batch() { samples_used_ += plan_.micro_batch; }
   int64_t samples_used() const { return samples_used_; }

@@ -442,27 +442,29 @@ void block_backward(Workspace& ws, int layer, const float* p, const float* x_in,
   if (w.checkpoint) run_block_forward(w, c, p, x_in, nullptr);
   const BlockOffsets& o = w.block;
   const int64_t C = w.config.width, N = w.N;
+  // dp null: a frozen block (no weight gradients; its input's gradient all the same).
+  auto D = [dp](int64_t offset) { return dp ? dp + offset : nullptr; };
 
   // MLP projection (x_out = res2 + fch_gelu @ W^T + b). dx_out is read only here, so dx_in may
   // alias it: it is written last.
-  k::matmul_backward(w.dfch, dp + o.mlp_proj_w, dp + o.mlp_proj_b, dx_out, c.fch_gelu,
+  k::matmul_backward(w.dfch, D(o.mlp_proj_w), D(o.mlp_proj_b), dx_out, c.fch_gelu,
                      p + o.mlp_proj_w, N, 4 * C, C);
   std::memcpy(w.dres2, dx_out, sizeof(float) * N * C);
   k::gelu_backward(w.dfch, c.fch, w.dfch, N * 4 * C);
-  k::matmul_backward(w.dln, dp + o.fc_w, dp + o.fc_b, w.dfch, c.ln2, p + o.fc_w, N, C, 4 * C);
-  k::layernorm_backward(w.dres2, dp + o.ln2_w, dp + o.ln2_b, w.dln, c.res2, p + o.ln2_w,
+  k::matmul_backward(w.dln, D(o.fc_w), D(o.fc_b), w.dfch, c.ln2, p + o.fc_w, N, C, 4 * C);
+  k::layernorm_backward(w.dres2, D(o.ln2_w), D(o.ln2_b), w.dln, c.res2, p + o.ln2_w,
                         c.ln2_mean, c.ln2_rstd, N, C, /*accumulate_dinp=*/true);
 
   // Attention branch (res2 = x_in + atty @ W^T + b).
-  k::matmul_backward(w.datty, dp + o.attn_proj_w, dp + o.attn_proj_b, w.dres2, c.atty,
+  k::matmul_backward(w.datty, D(o.attn_proj_w), D(o.attn_proj_b), w.dres2, c.atty,
                      p + o.attn_proj_w, N, C, C);
   if (w.attention == Attention::Flash)
     flash_attention_backward(w.dqkv, w.att_scratch, w.datty, c.qkv, c.atty, c.att, w.B, w.T, C, w.config.heads);
   else
     k::attention_backward(w.dqkv, w.att_scratch, w.datty, c.qkv, c.att, w.B, w.T, C, w.config.heads);
-  k::matmul_backward(w.dln, dp + o.qkv_w, dp + o.qkv_b, w.dqkv, c.ln1, p + o.qkv_w, N, C, 3 * C);
+  k::matmul_backward(w.dln, D(o.qkv_w), D(o.qkv_b), w.dqkv, c.ln1, p + o.qkv_w, N, C, 3 * C);
   std::memcpy(dx_in, w.dres2, sizeof(float) * N * C);
-  k::layernorm_backward(dx_in, dp + o.ln1_w, dp + o.ln1_b, w.dln, x_in, p + o.ln1_w, c.ln1_mean,
+  k::layernorm_backward(dx_in, D(o.ln1_w), D(o.ln1_b), w.dln, x_in, p + o.ln1_w, c.ln1_mean,
                         c.ln1_rstd, N, C, /*accumulate_dinp=*/true);
 }
 
@@ -514,7 +516,8 @@ float run_head(Workspace::Impl& w, const float* fp, const float* wte, const floa
     }
   }
   if (backward) {
-    k::layernorm_backward(dx, dfp + w.fin.ln_w, dfp + w.fin.ln_b, w.dlnf, x, fp + w.fin.ln_w,
+    k::layernorm_backward(dx, dfp ? dfp + w.fin.ln_w : nullptr, dfp ? dfp + w.fin.ln_b : nullptr, w.dlnf, x,
+                          fp + w.fin.ln_w,
                           w.lnf_mean, w.lnf_rstd, N, C, /*accumulate_dinp=*/false);
   }
   if (targets == nullptr) return std::numeric_limits<float>::quiet_NaN();

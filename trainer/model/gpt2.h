@@ -127,7 +127,8 @@ float head_forward_backward(Workspace& ws, const float* final_params, const floa
                             const float* x, const int32_t* targets, float* dx,
                             float* d_final_params, float* d_wte, float grad_scale = 1.0f);
 
-// Backward of block `layer`: dx_in = d/dx_in (overwritten), d_block_params accumulated.
+// Backward of block `layer`: dx_in = d/dx_in (overwritten), d_block_params accumulated (null: a
+// frozen block, no weight gradients; head_forward_backward takes null d_final_params or d_wte alike).
 // x_in must be the input the block's forward saw. Without checkpointing, block_forward(layer)
 // must have run on it since the last block_forward of that layer; with checkpointing the block's
 // forward is recomputed from x_in here. dx_in may alias dx_out (in-place), neither may alias x_in.

@@ -59,8 +59,9 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)IC, (int)OC, 1.0f, dout,
                 (int)OC, w, (int)IC, accumulate_dinp ? 1.0f : 0.0f, dinp, (int)IC);
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OC, (int)IC, (int)N, 1.0f, dout, (int)OC,
-              inp, (int)IC, 1.0f, dw, (int)IC);
+  if (dw != nullptr)  // null: a frozen weight (no gradient wanted)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OC, (int)IC, (int)N, 1.0f, dout, (int)OC,
+                inp, (int)IC, 1.0f, dw, (int)IC);
   if (dbias != nullptr) column_sums_accumulate(dbias, dout, N, OC);
 }
 
@@ -113,6 +114,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
       dx[i] = accumulate_dinp ? dx[i] + g : g;
     }
   }
+  if (dw == nullptr && db == nullptr) return;  // a frozen norm: its input's gradient only
   // dw and db reduce over rows: columns in fixed chunks, rows in order (see kernels.h).
   const int64_t chunks = (C + kColumnChunk - 1) / kColumnChunk;
 #pragma omp parallel for schedule(static) if(N * C >= kMinParallelElements)

@@ -22,14 +22,14 @@ constexpr int64_t kMinParallelElements = int64_t{1} << 20;
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int64_t N,
                     int64_t IC, int64_t OC, bool accumulate = false);
 // dinp[N, IC] = dout @ w (or += with accumulate_dinp; skipped when dinp is null),
-// dw[OC, IC] += dout^T @ inp, dbias[OC] += column sums of dout (skipped when null).
+// dw[OC, IC] += dout^T @ inp, dbias[OC] += column sums of dout (each skipped when null: a frozen weight).
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp = false);
 
 // out[N, C] = (inp - mean) * rstd * w + b over each row; mean[N], rstd[N] kept for the backward.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, int64_t N, int64_t C);
-// dinp = (or += with accumulate_dinp) the input gradient; dw, db +=.
+// dinp = (or += with accumulate_dinp) the input gradient; dw, db += (both null: skipped, a frozen norm).
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
                         bool accumulate_dinp);

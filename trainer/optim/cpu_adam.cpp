@@ -29,6 +29,7 @@ struct Scalar {
   static constexpr int W = 1;
   static reg load(const float* x) { return *x; }
   static void store(float* x, reg a) { *x = a; }
+  static void stream(float* x, reg a) { *x = a; }
   static reg set1(float a) { return a; }
   static reg mul(reg a, reg b) { return a * b; }
   static reg add(reg a, reg b) { return a + b; }
@@ -47,9 +48,8 @@ struct Scalar {
 
 }  // namespace
 
-void adam_kernel_scalar(float* p, GradRef g, float* m, float* v, uint16_t* low_out, int64_t n,
-                        const AdamConsts& c, LowDType low) {
-  adam_dispatch<Scalar>(p, g, m, v, low_out, n, c, low);
+void adam_kernel_scalar(AdamIO io, GradRef g, uint16_t* low_out, int64_t n, const AdamConsts& c, LowDType low) {
+  adam_dispatch<Scalar>(io, g, low_out, n, c, low);
 }
 
 }  // namespace detail
@@ -206,9 +206,12 @@ AdamConsts adam_consts(const AdamParams& hp, int64_t step) {
   return c;
 }
 
-void cpu_adamw_step_grads(float* params, const void* grads, GradDType grad_t, float grad_scale, float* m, float* v,
-                          int64_t n, const AdamParams& hp, int64_t step, void* low_out, LowDType low) {
-  const char* fn = grad_t == GradDType::F32 && grad_scale == 1.0f ? "cpu_adamw_step" : "cpu_adamw_step_grads";
+namespace {
+
+// The one driver of every AdamW here: checks, then the ISA's kernel over [0, n) of `io`, split among
+// the OpenMP threads as the schedule says.
+void adamw_io(const char* fn, const detail::AdamIO& io, const void* grads, GradDType grad_t, float grad_scale, int64_t n,
+              const AdamParams& hp, int64_t step, void* low_out, LowDType low) {
   if (step < 1) throw std::invalid_argument(std::string(fn) + ": step counts from 1, got " + std::to_string(step));
   if (low != LowDType::None && low_out == nullptr)
     throw std::invalid_argument(std::string(fn) + ": a bf16/fp16 output was asked for but low_out is null");
@@ -223,14 +226,15 @@ void cpu_adamw_step_grads(float* params, const void* grads, GradDType grad_t, fl
   const size_t gsize = grad_t == GradDType::F32 ? 4 : 2;
   const auto* gbytes = static_cast<const unsigned char*>(grads);
   if (n < kParallelMin || omp_get_max_threads() == 1 || omp_in_parallel()) {
-    kernel(params, {grads, grad_t, grad_scale}, m, v, lo, n, c, low);
+    kernel(io, {grads, grad_t, grad_scale}, lo, n, c, low);
     return;
   }
   // [begin, end) on the calling thread. Range boundaries are multiples of 64 elements, so an aligned
-  // low_out stays 32-byte aligned in every range. Element-wise: no split changes any result.
+  // low_out stays 32-byte aligned in every range (and aligned fp32 outputs 64-byte aligned).
+  // Element-wise: no split changes any result.
   auto range = [&](int64_t begin, int64_t end) {
-    kernel(params + begin, {gbytes + size_t(begin) * gsize, grad_t, grad_scale}, m + begin, v + begin,
-           lo ? lo + begin : nullptr, end - begin, c, low);
+    kernel(io.at(begin), {gbytes + size_t(begin) * gsize, grad_t, grad_scale}, lo ? lo + begin : nullptr, end - begin,
+           c, low);
   };
   if (cpu_adam_active_schedule() == CpuAdamSchedule::Static) {
     // One contiguous range per thread (each a stream the prefetchers follow).
@@ -254,6 +258,21 @@ void cpu_adamw_step_grads(float* params, const void* grads, GradDType grad_t, fl
     for (int64_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < chunks;)
       range(k * kDynamicChunk, std::min(n, (k + 1) * kDynamicChunk));
   }
+}
+
+}  // namespace
+
+void cpu_adamw_step_grads(float* params, const void* grads, GradDType grad_t, float grad_scale, float* m, float* v,
+                          int64_t n, const AdamParams& hp, int64_t step, void* low_out, LowDType low) {
+  const char* fn = grad_t == GradDType::F32 && grad_scale == 1.0f ? "cpu_adamw_step" : "cpu_adamw_step_grads";
+  adamw_io(fn, detail::in_place(params, m, v), grads, grad_t, grad_scale, n, hp, step, low_out, low);
+}
+
+void cpu_adamw_step_grads_into(const float* p_in, const float* m_in, const float* v_in, float* p_out, float* m_out,
+                               float* v_out, const void* grads, GradDType grad_t, float grad_scale, int64_t n,
+                               const AdamParams& hp, int64_t step, void* low_out, LowDType low) {
+  adamw_io("cpu_adamw_step_grads_into", {p_in, m_in, v_in, p_out, m_out, v_out}, grads, grad_t, grad_scale, n, hp,
+           step, low_out, low);
 }
 
 void cpu_adamw_step(float* params, const float* grads, float* m, float* v, int64_t n, const AdamParams& hp,

@@ -92,6 +92,17 @@ void cpu_adamw_step_grads(float* params, const void* grads, GradDType grad_t, fl
                           int64_t n, const AdamParams& hp, int64_t step, void* low_out = nullptr,
                           LowDType low = LowDType::None);
 
+// The same step out of place: p, m, v read from p_in, m_in, v_in (left as they were) and the updated
+// ones written to p_out, m_out, v_out, bit for bit what cpu_adamw_step_grads writes in place. No out
+// may overlap an in, another out or the gradient. Where the three outs are 64-byte aligned they are
+// written with non-temporal stores (memory nobody reads in the pass: the stores need not read each
+// line first), so the pass moves the bytes of the in-place one. The engine's AdamW during backward
+// (engine.h) runs it: the state it read stays until the step's norm says the update stands.
+void cpu_adamw_step_grads_into(const float* p_in, const float* m_in, const float* v_in, float* p_out, float* m_out,
+                               float* v_out, const void* grads, GradDType grad_t, float grad_scale, int64_t n,
+                               const AdamParams& hp, int64_t step, void* low_out = nullptr,
+                               LowDType low = LowDType::None);
+
 // The ISA cpu_adamw_step uses now: "avx512", "avx2" or "scalar".
 const char* cpu_adam_isa();
 CpuAdamIsa cpu_adam_active_isa();

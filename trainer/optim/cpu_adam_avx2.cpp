@@ -13,6 +13,7 @@ struct Avx2 {
   static constexpr int W = 8;
   static reg load(const float* x) { return _mm256_loadu_ps(x); }
   static void store(float* x, reg a) { _mm256_storeu_ps(x, a); }
+  static void stream(float* x, reg a) { _mm256_stream_ps(x, a); }  // 32-byte aligned
   static reg set1(float a) { return _mm256_set1_ps(a); }
   static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
   static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
@@ -72,9 +73,8 @@ struct Avx2 {
 
 }  // namespace
 
-void adam_kernel_avx2(float* p, GradRef g, float* m, float* v, uint16_t* low_out, int64_t n,
-                      const AdamConsts& c, LowDType low) {
-  adam_dispatch<Avx2>(p, g, m, v, low_out, n, c, low);
+void adam_kernel_avx2(AdamIO io, GradRef g, uint16_t* low_out, int64_t n, const AdamConsts& c, LowDType low) {
+  adam_dispatch<Avx2>(io, g, low_out, n, c, low);
 }
 
 }  // namespace zt::optim::detail

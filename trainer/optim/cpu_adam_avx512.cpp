@@ -19,6 +19,7 @@ struct Avx512 {
   static constexpr int W = 16;
   static reg load(const float* x) { return _mm512_loadu_ps(x); }
   static void store(float* x, reg a) { _mm512_storeu_ps(x, a); }
+  static void stream(float* x, reg a) { _mm512_stream_ps(x, a); }  // 64-byte aligned
   static reg set1(float a) { return _mm512_set1_ps(a); }
   static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
   static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
@@ -64,9 +65,8 @@ struct Avx512 {
 
 }  // namespace
 
-void adam_kernel_avx512(float* p, GradRef g, float* m, float* v, uint16_t* low_out, int64_t n,
-                        const AdamConsts& c, LowDType low) {
-  adam_dispatch<Avx512>(p, g, m, v, low_out, n, c, low);
+void adam_kernel_avx512(AdamIO io, GradRef g, uint16_t* low_out, int64_t n, const AdamConsts& c, LowDType low) {
+  adam_dispatch<Avx512>(io, g, low_out, n, c, low);
 }
 
 }  // namespace zt::optim::detail

@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <nlohmann/json.hpp>
 
+#include "train/deepspeed_keys.h"
 #include "train/train_config.h"
 #include "zt/common/files.h"
 
@@ -17,6 +18,7 @@ struct Reader {
   std::string path;
   std::vector<std::string>* warnings;
   std::string error;
+  std::vector<std::string>* unmodeled = nullptr;  // keys that change memory zerotrace does not model
 
   bool is_auto(const json& v) const { return v.is_string() && v.get<std::string>() == "auto"; }
   // A block such as "fp16" or "zero_optimization.offload_param" must be a JSON object.
@@ -38,12 +40,11 @@ struct Reader {
     dst = obj[key].get<std::string>();
     return true;
   }
-  void unknown(const std::string& where, const json& obj, std::initializer_list<const char*> known) {
-    for (auto it = obj.begin(); it != obj.end(); ++it) {
-      bool ok = false;
-      for (const char* k : known) ok = ok || it.key() == k;
-      if (!ok) warnings->push_back(path + ": " + where + it.key() + " is not implemented by zerotrace; ignored");
-    }
+  // The keys of `obj` the reader does not read (`known`): each named with its effect (deepspeed_keys.h).
+  void unknown(const std::string& where, const json& obj, std::initializer_list<const char*> known,
+               const json& block = json()) {
+    classify_deepspeed_keys(where, obj, std::vector<std::string>(known.begin(), known.end()), block, path, warnings,
+                            unmodeled);
   }
   // A number (or "auto" -> keep `dst`); false with `error` set on a wrong type. No number a
   // DeepSpeed config gives us may be negative (sizes, counts, thresholds, scales, rates): a
@@ -123,6 +124,9 @@ Status load_deepspeed_config_text(const std::string& text, const std::string& pa
   }
   TrainConfig c = *cfg;  // *cfg changes only when the whole file is good
   const bool valid_before = validate(c).ok();
+  // DeepSpeed's other names for its keys (bfloat16, cpu_offload, stage3_gather_fp16_..., ...) read
+  // as the settings they name, as DeepSpeed reads them.
+  if (Status s = resolve_deepspeed_aliases(j, path, warnings); !s) return s;
   try {
     if (Status s = read_config(j, path, &c, warnings); !s) return s;
   } catch (const json::exception& e) {  // a shape the reader did not foresee: still the file's fault
@@ -143,8 +147,9 @@ namespace {
 
 Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings) {
   if (!j.is_object()) return Status::Error(path + ": a DeepSpeed config is a JSON object");
-  Reader r{path, warnings, {}};
   TrainConfig& c = *cfg;
+  c.unmodeled_memory_keys.clear();
+  Reader r{path, warnings, {}, &c.unmodeled_memory_keys};
   ZeroSettings& z = c.zero;
   r.unknown("", j,
             {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
@@ -201,7 +206,7 @@ Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std
     if (o.contains("params")) {
       const json& p = o["params"];
       if (!r.object(p, "optimizer.params")) return Status::Error(r.error);
-      r.unknown("optimizer.params.", p, {"lr", "betas", "eps", "weight_decay"});
+      r.unknown("optimizer.params.", p, {"lr", "betas", "eps", "weight_decay"}, p);
       if (!r.number(p, "lr", "optimizer.params.", c.lr, c.lr) || !r.number(p, "eps", "optimizer.params.", c.eps, c.eps) ||
           !r.number(p, "weight_decay", "optimizer.params.", c.weight_decay, c.weight_decay))
         return Status::Error(r.error);
@@ -218,10 +223,10 @@ Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std
     const json& zo = j["zero_optimization"];
     if (!r.object(zo, "zero_optimization")) return Status::Error(r.error);
     r.unknown("zero_optimization.", zo,
-              {"stage", "offload_optimizer", "offload_param", "overlap_comm", "contiguous_gradients",
-               "reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-               "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
-               "sub_group_size", "reduce_scatter", "allgather_partitions", "allgather_bucket_size", "round_robin_gradients"});
+              {"stage", "offload_optimizer", "offload_param", "reduce_bucket_size", "stage3_prefetch_bucket_size",
+               "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+               "stage3_gather_16bit_weights_on_model_save"},
+              zo);
     const std::string w = "zero_optimization.";
     if (!r.number(zo, "stage", w, z.stage, z.stage) ||
         !r.number(zo, "reduce_bucket_size", w, z.reduce_bucket_size, int64_t(-1)) ||
@@ -231,21 +236,15 @@ Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std
         !r.number(zo, "stage3_max_reuse_distance", w, z.max_reuse_distance, z.max_reuse_distance) ||
         !r.boolean(zo, "stage3_gather_16bit_weights_on_model_save", w, z.gather_16bit_weights_on_model_save))
       return Status::Error(r.error);
-    // Accepted with no effect on the result: the in-process transport is synchronous and
-    // buffers are always contiguous here. Said once, not silently.
-    for (const char* k : {"overlap_comm", "contiguous_gradients", "sub_group_size", "reduce_scatter",
-                          "allgather_partitions", "allgather_bucket_size", "round_robin_gradients"})
-      if (zo.contains(k))
-        warnings->push_back(path + ": " + w + k + " is accepted but changes nothing in zerotrace's engine");
     auto offload = [&](const char* key, bool& on) -> bool {
       if (!zo.contains(key)) return true;
       const json& o = zo[key];
       if (!r.object(o, w + key)) return false;
       const bool optimizer = std::string(key) == "offload_optimizer";
       if (optimizer)
-        r.unknown(w + key + ".", o, {"device", "pin_memory", "buffer_count", "fast_init", "ratio"});
+        r.unknown(w + key + ".", o, {"device", "pin_memory", "ratio"}, o);
       else
-        r.unknown(w + key + ".", o, {"device", "pin_memory", "buffer_count", "fast_init"});
+        r.unknown(w + key + ".", o, {"device", "pin_memory"}, o);
       std::string dev;
       if (!r.string(o, "device", w + key + ".", dev, "none")) return false;
       if (dev != "cpu" && dev != "none") {
@@ -261,7 +260,8 @@ Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std
           return false;
         }
       }
-      return r.boolean(o, "pin_memory", w + key + ".", z.pin_memory);
+      // Each offload block pins its own buffers (DeepSpeed's pin_memory of each, true by default).
+      return r.boolean(o, "pin_memory", w + key + ".", optimizer ? z.pin_memory : z.param_pin_memory);
     };
     if (!offload("offload_optimizer", z.offload_optimizer) || !offload("offload_param", z.offload_param))
       return Status::Error(r.error);

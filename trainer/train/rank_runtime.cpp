@@ -1,7 +1,14 @@
 #include "train/rank_runtime.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <functional>
 #include <stdexcept>
 #include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "zt/memory/errors.h"
 
 namespace zt::trainer {
 
@@ -9,8 +16,9 @@ class RankRuntime::DeviceStorage : public StorageAllocator {
  public:
   DeviceStorage(memory::DeviceAllocator& a, bool backed) : a_(a), backed_(backed) {}
   bool backed() const override { return backed_; }
-  MemoryBlock allocate(size_t bytes, std::string_view name) override {
-    memory::DeviceBlock b = a_.allocate(bytes, name);
+  MemoryBlock allocate(size_t bytes, std::string_view name) override { return allocate_on_stream(bytes, name, -1); }
+  MemoryBlock allocate_on_stream(size_t bytes, std::string_view name, int64_t stream) override {
+    memory::DeviceBlock b = a_.allocate(bytes, name, stream);
     return {b.ptr, b.size, b.requested, b.stream, b.alloc_id, b.id};
   }
   void release(const MemoryBlock& m) override {
@@ -32,10 +40,19 @@ class RankRuntime::DeviceStorage : public StorageAllocator {
 template <typename Alloc>
 class HostStorage : public StorageAllocator {
  public:
-  HostStorage(Alloc& a, bool backed) : a_(a), backed_(backed) {}
+  using Watch = std::function<void(std::string_view name, bool check)>;
+  HostStorage(Alloc& a, bool backed, Watch watch = nullptr) : a_(a), backed_(backed), watch_(std::move(watch)) {}
   bool backed() const override { return backed_; }
   MemoryBlock allocate(size_t bytes, std::string_view name) override {
     memory::HostBlock b = a_.allocate(bytes, name);
+    if (watch_) {
+      try {
+        watch_(name, true);
+      } catch (...) {  // killed: the block goes back first, so the books stay straight
+        a_.free(b);
+        throw;
+      }
+    }
     return {b.ptr, b.size, b.requested, -1, b.alloc_id, 0};
   }
   void release(const MemoryBlock& m) override {
@@ -45,11 +62,13 @@ class HostStorage : public StorageAllocator {
     b.requested = m.requested;
     b.alloc_id = m.trace_id;
     if (b.size) a_.free(b);
+    if (watch_) watch_({}, false);
   }
 
  private:
   Alloc& a_;
   bool backed_;
+  Watch watch_;
 };
 
 class RankRuntime::PinnedStorage : public HostStorage<memory::PinnedHostAllocator> {
@@ -109,8 +128,10 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
   if (pinned_source_) po.source = pinned_source_.get();
   pinned_ = std::make_unique<memory::PinnedHostAllocator>(po);
   pageable_ = std::make_unique<memory::PageableHostAllocator>(ho);
-  pinned_storage_ = std::make_unique<PinnedStorage>(*pinned_, !o.virtual_memory);
-  pageable_storage_ = std::make_unique<PageableStorage>(*pageable_, !o.virtual_memory);
+  HostStorage<memory::PinnedHostAllocator>::Watch watch;
+  if (o.watch) watch = [this](std::string_view name, bool check) { watch_host(name, check); };
+  pinned_storage_ = std::make_unique<PinnedStorage>(*pinned_, !o.virtual_memory, watch);
+  pageable_storage_ = std::make_unique<PageableStorage>(*pageable_, !o.virtual_memory, watch);
   host_ = std::make_unique<Device>(DeviceType::Cpu, 0, o.rank, rec, host_id, pageable_storage_.get(),
                                    pinned_storage_.get());
   if (o.accelerator == DeviceType::Sim || o.accelerator == DeviceType::Cuda) {
@@ -141,6 +162,61 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
 
 RankRuntime::~RankRuntime() = default;
 
+void RankRuntime::watch_host(std::string_view name, bool check) {
+  const int64_t held = pinned_->stats().reserved_bytes + pageable_->stats().reserved_bytes;
+  options_.watch->update(options_.rank, held, check, name, rec_, host_ ? host_->trace_id() : 0);
+}
+
+NodeMemoryWatch::NodeMemoryWatch(std::string tool, double kill_at, uint64_t node_bytes, int ranks_in_node, int node)
+    : tool_(std::move(tool)), kill_at_(kill_at), node_bytes_(node_bytes), ranks_(std::max(1, ranks_in_node)), node_(node) {}
+
+std::string NodeMemoryWatch::message(const std::string& tool, double kill_at, uint64_t used, uint64_t total, int node,
+                                     std::string_view name) {
+  char share[32], limit[32];
+  std::snprintf(share, sizeof share, "%.6f", double(used) / double(total));
+  std::snprintf(limit, sizeof limit, "%g", kill_at);
+  const std::string u = memory::pytorch_format_size(used), t = memory::pytorch_format_size(total);
+  const std::string what = name.empty() ? std::string() : " (at the allocation of " + std::string(name) + ")";
+  const std::string launcher = " The launcher then reports each rank as: exits with return code = -9.";
+  if (tool == "kubernetes")
+    return "OOMKilled: the container of node " + std::to_string(node) + " used " + u + " of its memory limit of " + t +
+           " (" + share + " >= " + limit + ")" + what + "; its processes were killed with SIGKILL (exit code 137)." + launcher;
+  if (tool == "systemd-oomd")
+    return "systemd-oomd: Killed /system.slice/training.service due to memory used (" + u + ") / total (" + t +
+           ") being more than " + std::to_string(int(kill_at * 100 + 0.5)) + ".00% on node " + std::to_string(node) + what +
+           "." + launcher;
+  if (tool == "slurm")
+    return "slurmstepd: error: Detected 1 oom_kill event in StepId=0.0 on node " + std::to_string(node) +
+           ": Some of the step tasks have been OOM Killed (cgroup memory " + u + " of " + t + ")" + what + "." + launcher;
+  // Ray's memory monitor (its words; its sizes in decimal GB).
+  char ug[32], tg[32];
+  const bool gb = total >= 1000000000ull;  // small (test) nodes in MB, so the figures say something
+  std::snprintf(ug, sizeof ug, gb ? "%.2fGB" : "%.2fMB", double(used) / (gb ? 1e9 : 1e6));
+  std::snprintf(tg, sizeof tg, gb ? "%.2fGB" : "%.2fMB", double(total) / (gb ? 1e9 : 1e6));
+  return "Task was killed due to the node running low on memory. Memory on the node (node " + std::to_string(node) +
+         ") where the task was running was " + ug + " / " + tg + " (" + share +
+         "), which exceeds the memory usage threshold of " + limit + ". Ray killed this worker" + what +
+         " because it was the most recently scheduled task." + launcher;
+}
+
+void NodeMemoryWatch::update(int rank, int64_t held, bool check, std::string_view name, probe::Recorder* rec,
+                             probe::DeviceId device) {
+  if (!check || double(held) * double(ranks_) < kill_at_ * double(node_bytes_)) return;
+  const uint64_t used = uint64_t(held) * uint64_t(ranks_);
+  const std::string msg = message(tool_.empty() ? "ray" : tool_, kill_at_, used, node_bytes_, node_, name);
+  if (rec) {
+    db::ErrorRow row;
+    row.rank = rank;
+    row.kind = "memory_watchdog";
+    row.site = tool_.empty() ? "ray" : tool_;
+    row.message = msg;
+    row.tensors = name.empty() ? "[]" : "[" + nlohmann::json(std::string(name)).dump() + "]";
+    row.device_id = device;
+    rec->error(row);
+  }
+  throw MemoryWatchdogKill(msg);
+}
+
 namespace {
 
 // The simulated GPU's compute as kernel rows: each pass of the CPU reference that runs as the
@@ -157,6 +233,7 @@ class RecordedPasses final : public ModelPasses {
   }
   size_t bytes() const override { return inner_->bytes(); }
   void bind(void* memory) override { inner_->bind(memory); }
+  bool owns_memory() const override { return inner_->owns_memory(); }
   float* residual(int i) override { return inner_->residual(i); }
   float* grad_residual() override { return inner_->grad_residual(); }
   void embed_forward(const float* emb_params, const int32_t* tokens, float* x_out) override {
@@ -181,11 +258,16 @@ class RecordedPasses final : public ModelPasses {
     Kernel k(*this, kEmbedBackward);
     inner_->embed_backward(tokens, dx, d_emb_params);
   }
+  float head_forward(const float* final_params, const float* wte, const float* x, const int32_t* targets,
+                     float* logits) override {
+    Kernel k(*this, kHeadForward);
+    return inner_->head_forward(final_params, wte, x, targets, logits);
+  }
 
  private:
-  enum Pass { kEmbedForward, kBlockForward, kHead, kBlockBackward, kEmbedBackward, kPasses };
+  enum Pass { kEmbedForward, kBlockForward, kHead, kBlockBackward, kEmbedBackward, kHeadForward, kPasses };
   static constexpr const char* kNames[kPasses] = {"embed_forward", "block_forward", "head_forward_backward",
-                                                  "block_backward", "embed_backward"};
+                                                  "block_backward", "embed_backward", "head_forward"};
   // One row from construction to destruction (also when the pass throws: the device did work).
   // Interned up front, so the destructor allocates nothing (it may run while an exception unwinds).
   struct Kernel {

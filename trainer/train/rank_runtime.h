@@ -8,8 +8,12 @@
 // Invariant: destroyed after every tensor allocated from it.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "core/backend.h"
 #include "core/device.h"
@@ -18,6 +22,36 @@
 #include "zt/memory/memory_source.h"
 
 namespace zt::trainer {
+
+// The job killed by a node memory watchdog (TrainConfig::watchdog_kill_at): its error row (kind
+// memory_watchdog) is recorded; what() is the tool's own message.
+class MemoryWatchdogKill : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A node memory watchdog, as Ray's memory monitor, Kubernetes' memory limit, systemd-oomd or
+// Slurm's cgroup: the host memory a node's ranks hold (pinned and pageable, reserved) against
+// kill_at x the node's memory; the allocation that reaches it kills the job. The ranks of a node are
+// symmetric under ZeRO, so each rank is held to its share (kill_at x node / ranks_in_node): the node's
+// total is ranks_in_node times a rank's (in virtual mode one rank stands for them all), and a run is
+// killed at the same allocation of the same rank each time, whatever the threads' timing.
+class NodeMemoryWatch {
+ public:
+  NodeMemoryWatch(std::string tool, double kill_at, uint64_t node_bytes, int ranks_in_node, int node);
+  // Rank `rank` now holds `held` bytes; when that reaches its share (and `check`), the error row is
+  // recorded (its tensor `name`) and MemoryWatchdogKill thrown.
+  void update(int rank, int64_t held, bool check, std::string_view name, probe::Recorder* rec, probe::DeviceId device);
+  // The tool's message for a node holding `used` of `total` bytes.
+  static std::string message(const std::string& tool, double kill_at, uint64_t used, uint64_t total, int node,
+                             std::string_view name);
+
+ private:
+  std::string tool_;
+  double kill_at_;
+  uint64_t node_bytes_;
+  int ranks_, node_;
+};
 
 struct RuntimeOptions {
   DeviceType accelerator = DeviceType::Sim;  // Sim, Cpu, or Cuda (with `backend`)
@@ -31,6 +65,7 @@ struct RuntimeOptions {
   // a GPU, under a host cap, the one host memory pinned and pageable buffers share is placed so
   // as a whole; in virtual mode there are no pages to place.
   memory::PagePlacement pinned_placement = memory::PagePlacement::Local;
+  NodeMemoryWatch* watch = nullptr;  // the node's memory watchdog, if any (outlives the runtime)
 };
 
 class RankRuntime {
@@ -62,6 +97,7 @@ class RankRuntime {
   std::unique_ptr<memory::DeviceAllocator> device_alloc_;
   std::unique_ptr<memory::PinnedHostAllocator> pinned_;
   std::unique_ptr<memory::PageableHostAllocator> pageable_;
+  void watch_host(std::string_view name, bool check);  // the node watchdog, after a host allocation or free
   std::unique_ptr<StorageAllocator> device_storage_, pinned_storage_, pageable_storage_;
   std::unique_ptr<DeviceOps> sim_ops_;  // the simulated GPU's (its copy lanes' threads)
   std::unique_ptr<Device> accel_, host_;

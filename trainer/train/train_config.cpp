@@ -86,9 +86,11 @@ Status load_train_config_text(const std::string& text, const std::string& path, 
       {"tf32", [&](const YAML::Node& n) { c.tf32 = n.as<bool>(); }},
       {"delayed_update", [&](const YAML::Node& n) { c.delayed_update = n.as<int64_t>(); }},
       {"overlap_update", [&](const YAML::Node& n) { c.overlap_update = n.as<bool>(); }},
+      {"adam_in_backward", [&](const YAML::Node& n) { c.adam_in_backward = n.as<bool>(); }},
       {"grad_partition_dtype", [&](const YAML::Node& n) { c.grad_partition_dtype = n.as<std::string>(); }},
       {"pinned_numa", [&](const YAML::Node& n) { c.pinned_numa = n.as<std::string>(); }},
       {"matmul_precision", [&](const YAML::Node& n) { c.matmul_precision = n.as<std::string>(); }},
+      {"matmul_dtype", [&](const YAML::Node& n) { c.matmul_dtype = n.as<std::string>(); }},
       {"attention", [&](const YAML::Node& n) { c.attention = n.as<std::string>(); }},
       {"checkpoint_dir", [&](const YAML::Node& n) { c.checkpoint_dir = n.as<std::string>(); }},
       {"save_every", [&](const YAML::Node& n) { c.save_every = n.as<int64_t>(); }},
@@ -105,39 +107,42 @@ Status load_train_config_text(const std::string& text, const std::string& path, 
       {"offload_optimizer", [&](const YAML::Node& n) { c.zero.offload_optimizer = n.as<bool>(); }},
       {"offload_param", [&](const YAML::Node& n) { c.zero.offload_param = n.as<bool>(); }},
       {"offload_ratio", [&](const YAML::Node& n) { c.zero.offload_ratio = n.as<double>(); }},
+      {"param_persistence_threshold", [&](const YAML::Node& n) { c.zero.param_persistence_threshold = n.as<int64_t>(); }},
       {"fault_seed", [&](const YAML::Node& n) { c.fault_seed = n.as<uint64_t>(); }},
       {"comm_timeout_ms", [&](const YAML::Node& n) { c.comm_timeout_ms = n.as<int64_t>(); }},
       {"virtual", [&](const YAML::Node& n) { c.virtual_mode = n.as<bool>(); }},
       {"data_samples", [&](const YAML::Node& n) { c.data_samples = n.as<int64_t>(); }},
       {"ranks_per_node", [&](const YAML::Node& n) { c.ranks_per_node = n.as<int64_t>(); }},
       {"virtual_grad_norm", [&](const YAML::Node& n) { c.virtual_grad_norm = n.as<double>(); }},
+      {"from_pretrained", [&](const YAML::Node& n) { c.from_pretrained = n.as<bool>(); }},
+      {"load_dtype", [&](const YAML::Node& n) { c.load_dtype = n.as<std::string>(); }},
+      {"load_copies", [&](const YAML::Node& n) { c.load_copies = n.as<int64_t>(); }},
+      {"zero_init", [&](const YAML::Node& n) { c.zero_init = n.as<bool>(); }},
+      {"zero3_init_flag", [&](const YAML::Node& n) { c.zero_init = n.as<bool>(); }},  // accelerate's name
+      {"finetuning", [&](const YAML::Node& n) { c.finetuning = n.as<std::string>(); }},
+      {"lora_rank", [&](const YAML::Node& n) { c.lora_rank = n.as<int64_t>(); }},
+      {"lora_targets", [&](const YAML::Node& n) { c.lora_targets = n.as<std::string>(); }},
+      {"trainable_layers", [&](const YAML::Node& n) { c.trainable_layers = n.as<int64_t>(); }},
+      {"eval_steps", [&](const YAML::Node& n) { c.eval_steps = n.as<int64_t>(); }},
+      {"eval_samples", [&](const YAML::Node& n) { c.eval_samples = n.as<int64_t>(); }},
+      {"eval_batch", [&](const YAML::Node& n) { c.eval_batch = n.as<int64_t>(); }},
+      {"eval_accumulation_steps", [&](const YAML::Node& n) { c.eval_accumulation_steps = n.as<int64_t>(); }},
+      {"eval_keep_logits", [&](const YAML::Node& n) { c.eval_keep_logits = n.as<bool>(); }},
+      {"watchdog_kill_at", [&](const YAML::Node& n) { c.watchdog_kill_at = n.as<double>(); }},
+      {"watchdog", [&](const YAML::Node& n) { c.watchdog = n.as<std::string>(); }},
       {"shape", [&](const YAML::Node& n) {
-         // A transformer layout (model: custom): width, layers, heads, kv_heads, ffn, gated_ffn,
-         // vocab, context, tied_embeddings, experts, shared_experts, expert_ffn, dense_layers, name.
+         // A transformer layout (model: custom): the fields of shape_fields() (model_shape.h).
          if (!n.IsMap()) throw YAML::Exception(n.Mark(), "shape is a mapping (width: 7168, layers: 60, ...)");
-         ModelShape& sh = c.shape;
          for (const auto& kv : n) {
            const std::string k = normalize(kv.first.as<std::string>());
            const YAML::Node& v = kv.second;
-           if (k == "name") sh.name = v.as<std::string>();
-           else if (k == "width") sh.width = v.as<int64_t>();
-           else if (k == "layers") sh.layers = v.as<int64_t>();
-           else if (k == "heads") sh.heads = v.as<int64_t>();
-           else if (k == "kv_heads") sh.kv_heads = v.as<int64_t>();
-           else if (k == "ffn") sh.ffn = v.as<int64_t>();
-           else if (k == "gated_ffn") sh.gated_ffn = v.as<bool>();
-           else if (k == "vocab") sh.vocab = v.as<int64_t>();
-           else if (k == "context") sh.context = v.as<int64_t>();
-           else if (k == "tied_embeddings") sh.tied_embeddings = v.as<bool>();
-           else if (k == "experts") sh.experts = v.as<int64_t>();
-           else if (k == "shared_experts") sh.shared_experts = v.as<int64_t>();
-           else if (k == "expert_ffn") sh.expert_ffn = v.as<int64_t>();
-           else if (k == "dense_layers") sh.dense_layers = v.as<int64_t>();
-           else
-             throw YAML::Exception(kv.first.Mark(), "unknown shape key '" + k +
-                                                        "' (name, width, layers, heads, kv_heads, ffn, gated_ffn, vocab, "
-                                                        "context, tied_embeddings, experts, shared_experts, expert_ffn, "
-                                                        "dense_layers)");
+           const ShapeField* f = nullptr;
+           for (const auto& field : shape_fields())
+             if (k == field.name) f = &field;
+           if (!f) throw YAML::Exception(kv.first.Mark(), "unknown shape key '" + k + "' (" + shape_field_list() + ")");
+           if (f->integer) c.shape.*(f->integer) = v.as<int64_t>();
+           else if (f->flag) c.shape.*(f->flag) = v.as<bool>();
+           else c.shape.*(f->text) = v.as<std::string>();
          }
        }},
   };
@@ -175,6 +180,46 @@ std::string grad_partition_dtype_problem(const TrainConfig& c) {
   return "";
 }
 
+std::string watchdog_tools() { return "ray, kubernetes, systemd-oomd, slurm"; }
+
+// Model loading, frozen parameters, evaluation and the node watchdog, against the rest.
+std::string job_settings_problem(const TrainConfig& c) {
+  const bool real = !c.virtual_mode;
+  if (!c.load_dtype.empty() && c.load_dtype != "fp32" && c.load_dtype != "bf16" && c.load_dtype != "fp16")
+    return "load_dtype '" + c.load_dtype + "': the checkpoint's dtype is fp32, bf16 or fp16";
+  if (c.load_copies < 1 || c.load_copies > 4) return "load_copies must lie between 1 and 4 (copies of the weights held while loading)";
+  if (c.zero_init && c.zero.stage != 3)
+    return "zero_init (zero.Init, zero3_init_flag) partitions the parameters as they are made: it needs ZeRO stage 3";
+  if (c.finetuning != "full" && c.finetuning != "lora" && c.finetuning != "freeze")
+    return "finetuning '" + c.finetuning + "': use full, lora (adapters on a frozen model) or freeze (the last blocks trained)";
+  if (c.finetuning == "lora" && real)
+    return "finetuning lora runs in virtual mode only (sizes: the reference passes have no adapters); "
+           "finetuning freeze trains part of a real model";
+  if (c.finetuning == "lora" && (c.lora_rank < 1 || c.lora_rank > (1 << 16)))
+    return "lora_rank must lie between 1 and 65536";
+  if (c.lora_targets != "qv" && c.lora_targets != "attention" && c.lora_targets != "all")
+    return "lora_targets '" + c.lora_targets + "': use qv (q and v), attention (every attention projection) or all (every linear)";
+  if (c.finetuning == "freeze" && c.trainable_layers < 1) return "trainable_layers must be at least 1 (the blocks trained)";
+  if (c.finetuning != "full" && c.device == "cuda")
+    return "finetuning " + c.finetuning + " runs on the simulated GPU and the CPU (the CUDA passes compute every gradient)";
+  if (c.finetuning != "full" && (c.delayed_update >= 0 || c.overlap_update))
+    return "finetuning " + c.finetuning + " with the delayed or overlapped update is not implemented";
+  if (c.eval_steps < 0 || c.eval_samples < 0 || c.eval_batch < 0 || c.eval_accumulation_steps < 0)
+    return "eval_steps, eval_samples, eval_batch and eval_accumulation_steps must not be negative";
+  if (c.eval_steps > 0 && c.eval_samples < 1) return "eval_steps needs eval_samples (the evaluation set's size, in samples)";
+  if (c.eval_steps > 0 && real && c.eval_batch != 0 && c.eval_batch != c.micro_batch)
+    return "eval_batch differs from micro_batch: a real run evaluates in its training micro-batches (virtual mode takes any)";
+  if (c.eval_steps > 0 && c.device == "cuda") return "eval_steps runs on the simulated GPU and the CPU (the CUDA passes have no forward-only head)";
+  if (c.eval_batch > (int64_t(1) << 24) || c.eval_samples > (int64_t(1) << 40)) return "eval_batch or eval_samples is too large";
+  if (!(c.watchdog_kill_at >= 0 && c.watchdog_kill_at <= 1))
+    return "watchdog_kill_at must lie in (0, 1] (the share of the node's memory at which the job is killed), or 0 for none";
+  if (c.watchdog_kill_at > 0 && c.host_memory == 0) return "a memory watchdog needs host_memory (the node's memory it watches)";
+  if (!c.watchdog.empty() && c.watchdog != "ray" && c.watchdog != "kubernetes" && c.watchdog != "systemd-oomd" &&
+      c.watchdog != "slurm")
+    return "watchdog '" + c.watchdog + "': use " + watchdog_tools();
+  return "";
+}
+
 Status validate(const TrainConfig& c) {
   auto bad = [&](const std::string& what) {
     return Status::Error((c.config_file.empty() ? std::string() : c.config_file + ": ") + what);
@@ -200,6 +245,11 @@ Status validate(const TrainConfig& c) {
     return bad("matmul_precision chooses how a real GPU multiplies matrices: it needs --device cuda (the CPU and the simulated GPU compute in fp32)");
   if (c.tf32 && c.matmul_precision == "medium")
     return bad("tf32 and matmul_precision medium ask for two precisions: give one (tf32 is matmul_precision high)");
+  if (c.matmul_dtype != "fp32" && c.matmul_dtype != "bf16")
+    return bad("matmul_dtype '" + c.matmul_dtype + "': use fp32 (default) or bf16 (bf16 GEMM inputs on a GPU)");
+  if (c.matmul_dtype == "bf16" && (c.device != "cuda" || c.precision != "bf16"))
+    return bad("matmul_dtype bf16 multiplies bf16 activations on a GPU's tensor cores: it needs --device cuda and "
+               "--precision bf16 (the CPU and the simulated GPU compute in fp32)");
   if (c.device_memory == 0 && c.device != "cuda") return bad("device_memory must be positive (0: a real GPU's own size, with --device cuda)");
   if (!(c.lr > 0) || !std::isfinite(c.lr)) return bad("lr must be a positive number");
   if (c.beta1 < 0 || c.beta1 >= 1 || c.beta2 < 0 || c.beta2 >= 1) return bad("beta1 and beta2 must lie in [0, 1)");
@@ -211,6 +261,8 @@ Status validate(const TrainConfig& c) {
   if (c.zero.offload_optimizer && c.zero.stage == 0)
     return bad("offload_optimizer needs ZeRO stage 1, 2 or 3 (it offloads the optimizer partition)");
   if (c.zero.offload_param && c.zero.stage != 3) return bad("offload_param needs ZeRO stage 3 (only stage 3 partitions parameters)");
+  if (c.zero.param_persistence_threshold < -1)
+    return bad("param_persistence_threshold must be 0 or more (-1: 10 x the model width, DeepSpeed's \"auto\")");
   if (!(c.zero.offload_ratio >= 0 && c.zero.offload_ratio <= 1))
     return bad("offload_ratio must lie in [0, 1] (the fraction of the modules whose optimizer state is offloaded)");
   if (c.zero.offload_ratio < 1 && !(c.zero.offload_optimizer && c.zero.stage == 3))
@@ -224,6 +276,11 @@ Status validate(const TrainConfig& c) {
     return bad("overlap_update runs CPU AdamW beside the next step's forward: it needs the optimizer on the host (offload_optimizer, ZeRO stage 1-3)");
   if (c.overlap_update && c.delayed_update >= 0)
     return bad("overlap_update and delayed_update are two ways of running AdamW beside the next step (exact, and one update stale): give one");
+  if (c.adam_in_backward && !c.overlap_update)
+    return bad("adam_in_backward starts the overlapped update's AdamW during backward: give overlap_update too");
+  if (c.adam_in_backward && c.zero.stage < 2)
+    return bad("adam_in_backward needs ZeRO stage 2 or 3: only there does a module's gradient partition reach the "
+               "host during backward (stage 1 offloads them at the optimizer step)");
   if (std::string p = grad_partition_dtype_problem(c); !p.empty()) return bad(p);
   try {
     memory::parse_placement(c.pinned_numa);  // the one list of placements' names
@@ -281,6 +338,7 @@ Status validate(const TrainConfig& c) {
     return bad("fp16.initial_scale_power must lie in [0, 64] (the first scale is 2^power)");
   if (!(z.static_loss_scale >= 0) || !std::isfinite(z.static_loss_scale))
     return bad("fp16.loss_scale must be 0 (dynamic) or a positive number");
+  if (std::string p = job_settings_problem(c); !p.empty()) return bad(p);
   if (z.max_live_parameters < 0) return bad("zero_optimization.stage3_max_live_parameters must not be negative");
   if (z.max_reuse_distance < 0) return bad("zero_optimization.stage3_max_reuse_distance must not be negative");
   return Status::Ok();
@@ -348,8 +406,10 @@ std::string to_json(const TrainConfig& c) {
                       {"activation_checkpointing", c.activation_checkpointing},
                       {"tf32", c.tf32},
                       {"matmul_precision", std::string(matmul_precision_name(matmul_precision_of(c)))},
+                      {"matmul_dtype", c.matmul_dtype},
                       {"delayed_update", c.delayed_update},
                       {"overlap_update", c.overlap_update},
+                      {"adam_in_backward", c.adam_in_backward},
                       {"grad_partition_dtype", c.grad_partition_dtype},
                       {"pinned_numa", c.pinned_numa},
                       {"attention", c.attention},
@@ -370,24 +430,38 @@ std::string to_json(const TrainConfig& c) {
                       {"save_safetensors", c.save_safetensors},
                       {"save_only_model", c.save_only_model},
                       {"ds_config", c.ds_config},
+                      {"unmodeled_memory_keys", c.unmodeled_memory_keys},
                       {"faults", c.faults},
                       {"fault_seed", c.fault_seed ? c.fault_seed : c.seed},
                       {"comm_timeout_ms", c.comm_timeout_ms},
                       {"virtual", c.virtual_mode},
                       {"data_samples", c.data_samples},
-                      {"ranks_per_node", c.ranks_per_node}};
+                      {"ranks_per_node", c.ranks_per_node},
+                      {"from_pretrained", c.from_pretrained},
+                      {"load_dtype", c.load_dtype.empty() ? c.precision : c.load_dtype},
+                      {"zero_init", c.zero_init},
+                      {"load_copies", c.load_copies},
+                      {"finetuning", c.finetuning},
+                      {"eval_steps", c.eval_steps}};
+  if (c.finetuning == "lora") j["lora"] = {{"rank", c.lora_rank}, {"targets", c.lora_targets}};
+  if (c.finetuning == "freeze") j["trainable_layers"] = c.trainable_layers;
+  if (c.eval_steps > 0)
+    j["eval"] = {{"samples", c.eval_samples}, {"batch", c.eval_batch ? c.eval_batch : c.micro_batch},
+                 {"accumulation_steps", c.eval_accumulation_steps}, {"keep_logits", c.eval_keep_logits}};
+  if (c.watchdog_kill_at > 0) j["memory_watchdog"] = {{"tool", c.watchdog}, {"kill_at", c.watchdog_kill_at}};
   // A partial offload's split, for readers of the trace without the trainer (zt check --placement):
   // the modules counted, so the ones kept on the accelerator are known even where the trace is cut short.
   if (c.zero.offload_ratio < 1)
     if (const int64_t n = optimizer_modules(c); n > 0) j["zero_optimization"]["sub_groups"] = n;
-  if (c.model == "custom")
-    j["shape"] = {{"name", c.shape.name},         {"width", c.shape.width},
-                  {"layers", c.shape.layers},     {"heads", c.shape.heads},
-                  {"kv_heads", c.shape.kv_heads}, {"ffn", c.shape.ffn},
-                  {"gated_ffn", c.shape.gated_ffn}, {"vocab", c.shape.vocab},
-                  {"context", c.shape.context},   {"tied_embeddings", c.shape.tied_embeddings},
-                  {"experts", c.shape.experts},   {"shared_experts", c.shape.shared_experts},
-                  {"expert_ffn", c.shape.expert_ffn}, {"dense_layers", c.shape.dense_layers}};
+  if (c.model == "custom") {
+    nlohmann::json shape = nlohmann::json::object();
+    for (const auto& f : shape_fields()) {
+      if (f.integer) shape[f.name] = c.shape.*(f.integer);
+      else if (f.flag) shape[f.name] = c.shape.*(f.flag);
+      else shape[f.name] = c.shape.*(f.text);
+    }
+    j["shape"] = shape;
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // a flag's path need not be UTF-8
 }
 

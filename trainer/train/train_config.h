@@ -20,7 +20,8 @@ struct ZeroSettings {
   int stage = 0;
   bool offload_optimizer = false;  // fp32 master weights, Adam moments and fp32 grads on the host
   bool offload_param = false;      // stage 3: parameter shards on the host
-  bool pin_memory = true;
+  bool pin_memory = true;          // offload_optimizer.pin_memory: the optimizer state's host buffers pinned
+  bool param_pin_memory = true;    // offload_param.pin_memory: the parameter shards' host buffers pinned
   // offload_optimizer.ratio (DeepSpeed's ZeRO-Offload++ "Twin-Flow", stage 3 only): the fraction of
   // the modules whose optimizer state is offloaded. Modules are DeepSpeed's sub-groups here: module
   // i keeps its fp32 master weights and Adam moments on the accelerator, updated there by the
@@ -56,6 +57,29 @@ struct ModelShape {
   int64_t shared_experts = 0;
   int64_t expert_ffn = 0;      // each expert's FFN width
   int64_t dense_layers = 0;    // the first N layers stay dense in an MoE model
+  // The exact layouts of the common families (a Hugging Face config.json: train/hf_config.h). The
+  // defaults keep the older meaning of a shape (RMS norms in the blocks, a final norm of 2 x width,
+  // no biases, head size width / heads).
+  int64_t head_dim = 0;          // attention head size (0: width / heads; Qwen3's 128 at width 2048)
+  std::string norm;              // "" (the older count), "rms" (a weight per channel), "layer" (weight and bias)
+  bool qkv_bias = false;         // q, k and v projections with biases (GPT-2, Qwen2, BART)
+  bool out_bias = false;         // the attention output and the MLP's matrices with biases (GPT-2, BART)
+  bool qk_norm = false;          // RMS norms of each head's q and k (Qwen3)
+  int64_t positions = 0;         // rows of learned position embeddings, every stack's together (GPT-2, BART)
+  int64_t final_norms = 1;       // norms after the last block (T5: the encoder's and the decoder's; BART: none)
+  bool embed_norm = false;       // a norm after the embeddings in each stack (BART)
+  int64_t shared_expert_ffn = 0; // a shared expert's FFN width where it differs from expert_ffn (Qwen2-MoE)
+  bool shared_expert_gate = false;  // the shared expert's sigmoid gate, width x 1 (Qwen2-MoE)
+  bool router_bias = false;      // the router's score-correction bias, one per expert (DeepSeek-V3)
+  int64_t moe_every = 1;         // after the dense layers, every Nth layer is MoE (Qwen2-MoE's decoder_sparse_step)
+  // MLA (DeepSeek-V2/V3): queries through a rank-q_lora_rank bottleneck (0: a plain projection),
+  // keys and values compressed to kv_lora_rank (0: ordinary attention) plus a shared RoPE key.
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  // Encoder-decoder (T5, BART): `encoder_layers` encoder blocks before the `layers` decoder blocks,
+  // each decoder block with cross-attention over the encoder's output.
+  int64_t encoder_layers = 0;
+  int64_t relative_attention_buckets = 0;  // T5's position bias: buckets x heads in each stack's first block
+  int64_t decoder_seq_len = 0;   // target tokens per sample of an encoder-decoder (0: seq_len)
 };
 
 struct TrainConfig {
@@ -87,6 +111,14 @@ struct TrainConfig {
   // fp32, the default), high (TF32 tensor cores: what tf32 says) or medium (bf16 tensor cores:
   // inputs rounded to bf16 inside cuBLAS, fp32 accumulation and results).
   std::string matmul_precision = "highest";
+  // --device cuda with precision bf16: what the model's GEMMs take as inputs. fp32 (default: the
+  // fp32 activations of the CPU reference, the GEMMs in fp32 or TF32 as matmul_precision says) or
+  // bf16 (bf16 activations and weights into bf16 tensor cores, fp32 accumulation, biases and GELU
+  // fused into cuBLASLt epilogues; the residual stream, attention, LayerNorm statistics, the loss
+  // and every gradient stay fp32: trainer/cuda/README.md). Changes the results within bf16's
+  // tolerances; the CPU and the simulated GPU always compute in fp32. (Not "compute_dtype": the
+  // engine and grad_partition_dtype call the storage precision that.)
+  std::string matmul_dtype = "fp32";
   // ZeRO-Offload's delayed parameter update (DPU) after N ordinary steps (-1: off; needs
   // offload_optimizer): the first N steps update in order (the paper's warm-up), then step s's
   // CPU AdamW (s counted from 0: s >= N) runs on a background thread while step s+1's forward and
@@ -98,6 +130,13 @@ struct TrainConfig {
   // s+1 starts; each module's first use in step s+1 waits for its own update. The same arithmetic
   // as the ordinary update, bit for bit: only the time it takes moves under the next forward.
   bool overlap_update = false;
+  // AdamW during backward (with overlap_update; stages 2-3, where a module's gradient partition lands
+  // on the host during backward): each module's CPU AdamW starts as soon as its partition has landed,
+  // beside the rest of backward, writing its master weights and moments out of place (a second fp32
+  // state, 12 bytes a parameter of host memory); the step's norm then says whether that update stands
+  // (nothing clipped, the norm finite: the ordinary update's arithmetic, bit for bit) or is thrown
+  // away (clipped: the overlapped update's pass from the state kept; not finite: the step skipped).
+  bool adam_in_backward = false;
   // The dtype of the gradient partitions the CPU AdamW reads under offload_optimizer: fp32
   // (DeepSpeed's fp32_partitioned_groups_flat[i].grad: each partition lands in the compute dtype
   // and is widened into an fp32 buffer on the host) or compute (bf16/fp16, ZeRO stage 2-3: the
@@ -136,11 +175,48 @@ struct TrainConfig {
   // memory, no math), so a model of any size replays for memory. Ranks are symmetric: one
   // representative rank (rank 0) runs and stands for all `world_size`; the trace says so.
   bool virtual_mode = false;
+  // Issue 30: what users' jobs do that a plain training run does not.
+  // Model loading (Hugging Face's from_pretrained): every rank materializes the whole model in host
+  // memory in the checkpoint's dtype (load_dtype; "" = precision), then partitions it; with zero_init
+  // (DeepSpeed's zero.Init, accelerate's zero3_init_flag) each rank holds one module at a time and
+  // keeps only its shards.
+  bool from_pretrained = false;
+  std::string load_dtype;
+  // Copies of each weight a rank holds at its peak while loading: 1, or 2 where the model is built
+  // first and the checkpoint's state dict read beside it (transformers without low_cpu_mem_usage).
+  int64_t load_copies = 1;
+  bool zero_init = false;
+  // What trains: full (every parameter), lora (the model frozen, adapters of rank lora_rank on
+  // lora_targets: qv, attention or all; sizes only, virtual mode), freeze (the model frozen but the
+  // last trainable_layers blocks, LLaMA-Factory's freeze_trainable_layers). Frozen parameters have no
+  // gradients and no optimizer state.
+  std::string finetuning = "full";
+  int64_t lora_rank = 8;
+  std::string lora_targets = "all";
+  int64_t trainable_layers = 2;
+  // Evaluation (Hugging Face Trainer's): after every eval_steps optimizer steps, eval_samples samples
+  // in micro-batches of eval_batch (0: micro_batch) per rank, forward only; with eval_keep_logits
+  // (a compute_metrics) each batch's logits, gathered from every rank, are kept on the device, moved
+  // to the host every eval_accumulation_steps batches (0: only at the end), and freed after it.
+  int64_t eval_steps = 0;
+  int64_t eval_samples = 0;
+  int64_t eval_batch = 0;
+  int64_t eval_accumulation_steps = 0;
+  bool eval_keep_logits = false;
+  // A node memory watchdog (Ray's memory monitor, Kubernetes' memory limit, systemd-oomd, Slurm's
+  // cgroup): the job is killed when its node's host memory in use reaches watchdog_kill_at of
+  // host_memory (0: none). watchdog names the tool, for its message.
+  double watchdog_kill_at = 0;
+  std::string watchdog;
   ModelShape shape;                // when model == "custom"
   int64_t data_samples = 0;        // virtual mode: samples in the data set (no corpus is read)
   int64_t ranks_per_node = 0;      // host memory is per node: host_memory / ranks_per_node per rank (0: 1 node)
   double virtual_grad_norm = 1.0;  // virtual mode: the gradient norm the optimizer step sees (no math)
   std::string ds_config;           // DeepSpeed JSON it came from, if any
+  // DeepSpeed keys of that config that change memory in a way zerotrace does not model, each as
+  // "zero_optimization.zero_hpz_partition_size 8 (what it does)" (train/deepspeed_keys.h): a zt repro
+  // verdict from such a run is INCONCLUSIVE, naming them.
+  std::vector<std::string> unmodeled_memory_keys;
   std::string config_file;         // where it was loaded from, for messages
 };
 
@@ -162,6 +238,9 @@ Status load_train_config_text(const std::string& text, const std::string& path, 
                               std::vector<std::string>* keys = nullptr);
 // Checks ranges and combinations; the message names the setting and what to do.
 Status validate(const TrainConfig& cfg);
+// What is wrong with the settings of model loading, frozen parameters, evaluation and the memory
+// watchdog against the rest, or "" (validate() asks it).
+std::string job_settings_problem(const TrainConfig& cfg);
 // What is wrong with cfg.grad_partition_dtype against the rest of the settings, or "" when nothing
 // is: validate() and the ZeRO engine (for callers that skip validate) both ask it.
 std::string grad_partition_dtype_problem(const TrainConfig& cfg);

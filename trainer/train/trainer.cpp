@@ -77,8 +77,7 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
   if (progress) {
     // The parameters the engine places: a real run draws the model's; virtual mode sizes its shape's.
     const bool custom = cfg.model == "custom";
-    const std::string n = format_count(double(
-        cfg.virtual_mode ? shape_params(custom ? cfg.shape : shape_of(mc, cfg.model), !custom) : model::num_params(mc)));
+    const std::string n = format_count(double(cfg.virtual_mode && custom ? shape_params(cfg.shape, false) : model::num_params(mc)));
     *progress << "setting up rank " << rank << ": "
               << (cfg.virtual_mode ? "placing the model states of " + n + " parameters (sizes only)"
                                    : "drawing " + n + " initial weights, placing the model states")
@@ -90,6 +89,20 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
     *progress << "set up in " << format_duration_ns(double(probe::now_ns() - t_setup)) << ": " << dev.label() << " "
               << format_bytes(double(mem.allocated)) << " allocated | host " << format_bytes(double(mem.pinned))
               << " pinned + " << format_bytes(double(mem.pageable)) << " pageable";
+    if (const auto& load = engine.load_report(); load.on) {
+      const int64_t node = cfg.ranks_per_node > 0 ? cfg.ranks_per_node : cfg.world_size;
+      *progress << "\nmodel load (from_pretrained" << (load.zero_init ? ", zero.Init: one module at a time" : ": the whole model on every rank")
+                << "): each rank reads " << format_bytes(double(load.model_bytes)) << " of weights (" << (cfg.load_dtype.empty() ? cfg.precision : cfg.load_dtype)
+                << (cfg.load_copies > 1 ? ", " + std::to_string(cfg.load_copies) + " copies" : std::string()) << "); rank " << rank << " held at most "
+                << format_bytes(double(load.host_peak_bytes)) << " of host memory while loading; a node of " << node
+                << " ranks: " << format_bytes(double(load.host_peak_bytes) * double(node))
+                << (cfg.host_memory ? " of its " + format_bytes(double(cfg.host_memory)) : std::string());
+    }
+    if (cfg.finetuning != "full") {
+      const auto [trained, frozen] = engine.trainable_and_frozen();
+      *progress << "\nfinetuning " << cfg.finetuning << ": " << format_count(double(trained)) << " parameters trained, "
+                << format_count(double(frozen)) << " frozen (no gradients, no optimizer state)";
+    }
     if (cfg.zero.offload_optimizer && cfg.zero.offload_ratio < 1) {
       const auto [host, all] = engine.offloaded_modules();
       *progress << "; offload_ratio " << cfg.zero.offload_ratio << ": the optimizer state of " << host << " of " << all
@@ -110,6 +123,11 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
     m.epoch = epoch;
     return rec->marker_begin(m);
   };
+  if (rec && engine.load_report().on) {
+    const int64_t node = cfg.ranks_per_node > 0 ? cfg.ranks_per_node : cfg.world_size;
+    rec->counter(rank, rt.host().trace_id(), rec->intern("load.host_peak_per_node"),
+                 double(engine.load_report().host_peak_bytes) * double(node));
+  }
   if (rec && rank == 0) {
     // The data accounting, so a trace answers "why only 32 steps?" without the console.
     const std::pair<const char*, int64_t> facts[] = {
@@ -208,6 +226,19 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
                       format_bytes(double(rss)).c_str());
         *progress << line << std::flush;
       }
+      // An evaluation after the step, before its save (Hugging Face Trainer's order).
+      if (cfg.eval_steps > 0 && (step + 1) % cfg.eval_steps == 0) {
+        const double eval_loss = engine.evaluate(loader, step, epoch);
+        if (rec && !std::isnan(eval_loss)) rec->counter(rank, 0, rec->intern("eval_loss"), eval_loss);
+        if (progress) {
+          const RankMemory mem = rank_memory(rt);
+          *progress << "evaluation after step " << step + 1 << ": "
+                    << (std::isnan(eval_loss) ? std::string("virtual: no math") : "loss " + std::to_string(eval_loss))
+                    << " | " << dev.label() << " peak " << format_bytes(double(rt.device_allocator() ? rt.device_allocator()->stats().peak_allocated_bytes : 0))
+                    << " allocated | host " << format_bytes(double(mem.pinned)) << " pinned + "
+                    << format_bytes(double(mem.pageable)) << " pageable\n" << std::flush;
+        }
+      }
       if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) save_checkpoint(epoch, s);
     }
     if (rec) {
@@ -237,13 +268,14 @@ Status model_config_of(const TrainConfig& cfg, model::Config* out) {
     // (the reference model computes any vocab/context/layers/heads/width; scenarios' small variants).
     const ModelShape& sh = cfg.shape;
     const bool gpt2_layout = sh.kv_heads == sh.heads && sh.ffn == 4 * sh.width && !sh.gated_ffn && sh.experts == 0 &&
-                             sh.tied_embeddings;
+                             sh.tied_embeddings && sh.head_dim == 0 && sh.kv_lora_rank == 0 && sh.encoder_layers == 0 &&
+                             sh.positions == 0;
     if (!virt && !gpt2_layout)
       return Status::Error("--model custom (" + (sh.name.empty() ? std::string("a model shape") : sh.name) +
                            "): a shape other than GPT-2's layout (kv_heads = heads, ffn = 4 x width, no gate, no experts, "
                            "tied embeddings) runs in virtual mode only (--virtual)");
     if (Status s = validate_shape(sh); !s) return s;
-    mc = model::Config{sh.vocab, sh.context, sh.layers, sh.heads, sh.width};
+    mc = model::Config{sh.vocab, sh.context, shape_blocks(sh), sh.heads, sh.width};  // an encoder's blocks too
     if (!virt)
       if (Status s = model::validate(*mc); !s) return s;
   } else {
@@ -429,6 +461,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     std::string why;
     CudaBackendOptions bo;
     bo.matmul = matmul_precision_of(cfg);
+    bo.bf16_compute = cfg.matmul_dtype == "bf16";
     // ZT_CUDA_SYNC: how the rank thread waits for the GPU (an A/B knob for GPU hosts: bench/gpu_session).
     if (const char* env = std::getenv("ZT_CUDA_SYNC"); env && *env && !parse_cuda_sync(env, &bo.sync))
       return Status::Error(std::string("ZT_CUDA_SYNC='") + env +
@@ -538,7 +571,8 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
               << plan.tail_tokens_dropped << " tail tokens unused); " << plan.samples_per_step
               << " samples per step (micro-batch " << B << " x accumulation " << cfg.grad_accum << " x data-parallel "
               << cfg.world_size << ") = " << plan.steps_per_epoch << " steps per epoch, "
-              << plan.samples_dropped_per_epoch << " samples dropped per epoch; training " << total_steps
+              << plan.samples_dropped_per_epoch << (plan.samples_dropped_per_epoch == 1 ? " sample" : " samples")
+              << " dropped per epoch; training " << total_steps
               << " steps\n";
     if (cfg.delayed_update >= 0)
       *progress << "delayed parameter update after " << cfg.delayed_update << " ordinary step"
@@ -574,6 +608,13 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
               << (cfg.host_memory ? "; host memory per rank " + format_bytes(double(host_per_rank)) : std::string())
               << "\n";
   if (virt && rec) rec->counter(0, 0, rec->intern("virtual.ranks_represented"), double(cfg.world_size));
+  // The node memory watchdog (cfg.watchdog_kill_at): one per node, shared by its rank threads.
+  const int64_t per_node = cfg.ranks_per_node > 0 ? cfg.ranks_per_node : cfg.world_size;
+  std::vector<std::unique_ptr<NodeMemoryWatch>> watches;
+  if (cfg.watchdog_kill_at > 0)
+    for (int64_t n = 0; n < (virt ? 1 : (cfg.world_size + per_node - 1) / per_node); ++n)
+      watches.push_back(std::make_unique<NodeMemoryWatch>(cfg.watchdog, cfg.watchdog_kill_at, cfg.host_memory,
+                                                          int(std::min(per_node, cfg.world_size)), int(n)));
   std::vector<std::string> failures(size_t(cfg.world_size));
   std::vector<int64_t> steps_done(size_t(cfg.world_size), 0);
   // Rank threads share the cores: each gets its share of OpenMP threads, and OpenBLAS (which
@@ -591,6 +632,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     ro.host_capacity = host_per_rank;
     ro.virtual_memory = virt;
     ro.pinned_placement = memory::parse_placement(cfg.pinned_numa);
+    if (!watches.empty()) ro.watch = watches[virt ? 0 : size_t(rank / per_node)].get();
     std::unique_ptr<RankRuntime> rt;
     std::unique_ptr<Communicator> comm;
     int64_t step = -1;  // -1 until the rank's engine is set up (train_rank)
@@ -612,6 +654,8 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
       failures[size_t(rank)] = e.what();
     } catch (const DeviceMismatchError& e) {
       failures[size_t(rank)] = e.what();  // the guard recorded the error row
+    } catch (const MemoryWatchdogKill& e) {
+      failures[size_t(rank)] = e.what();  // the watchdog recorded the error row: the whole job is killed
     } catch (const CommAborted& e) {
       failures[size_t(rank)] = std::string("aborted: ") + e.what();
     } catch (const CommTimeout& e) {

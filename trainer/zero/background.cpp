@@ -1,16 +1,26 @@
 #include "zero/background.h"
 
 #include <omp.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <stdexcept>
 
 namespace zt::trainer {
 
-BackgroundThread::BackgroundThread(int omp_threads, int waited_threads, int owner_beside)
+BackgroundThread::BackgroundThread(int omp_threads, int waited_threads, int owner_beside, int nice)
     : omp_threads_(omp_threads < 1 ? 1 : omp_threads),
       waited_threads_(waited_threads < 1 ? omp_threads_ : waited_threads),
-      owner_beside_(owner_beside < 1 ? 0 : owner_beside) {}
+      owner_beside_(owner_beside < 1 ? 0 : owner_beside),
+      nice_(nice < 0 ? 0 : nice > 19 ? 19 : nice) {}
+
+namespace {
+// Linux: a thread's own niceness (PRIO_PROCESS with a thread id names that thread alone). Raising it
+// needs no privilege; a failure leaves the thread as it was.
+void nice_this_thread(int nice) { setpriority(PRIO_PROCESS, id_t(syscall(SYS_gettid)), nice); }
+}  // namespace
 
 BackgroundThread::Beside::Beside(const BackgroundThread& t) {
   if (t.owner_beside_ > 0 && t.busy_.load()) {
@@ -26,6 +36,12 @@ BackgroundThread::Beside::~Beside() {
 int BackgroundThread::refresh_width(int64_t piece) {
   const int n = piece <= waited_upto_.load() ? waited_threads_ : omp_threads_;
   omp_set_num_threads(n);
+  if (nice_ > 0 && n > niced_width_) {
+    // The OpenMP runtime keeps this thread's team in a pool: a team at least this wide is niced once.
+#pragma omp parallel num_threads(n)
+    nice_this_thread(nice_);
+    niced_width_ = n;
+  }
   return n;
 }
 
@@ -67,6 +83,7 @@ void BackgroundThread::wait() {
 
 void BackgroundThread::run() {
   omp_set_num_threads(omp_threads_);
+  if (nice_ > 0) nice_this_thread(nice_);
   std::unique_lock lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || job_; });

@@ -28,7 +28,9 @@ class BackgroundThread {
   // The thread starts with the first job; its OpenMP regions use `omp_threads` threads, and, from
   // a job's refresh_width() on, `waited_threads` while the owner waits for it (0: omp_threads).
   // `owner_beside`: the owner's width under a Beside mark while a job is under way (0: its own).
-  explicit BackgroundThread(int omp_threads, int waited_threads = 0, int owner_beside = 0);
+  // `nice` (0-19): the thread and the OpenMP threads of its regions run at that niceness, so that the
+  // owner's thread (on a GPU: the one that queues the device's work) wins a contended core (0: as is).
+  explicit BackgroundThread(int omp_threads, int waited_threads = 0, int owner_beside = 0, int nice = 0);
   // Lets the job under way finish (its exception, if any, is dropped; one handed over but not
   // started is not run), then stops the thread.
   ~BackgroundThread();
@@ -82,7 +84,8 @@ class BackgroundThread {
 
  private:
   void run();
-  const int omp_threads_, waited_threads_, owner_beside_;
+  const int omp_threads_, waited_threads_, owner_beside_, nice_;
+  int niced_width_ = 0;  // the job's thread only: its regions' threads of up to this width are niced
   std::atomic<bool> busy_{false};  // from submit() until the job has finished
   std::atomic<int64_t> waited_upto_{-1};  // the last piece the owner waits for now (-1: none)
   std::mutex mu_;

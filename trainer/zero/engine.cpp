@@ -23,10 +23,15 @@ struct ZeroEngine::Part {
   bool persistent = false;                // stage 3 module kept whole on every rank
   bool sharded = false;                   // stage 3 and not persistent: parameters live as shards
   bool opt_host = false;                  // its optimizer state is offloaded (offload_optimizer, ratio)
+  bool frozen = false;                    // no gradient, no optimizer state (finetuning lora or freeze)
+  std::vector<float> init_master;         // set-up only: the optimizer range's initial values
   Tensor param;        // whole [padded], compute dtype, accelerator (when not sharded)
   Tensor param_shard;  // [shard], compute dtype: accelerator, or host with offload_param (when sharded)
   Tensor grad;         // compute dtype on the accelerator: [padded] at stages 0-1, [shard] at 2-3
   Tensor master, m, v; // fp32 [opt_n]: pinned host when opt_host, else accelerator
+  // AdamW during backward: the second fp32 state its out-of-place pass writes (swapped with the
+  // first when the update stands and the module is awaited).
+  Tensor master_alt, m_alt, v_alt;
   // The gradient partition CPU AdamW reads, [opt_n] on the host with offload_optimizer
   // (persistent): fp32 (DeepSpeed's NAME.grad), or the compute dtype under grad_partition_dtype
   // compute (it stays as it lands from the device; AdamW widens it and applies the step's scale).
@@ -118,7 +123,7 @@ void upload(Tensor& dst, int64_t dst_offset, const float* host_src, int64_t n) {
 }
 
 void zero_tensor(Tensor& t) {
-  if (t.raw()) t.device().ops().zero(t.raw(), t.bytes());
+  if (t.defined() && t.raw()) t.device().ops().zero(t.raw(), t.bytes());
 }
 
 // A one-element fp32 tensor's value, written from the host (nothing in virtual mode).
@@ -196,7 +201,18 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     // rank keeps all its threads (an A/B knob for GPU hosts: bench/gpu_session).
     const int rank_beside = threads_from_env("ZT_RANK_THREADS_BESIDE", 0,
                                              "the rank thread's threads while the background AdamW runs beside it");
-    background_ = std::make_unique<BackgroundThread>(adam_threads, waited_threads, rank_beside);
+    // ZT_ADAM_NICE=N (1-19): the background AdamW's threads at niceness N, so that the rank thread (on a
+    // GPU: the one queueing the device's work between landing partitions) wins a contended core; unset
+    // or 0, as the rank's (an A/B knob for GPU hosts: bench/gpu_session).
+    int adam_nice = 0;
+    if (const char* env = std::getenv("ZT_ADAM_NICE"); env && *env) {
+      char* end = nullptr;
+      const long v = std::strtol(env, &end, 10);
+      if (*end || v < 0 || v > 19)
+        throw std::invalid_argument(std::string("ZT_ADAM_NICE='") + env + "': the background AdamW's niceness, 0 to 19");
+      adam_nice = int(v);
+    }
+    background_ = std::make_unique<BackgroundThread>(adam_threads, waited_threads, rank_beside, adam_nice);
     // ZT_EARLY_WRITE_BACK=0: the delayed update's weights go up to device shards only once the whole
     // pass is applied (as before 2026-11-26), not module by module as its AdamW finishes.
     if (cfg.delayed_update >= 0) {
@@ -218,14 +234,149 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   // Virtual mode: the modules of any shape (a preset is GPT-2's shape), no initial values.
   const bool virt = cfg.virtual_mode;
   virt_ = virt;
-  const ModelShape shape = cfg.model == "custom" ? cfg.shape : shape_of(mc, cfg.model);
-  modules_ = virt ? shape_modules(shape, cfg.model != "custom") : model::module_table(mc);
+  const bool custom = cfg.model == "custom";
+  const ModelShape shape = custom ? cfg.shape : shape_of(mc, cfg.model);
+  // A preset's own parameter table (biases included) in virtual mode too: DeepSpeed's partitions
+  // count every parameter.
+  modules_ = virt && custom ? shape_modules(shape, false) : model::module_table(mc);
+  module_params_ = module_parameters(custom ? nullptr : &mc, shape, !custom);
+  ds_layout_ = virt && z_.stage == 3;
+  const int64_t blocks = int64_t(mc.layers);
+  // What trains (cfg.finetuning): frozen modules keep parameters only. LoRA's adapters are modules
+  // of their own after the model's ("block3.lora"), trained as any module (virtual mode: sizes).
+  std::vector<char> frozen(modules_.size(), 0);
+  if (cfg.finetuning == "lora") {
+    std::fill(frozen.begin(), frozen.end(), 1);
+    lora_of_.assign(size_t(blocks), -1);
+    int64_t offset = modules_.back().offset + modules_.back().numel;
+    for (int64_t b = 0; b < blocks; ++b) {
+      model::ModuleSpec a;
+      a.name = modules_[size_t(b) + 1].name + ".lora";
+      a.index = int(modules_.size());
+      a.offset = offset;
+      module_params_.push_back(lora_parameters(shape, b, cfg.lora_rank, cfg.lora_targets));  // A and B of each linear
+      for (int64_t n : module_params_.back()) a.numel += n;
+      offset += a.numel;
+      lora_of_[size_t(b)] = a.index;
+      modules_.push_back(a);
+      frozen.push_back(0);
+    }
+  } else if (cfg.finetuning == "freeze") {
+    if (cfg.trainable_layers > blocks)
+      throw std::invalid_argument("trainable_layers " + std::to_string(cfg.trainable_layers) + " is more than the model's " +
+                                  std::to_string(blocks) + " blocks");
+    for (size_t i = 0; i < modules_.size(); ++i)
+      frozen[i] = !(int64_t(i) >= 1 + blocks - cfg.trainable_layers && int64_t(i) <= blocks);
+  }
+  if (module_params_.size() != modules_.size())
+    throw std::logic_error("ZeroEngine: " + std::to_string(module_params_.size()) + " parameter tables for " +
+                           std::to_string(modules_.size()) + " modules");
   // Left uninitialized: init_params writes every element, its threads touching the pages first.
   std::unique_ptr<float[]> init(virt ? nullptr : new float[size_t(model::num_params(mc))]);
   if (!virt) model::init_params(mc, cfg.seed, init.get());
   std::vector<float> padded_vals;
   // offload_optimizer.ratio (ZeRO-Offload++): module i is offloaded when i >= int((1 - ratio) * modules).
   const int64_t first_offloaded = first_offloaded_module(z_, int64_t(modules_.size()));
+  // Model loading (from_pretrained): the checkpoint's weights in host memory, in its dtype. Without
+  // zero.Init every rank holds the whole model at once (each module's part freed once its parameters
+  // are placed, before any optimizer state: DeepSpeed builds those after partitioning); with it one
+  // module at a time. Real runs take their weights from it (rounded through the checkpoint's dtype).
+  const DType load_dt = *parse_dtype(cfg.load_dtype.empty() ? cfg.precision : cfg.load_dtype);
+  std::vector<Tensor> loaded(modules_.size()), loaded_more(modules_.size());
+  auto load_module = [&](size_t i) {
+    const model::ModuleSpec& spec = modules_[i];
+    loaded[i] = Tensor::empty("model.from_pretrained[" + spec.name + "]", {spec.numel}, load_dt, host);
+    if (cfg.load_copies > 1)  // the checkpoint's state dict read beside the model built (cfg.load_copies)
+      loaded_more[i] = Tensor::empty("model.from_pretrained[" + spec.name + "].state_dict",
+                                     {spec.numel * (cfg.load_copies - 1)}, load_dt, host);
+    if (!virt && spec.offset + spec.numel <= model::num_params(mc)) {  // LoRA adapters are not in the checkpoint
+      host_ops().convert(loaded[i].raw(), load_dt, init.get() + spec.offset, DType::F32, spec.numel);
+      host_ops().convert(init.get() + spec.offset, DType::F32, loaded[i].raw(), load_dt, spec.numel);
+    }
+  };
+  auto host_held = [&]() {
+    return int64_t(rt.pinned_allocator().stats().reserved_bytes + rt.pageable_allocator().stats().reserved_bytes);
+  };
+  auto note_load_peak = [&]() { load_.host_peak_bytes = std::max(load_.host_peak_bytes, host_held()); };
+  if (cfg.from_pretrained) {
+    load_.on = true;
+    load_.zero_init = cfg.zero_init;
+    for (size_t i = 0; i < modules_.size(); ++i)
+      if (cfg.finetuning != "lora" || lora_of_.empty() || int(i) < lora_of_[0])
+        load_.model_bytes += modules_[i].numel * int64_t(dtype_size(load_dt)) * cfg.load_copies;
+  }
+  if (cfg.from_pretrained && !cfg.zero_init) {
+    probe::MarkerId ph = phase("model load (from_pretrained: the whole model on every rank)", -1);
+    for (size_t i = 0; i < modules_.size(); ++i)
+      if (cfg.finetuning != "lora" || lora_of_.empty() || int(i) < lora_of_[0]) load_module(i);
+    note_load_peak();
+    end(ph);
+  }
+  // A module's parameters (whole, or this rank's shard), from the initial values or the checkpoint.
+  auto place_params = [&](Part& pt) {
+    const model::ModuleSpec& spec = pt.spec;
+    const size_t i = size_t(spec.index);
+    probe::MarkerId ph = 0;
+    if (cfg.from_pretrained && cfg.zero_init && (cfg.finetuning != "lora" || lora_of_.empty() || int(i) < lora_of_[0])) {
+      ph = phase("model load (zero.Init: " + spec.name + ")", -1);
+      load_module(i);
+      note_load_peak();
+    }
+    // The module's initial values padded with zeros to a multiple of the world size: read where
+    // they are when no padding is needed (at world size 1 a copy of the whole model, on one thread).
+    const bool has_init = !virt && spec.offset + spec.numel <= model::num_params(mc);
+    const float* vals = nullptr;
+    if (has_init && pt.padded == spec.numel) {
+      vals = init.get() + spec.offset;
+    } else if (has_init) {
+      padded_vals.assign(size_t(pt.padded), 0.0f);
+      std::memcpy(padded_vals.data(), init.get() + spec.offset, size_t(spec.numel) * sizeof(float));
+      vals = padded_vals.data();
+    }
+    auto vals_at = [vals](int64_t k) { return vals ? vals + k : nullptr; };
+    const std::string& n = spec.name;
+    if (pt.sharded) {
+      Device& where = z_.offload_param ? host : accel;
+      pt.param_shard = Tensor::empty(n + ".shard", {pt.shard}, dtype_, where, z_.offload_param && z_.param_pin_memory);
+      upload(pt.param_shard, 0, vals_at(pt.lo), pt.shard);
+    } else {
+      pt.param = Tensor::empty(n + ".param", {pt.padded}, dtype_, accel);
+      upload(pt.param, 0, vals_at(0), pt.padded);
+    }
+    note_load_peak();
+    loaded[i].reset();  // partitioned: the loaded copy of this module is gone
+    loaded_more[i].reset();
+    if (ph) end(ph);
+    if (pt.frozen) return;
+    // The optimizer's range, with its initial fp32 master weights (kept for place_states).
+    pt.opt_lo = z_.stage == 0 ? 0 : pt.lo;
+    pt.opt_n = z_.stage == 0 ? pt.padded : pt.shard;
+    if (vals) pt.init_master.assign(vals + pt.opt_lo, vals + pt.opt_lo + pt.opt_n);
+  };
+  // Its gradient and optimizer state (none when frozen).
+  auto place_states = [&](Part& pt) {
+    if (pt.frozen) return;
+    const model::ModuleSpec& spec = pt.spec;
+    const std::string& n = spec.name;
+    // DeepSpeed's grad_partitions_flat_buffer (its slice of this module): under offload_optimizer
+    // on the host, pinned, where the virtual model keeps it (ds_layout_); our compute keeps it on
+    // the device and moves it to the host at the accumulation boundary.
+    const bool grad_on_host = ds_layout_ && pt.opt_host;
+    pt.grad = z_.stage <= 1 ? Tensor::zeros(n + ".grad", {pt.padded}, dtype_, accel)
+                            : Tensor::zeros(n + ".grad[shard]", {pt.shard}, dtype_, grad_on_host ? host : accel,
+                                            grad_on_host && pin);
+    Device& opt = pt.opt_host ? host : accel;
+    const bool opt_pin = pt.opt_host && pin && !ds_layout_;  // DeepSpeed pins only the fp32 gradient
+    const std::string group = partition_name(spec.index);
+    pt.master = Tensor::empty(group, {pt.opt_n}, DType::F32, opt, opt_pin);
+    upload(pt.master, 0, pt.init_master.empty() ? nullptr : pt.init_master.data(), pt.opt_n);
+    std::vector<float>().swap(pt.init_master);
+    pt.m = Tensor::zeros("adam.m[" + n + "]", {pt.opt_n}, DType::F32, opt, opt_pin);
+    pt.v = Tensor::zeros("adam.v[" + n + "]", {pt.opt_n}, DType::F32, opt, opt_pin);
+    if (pt.opt_host)
+      pt.part_grad = Tensor::zeros(part_grad_name(spec.index, part_grad_dtype_), {pt.opt_n}, part_grad_dtype_, host,
+                                   pt.opt_host && pin);
+  };
   for (const auto& spec : modules_) {
     auto p = std::make_unique<Part>();
     p->spec = spec;
@@ -234,60 +385,73 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     p->lo = rank_ * p->shard;
     p->persistent = z_.stage == 3 && spec.numel < z_.param_persistence_threshold;
     p->sharded = z_.stage == 3 && !p->persistent;
-    p->opt_host = int64_t(parts_.size()) >= first_offloaded;
-    // The module's initial values padded with zeros to a multiple of the world size: read where
-    // they are when no padding is needed (at world size 1 a copy of the whole model, on one thread).
-    const float* vals = nullptr;
-    if (!virt && p->padded == spec.numel) {
-      vals = init.get() + spec.offset;
-    } else if (!virt) {
-      padded_vals.assign(size_t(p->padded), 0.0f);
-      std::memcpy(padded_vals.data(), init.get() + spec.offset, size_t(spec.numel) * sizeof(float));
-      vals = padded_vals.data();
+    p->frozen = frozen[size_t(spec.index)] != 0;
+    p->opt_host = !p->frozen && int64_t(parts_.size()) >= first_offloaded;
+    // As before issue 30 when nothing is loaded: each module's parameters, then its states.
+    if (!cfg.from_pretrained) {
+      place_params(*p);
+      place_states(*p);
     }
-    auto vals_at = [vals](int64_t i) { return vals ? vals + i : nullptr; };
-    const std::string& n = spec.name;
-    if (p->sharded) {
-      Device& where = z_.offload_param ? host : accel;
-      p->param_shard = Tensor::empty(n + ".shard", {p->shard}, dtype_, where, z_.offload_param && pin);
-      upload(p->param_shard, 0, vals_at(p->lo), p->shard);
-    } else {
-      p->param = Tensor::empty(n + ".param", {p->padded}, dtype_, accel);
-      upload(p->param, 0, vals_at(0), p->padded);
-    }
-    p->grad = z_.stage <= 1 ? Tensor::zeros(n + ".grad", {p->padded}, dtype_, accel)
-                            : Tensor::zeros(n + ".grad[shard]", {p->shard}, dtype_, accel);
-    p->opt_lo = z_.stage == 0 ? 0 : p->lo;
-    p->opt_n = z_.stage == 0 ? p->padded : p->shard;
-    Device& opt = p->opt_host ? host : accel;
-    const bool opt_pin = p->opt_host && pin;
-    const std::string group = partition_name(spec.index);
-    p->master = Tensor::empty(group, {p->opt_n}, DType::F32, opt, opt_pin);
-    upload(p->master, 0, vals_at(p->opt_lo), p->opt_n);
-    p->m = Tensor::zeros("adam.m[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
-    p->v = Tensor::zeros("adam.v[" + n + "]", {p->opt_n}, DType::F32, opt, opt_pin);
-    if (p->opt_host)
-      p->part_grad = Tensor::zeros(part_grad_name(spec.index, part_grad_dtype_), {p->opt_n}, part_grad_dtype_, host, opt_pin);
     parts_.push_back(std::move(p));
   }
-  int64_t act_bytes = 0;
-  if (virt) {
-    act_bytes = activation_bytes(shape, B, T, cfg.activation_checkpointing, attention_of(cfg) == model::Attention::Flash);
-  } else {
-    passes_ = rt.model_passes(mc, B, T, cfg.activation_checkpointing, attention_of(cfg));
-    act_bytes = int64_t(passes_->bytes());
+  if (cfg.from_pretrained) {
+    // DeepSpeed partitions every parameter first, then builds the optimizer: the loaded model is
+    // gone before the first optimizer state is allocated.
+    for (auto& p : parts_) place_params(*p);
+    for (auto& p : parts_) place_states(*p);
   }
-  activations_ = Tensor::empty("activations", {(act_bytes + 3) / 4}, DType::F32, accel);
-  if (passes_) passes_->bind(activations_.raw());
-  head_ = int(parts_.size()) > int(mc.layers) + 2 ? int(mc.layers) + 2 : 0;
+  // Activations: a real GPU's passes get theirs as one tensor; elsewhere the device is charged what
+  // PyTorch's autograd would keep, tensor by tensor, allocated and freed as the passes run (step()).
+  // An encoder-decoder's (virtual shapes only) is one tensor of model_shape.h's estimate, charged
+  // the same way: made as its forward starts, freed once its backward is done (never held through
+  // an evaluation, an optimizer step or a save: issue 30's finding).
+  act_ = activation_shape(shape, !custom, B, T, dtype_, attention_of(cfg) == model::Attention::Flash,
+                          cfg.activation_checkpointing);
+  if (!virt) passes_ = rt.model_passes(mc, B, T, cfg.activation_checkpointing, attention_of(cfg));
+  charge_terms_ = virt || passes_->owns_memory();
+  if (virt && shape.encoder_layers > 0)
+    pass_activations_ = (encoder_decoder_activation_bytes(shape, B, T, shape.decoder_seq_len > 0 ? shape.decoder_seq_len : T,
+                                                          cfg.activation_checkpointing,
+                                                          attention_of(cfg) == model::Attention::Flash) +
+                         3) / 4;
+  if (!charge_terms_) {
+    activations_ = Tensor::empty("activations", {(int64_t(passes_->bytes()) + 3) / 4}, DType::F32, accel);
+    passes_->bind(activations_.raw());
+  }
+  if (charge_terms_ && z_.stage == 3 && W_ > 1)
+    for (auto& p : parts_) {
+      // DeepSpeed keeps each parameter below the persistence threshold whole on every rank (ours
+      // decides per module: a sharded module's small parameters are in its shards). LoRA's
+      // adapters are such parameters (r x 4096 is below 10 x width), frozen ones too.
+      const int64_t n =
+          p->sharded ? persistent_numel(module_params_[size_t(p->spec.index)], z_.param_persistence_threshold) : 0;
+      if (n > 0) persistent_.push_back(Tensor::empty(p->spec.name + ".persistent", {n}, dtype_, accel));
+    }
+  if (ds_layout_) {
+    // stage3.py's IPG bucket: reduce_bucket_size elements in the compute dtype, made once.
+    ipg_buffer_ = Tensor::empty("ipg_bucket", {z_.reduce_bucket_size}, dtype_, accel);
+    ipg_ = std::make_unique<IpgBucket>(z_.reduce_bucket_size, W_, dtype_, z_.offload_optimizer);
+  }
+  for (size_t i = 0; i < parts_.size(); ++i)
+    if (parts_[i]->spec.name == "lm_head") head_ = int(i);
   // The background update's own buffers now, not at its first steps: made there, each took cached
   // pinned segments the gradient staging had used, and new ones were pinned inside steps 2-4
   // (cudaHostAlloc: on an H100 those steps ran at a third of the later speed; 2026-11-23).
   if (cfg.delayed_update >= 0 || cfg.overlap_update) {
     for (auto& p : parts_) {
-      // Overlapped, a module AdamW writes in place (offload_param) has no buffer; delayed, none is.
-      if (p->master.device().is_host() && dtype_ != DType::F32 && !(cfg.overlap_update && adam_in_place(*p, false)))
+      // Overlapped, a module AdamW writes in place (offload_param) has no buffer, unless it runs
+      // during backward (never in place: the step may throw it away); delayed, none is in place.
+      if (p->master.device().is_host() && dtype_ != DType::F32 &&
+          !(cfg.overlap_update && !cfg.adam_in_backward && adam_in_place(*p, false)))
         for (int slot = 0; slot < (cfg.overlap_update ? 1 : 2); ++slot) p->update[slot] = update_buffer(*p);
+      // AdamW during backward: the second fp32 state, made as the first (the same names: it is the
+      // state, double-buffered).
+      if (cfg.adam_in_backward && p->opt_host) {
+        const bool opt_pin = z_.pin_memory;
+        p->master_alt = Tensor::empty(p->master.name(), {p->opt_n}, DType::F32, host, opt_pin);
+        p->m_alt = Tensor::empty(p->m.name(), {p->opt_n}, DType::F32, host, opt_pin);
+        p->v_alt = Tensor::empty(p->v.name(), {p->opt_n}, DType::F32, host, opt_pin);
+      }
       if (cfg.delayed_update >= 0 && p->part_grad.defined())
         p->part_grad_spare = Tensor::zeros(p->part_grad.name(), {p->opt_n}, part_grad_dtype_, host, pin);
       // The early write-back's second device shard: where the update's copy goes while the step
@@ -297,6 +461,15 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     }
     early_write_back_ = std::any_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->shard_next.defined(); });
   }
+  if (cfg.adam_in_backward) {
+    if (!cfg.overlap_update) throw std::invalid_argument("adam_in_backward needs overlap_update");
+    if (z_.stage < 2) throw std::invalid_argument("adam_in_backward needs ZeRO stage 2 or 3");
+    const size_t n = parts_.size();
+    early_.jobs.resize(n);
+    early_.landed.assign(n, 0);
+    early_.taken.assign(n, 0);
+    early_.done.assign(n, 0);
+  }
   host_tokens_ = Tensor::empty("batch.tokens", {B, T}, DType::I32, host, true);
   host_targets_ = Tensor::empty("batch.targets", {B, T}, DType::I32, host, true);
 }
@@ -304,6 +477,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
 // In-flight copies finish, and the device's queue drains, before any tensor of this engine is
 // freed (a failed step leaves both behind).
 ZeroEngine::~ZeroEngine() {
+  if (early_.live) abort_early(true);  // a pass during backward waits for partitions that never come
   try {
     if (background_) background_->wait();  // its jobs read this engine's tensors
   } catch (...) {
@@ -341,7 +515,7 @@ int64_t ZeroEngine::model_state_bytes() const {
   int64_t b = 0;
   for (const auto& p : parts_)
     for (const Tensor* t : {&p->param, &p->param_shard, &p->shard_next, &p->grad, &p->master, &p->m, &p->v, &p->part_grad,
-                            &p->part_grad_spare})
+                            &p->part_grad_spare, &p->master_alt, &p->m_alt, &p->v_alt})
       if (t->defined()) b += int64_t(t->bytes());
   return b;
 }
@@ -349,6 +523,127 @@ int64_t ZeroEngine::model_state_bytes() const {
 std::pair<int, int> ZeroEngine::offloaded_modules() const {
   const int n = int(std::count_if(parts_.begin(), parts_.end(), [](const auto& p) { return p->opt_host; }));
   return {n, int(parts_.size())};
+}
+
+std::pair<int64_t, int64_t> ZeroEngine::trainable_and_frozen() const {
+  int64_t trained = 0, frozen = 0;
+  for (const auto& p : parts_) (p->frozen ? frozen : trained) += p->spec.numel;
+  return {trained, frozen};
+}
+
+// ---------------------------------------------------------------- evaluation
+
+double ZeroEngine::evaluate(DataLoader& loader, int64_t global_step, int64_t epoch) {
+  Device& accel = rt_.accelerator();
+  Device& host = rt_.host();
+  const int L = int(mc_.layers);
+  const int fin = L + 1;
+  const int64_t Be = cfg_.eval_batch > 0 ? cfg_.eval_batch : B_;
+  const ModelShape shape = cfg_.model == "custom" ? cfg_.shape : shape_of(mc_, cfg_.model);
+  // An encoder-decoder's logits are over its target tokens.
+  const int64_t Tl = shape.encoder_layers > 0 && shape.decoder_seq_len > 0 ? shape.decoder_seq_len : T_;
+  const int64_t V = mc_.vocab;
+  const int64_t batches = (cfg_.eval_samples + Be * W_ - 1) / (Be * W_);
+  const int64_t wte = virt_ ? 0 : model::embedding_offsets(mc_).wte;
+  // Without gradients a layer's activations live only while it runs: one layer's worth (virtual
+  // mode; a real run computes in the passes' own workspace).
+  ModelShape one = shape;
+  one.layers = 1;
+  one.encoder_layers = 0;
+  const int64_t act_bytes = virt_ ? activation_bytes(one, Be, std::max<int64_t>(T_, Tl), false, attention_of(cfg_) == model::Attention::Flash) : 0;
+  fail::set_thread_position({rank_, global_step, -1, epoch, rec_});
+  order_pos_ = 0;  // the forward's order: its prefetch serves the evaluation too
+  probe::MarkerId ph = phase("evaluation", global_step);
+  // Kept predictions, as transformers' evaluation loop keeps them: concatenated on the device batch by
+  // batch (torch.cat: a new tensor of both while the old one is alive), moved to the host every
+  // eval_accumulation_steps batches and concatenated there (numpy's concatenate: a new array each time).
+  Tensor dev_preds, preds;
+  // dst := a's values then b's (either may be undefined), a new tensor on `where`.
+  auto concat = [&](const Tensor& a, const Tensor& b, const std::string& name, Device& where) {
+    const int64_t n = (a.defined() ? a.numel() : 0) + (b.defined() ? b.numel() : 0);
+    Tensor out = Tensor::empty(name, {n}, DType::F32, where);
+    int64_t at = 0;
+    for (const Tensor* t : {&a, &b}) {
+      if (!t->defined()) continue;
+      if (out.raw() && t->raw()) where.ops().copy(out.f32() + at, t->f32(), t->bytes());
+      at += t->numel();
+    }
+    return out;
+  };
+  auto to_host = [&]() {
+    if (!dev_preds.defined()) return;
+    probe::MarkerId mv = phase("eval logits to the host", global_step);
+    Tensor h = copy_to(dev_preds, host, false, "eval.preds.cpu");  // D2H (.cpu())
+    dev_preds.reset();
+    preds = concat(preds, h, "eval.preds", host);
+    end(mv);
+  };
+  double loss_sum = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    probe::MarkerId bm = phase("eval batch " + std::to_string(b), global_step);
+    Tensor tokens, targets;
+    if (virt_) {
+      tokens = Tensor::empty("eval.tokens", {Be, T_}, DType::I32, accel);
+      targets = Tensor::empty("eval.targets", {Be, Tl}, DType::I32, accel);
+    } else {
+      loader.eval_batch(b, rank_, host_tokens_.data<int32_t>(), host_targets_.data<int32_t>());
+      tokens = copy_to(host_tokens_, accel);
+      targets = copy_to(host_targets_, accel);
+    }
+    Tensor acts = virt_ ? Tensor::empty("eval.activations", {(act_bytes + 3) / 4}, DType::F32, accel) : Tensor();
+    const float* P = fetch(0, global_step);
+    if (!virt_) passes_->embed_forward(P, tokens.data<int32_t>(), passes_->residual(0));
+    release(0, global_step);
+    for (int l = 0; l < L; ++l) {
+      P = fetch(l + 1, global_step);
+      const int adapter = lora_of_.empty() ? -1 : lora_of_[size_t(l)];
+      if (adapter >= 0) fetch(adapter, global_step);
+      if (!virt_) passes_->block_forward(l, P, passes_->residual(l), passes_->residual(l + 1));
+      if (adapter >= 0) release(adapter, global_step);
+      release(l + 1, global_step);
+    }
+    const float* Pf = fetch(fin, global_step);
+    const float* Pe = fetch(0, global_step);
+    if (head_ > 0) fetch(head_, global_step);
+    // The logits in fp32 (transformers upcasts them for the loss and returns them so).
+    Tensor logits = Tensor::empty("eval.logits", {Be, Tl, V}, DType::F32, accel);
+    if (!virt_) loss_sum += passes_->head_forward(Pf, Pe + wte, passes_->residual(L), targets.data<int32_t>(), logits.f32());
+    if (head_ > 0) release(head_, global_step);
+    release(fin, global_step);
+    release(0, global_step);
+    acts.reset();
+    if (cfg_.eval_keep_logits) {
+      // compute_metrics needs them: gathered from every rank (accelerate's gather_for_metrics), kept.
+      Tensor all = Tensor::empty("eval.logits.gathered", {W_ * Be * Tl * V}, DType::F32, accel);
+      comm_.all_gather(logits.raw(), all.raw(), logits.bytes(), "eval.logits");
+      logits.reset();
+      Tensor grown = concat(dev_preds, all, "eval.preds.device", accel);
+      dev_preds = std::move(grown);
+      if (cfg_.eval_accumulation_steps > 0 && (b + 1) % cfg_.eval_accumulation_steps == 0) to_host();
+    }
+    end(bm);
+  }
+  // The metrics read everything at the end (the rest moved to the host first); then all is freed.
+  if (cfg_.eval_keep_logits) {
+    to_host();
+    probe::MarkerId cm = phase("compute_metrics", global_step);
+    end(cm);
+  }
+  dev_preds.reset();
+  preds.reset();
+  for (auto& p : parts_) {  // gathered for the evaluation, stale for the next step's order
+    p->staging.wait();
+    p->staged.reset();
+    p->gathered.reset();
+    p->compute.reset();
+  }
+  end(ph);
+  double loss = virt_ ? std::nan("") : loss_sum / double(batches);
+  if (!virt_) {
+    comm_.all_reduce(&loss, 1, "eval_loss");
+    loss /= double(W_);
+  }
+  return loss;
 }
 
 // ---------------------------------------------------------------- fetch and release
@@ -362,8 +657,14 @@ void ZeroEngine::gather(Part& p) {
   p.staging.wait();  // the H2D copy has landed before the all-gather reads it
   p.written.wait();  // ... and the delayed update's write-back into the shard
   const Tensor& src = p.staged.defined() ? p.staged : p.param_shard;
-  p.gathered = Tensor::empty(p.spec.name + ".gathered", {p.padded}, dtype_, accel);
-  comm_.all_gather(src.raw(), p.gathered.raw(), size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".gathered");
+  if (W_ == 1 && !src.device().is_host()) {
+    // A world of one: the shard on the device is the whole module, and DeepSpeed's fetch is a view
+    // of it (NoGatherHandle: no all-gather, no buffer).
+    p.gathered = src;
+  } else {
+    p.gathered = Tensor::empty(p.spec.name + ".gathered", {p.padded}, dtype_, accel);
+    comm_.all_gather(src.raw(), p.gathered.raw(), size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".gathered");
+  }
   p.staged.reset();
 }
 
@@ -397,6 +698,7 @@ void ZeroEngine::finish_offload(Offload& o) {
     o.part->part_grad_sq_ready = true;
   }
   o.staging.reset();
+  if (cfg_.adam_in_backward) early_landed(*o.part);
 }
 
 // The partitions already on their way to the host land, but `keep`: called while the device
@@ -491,14 +793,46 @@ void ZeroEngine::release(int mi, int64_t step) {
 
 // ---------------------------------------------------------------- gradients
 
+void ZeroEngine::charge(const std::vector<MemoryOp>& ops) {
+  for (const MemoryOp& op : ops) {
+    if (op.alloc) {
+      if (charges_.count(op.term.name))
+        throw std::logic_error("ZeroEngine: the memory term " + op.term.name + " is charged twice");
+      charges_[op.term.name] = Tensor::empty_on_stream(op.term.name, {op.term.numel}, op.term.dtype, rt_.accelerator(), op.stream);
+    } else {
+      if (!charges_.erase(op.term.name))
+        throw std::logic_error("ZeroEngine: the memory term " + op.term.name + " is freed but was never charged");
+    }
+  }
+}
+
+void ZeroEngine::ds_module_gradient(int mi) {
+  const Part& p = *parts_[size_t(mi)];
+  const std::string name = p.spec.name + ".grad";
+  if (!charges_.count(name)) charge(MemoryOp{true, {name, dtype_, p.spec.numel}});
+  // Parameter by parameter into the bucket (the copy is the bucket's own memory), each gradient
+  // freed once copied: DeepSpeed's __add_grad_to_ipg_bucket.
+  for (int64_t n : module_params_[size_t(mi)]) {
+    if (ipg_->needs_flush(n)) ds_flush_gradients();
+    ipg_->add(n);
+  }
+  charge(MemoryOp{false, {name, dtype_, 0}});
+}
+
+void ZeroEngine::ds_flush_gradients() {
+  if (ipg_) charge(ipg_->flush());
+}
+
 void ZeroEngine::reduce_module_grad(int mi, Tensor& bucket, int64_t step) {
   Part& p = *parts_[size_t(mi)];
   if (z_.stage >= 2) {
     probe::MarkerId ph = phase("reduce " + p.spec.name, step);
-    Tensor reduced = Tensor::empty("grad.reduced[" + p.spec.name + "]", {p.shard}, DType::F32, rt_.accelerator());
-    comm_.reduce_scatter(bucket.f32(), reduced.f32(), size_t(p.shard), 1.0f / float(W_),
-                         "grad.bucket" + std::to_string(mi));
-    add_into(p.grad, 0, reduced.f32(), p.shard);
+    // DeepSpeed's path (ds_layout_, virtual mode) made its own buffers: the collective is recorded.
+    Tensor reduced;
+    if (!ds_layout_) reduced = Tensor::empty("grad.reduced[" + p.spec.name + "]", {p.shard}, DType::F32, rt_.accelerator());
+    comm_.reduce_scatter(bucket.defined() ? bucket.f32() : nullptr, reduced.defined() ? reduced.f32() : nullptr,
+                         size_t(p.shard), 1.0f / float(W_), "grad.bucket" + std::to_string(mi));
+    if (reduced.defined()) add_into(p.grad, 0, reduced.f32(), p.shard);
     end(ph);
     // At the accumulation boundary the module's gradient partition is final: under optimizer
     // offload it goes to the host now, during backward (DeepSpeed's partition_grads).
@@ -546,17 +880,36 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     auto module_phase = [&](const char* what, int mi) {
       return phase(std::string(what) + " " + parts_[size_t(mi)]->spec.name, global_step, micro);
     };
+    // The device terms PyTorch's autograd keeps (ds_memory.h) are charged beside each pass where
+    // the passes do not allocate them on the device themselves (charge_terms_); each module's
+    // gradient is our fp32 bucket, or in virtual mode at stage 3 DeepSpeed's (ds_layout_).
+    // A frozen module (finetuning lora or freeze) gets none either: the passes skip its weights'
+    // gradients, and nothing is reduced (trains(mi) says which do).
+    auto bucket_for = [&](int mi) {
+      if (ds_layout_ || parts_[size_t(mi)]->frozen) return Tensor();
+      return Tensor::zeros("grad.bucket" + std::to_string(mi), {parts_[size_t(mi)]->padded}, DType::F32, accel);
+    };
+    auto trains = [&](int mi) { return !parts_[size_t(mi)]->frozen; };
+    auto grads_of = [](Tensor& t, int64_t offset = 0) { return t.defined() && t.raw() ? t.f32() + offset : nullptr; };
+    // autograd's tensors one by one (ds_memory.h), or an encoder-decoder's estimate for the whole pass.
+    const bool per_tensor = charge_terms_ && pass_activations_ == 0;
     probe::MarkerId ph = phase("forward", global_step, micro);
+    if (pass_activations_ > 0) charge(MemoryOp{true, {"activations", DType::F32, pass_activations_}});
     const float* P = fetch(0, global_step);
     probe::MarkerId mp = module_phase("forward", 0);
     if (!virt_) passes_->embed_forward(P, tokens.data<int32_t>(), passes_->residual(0));
+    if (per_tensor) charge(embeddings_forward_ops(act_));
     end(mp);
     release(0, global_step);
     for (int l = 0; l < L; ++l) {
       P = fetch(l + 1, global_step);
+      const int adapter = lora_of_.empty() ? -1 : lora_of_[size_t(l)];
+      if (adapter >= 0) fetch(adapter, global_step);  // LoRA: the block's adapters with it (sizes only)
       mp = module_phase("forward", l + 1);
       if (!virt_) passes_->block_forward(l, P, passes_->residual(l), passes_->residual(l + 1));
+      if (per_tensor) charge(block_forward_ops(act_, l));
       end(mp);
+      if (adapter >= 0) release(adapter, global_step);
       release(l + 1, global_step);
     }
     end(ph);
@@ -564,41 +917,83 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     ph = phase("loss", global_step, micro);
     const float* Pf = fetch(fin, global_step);
     const float* Pe = fetch(0, global_step);
-    Tensor emb_bucket = Tensor::zeros("grad.bucket0", {parts_[0]->padded}, DType::F32, accel);
-    Tensor fin_bucket = Tensor::zeros("grad.bucket" + std::to_string(fin), {parts_[size_t(fin)]->padded}, DType::F32, accel);
+    // In a world of one DeepSpeed's fetches are views, but the tied LM head's weight, used outside
+    // its module, is gathered as an external parameter into a buffer of its own (Init._all_gather).
+    const bool wte_gathered = charge_terms_ && W_ == 1 && head_ == 0 && !z_.offload_param;
+    if (wte_gathered) charge(MemoryOp{true, {"embeddings.wte.gathered", dtype_, act_.vocab * act_.width}});
+    Tensor emb_bucket = bucket_for(0);
+    Tensor fin_bucket = bucket_for(fin);
     float* dx = virt_ ? nullptr : passes_->grad_residual();
     if (!virt_)
       loss_sum += passes_->head_forward_backward(Pf, Pe + wte, passes_->residual(L), targets.data<int32_t>(), dx,
-                                                 fin_bucket.f32(), emb_bucket.f32() + wte, grad_scale);
+                                                 grads_of(fin_bucket), grads_of(emb_bucket, wte), grad_scale);
+    if (per_tensor) charge(head_ops(act_));
+    // The tied head's weight gradient waits in autograd's buffer for the embeddings' own (our
+    // fp32 embeddings bucket holds it, elsewhere).
+    if (ds_layout_ && head_ == 0 && trains(0))
+      charge(MemoryOp{true, {"lm_head.weight.grad", dtype_, act_.vocab * act_.width}});
+    if (wte_gathered) charge(MemoryOp{false, {"embeddings.wte.gathered", dtype_, 0}});
     release(fin, global_step);
     release(0, global_step);
-    reduce_module_grad(fin, fin_bucket, global_step);
+    if (trains(fin)) {
+      if (ds_layout_) ds_module_gradient(fin);
+      reduce_module_grad(fin, fin_bucket, global_step);
+    }
     if (head_ > 0) {  // an untied LM head (virtual shapes): its own module
       fetch(head_, global_step);
-      Tensor head_bucket = Tensor::zeros("grad.bucket" + std::to_string(head_), {parts_[size_t(head_)]->padded}, DType::F32, accel);
+      Tensor head_bucket = bucket_for(head_);
       release(head_, global_step);
-      reduce_module_grad(head_, head_bucket, global_step);
+      if (trains(head_)) {
+        if (ds_layout_) ds_module_gradient(head_);
+        reduce_module_grad(head_, head_bucket, global_step);
+      }
     }
     end(ph);
 
     ph = phase("backward", global_step, micro);
     for (int l = L - 1; l >= 0; --l) {
       P = fetch(l + 1, global_step);
-      Tensor bucket = Tensor::zeros("grad.bucket" + std::to_string(l + 1), {parts_[size_t(l) + 1]->padded}, DType::F32, accel);
+      const int adapter = lora_of_.empty() ? -1 : lora_of_[size_t(l)];
+      if (adapter >= 0) fetch(adapter, global_step);
+      Tensor bucket = bucket_for(l + 1);
       mp = module_phase("backward", l + 1);
-      if (!virt_) passes_->block_backward(l, P, passes_->residual(l), dx, dx, bucket.f32());
+      if (!virt_) passes_->block_backward(l, P, passes_->residual(l), dx, dx, grads_of(bucket));
+      if (ds_layout_ && trains(l + 1))
+        charge(MemoryOp{true, {parts_[size_t(l) + 1]->spec.name + ".grad", dtype_, parts_[size_t(l) + 1]->spec.numel}});
+      if (per_tensor) charge(block_backward_ops(act_, l));
       end(mp);
       // The earlier modules' gradient partitions land while this backward runs, but the newest:
       // its copy (queued after the last reduce) runs beside this backward and lands after the next.
       land_offloads(1);
       release(l + 1, global_step);
-      reduce_module_grad(l + 1, bucket, global_step);
+      if (trains(l + 1)) {
+        if (ds_layout_) ds_module_gradient(l + 1);
+        reduce_module_grad(l + 1, bucket, global_step);
+      }
+      if (adapter >= 0) {
+        Tensor adapter_bucket = bucket_for(adapter);
+        release(adapter, global_step);
+        if (ds_layout_) ds_module_gradient(adapter);
+        reduce_module_grad(adapter, adapter_bucket, global_step);
+      }
     }
     mp = module_phase("backward", 0);
-    if (!virt_) passes_->embed_backward(tokens.data<int32_t>(), dx, emb_bucket.f32());
+    if (!virt_ && emb_bucket.defined()) passes_->embed_backward(tokens.data<int32_t>(), dx, emb_bucket.f32());
+    if (ds_layout_ && trains(0)) {
+      // The embeddings' gradient (dense), summed in place into the head's, which is then freed.
+      charge(MemoryOp{true, {parts_[0]->spec.name + ".grad", dtype_, parts_[0]->spec.numel}});
+      if (head_ == 0) charge(MemoryOp{false, {"lm_head.weight.grad", dtype_, 0}});
+    }
+    if (per_tensor) charge(embeddings_backward_ops(act_));
+    if (pass_activations_ > 0) charge(MemoryOp{false, {"activations", DType::F32, 0}});
     end(mp);
     land_offloads(1);
-    reduce_module_grad(0, emb_bucket, global_step);
+    if (trains(0)) {
+      if (ds_layout_) ds_module_gradient(0);
+      reduce_module_grad(0, emb_bucket, global_step);
+    }
+    // DeepSpeed's epilogue of every backward: what is left in the ipg bucket is reduced.
+    if (ds_layout_) ds_flush_gradients();
     end(ph);
     if (rec_) rec_->marker_end(mm);
   }
@@ -622,7 +1017,18 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
 
 // ---------------------------------------------------------------- the optimizer step
 
+// AdamW during backward: a step that throws stops the pass in flight first (its updates thrown away):
+// the error is the step's.
 StepResult ZeroEngine::optimizer_step(int64_t step) {
+  try {
+    return optimizer_step_body(step);
+  } catch (...) {
+    if (early_now() && !early_.committed) abort_early(true);
+    throw;
+  }
+}
+
+StepResult ZeroEngine::optimizer_step_body(int64_t step) {
   Device& accel = rt_.accelerator();
   Device& host = rt_.host();
   StepResult r;
@@ -633,6 +1039,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   std::vector<Tensor> g32(parts_.size());
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
     Part& p = *parts_[mi];
+    if (p.frozen) continue;  // no gradient, no optimizer state
     if (z_.stage <= 1) {
       Tensor full = Tensor::empty("grad.fp32[" + p.spec.name + "]", {p.padded}, DType::F32, accel);
       read_into(p.grad, 0, full.f32(), p.padded);
@@ -661,6 +1068,13 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   probe::MarkerId gl = phase("gradients landed", step);
   land_offloads(0);  // every partition has reached the host
   end(gl);
+  if (early_now()) {
+    // AdamW during backward: the pass takes the modules still to do in the forward's order now; one
+    // that failed already ends the step with its error.
+    std::lock_guard lock(update_mu_);
+    early_.all_landed = true;
+    update_cv_.notify_all();
+  }
 
   // 2. The global norm. Each rank sums the squares of its own partition (at stage 0 every
   // rank holds all of it, so one rank's sum is the total), then the sums are all-reduced.
@@ -669,7 +1083,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
   for (size_t mi = 0; mi < g32.size(); ++mi) {
     Part& p = *parts_[mi];
     const Tensor& g = g32[mi];
-    if (!g.raw()) continue;
+    if (!g.defined() || !g.raw()) continue;  // frozen (undefined), or virtual mode
     // Summed when it landed (finish_offload): the same function over the same values.
     sq += p.part_grad_sq_ready && g.raw() == p.part_grad.raw() ? p.part_grad_sq : sum_squares_of(g);
   }
@@ -707,6 +1121,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       rec_->counter(rank_, 0, rec_->intern("loss_scale"), loss_scale_);
     }
     for (auto& p : parts_) zero_tensor(p->grad);
+    if (early_now()) abort_early(false);  // AdamW during backward: this step's update is thrown away
     // A delayed update in flight is applied all the same: the next step is one update behind,
     // as every other step, not two.
     apply_update(step);
@@ -747,6 +1162,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       // R2, R5) it meets the host partitions, and the guard stops the in-place mul_ as PyTorch does.
       for (size_t mi = 0; mi < g32.size(); ++mi) {
         Tensor& g = g32[mi];
+        if (parts_[mi]->frozen) continue;
         check_same_device("unscale_and_clip_grads", {&combined_scale, &g}, step);
         if (!g.raw() || !combined_scale.raw()) continue;  // virtual mode
         scale_partition(mi, g, 1.0f / scalar_of(combined_scale));
@@ -754,10 +1170,13 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     } else if (combined != 1.0) {
       const float inv = float(1.0 / combined);  // a host scalar: valid against any device
       for (size_t mi = 0; mi < g32.size(); ++mi)
-        if (g32[mi].raw()) scale_partition(mi, g32[mi], inv);
+        if (g32[mi].defined() && g32[mi].raw()) scale_partition(mi, g32[mi], inv);
     }
     end(uc);
   }
+  // AdamW during backward: its factor was this step's unless it clips. Clipped, its updates are
+  // thrown away and the overlapped update's pass below runs from the state it kept.
+  if (early_now() && (r.clipped || early_.stopped)) abort_early(false);
 
   // 4. AdamW on each partition, where the optimizer state lives: the vectorized CPU Adam (bit-
   // identical to the reference). With the master weights on the host, the same pass writes
@@ -771,20 +1190,23 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
                     (z_.offload_optimizer ? "the host" : accel.label())))
     for (size_t mi = 0; mi < parts_.size(); ++mi) {
       Part& p = *parts_[mi];
+      if (p.frozen) continue;
       require_accelerator("optimizer.step", {&p.master, &g32[mi], &p.m, &p.v}, step);
     }
   ++adam_steps_;
   // The fused pass may write host parameter shards that H2D copies read earlier in the step.
   rt_.accelerator().ops().synchronize();
   // The update of the step before, when it was delayed, is applied before this one starts: its
-  // AdamW has finished and its weights are written back before its buffers are used again.
-  apply_update(step);
+  // AdamW has finished and its weights are written back before its buffers are used again. (A pass
+  // during backward in flight now is this step's own.)
+  if (!early_now()) apply_update(step);
   const bool delayed = cfg_.delayed_update >= 0 && step >= cfg_.delayed_update;
   const bool overlapped = cfg_.overlap_update;
   const optim::AdamParams hp{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
   std::vector<AdamJob> jobs;
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
     Part& p = *parts_[mi];
+    if (p.frozen) continue;  // (finetuning with frozen modules has neither the delayed nor the overlapped update)
     check_same_device("adamw_step", {&p.master, &g32[mi], &p.m, &p.v}, step);
     AdamJob j;
     j.mi = int(mi);
@@ -797,7 +1219,9 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
         j.in_place = true;
       } else {
         if (!delayed && !overlapped) {
-          j.fused = update_buffer(p);
+          // DeepSpeed's layout makes the copy as the module's step runs (below), as stage3.py's .to()
+          // of each sub-group's fp32 partition is made and dropped: not every module's at once.
+          if (!ds_layout_) j.fused = update_buffer(p);
         } else {
           // Delayed, the update has a buffer of its own, kept from step to step: the next step's
           // prefetch reads the host parameter shards while the background pass runs. Overlapped,
@@ -806,7 +1230,7 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
           // with the engine.
           j.fused = p.update[overlapped ? 0 : update_slot_];
         }
-        j.low_out = j.fused.raw();
+        j.low_out = j.fused.defined() ? j.fused.raw() : nullptr;
       }
     }
     jobs.push_back(std::move(j));
@@ -822,7 +1246,15 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
       write_back(j.mi, j.fused);
     }
   }
-  if (overlapped) {
+  if (overlapped && early_now()) {
+    // AdamW during backward: the pass in flight is this step's update (nothing clipped, the norm
+    // finite: its factor was the step's). It stands: the next step's first use of each module
+    // awaits it there and swaps the module's two states (await_update).
+    for (auto& p : parts_) zero_tensor(p->grad);
+    std::lock_guard lock(update_mu_);
+    early_.committed = true;
+    pending_step_ = step;
+  } else if (overlapped) {
     // The AdamW pass to the background thread, in the order the forward first uses the modules;
     // the next step's first use of each waits for it (await_update).
     for (auto& p : parts_) zero_tensor(p->grad);
@@ -851,9 +1283,15 @@ StepResult ZeroEngine::optimizer_step(int64_t step) {
     // Each module's Adam ("adamw X"), then its updated shard to the device: serially, since both
     // are bound by host memory bandwidth (measured on an H100 host: a copy running beside the next
     // module's Adam slowed both, and 124M's step went from 158 to 185 ms).
-    for (const AdamJob& j : jobs) {
+    for (AdamJob& j : jobs) {
+      const bool transient = ds_layout_ && j.low != optim::LowDType::None && !j.in_place;
+      if (transient) {
+        j.fused = update_buffer(*parts_[size_t(j.mi)]);
+        j.low_out = j.fused.raw();
+      }
       run_adam(j, hp, step, adam_steps_);
       if (!j.in_place) write_back(j.mi, j.fused);
+      if (transient) j.fused.reset();
       zero_tensor(parts_[size_t(j.mi)]->grad);
     }
   } else {
@@ -892,7 +1330,8 @@ bool ZeroEngine::adam_in_place(const Part& p, bool delayed) const {
 }
 
 Tensor ZeroEngine::update_buffer(const Part& p) const {
-  return Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory);
+  // DeepSpeed's is a pageable copy (the fp32 partition's .to() the compute dtype on the way up).
+  return Tensor::empty(p.spec.name + ".update", {p.opt_n}, dtype_, rt_.host(), z_.pin_memory && !ds_layout_);
 }
 
 // The AdamW pass over pending_ on the background thread, in its order, counting the modules done
@@ -977,6 +1416,15 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
     }
     if (virt_) {
       // sizes only
+    } else if (j.to_alt) {
+      // AdamW during backward: out of place into the second state (the same kernel as the in-place
+      // branches below, cpu_adam.h: bit for bit their values).
+      const optim::GradDType gt = j.grad.dtype() == DType::F32    ? optim::GradDType::F32
+                                  : j.grad.dtype() == DType::BF16 ? optim::GradDType::BF16
+                                                                  : optim::GradDType::F16;
+      optim::cpu_adamw_step_grads_into(p.master.f32(), p.m.f32(), p.v.f32(), p.master_alt.f32(), p.m_alt.f32(),
+                                       p.v_alt.f32(), j.grad.raw(), gt, j.grad_scale, p.opt_n, hp, adam_step,
+                                       j.low_out, j.low);
     } else if (j.grad.dtype() == DType::F32 && j.grad_scale == 1.0f) {
       p.master.device().ops().adamw(p.master.f32(), j.grad.f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_step,
                                     j.low_out, j.low);
@@ -1005,12 +1453,18 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
 void ZeroEngine::apply_update(int64_t at_step) {
   if (!update_pending()) return;
   if (cfg_.overlap_update) {
-    // Each module not yet used since: awaited and written back now (in the job's order).
+    // Each module not yet used since: awaited and written back now (in the job's order; a pass during
+    // backward's in the forward's).
     std::vector<int> due;
-    for (const AdamJob& j : pending_) due.push_back(j.mi);
+    if (early_.live) {
+      due = early_.forward_order;
+    } else {
+      for (const AdamJob& j : pending_) due.push_back(j.mi);
+    }
     for (int mi : due) await_update(mi);
     background_->wait();  // finished: every module's AdamW was awaited
     pending_.clear();
+    early_.live = false;
     // Nothing of it is on its way up any more (ordered, then waited for: see optimizer_step).
     for (auto& p : parts_) p->written.wait();
     rt_.accelerator().ops().synchronize();
@@ -1076,16 +1530,26 @@ bool ZeroEngine::wait_updates_past(size_t k) {
 bool ZeroEngine::update_finished(const Part& p) {
   if (!p.update_due) return true;
   std::lock_guard lock(update_mu_);
+  if (early_.live) return early_.done[size_t(p.spec.index)] != 0;
   return updates_done_ > update_pos_[size_t(p.spec.index)];
 }
 
 void ZeroEngine::await_update(int mi) {
   Part& p = *parts_[size_t(mi)];
   if (!p.update_due) return;
+  if (early_.live && !early_.committed)
+    throw std::logic_error("ZeroEngine: module " + p.spec.name + " used before its AdamW during backward was decided");
   probe::MarkerId ph = phase("await update " + p.spec.name, step_now_);
-  const size_t k = update_pos_[size_t(mi)];
   bool failed = false;
-  {
+  if (early_.live) {
+    // AdamW during backward: the pass takes the rest in the forward's order; while the rank thread
+    // waits, the pieces under way take its threads too.
+    BackgroundThread::Waiting waiting(*background_, INT64_MAX);
+    std::unique_lock lock(update_mu_);
+    update_cv_.wait(lock, [&] { return early_.done[size_t(mi)] || update_failed_; });
+    failed = !early_.done[size_t(mi)];
+  } else {
+    const size_t k = update_pos_[size_t(mi)];
     // The pass may take the rank's threads for the modules up to this one (not those after it: the
     // rank thread computes again once this one is done).
     BackgroundThread::Waiting waiting(*background_, int64_t(k));
@@ -1095,6 +1559,7 @@ void ZeroEngine::await_update(int mi) {
     // The job stopped at this or an earlier module's AdamW: its error, thrown by the wait; no
     // update is due now.
     for (auto& q : parts_) q->update_due = false;
+    early_.live = false;
     try {
       background_->wait();
     } catch (...) {
@@ -1110,8 +1575,132 @@ void ZeroEngine::await_update(int mi) {
   // The write-back (a host copy, an H2D copy the gather waits for on the device, or the all-gather
   // of a whole module) is the ordinary update's, outside the wait's marker.
   p.update_due = false;
-  const AdamJob& j = pending_[k];
+  if (early_.live) {
+    // The updated state is the second one: it becomes the state (the first takes the next update).
+    std::swap(p.master, p.master_alt);
+    std::swap(p.m, p.m_alt);
+    std::swap(p.v, p.v_alt);
+    write_back(mi, early_.jobs[size_t(mi)].fused, true);
+    return;
+  }
+  const AdamJob& j = pending_[update_pos_[size_t(mi)]];
   if (!j.in_place) write_back(mi, j.fused, true);
+}
+
+// AdamW during backward (engine.h): module p's gradient partition has landed on the host during
+// backward. Its job (the partition, the factor the step has unless it clips, out of place into the
+// second state, the compute-dtype update into update[0], never in place) joins the pass, which the
+// first landing of the step starts on the background thread.
+void ZeroEngine::early_landed(Part& p) {
+  const size_t mi = size_t(p.spec.index);
+  if (!p.opt_host) return;
+  if (!early_now()) {
+    // The step before's pass has no module left to await (the forward used every one): it ends now.
+    // Its write-backs out of the update buffers have landed: each module's gather waited for its own
+    // on the device before the backward whose partitions land here.
+    apply_update(step_now_);
+    std::fill(early_.landed.begin(), early_.landed.end(), 0);
+    std::fill(early_.taken.begin(), early_.taken.end(), 0);
+    std::fill(early_.done.begin(), early_.done.end(), 0);
+    early_.queue.clear();
+    early_.all_landed = early_.abort = early_.committed = early_.stopped = false;
+    early_.sq = 0;
+    early_.step = step_now_;
+    // The factor the optimizer step gives a host partition unless it clips (unscale_and_clip_grads).
+    early_.factor = loss_scale_ != 1.0 ? float(1.0 / loss_scale_) : 1.0f;
+    early_.forward_order.clear();
+    std::vector<char> seen(parts_.size(), 0);
+    for (int m : order_)
+      if (!seen[size_t(m)]) seen[size_t(m)] = 1, early_.forward_order.push_back(m);
+    for (size_t m = 0; m < parts_.size(); ++m)
+      if (!seen[m]) early_.forward_order.push_back(int(m));
+    {
+      std::lock_guard lock(update_mu_);
+      updates_done_ = 0;
+      update_failed_ = false;
+    }
+    early_.live = true;
+    const optim::AdamParams hp{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
+    const int64_t step = early_.step, adam_step = adam_steps_ + 1;
+    background_->submit([this, hp, step, adam_step] {
+      for (int64_t k = 0;; ++k) {
+        int m = -1;
+        {
+          std::unique_lock lock(update_mu_);
+          auto next = [&] {
+            if (early_.all_landed) {
+              for (int f : early_.forward_order)
+                if (early_.landed[size_t(f)] && !early_.taken[size_t(f)]) return f;
+              return -1;
+            }
+            while (!early_.queue.empty() && early_.taken[size_t(early_.queue.front())]) early_.queue.pop_front();
+            return early_.queue.empty() ? -1 : early_.queue.front();
+          };
+          update_cv_.wait(lock, [&] { return early_.abort || early_.all_landed || next() >= 0; });
+          if (early_.abort) return;
+          m = next();
+          if (m < 0) return;  // every partition landed and taken
+          early_.taken[size_t(m)] = 1;
+        }
+        background_->refresh_width(k);
+        try {
+          run_adam(early_.jobs[size_t(m)], hp, step, adam_step);
+        } catch (...) {
+          {
+            std::lock_guard lock(update_mu_);
+            update_failed_ = true;
+          }
+          update_cv_.notify_all();
+          throw;  // kept by the background thread, thrown by the wait in await_update/abort_early
+        }
+        std::lock_guard lock(update_mu_);
+        early_.done[size_t(m)] = 1;
+        ++updates_done_;
+        update_cv_.notify_all();
+      }
+    });
+  }
+  AdamJob j;
+  j.mi = int(mi);
+  j.grad = p.part_grad;
+  j.grad_scale = early_.factor;
+  j.to_alt = true;
+  if (dtype_ != DType::F32) {
+    j.low = dtype_ == DType::BF16 ? optim::LowDType::BF16 : optim::LowDType::F16;
+    j.fused = p.update[0];
+    j.low_out = j.fused.raw();
+  }
+  p.update_due = true;
+  // The partitions landed so far already make this rank's part of the global norm clip: the step
+  // clips (the other ranks' parts only add to it), so the pass takes no more modules (a soft stop:
+  // the optimizer step then throws it away as it does a clipped one, whatever the norm says).
+  if (cfg_.grad_clip > 0 && p.part_grad_sq_ready) {
+    early_.sq += p.part_grad_sq;
+    if ((std::sqrt(early_.sq) / loss_scale_ + 1e-6) / cfg_.grad_clip > 1.0 + 1e-4) early_.stopped = true;
+  }
+  std::lock_guard lock(update_mu_);
+  early_.jobs[mi] = std::move(j);
+  early_.landed[mi] = 1;
+  early_.queue.push_back(int(mi));
+  if (early_.stopped) early_.abort = true;
+  update_cv_.notify_all();
+}
+
+void ZeroEngine::abort_early(bool quiet) {
+  {
+    std::lock_guard lock(update_mu_);
+    early_.abort = true;
+  }
+  update_cv_.notify_all();
+  for (auto& p : parts_)
+    if (p->opt_host) p->update_due = false;  // nothing of it is swapped in, ever
+  early_.live = false;
+  early_.committed = false;
+  try {
+    background_->wait();
+  } catch (...) {
+    if (!quiet) throw;
+  }
 }
 
 void ZeroEngine::require_no_pending_update(const char* what) const {
@@ -1219,6 +1808,7 @@ void ZeroEngine::offload_grad(int mi, const Tensor& grad, int64_t step) {
   }
   if (!leak_active_.empty() || !grad.raw()) {
     copy_into(p.part_grad, grad);  // D2H, upcast to fp32 on the host (unless kept in the compute dtype)
+    if (cfg_.adam_in_backward) early_landed(p);
     return;
   }
   // D2H on the copy lane, overlapping what follows (the rest of backward), in the compute dtype
@@ -1303,6 +1893,10 @@ void ZeroEngine::export_states(const StateVisitor& visit) {
   Device& host = rt_.host();
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
     Part& p = *parts_[mi];
+    if (p.frozen) {  // no optimizer state (opt_n 0)
+      visit(layout[mi], nullptr, nullptr, nullptr);
+      continue;
+    }
     if (p.master.device().is_host()) {
       visit(layout[mi], p.master.f32(), p.m.f32(), p.v.f32());
       continue;
@@ -1319,6 +1913,7 @@ void ZeroEngine::import_states(const OptimizerScalars& scalars, const StateFille
   Device& host = rt_.host();
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
     Part& p = *parts_[mi];
+    if (p.frozen) continue;  // no optimizer state to restore
     if (p.master.device().is_host()) {
       fill(layout[mi], p.master.f32(), p.m.f32(), p.v.f32());
       continue;
@@ -1337,6 +1932,7 @@ void ZeroEngine::import_states(const OptimizerScalars& scalars, const StateFille
   hysteresis_left_ = scalars.hysteresis_left;
   loss_scale_ = scalars.loss_scale;
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
+    if (parts_[mi]->frozen) continue;  // its weights are the loaded ones: nothing to rebuild
     zero_tensor(parts_[mi]->grad);
     write_back(int(mi), Tensor());  // collective at stages 1-3 (all-gather of the updated shard)
   }

@@ -25,7 +25,8 @@
 // The rest are offloaded as above.
 //
 // Stage 3 fetches a module before its forward or backward (host->device copy of the shard
-// when offload_param, then all-gather), and releases it after use unless it is reused
+// when offload_param, then all-gather; in a world of one the device shard is the module, used as
+// it is, as DeepSpeed's fetch is a view there), and releases it after use unless it is reused
 // within max_reuse_distance; the order of modules seen in the first step drives prefetching
 // (up to the prefetch bucket, below max_live_parameters) from the second step on.
 // Gradients are reduce-scattered per module (stages 2, 3) or at the accumulation boundary
@@ -73,6 +74,34 @@
 // buffer: a module's next partition lands only after its update was awaited, and the compute-dtype
 // update one buffer per module: the pass starts after the last write-back out of it has landed.
 //
+// AdamW during backward (cfg.adam_in_backward, with the overlapped update; stages 2-3): a module's
+// gradient partition is final once it has landed on the host during backward, so its AdamW starts
+// then, on the same background thread (early_landed), beside the rest of backward, while the step's
+// global norm is not yet known. It applies the factor the step will have unless it clips (1 /
+// loss_scale) and writes the updated master weights and moments out of place, into the module's
+// second fp32 state (master_alt, m_alt, v_alt: 12 bytes a parameter of host memory, counted in
+// model_state_bytes), its compute-dtype update into update[0]; the state it read stays as it was.
+// Once every partition has landed, the pass takes the modules left in the forward's order. The
+// optimizer step then decides: nothing clipped and the norm finite, the update stands, and each
+// module's first use in the next step awaits its AdamW, swaps the two states and writes it back (the
+// ordinary update, bit for bit: the same kernel on the same values, cpu_adam.h); clipped, the pass is
+// stopped and thrown away, and the overlapped update's pass runs from the state kept (the AdamW of
+// the modules done early ran twice: the cost of the steps that clip; the pass stops taking modules as
+// soon as the partitions landed on this rank alone make the step clip); not finite, thrown away and
+// the step skipped. A module's write-back out of update[0] has landed before its next partition does (its
+// gather waited on the device for it, before the backward whose partition that is).
+//
+// Memory as PyTorch + DeepSpeed keep it (zero/ds_memory.h, issue 33): where the passes do not
+// allocate their activations on the device themselves (virtual mode; the simulated GPU, whose CPU
+// reference keeps its workspace on the host), the device is charged what autograd would keep, as
+// named tensors made and freed with each pass (block3.mlp.act, lm_head.log_softmax, grad.hidden, ...),
+// and at stage 3 with W > 1 the parameters below the persistence threshold whole (NAME.persistent).
+// In virtual mode at stage 3 the engine takes DeepSpeed's layout for the rest too: module gradients
+// into the ipg bucket and its flushes instead of our fp32 buckets, the gradient partitions on the
+// host under optimizer offload, the fp32 master weights and moments pageable. A real GPU's passes
+// get one `activations` tensor they carve up; what our fp32 compute needs beside (fp32 upcasts of
+// the gathered weights, fp32 gradient buckets) stays ours on the simulated and the real GPU.
+//
 // The global norm and unscale_and_clip_grads are an explicit step: the norm is a tensor on
 // the host under offload_optimizer and on the device otherwise; when clipping is active the
 // combined scale is a tensor on the norm's device, and every gradient partition passes the
@@ -100,6 +129,7 @@
 #include "train/train_config.h"
 #include "zero/background.h"
 #include "zero/communicator.h"
+#include "zero/ds_memory.h"
 
 namespace zt::trainer {
 
@@ -133,6 +163,21 @@ class ZeroEngine {
   int64_t model_state_bytes() const;
   // How many modules have their optimizer state on the host (offload_optimizer, offload_ratio), of all.
   std::pair<int, int> offloaded_modules() const;
+  // Model loading (cfg.from_pretrained): the checkpoint's bytes in its dtype, and the host memory
+  // this rank held at most while it loaded (the model, and the shards placed meanwhile).
+  struct LoadReport {
+    bool on = false, zero_init = false;
+    int64_t model_bytes = 0, host_peak_bytes = 0;
+  };
+  const LoadReport& load_report() const { return load_; }
+  // Parameters that train and that are frozen (cfg.finetuning), over the modules.
+  std::pair<int64_t, int64_t> trainable_and_frozen() const;
+  // An evaluation (cfg.eval_steps): ceil(eval_samples / (eval_batch x world)) micro-batches, forward
+  // only through the same fetch and release of the modules; each batch's activations and logits are
+  // freed after it unless eval_keep_logits keeps the logits (gathered from every rank) on the device,
+  // moved to the host every eval_accumulation_steps batches; all freed at its end. Collective.
+  // Returns the mean loss (NaN in virtual mode).
+  double evaluate(DataLoader& loader, int64_t global_step, int64_t epoch);
 
   struct Part;
 
@@ -222,6 +267,7 @@ class ZeroEngine {
     void* low_out = nullptr;  // fused's storage, or the host parameter shard itself
     optim::LowDType low = optim::LowDType::None;
     bool in_place = false;    // it writes the host parameter shard itself: no write-back
+    bool to_alt = false;      // AdamW during backward: the updated state goes to master_alt, m_alt, v_alt
   };
   void run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t step, int64_t adam_step);
   // pending_'s AdamW pass to the background thread, counting the modules it has done.
@@ -240,6 +286,13 @@ class ZeroEngine {
   // Waits until the background pass has done more than `k` modules (true) or has failed (false).
   bool wait_updates_past(size_t k);
   void require_no_pending_update(const char* what) const;
+  // AdamW during backward: module p's partition has landed (its job joins the pass, which starts with
+  // the first); the pass told to stop and waited for, its updates thrown away (rethrows its error
+  // unless `quiet`).
+  void early_landed(Part& p);
+  void abort_early(bool quiet);
+  bool early_now() const { return early_.live && early_.step == step_now_; }  // this step's pass is in flight
+  StepResult optimizer_step_body(int64_t step);
   probe::MarkerId phase(const std::string& name, int64_t step, int64_t micro = -1);
   void end(probe::MarkerId id);
 
@@ -255,11 +308,42 @@ class ZeroEngine {
   int W_, rank_;
   bool virt_ = false;  // virtual mode: sizes only (no data, no kernels, no Adam math)
   int head_ = 0;       // index of an untied LM head module (virtual shapes), 0: tied
+  std::vector<int> lora_of_;  // block b's LoRA adapter module (finetuning lora), else empty
+  LoadReport load_;
   std::vector<model::ModuleSpec> modules_;
   std::vector<std::unique_ptr<Part>> parts_;
   std::deque<Offload> offloads_;  // gradient partitions in flight to the host (at most two)
   std::unique_ptr<ModelPasses> passes_;  // the model's passes on the accelerator (null in virtual mode)
-  Tensor activations_;  // their activation memory, from the device allocator (see trainer/README.md)
+  // Their activation memory, from the device allocator, as one tensor the passes carve up (a real
+  // GPU's passes); undefined where the device is charged term by term instead (charge_terms_).
+  Tensor activations_;
+  // The device memory of PyTorch + DeepSpeed, term by term (zero/ds_memory.h), where our compute
+  // does not allocate it itself: in virtual mode, and on a simulated GPU whose passes keep their
+  // activations on the host (the CPU reference). charge() allocates and frees the named tensors.
+  bool charge_terms_ = false;
+  // An encoder-decoder in virtual mode: its activations as one estimate (model_shape.h), fp32
+  // elements, charged from its forward to the end of its backward; 0 where they are charged tensor
+  // by tensor.
+  int64_t pass_activations_ = 0;
+  // Virtual mode at stage 3: DeepSpeed's layout. The gradients take its path (each module's
+  // gradient in the compute dtype into the ipg bucket, its flushes) instead of our fp32 buckets; under
+  // offload_optimizer the compute-dtype gradient partitions live on the host, pinned
+  // (grad_partitions_flat_buffer), not on the device, and the fp32 master weights, Adam moments and
+  // each step's compute-dtype update are pageable (a CPU clone, DeepSpeedCPUAdam's state, a .to()),
+  // not pinned.
+  bool ds_layout_ = false;
+  ActivationShape act_;
+  std::map<std::string, Tensor> charges_;
+  void charge(const std::vector<MemoryOp>& ops);
+  void charge(const MemoryOp& op) { charge(std::vector<MemoryOp>{op}); }
+  std::vector<std::vector<int64_t>> module_params_;  // each module's parameters (DeepSpeed's units)
+  std::unique_ptr<IpgBucket> ipg_;
+  Tensor ipg_buffer_;                 // DeepSpeed's contiguous ipg bucket (ds_layout_)
+  std::vector<Tensor> persistent_;    // stage 3, W > 1: the parameters kept whole (below the threshold)
+  // ds_layout_: module m's gradient (autograd's, the compute dtype) made and copied into the ipg
+  // bucket, flushing it first whenever the next parameter would not fit.
+  void ds_module_gradient(int m);
+  void ds_flush_gradients();
   Tensor host_tokens_, host_targets_;
   // Fetch order recorded in the first step, and where the current step is in it.
   std::vector<int> order_;
@@ -288,6 +372,22 @@ class ZeroEngine {
   std::condition_variable update_cv_;
   size_t updates_done_ = 0;
   bool update_failed_ = false;
+  // AdamW during backward (cfg_.adam_in_backward): the pass in flight is an early one (per-module
+  // done flags, out-of-place state) from its first landed partition until it is waited for; its
+  // update stands once the optimizer step has said so (committed). The vectors are indexed by module
+  // and, but for jobs written before a module is marked landed, guarded by update_mu_.
+  struct EarlyPass {
+    bool live = false, committed = false;
+    int64_t step = -1;
+    float factor = 1.0f;           // the scale its AdamW applies: the step's when nothing clips
+    std::vector<AdamJob> jobs;
+    std::vector<char> landed, taken, done;
+    std::deque<int> queue;         // landed and not yet taken, in landing order
+    std::vector<int> forward_order;  // the modules in the order the forward first uses them
+    bool all_landed = false, abort = false;
+    bool stopped = false;  // the partitions landed already make the step clip: no more modules taken
+    double sq = 0;         // their sum of squares (this rank's part of the global norm's)
+  } early_;
   double loss_scale_ = 1;
   int64_t good_steps_ = 0, hysteresis_left_ = 0, adam_steps_ = 0;
 };

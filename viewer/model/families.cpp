@@ -20,11 +20,16 @@ Family classify_tensor(std::string_view raw) {
   if (has(n, "adam") || has(n, "exp_avg") || has(n, "master") || has(n, "optim") || has(n, "momentum") ||
       has(n, ".m[") || has(n, ".v["))
     return Family::OptimizerState;
-  if (has(n, "grad")) return Family::Gradients;
-  if (has(n, ".act") || has(n, "activation") || has(n, "hidden") || has(n, "logits") || has(n, "attn_out"))
+  if (has(n, "grad") || has(n, "ipg")) return Family::Gradients;  // ipg: DeepSpeed's gradient bucket
+  // What autograd keeps, as the trainer names it (trainer/zero/ds_memory.h): block3.ln_1.out,
+  // block3.attn.qkv, block3.mlp.fc, block3.residual, block4.input, final_ln.rstd, lm_head.log_softmax.
+  if (has(n, ".act") || has(n, "activation") || has(n, "hidden") || has(n, "logits") || has(n, "attn_out") ||
+      has(n, ".ln_") || has(n, ".attn.") || has(n, ".mlp.") || has(n, ".residual") || has(n, ".input") ||
+      has(n, "log_softmax") || has(n, "scratch") || has(n, "_out") || has(n, "final_ln.mean") || has(n, "final_ln.rstd") ||
+      has(n, "final_ln.out"))
     return Family::Activations;
   if (has(n, "gathered") || has(n, "param") || has(n, "weight") || has(n, ".bias") || has(n, ".shard") ||
-      has(n, "embed"))
+      has(n, "embed") || has(n, ".persistent"))
     return Family::Parameters;
   return Family::Buffers;
 }

@@ -171,6 +171,15 @@ Status TraceModel::stack_text(int64_t stack_id, std::vector<std::string>* lines)
   return reader_->stack_text(stack_id, lines);
 }
 
+const std::string& TraceModel::site(int64_t stack_id) const {
+  auto [it, fresh] = site_text_.try_emplace(stack_id);
+  if (fresh && stack_id > 0) {
+    if (!sites_ && !db::StackSites::load(*reader_, &sites_)) sites_.reset();
+    it->second = sites_ ? sites_->site(stack_id, db::SiteLevel::Line) : "stack " + std::to_string(stack_id);
+  }
+  return it->second;
+}
+
 Status TraceModel::load_placements() const {
   if (placements_loaded_) return Status::Ok();
   Placements& p = place;
@@ -311,7 +320,9 @@ Status TraceModel::read_all(LoadProgress* progress) {
     reserve_all(n, a.id, a.t_alloc, a.t_free, a.bytes, a.stack, a.device, a.name, a.kind, a.level, a.freed, segment_of);
     alloc_status = stream(
         second->handle(), path_, "allocation",
-        "SELECT id,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id,segment_id,id FROM allocation", progress,
+        // A CUDA module's globals are not the program's allocations (db/SCHEMA.md): not drawn.
+        (std::string("SELECT id,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id,segment_id,id FROM "
+                     "allocation WHERE NOT ") + db::kModuleGlobalSql).c_str(), progress,
         &alloc_rows, [&](sqlite3_stmt* st) {
           a.id.push_back(sqlite3_column_int64(st, 0));
           a.device.push_back(dev(sqlite3_column_int64(st, 1)));
@@ -469,7 +480,10 @@ Status TraceModel::read_all(LoadProgress* progress) {
     flags.push_back({f.t, int(f.rank), false, f.step.value_or(-1), f.name,
                      f.details + (f.trigger.empty() ? "" : " [trigger " + f.trigger + "]"), "", -1});
   for (auto& e : errors)
-    flags.push_back({e.t, int(e.rank), true, e.step.value_or(-1), e.kind.empty() ? "error" : e.kind, e.message,
+    // Older traces kept "CUDA tracing was off" as an error row: a note of the recording, not an
+    // error of the run (db/SCHEMA.md, run.config_json "notes"), so not a flag.
+    if (e.kind != "cuda_tracing_off")
+      flags.push_back({e.t, int(e.rank), true, e.step.value_or(-1), e.kind.empty() ? "error" : e.kind, e.message,
                      e.tensors, e.device_id ? dev(e.device_id) : -1});
   std::stable_sort(flags.begin(), flags.end(), [](const Flag& a, const Flag& b) { return a.t < b.t; });
 
@@ -601,6 +615,8 @@ void TraceModel::build_tracks() {
       size_t lane = size_t(assigners[size_t(d)].assign(alloc.t_alloc[i], alloc.t_free[i]));
       if (t.lanes.size() <= lane) t.lanes.resize(lane + 1);
       t.lanes[lane].push(alloc.t_alloc[i], alloc.t_free[i], i);
+      t.families |= uint8_t(1u << alloc.family[i]);
+      t.segments = t.segments || alloc.level[i] == uint8_t(db::AllocLevel::Segment);
     }
   });
 

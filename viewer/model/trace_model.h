@@ -21,6 +21,7 @@
 #include "lod.h"
 #include "zt/common/status.h"
 #include "zt/db/rows.h"
+#include "zt/db/sites.h"
 
 namespace zt::db {
 class TraceReader;
@@ -98,6 +99,10 @@ struct Track {
   std::vector<std::string> lane_names;
   std::vector<SeriesRef> series;  // memory tracks
   int64_t capacity = 0;           // memory tracks: drawn as a line when known
+  // Allocation tracks: the families of the rows drawn (bit 1 << Family) and whether allocator
+  // segments are among them: what the track's legend names.
+  uint8_t families = 0;
+  bool segments = false;
 };
 
 struct Flag {
@@ -129,6 +134,10 @@ class TraceModel {
 
   // The call stack of an allocation, innermost frame first; read from the file on demand.
   Status stack_text(int64_t stack_id, std::vector<std::string>* lines) const;
+  // Where a stack allocated (zt/db/sites.h): its Python line ("grow (/x/leak.py:12)"), else its first
+  // native frame that is not the allocator's; "" for stack 0. The frame and stack tables are read at
+  // the first call, each site once.
+  const std::string& site(int64_t stack_id) const;
 
   // Time span of everything in the trace, and the alignment point (the start of the lowest
   // rank's step 0, or t_first when there are no steps) used to put two traces on one axis.
@@ -177,6 +186,8 @@ class TraceModel {
     return it == string_index_.end() ? 0 : it->second;
   }
   std::vector<int> rank_list_;  // the ranks the trace has (rank and device rows), ascending
+  mutable std::unique_ptr<db::StackSites> sites_;
+  mutable std::unordered_map<int64_t, std::string> site_text_;
   struct ExtraCounter {
     int device;
     std::string name;

@@ -30,6 +30,16 @@ double ViewerState::span_t0() const {
   }
   return v;
 }
+double ViewerState::start_playhead() const {
+  double v = 0;
+  for (size_t i = 0; i < traces.size(); ++i) {
+    const TraceModel& m = *traces[i].model;
+    const bool steps = m.align_label.rfind("step", 0) == 0;
+    const int64_t t = steps ? m.t_align : m.alloc.size() > 0 ? m.alloc.t_alloc.front() : m.t_first;
+    v = i == 0 ? double(traces[i].to_view(t)) : std::min(v, double(traces[i].to_view(t)));
+  }
+  return v;
+}
 double ViewerState::span_t1() const {
   double v = 0;
   for (size_t i = 0; i < traces.size(); ++i) {
@@ -116,7 +126,7 @@ Panel panel_named(const std::string& n) {
 void init_state(ViewerState& st, std::vector<std::unique_ptr<TraceModel>> models, const ViewOptions& opt) {
   for (auto& m : models) add_trace(st, std::move(m));
   st.request_panel(panel_named(opt.panel));
-  st.playhead = st.span_t0();
+  st.playhead = st.start_playhead();
 }
 
 // Applies --at / --step once the first frame has fixed the width of the time area.

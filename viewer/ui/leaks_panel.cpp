@@ -29,7 +29,7 @@ void draw_leaks_panel(ViewerState& st) {
       ImGui::TableSetupColumn("alive at end", ImGuiTableColumnFlags_WidthStretch, 1.0f);
       ImGui::TableSetupColumn("bytes at each epoch end", ImGuiTableColumnFlags_WidthStretch, 1.6f);
       ImGui::TableSetupColumn("devices", ImGuiTableColumnFlags_WidthStretch, 1.8f);
-      ImGui::TableSetupColumn("stack", ImGuiTableColumnFlags_WidthStretch, 0.8f);
+      ImGui::TableSetupColumn("site", ImGuiTableColumnFlags_WidthStretch, 1.6f);
       ImGui::TableHeadersRow();
       for (size_t i = 0; i < leaks.size(); ++i) {
         const LeakGroup& g = leaks[i];
@@ -56,8 +56,9 @@ void draw_leaks_panel(ViewerState& st) {
         ImGui::TableNextColumn();
         ImGui::TextUnformatted(g.devices.c_str());
         ImGui::TableNextColumn();
-        if (g.stack_id) ImGui::Text("stack %lld", static_cast<long long>(g.stack_id));
-        else ImGui::TextDisabled("none recorded");
+        // Where it was allocated: the Python line, else the first native frame that is not the allocator's.
+        if (g.stack_id) ImGui::TextUnformatted(lt.model->site(g.stack_id).c_str());
+        else ImGui::TextDisabled("no stack recorded");
       }
       ImGui::EndTable();
     }

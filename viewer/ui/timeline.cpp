@@ -36,13 +36,56 @@ float lane_height(TrackKind k) {
   }
 }
 
+ImU32 darker(ImU32 c, float f) {
+  ImVec4 v = ImGui::ColorConvertU32ToFloat4(c);
+  return ImGui::ColorConvertFloat4ToU32(ImVec4(v.x * f, v.y * f, v.z * f, v.w));
+}
+
+// An allocation track's legend, in its label column: the families its rows belong to, in their
+// colours, and the allocator's segments (drawn dimmer). One column when the lanes are tall enough,
+// else two, and the track is made as tall as the legend.
+constexpr float kLegendRowPx = 14.0f;
+std::vector<std::pair<ImU32, std::string>> legend_entries(const Track& t) {
+  std::vector<std::pair<ImU32, std::string>> e;
+  for (int f = 0; f < kFamilyCount; ++f)
+    if (t.families & (1u << f)) e.push_back({family_color(Family(f)), std::string(to_string(Family(f)))});
+  if (t.segments) e.push_back({darker(family_color(Family::Buffers), 0.55f), "dimmer: allocator segment"});
+  return e;
+}
+int legend_columns(const Track& t, size_t entries) {
+  return float(entries) * kLegendRowPx <= float(t.lanes.size()) * lane_height(t.kind) ? 1 : 2;
+}
+
 float content_height(const Track& t) {
   switch (t.kind) {
     case TrackKind::Memory:
     case TrackKind::HostMemory: return memory_track_height(t);
     case TrackKind::Flags: return 22;
+    case TrackKind::Allocations: {
+      const size_t n = legend_entries(t).size();
+      const float legend = float((n + size_t(legend_columns(t, n)) - 1) / size_t(legend_columns(t, n))) * kLegendRowPx;
+      return std::max({float(t.lanes.size()) * lane_height(t.kind), legend, 8.0f});
+    }
     default: return std::max(float(t.lanes.size()) * lane_height(t.kind), 8.0f);
   }
+}
+
+// Draws the legend in the label column [x0, x1] x [y0, y1]; returns its entries' texts.
+std::vector<std::string> draw_allocation_legend(const Track& t, ImDrawList* dl, float x0, float x1, float y0, float y1) {
+  const auto entries = legend_entries(t);
+  const size_t cols = size_t(legend_columns(t, entries.size()));
+  const size_t rows = (entries.size() + cols - 1) / cols;
+  const float col_w = (x1 - x0) / float(cols);
+  std::vector<std::string> texts;
+  dl->PushClipRect(ImVec2(x0, y0), ImVec2(x1, y1), true);
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const float x = x0 + float(k / rows) * col_w, y = y0 + float(k % rows) * kLegendRowPx;
+    dl->AddRectFilled(ImVec2(x, y + 4), ImVec2(x + 8, y + 12), entries[k].first);
+    dl->AddText(ImVec2(x + 12, y), IM_COL32(170, 170, 180, 255), entries[k].second.c_str());
+    texts.push_back(entries[k].second);
+  }
+  dl->PopClipRect();
+  return texts;
 }
 
 const char* kind_name(TrackKind k) {
@@ -56,11 +99,6 @@ const char* kind_name(TrackKind k) {
     case TrackKind::Flags: return "flags";
   }
   return "?";
-}
-
-ImU32 darker(ImU32 c, float f) {
-  ImVec4 v = ImGui::ColorConvertU32ToFloat4(c);
-  return ImGui::ColorConvertFloat4ToU32(ImVec4(v.x * f, v.y * f, v.z * f, v.w));
 }
 
 struct Hover {
@@ -443,6 +481,8 @@ void draw_timeline(ViewerState& st, ImVec2 size) {
           dl->PopClipRect();
           if (t.kind == TrackKind::Memory || t.kind == TrackKind::HostMemory)
             st.layout.tracks.back().labels = draw_memory_labels(lt, t, dl, p.x + 14, x0 - 8, y_body, y_body + ch);
+          if (t.kind == TrackKind::Allocations)
+            st.layout.tracks.back().labels = draw_allocation_legend(t, dl, p.x + 14, x0 - 8, y_body, y_body + ch);
         }
       }
       ImGui::SetCursorScreenPos(p);

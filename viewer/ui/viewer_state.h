@@ -108,6 +108,10 @@ struct ViewerState {
   // Full span of every trace in view time.
   double span_t0() const;
   double span_t1() const;
+  // Where the playhead starts: the first step's start (view time 0), or, in a trace without steps,
+  // its first allocation (its first event when it has none); the earliest of the traces. The span's
+  // start is before anything is live ("0 B ... nothing" in the Replay panel).
+  double start_playhead() const;
   void fit_all() { view.fit(span_t0(), span_t1()); }
   void select(int trace, ItemKind kind, uint32_t row);
   void focus(double t0, double t1);  // zoom so [t0, t1] fills the view

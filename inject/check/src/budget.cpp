@@ -88,7 +88,7 @@ std::string alive_at_peak(TraceData& d, const std::vector<const Alloc*>& rows, i
   std::map<std::string, NamedBytes> groups;
   for (const Alloc* a : rows) {
     if (!a->alive_at(t)) continue;
-    std::string n = group_name(d.str(a->name_id));
+    std::string n = d.group_of(*a);
     NamedBytes& g = groups[n];
     g.name = n;
     g.bytes += a->bytes;

@@ -61,8 +61,14 @@ std::string format_text(const Report& report) {
   std::string out = "zt check " + report.trace + "\n";
   for (auto& c : report.checks) {
     out += std::string(to_string(c.outcome)) + " " + c.name + ": " + c.summary + "\n";
-    for (auto& f : c.findings) out += "  - " + f + "\n";
-    for (auto& x : c.context) out += "    " + x + "\n";
+    // A line of several (a Python traceback in a run's end) keeps its indent on each.
+    auto indented = [](const std::string& text, const char* indent) {
+      std::string t;
+      for (char ch : text) t += ch == '\n' ? std::string("\n") + indent : std::string(1, ch);
+      return t;
+    };
+    for (auto& f : c.findings) out += "  - " + indented(f, "    ") + "\n";
+    for (auto& x : c.context) out += "    " + indented(x, "    ") + "\n";
   }
   const int failed = report.count(Outcome::Fail), passed = report.count(Outcome::Pass),
             skipped = report.count(Outcome::Skip);

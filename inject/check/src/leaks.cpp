@@ -144,7 +144,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
       for (const Alloc* a : rows) {
         bool at_from = a->alive_at(t_from), at_to = a->alive_at(t_to);
         if (at_from == at_to) continue;
-        std::string n = group_name(d.str(a->name_id));
+        std::string n = d.group_of(*a);
         NamedBytes& g = net[n];
         g.name = n;
         if (at_to) {

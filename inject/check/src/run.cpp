@@ -1,7 +1,10 @@
 // --run: how the run ended. A run that failed, died on a signal, was terminated or never closed
 // its trace fails, whatever the other checks say: the memory of a run cut short proves nothing
 // about the run that should have happened. The rules are in inject/check/README.md.
+#include <algorithm>
+
 #include "trace_data.h"
+#include "zt/common/units.h"
 
 namespace zt::check::detail {
 
@@ -32,6 +35,34 @@ std::vector<std::string> error_lines(const TraceData& d, size_t most) {
   return lines;
 }
 
+// What was alive on the device of an out-of-memory error when it happened: the largest tensors
+// (block rows; a device without any: its segments), each with the innermost frames of its stack.
+// PyTorch's history (zt probe, zt import) keeps each block's Python line.
+std::string alive_at_failure(TraceData& d, const db::ErrorRow& e, size_t top) {
+  bool blocks = false;
+  for (const Alloc& a : d.allocs) blocks = blocks || (a.device_id == e.device_id && a.level == db::AllocLevel::Block);
+  const db::AllocLevel level = blocks ? db::AllocLevel::Block : db::AllocLevel::Segment;
+  std::vector<const Alloc*> live;
+  int64_t total = 0;
+  for (const Alloc& a : d.allocs)
+    if (a.device_id == e.device_id && a.level == level && a.alive_at(e.t)) {
+      live.push_back(&a);
+      total += a.bytes;
+    }
+  if (live.empty()) return "";
+  std::stable_sort(live.begin(), live.end(), [](const Alloc* x, const Alloc* y) { return x->bytes > y->bytes; });
+  std::string line = "alive on " + d.device_label(e.device_id) + " at the " + e.kind + ": " +
+                     std::to_string(live.size()) + (blocks ? " tensors, " : " segments, ") +
+                     format_bytes(double(total)) + "; the largest: ";
+  for (size_t k = 0; k < live.size() && k < top; ++k) {
+    const std::string& name = d.str(live[k]->name_id);
+    line += (k ? ", " : "") + (name.empty() ? std::string("(unnamed)") : name) + " " +
+            format_bytes(double(live[k]->bytes));
+    if (std::string st = d.stack_brief(live[k]->stack_id); !st.empty()) line += " (at " + st + ")";
+  }
+  return line;
+}
+
 Status check_run(TraceData& d, CheckResult* out) {
   CheckResult& r = *out;
   r.name = "run";
@@ -58,6 +89,13 @@ Status check_run(TraceData& d, CheckResult* out) {
   r.summary = d.runs.size() == 1 ? "the run did not end ok"
                                  : std::to_string(d.runs.size() - size_t(ended_ok)) + " of " + of + " did not end ok";
   r.context = error_lines(d, 3);
+  size_t shown = 0;
+  for (auto& e : d.errors)
+    if ((e.kind == "oom" || e.kind == "host_oom") && e.device_id && shown < 3)
+      if (std::string line = alive_at_failure(d, e, 3); !line.empty()) {
+        r.context.push_back(line);
+        ++shown;
+      }
   return Status::Ok();
 }
 

@@ -50,9 +50,11 @@ Status TraceData::load(const std::string& path, std::unique_ptr<TraceData>* out)
 }
 
 Status TraceData::load_allocations() {
-  // A second record of a segment (CUPTI's twin of the trainer's) is the same memory: not loaded.
+  // A second record of a segment (CUPTI's twin of the trainer's) is the same memory, and a CUDA
+  // module's globals are not the program's allocations: neither is loaded.
   const std::string sql = std::string("SELECT id,rank,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id "
-                                      "FROM allocation WHERE NOT ") + db::kSecondRecordSql;
+                                      "FROM allocation WHERE NOT ") + db::kSecondRecordSql + " AND NOT " +
+                          db::kModuleGlobalSql;
   return for_each_row(reader_->handle(), path_, sql.c_str(),
                       [&](sqlite3_stmt* st) {
                         Alloc a;
@@ -190,6 +192,28 @@ std::string TraceData::stack_brief(int64_t stack_id, int frames) {
   return out;
 }
 
+db::StackSites* TraceData::sites() {
+  if (!sites_ && !db::StackSites::load(*reader_, &sites_)) sites_.reset();
+  return sites_.get();
+}
+
+std::string TraceData::where(int64_t stack_id) {
+  if (!stack_id) return "";
+  if (db::StackSites* s = sites(); s) {
+    const db::FrameRow* f = s->site_frame(stack_id);
+    if (f && f->python()) return db::frame_text(*f);
+  }
+  return stack_brief(stack_id);
+}
+
+std::string TraceData::group_of(const Alloc& a) {
+  auto named = strings.find(a.name_id);
+  const bool unnamed = named == strings.end() || named->second.empty();
+  db::StackSites* s = unnamed && a.stack_id ? sites() : nullptr;
+  if (s && s->site_frame(a.stack_id)) return s->site(a.stack_id, db::SiteLevel::Line);
+  return group_name(str(a.name_id));
+}
+
 std::string group_name(const std::string& name) { return db::tensor_group(name); }
 
 std::vector<NamedBytes> sort_groups(std::map<std::string, NamedBytes>& groups, size_t top) {
@@ -206,8 +230,8 @@ std::string describe_groups(TraceData& d, const std::vector<NamedBytes>& groups,
     if (!out.empty()) out += ", ";
     out += g.name + " " + sign + format_bytes(double(g.bytes)) + " in " + std::to_string(g.count) + " allocation" +
            (g.count == 1 ? "" : "s");
-    std::string st = d.stack_brief(g.largest_stack);
-    if (!st.empty()) out += " (at " + st + ")";
+    std::string st = d.where(g.largest_stack);
+    if (!st.empty() && st != g.name) out += " (at " + st + ")";
   }
   return out;
 }

@@ -13,6 +13,7 @@
 
 #include "zt/check/check.h"
 #include "zt/db/rows.h"
+#include "zt/db/sites.h"
 #include "zt/db/trace_reader.h"
 
 namespace zt::check::detail {
@@ -73,6 +74,13 @@ class TraceData {
   std::optional<int64_t> step_at(int64_t rank, int64_t t) const;
   // "f < g < h": the innermost frames of a stack worth showing, empty when none was captured.
   std::string stack_brief(int64_t stack_id, int frames = 3);
+  // Where an allocation was made, as evidence shows it: its Python line ("grow (/x/leak.py:12)")
+  // when its stack has Python frames, else stack_brief(); empty without a stack.
+  std::string where(int64_t stack_id);
+  // What evidence groups an allocation under: its tensor name's group, or, for an allocation
+  // without a name (a probed program's) that has a stack, its site (zt/db/sites.h: the Python
+  // line, else the innermost native frame that is not the allocator's).
+  std::string group_of(const Alloc& a);
   // The run row that recorded `rank` (the first run when the rank table does not say).
   const db::RunRow* run_of(int64_t rank) const;
 
@@ -83,6 +91,8 @@ class TraceData {
   std::string path_;
   std::unique_ptr<db::TraceReader> reader_;
   std::unordered_map<int64_t, std::string> stack_cache_;
+  std::unique_ptr<db::StackSites> sites_;  // loaded at first need
+  db::StackSites* sites();
 };
 
 // Tensor names grouped as people read them: digits inside brackets become '*'

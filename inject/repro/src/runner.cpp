@@ -11,10 +11,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
-#include <streambuf>
 
 #include "data/corpus.h"
 #include "model/config.h"
+#include "train/progress_filter.h"
 #include "train/trainer.h"
 #include "zt/db/trace_file.h"
 #include "zt/common/units.h"
@@ -26,59 +26,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-// Passes the trainer's progress lines through, indented, with the per-step lines thinned out
-// on long runs: the first few, about one per tenth of the run, and the last (kept back and
-// printed at the end when it was not shown).
-class ProgressFilter : public std::streambuf {
- public:
-  ProgressFilter(std::ostream* out, int max_step_lines) : out_(out), max_(std::max(3, max_step_lines)) {}
-  void finish() {
-    if (!out_) return;
-    flush_line();
-    if (!held_.empty()) {
-      if (skipped_ > 1) *out_ << "    ... " << skipped_ - 1 << " step lines not shown\n";
-      *out_ << "    " << held_ << "\n";
-      held_.clear();
-    }
-    out_->flush();
-  }
-
- protected:
-  int overflow(int c) override {
-    if (c == traits_type::eof()) return 0;
-    if (c == '\n') flush_line();
-    else line_ += char(c);
-    return c;
-  }
-
- private:
-  void flush_line() {
-    if (!out_ || line_.empty()) return;
-    long long x = 0, y = 0;
-    if (std::sscanf(line_.c_str(), "step %lld/%lld", &x, &y) == 2 && y > 0) {
-      const long long head = 3;
-      const long long stride = std::max<long long>(1, y / std::max(1, max_ - 3));
-      const bool show = y <= max_ || x <= head || x == y || x % stride == 0;
-      if (show) {
-        if (skipped_ > 0 && !held_.empty() && skipped_ > 1) *out_ << "    ... " << skipped_ - 1 << " step lines not shown\n";
-        *out_ << "    " << line_ << "\n";
-        held_.clear();
-        skipped_ = 0;
-      } else {
-        held_ = line_;
-        ++skipped_;
-      }
-    } else {
-      *out_ << "    " << line_ << "\n";
-    }
-    line_.clear();
-  }
-  std::ostream* out_;
-  int max_;
-  std::string line_, held_;
-  long long skipped_ = 0;
-};
 
 void remove_trace(const std::string& path) {
   std::error_code ec;
@@ -141,7 +88,7 @@ Status run_one(const trainer::TrainConfig& cfg_in, const std::string& label, con
   std::unique_ptr<probe::Recorder> rec;
   if (Status s = probe::Recorder::open(ro, &rec); !s) return Status::Error(label + " run: " + s.message());
 
-  ProgressFilter filter(p, o.max_step_lines);
+  trainer::ProgressFilter filter(p, o.max_step_lines);
   std::ostream filtered(&filter);
   trainer::TrainSummary sum;
   const auto t0 = std::chrono::steady_clock::now();
@@ -163,6 +110,7 @@ Status run_one(const trainer::TrainConfig& cfg_in, const std::string& label, con
   ctx.grad_accum = cfg.grad_accum;
   ctx.faults = cfg.faults;
   ctx.train_status = out->status;
+  ctx.unmodeled_keys = cfg.unmodeled_memory_keys;
   Evidence ev = read_evidence(out->trace, x.error);
   out->judgement = is_fix ? judge_fix(x, ctx, std::move(ev)) : judge_bug(x, ctx, std::move(ev));
   return Status::Ok();
@@ -230,7 +178,7 @@ Status run_scenario(const Scenario& s, const RunOptions& o_in, ReproResult* out)
   r.scenario_path = s.path;
   r.report_id = s.report_id;
   r.report_title = s.report_title;
-  r.report_seed = s.report_seed;
+  r.report_sources = s.report_sources;
   r.variant = o.variant;
   r.keep_dir = o.keep_dir;
   const FixSpec fix = fix_of(s, o.variant);
@@ -245,7 +193,10 @@ Status run_scenario(const Scenario& s, const RunOptions& o_in, ReproResult* out)
   r.seed = bug_cfg.seed;
   if (o.progress) {
     *o.progress << "scenario " << s.name << " (" << s.path << "): report " << s.report_id;
-    if (!s.report_seed.empty()) *o.progress << " (seed " << s.report_seed << ")";
+    if (!s.report_sources.empty())
+      *o.progress << " (from " << s.report_sources[0]
+                  << (s.report_sources.size() > 1 ? " and " + std::to_string(s.report_sources.size() - 1) + " more" : "")
+                  << ")";
     *o.progress << "\n  " << s.report_title << "\n";
     *o.progress << "variant: " << variant_name(o.variant);
     if (o.variant == Variant::Small) *o.progress << " (real compute; zt repro --virtual runs the full-size one)";
@@ -278,7 +229,7 @@ Status run_scenario(const Scenario& s, const RunOptions& o_in, ReproResult* out)
   if (Status st = run_one(fix_cfg, "fix", x, ctx, true, o, &r.fix); !st) return st;
   r.reproduced = r.bug.judgement.outcome;
   r.cured = r.fix.judgement.outcome;
-  r.verdict = verdict_word(r.reproduced);
+  r.verdict = verdict_word(r.bug.judgement);
   return Status::Ok();
 }
 
@@ -288,9 +239,13 @@ void print_verdict(const ReproResult& r, std::ostream& out) {
   if (r.reproduced == Outcome::Valid)
     out << "; the fix " << (r.cured == Outcome::Valid ? "cures it" : r.cured == Outcome::Invalid ? "does NOT cure it" : "is inconclusive");
   out << "  (" << variant_name(r.variant) << ", seed " << r.seed << ")\n";
-  out << "  report    " << r.report_id << (r.report_seed.empty() ? "" : " (seed " + r.report_seed + ")") << ": " << r.report_title
-      << "\n";
+  out << "  report    " << r.report_id << ": " << r.report_title << "\n";
   auto row = [&](const char* label, const std::string& text) { out << "  " << label << text << "\n"; };
+  for (const auto& src : r.report_sources) row("from      ", src);
+  if (r.bug.judgement.different_failure)
+    row("mechanism ", "the run failed with the expected " + e.error_kind +
+                          ", but not through the mechanism the scenario names (the mechanism checks below): "
+                          "a different failure, not this report");
   if (!e.readable) {
     row("trace     ", e.read_error);
   } else if (e.has_error && e.before_first_step) {
@@ -387,7 +342,7 @@ json to_json(const ReproResult& r) {
   };
   return {{"scenario", r.scenario},
           {"scenario_file", r.scenario_path},
-          {"report", {{"id", r.report_id}, {"seed", r.report_seed}, {"title", r.report_title}}},
+          {"report", {{"id", r.report_id}, {"sources", r.report_sources}, {"title", r.report_title}}},
           {"variant", r.variant == Variant::Small ? "small" : "full"},
           {"seed", r.seed},
           {"verdict", r.verdict},

@@ -3,16 +3,23 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 
 #include "pattern.h"
+#include <regex>
+#include <tuple>
+
+#include "train/hf_config.h"
 #include "train/model_shape.h"
+#include "zero/ds_memory.h"
 #include "zt/common/files.h"
 #include "zt/common/units.h"
 #include "zt/common/yaml_keys.h"
@@ -183,7 +190,10 @@ const std::vector<std::string>& train_keys() {
       "epochs",    "seed",           "lr",                "weight_decay",    "beta1",
       "beta2",     "eps",            "grad_clip",         "activation_checkpointing",
       "data_samples", "virtual_grad_norm", "save_every",  "save_only_model", "synthetic_bytes",
-      "max_doc_tokens", "comm_timeout_ms"};
+      "max_doc_tokens", "comm_timeout_ms",
+      // issue 30: model loading, what trains, evaluation
+      "from_pretrained", "load_dtype", "load_copies", "zero_init", "zero3_init_flag", "finetuning", "lora_rank", "lora_targets",
+      "trainable_layers", "eval_steps", "eval_samples", "eval_batch", "eval_accumulation_steps", "eval_keep_logits"};
   return keys;
 }
 
@@ -242,7 +252,28 @@ void apply_setting(const Reader& r, const Setting& s, trainer::TrainConfig& c) {
   else if (k == "comm_timeout_ms") {
     if constexpr (requires { c.comm_timeout_ms; }) c.comm_timeout_ms = at_least(integer(), 1);
     else bad("this build's trainer has no comm_timeout_ms");
-  } else bad("unknown setting");
+  } else if (k == "from_pretrained") c.from_pretrained = boolean();
+  else if (k == "load_dtype") {
+    if (s.value != "fp32" && s.value != "bf16" && s.value != "fp16") bad("'" + s.value + "': use fp32, bf16 or fp16");
+    c.load_dtype = s.value;
+  } else if (k == "load_copies") {
+    c.load_copies = at_least(integer(), 1);
+    if (c.load_copies > 4) bad("at most 4 copies of the weights");
+  } else if (k == "zero_init" || k == "zero3_init_flag") c.zero_init = boolean();
+  else if (k == "finetuning") {
+    if (s.value != "full" && s.value != "lora" && s.value != "freeze") bad("'" + s.value + "': use full, lora or freeze");
+    c.finetuning = s.value;
+  } else if (k == "lora_rank") c.lora_rank = at_least(integer(), 1);
+  else if (k == "lora_targets") {
+    if (s.value != "qv" && s.value != "attention" && s.value != "all") bad("'" + s.value + "': use qv, attention or all");
+    c.lora_targets = s.value;
+  } else if (k == "trainable_layers") c.trainable_layers = at_least(integer(), 1);
+  else if (k == "eval_steps") c.eval_steps = at_least(integer(), 0);
+  else if (k == "eval_samples") c.eval_samples = at_least(integer(), 1);
+  else if (k == "eval_batch") c.eval_batch = at_least(integer(), 1);
+  else if (k == "eval_accumulation_steps") c.eval_accumulation_steps = at_least(integer(), 0);
+  else if (k == "eval_keep_logits") c.eval_keep_logits = boolean();
+  else bad("unknown setting");
 }
 
 std::vector<Setting> read_settings(const Reader& r, const YAML::Node& n, const std::string& section) {
@@ -264,10 +295,11 @@ json read_deepspeed(const Reader& r, const YAML::Node& n, const std::string& sec
 
 // The error rows' kinds a run of zt repro can record (db/SCHEMA.md, table error), as the trainer
 // writes them: the device allocator's oom, the host allocator's host_oom (pinned or pageable),
-// the device guard's device_mismatch, the collectives' watchdog_timeout. expect.error must name
+// the device guard's device_mismatch, the collectives' watchdog_timeout, the node memory watchdog's memory_watchdog. expect.error must name
 // one of them, or no trace could ever match it.
 const std::vector<std::string>& run_error_kinds() {
-  static const std::vector<std::string> kinds = {"oom", "host_oom", "device_mismatch", "watchdog_timeout"};
+  static const std::vector<std::string> kinds = {"oom", "host_oom", "device_mismatch", "watchdog_timeout",
+                                                  "memory_watchdog"};
   return kinds;
 }
 // Kinds the probe records that no zt repro run can end with: the crash handler's (the process
@@ -283,11 +315,37 @@ std::string error_kind_list() {
   return list;
 }
 
+// memory_watchdog: {tool: ray|kubernetes|systemd-oomd|slurm, kill_at: 0.95}; or none.
+std::pair<std::string, double> read_watchdog(const Reader& r, const YAML::Node& n, const std::string& what) {
+  if (n.IsScalar() && n.Scalar() == "none") return {"", 0.0};
+  std::pair<std::string, double> w{"ray", 0.95};
+  r.each(n, what, {"tool", "kill_at"}, [&](const std::string& k, const YAML::Node&, const YAML::Node& x) {
+    if (k == "tool") {
+      w.first = r.str(x, what + ".tool");
+      if (w.first != "ray" && w.first != "kubernetes" && w.first != "systemd-oomd" && w.first != "slurm")
+        r.fail(x, what + ".tool: '" + w.first + "': use ray, kubernetes, systemd-oomd or slurm");
+    } else {
+      w.second = r.number(x, what + ".kill_at");
+      if (!(w.second > 0 && w.second <= 1)) r.fail(x, what + ".kill_at: a share of the node's memory, in (0, 1]");
+    }
+  });
+  return w;
+}
+
+std::vector<std::string> fault_names(const Reader& r, const YAML::Node& v, const std::string& what) {
+  std::vector<std::string> out;
+  if (v.IsScalar()) out.push_back(r.fault_name(v, what));
+  else if (v.IsSequence())
+    for (const auto& x : v) out.push_back(r.fault_name(x, what));
+  else if (!v.IsNull()) r.fail(v, what + " must be a list of fault names");
+  return out;
+}
+
 Expectation read_expect(const Reader& r, const YAML::Node& n, const std::string& section, const Expectation* base) {
   Expectation e = base ? *base : Expectation{};
   e.line = line_of(n);
   bool set_error = false, set_lost = false;
-  r.each(n, section, {"error", "site", "message", "tensors", "steps_lost", "when", "faults_fired"},
+  r.each(n, section, {"error", "site", "message", "tensors", "steps_lost", "when", "faults_fired", "mechanism"},
          [&](const std::string& key, const YAML::Node&, const YAML::Node& v) {
            auto regex_ok = [&](const std::string& re) {
              if (std::string why = pattern_problem(re); !why.empty())
@@ -316,11 +374,30 @@ Expectation read_expect(const Reader& r, const YAML::Node& n, const std::string&
              set_lost = true;
              if (e.steps_lost) e.error.clear();
            } else if (key == "faults_fired") {
-             e.faults_fired.clear();
-             if (v.IsScalar()) e.faults_fired.push_back(r.fault_name(v, section + ".faults_fired"));
-             else if (v.IsSequence())
-               for (const auto& x : v) e.faults_fired.push_back(r.fault_name(x, section + ".faults_fired"));
-             else if (!v.IsNull()) r.fail(v, section + ".faults_fired must be a list of fault names");
+             e.faults_fired = fault_names(r, v, section + ".faults_fired");
+           } else if (key == "mechanism") {
+             // What must have caused it: replaces the base's mechanism as a whole.
+             e.mechanism_phase.clear();
+             e.mechanism_alive.clear();
+             r.each(v, section + ".mechanism", {"phase", "alive", "faults_fired"},
+                    [&](const std::string& mk, const YAML::Node&, const YAML::Node& mv) {
+                      const std::string w = section + ".mechanism." + mk;
+                      auto re = [&](const std::string& x) {
+                        try {
+                          std::regex check(x);
+                        } catch (const std::regex_error& err) {
+                          r.fail(mv, w + ": '" + x + "' is not a regular expression (" + err.what() + ")");
+                        }
+                        return x;
+                      };
+                      if (mk == "phase") e.mechanism_phase = re(r.str(mv, w));
+                      else if (mk == "alive")
+                        for (auto& t : r.strings(mv, w)) e.mechanism_alive.push_back(re(t));
+                      else
+                        for (auto& f : fault_names(r, mv, w))
+                          if (std::find(e.faults_fired.begin(), e.faults_fired.end(), f) == e.faults_fired.end())
+                            e.faults_fired.push_back(f);
+                    });
            } else if (key == "when") {
              e.epoch.reset();
              e.step.reset();
@@ -360,7 +437,7 @@ FixSpec read_fix(const Reader& r, const YAML::Node& n, const std::string& sectio
   FixSpec f;
   f.line = line_of(n);
   std::vector<std::string> keys = {"description", "quote", "train", "deepspeed", "faults", "remove_faults"};
-  for (const char* k : small ? std::vector<const char*>{"world_size", "nodes", "gpu_memory", "host_memory"}
+  for (const char* k : small ? std::vector<const char*>{"world_size", "nodes", "gpu_memory", "host_memory", "memory_watchdog"}
                              : std::vector<const char*>{"cluster"})
     keys.push_back(k);
   r.each(n, section, keys, [&](const std::string& key, const YAML::Node&, const YAML::Node& v) {
@@ -370,15 +447,17 @@ FixSpec read_fix(const Reader& r, const YAML::Node& n, const std::string& sectio
              return val;
            };
            if (key == "cluster") {
-             r.each(v, section + ".cluster", {"nodes", "gpus_per_node", "gpu_memory", "host_memory"},
+             r.each(v, section + ".cluster", {"nodes", "gpus_per_node", "gpu_memory", "host_memory", "memory_watchdog"},
                     [&](const std::string& k, const YAML::Node&, const YAML::Node& x) {
                       const std::string w = section + ".cluster." + k;
-                      if (k == "nodes") f.nodes = at_least_1(x, w);
+                      if (k == "memory_watchdog") f.watchdog = read_watchdog(r, x, w);
+                      else if (k == "nodes") f.nodes = at_least_1(x, w);
                       else if (k == "gpus_per_node") f.gpus_per_node = at_least_1(x, w);
                       else if (k == "gpu_memory") f.gpu_memory = r.size(x, w);
                       else f.host_memory = r.size(x, w);
                     });
-           } else if (key == "world_size") f.world_size = at_least_1(v, section + ".world_size");
+           } else if (key == "memory_watchdog") f.watchdog = read_watchdog(r, v, section + ".memory_watchdog");
+           else if (key == "world_size") f.world_size = at_least_1(v, section + ".world_size");
            else if (key == "nodes") f.nodes = at_least_1(v, section + ".nodes");
            else if (key == "gpu_memory") f.gpu_memory = r.size(v, section + ".gpu_memory");
            else if (key == "host_memory") f.host_memory = r.size(v, section + ".host_memory");
@@ -403,13 +482,13 @@ FixSpec read_fix(const Reader& r, const YAML::Node& n, const std::string& sectio
 // ~256k, contexts to ~10M tokens, 256 experts); past them a scenario's sizes would wrap in the
 // trainer's int64 products (parameters, bytes) and its verdict would be about another model.
 constexpr int64_t kMaxWidth = int64_t(1) << 20;
-constexpr int64_t kMaxLayers = int64_t(1) << 16;
+constexpr int64_t kMaxLayers = trainer::kMaxShapeLayers;
 constexpr int64_t kMaxFfn = int64_t(1) << 24;
 constexpr int64_t kMaxVocab = int64_t(1) << 24;
 constexpr int64_t kMaxContext = int64_t(1) << 24;  // the trainer's own limit on seq_len
 constexpr int64_t kMaxExperts = int64_t(1) << 16;
-constexpr int64_t kMaxParams = int64_t(1) << 44;   // ~17.6 T parameters
-// One micro-batch's activations, bytes (the full-size run's estimate, trainer/train/model_shape.h).
+constexpr int64_t kMaxParams = trainer::kMaxShapeParams;
+// One micro-batch's activations, bytes (the full-size run's terms, trainer/zero/ds_memory.h).
 constexpr int64_t kMaxActivationBytes = int64_t(1) << 60;
 
 struct ShapeLimit {
@@ -422,7 +501,14 @@ std::vector<ShapeLimit> shape_limits(const trainer::ModelShape& m) {
           {"ffn", m.ffn, kMaxFfn},                 {"vocab", m.vocab, kMaxVocab},
           {"context", m.context, kMaxContext},     {"experts", m.experts, kMaxExperts},
           {"shared_experts", m.shared_experts, kMaxExperts}, {"expert_ffn", m.expert_ffn, kMaxFfn},
-          {"dense_layers", m.dense_layers, kMaxLayers}};
+          {"dense_layers", m.dense_layers, kMaxLayers},    {"head_dim", m.head_dim, kMaxWidth},
+          {"positions", m.positions, kMaxContext},         {"final_norms", m.final_norms, 16},
+          {"shared_expert_ffn", m.shared_expert_ffn, kMaxFfn}, {"moe_every", m.moe_every, kMaxLayers},
+          {"q_lora_rank", m.q_lora_rank, kMaxWidth},       {"kv_lora_rank", m.kv_lora_rank, kMaxWidth},
+          {"qk_nope_head_dim", m.qk_nope_head_dim, kMaxWidth}, {"qk_rope_head_dim", m.qk_rope_head_dim, kMaxWidth},
+          {"v_head_dim", m.v_head_dim, kMaxWidth},         {"encoder_layers", m.encoder_layers, kMaxLayers},
+          {"relative_attention_buckets", m.relative_attention_buckets, kMaxVocab},
+          {"decoder_seq_len", m.decoder_seq_len, kMaxContext}};
 }
 std::string limit_note(int64_t limit) {
   int p = 0;
@@ -452,7 +538,7 @@ void check_shape(const Reader& r, const YAML::Node& n, const trainer::ModelShape
     if (v > limit)
       r.fail(at(key), prefix + "." + key + ": " + std::to_string(v) + " is above the limit of " + std::to_string(limit) +
                           " (" + limit_note(limit) + ")");
-  if (m.width % m.heads != 0)
+  if (m.head_dim == 0 && m.kv_lora_rank == 0 && m.width % m.heads != 0)
     r.fail(at("heads"), prefix + ".heads: " + std::to_string(m.heads) + " heads do not divide the width " +
                             std::to_string(m.width) + " (head size would be " + std::to_string(double(m.width) / double(m.heads)) + ")");
   if (m.heads % m.kv_heads != 0)
@@ -464,6 +550,7 @@ void check_shape(const Reader& r, const YAML::Node& n, const trainer::ModelShape
   if (m.experts > 0 && m.expert_ffn <= 0) r.fail(at("experts"), prefix + ".experts: an MoE layout needs expert_ffn (each expert's FFN width)");
   if (m.experts == 0 && (m.shared_experts > 0 || m.expert_ffn > 0))
     r.fail(at(m.shared_experts > 0 ? "shared_experts" : "expert_ffn"), prefix + ": shared_experts and expert_ffn need experts > 0");
+  if (Status st = trainer::validate_shape(m); !st) r.fail(n, prefix + ": " + st.message());
   if (m.dense_layers > m.layers)
     r.fail(at("dense_layers"), prefix + ".dense_layers: " + std::to_string(m.dense_layers) + " is more than the " +
                                    std::to_string(m.layers) + " layers");
@@ -490,9 +577,20 @@ void read_scenario(const Reader& r, const YAML::Node& root, Scenario& s) {
                if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
                  r.fail(v, "scenario: '" + s.name + "': use letters, digits, '-', '_' and '.' (it names a directory)");
            } else if (key == "report") {
-             r.each(v, "report", {"id", "seed", "title", "summary"}, [&](const std::string& k, const YAML::Node&, const YAML::Node& x) {
-               if (k == "id") s.report_id = r.str(x, "report.id");
-               else if (k == "seed") s.report_seed = r.str(x, "report.seed");
+             r.each(v, "report", {"id", "sources", "seed", "title", "summary"}, [&](const std::string& k, const YAML::Node&, const YAML::Node& x) {
+               if (k == "id") {
+                 s.report_id = r.str(x, "report.id");
+                 bool ok = !s.report_id.empty() && s.report_id.size() <= 40;
+                 for (char c : s.report_id)
+                   ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.');
+                 if (!ok)
+                   r.fail(x, "report.id: '" + s.report_id +
+                                 "': a short name of the report (up to 40 letters, digits, '-', '_', '.'; R4, DS-2946)");
+               }
+               else if (k == "seed" || k == "sources") {
+                 // seed: the older name of one source (the article's file); sources: one or a list
+                 for (auto& src : r.strings(x, "report." + k)) s.report_sources.push_back(src);
+               }
                else if (k == "title") s.report_title = r.str(x, "report.title");
                else s.report_summary = r.str(x, "report.summary");
              });
@@ -500,46 +598,58 @@ void read_scenario(const Reader& r, const YAML::Node& root, Scenario& s) {
              have_model = true;
              std::map<std::string, int> lines;
              trainer::ModelShape& m = s.shape;
-             r.each(v, "model",
-                    {"name", "width", "layers", "heads", "kv_heads", "ffn", "gated_ffn", "vocab", "context",
-                     "tied_embeddings", "experts", "shared_experts", "expert_ffn", "dense_layers", "note"},
-                    [&](const std::string& k, const YAML::Node&, const YAML::Node& x) {
-                      lines[k] = line_of(x);
-                      const std::string w = "model." + k;
-                      if (k == "name") m.name = r.str(x, w);
-                      else if (k == "note") s.shape_note = r.str(x, w);
-                      else if (k == "gated_ffn") m.gated_ffn = r.boolean(x, w);
-                      else if (k == "tied_embeddings") m.tied_embeddings = r.boolean(x, w);
-                      else {
-                        const int64_t val = r.integer(x, w);
-                        if (k == "width") m.width = val;
-                        else if (k == "layers") m.layers = val;
-                        else if (k == "heads") m.heads = val;
-                        else if (k == "kv_heads") m.kv_heads = val;
-                        else if (k == "ffn") m.ffn = val;
-                        else if (k == "vocab") m.vocab = val;
-                        else if (k == "context") m.context = val;
-                        else if (k == "experts") m.experts = val;
-                        else if (k == "shared_experts") m.shared_experts = val;
-                        else if (k == "expert_ffn") m.expert_ffn = val;
-                        else m.dense_layers = val;
-                      }
-                    });
+             // hf_config first (the user's own config.json, beside the scenario file), then keys over it.
+             if (v.IsMap() && v["hf_config"]) {
+               const YAML::Node x = v["hf_config"];
+               const std::string rel = r.str(x, "model.hf_config");
+               const std::filesystem::path file = std::filesystem::path(rel).is_absolute()
+                                                      ? std::filesystem::path(rel)
+                                                      : std::filesystem::path(r.path).parent_path() / rel;
+               trainer::HfModel hf;
+               if (Status st = trainer::read_hf_config(file.string(), &hf); !st) r.fail(x, "model.hf_config: " + st.message());
+               m = hf.shape;
+               s.hf_config = file.string();
+               s.hf_family = hf.family;
+               s.hf_params = hf.formula_params;
+               s.checkpoint_dtype = hf.dtype;
+               s.hf_notes = hf.notes;
+               for (const auto& f : trainer::shape_fields()) lines[f.name] = line_of(x);
+             }
+             std::vector<std::string> keys = {"hf_config", "note"};
+             for (const auto& f : trainer::shape_fields()) keys.push_back(f.name);
+             r.each(v, "model", keys, [&](const std::string& k, const YAML::Node&, const YAML::Node& x) {
+               if (k == "hf_config") return;
+               lines[k] = line_of(x);
+               const std::string w = "model." + k;
+               if (k == "note") {
+                 s.shape_note = r.str(x, w);
+                 return;
+               }
+               for (const auto& f : trainer::shape_fields()) {
+                 if (k != f.name) continue;
+                 if (f.integer) m.*(f.integer) = r.integer(x, w);
+                 else if (f.flag) m.*(f.flag) = r.boolean(x, w);
+                 else m.*(f.text) = r.str(x, w);
+               }
+             });
              if (!lines.count("kv_heads")) m.kv_heads = m.heads;
              // (a width past its limit is refused by check_shape, naming the width, not an ffn that wrapped)
              if (!lines.count("ffn") && m.width > 0) m.ffn = m.width <= kMaxWidth ? 4 * m.width : m.width;
              s.shape_line = line_of(v);
              for (const char* k : {"width", "layers", "heads", "vocab", "context"})
-               if (!lines.count(k)) r.fail(v, std::string("model: ") + k + " is missing (the real model's " + k + ")");
+               if (!lines.count(k))
+                 r.fail(v, std::string("model: ") + k + " is missing (the real model's " + k +
+                               "; or hf_config: config.json, the model's Hugging Face config)");
              check_shape(r, v, m, lines);
            } else if (key == "cluster") {
              have_cluster = true;
              std::map<std::string, int> lines;
-             r.each(v, "cluster", {"nodes", "gpus_per_node", "gpu", "gpu_memory", "host_memory"},
+             r.each(v, "cluster", {"nodes", "gpus_per_node", "gpu", "gpu_memory", "host_memory", "memory_watchdog"},
                     [&](const std::string& k, const YAML::Node&, const YAML::Node& x) {
                       lines[k] = line_of(x);
                       const std::string w = "cluster." + k;
-                      if (k == "nodes") s.nodes = r.integer(x, w);
+                      if (k == "memory_watchdog") std::tie(s.watchdog, s.watchdog_kill_at) = read_watchdog(r, x, w);
+                      else if (k == "nodes") s.nodes = r.integer(x, w);
                       else if (k == "gpus_per_node") s.gpus_per_node = r.integer(x, w);
                       else if (k == "gpu") s.gpu = r.str(x, w);
                       else if (k == "gpu_memory") s.gpu_memory = r.size(x, w);
@@ -640,7 +750,8 @@ void read_scenario(const Reader& r, const YAML::Node& root, Scenario& s) {
     if (!have) r.fail(line_of(root), std::string(what) + " is missing: " + hint);
   };
   need(!s.name.empty(), "scenario", "a name (it names the keep directory, zt-repro-NAME)");
-  need(!s.report_id.empty(), "report.id", "the bug report it replays (R1..R5 in docs/bug-reports.md)");
+  need(!s.report_id.empty(), "report.id",
+       "a short name of the bug report it replays (R4, DS-2946, my-oom: letters, digits, '-', '_', '.')");
   need(have_model, "model", "the real model's shape (width, layers, heads, ...)");
   need(have_cluster, "cluster", "nodes, gpus_per_node, gpu_memory, host_memory");
   need(have_expect, "expect", "the symptom the trace must show");
@@ -726,6 +837,13 @@ Status resolve(const Scenario& s, Variant v, bool fix, std::optional<uint64_t> s
     if (Status st = trainer::load_deepspeed_config_text(ds.dump(-1, ' ', false, json::error_handler_t::replace), origin, &c, &w); !st) return st;
     if (warnings) warnings->insert(warnings->end(), w.begin(), w.end());
   }
+  // The node watchdog: the cluster's, unless the fix changes it.
+  c.watchdog = s.watchdog;
+  c.watchdog_kill_at = s.watchdog_kill_at;
+  for (const FixSpec* f : {fix ? &s.fix : nullptr, fix && v == Variant::Small && s.small.fix ? &*s.small.fix : nullptr})
+    if (f && f->watchdog) std::tie(c.watchdog, c.watchdog_kill_at) = *f->watchdog;
+  // A model loaded from its checkpoint is in the checkpoint's dtype (model: {hf_config}'s torch_dtype).
+  if (c.from_pretrained && c.load_dtype.empty()) c.load_dtype = s.checkpoint_dtype;
   std::vector<std::string> faults = s.faults;
   if (v == Variant::Small && s.small.faults) faults = *s.small.faults;
   if (fix) {

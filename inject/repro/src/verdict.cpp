@@ -92,6 +92,9 @@ Outcome compose(const std::vector<Outcome>& parts) {
 std::string verdict_word(Outcome o) {
   return o == Outcome::Valid ? "REPRODUCED" : o == Outcome::Invalid ? "NOT REPRODUCED" : "INCONCLUSIVE";
 }
+std::string verdict_word(const RunJudgement& j) {
+  return j.different_failure ? "DIFFERENT FAILURE" : verdict_word(j.outcome);
+}
 std::string cure_word(Outcome o) {
   return o == Outcome::Valid ? "CURED" : o == Outcome::Invalid ? "NOT CURED" : "INCONCLUSIVE";
 }
@@ -285,6 +288,14 @@ Evidence read_evidence(const std::string& trace, const std::string& expected_kin
       for (auto& row : q.rows)
         e.largest_alive.push_back({row[0], std::stoll(row[1]), device_label(std::stoll(row[2])),
                                    memory_kind_name(std::stoi(row[3]))});
+    // Every name alive then on those devices (what expect.mechanism.alive matches), blocks only.
+    if (!ids.empty() &&
+        r.query("SELECT DISTINCT s.text, a.device_id, a.memory_kind FROM allocation a JOIN string s ON s.id = a.name_id "
+                "WHERE a.device_id IN (" + ids + ") AND a.level = 0 AND a.t_alloc <= " + T +
+                    " AND (a.t_free IS NULL OR a.t_free > " + T + ") LIMIT 200000",
+                &q))
+      for (auto& row : q.rows)
+        e.alive_names.push_back(row[0] + "@" + device_label(std::stoll(row[1])) + ":" + memory_kind_name(std::stoi(row[2])));
   }
   return e;
 }
@@ -293,7 +304,9 @@ namespace {
 
 struct Judge {
   std::vector<Check> checks;
-  void add(std::string name, Outcome o, std::string detail) { checks.push_back({std::move(name), o, std::move(detail)}); }
+  void add(std::string name, Outcome o, std::string detail, bool mechanism = false) {
+    checks.push_back({std::move(name), o, std::move(detail), mechanism});
+  }
   Outcome outcome() const {
     std::vector<Outcome> v;
     for (auto& c : checks) v.push_back(c.outcome);
@@ -336,8 +349,48 @@ void check_faults_fired(Judge& j, const Expectation& x, const Evidence& e, bool 
       if (f == name) n = c;
     j.add("fault " + name + " fired", n > 0 ? Outcome::Valid : reached ? Outcome::Invalid : Outcome::Unknown,
           n > 0 ? std::to_string(n) + " fault row(s)"
-                : reached ? "no fault row: the mechanism never switched on" : "no fault row (the run stopped before)");
+                : reached ? "no fault row: the mechanism never switched on" : "no fault row (the run stopped before)",
+          true);
   }
+}
+
+// expect.mechanism: the phase around the error (or its site), and tensors alive at it.
+void check_mechanism(Judge& j, const Expectation& x, const Evidence& e) {
+  if (!x.mechanism_phase.empty()) {
+    std::string hit;
+    for (auto& p : e.phases)
+      if (hit.empty() && search(x.mechanism_phase, p)) hit = "phase '" + p + "'";
+    if (hit.empty() && search(x.mechanism_phase, e.error_site)) hit = "site '" + e.error_site + "'";
+    std::string around;
+    for (size_t i = 0; i < e.phases.size(); ++i) around += (i ? " > " : "") + e.phases[i];
+    j.add("mechanism: phase", hit.empty() ? Outcome::Invalid : Outcome::Valid,
+          "/" + x.mechanism_phase + "/ " +
+              (hit.empty() ? "matches neither the phases around the error (" + (around.empty() ? std::string("none") : around) +
+                                 ") nor its site '" + e.error_site + "'"
+                           : "matches " + hit),
+          true);
+  }
+  for (const auto& t : x.mechanism_alive) {
+    std::string hit;
+    for (auto& n : e.alive_names)
+      if (hit.empty() && search(t, n)) hit = n;
+    j.add("mechanism: alive /" + t + "/", hit.empty() ? Outcome::Invalid : Outcome::Valid,
+          hit.empty() ? "no tensor of that name was alive at the error (" + std::to_string(e.alive_names.size()) +
+                            " names alive)"
+                      : hit + " was alive at the error",
+          true);
+  }
+}
+
+// DeepSpeed keys that change memory zerotrace does not model: the verdict cannot be trusted either way.
+void check_unmodeled(Judge& j, const JudgeContext& ctx) {
+  for (const auto& k : ctx.unmodeled_keys)
+    j.add("DeepSpeed key modeled", Outcome::Unknown, k + " changes memory and zerotrace does not model it");
+}
+
+// The outcome of a judged run: unmodeled keys make it unknown whatever the checks say.
+Outcome outcome_of(const Judge& j, const JudgeContext& ctx) {
+  return ctx.unmodeled_keys.empty() ? j.outcome() : Outcome::Unknown;
 }
 
 }  // namespace
@@ -425,11 +478,17 @@ RunJudgement judge_bug(const Expectation& x, const JudgeContext& ctx, Evidence e
         j.add("when: phase", hit.empty() ? Outcome::Invalid : Outcome::Valid,
               "/" + x.phase + "/ " + (hit.empty() ? "matches no phase around the error" : "inside '" + hit + "'"));
       }
+      check_mechanism(j, x, e);
     }
     check_faults_fired(j, x, e, reached);
   }
+  check_unmodeled(j, ctx);
   RunJudgement out;
-  out.outcome = j.outcome();
+  out.outcome = outcome_of(j, ctx);
+  // The expected kind of error, through another mechanism: not a reproduction of this report.
+  if (out.outcome == Outcome::Invalid && !x.steps_lost && e.has_error && e.error_kind == x.error)
+    for (auto& c : j.checks)
+      if (c.mechanism && c.outcome == Outcome::Invalid) out.different_failure = true;
   out.checks = std::move(j.checks);
   out.evidence = std::move(e);
   return out;
@@ -461,8 +520,9 @@ RunJudgement judge_fix(const Expectation& x, const JudgeContext& ctx, Evidence e
             std::to_string(e.steps_completed) + " of " + std::to_string(planned) + " planned steps");
     }
   }
+  check_unmodeled(j, ctx);
   RunJudgement out;
-  out.outcome = j.outcome();
+  out.outcome = outcome_of(j, ctx);
   out.checks = std::move(j.checks);
   out.evidence = std::move(e);
   return out;
@@ -520,8 +580,13 @@ json to_json(const Evidence& e) {
 
 json to_json(const RunJudgement& r) {
   json checks = json::array();
-  for (auto& c : r.checks) checks.push_back({{"check", c.name}, {"outcome", outcome_name(c.outcome)}, {"detail", c.detail}});
-  return {{"outcome", outcome_name(r.outcome)}, {"checks", checks}, {"evidence", to_json(r.evidence)}};
+  for (auto& c : r.checks)
+    checks.push_back(
+        {{"check", c.name}, {"outcome", outcome_name(c.outcome)}, {"detail", c.detail}, {"mechanism", c.mechanism}});
+  return {{"outcome", outcome_name(r.outcome)},
+          {"different_failure", r.different_failure},
+          {"checks", checks},
+          {"evidence", to_json(r.evidence)}};
 }
 
 }  // namespace zt::repro

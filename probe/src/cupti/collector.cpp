@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "../interpose/guard.h"
+#include "../python/python_frames.h"
 #include "correlation_stacks.h"
 #include "zt/probe/cupti_decoder.h"
 
@@ -243,7 +244,11 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, 
   uint64_t ips[160];
   int depth = 0;
   for (int i = first; i < n && depth < g->opt.stack_depth; ++i) ips[depth++] = reinterpret_cast<uint64_t>(raw[i]);
-  g->stacks.put(cb->correlationId, g->opt.recorder->intern_stack(ips, depth));
+  // The calling thread's Python frames where the interpreter runs them (PyTorch calls cudaMalloc
+  // with the GIL released: its frames are read all the same, see python_frames.h).
+  uint64_t stack[160 + python::kMaxPythonFrames];
+  const int m = python::interleave(*g->opt.recorder, ips, depth, stack, int(sizeof stack / sizeof stack[0]));
+  g->stacks.put(cb->correlationId, g->opt.recorder->intern_stack(stack, m));
 }
 
 // Fatal signals: hand CUPTI's buffered records to the recorder before the recorder's own

@@ -13,15 +13,16 @@ namespace zt::probe::cupti {
 
 MemoryKind memory_kind_from_cupti(uint32_t k) {
   // CUPTI: 0 unknown, 1 pageable, 2 pinned, 3 device, 4 array, 5 managed, 6 device static,
-  // 7 managed static. Ours: 1 device, 2 pinned_host, 3 pageable_host, 4 managed.
+  // 7 managed static. Ours: 1 device, 2 pinned_host, 3 pageable_host, 4 managed, 5 module_global.
   switch (k) {
     case CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE: return MemoryKind::PageableHost;
     case CUPTI_ACTIVITY_MEMORY_KIND_PINNED: return MemoryKind::PinnedHost;
     case CUPTI_ACTIVITY_MEMORY_KIND_DEVICE: return MemoryKind::Device;
     case CUPTI_ACTIVITY_MEMORY_KIND_ARRAY: return MemoryKind::Device;          // CUDA arrays live on the device
     case CUPTI_ACTIVITY_MEMORY_KIND_MANAGED: return MemoryKind::Managed;
-    case CUPTI_ACTIVITY_MEMORY_KIND_DEVICE_STATIC: return MemoryKind::Device;   // __device__ variables
-    case CUPTI_ACTIVITY_MEMORY_KIND_MANAGED_STATIC: return MemoryKind::Managed;  // __managed__ variables
+    // A loaded module's __device__ and __managed__ variables: not the program's allocations.
+    case CUPTI_ACTIVITY_MEMORY_KIND_DEVICE_STATIC:
+    case CUPTI_ACTIVITY_MEMORY_KIND_MANAGED_STATIC: return MemoryKind::ModuleGlobal;
     default: return MemoryKind::Unknown;
   }
 }

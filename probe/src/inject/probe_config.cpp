@@ -38,6 +38,17 @@ Status probe_config_from_env(const std::function<const char*(const char*)>& gete
     if (Status s = parse_bool(kEnvStacks, v, &c.stacks); !s) return s;
   if (const char* v = getenv(kEnvStackDepth); v && *v)
     if (Status s = parse_int(kEnvStackDepth, v, 1, 128, &c.stack_depth); !s) return s;
+  if (const char* v = getenv(kEnvPython); v && *v) {
+    const std::string_view p(v);
+    if (p == "gil") {
+      c.python = PythonFrames::Gil;
+    } else {
+      bool on = true;
+      if (Status s = parse_bool(kEnvPython, v, &on); !s)
+        return Status::Error(std::string(kEnvPython) + "=" + v + ": expected 1, gil or 0");
+      c.python = on ? PythonFrames::Own : PythonFrames::Off;
+    }
+  }
   if (const char* v = getenv(kEnvHost); v && *v)
     if (Status s = parse_bool(kEnvHost, v, &c.host); !s) return s;
   if (const char* v = getenv(kEnvCuda); v && *v)
@@ -64,6 +75,10 @@ std::string trace_stem(const std::string& main) {
   std::string stem = main;
   if (stem.size() > 3 && stem.compare(stem.size() - 3, 3, ".db") == 0) stem.resize(stem.size() - 3);
   return stem;
+}
+
+std::string torch_history_path(const std::string& main, int64_t pid) {
+  return trace_stem(main) + ".torch.pid" + std::to_string(pid) + ".pickle";
 }
 
 std::string per_process_trace_path(const std::string& main, int pid) {

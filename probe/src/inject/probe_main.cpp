@@ -37,7 +37,10 @@
 #include <vector>
 
 #include "../interpose/host_hooks.h"
+#include "../python/python_frames.h"
+#include "zero/launcher_env.h"
 #include "zt/probe/probe_config.h"
+#include "zt/probe/python_error.h"
 #include "zt/probe/recorder.h"
 
 #if ZT_PROBE_WITH_CUPTI
@@ -59,6 +62,10 @@ struct State {
   std::atomic<bool> injection_called{false};
   std::atomic<int> exit_code{-1};  // 0-255 once main returned or exit/_exit was called
   std::string cuda_off_reason;  // set when InitializeInjection could not start CUPTI
+  // The uncaught Python exception zt_probe_python_exception reported, written at the end where
+  // the process then exits with a code other than 0.
+  std::optional<db::ErrorRow> python_error;
+  std::string python_exit;
   std::mutex mu;
 
   // RSS sampler.
@@ -68,6 +75,17 @@ struct State {
   NameId n_rss = 0, n_small_bytes = 0, n_small_count = 0;
 };
 State* g = nullptr;  // heap-allocated once, never freed (hooks may run during exit)
+
+// A JSON string literal of text (quotes, backslashes and control characters escaped).
+std::string json_string(const char* text) {
+  std::string out = "\"";
+  for (const char* c = text; *c; ++c) {
+    if (*c == '"' || *c == '\\') out += '\\', out += *c;
+    else if (static_cast<unsigned char>(*c) < 0x20) out += ' ';
+    else out += *c;
+  }
+  return out + "\"";
+}
 
 // This process's arguments, quoted as a shell needs them (an argument with a space stays one).
 std::string read_cmdline() {
@@ -179,17 +197,26 @@ void finish(const char* detail) {
     else off = g->cuda_off_reason;
   }
   if (!off.empty()) {
-    db::ErrorRow e;
-    e.kind = "cuda_tracing_off";
-    e.site = "probe";
-    e.message = "CUDA tracing was off: " + off + "; host allocations were recorded";
-    g->rec->error(e);
+    // A note, not an error: the program ran as it would have; only the recording was partial.
+    const std::string message = "CUDA tracing was off: " + off + "; host allocations were recorded";
+    g->rec->note(message);
     // One line, from the process the user started, when it really ends (not at an exec).
-    if (g->root && !is_exec && !g->injection_called.load()) say(e.message);
+    if (g->root && !is_exec && !g->injection_called.load()) say(message);
   }
   const int code = g->exit_code.load();
+  std::string why = detail ? detail : "";
+  {
+    // Python's exit code for an uncaught exception is 1 (a KeyboardInterrupt's death by SIGINT
+    // never comes here: zt probe fills its end in); an exit code of 0 means the exception was
+    // not what ended the run (a console keeps a handled one in sys.last_value).
+    std::lock_guard lock(g->mu);
+    if (g->python_error && code != 0) {
+      g->rec->error(*g->python_error);
+      if (why.empty()) why = g->python_exit;
+    }
+  }
   Status s = g->rec->close(code > 0 ? RunStatus::Failed : RunStatus::Ok,
-                           code >= 0 ? std::optional<int64_t>(code) : std::nullopt, detail ? detail : "");
+                           code >= 0 ? std::optional<int64_t>(code) : std::nullopt, why);
   if (!s) say("closing the trace failed: " + s.message());
   // Other processes of the run (shell wrappers, `readlink`, ...) that recorded nothing would
   // only bury the interesting traces: their files go.
@@ -227,12 +254,19 @@ __attribute__((constructor)) void on_load() {
     setenv(kEnvClaimed, std::to_string(getpid()).c_str(), 1);
   }
 
+  // Python frames: the interpreter's symbols are in the process already when it is a python3
+  // (the executable or its libpython), so this finds them before anything is recorded.
+  python::configure(cfg.python == PythonFrames::Off   ? python::Mode::Off
+                    : cfg.python == PythonFrames::Gil ? python::Mode::Gil
+                                                      : python::Mode::Own);
   RecorderOptions opt;
   opt.path = path;
   opt.command_line = cfg.command_line.empty() || !g->root ? read_cmdline() : cfg.command_line;
   opt.config_json = "{\"probe\":\"libzt_probe.so\",\"host_threshold\":" + std::to_string(cfg.host_threshold) +
                     ",\"stacks\":" + (cfg.stacks ? "true" : "false") +
                     ",\"stack_depth\":" + std::to_string(cfg.stack_depth) +
+                    ",\"python_frames\":" + (cfg.python == PythonFrames::Off ? "\"off\"" : cfg.python == PythonFrames::Gil ? "\"gil\"" : "\"own\"") +
+                    ",\"python\":" + json_string(python::describe()) +
                     ",\"host\":" + (cfg.host ? "true" : "false") + ",\"cuda\":" + (cfg.cuda ? "true" : "false") +
                     ",\"rss_interval_ms\":" + std::to_string(cfg.rss_interval_ms) +
                     // run_id holds only [A-Za-z0-9._-] (probe_config_from_env checks): no escaping needed.
@@ -251,7 +285,16 @@ __attribute__((constructor)) void on_load() {
     return;
   }
   g->rec = rec.release();
-  g->rec->add_rank(0, 1);
+  // The world size is the launcher's (torchrun's WORLD_SIZE, mpirun's, srun's), never the
+  // number of processes this run starts (compiler checks, data loader workers...); the
+  // bootstrap's communicator hook replaces it where the program says otherwise.
+  try {
+    const trainer::LaunchInfo li = trainer::read_launch_info(trainer::process_environment());
+    g->rec->add_rank(0, li.world_size, li.launcher == "none" ? std::nullopt : std::optional<int>(li.local_rank));
+  } catch (const trainer::LaunchError& e) {
+    g->rec->add_rank(0, 1);
+    g->rec->note(std::string("world size 1 assumed: the launcher's variables could not be read: ") + e.what());
+  }
   g->host_device = g->rec->add_device(0, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false);
   g->n_rss = g->rec->intern("host_rss");
   g->n_small_bytes = g->rec->intern("host_small_bytes_allocated");
@@ -279,12 +322,34 @@ __attribute__((constructor)) void on_load() {
 #endif
 }
 
-// An exec replaces the image without running atexit handlers: close the trace first.
-void before_exec(const char* file) {
-  if (!g || g->closed.load() || getpid() != g->owner_pid) return;
+// An exec replaces the image without running atexit handlers: close the trace first. Returns
+// true when this image hands the run's main trace on to the next one: the root image of an exec
+// chain that recorded nothing (a pyenv `python3` shim, a shell wrapper) deletes its empty trace,
+// and the image it execs claims ZT_PROBE_OUTPUT as the root (the caller takes ZT_PROBE_CLAIMED
+// out of the new image's environment), so the data lands at the path given to -o.
+bool before_exec(const char* file) {
+  if (!g || g->closed.load() || getpid() != g->owner_pid) return false;
   interpose::ScopedGuard guard;
+  const bool hand_on = g->rec && g->root && interpose::recorded_count() == 0 && !g->injection_called.load();
   std::string d = std::string("process image replaced by exec of ") + (file ? file : "?");
   finish(d.c_str());
+  if (hand_on)
+    for (const char* suffix : {"", "-wal", "-shm"}) ::unlink((g->rec->path() + suffix).c_str());
+  return hand_on;
+}
+
+// envp without ZT_PROBE_CLAIMED, in `out` (room for every entry of envp and the null).
+void without_claim(char* const envp[], char** out) {
+  const size_t key = std::strlen(kEnvClaimed);
+  size_t n = 0;
+  for (size_t i = 0; envp && envp[i]; ++i)
+    if (!(std::strncmp(envp[i], kEnvClaimed, key) == 0 && envp[i][key] == '=')) out[n++] = envp[i];
+  out[n] = nullptr;
+}
+size_t env_entries(char* const envp[]) {
+  size_t n = 0;
+  while (envp && envp[n]) ++n;
+  return n + 1;
 }
 
 }  // namespace
@@ -318,6 +383,57 @@ ZT_EXPORT int InitializeInjection(void) {
     say("CUDA tracing is off: " + why + "; host allocations are still recorded");
   }
   return 1;
+}
+
+// The zerotrace Python package's way in (python/zerotrace/_probe.py finds these with ctypes in
+// a probed process; nothing else calls them). Each does nothing where this process records
+// nothing, and returns at once.
+
+// A range, as an NVTX range would be, without CUDA: "zerotrace::step 3" (domain::name). Returns
+// its id for zt_probe_range_end, 0 when not recording. Steps and epochs are derived from these
+// when the trace is finished (zt/db/derive_steps.h).
+ZT_EXPORT int64_t zt_probe_range_start(const char* name) {
+  if (!g || !g->rec || g->closed.load() || getpid() != g->owner_pid || !name) return 0;
+  zt::probe::interpose::ScopedGuard guard;
+  zt::probe::MarkerEvent m;
+  m.kind = zt::probe::MarkerKind::Range;
+  m.name = g->rec->intern(name);
+  return g->rec->marker_begin(m);
+}
+ZT_EXPORT void zt_probe_range_end(int64_t id) {
+  if (!g || !g->rec || g->closed.load() || getpid() != g->owner_pid || id <= 0) return;
+  zt::probe::interpose::ScopedGuard guard;
+  g->rec->marker_end(id);
+}
+
+// The program's communicator says who it is (torch.distributed.init_process_group returned).
+ZT_EXPORT void zt_probe_set_world(int rank, int world_size, int local_rank) {
+  if (!g || !g->rec || g->closed.load() || getpid() != g->owner_pid || world_size < 1 || rank < 0 ||
+      rank >= world_size)
+    return;
+  zt::probe::interpose::ScopedGuard guard;
+  (void)rank;  // each process's trace is rank 0 of its file; zt probe numbers them for the merge
+  g->rec->add_rank(0, world_size, local_rank >= 0 ? std::optional<int>(local_rank) : std::nullopt);
+}
+
+// An uncaught Python exception ends the run: an error row (PyTorch's texts read as zt's
+// reproductions write them: zt/probe/python_error.h) and the run's exit detail.
+// t: when it happened (CLOCK_MONOTONIC ns, as it left a zerotrace range), 0 for now.
+ZT_EXPORT void zt_probe_python_exception(const char* type, const char* text, const char* report, int64_t t) {
+  if (!g || !g->rec || g->closed.load() || getpid() != g->owner_pid) return;
+  zt::probe::interpose::ScopedGuard guard;
+  const zt::probe::PythonError pe =
+      zt::probe::classify_python_exception(type ? type : "Exception", text ? text : "", report ? report : "");
+  zt::db::ErrorRow e;
+  e.t = t > 0 ? t : zt::probe::now_ns();
+  e.kind = pe.kind;
+  e.site = pe.site;
+  e.message = pe.message;
+  e.tensors = pe.tensors;
+  if (pe.device == "cpu") e.device_id = g->host_device;
+  std::lock_guard lock(g->mu);
+  g->python_error = e;
+  g->python_exit = pe.exit_detail;
 }
 
 namespace {
@@ -380,25 +496,31 @@ ZT_EXPORT void _Exit(int code) {
   __builtin_unreachable();
 }
 
+// The environment forms get an environment without the claim where the trace is handed on
+// (on this frame's stack: no malloc, usable in a vfork child); the others lose it from environ.
 ZT_EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
   static execve_fn real = next<execve_fn>("execve");
-  before_exec(path);
-  return real(path, argv, envp);
+  if (!before_exec(path)) return real(path, argv, envp);
+  char** env = static_cast<char**>(alloca(env_entries(envp) * sizeof(char*)));
+  without_claim(envp, env);
+  return real(path, argv, env);
 }
 ZT_EXPORT int execv(const char* path, char* const argv[]) {
   static execv_fn real = next<execv_fn>("execv");
-  before_exec(path);
+  if (before_exec(path)) unsetenv(zt::probe::kEnvClaimed);
   return real(path, argv);
 }
 ZT_EXPORT int execvp(const char* file, char* const argv[]) {
   static execv_fn real = next<execv_fn>("execvp");
-  before_exec(file);
+  if (before_exec(file)) unsetenv(zt::probe::kEnvClaimed);
   return real(file, argv);
 }
 ZT_EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
   static execve_fn real = next<execve_fn>("execvpe");
-  before_exec(file);
-  return real(file, argv, envp);
+  if (!before_exec(file)) return real(file, argv, envp);
+  char** env = static_cast<char**>(alloca(env_entries(envp) * sizeof(char*)));
+  without_claim(envp, env);
+  return real(file, argv, env);
 }
 
 // The list forms: their arguments gathered on the stack (as glibc does: no malloc, so they stay

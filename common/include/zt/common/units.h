@@ -23,5 +23,8 @@ std::optional<uint64_t> parse_bytes(std::string_view text, std::string* why);
 // A size kept as int64 (a trace's byte counts, budgets, thresholds): parse_bytes, and up to 8 EiB
 // (2^63) less a byte; above, *why is "is not a size: too large (at most 8 EiB)".
 std::optional<int64_t> parse_size_i64(std::string_view text, std::string* why);
+// A time in nanoseconds from "1.5s", "250ms", "40us", "1000ns", or a plain number of seconds;
+// negative allowed.
+std::optional<int64_t> parse_duration_ns(std::string_view text);
 
 }  // namespace zt

@@ -57,13 +57,22 @@ struct StringRow {
   std::string text;
 };
 
+// A native frame: ip, and its module, offset and symbol once symbolized. A Python frame (a
+// function the interpreter ran, read by the probe from CPython's frames): ip 0, module = its
+// source file, symbol = its function (qualified name), line = the line it was running.
 struct FrameRow {
   int64_t id = 0;
   uint64_t ip = 0;
   std::string module;
   std::optional<int64_t> module_offset;
   std::string symbol;
+  std::optional<int64_t> line;  // source line: set for Python frames, NULL for native ones
+  bool python() const { return ip == 0 && line.has_value(); }
 };
+
+// One frame as a stack shows it: "symbol (module+0x1f3)" for a native frame (the raw ip when it
+// has no symbol), "function (file.py:42)" for a Python frame.
+std::string frame_text(const FrameRow& f);
 
 struct StackRow {
   int64_t id = 0;

@@ -32,11 +32,22 @@ inline std::string schema_version_refusal(const std::string& path, int64_t v) {
 // "ZTRC" read as a big-endian integer: marks a file as a zerotrace trace.
 inline constexpr int32_t kApplicationId = 0x5A545243;
 
-enum class MemoryKind : uint8_t { Unknown = 0, Device = 1, PinnedHost = 2, PageableHost = 3, Managed = 4 };
+// ModuleGlobal: a CUDA module's global variables (__device__ / __managed__: CUPTI's "device
+// static" and "managed static" memory), set up by the driver as it loads a module (lazily, at a
+// kernel's first launch: hundreds of 1-23 byte rows). Not the program's allocations: every
+// count, sum and view leaves them out (kModuleGlobalSql) unless it asks for them.
+enum class MemoryKind : uint8_t { Unknown = 0, Device = 1, PinnedHost = 2, PageableHost = 3, Managed = 4, ModuleGlobal = 5 };
+inline constexpr const char* kModuleGlobalSql = "(memory_kind = 5)";
 // Segment: memory obtained from the device or OS (cudaMalloc, cudaHostAlloc, mmap, malloc).
 // Block: a piece an allocator carved out of a segment for one tensor.
 enum class AllocLevel : uint8_t { Block = 0, Segment = 1 };
-enum class Source : uint8_t { Api = 0, Cupti = 1, HostHook = 2, Synthetic = 3 };
+// Torch: PyTorch's caching allocator, from its own memory history (zt probe on a PyTorch program,
+// zt import of a memory snapshot). Nsight Systems' CUPTI records import as Cupti.
+enum class Source : uint8_t { Api = 0, Cupti = 1, HostHook = 2, Synthetic = 3, Torch = 4 };
+// The allocators whose segments CUPTI's records of the same cudaMalloc pair with (db/src/match.h):
+// the trainer's own (api) and PyTorch's (torch). SQL list for `source IN (...)`.
+inline constexpr const char* kAllocatorSourcesSql = "0, 4";
+inline bool is_allocator_source(Source s) { return s == Source::Api || s == Source::Torch; }
 // An allocation row that is a second record of a segment recorded by another source (CUPTI's
 // record of a cudaMalloc the trainer's allocator also recorded; the pairing is made when a
 // trace is finished: db/src/match.h). Sums of live bytes skip these rows:

@@ -46,8 +46,13 @@ struct DevicePeak {
   int64_t peak_reserved = 0;   // live segment bytes at their highest
   int64_t allocated_at_end = 0;  // block bytes never freed (inside the segments below)
   int64_t reserved_at_end = 0;   // segment bytes never freed
-  // Second records of a segment (CUPTI's, paired with the trainer's) count in none of these.
+  // Second records of a segment (CUPTI's, paired with the trainer's) count in none of these, nor
+  // do a CUDA module's globals (memory kind module_global: see `module_globals`).
   int64_t allocations = 0;
+  int64_t blocks = 0;  // block rows among them: 0 means nothing recorded allocator blocks here, so
+                       // "allocated" is unknown (a probed program's host memory, or PyTorch's
+                       // cache seen only as CUPTI's cudaMalloc segments), not 0
+  int64_t module_globals = 0, module_global_bytes = 0;  // left out above
 };
 
 struct TransferTotal {
@@ -90,6 +95,9 @@ struct TraceSummary {
   int64_t dropped_events = 0;
   std::vector<FaultRow> faults;
   std::vector<ErrorRow> errors;
+  // What the recording could not do, not errors of the run ("CUDA tracing was off: ..."): each
+  // run's config_json "notes", and the error rows of kind cuda_tracing_off older zt wrote.
+  std::vector<std::string> notes;
 };
 
 class TraceReader {
@@ -122,8 +130,11 @@ class TraceReader {
 
   // id -> text for every interned string.
   Status strings(std::unordered_map<int64_t, std::string>* out);
-  // A stack as text lines, innermost frame first ("symbol (module+0x1f3)", or the raw ip).
+  // A stack as text lines, innermost frame first ("symbol (module+0x1f3)", or the raw ip; a source
+  // frame, ip 0 with a module, as "file.py:LINE function").
   Status stack_text(int64_t stack_id, std::vector<std::string>* out);
+  // A stack's frame rows, innermost first (at most 1024).
+  Status stack_frames(int64_t stack_id, std::vector<FrameRow>* out);
   Status row_count(const std::string& table, int64_t* out);
   Status summarize(TraceSummary* out);
   // Any read-only SQL; values rendered as text.
@@ -140,6 +151,7 @@ class TraceReader {
   std::string path_;
   sqlite3* db_ = nullptr;
   int schema_version_ = 0;
+  bool frame_lines_ = false;  // the frame table has its `line` column (Python frames; files before it have none)
 };
 
 }  // namespace zt::db

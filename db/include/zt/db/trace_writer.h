@@ -30,6 +30,10 @@ class TraceWriter {
   // Creates `path`. An existing zerotrace trace there is replaced; any other existing file
   // is refused (we never clobber what we did not write).
   static Status create(const std::string& path, std::unique_ptr<TraceWriter>* out);
+  // Opens an existing, finished trace of this schema version to add rows to it (zt probe adds
+  // PyTorch's allocator history to a process's trace); finish() then pairs, indexes and folds the
+  // WAL again. The caller picks ids above the file's own. Any other file is refused, one line.
+  static Status append(const std::string& path, std::unique_ptr<TraceWriter>* out);
   ~TraceWriter();
 
   const std::string& path() const { return path_; }
@@ -59,6 +63,9 @@ class TraceWriter {
   bool set_marker_end(int64_t marker_id, int64_t t_end, std::optional<int64_t> value = std::nullopt);
   void set_run_end(int64_t run_id, int64_t t_end, RunStatus status, std::optional<int64_t> exit_code,
                    const std::string& detail);
+  // Appends `text` to the run's config_json "notes" array (config_json {} when it had none; a
+  // config that is not a JSON object is left alone).
+  void add_run_note(int64_t run_id, const std::string& text);
   void set_frame_symbol(int64_t frame_id, const std::string& module, std::optional<int64_t> offset,
                         const std::string& symbol);
   void set_meta(const std::string& key, const std::string& value);
@@ -77,6 +84,7 @@ class TraceWriter {
  private:
   struct Statements;
   TraceWriter() = default;
+  void prepare();  // the prepared statements, on db_
   std::string path_;
   sqlite3* db_ = nullptr;
   std::unique_ptr<Statements> st_;

@@ -24,20 +24,31 @@ inline constexpr const char* kEnvCuda = "ZT_PROBE_CUDA";                    // 0
 inline constexpr const char* kEnvRssMs = "ZT_PROBE_RSS_MS";                 // RSS sampling period, 0 = off
 inline constexpr const char* kEnvQuiet = "ZT_PROBE_QUIET";                  // 1: no lines on stderr
 inline constexpr const char* kEnvCommand = "ZT_PROBE_COMMAND";              // the command line as the user typed it
+// Python frames in stacks: "1" (default) a thread's own frames, with or without the GIL; "gil"
+// only while it holds the GIL; "0" none (probe/src/python/python_frames.h).
+inline constexpr const char* kEnvPython = "ZT_PROBE_PYTHON";
 // A token naming one `zt probe` run ([A-Za-z0-9._-], at most 64 characters). Every process of
 // the run writes it into its trace's run row (config_json "run_id"), so that `zt probe` finds
 // exactly the traces of this run, never an older file at the same path.
 inline constexpr const char* kEnvRunId = "ZT_PROBE_RUN_ID";
+// Read by the zerotrace Python hook for PyTorch (python/zerotrace/hooks/torch_memory.py): "0"
+// leaves PyTorch's allocator history off; ZT_PROBE_TORCH_ENTRIES bounds it (its ring buffer,
+// default 1000000 entries). The hook writes torch_history_path() below.
+inline constexpr const char* kEnvTorch = "ZT_PROBE_TORCH";
+inline constexpr const char* kEnvTorchEntries = "ZT_PROBE_TORCH_ENTRIES";
 // Set by the library itself once a process has claimed ZT_PROBE_OUTPUT (value: its pid).
 // Every later process of the run (children that exec, an exec'd image of the root) finds it
 // and writes its own per-process file instead of overwriting the root's trace.
 inline constexpr const char* kEnvClaimed = "ZT_PROBE_CLAIMED";
+
+enum class PythonFrames : uint8_t { Off, Gil, Own };
 
 struct ProbeConfig {
   std::string output = "zt-probe.db";
   uint64_t host_threshold = 1ull << 20;
   bool stacks = true;
   int stack_depth = 32;
+  PythonFrames python = PythonFrames::Own;
   bool host = true;
   bool cuda = true;
   int rss_interval_ms = 100;
@@ -55,6 +66,9 @@ Status probe_config_from_env(const std::function<const char*(const char*)>& gete
 std::string per_process_trace_path(const std::string& main, int pid);
 // `main` without its ".db" (the stem of the per-process traces and of zt probe's merged one).
 std::string trace_stem(const std::string& main);
+// Where process PID of a run writes PyTorch's memory snapshot for zt probe to add to its trace:
+// "<main without .db>.torch.pid<PID>.pickle" (the Python hook spells the same rule).
+std::string torch_history_path(const std::string& main, int64_t pid);
 
 // One word as a POSIX shell needs it to read it back as that word: unchanged when it is made
 // only of characters no shell treats specially (letters, digits, and _ @ % + = : , . / -),

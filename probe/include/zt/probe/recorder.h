@@ -136,16 +136,31 @@ class Recorder {
   const std::string& path() const;
 
   // --- set-up and slow path: any thread, takes a lock ---
+  // Adding a rank again replaces its row (the probe learns the world size from the program's
+  // communicator after it started).
   void add_rank(int rank, int world_size, std::optional<int> local_rank = std::nullopt);
   DeviceId add_device(int rank, DeviceKind kind, int ordinal, std::string label, std::string name,
                       std::optional<int64_t> capacity_bytes, bool simulated);
   NameId intern(std::string_view text);  // cheap after the first time on a thread
-  // ips innermost first. Identical stacks get one id; shared callers share rows.
+  // ips innermost first. Identical stacks get one id; shared callers share rows. An entry with
+  // kPythonFrameBit set is a Python frame (python_frame_token), any other a native ip.
   StackId intern_stack(const uint64_t* ips, int depth);
+  // A Python function (source file, qualified name), interned once: the key that
+  // python_frame_token() pairs with a line. Slow path (a lock, a map); callers cache the key.
+  uint64_t python_function(std::string_view file, std::string_view function);
+  static constexpr uint64_t kPythonFrameBit = 1ull << 63;  // never set in a user-space ip
+  static constexpr int kPythonLineBits = 24;               // lines above 16777215 read as 0 (unknown)
+  static uint64_t python_frame_token(uint64_t function_key, int line) {
+    const uint64_t l = line > 0 && line < (1 << kPythonLineBits) ? uint64_t(line) : 0;
+    return kPythonFrameBit | (function_key << kPythonLineBits) | l;
+  }
   // A libunwind backtrace of the calling thread, `skip` frames above the caller dropped.
   StackId capture_stack(int skip = 0, int max_depth = 32);
   void fault(const db::FaultRow& row);  // id and t filled in when 0
   void error(const db::ErrorRow& row);
+  // Something the reader should know that is not an error of the run ("CUDA tracing was off:
+  // ..."): kept in the run row's config_json as "notes" (written at close).
+  void note(std::string text);
   // Losses the recorder did not see itself (CUPTI's dropped activity records, ...): a row in
   // `dropped` with this reason, so that nothing is lost silently.
   void dropped(int64_t events, std::string_view reason, int rank = 0);

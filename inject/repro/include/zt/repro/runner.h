@@ -13,6 +13,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -43,7 +44,8 @@ struct RunRecord {
 };
 
 struct ReproResult {
-  std::string scenario, scenario_path, report_id, report_title, report_seed;
+  std::string scenario, scenario_path, report_id, report_title;
+  std::vector<std::string> report_sources;  // where the report came from (a seed article's file, URLs)
   Variant variant = Variant::Small;
   uint64_t seed = 0;
   std::string keep_dir;
@@ -52,7 +54,7 @@ struct ReproResult {
   Outcome reproduced = Outcome::Unknown;  // the bug run's
   Outcome cured = Outcome::Unknown;       // the fix run's
   int64_t expected_steps = -1;            // steps_lost scenarios: max_epochs over the full data
-  std::string verdict;                    // REPRODUCED / NOT REPRODUCED / INCONCLUSIVE
+  std::string verdict;                    // REPRODUCED / NOT REPRODUCED / DIFFERENT FAILURE / INCONCLUSIVE
   int exit_code() const { return reproduced == Outcome::Valid && cured == Outcome::Valid ? 0 : 1; }
 };
 

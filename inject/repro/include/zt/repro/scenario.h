@@ -43,6 +43,11 @@ struct Expectation {
   std::optional<int64_t> epoch, step, step_in_epoch, micro_step;
   std::string phase;                       // regex: a phase marker around the error matches it
   std::vector<std::string> faults_fired;   // catalog names that must have fault rows
+  // The mechanism (`mechanism:`): what must have caused the error, beyond its kind and text. A run
+  // that fails with the expected kind where one of these does not hold failed through another
+  // mechanism: DIFFERENT FAILURE, never REPRODUCED. faults_fired (here or in `mechanism:`) is one too.
+  std::string mechanism_phase;               // regex over the phases around the error and its site
+  std::vector<std::string> mechanism_alive;  // regexes, each matching a tensor alive at the error ("name@device")
   int line = 0;
 };
 
@@ -58,6 +63,7 @@ struct FixSpec {
   // and the memories.
   std::optional<int64_t> nodes, gpus_per_node, world_size;
   std::optional<uint64_t> gpu_memory, host_memory;
+  std::optional<std::pair<std::string, double>> watchdog;  // memory_watchdog: tool and kill_at (0: none)
   int line = 0;
 };
 
@@ -81,15 +87,27 @@ struct Scenario {
   std::string path;  // the file it came from
   std::string name;  // `scenario:`, also the default --keep directory zt-repro-<name>
   // The report it replays.
-  std::string report_id, report_seed, report_title, report_summary;
+  std::string report_id, report_title, report_summary;
+  // Where the report came from (`report.sources`; `report.seed` is the older name of one): the seed
+  // article's file of docs/bug-reports.md, or the public threads' URLs.
+  std::vector<std::string> report_sources;
   // The real model and cluster.
   trainer::ModelShape shape;
   std::string shape_note;  // what is approximated (MoE, MLA), said plainly
+  // model: {hf_config: FILE}: the Hugging Face config the shape was read from (its path beside the
+  // scenario), its family, the family formula's parameter count, the checkpoint's dtype ("" unknown).
+  std::string hf_config, hf_family, checkpoint_dtype;
+  int64_t hf_params = 0;
+  std::vector<std::string> hf_notes;
   int shape_line = 0;      // the `model:` section's line (a limit on the shape and the batch together names it)
   int64_t nodes = 1, gpus_per_node = 1;
   std::string gpu;  // "A100 80GB", for messages
   uint64_t gpu_memory = 80ull << 30;
   uint64_t host_memory = 0;  // per node; 0 = no cap
+  // cluster.memory_watchdog: a job killed when its node's memory in use reaches kill_at of it (Ray,
+  // Kubernetes, systemd-oomd, Slurm); both variants run under it. kill_at 0: none.
+  std::string watchdog;
+  double watchdog_kill_at = 0;
   std::vector<Setting> train;
   nlohmann::json deepspeed = nlohmann::json::object();
   int deepspeed_line = 0;

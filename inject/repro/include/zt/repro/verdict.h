@@ -29,6 +29,7 @@ struct Check {
   std::string name;    // "error kind", "message", "when: micro_step", ...
   Outcome outcome = Outcome::Unknown;
   std::string detail;  // what was expected and what the trace shows
+  bool mechanism = false;  // a check of the mechanism (expect.mechanism, faults_fired): see RunJudgement
 };
 
 struct FaultEvidence {
@@ -74,6 +75,9 @@ struct Evidence {
   std::optional<int64_t> device_allocated, device_reserved, device_capacity;
   std::optional<int64_t> host_live, host_pinned, host_capacity;  // host segments alive, pinned reserved
   std::vector<TensorAlive> largest_alive;          // on the accelerator and the host, biggest first
+  // Every tensor name alive then on the rank's devices, as "name@device:kind" (kind: device,
+  // pinned_host, pageable_host; distinct): what expect.mechanism.alive is matched against.
+  std::vector<std::string> alive_names;
   // Faults that fired.
   int64_t fault_count = 0;
   std::vector<FaultEvidence> faults;  // the first ones (up to 20), in time order
@@ -85,6 +89,10 @@ Evidence read_evidence(const std::string& trace, const std::string& expected_kin
 
 struct RunJudgement {
   Outcome outcome = Outcome::Unknown;
+  // The bug run failed with the expected kind of error, but a check of the mechanism failed (the
+  // phase, a tensor alive, a fault fired): it failed through another mechanism. Outcome Invalid;
+  // the verdict says DIFFERENT FAILURE, never REPRODUCED.
+  bool different_failure = false;
   std::vector<Check> checks;
   Evidence evidence;
 };
@@ -96,12 +104,16 @@ struct JudgeContext {
   int64_t planned_steps = -1;      // steps the fix run must complete; -1: whatever the trace planned
   std::vector<std::string> faults; // the specs the run was given (for "faults fired")
   Status train_status;             // what train() returned
+  // DeepSpeed keys of the run's config that change memory zerotrace does not model
+  // (TrainConfig::unmodeled_memory_keys): any makes the judgement unknown (INCONCLUSIVE), naming them.
+  std::vector<std::string> unmodeled_keys;
 };
 
 RunJudgement judge_bug(const Expectation& e, const JudgeContext& ctx, Evidence ev);
 RunJudgement judge_fix(const Expectation& e, const JudgeContext& ctx, Evidence ev);
 
 std::string verdict_word(Outcome bug);  // REPRODUCED / NOT REPRODUCED / INCONCLUSIVE
+std::string verdict_word(const RunJudgement& bug);  // ... or DIFFERENT FAILURE
 std::string cure_word(Outcome fix);     // CURED / NOT CURED / INCONCLUSIVE
 
 nlohmann::json to_json(const Evidence& e);

@@ -1,0 +1,268 @@
+// Allocation sites and what they hold (see zt/db/sites.h for the rules).
+#include "zt/db/sites.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "sqlite.h"
+#include "zt/db/schema.h"
+#include "zt/db/trace_reader.h"
+
+namespace zt::db {
+using detail::SqlError;
+using detail::Stmt;
+
+namespace {
+
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+
+// The allocator's own frames, passed over when a native frame must stand for the site. A name
+// ending in '_' or ':' is a prefix; any other is the function's whole name (a C++ one followed by
+// its parameters or template arguments).
+constexpr const char* kAllocatorFunctions[] = {
+    "malloc", "calloc", "realloc", "reallocarray", "free", "posix_memalign", "aligned_alloc", "memalign", "valloc",
+    "pvalloc", "mmap", "mmap64", "__mmap", "_int_malloc", "_int_realloc", "tcache_", "sysmalloc", "__libc_",
+    "operator new", "operator new[]", "std::allocator", "std::__new_allocator", "__gnu_cxx::new_allocator",
+    "std::allocator_traits", "cudaMalloc", "cudaMallocHost", "cudaMallocManaged", "cudaMallocAsync",
+    "cudaMallocFromPoolAsync", "cudaMallocPitch", "cudaMalloc3D", "cudaHostAlloc", "cudaMemcpy", "cudaMemcpyAsync",
+    "cudaMemcpy2D", "cudaMemcpy2DAsync", "cudaMemcpyPeer", "cudaMemcpyPeerAsync", "cudaMemset", "cudaMemsetAsync",
+    "cuMem", "PyMem_", "_PyMem_", "PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc", "_PyObject_Malloc",
+    "_PyObject_Calloc", "_PyObject_Realloc", "_PyObject_ArenaMmap", "_PyObject_VirtualAlloc", "new_arena",
+    "allocate_from_new_pool", "pymalloc_alloc", "zt::probe::"};
+
+bool allocator_frame(const FrameRow& f) {
+  if (f.module.find("libzt_probe") != std::string::npos) return true;
+  const std::string& s = f.symbol;
+  for (const char* name : kAllocatorFunctions) {
+    const std::string_view n(name);
+    if (s.compare(0, n.size(), n) != 0) continue;
+    if (n.back() == '_' || n.back() == ':' || s.size() == n.size()) return true;
+    const char next = s[n.size()];
+    if (next == '(' || next == '<' || next == '@' || next == '.') return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::optional<SiteLevel> parse_site_level(std::string_view word) {
+  if (word == "line") return SiteLevel::Line;
+  if (word == "function") return SiteLevel::Function;
+  if (word == "module") return SiteLevel::Module;
+  return std::nullopt;
+}
+
+const char* to_string(SiteLevel level) {
+  switch (level) {
+    case SiteLevel::Line: return "line";
+    case SiteLevel::Function: return "function";
+    case SiteLevel::Module: return "module";
+  }
+  return "?";
+}
+
+Status StackSites::load(TraceReader& reader, std::unique_ptr<StackSites>* out) {
+  auto s = std::unique_ptr<StackSites>(new StackSites());
+  std::vector<FrameRow> frames;
+  if (Status st = reader.read(&frames); !st) return st;
+  for (auto& f : frames) s->frames_.emplace(f.id, std::move(f));
+  std::vector<StackRow> stacks;
+  if (Status st = reader.read(&stacks); !st) return st;
+  for (auto& n : stacks) s->stacks_.emplace(n.id, std::make_pair(n.parent_id, n.frame_id));
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+const FrameRow* StackSites::site_frame(int64_t stack_id) const {
+  if (stack_id == 0) return nullptr;
+  auto [cached, fresh] = site_of_.try_emplace(stack_id, 0);
+  if (fresh) {
+    int64_t native = 0;
+    int64_t node = stack_id;
+    for (int depth = 0; node != 0 && depth < 1024; ++depth) {
+      auto it = stacks_.find(node);
+      if (it == stacks_.end()) break;
+      auto f = frames_.find(it->second.second);
+      if (f != frames_.end()) {
+        if (f->second.python()) {
+          cached->second = f->first;
+          break;
+        }
+        if (native == 0 && !allocator_frame(f->second)) native = f->first;
+      }
+      node = it->second.first;
+    }
+    if (cached->second == 0) cached->second = native;
+  }
+  if (cached->second == 0) return nullptr;
+  auto f = frames_.find(cached->second);
+  return f == frames_.end() ? nullptr : &f->second;
+}
+
+std::string StackSites::site(int64_t stack_id, SiteLevel level) const {
+  const FrameRow* f = site_frame(stack_id);
+  if (!f) return "(no stack)";
+  const std::string module = f->module.empty() ? "?" : f->module;
+  switch (level) {
+    case SiteLevel::Line: return frame_text(*f);
+    case SiteLevel::Function: return (f->symbol.empty() ? "?" : f->symbol) + " (" + module + ")";
+    case SiteLevel::Module: return module;
+  }
+  return module;
+}
+
+namespace {
+
+struct Alloc {
+  int64_t bytes, t_alloc, t_free, stack;
+  bool block;
+  bool alive_at(int64_t t) const { return t_alloc <= t && t < t_free; }
+};
+
+struct Epoch {
+  int64_t epoch, t_end;
+};
+
+// The moment a device's counted memory was highest (the first time it got there) and how high.
+std::pair<int64_t, int64_t> peak_of(const std::vector<const Alloc*>& rows) {
+  std::vector<std::pair<int64_t, int64_t>> ev;  // (t, +bytes / -bytes); frees first at equal t
+  ev.reserve(rows.size() * 2);
+  for (const Alloc* a : rows) {
+    ev.emplace_back(a->t_alloc, a->bytes);
+    if (a->t_free != kNever) ev.emplace_back(a->t_free, -a->bytes);
+  }
+  std::sort(ev.begin(), ev.end());
+  int64_t live = 0, best = -1, best_t = 0;
+  for (size_t i = 0; i < ev.size();) {
+    const int64_t t = ev[i].first;
+    for (; i < ev.size() && ev[i].first == t; ++i) live += ev[i].second;
+    if (live > best) best = live, best_t = t;
+  }
+  return {best_t, std::max<int64_t>(best, 0)};
+}
+
+}  // namespace
+
+Status top_sites(TraceReader& reader, const TopOptions& o, std::vector<DeviceTop>* out) {
+  out->clear();
+  std::vector<DeviceRow> devices;
+  if (Status s = reader.read(&devices); !s) return s;
+  if (!o.device.empty()) {
+    std::set<std::string> labels;
+    bool found = false;
+    for (auto& d : devices) labels.insert(d.label), found = found || d.label == o.device;
+    if (!found) {
+      std::string have;
+      for (auto& l : labels) have += (have.empty() ? "" : ", ") + l;
+      return Status::Error(reader.path() + ": no device '" + o.device + "' in this trace (it has " +
+                           (have.empty() ? std::string("none") : have) + ")");
+    }
+  }
+  std::unique_ptr<StackSites> sites;
+  if (Status s = StackSites::load(reader, &sites); !s) return s;
+  std::vector<RunRow> runs;
+  if (Status s = reader.read(&runs); !s) return s;
+
+  std::map<int64_t, std::vector<Alloc>> by_device;
+  std::map<int64_t, std::vector<Epoch>> epochs;  // rank -> ended epochs, by time
+  int64_t t_first = kNever, t_last = 0;
+  for (auto& r : runs) {
+    t_first = std::min(t_first, r.t_start);
+    if (r.t_end) t_last = std::max(t_last, *r.t_end);
+  }
+  try {
+    Stmt a(reader.handle(), std::string("SELECT device_id, level, bytes, t_alloc, t_free, stack_id FROM allocation WHERE NOT ") +
+                                kSecondRecordSql);
+    while (a.step()) {
+      Alloc x{a.i64(2), a.i64(3), a.is_null(4) ? kNever : a.i64(4), a.is_null(5) ? 0 : a.i64(5),
+              AllocLevel(a.i64(1)) == AllocLevel::Block};
+      t_first = std::min(t_first, x.t_alloc);
+      t_last = std::max({t_last, x.t_alloc, x.t_free == kNever ? 0 : x.t_free});
+      by_device[a.i64(0)].push_back(x);
+    }
+    if (o.when == TopWhen::Epochs) {
+      Stmt m(reader.handle(), "SELECT rank, epoch, t_start, t_end FROM marker WHERE kind = " +
+                                  std::to_string(int(MarkerKind::Epoch)) + " AND t_end IS NOT NULL ORDER BY t_end");
+      while (m.step()) epochs[m.i64(0)].push_back({m.is_null(1) ? int64_t(epochs[m.i64(0)].size()) : m.i64(1), m.i64(3)});
+    }
+  } catch (const SqlError& e) {
+    return Status::Error(reader.path() + ": reading allocations failed: " + e.what());
+  }
+  if (t_first == kNever) t_first = 0;
+
+  for (auto& dev : devices) {
+    if (!o.device.empty() && dev.label != o.device) continue;
+    auto it = by_device.find(dev.id);
+    if (it == by_device.end()) continue;
+    DeviceTop d;
+    d.rank = dev.rank;
+    d.device = dev;
+    for (auto& a : it->second) d.blocks = d.blocks || a.block;
+    std::vector<const Alloc*> rows;
+    for (auto& a : it->second)
+      if (a.block == d.blocks) rows.push_back(&a);
+
+    std::vector<int64_t> points;  // the moments looked at (one, or each epoch's end)
+    switch (o.when) {
+      case TopWhen::Peak: points = {peak_of(rows).first}; break;
+      case TopWhen::End: points = {kNever - 1}; break;  // only what was never freed
+      case TopWhen::Time: points = {t_first + o.t_ns}; break;
+      case TopWhen::Epochs:
+        for (auto& e : epochs[dev.rank]) {
+          points.push_back(e.t_end);
+          d.epochs.push_back(e.epoch);
+        }
+        break;
+    }
+    if (points.empty()) {
+      d.note = "rank " + std::to_string(dev.rank) + " has no ended epoch markers";
+      out->push_back(std::move(d));
+      continue;
+    }
+    const size_t n = points.size();
+    d.totals.assign(n, 0);
+    std::map<std::string, SiteBytes> by_site;
+    std::unordered_map<int64_t, std::string> text;  // stack -> site
+    for (const Alloc* a : rows) {
+      bool any = false;
+      for (size_t i = 0; i < n && !any; ++i) any = a->alive_at(points[i]);
+      if (!any) continue;
+      auto [t, fresh] = text.try_emplace(a->stack);
+      if (fresh) t->second = sites->site(a->stack, o.by);
+      SiteBytes& s = by_site[t->second];
+      if (s.series.empty()) s.site = t->second, s.series.assign(n, 0);
+      for (size_t i = 0; i < n; ++i)
+        if (a->alive_at(points[i])) s.series[i] += a->bytes, d.totals[i] += a->bytes;
+      if (a->alive_at(points[n - 1])) ++s.allocations;
+    }
+    // Growth per epoch: the first epoch is warm-up when there are three or more (as zt check --leaks).
+    const size_t from = n >= 3 ? 1 : 0;
+    std::vector<SiteBytes> all;
+    for (auto& [k, s] : by_site) {
+      s.bytes = s.series[n - 1];
+      if (n - 1 > from) s.grew_per_epoch = double(s.series[n - 1] - s.series[from]) / double(n - 1 - from);
+      if (o.when != TopWhen::Epochs) s.series.clear();
+      if (s.bytes > 0 || s.grew_per_epoch != 0) all.push_back(std::move(s));
+    }
+    std::stable_sort(all.begin(), all.end(), [&](const SiteBytes& x, const SiteBytes& y) {
+      if (o.when == TopWhen::Epochs && x.grew_per_epoch != y.grew_per_epoch) return x.grew_per_epoch > y.grew_per_epoch;
+      return x.bytes > y.bytes;
+    });
+    d.total = d.totals[n - 1];
+    d.sites = 0;
+    for (auto& s : all) d.sites += s.bytes > 0;
+    if (all.size() > o.top) {
+      for (size_t i = o.top; i < all.size(); ++i) d.other_bytes += all[i].bytes;
+      all.resize(o.top);
+    }
+    d.top = std::move(all);
+    d.t = (o.when == TopWhen::End ? t_last : points[n - 1]) - t_first;
+    if (o.when != TopWhen::Epochs) d.totals.clear();
+    out->push_back(std::move(d));
+  }
+  return Status::Ok();
+}
+
+}  // namespace zt::db

@@ -1,0 +1,397 @@
+// Real Python programs under `zt probe` (Debian's python3, no GPU): epochs and steps from the
+// zerotrace module, the leak check on them, an uncaught exception with PyTorch's text as an
+// error row, a pyenv-style shim that execs, the bootstrap's chaining and framework hooks, the
+// world size and the honest host figures. (NVTX ranges need a GPU here: the derivation from
+// ranges is tested on hand-built traces in tests/db/derive_steps_test.cpp.)
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../test_util.h"
+#include "probe_run_util.h"
+
+using namespace zt::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kPython = "/usr/bin/python3";
+
+bool have_python() { return ::access(kPython, X_OK) == 0; }
+
+void write(const std::string& path, const std::string& text, bool executable = false) {
+  std::ofstream(path) << text;
+  if (executable) ::chmod(path.c_str(), 0755);
+}
+
+RunResult run_zt(const std::vector<std::string>& args, const std::map<std::string, const char*>& env = {}) {
+  std::vector<std::string> argv{ZT_EXE};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::map<std::string, const char*> e{{"LD_PRELOAD", nullptr}, {"OMP_WAIT_POLICY", "passive"}, {"PYTHONPATH", nullptr}};
+  for (auto& [k, v] : env) e[k] = v;
+  return run_program(argv, e);
+}
+
+// zt db info's stdout (run_program keeps stderr only).
+std::string db_info(const std::string& trace) {
+  return run_command(std::string(ZT_EXE) + " db info " + trace + " 2>&1").out;
+}
+
+// A training loop of `epochs` epochs of 4 steps marked with the zerotrace module; `leak` keeps
+// 4 MiB more host memory each epoch (a bytearray appended to a list: malloc above the probe's
+// 1 MiB threshold), else the 4 MiB of each epoch is freed at its end.
+std::string loop_program(int epochs, bool leak) {
+  return std::string(
+             "import zerotrace\n"
+             "kept = []\n"
+             "print('recording', zerotrace.recording())\n"
+             "for e in range(") +
+         std::to_string(epochs) +
+         "):\n"
+         "    with zerotrace.epoch(e):\n"
+         "        buf = bytearray(4 << 20)\n"
+         "        for s in range(4):\n"
+         "            with zerotrace.step(e * 4 + s):\n"
+         "                with zerotrace.phase('forward'):\n"
+         "                    x = sum(range(2000))\n"
+         "        " +
+         (leak ? "kept.append(buf)  # the leak: 4 MiB more every epoch\n" : "del buf\n");
+}
+
+}  // namespace
+
+// zerotrace.epoch / zerotrace.step / zerotrace.phase in a CPU-only program: steps and epochs in
+// the trace, counted by zt db info, with the steps inside their epochs.
+TEST(ProbePython, TheZerotraceModuleGivesEpochsAndSteps) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  write(dir.file("loop.py"), loop_program(3, false));
+  const std::string out = dir.file("loop.db");
+  RunResult r = run_zt({"probe", "-o", out, "--", kPython, dir.file("loop.py")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("12 steps (from the zerotrace module), 3 epochs (from the zerotrace module)"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM marker WHERE kind = 0 AND t_end IS NOT NULL"), 12);
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM marker WHERE kind = 2"), 3);
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM marker_v WHERE kind = 'phase' AND name = 'forward'"), 12);
+  auto placed = sql(out, "SELECT group_concat(step || '@' || epoch, ' ') FROM (SELECT * FROM marker WHERE kind = 0 "
+                         "ORDER BY t_start)");
+  ASSERT_FALSE(placed.empty());
+  EXPECT_EQ(placed[0][0], "0@0 1@0 2@0 3@0 4@1 5@1 6@1 7@1 8@2 9@2 10@2 11@2");
+  const std::string info = db_info(out);
+  EXPECT_NE(info.find("steps: 12, epochs: 3"), std::string::npos) << info;
+  // zt check's steps and budget read them as they read zt train's.
+  auto steps = run_command(std::string(ZT_EXE) + " check " + out + " --steps 12 2>&1");
+  EXPECT_EQ(steps.code, 0) << steps.out;
+  EXPECT_EQ(run_command(std::string(ZT_EXE) + " check " + out + " --steps 13 2>&1").code, 1);
+  EXPECT_EQ(run_command(std::string(ZT_EXE) + " check " + out + " --budget host=1GiB 2>&1").code, 0);
+  // The Chrome export carries them too.
+  RunResult ex = run_zt({"export", out, "--chrome", dir.file("loop.json")});
+  ASSERT_EQ(ex.code, 0) << ex.err;
+  EXPECT_NE(read_file(dir.file("loop.json")).find("\"step 11\""), std::string::npos);
+
+  // Outside zt probe the module records nothing and costs nothing: the same program runs.
+  auto plain = run_command("PYTHONPATH=" + std::string(ZT_SOURCE_DIR) + "/python " + kPython + " " +
+                           dir.file("loop.py") + " 2>&1");
+  EXPECT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(plain.out, "recording False\n");
+}
+
+// The leak check on a probed program: 4 MiB more host memory each epoch fails it (exit 1), the
+// same loop without the leak passes.
+TEST(ProbePython, ALoopThatKeeps4MiBAnEpochFailsTheLeakCheck) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  for (bool leak : {true, false}) {
+    const std::string prog = dir.file(leak ? "leak.py" : "noleak.py");
+    write(prog, loop_program(5, leak));
+    const std::string out = dir.file(leak ? "leak.db" : "noleak.db");
+    RunResult r = run_zt({"probe", "-o", out, "--", kPython, prog});
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto check = run_command(std::string(ZT_EXE) + " check " + out + " --leaks 2>&1");
+    if (leak) {
+      EXPECT_EQ(check.code, 1) << check.out;
+      EXPECT_NE(check.out.find("FAIL"), std::string::npos) << check.out;
+      EXPECT_NE(check.out.find("pageable host memory: live bytes at epoch"), std::string::npos) << check.out;
+      EXPECT_NE(check.out.find("grew 4.00 MiB per epoch"), std::string::npos) << check.out;
+      // The kept 20 MiB is over a host budget of 16 MiB.
+      EXPECT_EQ(run_command(std::string(ZT_EXE) + " check " + out + " --budget host=16MiB 2>&1").code, 1);
+    } else {
+      EXPECT_EQ(check.code, 0) << check.out;
+      EXPECT_NE(check.out.find("PASS"), std::string::npos) << check.out;
+    }
+  }
+}
+
+// An uncaught exception with PyTorch's device-mismatch text in a plain Python program: an error
+// row of kind device_mismatch with both devices, the exit code passed through, zt check failing
+// the run with the user's own text.
+TEST(ProbePython, AnUncaughtDeviceMismatchIsAnErrorRowWithBothDevices) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  const char* text = "Expected all tensors to be on the same device, but found at least two devices, cuda:1 and cpu!";
+  write(dir.file("fail.py"), std::string("import zerotrace\n"
+                                         "def unscale_and_clip_grads():\n"
+                                         "    raise RuntimeError('") +
+                                 text +
+                                 "')\n"
+                                 "with zerotrace.epoch(0):\n"
+                                 "    with zerotrace.step(0):\n"
+                                 "        pass\n"
+                                 "    with zerotrace.step(1):\n"
+                                 "        unscale_and_clip_grads()\n");
+  const std::string out = dir.file("fail.db");
+  RunResult r = run_zt({"probe", "-o", out, "--", kPython, dir.file("fail.py")});
+  EXPECT_EQ(r.code, 1) << r.err;  // Python's exit code for an uncaught exception, passed through
+  EXPECT_NE(r.err.find("RuntimeError: Expected all tensors"), std::string::npos) << r.err;  // Python's own report
+  auto rows = sql(out, "SELECT kind, message, tensors, site FROM error");
+  ASSERT_EQ(rows.size(), 1u) << r.err;
+  EXPECT_EQ(rows[0][0], "device_mismatch");
+  EXPECT_EQ(rows[0][1], text);
+  EXPECT_EQ(rows[0][2], "[\"@cuda:1\",\"@cpu\"]");
+  EXPECT_EQ(rows[0][3], dir.file("fail.py") + ":3 in unscale_and_clip_grads");
+  auto run = sql(out, "SELECT status, exit_code, exit_detail FROM run");
+  ASSERT_EQ(run.size(), 1u);
+  EXPECT_EQ(run[0][0], "2");  // failed
+  EXPECT_EQ(run[0][1], "1");
+  EXPECT_NE(run[0][2].find("uncaught RuntimeError at " + dir.file("fail.py") + ":3 in unscale_and_clip_grads"),
+            std::string::npos)
+      << run[0][2];
+  EXPECT_NE(run[0][2].find("Traceback (most recent call last):"), std::string::npos) << run[0][2];
+  auto check = run_command(std::string(ZT_EXE) + " check " + out + " 2>&1");
+  EXPECT_EQ(check.code, 1) << check.out;
+  EXPECT_NE(check.out.find(std::string("during step 1 in ") + dir.file("fail.py") +
+                           ":3 in unscale_and_clip_grads: device_mismatch: " + text),
+            std::string::npos)
+      << check.out;
+
+  // Any other exception: uncaught_exception with its type; SystemExit is an exit, not an error.
+  write(dir.file("value.py"), "raise ValueError('bad learning rate')\n");
+  RunResult v = run_zt({"probe", "-o", dir.file("value.db"), "--", kPython, dir.file("value.py")});
+  EXPECT_EQ(v.code, 1) << v.err;
+  auto vrows = sql(dir.file("value.db"), "SELECT kind, message FROM error");
+  ASSERT_EQ(vrows.size(), 1u);
+  EXPECT_EQ(vrows[0][0], "uncaught_exception");
+  EXPECT_EQ(vrows[0][1], "ValueError: bad learning rate");
+  write(dir.file("exit.py"), "import sys\nsys.exit(3)\n");
+  RunResult x = run_zt({"probe", "-o", dir.file("exit.db"), "--", kPython, dir.file("exit.py")});
+  EXPECT_EQ(x.code, 3) << x.err;
+  EXPECT_EQ(sql_int(dir.file("exit.db"), "SELECT count(*) FROM error"), 0);
+}
+
+// A pyenv-style `python3` shim (a bash script that execs another script that execs the real
+// python, forking a helper on the way) leaves its data at the path given to -o, not in
+// NAME.pidN.db.
+TEST(ProbePython, AShimThatExecsLeavesItsDataAtTheOutputPath) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  fs::create_directories(dir.file("shims"));
+  write(dir.file("shims/pyenv-exec"), std::string("#!/bin/sh\nexec ") + kPython + " \"$@\"\n", true);
+  write(dir.file("shims/python3"),
+        "#!/usr/bin/env bash\nset -e\nprogram=\"$(basename \"$0\")\"\nexec \"" + dir.file("shims/pyenv-exec") +
+            "\" \"$@\"\n",
+        true);
+  write(dir.file("loop.py"), loop_program(2, false));
+  const std::string out = dir.file("shim.db");
+  RunResult r = run_zt({"probe", "-o", out, "--", dir.file("shims/python3"), dir.file("loop.py")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("trace written to " + out), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("this run's data is in"), std::string::npos) << r.err;
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM marker WHERE kind = 0"), 8);
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM marker WHERE kind = 2"), 2);
+  auto cmd = sql(out, "SELECT command_line, exit_code FROM run");
+  ASSERT_EQ(cmd.size(), 1u);
+  EXPECT_EQ(cmd[0][0], dir.file("shims/python3") + " " + dir.file("loop.py"));  // the command as typed
+  EXPECT_EQ(cmd[0][1], "0");
+  for (auto& e : fs::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename().string().find("shim.pid"), std::string::npos) << e.path();
+}
+
+// --step-range: a malformed regex is refused before the program starts; a name the trace does
+// not have is said in the summary, and the next source gives the steps.
+TEST(ProbePython, StepRangePatternsAreCheckedAndUnknownNamesSaid) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  const std::string marker = dir.file("ran");
+  RunResult bad = run_zt({"probe", "-o", dir.file("bad.db"), "--step-range", "step (", "--", "/bin/touch", marker});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_EQ(bad.err.rfind("zt: probe: --step-range 'step (': not a regular expression (", 0), 0u) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  EXPECT_FALSE(fs::exists(marker));
+  EXPECT_EQ(run_zt({"probe", "--epoch-range", "[", "--", "/bin/true"}).code, 2);
+
+  write(dir.file("loop.py"), loop_program(2, false));
+  const std::string out = dir.file("named.db");
+  RunResult r = run_zt({"probe", "-o", out, "--step-range", "train_step", "--", kPython, dir.file("loop.py")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("--step-range 'train_step' matched no range in the trace (its most frequent: "
+                       "'zerotrace::forward'"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("8 steps (from the zerotrace module)"), std::string::npos) << r.err;
+  // A name it has: the module's phase ranges become the steps (the user's words come first).
+  RunResult again = run_zt({"db", "steps", out, "--step-range", "zerotrace::forward"});
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM marker WHERE kind = 0"), 8);
+  auto from = sql(out, "SELECT value FROM meta WHERE key = 'steps_from'");
+  ASSERT_FALSE(from.empty());
+  EXPECT_EQ(from[0][0], "--step-range 'zerotrace::forward'");
+}
+
+// The bootstrap chains to the program's own sitecustomize (the next one on sys.path, Debian's
+// included), leaves sys.path as it was but for the zerotrace package, and changes no output.
+TEST(ProbePython, TheBootstrapChainsToTheProgramsSitecustomize) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  fs::create_directories(dir.file("site"));
+  write(dir.file("site/sitecustomize.py"), "import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = 'yes'\n");
+  write(dir.file("show.py"),
+        "import os, sys\n"
+        "print('sitecustomize ran:', os.environ.get('USER_SITECUSTOMIZE_RAN'))\n"
+        "print('module:', sys.modules['sitecustomize'].__file__)\n"
+        "print('bootstrap on path:', any('zt_bootstrap' in p for p in sys.path))\n");
+  const std::string site = dir.file("site");
+  auto probed = run_command("cd " + dir.path() + " && PYTHONPATH=" + site + " " + ZT_EXE + " probe -o s.db -- " +
+                            kPython + " show.py 2>/dev/null");
+  auto plain = run_command("cd " + dir.path() + " && PYTHONPATH=" + site + " " + kPython + " show.py 2>/dev/null");
+  EXPECT_EQ(probed.code, 0);
+  EXPECT_EQ(probed.out, plain.out);
+  EXPECT_NE(plain.out.find("sitecustomize ran: yes\nmodule: " + site + "/sitecustomize.py"), std::string::npos)
+      << plain.out;
+  EXPECT_NE(probed.out.find("bootstrap on path: False"), std::string::npos) << probed.out;
+  // Without one of the user's: the system's (Debian's /usr/lib/python3.X/sitecustomize.py), as unprobed.
+  auto probed_sys = run_command("cd " + dir.path() + " && " + ZT_EXE + " probe -o t.db -- " + kPython +
+                                " show.py 2>/dev/null");
+  auto plain_sys = run_command("cd " + dir.path() + " && env -u PYTHONPATH " + kPython + " show.py 2>/dev/null");
+  EXPECT_EQ(probed_sys.out, plain_sys.out);
+}
+
+// The bootstrap's framework hooks, on stand-ins that have HF transformers' and Lightning's
+// callback interfaces (the real frameworks are not installed here): epochs and steps from their
+// callbacks, added to the program's Trainer without a line of it changed.
+TEST(ProbePython, FrameworkTrainersGetEpochsAndStepsFromTheirCallbacks) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  fs::create_directories(dir.file("fw/transformers"));
+  write(dir.file("fw/transformers/__init__.py"), "from .trainer import Trainer\n");
+  write(dir.file("fw/transformers/trainer_callback.py"),
+        "class TrainerCallback:\n"
+        "    def on_epoch_begin(self, args, state, control, **kw): pass\n"
+        "    def on_epoch_end(self, args, state, control, **kw): pass\n"
+        "    def on_step_begin(self, args, state, control, **kw): pass\n"
+        "    def on_step_end(self, args, state, control, **kw): pass\n"
+        "    def on_train_end(self, args, state, control, **kw): pass\n"
+        "class TrainerState:\n"
+        "    epoch = 0.0\n"
+        "    global_step = 0\n");
+  // As transformers' Trainer drives its callbacks (CallbackHandler calls each event on each).
+  write(dir.file("fw/transformers/trainer.py"),
+        "from .trainer_callback import TrainerState\n"
+        "class Trainer:\n"
+        "    def __init__(self, epochs, steps):\n"
+        "        self.epochs, self.steps, self.callbacks = epochs, steps, []\n"
+        "    def add_callback(self, cb):\n"
+        "        self.callbacks.append(cb)\n"
+        "    def _event(self, name, state):\n"
+        "        for cb in self.callbacks: getattr(cb, name)(None, state, None)\n"
+        "    def train(self):\n"
+        "        state = TrainerState()\n"
+        "        for e in range(self.epochs):\n"
+        "            self._event('on_epoch_begin', state)\n"
+        "            for s in range(self.steps):\n"
+        "                self._event('on_step_begin', state)\n"
+        "                state.global_step += 1\n"
+        "                state.epoch = e + (s + 1) / self.steps\n"
+        "                self._event('on_step_end', state)\n"
+        "            self._event('on_epoch_end', state)\n"
+        "        self._event('on_train_end', state)\n");
+  write(dir.file("hf.py"), "from transformers import Trainer\nTrainer(epochs=3, steps=5).train()\nprint('trained')\n");
+  const std::string fw = dir.file("fw");
+  RunResult r = run_zt({"probe", "-o", dir.file("hf.db"), "--", kPython, dir.file("hf.py")}, {{"PYTHONPATH", fw.c_str()}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("15 steps (from transformers.Trainer's callbacks), 3 epochs (from transformers.Trainer's "
+                       "callbacks)"),
+            std::string::npos)
+      << r.err;
+  auto steps = sql(dir.file("hf.db"), "SELECT group_concat(step || '@' || epoch, ' ') FROM (SELECT * FROM marker "
+                                      "WHERE kind = 0 ORDER BY t_start)");
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps[0][0], "0@0 1@0 2@0 3@0 4@0 5@1 6@1 7@1 8@1 9@1 10@2 11@2 12@2 13@2 14@2");
+
+  // Lightning's: a Trainer whose callbacks come in its constructor.
+  fs::create_directories(dir.file("fw/lightning/pytorch/trainer"));
+  fs::create_directories(dir.file("fw/lightning/pytorch/callbacks"));
+  write(dir.file("fw/lightning/__init__.py"), "");
+  write(dir.file("fw/lightning/pytorch/__init__.py"),
+        "from .callbacks import Callback\nfrom .trainer.trainer import Trainer\n");
+  write(dir.file("fw/lightning/pytorch/callbacks/__init__.py"),
+        "class Callback:\n"
+        "    def on_train_epoch_start(self, trainer, pl_module): pass\n"
+        "    def on_train_epoch_end(self, trainer, pl_module): pass\n"
+        "    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx): pass\n"
+        "    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx): pass\n"
+        "    def on_train_end(self, trainer, pl_module): pass\n");
+  write(dir.file("fw/lightning/pytorch/trainer/__init__.py"), "");
+  write(dir.file("fw/lightning/pytorch/trainer/trainer.py"),
+        "class Trainer:\n"
+        "    def __init__(self, *, max_epochs=1, callbacks=None):\n"
+        "        self.max_epochs, self.callbacks = max_epochs, list(callbacks or [])\n"
+        "        self.current_epoch, self.global_step = 0, 0\n"
+        "    def fit(self, batches):\n"
+        "        for e in range(self.max_epochs):\n"
+        "            self.current_epoch = e\n"
+        "            for cb in self.callbacks: cb.on_train_epoch_start(self, None)\n"
+        "            for i in range(batches):\n"
+        "                for cb in self.callbacks: cb.on_train_batch_start(self, None, None, i)\n"
+        "                self.global_step += 1\n"
+        "                for cb in self.callbacks: cb.on_train_batch_end(self, None, None, None, i)\n"
+        "            for cb in self.callbacks: cb.on_train_epoch_end(self, None)\n"
+        "        for cb in self.callbacks: cb.on_train_end(self, None)\n");
+  write(dir.file("pl.py"), "import lightning.pytorch as pl\npl.Trainer(max_epochs=2).fit(3)\n");
+  RunResult l = run_zt({"probe", "-o", dir.file("pl.db"), "--", kPython, dir.file("pl.py")}, {{"PYTHONPATH", fw.c_str()}});
+  ASSERT_EQ(l.code, 0) << l.err;
+  EXPECT_NE(l.err.find("6 steps (from Lightning's callbacks), 2 epochs (from Lightning's callbacks)"),
+            std::string::npos)
+      << l.err;
+}
+
+// Honest figures of a CPU-only Python run: CUDA tracing off is a note (no error), the world size
+// is the launcher's, host memory is said in host words, and helper processes are not ranks.
+TEST(ProbePython, HonestFiguresOfAProbedPythonRun) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  write(dir.file("helpers.py"),
+        "import subprocess, sys\n"
+        "for _ in range(3):\n"
+        "    subprocess.run([sys.executable, '-c', 'x = bytearray(8 << 20)'], check=True)\n"
+        "kept = bytearray(16 << 20)\n");
+  const std::string out = dir.file("h.db");
+  RunResult r = run_zt({"probe", "-o", out, "--", kPython, dir.file("helpers.py")},
+                   {{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("this run's data is in 4 traces"), std::string::npos) << r.err;
+  EXPECT_EQ(sql_int(out, "SELECT world_size FROM rank"), 4);  // the launcher's, not 4 process images
+  EXPECT_EQ(sql_int(out, "SELECT local_rank FROM rank"), 1);
+  const std::string info = db_info(out);
+  EXPECT_NE(info.find("note: CUDA tracing was off"), std::string::npos) << info;
+  EXPECT_NE(info.find("errors: none"), std::string::npos) << info;
+  EXPECT_EQ(info.find("peak allocated 0 B"), std::string::npos) << info;
+  EXPECT_NE(info.find("host memory of rank 0: resident set (RSS) peaked at "), std::string::npos) << info;
+  EXPECT_NE(info.find("allocations of 1.00 MiB or more (malloc, mmap) peaked at "), std::string::npos) << info;
+  // Merged: four process images, one world of 4 (not a world of 4 images).
+  const size_t at = r.err.find("zt db merge ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  std::string merge = r.err.substr(at + 3, r.err.find('\n', at) - at - 3);
+  auto m = run_command(std::string(ZT_EXE) + " " + merge + " 2>&1");
+  ASSERT_EQ(m.code, 0) << m.out;
+  const std::string merged = merge.substr(std::string("db merge ").size(), merge.find(' ', 9) - 9);
+  const std::string minfo = db_info(merged);
+  EXPECT_NE(minfo.find("ranks: 4 (world size 4)"), std::string::npos) << minfo;
+  // Without launcher variables: one process is a world of 1, whatever it starts.
+  RunResult one = run_zt({"probe", "-o", dir.file("one.db"), "--", kPython, dir.file("helpers.py")},
+                     {{"RANK", nullptr}, {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr}});
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_EQ(sql_int(dir.file("one.db"), "SELECT world_size FROM rank"), 1);
+}

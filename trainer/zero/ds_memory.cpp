@@ -1,0 +1,394 @@
+#include "zero/ds_memory.h"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include "model/layout.h"
+#include "train/model_shape.h"
+#include "zt/memory/device_allocator.h"
+#include "zt/memory/host_allocator.h"
+
+namespace zt::trainer {
+
+namespace {
+
+MemoryOp alloc(std::string name, DType dt, int64_t numel) { return MemoryOp{true, MemoryTerm{std::move(name), dt, numel}}; }
+MemoryOp release(std::string name) { return MemoryOp{false, MemoryTerm{std::move(name), DType::F32, 0}}; }
+
+std::string block_name(int64_t l) { return "block" + std::to_string(l); }
+
+// The name of block l's output: the next block's input, or the final LayerNorm's.
+std::string output_name(const ActivationShape& a, int64_t l) {
+  return l + 1 < a.layers ? block_name(l + 1) + ".input" : std::string("final_ln.input");
+}
+
+int64_t head_dim(const ActivationShape& a) { return a.width / a.heads; }
+int64_t qkv_width(const ActivationShape& a) { return a.width + 2 * a.kv_heads * head_dim(a); }
+
+// The attention's part of a block's forward (after ln_1, before the output projection): what it
+// allocates and frees, the saved tensors left allocated. Flash: the fused qkv output (q, k, v are
+// views of it, saved), the output (saved; its transpose back is a view, so it is also c_proj's
+// input) and the fp32 log-sum-exp. Eager: matmul copies q and k^T (and v, repeated to every head
+// under grouped KV) to contiguous batches it saves; scores, their scaled and masked versions are
+// temporaries, the softmax output [B, H, T, T] and the causal mask (bool) are saved; the qkv output is
+// freed once copied; y = probs @ v is a temporary, its contiguous copy is c_proj's input.
+void attention_ops(const ActivationShape& a, const std::string& P, std::vector<MemoryOp>& ops) {
+  const DType E = a.dtype;
+  const int64_t N = a.B * a.T, C = a.width;
+  ops.push_back(alloc(P + ".attn.qkv", E, N * qkv_width(a)));
+  if (a.flash) {
+    ops.push_back(alloc(P + ".attn.out", E, N * C));
+    ops.push_back(alloc(P + ".attn.lse", DType::F32, a.B * a.heads * a.T));
+    return;
+  }
+  const int64_t scores = a.B * a.heads * a.T * a.T;
+  ops.push_back(alloc(P + ".attn.q", E, N * C));
+  ops.push_back(alloc(P + ".attn.k", E, N * C));
+  ops.push_back(alloc(P + ".attn.scores", E, scores));
+  ops.push_back(alloc(P + ".attn.scores_scaled", E, scores));
+  ops.push_back(release(P + ".attn.scores"));
+  ops.push_back(alloc(P + ".attn.mask", DType::I32, (a.T * a.T + 3) / 4));  // T x T bools
+  ops.push_back(alloc(P + ".attn.scores_masked", E, scores));
+  ops.push_back(release(P + ".attn.scores_scaled"));
+  ops.push_back(alloc(P + ".attn.probs", E, scores));
+  ops.push_back(release(P + ".attn.scores_masked"));
+  ops.push_back(alloc(P + ".attn.v", E, N * C));
+  ops.push_back(release(P + ".attn.qkv"));
+  ops.push_back(alloc(P + ".attn.y", E, N * C));
+  ops.push_back(alloc(P + ".attn.out", E, N * C));
+  ops.push_back(release(P + ".attn.y"));
+}
+
+void layer_norm_ops(const ActivationShape& a, const std::string& P, std::vector<MemoryOp>& ops) {
+  const int64_t N = a.B * a.T;
+  ops.push_back(alloc(P + ".mean", DType::F32, N));
+  ops.push_back(alloc(P + ".rstd", DType::F32, N));
+  ops.push_back(alloc(P + ".out", a.dtype, N * a.width));
+}
+
+// The MLP's saved tensors: dense, fc's output (GELU's input) and GELU's output (c_proj's input);
+// gated (SwiGLU), the gate and up projections, SiLU's output and the product (down's input).
+void mlp_ops(const ActivationShape& a, const std::string& P, int64_t layer, std::vector<MemoryOp>& ops) {
+  const int64_t N = a.B * a.T, F = layer_ffn(a, layer);
+  if (a.gated_ffn) {
+    ops.push_back(alloc(P + ".mlp.gate", a.dtype, N * F));
+    ops.push_back(alloc(P + ".mlp.up", a.dtype, N * F));
+    ops.push_back(alloc(P + ".mlp.act", a.dtype, N * F));
+    ops.push_back(alloc(P + ".mlp.prod", a.dtype, N * F));
+  } else {
+    ops.push_back(alloc(P + ".mlp.fc", a.dtype, N * F));
+    ops.push_back(alloc(P + ".mlp.act", a.dtype, N * F));
+  }
+}
+
+// The full forward of block l with everything autograd saves left allocated (the projections'
+// outputs are freed by the residual adds).
+std::vector<MemoryOp> saving_forward(const ActivationShape& a, int64_t l) {
+  const std::string P = block_name(l);
+  const int64_t N = a.B * a.T, C = a.width;
+  std::vector<MemoryOp> ops;
+  layer_norm_ops(a, P + ".ln_1", ops);
+  attention_ops(a, P, ops);
+  ops.push_back(alloc(P + ".attn.proj", a.dtype, N * C));
+  ops.push_back(alloc(P + ".residual", a.dtype, N * C));  // x + attn: ln_2's input
+  ops.push_back(release(P + ".attn.proj"));
+  layer_norm_ops(a, P + ".ln_2", ops);
+  mlp_ops(a, P, l, ops);
+  ops.push_back(alloc(P + ".mlp.proj", a.dtype, N * C));
+  ops.push_back(alloc(output_name(a, l), a.dtype, N * C));
+  ops.push_back(release(P + ".mlp.proj"));
+  return ops;
+}
+
+// What is left allocated after `ops`, in allocation order.
+std::vector<MemoryTerm> left_allocated(const std::vector<MemoryOp>& ops) {
+  std::vector<MemoryTerm> live;
+  for (const MemoryOp& op : ops) {
+    if (op.alloc) {
+      live.push_back(op.term);
+    } else {
+      auto it = std::find_if(live.begin(), live.end(), [&](const MemoryTerm& t) { return t.name == op.term.name; });
+      if (it != live.end()) live.erase(it);
+    }
+  }
+  return live;
+}
+
+int64_t rounded(int64_t bytes) { return int64_t(memory::round_request(size_t(bytes))); }
+
+}  // namespace
+
+ActivationShape activation_shape(const ModelShape& s, bool learned_positions, int64_t B, int64_t T, DType dtype,
+                                 bool flash, bool checkpointing) {
+  ActivationShape a;
+  a.B = B;
+  a.T = T;
+  a.width = s.width;
+  a.heads = s.heads;
+  a.kv_heads = s.kv_heads > 0 ? s.kv_heads : s.heads;
+  a.ffn = s.ffn;
+  a.vocab = s.vocab;
+  a.layers = s.layers;
+  a.gated_ffn = s.gated_ffn;
+  a.experts = s.experts;
+  a.shared_experts = s.shared_experts;
+  a.expert_ffn = s.expert_ffn;
+  a.dense_layers = s.dense_layers;
+  a.tied = s.tied_embeddings;
+  a.learned_positions = learned_positions;
+  a.dtype = dtype;
+  a.flash = flash;
+  a.checkpointing = checkpointing;
+  return a;
+}
+
+int64_t layer_ffn(const ActivationShape& a, int64_t layer) {
+  if (a.experts > 0 && layer >= a.dense_layers) return a.expert_ffn * (1 + a.shared_experts);
+  return a.ffn;
+}
+
+std::vector<MemoryTerm> block_saved(const ActivationShape& a, int64_t layer) {
+  return left_allocated(saving_forward(a, layer));
+}
+
+std::vector<MemoryOp> embeddings_forward_ops(const ActivationShape& a) {
+  const int64_t N = a.B * a.T;
+  std::vector<MemoryOp> ops;
+  ops.push_back(alloc("embeddings.wte_out", a.dtype, N * a.width));
+  if (a.learned_positions) ops.push_back(alloc("embeddings.wpe_out", a.dtype, a.T * a.width));
+  ops.push_back(alloc(a.layers > 0 ? "block0.input" : "final_ln.input", a.dtype, N * a.width));
+  ops.push_back(release("embeddings.wte_out"));
+  if (a.learned_positions) ops.push_back(release("embeddings.wpe_out"));
+  return ops;
+}
+
+std::vector<MemoryOp> block_forward_ops(const ActivationShape& a, int64_t l) {
+  if (!a.checkpointing) return saving_forward(a, l);
+  // Checkpointed (non-reentrant): the forward runs without saving; each intermediate is freed after
+  // its last use. Alive at once at most: the attention's inputs and outputs, or the residual with
+  // the MLP's intermediates (the larger of the two), as one scratch.
+  const int64_t N = a.B * a.T, C = a.width, F = layer_ffn(a, l);
+  const std::string P = block_name(l);
+  int64_t attn = N * (C + qkv_width(a));  // ln_1's output and the qkv output
+  if (a.flash) attn = std::max(attn, N * (qkv_width(a) + C));
+  else attn = N * (qkv_width(a) + 2 * C) + 2 * a.B * a.heads * a.T * a.T;  // + q, k^T copies, two score buffers
+  const int64_t mlp = N * (C + (a.gated_ffn ? 3 : 2) * F);  // residual + the MLP's two (three) widest
+  std::vector<MemoryOp> ops;
+  ops.push_back(alloc(P + ".forward_scratch", a.dtype, std::max(attn, mlp)));
+  ops.push_back(release(P + ".forward_scratch"));
+  ops.push_back(alloc(output_name(a, l), a.dtype, N * C));
+  return ops;
+}
+
+std::vector<MemoryOp> head_ops(const ActivationShape& a) {
+  const int64_t N = a.B * a.T, V = a.vocab, C = a.width;
+  const bool upcast = a.dtype != DType::F32;
+  std::vector<MemoryOp> ops;
+  layer_norm_ops(a, "final_ln", ops);
+  ops.push_back(alloc("lm_head.logits", a.dtype, N * V));
+  // F.cross_entropy(logits.float(), ...): log_softmax keeps its fp32 output; the upcast is freed
+  // when the loss returns, the logits when the model's forward does.
+  if (upcast) ops.push_back(alloc("lm_head.logits_fp32", DType::F32, N * V));
+  ops.push_back(alloc("lm_head.log_softmax", DType::F32, N * V));
+  if (upcast) ops.push_back(release("lm_head.logits_fp32"));
+  ops.push_back(release("lm_head.logits"));
+  // Backward: nll_loss's gradient (zeros with one entry a row), log_softmax's, freeing the first and
+  // the saved output; the cast back to the compute dtype; the head's matmul.
+  ops.push_back(alloc("lm_head.grad_log_softmax", DType::F32, N * V));
+  ops.push_back(alloc("lm_head.grad_logits_fp32", DType::F32, N * V));
+  ops.push_back(release("lm_head.grad_log_softmax"));
+  ops.push_back(release("lm_head.log_softmax"));
+  if (upcast) {
+    ops.push_back(alloc("lm_head.grad_logits", a.dtype, N * V));
+    ops.push_back(release("lm_head.grad_logits_fp32"));
+  }
+  ops.push_back(alloc("grad.hidden", a.dtype, N * C));
+  ops.push_back(release(upcast ? "lm_head.grad_logits" : "lm_head.grad_logits_fp32"));
+  ops.push_back(release("final_ln.out"));
+  ops.push_back(release("final_ln.mean"));
+  ops.push_back(release("final_ln.rstd"));
+  ops.push_back(release("final_ln.input"));
+  return ops;
+}
+
+std::vector<MemoryOp> block_backward_ops(const ActivationShape& a, int64_t l) {
+  const std::string P = block_name(l);
+  const int64_t N = a.B * a.T;
+  std::vector<MemoryOp> ops;
+  std::vector<MemoryTerm> saved = block_saved(a, l);
+  saved.pop_back();  // the output: the next block's input, freed by that block's backward
+  if (a.checkpointing)  // the recomputation (it stops once the saved tensors are back: no output)
+    for (const MemoryTerm& t : saved) ops.push_back(MemoryOp{true, t});
+  // The activation gradients alive at once beyond the saved tensors: at GELU's (SiLU's) backward
+  // the gradient of its output and of its input (the FFN's width each) while its output is freed;
+  // under eager attention, at the softmax's backward, the gradients of the probabilities and scores.
+  int64_t scratch = N * layer_ffn(a, l);
+  if (!a.flash) scratch = std::max(scratch, a.B * a.heads * a.T * a.T);
+  ops.push_back(alloc(P + ".grad_scratch", a.dtype, scratch));
+  ops.push_back(release(P + ".grad_scratch"));
+  for (const MemoryTerm& t : saved) ops.push_back(release(t.name));
+  ops.push_back(release(P + ".input"));
+  return ops;
+}
+
+std::vector<MemoryOp> embeddings_backward_ops(const ActivationShape& a) {
+  std::vector<MemoryOp> ops;
+  (void)a;
+  ops.push_back(release("grad.hidden"));  // block0's backward freed its input, the embeddings' output
+  return ops;
+}
+
+OpsReplay replay_ops(const std::vector<MemoryOp>& ops, int64_t start) {
+  std::map<std::string, int64_t> live;
+  OpsReplay r;
+  int64_t cur = start;
+  r.peak = start;
+  for (const MemoryOp& op : ops) {
+    if (op.alloc) {
+      if (live.count(op.term.name)) throw std::logic_error("replay_ops: " + op.term.name + " allocated twice");
+      const int64_t b = rounded(op.term.bytes());
+      live[op.term.name] = b;
+      cur += b;
+      r.peak = std::max(r.peak, cur);
+    } else {
+      auto it = live.find(op.term.name);
+      if (it == live.end()) throw std::logic_error("replay_ops: free of " + op.term.name + ", which is not allocated");
+      cur -= it->second;
+      live.erase(it);
+    }
+  }
+  r.end = cur;
+  return r;
+}
+
+std::vector<MemoryOp> micro_step_ops(const ActivationShape& a) {
+  std::vector<MemoryOp> ops = embeddings_forward_ops(a);
+  auto append = [&](const std::vector<MemoryOp>& more) { ops.insert(ops.end(), more.begin(), more.end()); };
+  for (int64_t l = 0; l < a.layers; ++l) append(block_forward_ops(a, l));
+  append(head_ops(a));
+  for (int64_t l = a.layers - 1; l >= 0; --l) append(block_backward_ops(a, l));
+  append(embeddings_backward_ops(a));
+  return ops;
+}
+
+long double activation_bytes_bound(const ModelShape& m, int64_t B, int64_t T) {
+  using L = long double;
+  const L N = L(B) * L(T), C = L(m.width), scores = L(B) * L(m.heads) * L(T) * L(T);
+  const L F = std::max(L(m.ffn), L(m.expert_ffn) * (1 + L(m.shared_experts)));
+  const L qkv = C + 2 * L(m.kv_heads) * (m.heads > 0 ? C / L(m.heads) : C);
+  // Per layer, in 4-byte elements (every dtype counted as fp32): the saved tensors, eager's
+  // temporaries and a backward's scratch, all at once; Korthikanti's 34 bytes and 5 a s^2 b beside.
+  const L per_layer = 4 * (N * (10 * C + qkv + 5 * F) + 4 * scores + L(T) * L(T)) + N * C * 34 + 5 * scores;
+  const L head = 4 * N * L(m.vocab) * 6 + 4 * N * C * 4;
+  if (m.encoder_layers <= 0) return (L(m.layers) + 1) * per_layer + head;
+  // An encoder-decoder (model_shape.h's encoder_decoder_activation_bytes): the FFN and attention
+  // widths, cross-attention over both lengths (its target length up to the largest a shape gives).
+  const L Tm = m.decoder_seq_len > T ? L(m.decoder_seq_len) : L(T);
+  const L A = L(m.heads) * (m.head_dim > 0 ? L(m.head_dim) : L(m.width) / L(m.heads));
+  const L wide = Tm * L(B) * (26 * C + 6 * L(m.ffn) + 24 * A) + 10 * L(m.heads) * Tm * Tm * L(B);
+  return (L(m.layers) + L(m.encoder_layers) + 2) * (per_layer + wide) + head;
+}
+
+std::vector<std::vector<int64_t>> module_parameters(const model::Config* gpt2, const ModelShape& s,
+                                                    bool learned_positions) {
+  std::vector<std::vector<int64_t>> out;
+  if (gpt2) {
+    const auto modules = model::module_table(*gpt2);
+    const auto params = model::param_table(*gpt2);
+    for (const auto& m : modules) {
+      std::vector<int64_t> v;
+      for (int i = 0; i < m.num_params; ++i) v.push_back(params[size_t(m.first_param + i)].numel);
+      out.push_back(std::move(v));
+    }
+    return out;
+  }
+  return shape_module_parameters(s, learned_positions);
+}
+
+int64_t persistent_numel(const std::vector<int64_t>& params, int64_t threshold) {
+  int64_t n = 0;
+  for (int64_t p : params)
+    if (p < threshold) n += p;
+  return n;
+}
+
+std::vector<MemoryOp> IpgBucket::flush() {
+  std::vector<MemoryOp> ops;
+  if (elements_ == 0) return ops;
+  ++flushes_;
+  int64_t padded = 0, partitions = 0, largest = 0;
+  for (int64_t n : params_) {
+    const int64_t part = ds_partition_numel(n, W_);
+    padded += part * W_;
+    partitions += part;
+    largest = std::max(largest, part);
+  }
+  // reduce_scatter_coalesced avoids the copy for a single tensor that needs no padding.
+  const bool cat = !(params_.size() == 1 && params_[0] % W_ == 0);
+  // On DeepSpeed's reduce_and_partition_stream (overlap_comm, stage 3's default): the caching
+  // allocator keeps its blocks apart from the default stream's.
+  const size_t first = ops.size();
+  if (cat) ops.push_back(alloc("ipg.flat", dtype_, padded));
+  if (offload_) {
+    ops.push_back(alloc("ipg.partitions", dtype_, partitions));  // grad_buffer.to(device), kept until the end
+    if (dtype_ != DType::F32) {
+      ops.push_back(alloc("ipg.partition_fp32", DType::F32, largest));  // .to(fp32) for the host fp32 grad
+      ops.push_back(release("ipg.partition_fp32"));
+    }
+    ops.push_back(release("ipg.partitions"));
+  }
+  if (cat) ops.push_back(release("ipg.flat"));
+  for (size_t i = first; i < ops.size(); ++i) ops[i].stream = 1;
+  elements_ = 0;
+  params_.clear();
+  return ops;
+}
+
+std::vector<int64_t> ds_sub_group_partitions(const std::vector<std::vector<int64_t>>& modules, int64_t sub_group_size,
+                                             int64_t W) {
+  std::vector<int64_t> groups;
+  int64_t numel = 0, part = 0;
+  bool open = false;
+  for (const auto& m : modules)
+    for (int64_t p : m) {
+      numel += p;
+      part += ds_partition_numel(p, W);
+      open = true;
+      if (numel >= sub_group_size) {
+        groups.push_back(part);
+        numel = part = 0;
+        open = false;
+      }
+    }
+  if (open) groups.push_back(part);
+  return groups;
+}
+
+HostTerms ds_host_terms(const std::vector<std::vector<int64_t>>& modules, int64_t W, DType dtype, bool offload_param,
+                        int64_t sub_group_size) {
+  HostTerms h;
+  const int64_t E = int64_t(dtype_size(dtype));
+  int64_t total = 0, largest = 0, params = 0;
+  for (int64_t g : ds_sub_group_partitions(modules, sub_group_size, W)) {
+    total += g;
+    largest = std::max(largest, g);
+    h.grad_fp32_pinned += int64_t(memory::next_power_of_two(size_t(4 * g)));
+  }
+  for (const auto& m : modules)
+    for (int64_t p : m) params += p;
+  h.master = 4 * total;
+  h.moments = 8 * total;
+  h.grad_fp32 = 4 * total;
+  h.grad_partitions = E * total;
+  h.grad_partitions_pinned = int64_t(memory::next_power_of_two(size_t(h.grad_partitions)));
+  if (offload_param) {
+    h.param_partitions = E * total;
+    h.param_partitions_pinned = int64_t(memory::next_power_of_two(size_t(h.param_partitions)));
+  }
+  h.step_copy = dtype == DType::F32 ? 0 : E * largest;
+  h.model_on_host = 4 * params;
+  return h;
+}
+
+}  // namespace zt::trainer

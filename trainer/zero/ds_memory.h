@@ -1,0 +1,181 @@
+// trainer/zero/ds_memory.h: what PyTorch and DeepSpeed keep in memory while they train a GPT-style
+// model, term by term (issue 33), so that the simulated and the virtual GPU hold the bytes a real
+// run would.
+//
+// Owns: the formulas, nothing else (no allocation; the engine allocates each term as a named tensor
+// and frees it where autograd or DeepSpeed would). Facts from the sources, not measurements:
+//  - Activations: what autograd saves for backward in a pre-LN block run in bf16/fp16 (dropout
+//    off), tensor by tensor: LayerNorm's input, mean and rstd (fp32), each Linear's input, SDPA's
+//    q, k, v (views of the fused qkv output), output and log-sum-exp (fp32) under flash attention;
+//    under eager attention the q, k, v copies matmul makes, the softmax output [B, H, T, T] and the
+//    causal mask, and the contiguous copy of the output; the MLP's fc output (GELU's input) and
+//    GELU's output. With activation checkpointing (torch.utils.checkpoint, non-reentrant) a block
+//    keeps its input only and recomputes the rest at its backward.
+//  - The LM head: logits in the compute dtype, the loss's fp32 upcast (logits.float()), log_softmax's
+//    fp32 output (saved); in backward the fp32 gradients of both and the gradient in the compute dtype.
+//  - DeepSpeed ZeRO-3 (stage3.py, partition_parameters.py, partitioned_param_coordinator.py,
+//    0.19): parameters partitioned per parameter (ceil(numel / W) each), those below
+//    stage3_param_persistence_threshold kept whole on every rank; the contiguous ipg bucket of
+//    reduce_bucket_size elements in the compute dtype, allocated once; each parameter's gradient
+//    (autograd's, compute dtype) copied into it; when the next one would not fit, the bucket's
+//    gradients are concatenated (torch.cat in reduce_scatter_coalesced) and reduce-scattered, and
+//    under offload_optimizer each partition is copied to the host and back to the device
+//    (grad_buffer.to(device), kept until partition_grads returns) and widened to fp32 for the host
+//    fp32 gradient (one parameter at a time). In a world of one a fetch is a view of the partition
+//    (NoGatherHandle), except the tied LM head's weight, gathered as an external parameter
+//    (Init._all_gather allocates its buffer even there).
+//  - Host (offload_optimizer, DeepSpeedCPUAdam): per sub-group of sub_group_size elements the fp32
+//    master weights (pageable: a clone on the CPU) and Adam's two moments (pageable, made at the first
+//    step), the fp32 gradient (pinned: the pinned allocator rounds it to a power of two); one pinned
+//    buffer of every gradient partition in the accumulation dtype (grad_partitions_flat_buffer);
+//    under offload_param one pinned buffer of the parameter partitions; each step a compute-dtype copy
+//    of the master weights on its way to the device.
+// Where our trainer differs (it computes in fp32 with bf16 storage, keeps fp32 gradient buckets per
+// module), the engine charges these terms, not its own buffers, in virtual mode; see engine.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/config.h"
+#include "train/train_config.h"
+
+namespace zt::trainer {
+
+// One tensor of the model's memory: its name in the trace, its dtype and element count.
+struct MemoryTerm {
+  std::string name;
+  DType dtype = DType::BF16;
+  int64_t numel = 0;
+  int64_t bytes() const { return numel * int64_t(dtype_size(dtype)); }
+};
+
+// A step of a pass's memory: allocate the term, or free the tensor of that name.
+struct MemoryOp {
+  bool alloc = true;
+  MemoryTerm term;
+  int64_t stream = -1;  // the device's default stream; 1: DeepSpeed's reduce_and_partition_stream
+};
+
+// The model and batch the activation terms are for.
+struct ActivationShape {
+  int64_t B = 1, T = 1;
+  int64_t width = 0, heads = 1, kv_heads = 1, ffn = 0, vocab = 0, layers = 0;
+  bool gated_ffn = false;
+  int64_t experts = 0, shared_experts = 0, expert_ffn = 0, dense_layers = 0;
+  bool tied = true;
+  bool learned_positions = true;
+  DType dtype = DType::BF16;  // the compute dtype PyTorch would run in
+  bool flash = true;          // SDPA (flash / memory-efficient) attention; false: eager (materialized)
+  bool checkpointing = false;
+};
+ActivationShape activation_shape(const ModelShape& s, bool learned_positions, int64_t B, int64_t T, DType dtype,
+                                 bool flash, bool checkpointing);
+
+// The FFN width a layer's tokens go through: the dense FFN, or in an MoE layer one routed expert
+// per token plus the shared ones (the shape does not say the router's top-k).
+int64_t layer_ffn(const ActivationShape& a, int64_t layer);
+
+// What one block keeps for its backward, in the order the forward makes it, its output last (named
+// for its consumer: "block4.input", or "final_ln.input" after the last block). Without activation
+// checkpointing; the block's own input is not listed (the block before made it).
+std::vector<MemoryTerm> block_saved(const ActivationShape& a, int64_t layer);
+
+// The passes' memory as autograd allocates and frees it, in order.
+//  embeddings forward: the token and position lookups, their sum ("block0.input").
+//  block forward: the saved tensors (or, checkpointed, a scratch of the intermediates alive at once,
+//    freed), and the output.
+//  head: the final LayerNorm, logits, the loss's upcast and log_softmax; then the backward of the
+//    loss down to the gradient of the final LayerNorm's output ("grad.hidden", kept through the
+//    blocks' backward). The LM head's weight gradient is not listed (the engine's: a module gradient).
+//  block backward: checkpointed, the recomputed saved tensors; the activation gradients alive at
+//    the block's peak ("blockN.grad_scratch"); then everything the block kept is freed, its input too.
+//  embeddings backward: frees grad.hidden.
+std::vector<MemoryOp> embeddings_forward_ops(const ActivationShape& a);
+std::vector<MemoryOp> block_forward_ops(const ActivationShape& a, int64_t layer);
+std::vector<MemoryOp> head_ops(const ActivationShape& a);
+std::vector<MemoryOp> block_backward_ops(const ActivationShape& a, int64_t layer);
+std::vector<MemoryOp> embeddings_backward_ops(const ActivationShape& a);
+
+// Replays ops from `start` bytes, each tensor rounded as the caching allocator rounds a request
+// (512 B): the peak and the bytes at the end. For tests and estimates; throws std::logic_error on
+// a free of a name not allocated.
+struct OpsReplay {
+  int64_t peak = 0, end = 0;
+};
+OpsReplay replay_ops(const std::vector<MemoryOp>& ops, int64_t start = 0);
+
+// Every op of one micro-step's passes in the engine's order (forward, head, backward), for
+// estimates: the activation peak of a micro-step, without model states or gradients.
+std::vector<MemoryOp> micro_step_ops(const ActivationShape& a);
+// An upper bound of the bytes any op list above allocates at once, in long double, so that a reader
+// of shapes can refuse a batch whose int64 figures would wrap.
+long double activation_bytes_bound(const ModelShape& s, int64_t B, int64_t T);
+
+// Each module's parameters as DeepSpeed partitions them (nn.Parameters), in the engine's module
+// order: a GPT-2 preset's from model::param_table, a shape's from model_shape.h's
+// shape_module_parameters (the same table its modules are summed from: encoder-decoders, biases,
+// q/k norms, MLA and experts as the shape says).
+std::vector<std::vector<int64_t>> module_parameters(const model::Config* gpt2, const ModelShape& s,
+                                                    bool learned_positions);
+// DeepSpeed's partition of one parameter on each of W ranks: ceil(numel / W).
+inline int64_t ds_partition_numel(int64_t numel, int64_t W) { return (numel + W - 1) / W; }
+// The elements of a module's parameters kept whole on every rank at stage 3 (each below the
+// persistence threshold).
+int64_t persistent_numel(const std::vector<int64_t>& params, int64_t threshold);
+
+// DeepSpeed's ipg bucket: parameters' gradients added one at a time; a parameter that would not fit
+// (and the bucket not empty) flushes it first. flush() returns the ops of one flush (the concatenated
+// gradients, the partitions' device copies under offload_optimizer and the fp32 temporary of the
+// largest partition, all freed at the end), empty when the bucket is empty.
+class IpgBucket {
+ public:
+  IpgBucket(int64_t capacity, int64_t world, DType dtype, bool offload_optimizer)
+      : capacity_(capacity), W_(world), dtype_(dtype), offload_(offload_optimizer) {}
+  // Whether adding a parameter of `numel` elements needs a flush first.
+  bool needs_flush(int64_t numel) const { return elements_ > 0 && elements_ + numel > capacity_; }
+  void add(int64_t numel) {
+    elements_ += numel;
+    params_.push_back(numel);
+  }
+  std::vector<MemoryOp> flush();
+  int64_t elements() const { return elements_; }
+  int64_t flushes() const { return flushes_; }
+
+ private:
+  int64_t capacity_, W_;
+  DType dtype_;
+  bool offload_;
+  int64_t elements_ = 0, flushes_ = 0;
+  std::vector<int64_t> params_;
+};
+
+// DeepSpeed's optimizer sub-groups: consecutive parameters, a group closed once it holds at least
+// sub_group_size elements (stage3.py's _create_fp16_sub_groups); the sizes of this rank's partitions
+// of each group (sum of ceil(numel / W)).
+std::vector<int64_t> ds_sub_group_partitions(const std::vector<std::vector<int64_t>>& modules, int64_t sub_group_size,
+                                             int64_t W);
+
+// The host memory of a ZeRO-3 rank with offload_optimizer, as DeepSpeed and DeepSpeedCPUAdam keep it.
+struct HostTerms {
+  int64_t master = 0;            // fp32 partitions, pageable: fp32_partitioned_groups_flat[i]
+  int64_t moments = 0;           // Adam exp_avg + exp_avg_sq, pageable, from the first step
+  int64_t grad_fp32 = 0;         // fp32_partitioned_groups_flat[i].grad, pinned (rounded: grad_fp32_pinned)
+  int64_t grad_fp32_pinned = 0;
+  int64_t grad_partitions = 0;   // grad_partitions_flat_buffer, accumulation dtype, pinned
+  int64_t grad_partitions_pinned = 0;
+  int64_t param_partitions = 0;  // offload_param: the parameter partitions, pinned
+  int64_t param_partitions_pinned = 0;
+  int64_t step_copy = 0;         // each step: the largest sub-group's master weights in the compute dtype, pageable
+  int64_t model_on_host = 0;     // the user's model built in fp32 on the host before deepspeed.initialize
+  // What stays from the first step on (the model on the host is gone by then).
+  int64_t steady() const {
+    return master + moments + grad_fp32_pinned + grad_partitions_pinned + param_partitions_pinned;
+  }
+};
+HostTerms ds_host_terms(const std::vector<std::vector<int64_t>>& modules, int64_t W, DType dtype, bool offload_param,
+                        int64_t sub_group_size);
+
+}  // namespace zt::trainer
