@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import sys
 import time
 
@@ -159,35 +158,13 @@ def main(argv):
                 loss_sum += loss.detach().float() / K
             return loss_sum
 
-        torch.cuda.reset_peak_memory_stats()
-        times, losses = [], []
-        for i in range(a.warmup + a.steps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            loss = one_step()
-            torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            lv = float(loss)
-            timed = i >= a.warmup
-            if timed:
-                times.append(dt)
-                losses.append(lv)
-            print("step %d/%d%s: %.1f ms, %.0f tok/s, loss %.4f"
-                  % (i + 1, a.warmup + a.steps, "" if timed else " (warm-up)", dt * 1e3, B * T * K / dt, lv),
-                  flush=True)
+        times, losses = base.timed_steps(torch, one_step, a.warmup, a.steps, B * T * K)
     except torch.cuda.OutOfMemoryError as e:
         fail(1, "CUDA out of memory: %s" % str(e).splitlines()[0])
 
     tokens = B * T * K
-    mean = statistics.mean(times)
-    med = statistics.median(times)
-    fpt = base.flops_per_token(*cfg, T)
-    result.update(
-        tokens_per_step=tokens, steps=len(times), warmup=a.warmup, step_seconds=times,
-        step_seconds_mean=mean, step_seconds_median=med, step_seconds_min=min(times),
-        tokens_per_s=tokens / mean, flops_per_token=fpt, model_tflop_per_s=fpt * tokens / mean / 1e12,
-        peak_allocated_bytes=torch.cuda.max_memory_allocated(), peak_reserved_bytes=torch.cuda.max_memory_reserved(),
-        first_loss=losses[0], last_loss=losses[-1])
+    result.update(base.step_result(torch, cfg, T, tokens, times, losses, a.warmup))
+    mean, med = result["step_seconds_mean"], result["step_seconds_median"]
     print("deepspeed_offload: %s %s: step %.1f ms (mean of %d; median %.1f), %.0f tok/s, peak %.2f GiB allocated, "
           "%.2f GiB reserved"
           % (name, a.model, mean * 1e3, len(times), med * 1e3, tokens / mean, result["peak_allocated_bytes"] / 2**30,

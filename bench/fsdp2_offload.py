@@ -60,6 +60,39 @@ def flops_per_token(vocab, context, layers, heads, width, T):
     return 3.0 * (matmul + attention)
 
 
+def timed_steps(torch, one_step, warmup, steps, tokens_per_step):
+    """`warmup` untimed then `steps` timed calls of one_step() (one optimizer step; returns its loss), each
+    between torch.cuda.synchronize() calls, a line printed for each, the peak memory counted from the first:
+    (seconds, losses) of the timed ones. Both baselines (this file's and deepspeed_offload.py's) time so."""
+    torch.cuda.reset_peak_memory_stats()
+    times, losses = [], []
+    for i in range(warmup + steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = one_step()
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        lv = float(loss)
+        timed = i >= warmup
+        if timed:
+            times.append(dt)
+            losses.append(lv)
+        print("step %d/%d%s: %.1f ms, %.0f tok/s, loss %.4f"
+              % (i + 1, warmup + steps, "" if timed else " (warm-up)", dt * 1e3, tokens_per_step / dt, lv), flush=True)
+    return times, losses
+
+
+def step_result(torch, cfg, T, tokens, times, losses, warmup):
+    """The fields both baselines report of their timed steps: step seconds, tokens/s, model TFLOP/s, peak memory."""
+    mean = statistics.mean(times)
+    fpt = flops_per_token(*cfg, T)
+    return dict(tokens_per_step=tokens, steps=len(times), warmup=warmup, step_seconds=times, step_seconds_mean=mean,
+                step_seconds_median=statistics.median(times), step_seconds_min=min(times), tokens_per_s=tokens / mean,
+                flops_per_token=fpt, model_tflop_per_s=fpt * tokens / mean / 1e12,
+                peak_allocated_bytes=torch.cuda.max_memory_allocated(),
+                peak_reserved_bytes=torch.cuda.max_memory_reserved(), first_loss=losses[0], last_loss=losses[-1])
+
+
 def fail(code, msg):
     print("fsdp2_offload.py: " + msg, file=sys.stderr, flush=True)
     sys.exit(code)
@@ -310,22 +343,7 @@ def main(argv):
                 opt.step()
             stepped[0] = True
 
-        torch.cuda.reset_peak_memory_stats()
-        times, losses = [], []
-        for i in range(a.warmup + a.steps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            loss = one_step()
-            torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            lv = float(loss)
-            timed = i >= a.warmup
-            if timed:
-                times.append(dt)
-                losses.append(lv)
-            print("step %d/%d%s: %.1f ms, %.0f tok/s, loss %.4f"
-                  % (i + 1, a.warmup + a.steps, "" if timed else " (warm-up)", dt * 1e3, B * T * K / dt, lv),
-                  flush=True)
+        times, losses = timed_steps(torch, one_step, a.warmup, a.steps, B * T * K)
     except torch.cuda.OutOfMemoryError as e:
         fail(1, "CUDA out of memory: %s" % str(e).splitlines()[0])
     finally:
@@ -335,15 +353,8 @@ def main(argv):
             os.unlink(rdv.name)
 
     tokens = B * T * K
-    mean = statistics.mean(times)
-    med = statistics.median(times)
-    fpt = flops_per_token(*cfg, T)
-    result.update(
-        tokens_per_step=tokens, steps=len(times), warmup=a.warmup, step_seconds=times,
-        step_seconds_mean=mean, step_seconds_median=med, step_seconds_min=min(times),
-        tokens_per_s=tokens / mean, flops_per_token=fpt, model_tflop_per_s=fpt * tokens / mean / 1e12,
-        peak_allocated_bytes=torch.cuda.max_memory_allocated(), peak_reserved_bytes=torch.cuda.max_memory_reserved(),
-        first_loss=losses[0], last_loss=losses[-1])
+    result.update(step_result(torch, cfg, T, tokens, times, losses, a.warmup))
+    mean, med = result["step_seconds_mean"], result["step_seconds_median"]
     print("fsdp2_offload: %s %s: step %.1f ms (mean of %d; median %.1f), %.0f tok/s, %.1f model TFLOP/s, "
           "peak %.2f GiB allocated"
           % (name, a.model, mean * 1e3, len(times), med * 1e3, tokens / mean, result["model_tflop_per_s"],

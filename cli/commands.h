@@ -53,7 +53,8 @@ void print_table(std::ostream& out, const std::vector<std::string>& header,
                  const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right_align,
                  const std::string& indent = "");
 int db_info(const std::string& path);
-int db_sql(const std::string& path, const std::string& sql, bool csv);
+// `zt db sql`: limits of 0 are none (the demo's own queries have none).
+int db_sql(const std::string& path, const std::string& sql, bool csv, int64_t max_rows = 0, double timeout_s = 0);
 // db info's report of a delayed or overlapped update (the background AdamW, the waits for it, the
 // early write-back), alone.
 int db_background_update(const std::string& path);

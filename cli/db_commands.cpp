@@ -1,5 +1,6 @@
 // zt db info|sql|kernels|top|merge, zt export, zt synth, zt demo.
 #include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <ctime>
 #include <filesystem>
@@ -427,11 +428,32 @@ int db_partial_offload(const std::string& path) {
   return kExitOk;
 }
 
-int db_sql(const std::string& path, const std::string& sql, bool csv) {
+namespace {
+volatile std::sig_atomic_t sql_interrupted = 0;
+void on_sql_interrupt(int) { sql_interrupted = 1; }
+}  // namespace
+
+int db_sql(const std::string& path, const std::string& sql, bool csv, int64_t max_rows, double timeout_s) {
   std::unique_ptr<db::TraceReader> reader;
-  if (Status s = db::TraceReader::open(path, &reader); !s) return fail(s.message());
+  // Values unchecked: SQL is how a damaged trace is looked at as it is.
+  if (Status s = db::TraceReader::open(path, &reader, db::TraceReader::Checks::None); !s) return fail(s.message());
   db::QueryResult result;
-  if (Status s = reader->query(sql, &result); !s) return fail(s.message());
+  db::QueryLimits limits;
+  limits.max_rows = max_rows;
+  limits.timeout_ms = int64_t(timeout_s * 1000);
+  limits.interrupted = &sql_interrupted;
+  // Ctrl-C stops the query (SQLite checks the flag every few thousand steps), then zt exits 130.
+  struct sigaction sa{}, old{};
+  sa.sa_handler = on_sql_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old);
+  Status queried = reader->query(sql, &result, limits);
+  sigaction(SIGINT, &old, nullptr);
+  if (result.stopped == db::QueryResult::Stopped::Interrupted) {
+    std::cerr << "zt: " << queried.message() << "\n";
+    return 130;
+  }
+  if (!queried && result.stopped != db::QueryResult::Stopped::RowLimit) return fail(queried.message());
   if (csv) {
     for (size_t c = 0; c < result.columns.size(); ++c)
       std::cout << (c ? "," : "") << csv_field(result.columns[c]);
@@ -443,6 +465,11 @@ int db_sql(const std::string& path, const std::string& sql, bool csv) {
   } else {
     print_table(std::cout, result.columns, result.rows, result.numeric);
     std::cout << "(" << result.rows.size() << " row" << (result.rows.size() == 1 ? "" : "s") << ")\n";
+  }
+  // The rows up to the limit are printed; the exit code and the last line say they are not all.
+  if (!queried) {
+    std::cout.flush();
+    return fail(queried.message());
   }
   return kExitOk;
 }
@@ -626,10 +653,18 @@ void add_db_commands(CLI::App& app, Action& action) {
     auto path = std::make_shared<std::string>();
     auto query = std::make_shared<std::string>();
     auto csv = std::make_shared<bool>(false);
+    auto max_rows = std::make_shared<int64_t>(1000000);
+    auto timeout = std::make_shared<double>(300);
     sql->add_option("TRACE", *path, "trace file")->required();
     sql->add_option("SQL", *query, "one SELECT statement")->required();
     sql->add_flag("--csv", *csv, "print CSV instead of an aligned table");
-    sql->callback([&action, path, query, csv] { action = [=] { return db_sql(*path, *query, *csv); }; });
+    sql->add_option("--max-rows", *max_rows, "stop after this many rows, exit 2 (default 1000000; 0: no limit)")
+        ->check(CLI::Range(int64_t(0), INT64_MAX));
+    sql->add_option("--timeout", *timeout, "stop a query running longer, in seconds, exit 2 (default 300; 0: no limit)")
+        ->check(CLI::Range(0.0, 1e7));
+    sql->callback([&action, path, query, csv, max_rows, timeout] {
+      action = [=] { return db_sql(*path, *query, *csv, *max_rows, *timeout); };
+    });
   }
   {
     auto* kern = dbc->add_subcommand(

@@ -116,6 +116,18 @@ Status merge_traces(const std::string& out_path, const std::vector<std::string>&
     return s;
   }
   w.reset();
+  // Each input kept the rules; their union may not (device ids past 2^31 once offset, sums past
+  // 2^62): the merged file is checked as a reader would before it replaces anything.
+  {
+    std::unique_ptr<TraceReader> check;
+    if (Status s = TraceReader::open(tmp, &check); !s) {
+      check.reset();
+      ::unlink(tmp.c_str());
+      std::string why = s.message();
+      if (why.rfind(tmp + ": ", 0) == 0) why = why.substr(tmp.size() + 2);
+      return Status::Error(out_path + ": the merged trace would break a rule of db/SCHEMA.md (" + why + "); nothing written");
+    }
+  }
   if (std::rename(tmp.c_str(), out_path.c_str()) != 0) {
     ::unlink(tmp.c_str());
     return Status::Error(out_path + ": cannot move the merged trace into place");

@@ -1,6 +1,7 @@
 #include "zt/db/schema.h"
 
 #include <array>
+#include <string>
 
 namespace zt::db {
 namespace {
@@ -39,8 +40,8 @@ std::optional<TransferKind> transfer_kind_from_string(std::string_view s) { retu
 std::optional<MarkerKind> marker_kind_from_string(std::string_view s) { return parse<MarkerKind>(kMarkerKind, s); }
 std::optional<RunStatus> run_status_from_string(std::string_view s) { return parse<RunStatus>(kRunStatus, s); }
 
-const char* schema_sql() {
-  return R"SQL(
+namespace {
+const char* kTablesSql = R"SQL(
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE run (
   id INTEGER PRIMARY KEY, tool_version TEXT NOT NULL, command_line TEXT NOT NULL,
@@ -109,7 +110,8 @@ CREATE TABLE enum_device_kind (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
 INSERT INTO enum_device_kind VALUES (0,'cpu'),(1,'cuda'),(2,'sim');
 CREATE TABLE enum_run_status (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
 INSERT INTO enum_run_status VALUES (0,'running'),(1,'ok'),(2,'failed'),(3,'signal'),(4,'terminated');
-
+)SQL";
+const char* kViewsSql = R"SQL(
 CREATE VIEW allocation_v AS
   SELECT a.id, a.rank, d.label AS device, mk.name AS memory_kind, lv.name AS level, a.address,
          a.bytes, a.requested_bytes, a.t_alloc, a.t_free, s.text AS name, a.stack_id,
@@ -140,7 +142,14 @@ CREATE VIEW kernel_v AS
   FROM kernel k LEFT JOIN device d ON d.id = k.device_id LEFT JOIN string n ON n.id = k.name_id
   LEFT JOIN enum_source src ON src.code = k.source;
 )SQL";
+}  // namespace
+
+const char* schema_sql() {
+  static const std::string sql = std::string(kTablesSql) + kViewsSql;
+  return sql.c_str();
 }
+
+const char* views_sql() { return kViewsSql; }
 
 const char* index_sql() {
   return R"SQL(

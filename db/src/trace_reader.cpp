@@ -3,12 +3,15 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cctype>
 #include <cstdio>
 #include <limits>
 
 #include "sqlite.h"
+#include "zt/common/units.h"
 #include "zt/db/trace_file.h"
+#include "zt/db/trace_values.h"
 
 namespace zt::db {
 using detail::SqlError;
@@ -21,7 +24,31 @@ const std::vector<std::string>& TraceReader::table_names() {
   return names;
 }
 
-Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* out) {
+namespace {
+// The tables the reader reads must be tables: a view or virtual table of the same name in a
+// file from elsewhere could run any query (a recursive one that never ends) under our SELECTs.
+std::string foreign_objects(sqlite3* db) {
+  std::string names;
+  for (const auto& t : TraceReader::table_names()) names += (names.empty() ? "'" : ",'") + t + "'";
+  for (const char* e : {"enum_memory_kind", "enum_level", "enum_source", "enum_transfer_kind", "enum_placement_why",
+                        "enum_marker_kind", "enum_device_kind", "enum_run_status"})
+    names += std::string(",'") + e + "'";
+  Stmt s(db, "SELECT name, type FROM main.sqlite_schema WHERE name IN (" + names +
+                 ") AND (type != 'table' OR sql LIKE 'CREATE VIRTUAL%') LIMIT 1");
+  if (!s.step()) return "";
+  return s.text(0) + " is a " + (s.text(1) == "table" ? std::string("virtual table") : s.text(1)) + ", not a table";
+}
+
+// The views of db/SCHEMA.md as TEMP views, which SQLite finds before the file's own: a query of
+// allocation_v reads our definition, never one the file brought.
+void define_views(sqlite3* db) {
+  std::string sql = views_sql();
+  for (size_t at = 0; (at = sql.find("CREATE VIEW", at)) != std::string::npos; at += 16) sql.replace(at, 11, "CREATE TEMP VIEW");
+  detail::exec(db, sql.c_str());
+}
+}  // namespace
+
+Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* out, Checks checks) {
   if (Status s = validate_trace_file(path); !s) return s;
   std::unique_ptr<TraceReader> r(new TraceReader());
   r->path_ = path;
@@ -31,13 +58,19 @@ Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* 
     return Status::Error(path + ": cannot open the trace: " + msg);
   }
   try {
-    detail::exec(r->db_, "PRAGMA query_only=1;");
-    // Touch the schema and every table once: corruption and foreign layouts show here,
-    // not halfway through a command.
+    // Functions with side effects never run from the file's schema (SQLite's advice for
+    // databases from elsewhere).
+    detail::exec(r->db_, "PRAGMA trusted_schema=0;");
     int64_t version = detail::query_int(r->db_, "PRAGMA user_version", -1);
     if (!schema_version_readable(version)) return Status::Error(schema_version_refusal(path, version));
     r->schema_version_ = int(version);
+    if (std::string why = foreign_objects(r->db_); !why.empty())
+      return Status::Error(path + ": not a zerotrace trace (" + why + ")");
+    define_views(r->db_);
+    detail::exec(r->db_, "PRAGMA query_only=1;");
     r->frame_lines_ = detail::query_int(r->db_, "SELECT count(*) FROM pragma_table_info('frame') WHERE name = 'line'") > 0;
+    // Touch the schema and every table once: corruption and foreign layouts show here,
+    // not halfway through a command.
     for (const auto& t : table_names()) {
       Stmt s(r->db_, "SELECT count(*) FROM (SELECT 1 FROM " + t + " LIMIT 1)");
       s.step();
@@ -46,6 +79,14 @@ Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* 
     if (e.code == SQLITE_CORRUPT || e.code == SQLITE_NOTADB)
       return Status::Error(path + ": corrupt or truncated trace (" + e.what() + ")");
     return Status::Error(path + ": not a readable zerotrace trace (" + e.what() + ")");
+  }
+  // Every value a reader uses, in its range (zt/db/trace_values.h), before anyone trusts one.
+  if (checks != Checks::None) {
+    const auto& streamed = streamed_tables();
+    for (const auto& t : table_names()) {
+      if (checks == Checks::SmallTables && std::find(streamed.begin(), streamed.end(), t) != streamed.end()) continue;
+      if (Status s = check_table_values(r->db_, path, t); !s) return s;
+    }
   }
   *out = std::move(r);
   return Status::Ok();
@@ -359,15 +400,45 @@ std::string refuse_query(sqlite3* db, const std::string& sql) {
 }
 }  // namespace
 
-Status TraceReader::query(const std::string& sql, QueryResult* out) {
+namespace {
+// Called by SQLite every few thousand virtual-machine steps while a limited query runs.
+struct QueryWatch {
+  const QueryLimits* limits;
+  std::chrono::steady_clock::time_point deadline;
+  QueryResult::Stopped why = QueryResult::Stopped::No;
+};
+int watch_query(void* arg) {
+  auto* w = static_cast<QueryWatch*>(arg);
+  if (w->limits->interrupted && *w->limits->interrupted) w->why = QueryResult::Stopped::Interrupted;
+  else if (w->limits->timeout_ms > 0 && std::chrono::steady_clock::now() > w->deadline) w->why = QueryResult::Stopped::Timeout;
+  return w->why != QueryResult::Stopped::No;  // non-zero: SQLite stops the statement (SQLITE_INTERRUPT)
+}
+}  // namespace
+
+Status TraceReader::query(const std::string& sql, QueryResult* out, const QueryLimits& limits) {
   *out = QueryResult{};
   if (std::string why = refuse_query(db_, sql); !why.empty()) return Status::Error(path_ + ": SQL error: " + why);
+  QueryWatch watch{&limits, std::chrono::steady_clock::now() + std::chrono::milliseconds(limits.timeout_ms)};
+  const bool watched = limits.timeout_ms > 0 || limits.interrupted;
+  if (watched) sqlite3_progress_handler(db_, 4096, watch_query, &watch);
+  struct Unwatch {
+    sqlite3* db;
+    bool on;
+    ~Unwatch() {
+      if (on) sqlite3_progress_handler(db, 0, nullptr, nullptr);
+    }
+  } unwatch{db_, watched};
   try {
     Stmt s(db_, sql);
     int n = s.columns();
     for (int c = 0; c < n; ++c) out->columns.push_back(s.column_name(c));
     out->numeric.assign(n, true);
     while (s.step()) {
+      if (limits.max_rows > 0 && int64_t(out->rows.size()) == limits.max_rows) {
+        out->stopped = QueryResult::Stopped::RowLimit;
+        return Status::Error(path_ + ": the query returned more than " + std::to_string(limits.max_rows) +
+                             " rows; stopped there (--max-rows N for more, 0 for no limit)");
+      }
       std::vector<std::string> row;
       for (int c = 0; c < n; ++c) {
         int type = s.column_type(c);
@@ -380,6 +451,13 @@ Status TraceReader::query(const std::string& sql, QueryResult* out) {
       out->rows.push_back(std::move(row));
     }
   } catch (const SqlError& e) {
+    out->stopped = watch.why;
+    const std::string so_far = std::to_string(out->rows.size()) + " row" + (out->rows.size() == 1 ? "" : "s") + " read";
+    if (watch.why == QueryResult::Stopped::Interrupted)
+      return Status::Error(path_ + ": the query was interrupted (" + so_far + ")");
+    if (watch.why == QueryResult::Stopped::Timeout)
+      return Status::Error(path_ + ": the query ran longer than " + format_duration_ns(double(limits.timeout_ms) * 1e6) +
+                           "; stopped (" + so_far + "; --timeout SECONDS for longer, 0 for no limit)");
     return Status::Error(path_ + ": SQL error: " + e.what());
   }
   return Status::Ok();

@@ -53,7 +53,8 @@ void bind_row(Stmt& s, int b, const MarkerRow& r) {
 void bind_row(Stmt& s, int b, const CounterRow& r) {
   s.bind_id(b + 1, r.id).bind(b + 2, r.rank).bind_id(b + 3, r.device_id).bind(b + 4, r.name_id).bind(b + 5, r.t);
   // Byte counts stay exact integers; rates and losses stay real.
-  if (r.value == static_cast<double>(static_cast<int64_t>(r.value)) && r.value < 9.0e15 && r.value > -9.0e15)
+  // (The range first: converting a double past int64, or a NaN, to an integer is undefined.)
+  if (r.value < 9.0e15 && r.value > -9.0e15 && r.value == static_cast<double>(static_cast<int64_t>(r.value)))
     s.bind(b + 6, static_cast<int64_t>(r.value));
   else
     s.bind(b + 6, r.value);
@@ -362,6 +363,11 @@ void TraceWriter::commit() {
     }
   }
   if (failed) std::rethrow_exception(failed);
+}
+
+void TraceWriter::checkpoint() {
+  commit();
+  detail::exec(db_, "PRAGMA wal_checkpoint(PASSIVE);");
 }
 
 sqlite3* TraceWriter::handle() {

@@ -23,6 +23,7 @@
 
 #include "crash.h"
 #include "elf_symbols.h"
+#include "zt/db/trace_values.h"
 #include "python/python_frames.h"
 #include "zt/db/trace_writer.h"
 #include "zt/version.h"
@@ -166,6 +167,13 @@ struct Recorder::Impl {
   std::map<std::pair<int64_t, uint64_t>, int64_t> live_by_addr;
   std::atomic<uint64_t> recorded{0};
   int64_t unmatched = 0;
+  // Events with a value no trace holds (zt/db/trace_values.h), dropped and counted: a probed
+  // program's or CUPTI's garbage must not make the whole trace unreadable. Writer only.
+  int64_t out_of_range = 0, out_of_range_written = 0;
+  struct Sums {
+    int64_t alloc_bytes = 0, alloc_requested = 0, transfer_bytes = 0, transfer_ns = 0, kernel_ns = 0, placement_bytes = 0;
+  } sums;
+  bool fits_trace(const Event& e);
 
   void writer_main();
   bool drain(bool final_pass);
@@ -209,6 +217,10 @@ Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>*
     m.w->begin();
     m.w->insert(m.run);
     m.w->commit();
+    // Into the main file now, not at the first automatic checkpoint: a trace copied without
+    // its -wal while the run records (a CI artifact of a killed job) still names the run, and
+    // its status says it never ended, so `zt check` fails it.
+    m.w->checkpoint();
   } catch (const std::exception& e) {
     m.w.reset();
     return Status::Error(options.path + ": cannot write the run row: " + e.what());
@@ -389,6 +401,10 @@ ThreadRing* Recorder::ring() {
     std::lock_guard lock(impl_->rings_mu);
     impl_->rings.push_back(r);
   }
+  // Rings of recorders closed since (only this thread's entry still holds them) go: a thread that
+  // records into one recorder after another (tests, fuzz_cupti_decoder's thousands) kept every
+  // ring's memory until it ended.
+  std::erase_if(tls.entries, [](const TlsEntry& e) { return e.ring.use_count() == 1; });
   tls.entries.push_back({impl_->serial, r, {}});
   tls.last_serial = 0;
   tls.last = nullptr;
@@ -602,8 +618,50 @@ void Recorder::Impl::write_meta(bool blocking) {
   for (auto& x : dropped_) w->insert(x);
 }
 
+namespace {
+bool time_ok(int64_t t) { return t >= 0 && t <= db::kMaxTraceTime; }
+bool size_ok(int64_t b) { return b >= 0 && b <= db::kMaxTraceBytes; }
+// Adds `more` to a table's sum unless that passes kMaxTraceSum (then the event is dropped).
+bool add_within(int64_t& total, int64_t more) {
+  if (more > db::kMaxTraceSum - total) return false;
+  total += more;
+  return true;
+}
+}  // namespace
+
+bool Recorder::Impl::fits_trace(const Event& e) {
+  switch (e.type) {
+    case EventType::Alloc: {
+      if (!time_ok(e.t0) || !size_ok(e.b) || !size_ok(e.c)) return false;
+      Sums next = sums;
+      if (!add_within(next.alloc_bytes, e.b) || !add_within(next.alloc_requested, e.c)) return false;
+      sums = next;
+      return true;
+    }
+    case EventType::Transfer: {
+      if (!time_ok(e.t0) || !time_ok(e.t1) || e.t1 < e.t0 || !size_ok(e.b)) return false;
+      Sums next = sums;
+      if (!add_within(next.transfer_bytes, e.b) || !add_within(next.transfer_ns, e.t1 - e.t0)) return false;
+      sums = next;
+      return true;
+    }
+    case EventType::Kernel:
+      return time_ok(e.t0) && time_ok(e.t1) && e.t1 >= e.t0 && add_within(sums.kernel_ns, e.t1 - e.t0);
+    case EventType::Placement:
+      return time_ok(e.t0) && e.b <= db::kMaxTraceBytes && (e.b < 0 || add_within(sums.placement_bytes, e.b));
+    case EventType::MarkerBegin:
+      return time_ok(e.t0) && e.a <= db::kMaxTraceCount && e.b <= db::kMaxTraceCount && e.c <= db::kMaxTraceCount;
+    default:  // frees, marker ends, counters: a time
+      return time_ok(e.t0);
+  }
+}
+
 void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees, std::vector<PendingEnd>& ends,
                                  std::vector<PendingAddrFree>& addr_frees) {
+  if (!fits_trace(e)) {
+    ++out_of_range;
+    return;
+  }
   // t1 is set by the events that have an end (transfers, kernels) only: elsewhere it is whatever
   // the ring's slot held (a run end 34 h after its close, read from reused heap memory).
   t_latest = std::max(t_latest, e.t0);
@@ -797,6 +855,16 @@ bool Recorder::Impl::drain(bool final_pass) {
   }
   recorded.fetch_add(n_tx, std::memory_order_relaxed);
   resolve_pending(frees, ends, addr_frees, final_pass);
+  if (out_of_range > out_of_range_written) {
+    db::DroppedRow d;
+    d.thread = 0;
+    d.t = now_ns();
+    d.events = out_of_range - out_of_range_written;
+    d.reason = "events with a value no trace holds (db/SCHEMA.md, Value ranges: a time past 2^62 ns or before 0, an end "
+               "before its start, a size past 2^53 bytes, sums past 2^62)";
+    w->insert(d);
+    out_of_range_written = out_of_range;
+  }
   if (final_pass && unmatched > 0) {
     db::DroppedRow d;
     d.thread = 0;

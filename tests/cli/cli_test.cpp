@@ -525,7 +525,8 @@ TEST(Cli, DeepSpeedConfigErrorsNameTheFileAndTheKey) {
       {R"({"bf16": true})", "bf16 must be an object ({...}), not true"},
       {R"({"zero_optimization": {"stage": 2.7}})", "zero_optimization.stage must be a whole number, not 2.7"},
       {R"({"optimizer": {"type": 5}})", "optimizer.type must be a string, not 5"},
-      {R"({"optimizer": {"params": {"lr": -1}}})", "lr must be a positive number"},
+      {R"({"optimizer": {"params": {"lr": -1}}})", "optimizer.params.lr -1 must not be negative"},
+      {R"({"optimizer": {"params": {"lr": 0}}})", "lr must be a positive number"},
       {R"({"optimizer": {"params": {"lr": 1e400}}})", "not valid JSON"},
       {R"({"zero_optimization": {"stage": 4294967299}})", "zero_optimization.stage 4294967299 is out of range"},
   };

@@ -140,13 +140,13 @@ TEST(BatchedInsert, ALongTransactionWritesAsItGoes) {
   t.w->begin();
   const int64_t n = 20000;
   for (int64_t id = 1; id <= n; ++id) t.w->insert(alloc(id));
-  EXPECT_TRUE(t.w->set_allocation_freed(1, 9001));
-  EXPECT_TRUE(t.w->set_allocation_freed(n, 9002));
+  EXPECT_TRUE(t.w->set_allocation_freed(1, 90001));
+  EXPECT_TRUE(t.w->set_allocation_freed(n, 90002));
   t.w->commit();
   std::vector<AllocationRow> rows = t.finish();
   ASSERT_EQ(rows.size(), size_t(n));
-  EXPECT_EQ(rows.front().t_free, std::optional<int64_t>(9001));
-  EXPECT_EQ(rows.back().t_free, std::optional<int64_t>(9002));
+  EXPECT_EQ(rows.front().t_free, std::optional<int64_t>(90001));
+  EXPECT_EQ(rows.back().t_free, std::optional<int64_t>(90002));
 }
 
 // A marker's end keeps the value it had unless the end brings one (the UPDATE's coalesce).

@@ -9,6 +9,7 @@
 #include "train/hf_config.h"
 #include "train/model_shape.h"
 #include "train/train_config.h"
+#include "zero/ds_memory.h"
 
 using namespace zt;
 using nlohmann::json;
@@ -36,6 +37,16 @@ trainer::HfModel hf(const json& j) {
   trainer::HfModel m;
   Status st = trainer::hf_config_from_json(j, "config.json", &m);
   EXPECT_TRUE(st) << st.message();
+  // The parameters DeepSpeed partitions and buckets (the virtual engine's table) are the modules'
+  // own, one list a module: the engine read past the table for an encoder-decoder's blocks before.
+  const auto modules = trainer::shape_modules(m.shape, false);
+  const auto params = trainer::module_parameters(nullptr, m.shape, false);
+  EXPECT_EQ(params.size(), modules.size());
+  for (size_t i = 0; i < std::min(params.size(), modules.size()); ++i) {
+    int64_t sum = 0;
+    for (int64_t n : params[i]) sum += n;
+    EXPECT_EQ(sum, modules[i].numel) << modules[i].name;
+  }
   return m;
 }
 

@@ -339,6 +339,21 @@ TEST(DsMemoryAgainstDeepSpeed, Virtual350MHostIsPageableStatesAndPinnedGradients
   const int64_t P = 354823168;
   EXPECT_EQ(got["pageable_host"], 12 * P);         // master, m, v
   EXPECT_EQ(got["pinned_host"], 4 * P + 2 * P);     // the fp32 gradient, the bf16 gradient partitions
+  // Each step's bf16 copy of the master weights on its way up is one module's at a time, made and
+  // dropped as that module's step runs (stage3.py's .to() of a sub-group's fp32 partition), never
+  // all of them at once: they were, 2 bytes a parameter on the host for the whole optimizer step.
+  zt::db::QueryResult o;
+  ASSERT_TRUE(r.reader
+                  ->query("SELECT count(*), (SELECT count(*) FROM allocation_v a JOIN allocation_v b ON a.rank = b.rank "
+                          "AND a.id < b.id WHERE a.rank = 0 AND a.level = 'block' AND b.level = 'block' AND a.device = 'cpu' AND "
+                          "b.device = 'cpu' AND a.name GLOB '*.update' AND b.name GLOB '*.update' AND b.t_alloc < a.t_free) "
+                          "FROM allocation_v WHERE rank = 0 "
+                          "AND level = 'block' AND device = 'cpu' AND memory_kind = 'pageable_host' AND name GLOB '*.update'",
+                          &o)
+                  .ok());
+  ASSERT_EQ(o.rows.size(), 1u);
+  EXPECT_GT(std::stoll(o.rows[0][0]), 0) << "the copies were made";
+  EXPECT_EQ(o.rows[0][1], "0") << "two modules' copies alive at once";
 }
 
 TEST(DsMemoryAgainstDeepSpeed, Virtual1p5BCheckpointedPeakAllocatedWithinFivePercent) {

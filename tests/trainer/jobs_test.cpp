@@ -8,6 +8,7 @@
 #include "../test_util.h"
 #include "traced_run.h"
 #include "train/model_shape.h"
+#include "zero/ds_memory.h"
 
 using namespace zt;
 
@@ -151,6 +152,14 @@ TEST(Jobs, LoraTrainsTheAdaptersOnlyInVirtualMode) {
   db::TraceReader& r = *run.reader;
   EXPECT_EQ(count(r, "SELECT count(*) FROM allocation_v WHERE level = 'block' AND name LIKE 'adam.m[block%.lora]'"), 32);
   EXPECT_EQ(count(r, "SELECT count(*) FROM allocation_v WHERE name LIKE 'adam.m[%' AND name NOT LIKE '%.lora]'"), 0);
+  // Each adapter is PEFT's lora_A (8 x 4096) and lora_B (4096 x 8) of q and v: four parameters of
+  // 32768 elements, below DeepSpeed's persistence threshold (10 x width), kept whole on every rank
+  // in bf16; its gradient goes through the ipg bucket, the frozen blocks' do not exist.
+  EXPECT_EQ(count(r, "SELECT count(*) FROM allocation_v WHERE rank = 0 AND level = 'block' AND name LIKE "
+                     "'block%.lora.persistent' AND requested_bytes = 4 * 32768 * 2"),
+            32);
+  EXPECT_EQ(count(r, "SELECT count(*) FROM allocation_v WHERE rank = 0 AND level = 'block' AND name = 'block0.lora.grad'"), 1);
+  EXPECT_EQ(count(r, "SELECT count(*) FROM allocation_v WHERE rank = 0 AND level = 'block' AND name = 'block0.grad'"), 0);
   // A real run refuses LoRA: the reference passes have no adapters.
   trainer::TrainConfig real = test::tiny_run(1);
   real.finetuning = "lora";
@@ -215,6 +224,10 @@ TEST(Jobs, EncoderDecoderShapesCountCrossAttentionAndBothStacks) {
   EXPECT_EQ(modules[1].name, "encoder.block0");
   EXPECT_EQ(modules[13].name, "decoder.block0");
   EXPECT_GT(modules[13].numel, modules[1].numel) << "a decoder block has cross-attention";
+  // DeepSpeed's units are the same modules' parameters (the engine read past a shorter table).
+  const auto params = trainer::module_parameters(nullptr, t5, false);
+  ASSERT_EQ(params.size(), modules.size());
+  EXPECT_EQ(params[13].size(), 1 + 4 + 1 + 1 + 4 + 1 + 2u) << "norm, q k v o, relative buckets, norm, cross q k v o, norm, wi wo";
   // Activations: the decoder's cross-attention over the encoder's tokens grows with both lengths.
   EXPECT_GT(trainer::encoder_decoder_activation_bytes(t5, 1, 512, 128, false),
             trainer::encoder_decoder_activation_bytes(t5, 1, 128, 128, false));
@@ -226,6 +239,12 @@ TEST(Jobs, EncoderDecoderShapesCountCrossAttentionAndBothStacks) {
   test::TracedRun run = test::train_traced(c, dir.file("t.db"));
   ASSERT_TRUE(run.status) << run.status.message();
   EXPECT_EQ(count(*run.reader, "SELECT count(*) FROM marker_v WHERE name = 'forward decoder.block11'"), 1);
+  // Its activations (one estimated tensor) live from its forward to the end of its backward, as
+  // PyTorch's do: not from set-up through the optimizer step (and a save) as they did.
+  EXPECT_EQ(count(*run.reader, "SELECT count(*) FROM allocation_v a WHERE level = 'block' AND name = 'activations' AND "
+                               "a.t_alloc >= (SELECT min(t_start) FROM marker_v WHERE name = 'forward') AND a.t_free <= "
+                               "(SELECT min(t_start) FROM marker_v WHERE name = 'optimizer')"),
+            1);
 }
 
 TEST(Jobs, TheNodeWatchdogKillsAtItsShareWithItsOwnErrorKind) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +16,7 @@
 
 #include "ckpt/safetensors.h"
 #include "model/layout.h"
+#include "zt/common/files.h"
 #include "zt/common/units.h"
 #include "zt/fail/failpoint.h"
 
@@ -53,11 +56,30 @@ int64_t step_of_tag(const std::string& name) {
   return v;
 }
 
-std::string read_latest(const std::string& dir) {
-  std::ifstream in(dir + "/latest");
-  std::string tag;
-  if (in) std::getline(in, tag);
+// The tag `latest` names, or "" with *problem saying why it names none ("is missing", "is a
+// directory, not a file", "holds 'a\x00b...', which is not a checkpoint tag"). A tag is a plain
+// name (letters, digits, '_', '-', '.'; not starting with '.'), so it never leads out of DIR or
+// reaches the terminal as binary.
+std::string read_latest(const std::string& dir, std::string* problem = nullptr) {
+  const std::string path = dir + "/latest";
+  auto none = [&](const std::string& why) {
+    if (problem) *problem = path + " " + why;
+    return std::string();
+  };
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (!fs::exists(st)) return none("is missing");
+  if (!fs::is_regular_file(st)) return none(fs::is_directory(st) ? "is a directory, not a file" : "is not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  char buf[257];
+  in.read(buf, sizeof buf);
+  std::string tag(buf, size_t(in.gcount()));
+  if (const size_t nl = tag.find('\n'); nl != std::string::npos) tag.resize(nl);
   while (!tag.empty() && (tag.back() == '\r' || tag.back() == ' ')) tag.pop_back();
+  bool plain = !tag.empty() && tag.size() <= 255 && tag[0] != '.';
+  for (char c : tag) plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.');
+  if (!plain) return none(tag.empty() ? "is empty" : "holds '" + printable(tag, 40) + "', which is not a checkpoint tag");
+  if (problem) problem->clear();
   return tag;
 }
 
@@ -416,7 +438,7 @@ int64_t save(const std::string& dir_arg, const TrainConfig& cfg, const Position&
                       {"gather", rep.gather},
                       {"peak_temp_device_bytes", rep.peak_temp_device_bytes}};
     }
-    const std::string text = j.dump(2) + "\n";
+    const std::string text = j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
     {
       FileWriter mw(tmp + "/" + kManifest);
       mw.write(text.data(), text.size());
@@ -471,6 +493,54 @@ int64_t save(const std::string& dir_arg, const TrainConfig& cfg, const Position&
 
 // ---------------------------------------------------------------- verify and select
 
+namespace {
+// A manifest's numbers: a count (world size, batch, model dimensions) below 2^24, a size or step
+// below 2^53.
+constexpr int64_t kMaxManifestCount = int64_t(1) << 24;
+constexpr int64_t kMaxManifestSize = int64_t(1) << 53;
+
+struct BadField {
+  std::string what;
+};
+
+// obj[key] as a whole number in [lo, hi], or BadField naming the key and the value.
+int64_t manifest_int(const json& obj, const char* key, int64_t lo, int64_t hi, const std::string& where = "") {
+  const json& v = obj.at(key);
+  int64_t x = 0;
+  bool ok = false;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    ok = u <= uint64_t(INT64_MAX) && int64_t(u) >= lo && int64_t(u) <= hi;
+    x = ok ? int64_t(u) : 0;
+  } else if (v.is_number_integer()) {
+    x = v.get<int64_t>();
+    ok = x >= lo && x <= hi;
+  } else if (v.is_number_float()) {
+    // Compared as a double before any conversion (1e30 converted to an integer is undefined).
+    const double d = v.get<double>();
+    ok = d == std::floor(d) && d >= double(lo) && d <= double(hi);
+    x = ok ? int64_t(d) : 0;
+  }
+  if (!ok)
+    throw BadField{where + key + " " + v.dump() + " must be a whole number in " + std::to_string(lo) + " .. " +
+                   std::to_string(hi)};
+  return x;
+}
+
+// 16 hexadecimal digits, as hex64 writes them.
+bool parse_hex64(const std::string& text, uint64_t* out) {
+  if (text.size() != 16) return false;
+  uint64_t v = 0;
+  for (char c : text) {
+    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (d < 0) return false;
+    v = v << 4 | uint64_t(d);
+  }
+  *out = v;
+  return true;
+}
+}  // namespace
+
 Status verify_checkpoint(const std::string& dir, const std::string& tag, Manifest* out) {
   const std::string path = without_trailing_slash(dir) + "/" + tag;
   std::error_code ec;
@@ -484,48 +554,64 @@ Status verify_checkpoint(const std::string& dir, const std::string& tag, Manifes
   Manifest m;
   try {
     if (j.value("format", "") != kFormatName) return Status::Error(mpath + ": not a zerotrace checkpoint manifest");
-    m.version = j.at("version").get<uint32_t>();
+    // Every number in its range before it sizes or counts anything: a world_size of 1e30 read
+    // as an int was -2147483648.
+    m.version = uint32_t(manifest_int(j, "version", 0, UINT32_MAX));
     if (m.version != 1 && m.version != kFormatVersion)
       return Status::Error(mpath + ": checkpoint format version " + std::to_string(m.version) +
                            "; this build reads versions 1 and " + std::to_string(kFormatVersion));
     const std::string sum_key = j.value("checksum", "");
     if (!parse_checksum(sum_key, &m.checksum))
-      return Status::Error(mpath + ": unknown checksum '" + sum_key + "' (this build knows xxh64 and fnv1a64)");
+      return Status::Error(mpath + ": unknown checksum '" + printable(sum_key) + "' (this build knows xxh64 and fnv1a64)");
     m.tag = j.at("tag").get<std::string>();
-    m.world_size = j.at("world_size").get<int>();
-    m.stage = j.at("zero_stage").get<int>();
-    m.pos.global_step = j.at("global_step").get<int64_t>();
-    m.pos.epoch = j.at("epoch").get<int64_t>();
-    m.pos.step_in_epoch = j.at("step_in_epoch").get<int64_t>();
-    m.seed = j.at("seed").get<uint64_t>();
+    m.world_size = int(manifest_int(j, "world_size", 1, kMaxManifestCount));
+    m.stage = int(manifest_int(j, "zero_stage", 0, 3));
+    m.pos.global_step = manifest_int(j, "global_step", 0, kMaxManifestSize);
+    m.pos.epoch = manifest_int(j, "epoch", 0, kMaxManifestSize);
+    m.pos.step_in_epoch = manifest_int(j, "step_in_epoch", 0, kMaxManifestSize);
+    const json& seed = j.at("seed");
+    if (!(seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0)))
+      throw BadField{"seed " + seed.dump() + " must be a whole number of 0 or more"};
+    m.seed = seed.get<uint64_t>();
     m.model_only = j.value("save_only_model", false);
     if (j.contains("config") && j["config"].is_object()) {
-      m.model = j["config"].value("model", "");
-      m.micro_batch = j["config"].value("micro_batch", int64_t(0));
-      m.grad_accum = j["config"].value("grad_accum", int64_t(0));
+      const json& c = j["config"];
+      m.model = c.value("model", "");
+      if (c.contains("micro_batch")) m.micro_batch = manifest_int(c, "micro_batch", 0, kMaxManifestCount, "config.");
+      if (c.contains("grad_accum")) m.grad_accum = manifest_int(c, "grad_accum", 0, kMaxManifestCount, "config.");
     }
     if (j.contains("model_config") && j["model_config"].is_object()) {
       const json& c = j["model_config"];
-      m.model_config = model::Config{c.at("vocab").get<int64_t>(), c.at("context").get<int64_t>(),
-                                     c.at("layers").get<int64_t>(), c.at("heads").get<int64_t>(),
-                                     c.at("width").get<int64_t>()};
+      auto dim = [&](const char* k) { return manifest_int(c, k, 1, kMaxManifestCount, "model_config."); };
+      m.model_config = model::Config{dim("vocab"), dim("context"), dim("layers"), dim("heads"), dim("width")};
     }
-    if (j.contains("modules"))
-      for (const auto& x : j.at("modules"))
-        m.modules.push_back({x.at("name").get<std::string>(), x.at("numel").get<int64_t>(), x.at("padded").get<int64_t>(),
-                             x.at("shard").get<int64_t>()});
-    auto file = [&](const json& f, int rank) {
+    if (j.contains("modules")) {
+      const json& modules = j.at("modules");
+      if (!modules.is_array() || modules.size() > size_t(kMaxManifestCount))
+        throw BadField{"modules must be a list (of at most " + std::to_string(kMaxManifestCount) + " modules)"};
+      for (const auto& x : modules)
+        m.modules.push_back({x.at("name").get<std::string>(), manifest_int(x, "numel", 0, kMaxManifestSize, "modules[]."),
+                             manifest_int(x, "padded", 0, kMaxManifestSize, "modules[]."),
+                             manifest_int(x, "shard", 0, kMaxManifestSize, "modules[].")});
+    }
+    auto file = [&](const json& f, int rank, const char* list) {
       Manifest::File file;
       file.name = f.at("name").get<std::string>();
       file.rank = rank;
-      file.bytes = f.at("bytes").get<int64_t>();
-      file.sum = std::stoull(f.at(sum_key).get<std::string>(), nullptr, 16);
+      file.bytes = manifest_int(f, "bytes", 0, kMaxManifestSize, std::string(list) + "[].");
+      const std::string sum = f.at(sum_key).get<std::string>();
+      if (!parse_hex64(sum, &file.sum))
+        throw BadField{std::string(list) + "[]." + sum_key + " '" + printable(sum) + "' for " + printable(file.name) +
+                       " is not a checksum (16 hexadecimal digits)"};
       return file;
     };
-    for (const auto& f : j.at("files")) m.files.push_back(file(f, f.at("rank").get<int>()));
+    for (const auto& f : j.at("files"))
+      m.files.push_back(file(f, int(manifest_int(f, "rank", 0, m.world_size - 1, "files[].")), "files"));
     if (j.contains("model_files"))
-      for (const auto& f : j.at("model_files")) m.model_files.push_back(file(f, -1));
+      for (const auto& f : j.at("model_files")) m.model_files.push_back(file(f, -1, "model_files"));
     if (j.contains("weights")) m.weights_dtype = j["weights"].value("dtype", "");
+  } catch (const BadField& e) {
+    return Status::Error(mpath + ": " + e.what);
   } catch (const std::exception& e) {
     return Status::Error(mpath + ": a field is missing or malformed (" + e.what() + ")");
   }
@@ -582,12 +668,14 @@ Status select_checkpoint(const std::string& dir_arg, Selected* out, bool need_op
   if (!fs::is_directory(dir, ec))
     return Status::Error(dir + (fs::exists(dir, ec) ? ": not a directory (a checkpoint directory is expected)" : ": no such checkpoint directory"));
   std::vector<std::string> candidates;
-  const std::string latest = read_latest(dir);
+  std::string latest_problem;
+  const std::string latest = read_latest(dir, &latest_problem);
   if (!latest.empty()) candidates.push_back(latest);
   for (auto& t : list_tags(dir))
     if (t != latest) candidates.push_back(t);
   std::string notes;
-  if (latest.empty() && !candidates.empty()) notes += dir + "/latest is missing; looking for the newest complete checkpoint\n";
+  std::vector<std::string> refused;  // the error's parts, when none is complete
+  if (latest.empty() && !candidates.empty()) notes += latest_problem + "; looking for the newest complete checkpoint\n";
   for (const auto& tag : candidates) {
     Manifest m;
     Status s = verify_checkpoint(dir, tag, &m);
@@ -597,6 +685,7 @@ Status select_checkpoint(const std::string& dir_arg, Selected* out, bool need_op
                         "cannot resume from it; `zt ckpt consolidate` reads its weights");
     if (!s) {
       notes += "checkpoint " + dir + "/" + tag + (tag == latest ? " (latest)" : "") + " refused: " + s.message() + "\n";
+      refused.push_back(tag + (tag == latest ? " (latest)" : "") + ": " + s.message());
       continue;
     }
     if (!notes.empty()) notes += "falling back to " + dir + "/" + tag + " (step " + std::to_string(m.pos.global_step) + ")\n";
@@ -606,8 +695,10 @@ Status select_checkpoint(const std::string& dir_arg, Selected* out, bool need_op
     return Status::Ok();
   }
   if (candidates.empty()) return Status::Error(dir + ": no checkpoint to resume from");
-  notes.pop_back();
-  return Status::Error(dir + ": no complete checkpoint to " + (need_optimizer_state ? "resume from" : "read") + ":\n" + notes);
+  // One line, every refused checkpoint and why.
+  std::string why;
+  for (const auto& r : refused) why += (why.empty() ? "" : "; ") + r;
+  return Status::Error(dir + ": no complete checkpoint to " + (need_optimizer_state ? "resume from" : "read") + " (" + why + ")");
 }
 
 // ---------------------------------------------------------------- load
@@ -674,9 +765,11 @@ Status describe_checkpoints(const std::string& dir_arg, std::string* text) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return Status::Error(dir + (fs::exists(dir, ec) ? ": not a directory (a checkpoint directory is expected)" : ": no such checkpoint directory"));
-  const std::string latest = read_latest(dir);
+  std::string latest_problem;
+  const std::string latest = read_latest(dir, &latest_problem);
   std::ostringstream o;
   o << "checkpoints in " << dir << " (latest -> " << (latest.empty() ? "none" : latest) << ")\n";
+  if (latest.empty() && fs::exists(fs::symlink_status(dir + "/latest", ec))) o << "  " << latest_problem << "\n";
   std::vector<std::string> tags = list_tags(dir);
   std::reverse(tags.begin(), tags.end());  // oldest first
   if (tags.empty()) o << "  (none)\n";

@@ -62,7 +62,7 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafeTensor> t
   }
   if (!metadata.empty()) h["__metadata__"] = metadata;
   data_bytes_ = off;
-  std::string text = h.dump();
+  std::string text = h.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
   const uint64_t n = text.size();
   file_.put(n);
@@ -281,7 +281,7 @@ std::string gpt2_hf_config_json(const model::Config& mc, DType dtype) {
             {"bos_token_id", eos},
             {"eos_token_id", eos},
             {"torch_dtype", torch_dtype}};
-  return j.dump(2) + "\n";
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace zt::trainer::ckpt

@@ -5,6 +5,10 @@
 
 #include <omp.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -62,7 +66,11 @@ bool cpu_has(CpuAdamIsa isa) {
   __builtin_cpu_init();
   switch (isa) {
     case CpuAdamIsa::Scalar: return true;
-    case CpuAdamIsa::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case CpuAdamIsa::Avx2: {
+      // F16C from CPUID (leaf 1, ECX): clang 14's __builtin_cpu_supports does not know "f16c".
+      unsigned a = 0, b = 0, c = 0, d = 0;
+      return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    }
     case CpuAdamIsa::Avx512: return __builtin_cpu_supports("avx512f");
   }
   return false;

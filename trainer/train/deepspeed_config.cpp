@@ -46,7 +46,9 @@ struct Reader {
     classify_deepspeed_keys(where, obj, std::vector<std::string>(known.begin(), known.end()), block, path, warnings,
                             unmodeled);
   }
-  // A number (or "auto" -> keep `dst`); false with `error` set on a wrong type.
+  // A number (or "auto" -> keep `dst`); false with `error` set on a wrong type. No number a
+  // DeepSpeed config gives us may be negative (sizes, counts, thresholds, scales, rates): a
+  // negative reduce_bucket_size was taken as "auto" without a word.
   template <typename T>
   bool number(const json& obj, const char* key, const std::string& where, T& dst, T auto_value) {
     if (!obj.contains(key)) return true;
@@ -57,6 +59,10 @@ struct Reader {
     }
     if (!v.is_number()) {
       error = path + ": " + where + key + " must be a number or \"auto\", not " + v.dump();
+      return false;
+    }
+    if (v.get<double>() < 0) {
+      error = path + ": " + where + key + " " + v.dump() + " must not be negative";
       return false;
     }
     if constexpr (std::is_integral_v<T>) {

@@ -103,46 +103,73 @@ Status validate_shape(const ModelShape& s) {
 
 namespace {
 int64_t head_size(const ModelShape& s) { return s.head_dim > 0 ? s.head_dim : s.width / s.heads; }
-// One norm's parameters: a weight per channel, and a bias for LayerNorm.
-int64_t norm_params(const ModelShape& s, int64_t channels) { return s.norm == "layer" ? 2 * channels : channels; }
+// One norm's parameters: a weight per channel, and a bias for LayerNorm; the older count (no
+// norm named) a weight per norm.
+void norm_parameters(const ModelShape& s, int64_t channels, std::vector<int64_t>* out) {
+  out->push_back(channels);
+  if (s.norm == "layer") out->push_back(channels);
+}
 // Self- or cross-attention's projections (q, k, v, o, their biases, q/k norms), or MLA's.
-int64_t attention_params(const ModelShape& s, bool cross) {
+void attention_parameters(const ModelShape& s, bool cross, std::vector<int64_t>* out) {
   const int64_t C = s.width, H = s.heads, hd = head_size(s);
   if (s.kv_lora_rank > 0) {
     const int64_t qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
-    const int64_t q = s.q_lora_rank > 0 ? C * s.q_lora_rank + s.q_lora_rank + s.q_lora_rank * H * qk : C * H * qk;
-    const int64_t kv = C * (s.kv_lora_rank + s.qk_rope_head_dim) + s.kv_lora_rank +
-                       s.kv_lora_rank * H * (s.qk_nope_head_dim + s.v_head_dim);
-    return q + kv + H * s.v_head_dim * C;
+    if (s.q_lora_rank > 0) {
+      out->insert(out->end(), {C * s.q_lora_rank, s.q_lora_rank, s.q_lora_rank * H * qk});  // q_a, its norm, q_b
+    } else {
+      out->push_back(C * H * qk);
+    }
+    out->insert(out->end(), {C * (s.kv_lora_rank + s.qk_rope_head_dim), s.kv_lora_rank,  // kv_a, its norm
+                             s.kv_lora_rank * H * (s.qk_nope_head_dim + s.v_head_dim), H * s.v_head_dim * C});
+    return;
   }
-  int64_t n = C * H * hd + 2 * C * (s.kv_heads * hd) + H * hd * C;  // q, k, v, o
-  if (s.qkv_bias) n += H * hd + 2 * s.kv_heads * hd;
-  if (s.out_bias) n += C;
-  if (s.qk_norm && !cross) n += 2 * hd;
-  return n;
+  const int64_t kv = s.kv_heads * hd;
+  out->push_back(C * H * hd);  // q
+  if (s.qkv_bias) out->push_back(H * hd);
+  out->push_back(C * kv);  // k
+  if (s.qkv_bias) out->push_back(kv);
+  out->push_back(C * kv);  // v
+  if (s.qkv_bias) out->push_back(kv);
+  out->push_back(H * hd * C);  // o
+  if (s.out_bias) out->push_back(C);
+  if (s.qk_norm && !cross) out->insert(out->end(), {hd, hd});
 }
 bool moe_layer(const ModelShape& s, int64_t layer) {
   return s.experts > 0 && layer >= s.dense_layers && (layer - s.dense_layers) % std::max<int64_t>(1, s.moe_every) == 0;
 }
-// Decoder-only: layer in 0..layers-1. Encoder-decoder: encoder blocks first, then decoder blocks
-// (their `layer` counted from the first decoder block), each with cross-attention and a third norm.
-int64_t block_params(const ModelShape& s, int64_t layer, bool decoder_of_pair = false) {
+// A block's parameters in a pre-LN block's order. Decoder-only: layer in 0..layers-1.
+// Encoder-decoder: encoder blocks first, then decoder blocks (their `layer` counted from the first
+// decoder block), each with cross-attention and a third norm.
+std::vector<int64_t> block_parameters(const ModelShape& s, int64_t layer, bool decoder_of_pair = false) {
   const int64_t C = s.width;
-  int64_t n = attention_params(s, false);
-  const int64_t norms = decoder_of_pair ? 3 : 2;
-  n += norms * (s.norm.empty() ? C : norm_params(s, C));  // the older count: a weight per norm
-  if (decoder_of_pair) n += attention_params(s, true);
-  if (s.relative_attention_buckets > 0 && layer == 0) n += s.relative_attention_buckets * s.heads;
+  std::vector<int64_t> v;
+  norm_parameters(s, C, &v);
+  attention_parameters(s, false, &v);
+  if (s.relative_attention_buckets > 0 && layer == 0) v.push_back(s.relative_attention_buckets * s.heads);
+  if (decoder_of_pair) {
+    norm_parameters(s, C, &v);
+    attention_parameters(s, true, &v);
+  }
+  norm_parameters(s, C, &v);
   const int64_t mats = s.gated_ffn ? 3 : 2;
   if (moe_layer(s, layer)) {
     const int64_t shared_ffn = s.shared_expert_ffn > 0 ? s.shared_expert_ffn : s.expert_ffn;
-    n += s.experts * mats * C * s.expert_ffn + s.shared_experts * mats * C * shared_ffn + C * s.experts;  // experts + router
-    if (s.shared_expert_gate) n += C;
-    if (s.router_bias) n += s.experts;
+    for (int64_t e = 0; e < s.experts * mats; ++e) v.push_back(C * s.expert_ffn);
+    for (int64_t e = 0; e < s.shared_experts * mats; ++e) v.push_back(C * shared_ffn);
+    v.push_back(C * s.experts);  // router
+    if (s.router_bias) v.push_back(s.experts);
+    if (s.shared_expert_gate) v.push_back(C);
   } else {
-    n += mats * C * s.ffn;
-    if (s.out_bias) n += (mats - 1) * s.ffn + C;  // GPT-2, BART: the biases of c_fc and c_proj
+    for (int64_t m = 0; m < mats; ++m) {
+      v.push_back(C * s.ffn);
+      if (s.out_bias) v.push_back(m + 1 < mats ? s.ffn : C);  // GPT-2, BART: the biases of c_fc and c_proj
+    }
   }
+  return v;
+}
+int64_t sum_of(const std::vector<int64_t>& v) {
+  int64_t n = 0;
+  for (int64_t x : v) n += x;
   return n;
 }
 // Every linear of a block as (in, out), for LoRA's adapters (r x (in + out) each).
@@ -193,40 +220,67 @@ void block_linears(const ModelShape& s, int64_t layer, bool decoder_of_pair, con
 
 int64_t shape_blocks(const ModelShape& s) { return s.layers + s.encoder_layers; }
 
+std::vector<std::vector<int64_t>> shape_module_parameters(const ModelShape& s, bool learned_positions) {
+  std::vector<std::vector<int64_t>> out;
+  const int64_t C = s.width;
+  out.push_back({s.vocab * C});
+  if (learned_positions) out.back().push_back(s.context * C);
+  if (s.positions > 0) out.back().push_back(s.positions * C);
+  if (s.encoder_layers > 0) {
+    for (int64_t l = 0; l < s.encoder_layers; ++l) out.push_back(block_parameters(s, l));
+    for (int64_t l = 0; l < s.layers; ++l) out.push_back(block_parameters(s, l, true));
+  } else {
+    for (int64_t l = 0; l < s.layers; ++l) out.push_back(block_parameters(s, l));
+  }
+  std::vector<int64_t> final_norms;
+  if (s.norm.empty()) {
+    final_norms = {C, C};  // the older count: LayerNorm's weight and bias
+  } else {
+    const int64_t stacks = s.encoder_layers > 0 ? 2 : 1;
+    for (int64_t k = 0; k < s.final_norms + (s.embed_norm ? stacks : 0); ++k) norm_parameters(s, C, &final_norms);
+  }
+  if (final_norms.empty()) final_norms = {1};  // a module of one element stands for none
+  out.push_back(std::move(final_norms));
+  if (!s.tied_embeddings) out.push_back({s.vocab * C});
+  return out;
+}
+
 std::vector<model::ModuleSpec> shape_modules(const ModelShape& s, bool learned_positions) {
+  const std::vector<std::vector<int64_t>> params = shape_module_parameters(s, learned_positions);
   std::vector<model::ModuleSpec> out;
   int64_t offset = 0;
-  auto add = [&](const std::string& name, int64_t numel) {
+  auto add = [&](const std::string& name) {
     model::ModuleSpec m;
     m.name = name;
     m.index = int(out.size());
     m.offset = offset;
-    m.numel = numel;
-    offset += numel;
+    m.numel = sum_of(params[out.size()]);
+    offset += m.numel;
     out.push_back(m);
   };
-  add("embeddings", s.vocab * s.width + (learned_positions ? s.context * s.width : 0) + s.positions * s.width);
+  add("embeddings");
   if (s.encoder_layers > 0) {
-    for (int64_t l = 0; l < s.encoder_layers; ++l) add("encoder.block" + std::to_string(l), block_params(s, l));
-    for (int64_t l = 0; l < s.layers; ++l) add("decoder.block" + std::to_string(l), block_params(s, l, true));
+    for (int64_t l = 0; l < s.encoder_layers; ++l) add("encoder.block" + std::to_string(l));
+    for (int64_t l = 0; l < s.layers; ++l) add("decoder.block" + std::to_string(l));
   } else {
-    for (int64_t l = 0; l < s.layers; ++l) add("block" + std::to_string(l), block_params(s, l));
+    for (int64_t l = 0; l < s.layers; ++l) add("block" + std::to_string(l));
   }
-  const int64_t stacks = s.encoder_layers > 0 ? 2 : 1;
-  const int64_t final_numel = s.norm.empty() ? 2 * s.width
-                                             : norm_params(s, s.width) * (s.final_norms + (s.embed_norm ? stacks : 0));
-  add("final_ln", std::max<int64_t>(final_numel, 1));
-  if (!s.tied_embeddings) add("lm_head", s.vocab * s.width);
+  add("final_ln");
+  if (!s.tied_embeddings) add("lm_head");
   return out;
 }
 
-int64_t lora_params(const ModelShape& s, int64_t block, int64_t rank, const std::string& targets) {
+std::vector<int64_t> lora_parameters(const ModelShape& s, int64_t block, int64_t rank, const std::string& targets) {
   std::vector<std::pair<int64_t, int64_t>> linears;
   const bool decoder_of_pair = s.encoder_layers > 0 && block >= s.encoder_layers;
   block_linears(s, decoder_of_pair ? block - s.encoder_layers : block, decoder_of_pair, targets, &linears);
-  int64_t n = 0;
-  for (auto [in, out] : linears) n += rank * (in + out);
-  return n;
+  std::vector<int64_t> v;
+  for (auto [in, out] : linears) v.insert(v.end(), {rank * in, out * rank});  // lora_A, lora_B
+  return v;
+}
+
+int64_t lora_params(const ModelShape& s, int64_t block, int64_t rank, const std::string& targets) {
+  return sum_of(lora_parameters(s, block, rank, targets));
 }
 
 int64_t shape_params(const ModelShape& s, bool learned_positions) {

@@ -41,6 +41,11 @@ Status validate_shape(const ModelShape& s);
 // norms, a dense or gated FFN, or a router with routed and shared experts after the first
 // dense_layers), "final_ln", and "lm_head" when the embeddings are not tied.
 std::vector<model::ModuleSpec> shape_modules(const ModelShape& s, bool learned_positions);
+// The same modules' parameters (nn.Parameters: the units DeepSpeed partitions, buckets and keeps
+// whole below its persistence threshold), each module's in a pre-LN block's order (norm, attention
+// with its biases and q/k norms, cross-attention, norm, FFN or experts and router); a module's
+// numel in shape_modules is the sum of its list.
+std::vector<std::vector<int64_t>> shape_module_parameters(const ModelShape& s, bool learned_positions);
 
 int64_t shape_params(const ModelShape& s, bool learned_positions);
 // Transformer blocks of the shape: its layers, and an encoder-decoder's encoder layers before them.
@@ -50,6 +55,8 @@ int64_t shape_blocks(const ModelShape& s);
 // "attention" (q, k, v, o, and cross-attention's), "all" (every linear of the block: PEFT's
 // all-linear, the MLP's or every expert's and the router).
 int64_t lora_params(const ModelShape& s, int64_t block, int64_t rank, const std::string& targets);
+// The same adapters as parameters: lora_A (r x in) and lora_B (out x r) of each targeted linear.
+std::vector<int64_t> lora_parameters(const ModelShape& s, int64_t block, int64_t rank, const std::string& targets);
 // An upper bound of shape_params, in long double, for any shape (no product can overflow): the
 // embeddings (tied or not, with learned positions), each layer's attention, norms, and its dense
 // FFN or experts and router, whichever is larger. A reader of shapes (zt repro's scenarios)

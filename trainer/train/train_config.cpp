@@ -28,9 +28,15 @@ std::string normalize(std::string key) {
 }  // namespace
 
 Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* keys) {
-  YAML::Node root;
   std::string text;
   if (Status s = read_text_file(path, "config file", &text); !s) return s;
+  return load_train_config_text(text, path, cfg, keys);
+}
+
+Status load_train_config_text(const std::string& text, const std::string& path, TrainConfig* cfg,
+                              std::vector<std::string>* keys) {
+  if (Status s = check_yaml_text(text, path); !s) return s;
+  YAML::Node root;
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
@@ -153,8 +159,11 @@ Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<
       it->second(kv.second);
       if (keys) keys->push_back(key);
     } catch (const YAML::Exception& e) {
-      return Status::Error(path + ":" + std::to_string(kv.second.Mark().line + 1) + ": bad value for '" + key +
-                           "': " + (e.msg.empty() ? "wrong type" : e.msg));
+      // The value too, escaped: "run.yaml:3: bad value for 'steps': '1e18' (bad conversion)".
+      const YAML::Node& v = kv.second;
+      const std::string value = v.IsScalar() ? "'" + printable(v.Scalar()) + "'" : v.IsSequence() ? "a list" : v.IsMap() ? "a mapping" : "nothing";
+      return Status::Error(path + ":" + std::to_string(v.Mark().line + 1) + ": bad value for '" + key + "': " + value +
+                           " (" + (e.msg.empty() ? "wrong type" : e.msg) + ")");
     }
   }
   c.config_file = path;
@@ -291,6 +300,35 @@ Status validate(const TrainConfig& c) {
   if (c.grad_accum > kMaxCount) return bad("grad_accum " + std::to_string(c.grad_accum) + " is above the limit of 16777216");
   if (c.world_size > kMaxCount) return bad("world_size " + std::to_string(c.world_size) + " is above the limit of 16777216");
   if (c.seq_len > kMaxCount) return bad("seq_len " + std::to_string(c.seq_len) + " is above the limit of 16777216");
+  // The global batch (micro_batch x grad_accum x world_size samples a step), counted in int64.
+  constexpr int64_t kMaxGlobalBatch = int64_t(1) << 40;
+  if (c.micro_batch * c.grad_accum > kMaxGlobalBatch / c.world_size)
+    return bad("micro_batch " + std::to_string(c.micro_batch) + " x grad_accum " + std::to_string(c.grad_accum) +
+               " x world_size " + std::to_string(c.world_size) + " is above the limit of 2^40 samples a step");
+  // Step and epoch numbers go into the trace, which holds them below 2^31 (db/SCHEMA.md).
+  constexpr int64_t kMaxSteps = (int64_t(1) << 31) - 1;
+  if (c.steps > kMaxSteps) return bad("steps " + std::to_string(c.steps) + " is above the limit of 2147483647");
+  if (c.epochs > kMaxSteps) return bad("epochs " + std::to_string(c.epochs) + " is above the limit of 2147483647");
+  if (c.delayed_update > kMaxSteps)
+    return bad("delayed_update " + std::to_string(c.delayed_update) + " is above the limit of 2147483647");
+  if (c.save_every > kMaxSteps) return bad("save_every " + std::to_string(c.save_every) + " is above the limit of 2147483647");
+  // Memory sizes are exact in a double up to 2^53 bytes (8 PiB), far above any machine's.
+  constexpr uint64_t kMaxMemory = uint64_t(1) << 53;
+  if (c.device_memory > kMaxMemory) return bad("device_memory " + format_bytes(double(c.device_memory)) + " is above the limit of 8 PiB");
+  if (c.host_memory > kMaxMemory) return bad("host_memory " + format_bytes(double(c.host_memory)) + " is above the limit of 8 PiB");
+  if (c.data_samples < 0 || c.data_samples > (int64_t(1) << 53))
+    return bad("data_samples " + std::to_string(c.data_samples) + " must lie in 0 .. 2^53");
+  if (c.max_doc_tokens > (int64_t(1) << 53))
+    return bad("max_doc_tokens " + std::to_string(c.max_doc_tokens) + " is above the limit of 2^53");
+  if (!std::isfinite(c.virtual_grad_norm) || c.virtual_grad_norm < 0)
+    return bad("virtual_grad_norm must be a number, 0 or more");
+  // zero_optimization's sizes: -1 is "auto" (the model's width squared, as Hugging Face's
+  // integration sets them); no other negative means anything.
+  const ZeroSettings& zs = c.zero;
+  for (auto [key, v] : {std::pair{"reduce_bucket_size", zs.reduce_bucket_size},
+                        std::pair{"stage3_prefetch_bucket_size", zs.prefetch_bucket_size},
+                        std::pair{"stage3_param_persistence_threshold", zs.param_persistence_threshold}})
+    if (v < -1) return bad(std::string("zero_optimization.") + key + " " + std::to_string(v) + " must not be negative");
   // fp16's dynamic loss scale (DeepSpeed's names).
   const ZeroSettings& z = c.zero;
   if (z.loss_scale_window < 1) return bad("fp16.loss_scale_window must be at least 1 (steps without overflow before the scale grows)");
@@ -424,7 +462,7 @@ std::string to_json(const TrainConfig& c) {
     }
     j["shape"] = shape;
   }
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // a flag's path need not be UTF-8
 }
 
 }  // namespace zt::trainer

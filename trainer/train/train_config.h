@@ -233,6 +233,9 @@ Status load_deepspeed_config_text(const std::string& text, const std::string& or
 // Reads a YAML mapping into `cfg` (keys as the flags: micro_batch or micro-batch). `keys`, when
 // given, receives the settings the file set (normalized: micro_batch).
 Status load_train_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* keys = nullptr);
+// The same from the file's text (`path` names it in messages).
+Status load_train_config_text(const std::string& text, const std::string& path, TrainConfig* cfg,
+                              std::vector<std::string>* keys = nullptr);
 // Checks ranges and combinations; the message names the setting and what to do.
 Status validate(const TrainConfig& cfg);
 // What is wrong with the settings of model loading, frozen parameters, evaluation and the memory

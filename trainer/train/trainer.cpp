@@ -285,7 +285,14 @@ Status model_config_of(const TrainConfig& cfg, model::Config* out) {
   const int64_t T = cfg.seq_len ? cfg.seq_len : mc->context;
   const int64_t B = cfg.micro_batch;
   if (!virt) {
-    if (Status s = model::Workspace::check(*mc, int(B), int(T)); !s) return s;
+    // Named by the settings that chose B and T, and the file they came from.
+    if (Status s = model::Workspace::check(*mc, int(B), int(T)); !s) {
+      std::string why = s.message();
+      if (why.rfind("workspace: ", 0) == 0) why = why.substr(11);
+      const std::string& file = !cfg.config_file.empty() ? cfg.config_file : cfg.ds_config;
+      return Status::Error((file.empty() ? std::string() : file + ": ") + "micro_batch " + std::to_string(B) +
+                           ", seq_len " + std::to_string(T) + " (model " + cfg.model + "): " + why);
+    }
   } else if (cfg.data_samples <= 0) {
     return Status::Error("virtual mode needs data_samples (the size of the data set in samples of seq_len tokens): "
                          "no corpus is read");
@@ -357,6 +364,15 @@ Status checkpoint_settings_ok(const TrainConfig& cfg) {
   }
   if (cfg.resume && cfg.virtual_mode)
     return Status::Error("--resume: virtual mode keeps sizes only, so there is no model state to load a checkpoint into");
+  // Every save ends by renaming latest.tmp over `latest`: something there that is not a file
+  // (a directory) would fail the first save, after a step has trained; found here instead.
+  if (cfg.save_every > 0 && !cfg.virtual_mode) {
+    std::error_code ec;
+    const std::string latest = cfg.checkpoint_dir + "/latest";
+    if (std::filesystem::is_directory(std::filesystem::symlink_status(latest, ec)))
+      return Status::Error("--checkpoint-dir " + cfg.checkpoint_dir + ": " + latest +
+                           " is a directory, where each save writes the name of the newest checkpoint; move it away");
+  }
   // A fresh run saving into another run's checkpoints would replace some of them and leave the
   // rest beside its own, `latest` pointing back: two runs mixed in one directory.
   if (cfg.save_every > 0 && !cfg.resume && !cfg.virtual_mode) {

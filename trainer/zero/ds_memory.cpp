@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "model/layout.h"
+#include "train/model_shape.h"
 #include "zt/memory/device_allocator.h"
 #include "zt/memory/host_allocator.h"
 
@@ -302,23 +303,7 @@ std::vector<std::vector<int64_t>> module_parameters(const model::Config* gpt2, c
     }
     return out;
   }
-  const int64_t C = s.width, hd = s.heads > 0 ? s.width / s.heads : s.width, kv = s.kv_heads * hd;
-  out.push_back({s.vocab * C});
-  if (learned_positions) out.back().push_back(s.context * C);
-  const int64_t mats = s.gated_ffn ? 3 : 2;
-  for (int64_t l = 0; l < s.layers; ++l) {
-    std::vector<int64_t> v = {C, C * C, C * kv, C * kv, C * C, C};  // norm, q, k, v, o, norm
-    if (s.experts > 0 && l >= s.dense_layers) {
-      for (int64_t e = 0; e < (s.experts + s.shared_experts) * mats; ++e) v.push_back(C * s.expert_ffn);
-      v.push_back(C * s.experts);  // router
-    } else {
-      for (int64_t k = 0; k < mats; ++k) v.push_back(C * s.ffn);
-    }
-    out.push_back(std::move(v));
-  }
-  out.push_back({C, C});  // final norm (shape_modules counts 2 * width)
-  if (!s.tied_embeddings) out.push_back({s.vocab * C});
-  return out;
+  return shape_module_parameters(s, learned_positions);
 }
 
 int64_t persistent_numel(const std::vector<int64_t>& params, int64_t threshold) {

@@ -115,8 +115,9 @@ std::vector<MemoryOp> micro_step_ops(const ActivationShape& a);
 long double activation_bytes_bound(const ModelShape& s, int64_t B, int64_t T);
 
 // Each module's parameters as DeepSpeed partitions them (nn.Parameters), in the engine's module
-// order: a GPT-2 preset's from model::param_table, a shape's from its layout (q, k, v, o, two
-// norms, the FFN's or experts' matrices and the router; embeddings, final norm, an untied head).
+// order: a GPT-2 preset's from model::param_table, a shape's from model_shape.h's
+// shape_module_parameters (the same table its modules are summed from: encoder-decoders, biases,
+// q/k norms, MLA and experts as the shape says).
 std::vector<std::vector<int64_t>> module_parameters(const model::Config* gpt2, const ModelShape& s,
                                                     bool learned_positions);
 // DeepSpeed's partition of one parameter on each of W ranks: ceil(numel / W).

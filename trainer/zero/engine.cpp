@@ -254,7 +254,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
       a.name = modules_[size_t(b) + 1].name + ".lora";
       a.index = int(modules_.size());
       a.offset = offset;
-      a.numel = lora_params(shape, b, cfg.lora_rank, cfg.lora_targets);
+      module_params_.push_back(lora_parameters(shape, b, cfg.lora_rank, cfg.lora_targets));  // A and B of each linear
+      for (int64_t n : module_params_.back()) a.numel += n;
       offset += a.numel;
       lora_of_[size_t(b)] = a.index;
       modules_.push_back(a);
@@ -267,6 +268,9 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     for (size_t i = 0; i < modules_.size(); ++i)
       frozen[i] = !(int64_t(i) >= 1 + blocks - cfg.trainable_layers && int64_t(i) <= blocks);
   }
+  if (module_params_.size() != modules_.size())
+    throw std::logic_error("ZeroEngine: " + std::to_string(module_params_.size()) + " parameter tables for " +
+                           std::to_string(modules_.size()) + " modules");
   // Left uninitialized: init_params writes every element, its threads touching the pages first.
   std::unique_ptr<float[]> init(virt ? nullptr : new float[size_t(model::num_params(mc))]);
   if (!virt) model::init_params(mc, cfg.seed, init.get());
@@ -398,29 +402,29 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   }
   // Activations: a real GPU's passes get theirs as one tensor; elsewhere the device is charged what
   // PyTorch's autograd would keep, tensor by tensor, allocated and freed as the passes run (step()).
-  // An encoder-decoder's (virtual shapes only) is one tensor of model_shape.h's estimate, held.
+  // An encoder-decoder's (virtual shapes only) is one tensor of model_shape.h's estimate, charged
+  // the same way: made as its forward starts, freed once its backward is done (never held through
+  // an evaluation, an optimizer step or a save: issue 30's finding).
   act_ = activation_shape(shape, !custom, B, T, dtype_, attention_of(cfg) == model::Attention::Flash,
                           cfg.activation_checkpointing);
   if (!virt) passes_ = rt.model_passes(mc, B, T, cfg.activation_checkpointing, attention_of(cfg));
-  charge_terms_ = (virt && shape.encoder_layers <= 0) || (!virt && passes_->owns_memory());
+  charge_terms_ = virt || passes_->owns_memory();
+  if (virt && shape.encoder_layers > 0)
+    pass_activations_ = (encoder_decoder_activation_bytes(shape, B, T, shape.decoder_seq_len > 0 ? shape.decoder_seq_len : T,
+                                                          cfg.activation_checkpointing,
+                                                          attention_of(cfg) == model::Attention::Flash) +
+                         3) / 4;
   if (!charge_terms_) {
-    const bool flash = attention_of(cfg) == model::Attention::Flash;
-    const int64_t act_bytes =
-        virt ? encoder_decoder_activation_bytes(shape, B, T, shape.decoder_seq_len > 0 ? shape.decoder_seq_len : T,
-                                                cfg.activation_checkpointing, flash)
-             : int64_t(passes_->bytes());
-    activations_ = Tensor::empty("activations", {(act_bytes + 3) / 4}, DType::F32, accel);
-    if (passes_) passes_->bind(activations_.raw());
+    activations_ = Tensor::empty("activations", {(int64_t(passes_->bytes()) + 3) / 4}, DType::F32, accel);
+    passes_->bind(activations_.raw());
   }
   if (charge_terms_ && z_.stage == 3 && W_ > 1)
     for (auto& p : parts_) {
       // DeepSpeed keeps each parameter below the persistence threshold whole on every rank (ours
-      // decides per module: a sharded module's small parameters are in its shards). LoRA's adapter
-      // modules (after the model's) have no parameter table here.
-      const size_t mi = size_t(p->spec.index);
-      const int64_t n = p->sharded && mi < module_params_.size()
-                            ? persistent_numel(module_params_[mi], z_.param_persistence_threshold)
-                            : 0;
+      // decides per module: a sharded module's small parameters are in its shards). LoRA's
+      // adapters are such parameters (r x 4096 is below 10 x width), frozen ones too.
+      const int64_t n =
+          p->sharded ? persistent_numel(module_params_[size_t(p->spec.index)], z_.param_persistence_threshold) : 0;
       if (n > 0) persistent_.push_back(Tensor::empty(p->spec.name + ".persistent", {n}, dtype_, accel));
     }
   if (ds_layout_) {
@@ -887,11 +891,14 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     };
     auto trains = [&](int mi) { return !parts_[size_t(mi)]->frozen; };
     auto grads_of = [](Tensor& t, int64_t offset = 0) { return t.defined() && t.raw() ? t.f32() + offset : nullptr; };
+    // autograd's tensors one by one (ds_memory.h), or an encoder-decoder's estimate for the whole pass.
+    const bool per_tensor = charge_terms_ && pass_activations_ == 0;
     probe::MarkerId ph = phase("forward", global_step, micro);
+    if (pass_activations_ > 0) charge(MemoryOp{true, {"activations", DType::F32, pass_activations_}});
     const float* P = fetch(0, global_step);
     probe::MarkerId mp = module_phase("forward", 0);
     if (!virt_) passes_->embed_forward(P, tokens.data<int32_t>(), passes_->residual(0));
-    if (charge_terms_) charge(embeddings_forward_ops(act_));
+    if (per_tensor) charge(embeddings_forward_ops(act_));
     end(mp);
     release(0, global_step);
     for (int l = 0; l < L; ++l) {
@@ -900,7 +907,7 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       if (adapter >= 0) fetch(adapter, global_step);  // LoRA: the block's adapters with it (sizes only)
       mp = module_phase("forward", l + 1);
       if (!virt_) passes_->block_forward(l, P, passes_->residual(l), passes_->residual(l + 1));
-      if (charge_terms_) charge(block_forward_ops(act_, l));
+      if (per_tensor) charge(block_forward_ops(act_, l));
       end(mp);
       if (adapter >= 0) release(adapter, global_step);
       release(l + 1, global_step);
@@ -920,7 +927,7 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     if (!virt_)
       loss_sum += passes_->head_forward_backward(Pf, Pe + wte, passes_->residual(L), targets.data<int32_t>(), dx,
                                                  grads_of(fin_bucket), grads_of(emb_bucket, wte), grad_scale);
-    if (charge_terms_) charge(head_ops(act_));
+    if (per_tensor) charge(head_ops(act_));
     // The tied head's weight gradient waits in autograd's buffer for the embeddings' own (our
     // fp32 embeddings bucket holds it, elsewhere).
     if (ds_layout_ && head_ == 0 && trains(0))
@@ -953,7 +960,7 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       if (!virt_) passes_->block_backward(l, P, passes_->residual(l), dx, dx, grads_of(bucket));
       if (ds_layout_ && trains(l + 1))
         charge(MemoryOp{true, {parts_[size_t(l) + 1]->spec.name + ".grad", dtype_, parts_[size_t(l) + 1]->spec.numel}});
-      if (charge_terms_) charge(block_backward_ops(act_, l));
+      if (per_tensor) charge(block_backward_ops(act_, l));
       end(mp);
       // The earlier modules' gradient partitions land while this backward runs, but the newest:
       // its copy (queued after the last reduce) runs beside this backward and lands after the next.
@@ -977,7 +984,8 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       charge(MemoryOp{true, {parts_[0]->spec.name + ".grad", dtype_, parts_[0]->spec.numel}});
       if (head_ == 0) charge(MemoryOp{false, {"lm_head.weight.grad", dtype_, 0}});
     }
-    if (charge_terms_) charge(embeddings_backward_ops(act_));
+    if (per_tensor) charge(embeddings_backward_ops(act_));
+    if (pass_activations_ > 0) charge(MemoryOp{false, {"activations", DType::F32, 0}});
     end(mp);
     land_offloads(1);
     if (trains(0)) {
@@ -1211,7 +1219,9 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
         j.in_place = true;
       } else {
         if (!delayed && !overlapped) {
-          j.fused = update_buffer(p);
+          // DeepSpeed's layout makes the copy as the module's step runs (below), as stage3.py's .to()
+          // of each sub-group's fp32 partition is made and dropped: not every module's at once.
+          if (!ds_layout_) j.fused = update_buffer(p);
         } else {
           // Delayed, the update has a buffer of its own, kept from step to step: the next step's
           // prefetch reads the host parameter shards while the background pass runs. Overlapped,
@@ -1220,7 +1230,7 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
           // with the engine.
           j.fused = p.update[overlapped ? 0 : update_slot_];
         }
-        j.low_out = j.fused.raw();
+        j.low_out = j.fused.defined() ? j.fused.raw() : nullptr;
       }
     }
     jobs.push_back(std::move(j));
@@ -1273,9 +1283,15 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
     // Each module's Adam ("adamw X"), then its updated shard to the device: serially, since both
     // are bound by host memory bandwidth (measured on an H100 host: a copy running beside the next
     // module's Adam slowed both, and 124M's step went from 158 to 185 ms).
-    for (const AdamJob& j : jobs) {
+    for (AdamJob& j : jobs) {
+      const bool transient = ds_layout_ && j.low != optim::LowDType::None && !j.in_place;
+      if (transient) {
+        j.fused = update_buffer(*parts_[size_t(j.mi)]);
+        j.low_out = j.fused.raw();
+      }
       run_adam(j, hp, step, adam_steps_);
       if (!j.in_place) write_back(j.mi, j.fused);
+      if (transient) j.fused.reset();
       zero_tensor(parts_[size_t(j.mi)]->grad);
     }
   } else {

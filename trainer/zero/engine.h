@@ -321,6 +321,10 @@ class ZeroEngine {
   // does not allocate it itself: in virtual mode, and on a simulated GPU whose passes keep their
   // activations on the host (the CPU reference). charge() allocates and frees the named tensors.
   bool charge_terms_ = false;
+  // An encoder-decoder in virtual mode: its activations as one estimate (model_shape.h), fp32
+  // elements, charged from its forward to the end of its backward; 0 where they are charged tensor
+  // by tensor.
+  int64_t pass_activations_ = 0;
   // Virtual mode at stage 3: DeepSpeed's layout. The gradients take its path (each module's
   // gradient in the compute dtype into the ipg bucket, its flushes) instead of our fp32 buckets; under
   // offload_optimizer the compute-dtype gradient partitions live on the host, pinned

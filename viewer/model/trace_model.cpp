@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <queue>
@@ -12,6 +13,7 @@
 #include <unordered_map>
 
 #include "zt/db/trace_reader.h"
+#include "zt/db/trace_values.h"
 
 namespace zt::viewer {
 namespace {
@@ -26,16 +28,24 @@ constexpr int kMaxKernelLanes = 4;
 
 // Streams one SELECT, calling fill(stmt) per row and publishing progress every 64k rows.
 // Raw SQLite (through the reader's handle) because the typed reads build a row struct with
-// strings per row and sort in SQL; on ten million rows that alone costs seconds.
+// strings per row and sort in SQL; on ten million rows that alone costs seconds. Each row's
+// values are checked against db/'s rules before fill() sees them (the reader checked only the
+// small tables: a second scan of the large ones would cost a third of the load); the SELECT
+// ends with the row's id, for the message.
 template <typename Fill>
 Status stream(sqlite3* db, const std::string& path, const char* table, const char* sql, LoadProgress* progress,
               int64_t* rows, Fill fill) {
   sqlite3_stmt* st = nullptr;
   if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) != SQLITE_OK)
     return Status::Error(path + ": reading the " + table + " table failed: " + sqlite3_errmsg(db));
+  db::RowCheck check(path, table, st, sqlite3_column_count(st) - 1);
   int rc;
   int64_t n = 0;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    if (!check.ok(st)) {
+      sqlite3_finalize(st);
+      return check.error();
+    }
     fill(st);
     if ((++n & 0xffff) == 0 && progress) {
       progress->rows_done.fetch_add(0x10000, std::memory_order_relaxed);
@@ -52,15 +62,20 @@ Status stream(sqlite3* db, const std::string& path, const char* table, const cha
 }
 
 // Rows in a table, estimated from its largest rowid: instant, where count(*) walks the whole
-// table. Used to reserve columns and to size the progress bar.
+// table. Used to reserve columns and to size the progress bar. Ids need not be dense (a file may
+// hold one row with id 2^60), so the estimate is also capped by what the file can hold: a row
+// takes more than 16 bytes of it.
 int64_t estimate_rows(sqlite3* db, const char* table) {
-  sqlite3_stmt* st = nullptr;
-  int64_t n = 0;
-  std::string sql = std::string("SELECT max(rowid) FROM ") + table;
-  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-    n = sqlite3_column_int64(st, 0);
-  sqlite3_finalize(st);
-  return n;
+  auto one = [db](const std::string& sql) {
+    sqlite3_stmt* st = nullptr;
+    int64_t n = 0;
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+      n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return n;
+  };
+  const int64_t file_bytes = one("PRAGMA page_count") * one("PRAGMA page_size");
+  return std::clamp<int64_t>(one(std::string("SELECT max(rowid) FROM ") + table), 0, file_bytes / 16);
 }
 
 template <typename... V>
@@ -171,11 +186,11 @@ Status TraceModel::load_placements() const {
   std::unordered_map<int64_t, int32_t> dev_index;
   for (size_t d = 0; d < devices.size(); ++d) dev_index[devices[d].id] = int32_t(d);
   int64_t n = 0;
-  Status s = stream(reader_->handle(), path_, "placement", "SELECT rank,t,tensor_id,device_id,why,bytes FROM placement",
+  Status s = stream(reader_->handle(), path_, "placement", "SELECT rank,t,tensor_id,device_id,why,bytes,id FROM placement",
                     nullptr, &n, [&](sqlite3_stmt* st) {
                       p.rank.push_back(int32_t(sqlite3_column_int64(st, 0)));
                       p.t.push_back(sqlite3_column_int64(st, 1));
-                      p.tensor.push_back(int32_t(sqlite3_column_int64(st, 2)));
+                      p.tensor.push_back(name_index(sqlite3_column_int64(st, 2)));
                       auto it = dev_index.find(col_or(st, 3, 0));
                       p.device.push_back(it == dev_index.end() ? -1 : it->second);
                       p.why.push_back(uint8_t(sqlite3_column_int64(st, 4)));
@@ -221,7 +236,7 @@ void tune_for_scans(sqlite3* db) { sqlite3_exec(db, "PRAGMA mmap_size=6871947673
 Status TraceModel::load(const std::string& path, std::unique_ptr<TraceModel>* out, LoadProgress* progress) {
   std::unique_ptr<TraceModel> m(new TraceModel());
   m->path_ = path;
-  if (Status s = db::TraceReader::open(path, &m->reader_); !s) return s;
+  if (Status s = db::TraceReader::open(path, &m->reader_, db::TraceReader::Checks::SmallTables); !s) return s;
   tune_for_scans(m->reader_->handle());
   if (Status s = m->read_all(progress); !s) return s;
   m->build_tracks();
@@ -253,10 +268,23 @@ Status TraceModel::read_all(LoadProgress* progress) {
   if (Status s = r.read(&errors); !s) return s;
   if (Status s = r.read(&string_rows); !s) return s;
   rows += int64_t(dev_rows.size() + rank_rows.size() + faults.size() + errors.size() + string_rows.size());
+  // Strings by id, where the ids are dense (the writer hands them out from 1); sparse ids (a
+  // merged or hand-made file: any id up to 2^31 is valid) are renumbered 1..n on load, so no
+  // vector is sized by an id from the file.
   int64_t max_id = 0;
   for (auto& s : string_rows) max_id = std::max(max_id, s.id);
-  strings_.assign(size_t(max_id + 1), std::string());
-  for (auto& s : string_rows) strings_[size_t(s.id)] = std::move(s.text);
+  if (max_id <= 2 * int64_t(string_rows.size()) + 65536) {
+    strings_.assign(size_t(max_id + 1), std::string());
+    for (auto& s : string_rows) strings_[size_t(s.id)] = std::move(s.text);
+  } else {
+    strings_.assign(1, std::string());
+    for (auto& s : string_rows) {
+      string_index_[s.id] = int32_t(strings_.size());
+      string_file_id_.resize(strings_.size(), 0);
+      string_file_id_.push_back(s.id);
+      strings_.push_back(std::move(s.text));
+    }
+  }
 
   std::unordered_map<int64_t, int32_t> dev_index;
   std::set<int> rank_set;
@@ -281,7 +309,7 @@ Status TraceModel::read_all(LoadProgress* progress) {
   // Allocations are usually the largest table: read them on a second connection and thread
   // while this one reads the rest. SQLite connections are independent, so this is safe.
   std::unique_ptr<db::TraceReader> second;
-  if (Status s = db::TraceReader::open(path_, &second); !s) return s;
+  if (Status s = db::TraceReader::open(path_, &second, db::TraceReader::Checks::None); !s) return s;
   tune_for_scans(second->handle());
   Status alloc_status;
   int64_t alloc_rows = 0;
@@ -293,7 +321,7 @@ Status TraceModel::read_all(LoadProgress* progress) {
     alloc_status = stream(
         second->handle(), path_, "allocation",
         // A CUDA module's globals are not the program's allocations (db/SCHEMA.md): not drawn.
-        (std::string("SELECT id,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id,segment_id FROM "
+        (std::string("SELECT id,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id,segment_id,id FROM "
                      "allocation WHERE NOT ") + db::kModuleGlobalSql).c_str(), progress,
         &alloc_rows, [&](sqlite3_stmt* st) {
           a.id.push_back(sqlite3_column_int64(st, 0));
@@ -305,7 +333,7 @@ Status TraceModel::read_all(LoadProgress* progress) {
           bool freed = sqlite3_column_type(st, 6) != SQLITE_NULL;
           a.freed.push_back(freed);
           a.t_free.push_back(freed ? sqlite3_column_int64(st, 6) : INT64_MAX);
-          a.name.push_back(int32_t(col_or(st, 7, 0)));
+          a.name.push_back(name_index(col_or(st, 7, 0)));
           a.stack.push_back(col_or(st, 8, 0));
           segment_of.push_back(col_or(st, 9, 0));
         });
@@ -338,11 +366,11 @@ Status TraceModel::read_all(LoadProgress* progress) {
     // Markers too, so the two connections read about as many rows each.
     int64_t nm = estimate_rows(second->handle(), "marker");
     reserve_all(nm, mark.t_start, mark.t_end, mark.step, mark.epoch, mark.rank, mark.name, mark.kind);
-    alloc_status = stream(second->handle(), path_, "marker", "SELECT rank,kind,name_id,t_start,t_end,step,epoch FROM marker",
+    alloc_status = stream(second->handle(), path_, "marker", "SELECT rank,kind,name_id,t_start,t_end,step,epoch,id FROM marker",
                           progress, &alloc_rows, [&](sqlite3_stmt* st) {
                             mark.rank.push_back(int32_t(sqlite3_column_int64(st, 0)));
                             mark.kind.push_back(uint8_t(sqlite3_column_int64(st, 1)));
-                            mark.name.push_back(int32_t(col_or(st, 2, 0)));
+                            mark.name.push_back(name_index(col_or(st, 2, 0)));
                             mark.t_start.push_back(sqlite3_column_int64(st, 3));
                             mark.t_end.push_back(col_or(st, 4, INT64_MAX));  // open: closed at t_last below
                             mark.step.push_back(col_or(st, 5, -1));
@@ -357,7 +385,7 @@ Status TraceModel::read_all(LoadProgress* progress) {
   int64_t nx = estimate_rows(r.handle(), "transfer");
   reserve_all(nx, xfer.t_start, xfer.t_end, xfer.bytes, xfer.rank, xfer.src, xfer.dst, xfer.name, xfer.op, xfer.kind);
   Status s = stream(r.handle(), path_, "transfer",
-                    "SELECT rank,kind,bytes,src_device_id,dst_device_id,t_start,t_end,name_id,op_id FROM transfer",
+                    "SELECT rank,kind,bytes,src_device_id,dst_device_id,t_start,t_end,name_id,op_id,id FROM transfer",
                     progress, &rows, [&](sqlite3_stmt* st) {
                       xfer.rank.push_back(int32_t(sqlite3_column_int64(st, 0)));
                       xfer.kind.push_back(uint8_t(sqlite3_column_int64(st, 1)));
@@ -366,18 +394,18 @@ Status TraceModel::read_all(LoadProgress* progress) {
                       xfer.dst.push_back(dev(col_or(st, 4, 0)));
                       xfer.t_start.push_back(sqlite3_column_int64(st, 5));
                       xfer.t_end.push_back(sqlite3_column_int64(st, 6));
-                      xfer.name.push_back(int32_t(col_or(st, 7, 0)));
-                      xfer.op.push_back(int32_t(col_or(st, 8, 0)));
+                      xfer.name.push_back(name_index(col_or(st, 7, 0)));
+                      xfer.op.push_back(name_index(col_or(st, 8, 0)));
                     });
   if (s) {
     auto order = sort_order(xfer.t_start);
     permute(xfer.t_start, order), permute(xfer.t_end, order), permute(xfer.bytes, order);
     permute(xfer.rank, order), permute(xfer.src, order), permute(xfer.dst, order);
     permute(xfer.name, order), permute(xfer.op, order), permute(xfer.kind, order);
-    s = stream(r.handle(), path_, "kernel", "SELECT device_id,name_id,t_start,t_end FROM kernel", progress, &rows,
+    s = stream(r.handle(), path_, "kernel", "SELECT device_id,name_id,t_start,t_end,id FROM kernel", progress, &rows,
                [&](sqlite3_stmt* st) {
                  kern.device.push_back(dev(sqlite3_column_int64(st, 0)));
-                 kern.name.push_back(int32_t(col_or(st, 1, 0)));
+                 kern.name.push_back(name_index(col_or(st, 1, 0)));
                  kern.t_start.push_back(sqlite3_column_int64(st, 2));
                  kern.t_end.push_back(sqlite3_column_int64(st, 3));
                });
@@ -407,15 +435,15 @@ Status TraceModel::read_all(LoadProgress* progress) {
     if (count) continue;
     if (n.find("rss") != std::string::npos || n.find("mem") != std::string::npos ||
         n.find("bytes") != std::string::npos || n.find("host") != std::string::npos)
-      wanted += (wanted.empty() ? "" : ",") + std::to_string(i);
+      wanted += (wanted.empty() ? "" : ",") + std::to_string(string_file_id_.empty() ? int64_t(i) : string_file_id_[i]);
   }
   if (s && !wanted.empty()) {
-    std::string sql = "SELECT device_id,name_id,t,value FROM counter WHERE name_id IN (" + wanted +
+    std::string sql = "SELECT device_id,name_id,t,value,id FROM counter WHERE name_id IN (" + wanted +
                       ") AND value IS NOT NULL ORDER BY t";  // NULL: a NaN recorded (db/SCHEMA.md)
     s = stream(r.handle(), path_, "counter", sql.c_str(), progress, &rows, [&](sqlite3_stmt* st) {
       int32_t d = dev(col_or(st, 0, 0));
-      if (d < 0) return;
-      counters[CounterKey{d, int32_t(sqlite3_column_int64(st, 1))}].push(sqlite3_column_int64(st, 2),
+      if (d < 0 || !std::isfinite(sqlite3_column_double(st, 3))) return;  // an infinity has no place on a byte scale
+      counters[CounterKey{d, name_index(sqlite3_column_int64(st, 1))}].push(sqlite3_column_int64(st, 2),
                                                                           sqlite3_column_double(st, 3));
     });
   }
@@ -460,6 +488,8 @@ Status TraceModel::read_all(LoadProgress* progress) {
   std::stable_sort(flags.begin(), flags.end(), [](const Flag& a, const Flag& b) { return a.t < b.t; });
 
   ranks = rank_set.empty() ? 1 : *rank_set.rbegin() + 1;
+  rank_list_.assign(rank_set.begin(), rank_set.end());
+  if (rank_list_.empty()) rank_list_.push_back(0);
   for (size_t i = 0; i < mark.size(); ++i) {
     max_step = std::max(max_step, mark.step[i]);
     max_epoch = std::max(max_epoch, mark.epoch[i]);
@@ -548,17 +578,19 @@ void TraceModel::build_tracks() {
         Series& ser = series[size_t(series_of[size_t(d)][k])];
         ser.t.reserve(idx.size() + frees.size());
         ser.value.reserve(idx.size() + frees.size());
-        int64_t live = 0;
+        // A double: exact below 2^53 bytes, and a file's thousands of 2^53-byte rows cannot
+        // overflow it as they would an int64.
+        double live = 0;
         size_t a = 0, f = 0;
         // At equal times frees go first, so a free-then-alloc is no false peak.
         while (a < idx.size() || f < frees.size()) {
           if (f < frees.size() && (a == idx.size() || frees[f].first <= alloc.t_alloc[idx[a]])) {
-            live -= frees[f].second;
-            ser.push(frees[f].first, double(live));
+            live -= double(frees[f].second);
+            ser.push(frees[f].first, live);
             ++f;
           } else {
-            live += alloc.bytes[idx[a]];
-            ser.push(alloc.t_alloc[idx[a]], double(live));
+            live += double(alloc.bytes[idx[a]]);
+            ser.push(alloc.t_alloc[idx[a]], live);
             ++a;
           }
         }
@@ -588,17 +620,23 @@ void TraceModel::build_tracks() {
     }
   });
 
-  std::vector<int> rank_list;
-  for (int r = 0; r < ranks; ++r) rank_list.push_back(r);
-  std::vector<Track> marker_tracks(static_cast<size_t>(ranks)), transfer_tracks(static_cast<size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) {
-    Track& t = marker_tracks[size_t(r)];
+  // Tracks for the ranks the trace has, not for every number below the highest (a file may
+  // name rank 1048575 alone): slot[r] is rank r's place in the per-rank vectors, -1 for none.
+  const std::vector<int>& rank_list = rank_list_;
+  const size_t n_rank = rank_list.size();
+  std::vector<int> slot(size_t(ranks), -1);
+  for (size_t k = 0; k < n_rank; ++k) slot[size_t(rank_list[k])] = int(k);
+  auto slot_of = [&](int r) { return r >= 0 && r < ranks ? slot[size_t(r)] : -1; };
+  std::vector<Track> marker_tracks(n_rank), transfer_tracks(n_rank);
+  for (size_t k = 0; k < n_rank; ++k) {
+    const int r = rank_list[k];
+    Track& t = marker_tracks[k];
     t.kind = TrackKind::Markers;
     t.rank = r;
     t.title = "rank " + std::to_string(r) + " · epochs, steps, phases";
     t.lanes.resize(2);
     t.lane_names = {"epochs", "steps"};
-    Track& x = transfer_tracks[size_t(r)];
+    Track& x = transfer_tracks[k];
     x.kind = TrackKind::Transfers;
     x.rank = r;
     x.title = "rank " + std::to_string(r) + " · transfers";
@@ -618,13 +656,14 @@ void TraceModel::build_tracks() {
     auto it = step_start.find({mark.rank[i], mark.step[i] + 1});
     return it != step_start.end() && mark.t_end[i] > it->second;
   };
-  std::vector<LaneAssigner> phase_lanes(static_cast<size_t>(ranks), LaneAssigner(kMaxPhaseLanes));
-  std::vector<LaneAssigner> background_lanes(static_cast<size_t>(ranks), LaneAssigner(kMaxPhaseLanes));
-  std::vector<std::vector<std::pair<int, uint32_t>>> background(static_cast<size_t>(ranks));  // (lane, marker)
+  std::vector<LaneAssigner> phase_lanes(n_rank, LaneAssigner(kMaxPhaseLanes));
+  std::vector<LaneAssigner> background_lanes(n_rank, LaneAssigner(kMaxPhaseLanes));
+  std::vector<std::vector<std::pair<int, uint32_t>>> background(n_rank);  // (lane, marker)
   for (uint32_t i = 0; i < mark.size(); ++i) {
-    int r = mark.rank[i];
-    if (r < 0 || r >= ranks) continue;
-    Track& t = marker_tracks[size_t(r)];
+    const int k = slot_of(mark.rank[i]);
+    if (k < 0) continue;
+    const size_t r = size_t(k);
+    Track& t = marker_tracks[r];
     auto kind = MarkerKind(mark.kind[i]);
     size_t lane;
     if (kind == MarkerKind::Epoch) {
@@ -632,10 +671,10 @@ void TraceModel::build_tracks() {
     } else if (kind == MarkerKind::Step) {
       lane = 1;
     } else if (beside_the_next_step(i)) {
-      background[size_t(r)].push_back({background_lanes[size_t(r)].assign(mark.t_start[i], mark.t_end[i]), i});
+      background[r].push_back({background_lanes[r].assign(mark.t_start[i], mark.t_end[i]), i});
       continue;
     } else {
-      lane = 2 + size_t(phase_lanes[size_t(r)].assign(mark.t_start[i], mark.t_end[i]));
+      lane = 2 + size_t(phase_lanes[r].assign(mark.t_start[i], mark.t_end[i]));
     }
     while (t.lanes.size() <= lane) {
       t.lanes.emplace_back();
@@ -643,10 +682,10 @@ void TraceModel::build_tracks() {
     }
     t.lanes[lane].push(mark.t_start[i], mark.t_end[i], i);
   }
-  for (int r = 0; r < ranks; ++r) {
-    Track& t = marker_tracks[size_t(r)];
+  for (size_t r = 0; r < n_rank; ++r) {
+    Track& t = marker_tracks[r];
     const size_t first = t.lanes.size();
-    for (auto [lane, i] : background[size_t(r)]) {
+    for (auto [lane, i] : background[r]) {
       while (t.lanes.size() <= first + size_t(lane)) {
         t.lanes.emplace_back();
         t.lane_names.push_back(t.lanes.size() == first + 1 ? "background" : "");
@@ -655,9 +694,9 @@ void TraceModel::build_tracks() {
     }
   }
   for (uint32_t i = 0; i < xfer.size(); ++i) {
-    int r = xfer.rank[i];
-    if (r < 0 || r >= ranks) continue;
-    transfer_tracks[size_t(r)].lanes[size_t(direction_of(db::TransferKind(xfer.kind[i])))].push(xfer.t_start[i],
+    const int k = slot_of(xfer.rank[i]);
+    if (k < 0) continue;
+    transfer_tracks[size_t(k)].lanes[size_t(direction_of(db::TransferKind(xfer.kind[i])))].push(xfer.t_start[i],
                                                                                                xfer.t_end[i], i);
   }
   std::vector<Track> kernel_tracks(n_dev);
@@ -674,8 +713,9 @@ void TraceModel::build_tracks() {
 
   // Track order per rank: markers, then per device memory / allocations / kernels (GPUs
   // first, host last), transfers, then faults and errors.
-  for (int r : rank_list) {
-    tracks.push_back(std::move(marker_tracks[size_t(r)]));
+  for (size_t k = 0; k < n_rank; ++k) {
+    const int r = rank_list[k];
+    tracks.push_back(std::move(marker_tracks[k]));
     std::vector<size_t> devs;
     for (size_t d = 0; d < n_dev; ++d)
       if (devices[d].rank == r) devs.push_back(d);
@@ -714,7 +754,7 @@ void TraceModel::build_tracks() {
         tracks.push_back(std::move(kt));
       }
     }
-    tracks.push_back(std::move(transfer_tracks[size_t(r)]));
+    tracks.push_back(std::move(transfer_tracks[k]));
     Track flags_track;
     flags_track.kind = TrackKind::Flags;
     flags_track.rank = r;

@@ -176,9 +176,18 @@ class TraceModel {
   void build_tracks();
   std::string path_;
   std::unique_ptr<db::TraceReader> reader_;
+  std::vector<std::string> strings_;  // by string id, or by index when the file's ids were sparse
+  std::unordered_map<int64_t, int32_t> string_index_;  // sparse ids only: file id -> index
+  std::vector<int64_t> string_file_id_;                // sparse ids only: index -> file id
+  // The index of a string id from the file (0: none, or no such string).
+  int32_t name_index(int64_t id) const {
+    if (string_index_.empty()) return id > 0 && size_t(id) < strings_.size() ? int32_t(id) : 0;
+    auto it = string_index_.find(id);
+    return it == string_index_.end() ? 0 : it->second;
+  }
+  std::vector<int> rank_list_;  // the ranks the trace has (rank and device rows), ascending
   mutable std::unique_ptr<db::StackSites> sites_;
   mutable std::unordered_map<int64_t, std::string> site_text_;
-  std::vector<std::string> strings_;
   struct ExtraCounter {
     int device;
     std::string name;

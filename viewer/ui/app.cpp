@@ -168,7 +168,7 @@ void write_layout(const ViewerState& st, const std::string& path, int w, int h) 
     j["placement_rows"].push_back({{"trace", r.trace}, {"rank", r.rank}, {"name", r.name}, {"text", r.text},
                                    {"x0", r.x0}, {"x1", r.x1}, {"y0", r.y0}, {"y1", r.y1}, {"t0", r.t0}, {"t1", r.t1}});
   j["replay_traces"] = l.replay_traces;
-  std::ofstream(path) << j.dump(1) << "\n";
+  std::ofstream(path) << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
 }  // namespace
@@ -178,7 +178,7 @@ int run_viewer(const ViewOptions& opt) {
   // Bad or foreign files are refused before any window opens.
   for (auto& p : opt.traces) {
     std::unique_ptr<db::TraceReader> r;
-    if (Status s = db::TraceReader::open(p, &r); !s) return fail(s.message());
+    if (Status s = db::TraceReader::open(p, &r, db::TraceReader::Checks::SmallTables); !s) return fail(s.message());
   }
   const bool headless = !opt.screenshot.empty();
   glfwSetErrorCallback(on_glfw_error);

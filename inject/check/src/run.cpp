@@ -67,8 +67,11 @@ Status check_run(TraceData& d, CheckResult* out) {
   CheckResult& r = *out;
   r.name = "run";
   if (d.runs.empty()) {
-    r.outcome = Outcome::Skip;
-    r.summary = "the trace has no run row";
+    // Every run writes its row into the trace file at its start: a trace without one is not a
+    // record of a run that can pass (an empty run table, or a file copied from a live run's
+    // before that row reached it).
+    r.outcome = Outcome::Fail;
+    r.summary = "the trace has no run row: it cannot say what ran or how it ended";
     return Status::Ok();
   }
   int ended_ok = 0;

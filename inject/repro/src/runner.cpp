@@ -357,7 +357,7 @@ json to_json(const ReproResult& r) {
 }
 
 Status write_json_atomic(const std::string& path, const json& j) {
-  const std::string text = j.dump(2) + "\n";
+  const std::string text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::Error(path + ": cannot write (" + std::string(std::strerror(errno)) + ")");

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+
+#include "pattern.h"
 #include <regex>
 #include <tuple>
 
@@ -36,6 +38,9 @@ struct BadScenario {
 };
 
 int line_of(const YAML::Node& n) { return n.Mark().line >= 0 ? n.Mark().line + 1 : 0; }
+
+// A pattern in a message: its first 60 characters (one of 20,000 parentheses is enough to see).
+std::string quote_pattern(const std::string& re) { return re.size() > 60 ? re.substr(0, 60) + "..." : re; }
 
 std::string normalize(std::string key) {
   for (auto& c : key)
@@ -343,11 +348,8 @@ Expectation read_expect(const Reader& r, const YAML::Node& n, const std::string&
   r.each(n, section, {"error", "site", "message", "tensors", "steps_lost", "when", "faults_fired", "mechanism"},
          [&](const std::string& key, const YAML::Node&, const YAML::Node& v) {
            auto regex_ok = [&](const std::string& re) {
-             try {
-               std::regex check(re);
-             } catch (const std::regex_error& x) {
-               r.fail(v, section + "." + key + ": '" + re + "' is not a regular expression (" + x.what() + ")");
-             }
+             if (std::string why = pattern_problem(re); !why.empty())
+               r.fail(v, section + "." + key + ": '" + quote_pattern(re) + "' " + why);
              return re;
            };
            if (key == "error") {
@@ -407,11 +409,8 @@ Expectation read_expect(const Reader& r, const YAML::Node& n, const std::string&
                       const std::string w = section + ".when." + wk;
                       if (wk == "phase") {
                         e.phase = r.str(wv, w);
-                        try {
-                          std::regex check(e.phase);
-                        } catch (const std::regex_error& x) {
-                          r.fail(wv, w + ": '" + e.phase + "' is not a regular expression");
-                        }
+                        if (std::string why = pattern_problem(e.phase); !why.empty())
+                          r.fail(wv, w + ": '" + quote_pattern(e.phase) + "' " + why);
                         return;
                       }
                       if (wk == "micro_step" && wv.IsScalar() && wv.Scalar() == "last") {
@@ -835,7 +834,7 @@ Status resolve(const Scenario& s, Variant v, bool fix, std::optional<uint64_t> s
     std::vector<std::string> w;
     const std::string origin = s.path + ":" + std::to_string(s.deepspeed_line) + ": deepspeed" +
                                std::string(v == Variant::Small ? " (small" : " (full size") + (fix ? ", fix)" : ")");
-    if (Status st = trainer::load_deepspeed_config_text(ds.dump(), origin, &c, &w); !st) return st;
+    if (Status st = trainer::load_deepspeed_config_text(ds.dump(-1, ' ', false, json::error_handler_t::replace), origin, &c, &w); !st) return st;
     if (warnings) warnings->insert(warnings->end(), w.begin(), w.end());
   }
   // The node watchdog: the cluster's, unless the fix changes it.
@@ -876,6 +875,7 @@ Status load_once(const std::string& path, Scenario* out) {
   YAML::Node root;
   std::string text;
   if (Status s = read_text_file(path, "scenario file", &text); !s) return s;
+  if (Status s = check_yaml_text(text, path); !s) return s;
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <map>
-#include <regex>
 
+#include "pattern.h"
 #include "zt/common/units.h"
 #include "zt/db/trace_reader.h"
 
@@ -67,13 +67,7 @@ std::vector<std::string> tensor_names(const std::string& text) {
   return out;
 }
 
-bool search(const std::string& re, const std::string& text) {
-  try {
-    return std::regex_search(text, std::regex(re));
-  } catch (const std::regex_error&) {
-    return false;
-  }
-}
+bool search(const std::string& re, const std::string& text) { return pattern_search(re, text); }
 
 std::string quote(const std::string& s, size_t max = 160) {
   if (s.size() <= max) return "\"" + s + "\"";

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "zt/db/trace_values.h"
+
 namespace zt::probe::cupti {
 
 MemoryKind memory_kind_from_cupti(uint32_t k) {
@@ -100,6 +102,25 @@ const char* cuda_error_name(uint32_t code) {
 }
 constexpr uint32_t kCudaErrorMemoryAllocation = 2;
 constexpr uint32_t kCudaErrorNotReady = 600;  // stream/event queries: an answer, not a failure
+
+// A record's values within what a trace holds (zt/db/trace_values.h): a record outside (an end
+// before its start, a time of 0 or past 2^62 ns, a size past 2^53 bytes, a device index past 2^20) is
+// counted and dropped, never written, or every reader would refuse the whole trace for it.
+// A time of 0 is none (an incomplete record's end), and the Recorder reads 0 as "now".
+bool time_ok(uint64_t t) { return t > 0 && t <= uint64_t(db::kMaxTraceTime); }
+bool span_ok(uint64_t start, uint64_t end) { return time_ok(start) && start <= end && time_ok(end); }
+bool size_ok(uint64_t bytes) { return bytes <= uint64_t(db::kMaxTraceBytes); }
+bool device_ok(uint32_t ordinal) { return ordinal <= uint32_t(db::kMaxTraceRank); }
+
+// An enum field's value as it is in the record: a CUPTI newer than these headers may hold codes
+// they do not name, and loading such an enum object is undefined (UBSan: -fsanitize=enum).
+template <typename E>
+uint32_t raw(const E& field) {
+  static_assert(sizeof(E) == sizeof(uint32_t));
+  uint32_t v;
+  std::memcpy(&v, &field, sizeof v);
+  return v;
+}
 }  // namespace
 
 Decoder::Decoder(Recorder& rec, DeviceId host_device, DecoderHooks hooks, int rank)
@@ -145,12 +166,17 @@ void Decoder::decode(const CUpti_Activity* r) {
 }
 
 void Decoder::memory(const CUpti_ActivityMemory4& r) {
-  MemoryKind kind = memory_kind_from_cupti(r.memoryKind);
+  if (!time_ok(r.timestamp) || !size_ok(r.bytes) || !device_ok(r.deviceId)) {
+    ++stats_.out_of_range;
+    return;
+  }
+  MemoryKind kind = memory_kind_from_cupti(raw(r.memoryKind));
   DeviceId dev = is_host(kind) ? host_device_ : cuda_device(r.deviceId);
   StackId stack = hooks_.take_stack ? hooks_.take_stack(r.correlationId) : 0;
   auto key = std::make_pair(dev, static_cast<uint64_t>(r.address));
   int64_t t = static_cast<int64_t>(r.timestamp);
-  if (r.memoryOperationType == CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION) {
+  const uint32_t op = raw(r.memoryOperationType);
+  if (op == CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION) {
     ++stats_.allocations;
     AllocEvent e;
     e.rank = rank_;
@@ -158,7 +184,7 @@ void Decoder::memory(const CUpti_ActivityMemory4& r) {
     e.memory_kind = kind;
     // Memory handed out by a stream-ordered pool (cudaMallocAsync) is a piece of the pool's
     // reservation: a block. Everything else came from the driver itself: a segment.
-    e.level = r.memoryPoolConfig.memoryPoolType != CUPTI_ACTIVITY_MEMORY_POOL_TYPE_INVALID ? AllocLevel::Block
+    e.level = raw(r.memoryPoolConfig.memoryPoolType) != CUPTI_ACTIVITY_MEMORY_POOL_TYPE_INVALID ? AllocLevel::Block
                                                                                            : AllocLevel::Segment;
     e.address = r.address;
     e.bytes = static_cast<int64_t>(r.bytes);
@@ -167,7 +193,7 @@ void Decoder::memory(const CUpti_ActivityMemory4& r) {
     e.stream = r.isAsync ? stream_of(r.streamId) : -1;
     e.t = t;
     if (r.name && *r.name) e.name = name(r.name);
-    AllocId id = rec_.alloc(e);
+    const AllocId id = rec_.alloc(e);
     // A release that arrived first (records are not in order) closes it at once.
     auto range = early_frees_.equal_range(key);
     for (auto it = range.first; it != range.second; ++it) {
@@ -178,12 +204,14 @@ void Decoder::memory(const CUpti_ActivityMemory4& r) {
         return;
       }
     }
-    live_[key] = id;
-  } else if (r.memoryOperationType == CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE) {
+    live_[key] = {id, t};
+  } else if (op == CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE) {
     ++stats_.frees;
     auto it = live_.find(key);
-    if (it != live_.end()) {
-      rec_.free(it->second, t);
+    if (it != live_.end() && t < it->second.second) {
+      ++stats_.out_of_range;  // freed before it was allocated: the allocation stays live
+    } else if (it != live_.end()) {
+      rec_.free(it->second.first, t);
       live_.erase(it);
     } else {
       early_frees_.emplace(key, t);
@@ -195,9 +223,13 @@ void Decoder::memory(const CUpti_ActivityMemory4& r) {
 }
 
 void Decoder::memory_pool(const CUpti_ActivityMemoryPool3& r) {
+  if (!time_ok(r.timestamp) || !device_ok(r.deviceId)) {
+    ++stats_.out_of_range;
+    return;
+  }
   ++stats_.pool_events;
   DeviceId dev = cuda_device(r.deviceId);
-  bool destroyed = r.memoryPoolOperationType == CUPTI_ACTIVITY_MEMORY_POOL_OPERATION_TYPE_DESTROYED;
+  bool destroyed = raw(r.memoryPoolOperationType) == CUPTI_ACTIVITY_MEMORY_POOL_OPERATION_TYPE_DESTROYED;
   int64_t t = static_cast<int64_t>(r.timestamp);
   rec_.counter(rank_, dev, name("mempool_size"), destroyed ? 0.0 : double(r.size), t);
   rec_.counter(rank_, dev, name("mempool_used"), destroyed ? 0.0 : double(r.utilizedSize), t);
@@ -221,6 +253,10 @@ void Decoder::memcpy(const CUpti_ActivityMemcpy6& r) {
     ++stats_.unhandled;
     return;
   }
+  if (!span_ok(r.start, r.end) || !size_ok(r.bytes) || !device_ok(r.deviceId)) {
+    ++stats_.out_of_range;
+    return;
+  }
   ++stats_.transfers;
   DeviceId dev = cuda_device(r.deviceId);
   TransferEvent e;
@@ -240,6 +276,10 @@ void Decoder::memcpy(const CUpti_ActivityMemcpy6& r) {
 }
 
 void Decoder::memcpy_p2p(const CUpti_ActivityMemcpyPtoP4& r) {
+  if (!span_ok(r.start, r.end) || !size_ok(r.bytes) || !device_ok(r.srcDeviceId) || !device_ok(r.dstDeviceId)) {
+    ++stats_.out_of_range;
+    return;
+  }
   auto kind = transfer_kind_from_cupti(r.copyKind);
   ++stats_.transfers;
   TransferEvent e;
@@ -253,6 +293,10 @@ void Decoder::memcpy_p2p(const CUpti_ActivityMemcpyPtoP4& r) {
 }
 
 void Decoder::memset(const CUpti_ActivityMemset4& r) {
+  if (!span_ok(r.start, r.end) || !device_ok(r.deviceId)) {
+    ++stats_.out_of_range;
+    return;
+  }
   ++stats_.memsets;
   KernelEvent k;
   k.rank = rank_;
@@ -267,6 +311,11 @@ void Decoder::memset(const CUpti_ActivityMemset4& r) {
 }
 
 void Decoder::kernel(const CUpti_ActivityKernel10& r) {
+  // An incomplete record's end is 0.
+  if (!span_ok(r.start, r.end) || !device_ok(r.deviceId)) {
+    ++stats_.out_of_range;
+    return;
+  }
   ++stats_.kernels;
   NameId n = 0;
   if (r.name) {
@@ -307,6 +356,10 @@ void Decoder::runtime(const CUpti_ActivityAPI& r) {
   }
   const std::string& api = it->second;
   if (api_is_query(api)) return;
+  if (!span_ok(r.start, r.end)) {
+    ++stats_.out_of_range;
+    return;
+  }
   ++stats_.runtime_written;
   MarkerEvent m;
   m.rank = rank_;
@@ -330,9 +383,13 @@ void Decoder::runtime(const CUpti_ActivityAPI& r) {
 }
 
 void Decoder::synchronization(const CUpti_ActivitySynchronization2& r) {
+  if (!span_ok(r.start, r.end)) {
+    ++stats_.out_of_range;
+    return;
+  }
   ++stats_.synchronizations;
   const char* what = "sync:unknown";
-  switch (r.type) {
+  switch (raw(r.type)) {
     case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE: what = "sync:event"; break;
     case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT: what = "sync:stream_wait_event"; break;
     case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE: what = "sync:stream"; break;
@@ -349,7 +406,11 @@ void Decoder::synchronization(const CUpti_ActivitySynchronization2& r) {
 }
 
 void Decoder::marker(const CUpti_ActivityMarker2& r) {
-  uint32_t f = r.flags;
+  if (!time_ok(r.timestamp)) {
+    ++stats_.out_of_range;
+    return;
+  }
+  uint32_t f = raw(r.flags);
   int64_t t = static_cast<int64_t>(r.timestamp);
   std::string n;
   if (r.name) n = (r.domain && *r.domain) ? std::string(r.domain) + "::" + r.name : std::string(r.name);
@@ -377,10 +438,15 @@ void Decoder::marker(const CUpti_ActivityMarker2& r) {
 void Decoder::marker_data(const CUpti_ActivityMarkerData2& r) {
   ++stats_.nvtx_data;
   std::optional<int64_t> v;
-  switch (r.payloadKind) {
+  switch (raw(r.payloadKind)) {
     case CUPTI_METRIC_VALUE_KIND_UINT64: v = static_cast<int64_t>(r.payload.metricValueUint64); break;
     case CUPTI_METRIC_VALUE_KIND_INT64: v = r.payload.metricValueInt64; break;
-    case CUPTI_METRIC_VALUE_KIND_DOUBLE: v = static_cast<int64_t>(r.payload.metricValueDouble); break;
+    case CUPTI_METRIC_VALUE_KIND_DOUBLE: {
+      // A double outside int64 (or NaN) has no integer value: converting it is undefined.
+      const double d = r.payload.metricValueDouble;
+      if (d >= -9.2e18 && d <= 9.2e18) v = static_cast<int64_t>(d);
+      break;
+    }
     default: break;
   }
   if (!v) return;
@@ -393,6 +459,11 @@ void Decoder::emit_range(uint32_t id) {
   auto it = ranges_.find(id);
   if (it == ranges_.end()) return;
   Range& g = it->second;
+  if (*g.t_end < *g.t_start) {  // an NVTX end before its start
+    ++stats_.out_of_range;
+    ranges_.erase(it);
+    return;
+  }
   MarkerEvent m;
   m.rank = rank_;
   m.kind = MarkerKind::Range;
@@ -423,6 +494,13 @@ void Decoder::finish() {
   }
   ranges_.clear();
   if (orphan_ends) rec_.dropped(orphan_ends, "NVTX range end whose start CUPTI never delivered", rank_);
+  if (stats_.out_of_range > out_of_range_written_) {
+    rec_.dropped(stats_.out_of_range - out_of_range_written_,
+                 "CUPTI records with a value out of range (an end before its start, a time past 2^62 ns, a size past "
+                 "2^53 bytes, a device index past 2^20)",
+                 rank_);
+    out_of_range_written_ = stats_.out_of_range;
+  }
 }
 
 }  // namespace zt::probe::cupti

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "zt/common/status.h"
 
@@ -15,5 +16,14 @@ Status check_input_file(const std::string& path, const std::string& what);
 
 // The whole file, after check_input_file; a read error is reported the same way.
 Status read_text_file(const std::string& path, const std::string& what, std::string* out);
+
+// Text from a file, safe to print in a message: control characters (C0, DEL, C1) and bytes that
+// are not UTF-8 as \xNN, cut after `most` characters with "..." (a binary `latest` file must not
+// reach the terminal as it is).
+std::string printable(std::string_view text, size_t most = 60);
+
+// Where `text` stops being well-formed UTF-8 (a byte offset), or npos when it is all UTF-8. Text
+// files zt reads (YAML) must be: their strings go into JSON (a trace's config, a verdict).
+size_t utf8_invalid_at(std::string_view text);
 
 }  // namespace zt

@@ -80,5 +80,8 @@ std::optional<RunStatus> run_status_from_string(std::string_view);
 // indexed table costs several times more, and the hot path must not pay that.
 const char* schema_sql();
 const char* index_sql();
+// The views (allocation_v, ...), part of schema_sql(). A reader defines them again as TEMP views
+// from this text, so a query names ours whatever views the file itself carries.
+const char* views_sql();
 
 }  // namespace zt::db

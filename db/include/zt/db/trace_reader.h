@@ -1,12 +1,14 @@
 // zt/db/trace_reader.h: opens a trace read-only and answers typed queries.
 //
 // Owns: one read-only SQLite connection. open() refuses bad input (missing, empty, not
-// SQLite, not ours, another schema version, truncated, corrupt) with one line naming the
-// file and the problem. Every query returns a Status in the same style; nothing here
+// SQLite, not ours, another schema version, truncated, corrupt, a table that is a view, a value
+// out of its range) with one line naming the file and the problem. Every query returns a Status in the same style; nothing here
 // throws across the module line. Reading never writes: the file is opened read-only and
-// with query_only set, so `zt db sql` cannot change a trace.
+// with query_only set, so `zt db sql` cannot change a trace. The views of db/SCHEMA.md are the
+// reader's own (TEMP views), whatever the file defines.
 #pragma once
 
+#include <csignal>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,10 +22,22 @@ struct sqlite3;
 
 namespace zt::db {
 
+// Bounds on one query of a user's (`zt db sql`): a recursive query that never ends, or one that
+// returns rows without end, stops with an error instead of running until memory runs out.
+struct QueryLimits {
+  int64_t max_rows = 0;    // 0: none
+  int64_t timeout_ms = 0;  // 0: none
+  // Set (to non-zero) by a signal handler: the query stops at its next check (Ctrl-C).
+  const volatile std::sig_atomic_t* interrupted = nullptr;
+};
+
 struct QueryResult {
   std::vector<std::string> columns;
   std::vector<std::vector<std::string>> rows;  // NULL reads as "NULL"
   std::vector<bool> numeric;                   // per column: every non-NULL value was a number
+  // Why the query stopped before its end (query() then returns an error saying so; the rows
+  // read until then stay here).
+  enum class Stopped { No, RowLimit, Timeout, Interrupted } stopped = Stopped::No;
 };
 
 struct DevicePeak {
@@ -88,7 +102,11 @@ struct TraceSummary {
 
 class TraceReader {
  public:
-  static Status open(const std::string& path, std::unique_ptr<TraceReader>* out);
+  // What open() checks of the values (zt/db/trace_values.h): every table; every table but the
+  // large ones a caller checks row by row as it streams them (the viewer); nothing (`zt db sql`,
+  // which shows a damaged trace as it is).
+  enum class Checks { All, SmallTables, None };
+  static Status open(const std::string& path, std::unique_ptr<TraceReader>* out, Checks checks = Checks::All);
   ~TraceReader();
 
   const std::string& path() const { return path_; }
@@ -120,7 +138,7 @@ class TraceReader {
   Status row_count(const std::string& table, int64_t* out);
   Status summarize(TraceSummary* out);
   // Any read-only SQL; values rendered as text.
-  Status query(const std::string& sql, QueryResult* out);
+  Status query(const std::string& sql, QueryResult* out, const QueryLimits& limits = {});
 
   sqlite3* handle() const { return db_; }
   static const std::vector<std::string>& table_names();

@@ -70,6 +70,11 @@ class TraceWriter {
                         const std::string& symbol);
   void set_meta(const std::string& key, const std::string& value);
 
+  // Commits, then copies what the WAL holds into the main file: the rows written so far are in
+  // the trace file itself, also for whoever copies it without its -wal (the run row, written
+  // at the start of a run, says what ran and that it has not ended).
+  void checkpoint();
+
   // Builds indexes, checkpoints the WAL into the main file, switches to a single-file journal.
   Status finish();
 

@@ -27,6 +27,9 @@
 //  - Records are not assumed to be in time order, nor within a buffer nor across buffers: a
 //    release seen before its allocation waits for it; an NVTX end seen before its start waits;
 //    finish() writes what never matched (counted in `dropped`, or a marker left open).
+//  - A record with a value no trace holds (zt/db/trace_values.h: an end before its start, a
+//    time past 2^62 ns, ...) is dropped and counted, so the trace stays readable (the Recorder
+//    drops what would pass a table's sums).
 //  - Every timestamp is already on our clock (the collector registers now_ns() with
 //    cuptiActivityRegisterTimestampCallback); the decoder never rescales time.
 //  - Single-threaded: one decoder, one thread.
@@ -81,6 +84,7 @@ struct DecodeStats {
   int64_t runtime_calls = 0, runtime_written = 0, runtime_errors = 0;
   int64_t synchronizations = 0, nvtx_ranges = 0, nvtx_marks = 0, nvtx_data = 0, pool_events = 0;
   int64_t unhandled = 0;  // kinds this decoder does not turn into rows
+  int64_t out_of_range = 0;  // records dropped for a value no trace holds (written to `dropped` by finish())
 };
 
 class Decoder {
@@ -122,7 +126,7 @@ class Decoder {
   std::unordered_map<const char*, NameId> kernel_names_;  // CUPTI's name pointers are stable
   std::unordered_map<uint32_t, std::string> api_names_;
   // Live allocations by (device, address); releases that arrived first, by the same key.
-  std::map<std::pair<DeviceId, uint64_t>, AllocId> live_;
+  std::map<std::pair<DeviceId, uint64_t>, std::pair<AllocId, int64_t>> live_;  // (id, t_alloc)
   std::multimap<std::pair<DeviceId, uint64_t>, int64_t> early_frees_;
   // NVTX: a range is written when both halves are known.
   struct Range {
@@ -131,6 +135,7 @@ class Decoder {
     std::optional<int64_t> value;
   };
   std::unordered_map<uint32_t, Range> ranges_;
+  int64_t out_of_range_written_ = 0;
 };
 
 }  // namespace zt::probe::cupti
