@@ -493,8 +493,9 @@ class Replay {
     std::vector<int64_t> t(ev.size());
     for (size_t i = 0; i < ev.size(); ++i) t[i] = i ? std::max(clock_.ns(ev[i], i), t[i - 1] + 1) : clock_.ns(ev[i], i);
     // What existed before the history is alive 1 ns before its first entry (when the history began
-    // is not known; that it was there then is).
-    const int64_t t_begin = ev.empty() ? clock_.snapshot_ns : t[0] - 1;
+    // is not known; that it was there then is), or at 0 when that entry is the clock's first: a
+    // trace's times are never negative (zt/db/trace_values.h).
+    const int64_t t_begin = ev.empty() ? clock_.snapshot_ns : std::max<int64_t>(0, t[0] - 1);
     touch(t_begin);
     if (!ev.empty()) touch(t.back());
 
