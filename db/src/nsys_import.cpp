@@ -486,7 +486,7 @@ Status import_nsys_export(const std::string& nsys_path, const std::string& trace
   if (!schema->nsys())
     return Status::Error(nsys_path + ": an SQLite database, but not an Nsight Systems export (no StringIds beside "
                                      "CUPTI_ACTIVITY_KIND_*, NVTX_EVENTS or CUDA_GPU_MEMORY_USAGE_EVENTS tables)");
-  return detail::write_new_trace(trace_path, "import", [&](TraceWriter& w) {
+  return detail::write_new_trace(trace_path, "import", nsys_path, [&](TraceWriter& w) {
     try {
       Importer(db.db, *schema, nsys_path, st).run(w);
     } catch (const SqlError& e) {

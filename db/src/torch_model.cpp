@@ -47,6 +47,7 @@ std::string a(const Value& v) {
 
 // Devices a snapshot may name (torch.cuda.device_count() is far below it).
 constexpr int64_t kMaxDevice = 4095;
+constexpr int64_t kMaxTimeUs = int64_t(1) << 52;
 
 class Parser {
  public:
@@ -64,6 +65,16 @@ class Parser {
       if (traces && !parse_traces(*traces)) return error_;
       if (const Value* s = root.get("allocator_settings"); s && !parse_settings(*s)) return error_;
       if (const Value* z = root.get("zerotrace"); z && !parse_clock(*z)) return error_;
+      if (m_.clock_unix_ns) {
+        // The probe's clock pair maps Unix µs onto its CLOCK_MONOTONIC: an event before that
+        // clock's zero (the machine's boot) cannot be one of the probed process's.
+        for (size_t d = 0; d < m_.traces.size(); ++d)
+          for (const auto& ev : m_.traces[d])
+            if (const int64_t t = ev.time_us ? *ev.time_us * 1000 + (*m_.clock_monotonic_ns - *m_.clock_unix_ns) : 0;
+                t < 0 || t > (int64_t(1) << 62))
+              return bad("device_traces[" + std::to_string(d) + "] has an event at time_us " +
+                         std::to_string(*ev.time_us) + ", outside the clock of its 'zerotrace' pair (0 .. 2^62 ns)");
+      }
     } else {
       return bad("the pickle holds " + a(root) + ", not a dict");
     }
@@ -192,7 +203,10 @@ class Parser {
         ev.addr = uint64_t(addr);
         if (const Value* t = e.get("time_us"); t && t->kind != Kind::None) {
           int64_t us = 0;
-          if (!int_field(e, "time_us", w, &us, true, false)) return false;
+          if (!int_field(e, "time_us", w, &us, true)) return false;
+          // Unix µs (PyTorch's): 2^52 is the year 2112; times in ns must fit a trace (2^62).
+          if (us > kMaxTimeUs)
+            return fail(w + ".time_us is " + std::to_string(us) + "; a Unix time in µs is at most 2^52");
           ev.time_us = us;
         }
         if (!frames(e.get("frames"), w, &ev.stack)) return false;
@@ -283,6 +297,9 @@ class Parser {
         !str_field(z, "run_id", "zerotrace", &m_.run_id, false) || !int_field(z, "pid", "zerotrace", &m_.pid, false) ||
         !str_field(z, "reason", "zerotrace", &m_.reason, false))
       return false;
+    if (unix_ns > kMaxTimeUs * 1000 || mono_ns > kMaxTimeUs * 1000)
+      return fail("'zerotrace' holds a clock past 2^52 µs (unix_ns " + std::to_string(unix_ns) + ", monotonic_ns " +
+                  std::to_string(mono_ns) + ")");
     if (unix_ns >= 0 && mono_ns >= 0) {
       m_.clock_unix_ns = unix_ns;
       m_.clock_monotonic_ns = mono_ns;

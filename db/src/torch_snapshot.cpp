@@ -719,7 +719,7 @@ Status import_torch_snapshot(const std::string& pickle_path, const std::string& 
   std::string clock_words;
   const Clock clock = import_clock(m, &wall_at_zero, &clock_words);
   st.on_probe_clock = m.clock_unix_ns.has_value();
-  return detail::write_new_trace(trace_path, "import", [&](TraceWriter& w) {
+  return detail::write_new_trace(trace_path, "import", pickle_path, [&](TraceWriter& w) {
     RankRow rank;
     rank.pid = m.pid;
     w.insert(rank);

@@ -537,6 +537,14 @@ TEST(ImportCli, BadOrForeignFilesAreRefusedAndNothingIsWritten) {
   fixture("evil-reduce", dir.file("evil2.pickle"), "'touch " + marker + "'");
   fixture("evil-stack", dir.file("evil4.pickle"), "'touch " + marker + "'");
   fixture("sqlite-foreign", dir.file("recipes.sqlite"));
+  // Values a reader refuses: events before the boot of the clock pair's machine; an Nsight export
+  // whose kernel starts at -9e18 ns (what an import would write is checked as a reader would).
+  fixture("snapshot", dir.file("boot.pickle"), "4000000000000000000 0 run-1");
+  fixture("nsys", dir.file("negative.sqlite"));
+  ASSERT_EQ(std::system((std::string(ZT_PYTHON3) + " -c \"import sqlite3; d = sqlite3.connect('" + dir.file("negative.sqlite") +
+                         "'); d.execute('UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = -9000000000000000000'); d.commit()\"")
+                            .c_str()),
+            0);
   std::string flipped = good;
   flipped[2] = char(0xff);  // the opcode after PROTO
   struct Case {
@@ -555,6 +563,8 @@ TEST(ImportCli, BadOrForeignFilesAreRefusedAndNothingIsWritten) {
       {write("list.pickle", "\x80\x02]q\x00(K\x01K\x02" "e."s), "segments[0] is an int, not a dict"},
       {write("str.pickle", "\x80\x02X\x02\x00\x00\x00hi."s), "holds a str, not a dict"},
       {dir.file("missing.pickle"), "no such"},
+      {dir.file("boot.pickle"), "outside the clock of its 'zerotrace' pair"},
+      {dir.file("negative.sqlite"), "its import would break a rule of db/SCHEMA.md (run row 1: t_start is -9000000000000000000"},
   };
   // An existing trace at -o stays as it was.
   const std::string out = dir.file("out.db");
