@@ -42,33 +42,11 @@ def fail(code, msg):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="124M", choices=list(base.PRESETS))
-    p.add_argument("--micro-batch", type=int, default=8, help="sequences per micro-step (B)")
-    p.add_argument("--seq-len", type=int, default=0, help="tokens per sequence (T; default: the model's context)")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
-    p.add_argument("--steps", type=int, default=4, help="timed optimizer steps")
-    p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--beta1", type=float, default=0.9)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--eps", type=float, default=1e-8)
-    p.add_argument("--grad-clip", type=float, default=0.0, help="gradient_clipping (0: off)")
-    p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in backward")
+    base.common_args(p, steps=4, warmup=2, clip_help="gradient_clipping (0: off)")
     p.add_argument("--offload-param", action="store_true", help="offload_param to the CPU as well")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", default="", help="write the result here too")
-    a = p.parse_args(argv)
-    if a.seq_len == 0:
-        a.seq_len = base.PRESETS[a.model][1]
-    if a.seq_len > base.PRESETS[a.model][1] or a.seq_len < 1:
-        p.error("--seq-len %d: must be 1..%d (the model's context)" % (a.seq_len, base.PRESETS[a.model][1]))
-    for n in ("micro_batch", "grad_accum", "steps"):
-        if getattr(a, n) < 1:
-            p.error("--%s must be at least 1" % n.replace("_", "-"))
-    if a.warmup < 0:
-        p.error("--warmup must be >= 0")
-    return a
+    return base.checked_args(p, argv)
 
 
 def ds_config(a):

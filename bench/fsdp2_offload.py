@@ -98,28 +98,25 @@ def fail(code, msg):
     sys.exit(code)
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def common_args(p, steps, warmup, clip_help):
+    """The arguments both baselines take (this one and deepspeed_offload.py), with their defaults."""
     p.add_argument("--model", default="124M", choices=list(PRESETS))
     p.add_argument("--micro-batch", type=int, default=8, help="sequences per micro-step (B)")
     p.add_argument("--seq-len", type=int, default=0, help="tokens per sequence (T; default: the model's context)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
-    p.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
-    p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first")
+    p.add_argument("--steps", type=int, default=steps, help="timed optimizer steps")
+    p.add_argument("--warmup", type=int, default=warmup, help="untimed optimizer steps first")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--beta1", type=float, default=0.9)
     p.add_argument("--beta2", type=float, default=0.95)
     p.add_argument("--eps", type=float, default=1e-8)
-    p.add_argument("--grad-clip", type=float, default=0.0, help="clip the global norm (0: off), as zt train")
+    p.add_argument("--grad-clip", type=float, default=0.0, help=clip_help)
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in backward")
-    p.add_argument("--adam-impl", default="auto", choices=["auto", "fused", "foreach", "default"],
-                   help="torch AdamW implementation on the CPU (auto: fused where supported, else foreach)")
-    p.add_argument("--no-sync-accum", action="store_true",
-                   help="skip the gradient reduce + offload on all but the last micro-step (set_requires_gradient_sync)")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--json", default="", help="write the result here too")
+
+
+def checked_args(p, argv):
+    """Parses argv and checks the common arguments; --seq-len 0 becomes the model's context."""
     a = p.parse_args(argv)
     if a.seq_len == 0:
         a.seq_len = PRESETS[a.model][1]
@@ -131,6 +128,19 @@ def parse_args(argv):
     if a.warmup < 0:
         p.error("--warmup must be >= 0")
     return a
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    common_args(p, steps=10, warmup=3, clip_help="clip the global norm (0: off), as zt train")
+    p.add_argument("--adam-impl", default="auto", choices=["auto", "fused", "foreach", "default"],
+                   help="torch AdamW implementation on the CPU (auto: fused where supported, else foreach)")
+    p.add_argument("--no-sync-accum", action="store_true",
+                   help="skip the gradient reduce + offload on all but the last micro-step (set_requires_gradient_sync)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", default="", help="write the result here too")
+    return checked_args(p, argv)
 
 
 def import_torch():
