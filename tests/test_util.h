@@ -72,6 +72,24 @@ inline std::string read_file(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
+// Runs `command` (no single quotes in it) under `xvfb-run -a`: the command's own exit code and
+// output (stdout and stderr together), not xvfb-run's, whose clean-up of its temporary directory
+// sometimes fails after the command has exited (exit 5). `scratch`: a directory for two files.
+// Code -1 and xvfb-run's output when the command never ran.
+inline CommandResult run_under_xvfb(const std::string& command, const std::string& scratch,
+                                    const std::string& server_args = "") {
+  const std::string code = scratch + "/xvfb-command.code", out = scratch + "/xvfb-command.out";
+  std::remove(code.c_str());
+  CommandResult x = run_command("xvfb-run -a " + (server_args.empty() ? "" : "-s \"" + server_args + "\" ") + "sh -c '" +
+                                command + " >" + out + " 2>&1; echo $? >" + code + "' 2>&1");
+  const std::string c = read_file(code);
+  if (c.empty()) return x;
+  CommandResult r;
+  r.code = std::atoi(c.c_str());
+  r.out = read_file(out);
+  return r;
+}
+
 // n values ~ N(mean, stddev^2) from std::mt19937_64(seed), the same on every platform and run.
 inline std::vector<float> normal_values(size_t n, uint64_t seed, float stddev = 1.0f, float mean = 0.0f) {
   std::mt19937_64 g(seed);

@@ -61,7 +61,7 @@ TEST(HostileInput, TheIssuesTracesAreRefusedByEveryReaderWithOneLine) {
       const bool view = cmd.rfind("view", 0) == 0;
       // The viewer checks the large tables as it loads them, once its window is open: under Xvfb.
       if (view && zt::test::run_command("command -v xvfb-run >/dev/null").code != 0) continue;
-      Result r = view ? zt::test::run_command("xvfb-run -a " + std::string(ZT_EXE) + " " + cmd + " 2>&1") : run_zt(cmd);
+      Result r = view ? zt::test::run_under_xvfb(std::string(ZT_EXE) + " " + cmd, dir.path()) : run_zt(cmd);
       if (view && r.out.find("not built") != std::string::npos) continue;  // a build without the viewer
       EXPECT_EQ(r.code, 2) << cmd << "\n" << r.out;
       EXPECT_EQ(r.out.rfind("zt: " + path + ": ", 0), 0u) << cmd << "\n" << r.out;

@@ -46,15 +46,11 @@ bool have_xvfb() { return std::system("command -v xvfb-run >/dev/null 2>&1") == 
 
 Shot screenshot(const zt::test::TempDir& dir, const std::string& args, const std::string& size = "1600x1000") {
   Shot s;
-  std::string png = dir.file("shot.png"), err = dir.file("stderr.txt");
-  std::string cmd = "xvfb-run -a -s \"-screen 0 1600x1000x24\" " ZT_BINARY_DIR "/zt view " + args +
-                    " --screenshot " + png + " --size " + size + " 2>" + err;
-  int status = std::system(cmd.c_str());
-  s.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream e(err);
-  std::stringstream ss;
-  ss << e.rdbuf();
-  s.err = ss.str();
+  std::string png = dir.file("shot.png");
+  zt::test::CommandResult r = zt::test::run_under_xvfb(
+      ZT_BINARY_DIR "/zt view " + args + " --screenshot " + png + " --size " + size, dir.path(), "-screen 0 1600x1000x24");
+  s.rc = r.code;
+  s.err = r.out;
   if (s.rc != 0) return s;
   int n = 0;
   unsigned char* data = stbi_load(png.c_str(), &s.w, &s.h, &n, 3);
