@@ -235,6 +235,10 @@ Status validate(const TrainConfig& c) {
   if (c.grad_accum < 1) return bad("grad_accum must be at least 1");
   if (c.world_size < 1) return bad("world_size must be at least 1");
   if (c.seq_len < 0) return bad("seq_len must be positive (or 0 for the model's context)");
+  // A custom shape is checked here, not only when the run starts: what reads a validated config
+  // (to_json, optimizer_modules) divides by its heads.
+  if (c.model == "custom")
+    if (Status s = validate_shape(c.shape); !s) return bad(s.message());
   if (c.precision != "fp32" && c.precision != "bf16" && c.precision != "fp16")
     return bad("precision '" + c.precision + "': use fp32, bf16 or fp16");
   if (c.tf32 && c.device != "cuda")
