@@ -147,10 +147,7 @@ def main(argv):
           "%.2f GiB reserved"
           % (name, a.model, mean * 1e3, len(times), med * 1e3, tokens / mean, result["peak_allocated_bytes"] / 2**30,
              result["peak_reserved_bytes"] / 2**30), flush=True)
-    print("DEEPSPEED_RESULT " + json.dumps(result), flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(json.dumps(result, indent=2) + "\n")
+    base.emit_result("DEEPSPEED_RESULT", result, a.json)
     return 0
 
 

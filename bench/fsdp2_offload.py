@@ -130,6 +130,14 @@ def checked_args(p, argv):
     return a
 
 
+def emit_result(tag, result, json_path):
+    """The result line gpu_compare reads (TAG {json}), and the same JSON at json_path when given."""
+    print(tag + " " + json.dumps(result), flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            f.write(json.dumps(result, indent=2) + "\n")
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -369,11 +377,7 @@ def main(argv):
           "peak %.2f GiB allocated"
           % (name, a.model, mean * 1e3, len(times), med * 1e3, tokens / mean, result["model_tflop_per_s"],
              result["peak_allocated_bytes"] / 2**30), flush=True)
-    line = json.dumps(result)
-    print("FSDP2_RESULT " + line, flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(json.dumps(result, indent=2) + "\n")
+    emit_result("FSDP2_RESULT", result, a.json)
     return 0
 
 
