@@ -21,6 +21,14 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// A pickle of protocol 2 or later starts with PROTO (0x80). Protocols 0 and 1 (which PyTorch never
+// writes) start with a container's opcode; they and any file named as a pickle go to the pickle
+// reader too, so the one line says what in them is not read, not only that the file is foreign.
+bool looks_like_a_pickle(const std::string& path, unsigned char first) {
+  return first == 0x80 || first == '(' || first == '}' || first == ']' || first == ')' || ends_with(path, ".pickle") ||
+         ends_with(path, ".pkl");
+}
+
 int run_import(const std::string& in, const std::string& out) {
   if (Status s = check_input_file(in, "file to import"); !s) return fail(s.message());
   if (Status s = check_output_path(out, {in}, "file"); !s) return fail(s.message());
@@ -29,7 +37,7 @@ int run_import(const std::string& in, const std::string& out) {
   f.read(head, sizeof head);
   const std::streamsize got = f.gcount();
   if (got == 0) return fail(in + ": empty file (0 bytes): not a PyTorch memory snapshot or an Nsight Systems export");
-  if (static_cast<unsigned char>(head[0]) == 0x80) {
+  if (looks_like_a_pickle(in, static_cast<unsigned char>(head[0]))) {
     db::TorchImportStats st;
     if (Status s = db::import_torch_snapshot(in, out, &st); !s) return fail(s.message());
     std::cout << "imported a PyTorch memory snapshot into " << out << ": " << st.devices << " device"

@@ -100,4 +100,17 @@ std::string printable(std::string_view text, size_t most) {
   return out;
 }
 
+std::string one_line(std::string_view text, size_t most) {
+  std::string flat;
+  bool space = false;
+  for (char c : text) {
+    const bool ws = c == ' ' || c == '\n' || c == '\r' || c == '\t' || c == '\v' || c == '\f';
+    if (ws && !space && !flat.empty()) flat += ' ';
+    if (!ws) flat += c;
+    space = ws;
+  }
+  while (!flat.empty() && flat.back() == ' ') flat.pop_back();
+  return printable(flat, most);
+}
+
 }  // namespace zt

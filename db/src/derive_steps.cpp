@@ -254,7 +254,7 @@ Status derive_steps(const std::string& path, const StepRules& given, DerivedMark
   if (Status s = validate_trace_file(path); !s) return s;
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
-    std::string m = db ? sqlite3_errmsg(db) : "out of memory";
+    std::string m = db ? one_line(sqlite3_errmsg(db)) : "out of memory";
     sqlite3_close(db);
     return Status::Error(path + ": cannot open the trace for writing: " + m);
   }

@@ -12,6 +12,7 @@
 #include "new_trace.h"
 #include "sqlite.h"
 #include "zt/db/trace_file.h"
+#include "zt/db/trace_values.h"
 #include "zt/db/trace_writer.h"
 #include "zt/version.h"
 
@@ -423,7 +424,16 @@ class Importer {
     r.t_end = stop ? *stop : t_last_ == INT64_MIN ? r.t_start : t_last_;
     if (t_first_ != INT64_MAX) r.t_start = std::min(r.t_start, t_first_);
     if (t_last_ != INT64_MIN) r.t_end = std::max(*r.t_end, t_last_);
-    // Nsight's timestamps count from the session's start, which utcEpochNs gives in Unix time.
+    // Nsight's timestamps count from the session's start, which utcEpochNs gives in Unix time. Both
+    // are the file's values: checked before they are added (the rows' own are checked as written).
+    auto in_range = [](int64_t t) { return t >= 0 && t <= kMaxTraceTime; };
+    if (utc && !in_range(*utc))
+      throw detail::InputError(path_ + ": TARGET_INFO_SESSION_START_TIME.utcEpochNs is " + std::to_string(*utc) +
+                               ", not a Unix time in ns (0 .. 2^62)");
+    if (utc && (!in_range(r.t_start) || r.t_start > kMaxTraceTime - *utc))
+      throw detail::InputError(path_ + ": the capture starts at " + std::to_string(r.t_start) +
+                               " ns from the session's start, which is not a time in 0 .. 2^62 ns after " +
+                               std::to_string(*utc) + " (the export is damaged or was edited)");
     r.wall_start_unix_ns = utc ? *utc + r.t_start : 0;
     r.pid = rank_of_.empty() ? 0 : rank_of_.begin()->first;
     r.status = RunStatus::Ok;
@@ -454,7 +464,7 @@ Status open_sqlite(const std::string& path, Db* out) {
   if (!info.exists) return Status::Error(path + ": no such file");
   if (!info.is_sqlite) return Status::Error(path + ": not an SQLite database");
   if (sqlite3_open_v2(path.c_str(), &out->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr) != SQLITE_OK)
-    return Status::Error(path + ": cannot open: " + (out->db ? sqlite3_errmsg(out->db) : "out of memory"));
+    return Status::Error(path + ": cannot open: " + (out->db ? one_line(sqlite3_errmsg(out->db)) : "out of memory"));
   sqlite3_exec(out->db, "PRAGMA query_only=1", nullptr, nullptr, nullptr);
   return Status::Ok();
 }

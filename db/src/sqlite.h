@@ -10,11 +10,14 @@
 #include <string>
 #include <string_view>
 
+#include "zt/common/files.h"
+
 namespace zt::db::detail {
 
-// Thrown inside db/ only; the public API turns it into a Status naming the file.
+// Thrown inside db/ only; the public API turns it into a Status naming the file. Its text is one
+// line (SQLite quotes a damaged schema's SQL, newlines and all).
 struct SqlError : std::runtime_error {
-  SqlError(int code, const std::string& what) : std::runtime_error(what), code(code) {}
+  SqlError(int code, const std::string& what) : std::runtime_error(one_line(what)), code(code) {}
   int code;
 };
 

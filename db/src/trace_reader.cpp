@@ -54,7 +54,7 @@ Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* 
   r->path_ = path;
   int rc = sqlite3_open_v2(path.c_str(), &r->db_, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr);
   if (rc != SQLITE_OK) {
-    std::string msg = r->db_ ? sqlite3_errmsg(r->db_) : sqlite3_errstr(rc);
+    std::string msg = one_line(r->db_ ? sqlite3_errmsg(r->db_) : sqlite3_errstr(rc));
     return Status::Error(path + ": cannot open the trace: " + msg);
   }
   try {
@@ -362,7 +362,7 @@ std::string refuse_query(sqlite3* db, const std::string& sql) {
   sqlite3_stmt* first = nullptr;
   const char* tail = nullptr;
   if (sqlite3_prepare_v2(db, sql.c_str(), int(sql.size()), &first, &tail) != SQLITE_OK)
-    return sqlite3_errmsg(db);
+    return one_line(sqlite3_errmsg(db));
   if (first == nullptr) return "no SQL statement given";
   const bool readonly = sqlite3_stmt_readonly(first) != 0;
   // The first keyword, after any comments.

@@ -250,7 +250,7 @@ Status TraceWriter::create(const std::string& path, std::unique_ptr<TraceWriter>
   int rc = sqlite3_open_v2(tmp.c_str(), &w->db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
                            nullptr);
   if (rc != SQLITE_OK) {
-    std::string msg = w->db_ ? sqlite3_errmsg(w->db_) : sqlite3_errstr(rc);
+    std::string msg = one_line(w->db_ ? sqlite3_errmsg(w->db_) : sqlite3_errstr(rc));
     sqlite3_close(w->db_);
     w->db_ = nullptr;
     remove_trace_files(tmp);
@@ -303,7 +303,7 @@ Status TraceWriter::append(const std::string& path, std::unique_ptr<TraceWriter>
   w->path_ = path;
   int rc = sqlite3_open_v2(path.c_str(), &w->db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr);
   if (rc != SQLITE_OK) {
-    std::string msg = w->db_ ? sqlite3_errmsg(w->db_) : sqlite3_errstr(rc);
+    std::string msg = one_line(w->db_ ? sqlite3_errmsg(w->db_) : sqlite3_errstr(rc));
     sqlite3_close(w->db_);
     w->db_ = nullptr;
     return Status::Error(path + ": cannot open the trace to add rows: " + msg);

@@ -538,11 +538,24 @@ TEST(ImportCli, BadOrForeignFilesAreRefusedAndNothingIsWritten) {
   fixture("evil-stack", dir.file("evil4.pickle"), "'touch " + marker + "'");
   fixture("sqlite-foreign", dir.file("recipes.sqlite"));
   // Values a reader refuses: events before the boot of the clock pair's machine; an Nsight export
-  // whose kernel starts at -9e18 ns (what an import would write is checked as a reader would).
+  // whose kernel starts at -9e18 ns, without a session start time (which is checked against the
+  // capture's start first): what an import would write is checked as a reader would.
   fixture("snapshot", dir.file("boot.pickle"), "4000000000000000000 0 run-1");
   fixture("nsys", dir.file("negative.sqlite"));
   ASSERT_EQ(std::system((std::string(ZT_PYTHON3) + " -c \"import sqlite3; d = sqlite3.connect('" + dir.file("negative.sqlite") +
-                         "'); d.execute('UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = -9000000000000000000'); d.commit()\"")
+                         "'); d.execute('UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = -9000000000000000000'); "
+                         "d.execute('DELETE FROM TARGET_INFO_SESSION_START_TIME'); d.commit()\"")
+                            .c_str()),
+            0);
+  // A session start past 2^62 ns, and a damaged schema whose SQLite error quotes SQL over lines.
+  fixture("nsys", dir.file("utc.sqlite"));
+  fixture("nsys", dir.file("schema.sqlite"));
+  ASSERT_EQ(std::system((std::string(ZT_PYTHON3) + " -c \"import sqlite3; d = sqlite3.connect('" + dir.file("utc.sqlite") +
+                         "'); d.execute('UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = 9223372036854775807'); "
+                         "d.commit(); d = sqlite3.connect('" + dir.file("schema.sqlite") + "'); "
+                         "d.execute('PRAGMA writable_schema=ON'); "
+                         "d.execute(\\\"UPDATE sqlite_schema SET sql = replace(sql, 'gridY', '[') WHERE name = 'CUPTI_ACTIVITY_KIND_KERNEL'\\\"); "
+                         "d.commit()\"")
                             .c_str()),
             0);
   std::string flipped = good;
@@ -562,8 +575,14 @@ TEST(ImportCli, BadOrForeignFilesAreRefusedAndNothingIsWritten) {
       {dir.file("recipes.sqlite"), "not an Nsight Systems export"},
       {write("list.pickle", "\x80\x02]q\x00(K\x01K\x02" "e."s), "segments[0] is an int, not a dict"},
       {write("str.pickle", "\x80\x02X\x02\x00\x00\x00hi."s), "holds a str, not a dict"},
+      // Protocols 0 and 1 (pickle.dumps({"segments": []}, protocol=0 or 1)): what is not read is named.
+      {write("p0.dat", "(dp0\nVsegments\np1\n(lp2\ns."s), "opcode PUT (0x70)"},
+      {write("p1.dat", "}q\x00(X\x08\x00\x00\x00segmentsq\x01]q\x02X\x01\x00\x00\x00xq\x03I01\nu."s), "opcode INT (0x49)"},
+      {write("evil0.pickle", "cposix\nsystem\n(S'true'\ntR."s), "would import posix.system"},
       {dir.file("missing.pickle"), "no such"},
       {dir.file("boot.pickle"), "outside the clock of its 'zerotrace' pair"},
+      {dir.file("utc.sqlite"), "utcEpochNs is 9223372036854775807, not a Unix time"},
+      {dir.file("schema.sqlite"), "malformed database schema (CUPTI_ACTIVITY_KIND_KERNEL)"},
       {dir.file("negative.sqlite"), "its import would break a rule of db/SCHEMA.md (run row 1: t_start is -9000000000000000000"},
   };
   // An existing trace at -o stays as it was.

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "zt/common/files.h"
 #include "zt/common/units.h"
 
 TEST(Units, FormatsBytesTheWayUsersPasteThem) {
@@ -57,4 +58,14 @@ TEST(Units, FormatsDurations) {
   EXPECT_EQ(zt::format_duration_ns(850), "850 ns");
   EXPECT_EQ(zt::format_duration_ns(1.25e6), "1.25 ms");
   EXPECT_EQ(zt::format_duration_ns(3.2e9), "3.20 s");
+}
+
+// SQLite quotes a damaged schema's SQL, newlines and all, in its messages: zt prints one line.
+TEST(Units, MessagesFromElsewhereBecomeOneLine) {
+  EXPECT_EQ(zt::one_line("malformed database schema (t) - unrecognized token: \"[ NOT NULL,\n  blockX INTEGER\r\n\tNOT NULL\"\n"),
+            "malformed database schema (t) - unrecognized token: \"[ NOT NULL, blockX INTEGER NOT NULL\"");
+  EXPECT_EQ(zt::one_line("  a\n\nb  "), "a b");
+  EXPECT_EQ(zt::one_line(std::string(500, 'x')), std::string(300, 'x') + "...");
+  EXPECT_EQ(zt::one_line("bell\x07"), "bell\\x07");  // other controls as printable() shows them
+  EXPECT_EQ(zt::one_line(""), "");
 }

@@ -120,25 +120,17 @@ void write_base(const std::string& path) {
   if (!w->finish()) std::abort();
 }
 
-struct Table {
-  std::string name;
-  std::vector<std::string> columns;
-};
-
-const std::vector<Table>& tables(sqlite3* db) {
-  static const std::vector<Table> t = [db] {
-    std::vector<Table> out;
-    for (const auto& name : TraceReader::table_names()) {
-      Table tb{name, {}};
-      sqlite3_stmt* st = nullptr;
-      sqlite3_prepare_v2(db, ("PRAGMA table_info(" + name + ")").c_str(), -1, &st, nullptr);
-      while (sqlite3_step(st) == SQLITE_ROW) tb.columns.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(st, 1)));
-      sqlite3_finalize(st);
-      out.push_back(std::move(tb));
-    }
-    return out;
-  }();
-  return t;
+std::vector<Table> read_tables(sqlite3* db, const std::vector<std::string>& names) {
+  std::vector<Table> out;
+  for (const auto& name : names) {
+    Table tb{name, {}};
+    sqlite3_stmt* st = nullptr;
+    sqlite3_prepare_v2(db, ("PRAGMA table_info(\"" + name + "\")").c_str(), -1, &st, nullptr);
+    while (sqlite3_step(st) == SQLITE_ROW) tb.columns.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(st, 1)));
+    sqlite3_finalize(st);
+    if (!tb.columns.empty()) out.push_back(std::move(tb));
+  }
+  return out;
 }
 
 // Integers near the edges the readers care about.
@@ -213,9 +205,34 @@ const std::string& base_trace() {
   return bytes;
 }
 
+std::vector<Table> tables_of(const std::string& db_bytes, std::vector<std::string> names) {
+  const std::string path = scratch_dir() + "/tables.db";
+  write_file(path, db_bytes);
+  sqlite3* db = nullptr;
+  std::vector<Table> out;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+    if (names.empty()) {
+      sqlite3_stmt* st = nullptr;
+      sqlite3_prepare_v2(db, "SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name", -1, &st, nullptr);
+      while (sqlite3_step(st) == SQLITE_ROW) names.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(st, 0)));
+      sqlite3_finalize(st);
+    }
+    out = read_tables(db, names);
+  }
+  sqlite3_close(db);
+  std::filesystem::remove(path);
+  if (out.empty()) std::abort();  // a base without tables: the target is broken, not the input
+  return out;
+}
+
 void write_mutated_trace(Input& in, const std::string& path) {
+  static const std::vector<Table> tables = tables_of(base_trace(), TraceReader::table_names());
+  write_mutated_db(in, path, base_trace(), tables);
+}
+
+void write_mutated_db(Input& in, const std::string& path, const std::string& base, const std::vector<Table>& ts) {
   for (const char* suffix : {"-wal", "-shm", "-journal"}) std::filesystem::remove(path + suffix);
-  write_file(path, base_trace());
+  write_file(path, base);
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
     sqlite3_close(db);
@@ -225,27 +242,28 @@ void write_mutated_trace(Input& in, const std::string& path) {
   std::vector<std::pair<size_t, uint8_t>> flips;
   for (int ops = 0; !in.empty() && ops < 64; ++ops) {
     const uint8_t op = in.byte();
-    const auto& ts = tables(db);
     const Table& t = ts[in.byte() % ts.size()];
-    const int64_t row = pick_row(db, t.name, in.byte());
+    const std::string name = "\"" + t.name + "\"";
+    const int64_t row = pick_row(db, name, in.byte());
     switch (op % 8) {
       case 0:
       case 1:
       case 2:
       case 3: {  // a value
         const std::string& c = t.columns[in.byte() % t.columns.size()];
-        run(db, "UPDATE " + t.name + " SET \"" + c + "\" = ?1 WHERE rowid = ?2", &in, row);
+        run(db, "UPDATE " + name + " SET \"" + c + "\" = ?1 WHERE rowid = ?2", &in, row);
         break;
       }
       case 4:
-      case 5: {  // a row copied (a new id), then edited by the next ops
+      case 5: {  // a row copied (a new id where the first column is one), then edited by the next ops
         std::string cols;
         for (size_t i = 1; i < t.columns.size(); ++i) cols += (cols.empty() ? "\"" : ",\"") + t.columns[i] + "\"";
-        run(db, "INSERT INTO " + t.name + "(" + cols + ") SELECT " + cols + " FROM " + t.name + " WHERE rowid = ?1",
+        if (t.columns.size() == 1) cols = "\"" + t.columns[0] + "\"";
+        run(db, "INSERT INTO " + name + "(" + cols + ") SELECT " + cols + " FROM " + name + " WHERE rowid = ?1",
             nullptr, row);
         break;
       }
-      case 6: run(db, "DELETE FROM " + t.name + " WHERE rowid = ?1", nullptr, row); break;
+      case 6: run(db, "DELETE FROM " + name + " WHERE rowid = ?1", nullptr, row); break;
       default: flips.emplace_back(size_t(in.u64()), in.byte()); break;
     }
   }

@@ -10,14 +10,25 @@
 #include <sqlite3.h>
 
 #include <string>
+#include <vector>
 
 #include "fuzz_input.h"
 
 namespace zt::fuzz {
 
+struct Table {
+  std::string name;
+  std::vector<std::string> columns;
+};
+
 // The base trace's bytes (written on first use).
 const std::string& base_trace();
 // Writes the base trace edited as `in` says to `path`.
 void write_mutated_trace(Input& in, const std::string& path);
+
+// The same edits on any SQLite database (an Nsight Systems export, ...): `db_bytes`' tables
+// `names` (all of them, by name, when empty) with their columns, then a copy of it edited at `path`.
+std::vector<Table> tables_of(const std::string& db_bytes, std::vector<std::string> names = {});
+void write_mutated_db(Input& in, const std::string& path, const std::string& base, const std::vector<Table>& tables);
 
 }  // namespace zt::fuzz

@@ -12,6 +12,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "zt/common/files.h"
 #include "zt/db/trace_reader.h"
 #include "zt/db/trace_values.h"
 
@@ -37,7 +38,7 @@ Status stream(sqlite3* db, const std::string& path, const char* table, const cha
               int64_t* rows, Fill fill) {
   sqlite3_stmt* st = nullptr;
   if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) != SQLITE_OK)
-    return Status::Error(path + ": reading the " + table + " table failed: " + sqlite3_errmsg(db));
+    return Status::Error(path + ": reading the " + table + " table failed: " + one_line(sqlite3_errmsg(db)));
   db::RowCheck check(path, table, st, sqlite3_column_count(st) - 1);
   int rc;
   int64_t n = 0;
@@ -54,7 +55,7 @@ Status stream(sqlite3* db, const std::string& path, const char* table, const cha
   }
   if (progress) progress->rows_done.fetch_add(n & 0xffff, std::memory_order_relaxed);
   *rows += n;
-  std::string err = rc == SQLITE_DONE || rc == SQLITE_ROW ? "" : sqlite3_errmsg(db);
+  std::string err = rc == SQLITE_DONE || rc == SQLITE_ROW ? "" : one_line(sqlite3_errmsg(db));
   sqlite3_finalize(st);
   if (!err.empty()) return Status::Error(path + ": reading the " + table + " table failed: " + err);
   if (progress && progress->cancel.load()) return Status::Error(path + ": loading cancelled");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "zt/common/files.h"
 #include "zt/common/units.h"
 #include "zt/db/names.h"
 
@@ -17,10 +18,10 @@ template <typename Fn>
 Status for_each_row(sqlite3* db, const std::string& path, const char* sql, Fn row) {
   sqlite3_stmt* st = nullptr;
   if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) != SQLITE_OK)
-    return Status::Error(path + ": reading failed: " + sqlite3_errmsg(db));
+    return Status::Error(path + ": reading failed: " + one_line(sqlite3_errmsg(db)));
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) row(st);
-  Status s = rc == SQLITE_DONE ? Status::Ok() : Status::Error(path + ": reading failed: " + sqlite3_errmsg(db));
+  Status s = rc == SQLITE_DONE ? Status::Ok() : Status::Error(path + ": reading failed: " + one_line(sqlite3_errmsg(db)));
   sqlite3_finalize(st);
   return s;
 }

@@ -22,6 +22,10 @@ Status read_text_file(const std::string& path, const std::string& what, std::str
 // reach the terminal as it is).
 std::string printable(std::string_view text, size_t most = 60);
 
+// A message from elsewhere (SQLite's, which quotes a damaged schema's SQL with its newlines) as
+// one line: each run of whitespace one space, then printable(text, most).
+std::string one_line(std::string_view text, size_t most = 300);
+
 // Where `text` stops being well-formed UTF-8 (a byte offset), or npos when it is all UTF-8. Text
 // files zt reads (YAML) must be: their strings go into JSON (a trace's config, a verdict).
 size_t utf8_invalid_at(std::string_view text);
