@@ -1,6 +1,7 @@
 // fuzz_nsys: an Nsight Systems SQLite export from elsewhere (`zt import report.sqlite`), edited
 // value by value as trace_mutator.h edits traces: is_nsys_export, then import_nsys_export into a
-// trace, which a reader must then open with every value check. The base export is the one the
+// trace, which a reader must then open with every value check; then that trace out as a PyTorch
+// snapshot (`zt export --torch-snapshot`), which the snapshot reader must take back. The base export is the one the
 // import tests use (tests/db/torch_fixtures.py nsys, written once by python3 at the first input).
 // A bad export is one line and nothing at the output path; never a crash, a hang or an
 // allocation sized by a value from the file.
@@ -9,6 +10,7 @@
 
 #include "trace_mutator.h"
 #include "zt/db/nsys_import.h"
+#include "zt/db/torch_snapshot.h"
 #include "zt/db/trace_reader.h"
 
 namespace {
@@ -48,5 +50,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   std::unique_ptr<db::TraceReader> r;
   if (!db::TraceReader::open(out, &r)) std::abort();  // what the import wrote, a reader takes
+  r.reset();
+  const std::string pickle = dir + "/exported.pickle";
+  std::filesystem::remove(pickle);
+  if (!db::export_torch_snapshot(out, pickle)) return 0;  // e.g. no device memory to export
+  std::ifstream f(pickle, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << f.rdbuf();
+  if (!db::check_torch_snapshot(bytes.str())) std::abort();  // what zt exports, zt imports
   return 0;
 }
