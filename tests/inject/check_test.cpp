@@ -394,6 +394,34 @@ TEST(CheckBudget, PeakOverTheBudgetNamesDeviceStepAndTensors) {
       << format_text(host);
 }
 
+// A counter is any number in a trace: an 'allocated' counter that is not a size (fuzz_trace found
+// 2.6e301 converted to int64) is left out of the peak, and the report says so.
+TEST(CheckBudget, AnAllocatedCounterThatIsNotASizeIsLeftOutAndSaid) {
+  test::TempDir dir;
+  const std::string path = dir.file("counter.db");
+  {
+    TraceBuilder b(path);  // a GPU with segments and the allocator's counter, no block rows
+    b.run("{}");
+    b.rank(0, 1);
+    const int64_t gpu = b.device(0, db::DeviceKind::Cuda, "cuda:0", 80 * kGiB);
+    b.alloc(0, gpu, db::MemoryKind::Device, "segment", 20 * kMiB, 10, std::nullopt, db::AllocLevel::Segment);
+    b.counter(0, gpu, "allocated", 20, 2.6e301);
+    b.counter(0, gpu, "allocated", 30, -1.0);
+    b.counter(0, gpu, "allocated", 40, double(3 * kMiB));
+    b.finish();
+  }
+  Options o;
+  Budget bud;
+  ASSERT_TRUE(parse_budget("cuda=4GiB", &bud).ok());
+  o.budget = bud;
+  Report r = run(path, o);
+  const CheckResult& c = only(r, "budget");
+  EXPECT_EQ(c.outcome, Outcome::Pass) << format_text(r);
+  EXPECT_TRUE(has(c.summary, "highest 3.00 MiB")) << format_text(r);
+  ASSERT_EQ(c.context.size(), 1u) << format_text(r);
+  EXPECT_TRUE(has(c.context[0], "the 'allocated' counter of rank 0 cuda:0 holds 2.6e+301, not a size")) << c.context[0];
+}
+
 // A merged trace of processes run one after another on one host (zt probe of a parent that runs two
 // children in turn): memory a process never freed goes with it when its run ends, so the host's peak
 // is the parent's 2 MiB and the larger child's 5 MiB, not every child's together (10 MiB).

@@ -2,11 +2,13 @@
 // machine against the budget. The rules and their reasons are in inject/check/README.md.
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <map>
 #include <tuple>
 
 #include "trace_data.h"
 #include "zt/common/units.h"
+#include "zt/db/trace_values.h"
 
 namespace zt::check {
 
@@ -148,11 +150,24 @@ Status check_budget(TraceData& d, const Budget& b, CheckResult* out) {
       } else {
         // No tensor-level rows: the allocator's own counter, else the reserved segments.
         bool from_counter = false;
-        for (auto& c : d.counters)
-          if (c.device_id == id && c.name == "allocated" && int64_t(c.value) > alloc.bytes) {
+        // A counter is any number in a trace (db/SCHEMA.md); one that is not a size is left out, and said.
+        bool odd_counter = false;
+        for (auto& c : d.counters) {
+          if (c.device_id != id || c.name != "allocated") continue;
+          if (!(c.value >= 0 && c.value <= double(db::kMaxTraceBytes))) {
+            char v[32];
+            std::snprintf(v, sizeof v, "%.6g", c.value);
+            if (!odd_counter)
+              out->context.push_back("the 'allocated' counter of rank " + std::to_string(dev.rank) + " " +
+                                     d.device_label(id) + " holds " + v + ", not a size: left out of its peak");
+            odd_counter = true;
+            continue;
+          }
+          if (int64_t(c.value) > alloc.bytes) {
             alloc = {int64_t(c.value), c.t};
             from_counter = true;
           }
+        }
         if (!from_counter) {
           alloc = reserved;
           what = "peak reserved (no block rows)";
