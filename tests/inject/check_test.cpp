@@ -517,6 +517,21 @@ TEST(CheckSteps, NoPlanIsSkipped) {
   EXPECT_FALSE(r.failed());
 }
 
+// A counter is any number in a trace: a plan that is not a whole count of steps is said, not cast.
+TEST(CheckSteps, APlanThatIsNotACountIsSkippedAndSaid) {
+  for (double planned : {1e300, -4.0, 2.5, std::nan("")}) {
+    test::TempDir dir;
+    RunShape s;
+    s.write_plan = false;
+    Options o;
+    o.steps = true;
+    Report r = run(make(dir, "plan.db", s, [&](TraceBuilder& b) { b.counter(0, 0, "data.steps_planned", 5, planned); }), o);
+    const CheckResult& c = only(r, "steps");
+    EXPECT_EQ(c.outcome, Outcome::Skip) << planned << ": " << format_text(r);
+    EXPECT_TRUE(has(c.summary, "not a count of steps; give --steps N")) << c.summary;
+  }
+}
+
 TEST(Check, DefaultSetIsRunLeaksPlacementSteps) {
   test::TempDir dir;
   Report r = run(make(dir, "d.db", RunShape{}), Options{});

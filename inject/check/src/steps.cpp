@@ -7,6 +7,7 @@
 
 #include "trace_data.h"
 #include "zt/common/units.h"
+#include "zt/db/trace_values.h"
 
 namespace zt::check::detail {
 
@@ -45,7 +46,15 @@ Status check_steps(TraceData& d, const Options& o, CheckResult* out) {
       r.summary = "the trace records no plan (no data.steps_planned counter); give --steps N";
       return Status::Ok();
     }
-    expected = int64_t(it->second);
+    // A counter is any number in a trace: a plan must be a whole count of steps.
+    const double planned = it->second;
+    if (!(planned >= 0 && planned <= double(db::kMaxTraceCount) && planned == std::floor(planned))) {
+      r.outcome = Outcome::Skip;
+      r.summary = "the trace's data.steps_planned counter holds " + format_count(planned) +
+                  ", not a count of steps; give --steps N";
+      return Status::Ok();
+    }
+    expected = int64_t(planned);
     what = "planned";
     source = "data.steps_planned";
   }

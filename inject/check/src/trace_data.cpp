@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include "zt/common/files.h"
 #include "zt/common/units.h"
@@ -127,7 +128,9 @@ Status TraceData::load_counters() {
                         const unsigned char* txt = sqlite3_column_text(st, 2);
                         c.name = txt ? reinterpret_cast<const char*>(txt) : "";
                         c.t = sqlite3_column_int64(st, 3);
-                        c.value = sqlite3_column_double(st, 4);
+                        // A NaN is stored as NULL (SQLite has none): read back as NaN, as TraceReader does.
+                        c.value = sqlite3_column_type(st, 4) == SQLITE_NULL ? std::nan("")
+                                                                             : sqlite3_column_double(st, 4);
                         counters.push_back(std::move(c));
                       });
 }
