@@ -14,11 +14,7 @@
 namespace zt::cli {
 
 int fail(const std::string& message) {
-  // One line whatever a message quotes (a last guard: each module's messages are one line already).
-  std::string line = message;
-  for (char& c : line)
-    if (c == '\n' || c == '\r') c = ' ';
-  std::fprintf(stderr, "zt: %s\n", line.c_str());
+  std::fprintf(stderr, "zt: %s\n", message.c_str());
   return kExitBadInput;
 }
 
