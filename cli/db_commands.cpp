@@ -2,6 +2,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <map>
@@ -69,9 +70,17 @@ std::string csv_field(const std::string& v) {
 
 namespace {
 
+// A cell of a query over a trace: its number, or `otherwise` where it holds none (NULL, or text
+// that an edited file put where a number belongs: never an exception).
+double number(const std::string& cell, double otherwise = 0.0) {
+  char* end = nullptr;
+  const double v = std::strtod(cell.c_str(), &end);
+  return !cell.empty() && end == cell.c_str() + cell.size() ? v : otherwise;
+}
+
 std::map<std::string, double> first_two_by_rank(const db::QueryResult& q) {
   std::map<std::string, double> m;
-  for (auto& r : q.rows) m[r[0]] = r[1].empty() ? 0.0 : std::stod(r[1]);
+  for (auto& r : q.rows) m[r[0]] = number(r[1]);
   return m;
 }
 
@@ -114,7 +123,7 @@ void print_adamw(db::TraceReader& reader) {
   const AdamRate rate(reader);
   std::vector<std::vector<std::string>> rows;
   for (auto& r : q.rows) {
-    const double steps = std::stod(r[1]), ns = r[2].empty() ? 0.0 : std::stod(r[2]);
+    const double steps = number(r[1]), ns = number(r[2]);
     if (!(steps > 0) || !rate.on_host(r[0])) continue;
     rows.push_back({r[0], r[1], format_duration_ns(ns / steps), rate.text(r[0], ns / steps)});
   }
@@ -226,7 +235,7 @@ bool print_background_update(db::TraceReader& reader) {
                            : "delayed parameter update (AdamW of step s beside step s+1's forward and backward):\n");
   std::vector<std::vector<std::string>> rows;
   for (auto& r : applied.rows) {
-    const double updates = std::stod(r[1]), wait = r[2].empty() ? 0.0 : std::stod(r[2]);
+    const double updates = number(r[1]), wait = number(r[2]);
     if (!(updates > 0)) continue;
     const double a = adam_ns.count(r[0]) ? adam_ns.at(r[0]) : 0.0, h = hidden_ns.count(r[0]) ? hidden_ns.at(r[0]) : 0.0;
     rows.push_back({r[0], r[1], format_duration_ns(a / updates), rate.text(r[0], a / updates),
@@ -251,18 +260,20 @@ void print_host_memory(db::TraceReader& reader, const db::TraceSummary& sum) {
                      "json_extract(config_json, '$.probe') IS NOT NULL LIMIT 1",
                      &thr);
   const bool probed = !thr.rows.empty() && thr.rows[0][0] != "NULL";
+  const double threshold = probed ? number(thr.rows[0][0], -1.0) : -1.0;
   std::map<std::string, std::string> rss_by_rank;
   for (auto& r : rss.rows) rss_by_rank[r[0]] = r[1];
   for (auto& d : sum.devices) {
     if (d.device.kind != db::DeviceKind::Cpu) continue;
     const std::string rank = std::to_string(d.device.rank);
-    const bool has_rss = rss_by_rank.count(rank) && rss_by_rank[rank] != "NULL";
+    const bool has_rss = rss_by_rank.count(rank) && number(rss_by_rank[rank], -1.0) >= 0;
     if (!has_rss && !(probed && d.peak_reserved > 0)) continue;
     std::cout << "host memory of rank " << rank << ":";
-    if (has_rss) std::cout << " resident set (RSS) peaked at " << format_bytes(std::stod(rss_by_rank[rank]));
+    if (has_rss) std::cout << " resident set (RSS) peaked at " << format_bytes(number(rss_by_rank[rank]));
     if (probed && d.blocks == 0)
-      std::cout << (has_rss ? ";" : "") << " allocations of " << format_bytes(std::stod(thr.rows[0][0]))
-                << " or more (malloc, mmap) peaked at " << format_bytes(double(d.peak_reserved)) << ", "
+      std::cout << (has_rss ? ";" : "") << " allocations"
+                << (threshold >= 0 ? " of " + format_bytes(threshold) + " or more" : std::string())
+                << " (malloc, mmap) peaked at " << format_bytes(double(d.peak_reserved)) << ", "
                 << format_bytes(double(d.reserved_at_end)) << " left at the end";
     std::cout << "\n";
   }
@@ -362,9 +373,10 @@ int db_info(const std::string& path) {
     // The set-up before the first step (the initial weights, every model state allocated and filled):
     // at the large presets a cost of its own.
     db::QueryResult q;
+    // min() is NULL where no marker reads as a step through the file's enum table.
     if (sum.steps > 0 && !sum.runs.empty() && reader->query("SELECT min(t_start) FROM marker_v WHERE kind = 'step'", &q) &&
-        !q.rows.empty())
-      std::cout << "; the first began " << format_duration_ns(double(std::stoll(q.rows[0][0]) - run_start))
+        !q.rows.empty() && number(q.rows[0][0], -1.0) >= 0)
+      std::cout << "; the first began " << format_duration_ns(number(q.rows[0][0]) - double(run_start))
                 << " after the run started (its set-up)";
   }
   std::cout << "\n";
