@@ -235,7 +235,7 @@ class Exporter {
     x.order = e.id;
     x.action = "oom";
     x.oom = true;
-    static const std::regex bytes_re(R"(\((\d+) bytes\))");
+    static const std::regex bytes_re(R"(\((\d{1,18}) bytes\))");  // 18 digits: an int64
     std::vector<int64_t> figures;
     for (std::sregex_iterator it(e.message.begin(), e.message.end(), bytes_re), end; it != end; ++it)
       figures.push_back(std::stoll((*it)[1].str()));

@@ -3,6 +3,7 @@
 // fixtures are written by tests/db/torch_fixtures.py with Python's own pickle and sqlite3 modules
 // from dicts and tables in the documented formats: no torch, no nsys.
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -231,6 +232,21 @@ TEST_F(TorchSnapshot, ExportRoundTripKeepsEveryBlock) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("3 ["), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("'blocks'"), std::string::npos) << r.out;
+}
+
+// An error message is the file's text: a figure of more digits than an int64 holds is not one
+// (std::stoll threw out of range in zt export, ending the process).
+TEST_F(TorchSnapshot, AnOomMessageWithAFigurePastInt64IsExportedWithoutIt) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(trace_.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE error SET message = 'Tried to allocate (123456789012345678901234 bytes)'", nullptr,
+                         nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  const std::string out = dir_.file("long.pickle");
+  Status s = db::export_torch_snapshot(trace_, out);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_TRUE(db::check_torch_snapshot(test::read_file(out)).ok());
 }
 
 TEST(TorchSnapshotForms, TheLegacySegmentListAndExpandableSegments) {
