@@ -165,7 +165,11 @@ void bind_value(sqlite3_stmt* st, int i, Input& in) {
       sqlite3_bind_blob(st, i, s.data(), int(s.size()), SQLITE_TRANSIENT);
       break;
     }
-    default: sqlite3_bind_int64(st, i, int64_t(uint64_t(in.byte()) + uint64_t(edge(in.byte())))); break;  // wraps
+    default: {  // wraps
+      const uint8_t small = in.byte(), near = in.byte();  // two statements' worth: see fuzz_input.h
+      sqlite3_bind_int64(st, i, int64_t(uint64_t(small) + uint64_t(edge(near))));
+      break;
+    }
   }
 }
 
@@ -264,7 +268,12 @@ void write_mutated_db(Input& in, const std::string& path, const std::string& bas
         break;
       }
       case 6: run(db, "DELETE FROM " + name + " WHERE rowid = ?1", nullptr, row); break;
-      default: flips.emplace_back(size_t(in.u64()), in.byte()); break;
+      default: {
+        const size_t at = size_t(in.u64());
+        const uint8_t x = in.byte();
+        flips.emplace_back(at, x);
+        break;
+      }
     }
   }
   sqlite3_exec(db, "COMMIT;", nullptr, nullptr, nullptr);
