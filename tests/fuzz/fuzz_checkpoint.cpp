@@ -21,13 +21,6 @@ struct Base {
   std::string dir, tag, manifest, shard_file, shard, weights, latest;
 };
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 // A real checkpoint of a tiny GPT-2 on two ranks, saved after one step with its weights.
 const Base& base() {
   static const Base b = [] {
@@ -51,13 +44,13 @@ const Base& base() {
       std::fprintf(stderr, "fuzz_checkpoint: the base checkpoint: %s\n", s.message().c_str());
       std::abort();
     }
-    b.latest = slurp(b.dir + "/latest");
+    b.latest = fuzz::read_file(b.dir + "/latest");
     b.tag = b.latest.substr(0, b.latest.find('\n'));
-    b.manifest = slurp(b.dir + "/" + b.tag + "/manifest.json");
+    b.manifest = fuzz::read_file(b.dir + "/" + b.tag + "/manifest.json");
     const json m = json::parse(b.manifest);
     b.shard_file = m.at("files").at(0).at("name").get<std::string>();
-    b.shard = slurp(b.dir + "/" + b.tag + "/" + b.shard_file);
-    b.weights = slurp(b.dir + "/" + b.tag + "/" + ckpt::kWeightsFile);
+    b.shard = fuzz::read_file(b.dir + "/" + b.tag + "/" + b.shard_file);
+    b.weights = fuzz::read_file(b.dir + "/" + b.tag + "/" + ckpt::kWeightsFile);
     return b;
   }();
   return b;

@@ -65,6 +65,13 @@ inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
 // While alive, std::cout and std::cerr go nowhere (a million inputs of reports would be the
 // slowest part of a run).
 class Quiet {

@@ -20,11 +20,9 @@ const std::string& base_export() {
     const std::string path = zt::fuzz::scratch_dir() + "/nsys-base.sqlite";
     const std::string cmd = std::string(ZT_PYTHON3) + " " + ZT_SOURCE_DIR + "/tests/db/torch_fixtures.py nsys " + path;
     if (std::system(cmd.c_str()) != 0) std::abort();  // the target cannot run without its base
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream s;
-    s << in.rdbuf();
+    std::string s = zt::fuzz::read_file(path);
     std::filesystem::remove(path);
-    return s.str();
+    return s;
   }();
   return bytes;
 }
@@ -54,9 +52,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string pickle = dir + "/exported.pickle";
   std::filesystem::remove(pickle);
   if (!db::export_torch_snapshot(out, pickle)) return 0;  // e.g. no device memory to export
-  std::ifstream f(pickle, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << f.rdbuf();
-  if (!db::check_torch_snapshot(bytes.str())) std::abort();  // what zt exports, zt imports
+  if (!db::check_torch_snapshot(fuzz::read_file(pickle))) std::abort();  // what zt exports, zt imports
   return 0;
 }

@@ -200,11 +200,9 @@ const std::string& base_trace() {
   static const std::string bytes = [] {
     const std::string path = scratch_dir() + "/base.db";
     write_base(path);
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream s;
-    s << in.rdbuf();
+    std::string s = read_file(path);
     std::filesystem::remove(path);
-    return s.str();
+    return s;
   }();
   return bytes;
 }
