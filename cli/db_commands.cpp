@@ -828,6 +828,9 @@ void add_db_commands(CLI::App& app, Action& action) {
                     << " history entries";
           if (st.device_map.find(',') != std::string::npos) std::cout << "; devices: " << st.device_map;
           std::cout << "\n";
+          if (st.left_out)
+            std::cout << "note: " << st.left_out
+                      << " allocations left out: their address is 2^63 or more, which a snapshot cannot hold\n";
         }
         return kExitOk;
       };

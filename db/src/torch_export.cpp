@@ -100,6 +100,10 @@ class Exporter {
     while (q.step()) {
       auto it = index_.find(q.i64(2));
       if (it == index_.end()) continue;
+      if (q.i64(4) < 0) {  // see TorchExportStats::left_out
+        ++st_.left_out;
+        continue;
+      }
       Row row{q.i64(0), q.i64(1), it->second, AllocLevel(q.i64(3)), uint64_t(q.i64(4)), q.i64(5), q.i64(6),
               q.i64(7), q.opt(8), q.is_null(9) ? 0 : q.i64(9), q.is_null(10) ? 0 : q.i64(10),
               q.is_null(12) ? 0 : q.i64(12)};

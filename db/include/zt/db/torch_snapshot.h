@@ -81,6 +81,9 @@ struct TorchExportStats {
   int64_t events = 0;
   int64_t bytes = 0;  // size of the pickle
   std::string device_map;  // "cuda:0 (rank 0) -> device 0, ..." when the trace has several
+  // Rows left out: an address at or past 2^63 (negative in the trace's int64), which a snapshot's
+  // non-negative addresses cannot hold. No CUDA allocator hands one out; an edited trace can.
+  int64_t left_out = 0;
 };
 
 // The trace's device memory -> a snapshot pickle (temporary file beside it, renamed into place).
