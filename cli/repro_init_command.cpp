@@ -13,6 +13,8 @@
 #include "output_paths.h"
 #include "train/deepspeed_keys.h"
 #include "train/hf_config.h"
+#include "train/json_text.h"
+#include "train/run_args.h"
 #include "train/model_shape.h"
 #include "train/train_config.h"
 #include "zt/common/files.h"
@@ -23,7 +25,7 @@ namespace zt::cli {
 namespace {
 
 struct InitOptions {
-  std::string ds_config, hf_config, out, name = "my-report";
+  std::string ds_config, hf_config, hf_args, out, name = "my-report";
   int64_t gpus = 8, nodes = 1;
   std::string gpu_memory = "80GiB", host_memory;
 };
@@ -42,12 +44,12 @@ Status skeleton(const InitOptions& o, std::string* out) {
   if (!o.ds_config.empty()) {
     std::string text;
     if (Status s = read_text_file(o.ds_config, "DeepSpeed config", &text); !s) return s;
-    try {
-      ds = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      return Status::Error(o.ds_config + ": not valid JSON (" + std::string(e.what()) + ")");
-    }
-    if (Status s = trainer::load_deepspeed_config_text(text, o.ds_config, &c, &notes); !s) return s;
+    if (Status s = trainer::parse_config_text(text, o.ds_config, &ds); !s) return s;
+    trainer::RunArgs args;
+    if (!o.hf_args.empty())
+      if (Status s = trainer::parse_hf_args(o.hf_args, "--hf-args", &args); !s) return s;
+    if (Status s = trainer::load_deepspeed_config_text(text, o.ds_config, &c, &notes, args, /*allow_todo=*/true); !s)
+      return s;
     for (auto& n : trainer::deepspeed_version_notes(ds, o.ds_config)) notes.push_back(n + "  TODO: which release?");
   }
   std::string why;
@@ -92,10 +94,28 @@ Status skeleton(const InitOptions& o, std::string* out) {
     << "  host_memory: " << (o.host_memory.empty() ? "TODO" + todo + ": per node (free -g on a node)" : o.host_memory) << "\n"
     << "  # memory_watchdog: {tool: ray, kill_at: 0.95}   # a job killed at a share of the node's memory (ray, kubernetes, "
        "systemd-oomd, slurm)\n";
+  // A value the config resolved, with its source; TODO where the config says "auto" and nothing
+  // gave the run's arguments (the scenario loader refuses a TODO, so the skeleton cannot run).
+  auto resolved = [&](const std::string& key, const std::string& arg) {
+    for (const auto& r : c.ds_resolution)
+      if (r.key == key) {
+        if (r.value == "TODO") return "TODO" + todo + ": " + key + " is \"auto\": the run's " + arg;
+        return r.value + "   # " + key + ": " + r.source;
+      }
+    return "TODO" + todo + ": the run's " + arg;
+  };
+  std::string precision = "TODO" + todo + ": bf16, fp16 or fp32 (the run's --bf16 / --fp16)";
+  for (const auto& r : c.ds_resolution)
+    if (r.key == "precision") precision = r.value + "   # " + r.source;
+  for (const auto& r : c.ds_resolution)
+    if ((r.key == "bf16.enabled" || r.key == "fp16.enabled") && r.value == "TODO")
+      precision = "TODO" + todo + ": " + r.key + " is \"auto\": the run's --bf16 / --fp16 decide (bf16, fp16 or fp32)";
   y << "train:\n"
-    << "  precision: " << c.precision << (o.ds_config.empty() ? todo : "   # from the DeepSpeed config") << "\n"
-    << "  micro_batch: " << c.micro_batch << (o.ds_config.empty() ? todo : "   # train_micro_batch_size_per_gpu (\"auto\": TODO the run's)") << "\n"
-    << "  grad_accum: " << c.grad_accum << "   # gradient_accumulation_steps (\"auto\": TODO the run's)\n"
+    << "  precision: " << precision << "\n"
+    << "  micro_batch: " << resolved("train_micro_batch_size_per_gpu", "per_device_train_batch_size") << "\n"
+    << "  grad_accum: " << resolved("gradient_accumulation_steps", "gradient_accumulation_steps") << "\n";
+  if (!o.ds_config.empty()) y << "  grad_clip: " << resolved("gradient_clipping", "max_grad_norm") << "\n";
+  y
     << "  seq_len: TODO" << todo << ": the run's sequence length (cutoff_len, max_seq_length)\n"
     << "  activation_checkpointing: TODO" << todo << ": gradient_checkpointing of the run (true or false)\n"
     << "  steps: 2   # enough to reach the failure (epochs: N to train by epochs)\n"
@@ -136,6 +156,9 @@ void add_repro_init_command(CLI::App& repro, Action& action) {
       "Example: zt repro init --ds-config ds.json --hf-config config.json --gpus 8 --gpu-memory 80GiB -o my.yaml");
   auto o = std::make_shared<InitOptions>();
   sub->add_option("--ds-config", o->ds_config, "the run's DeepSpeed JSON config");
+  sub->add_option("--hf-args", o->hf_args,
+                  "the run's TrainingArguments, which fill the config's \"auto\": a JSON file, 'defaults', or "
+                  "name=value,... (without them each \"auto\" is a TODO)");
   sub->add_option("--hf-config", o->hf_config, "the model's Hugging Face config.json (families: " + trainer::hf_families() + ")");
   sub->add_option("--gpus", o->gpus, "GPUs per node (default 8)")->check(CLI::Range(int64_t(1), int64_t(1) << 16));
   sub->add_option("--nodes", o->nodes, "nodes (default 1)")->check(CLI::Range(int64_t(1), int64_t(1) << 16));

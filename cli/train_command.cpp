@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "commands.h"
+#include "train/run_args.h"
 #include "zero/launcher_env.h"
 #include "train/trainer.h"
 #include "zt/common/units.h"
@@ -111,6 +112,12 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--ds-config", *ds_config,
                   "DeepSpeed JSON config (batch sizes, bf16/fp16, optimizer, zero_optimization); a flag given beside it "
                   "that it sets otherwise is refused");
+  auto hf_args = std::make_shared<std::string>();
+  sub->add_option("--hf-args", *hf_args,
+                  "the run's TrainingArguments, which fill the DeepSpeed config's \"auto\" as the HF Trainer does: a "
+                  "TrainingArguments JSON file, 'defaults', or name=value,... (per_device_train_batch_size, "
+                  "gradient_accumulation_steps, max_grad_norm, bf16, fp16, learning_rate, ...); --micro-batch, "
+                  "--grad-accum, --grad-clip, --precision, --lr and --weight-decay fill them too");
   sub->add_option("--zero-stage", cfg->zero.stage, "ZeRO stage 0, 1, 2 or 3")->check(CLI::Range(0, 3));
   sub->add_flag("--offload-optimizer", cfg->zero.offload_optimizer, "fp32 master weights and Adam moments on the host");
   sub->add_flag("--offload-param", cfg->zero.offload_param, "stage 3: parameter shards on the host");
@@ -127,8 +134,8 @@ void add_train_command(CLI::App& app, Action& action) {
                 "record CUPTI's view too (cudaMalloc, copies, kernels) into the trace, matched to the trainer's "
                 "allocator rows; needs --device cuda and --trace");
   std::vector<std::string> argv_words;
-  sub->callback([&action, sub, cfg, config_file, device_memory, host_memory, ds_config, cupti] {
-    action = [sub, cfg, config_file, device_memory, host_memory, ds_config, cupti]() -> int {
+  sub->callback([&action, sub, cfg, config_file, device_memory, host_memory, ds_config, hf_args, cupti] {
+    action = [sub, cfg, config_file, device_memory, host_memory, ds_config, hf_args, cupti]() -> int {
       trainer::TrainConfig c = *cfg;
       bool memory_given = !device_memory->empty();  // --device-memory, or device_memory in the file
       if (!config_file->empty()) {
@@ -208,7 +215,28 @@ void add_train_command(CLI::App& app, Action& action) {
       if (!ds_config->empty()) {
         std::vector<std::string> warnings;
         trainer::TrainConfig after = c;
-        if (Status s = trainer::load_deepspeed_config(*ds_config, &after, &warnings); !s) return fail(s.message());
+        // The run's arguments fill the config's "auto": --hf-args, then the flags typed (not defaults).
+        trainer::RunArgs args;
+        if (!hf_args->empty())
+          if (Status s = trainer::parse_hf_args(*hf_args, "--hf-args", &args); !s) return fail(s.message());
+        auto flag_arg = [&](const char* flag, const char* name, double value) {
+          if (sub->get_option(flag)->count() > 0 && !args.given.count(name)) args.given[name] = {value, flag};
+        };
+        flag_arg("--micro-batch", "per_device_train_batch_size", double(c.micro_batch));
+        flag_arg("--grad-accum", "gradient_accumulation_steps", double(c.grad_accum));
+        flag_arg("--grad-clip", "max_grad_norm", c.grad_clip);
+        flag_arg("--lr", "learning_rate", c.lr);
+        flag_arg("--weight-decay", "weight_decay", c.weight_decay);
+        flag_arg("--precision", "bf16", c.precision == "bf16" ? 1 : 0);
+        flag_arg("--precision", "fp16", c.precision == "fp16" ? 1 : 0);
+        if (Status s = trainer::load_deepspeed_config(*ds_config, &after, &warnings, args); !s) return fail(s.message());
+        if (!c.quiet) {
+          // What the config resolved to, each value with where it came from.
+          std::string line;
+          for (const auto& r : after.ds_resolution)
+            line += "\n  " + r.key + " = " + r.value + "   (" + r.source + ")";
+          std::fprintf(stderr, "zt train: %s resolves to:%s\n", ds_config->c_str(), line.c_str());
+        }
         for (auto& w : warnings) std::fprintf(stderr, "zt train: warning: %s\n", w.c_str());
         // A flag typed beside the DeepSpeed config that the config sets otherwise: neither may win
         // silently (DeepSpeed takes its JSON, the --config file gives way to flags), so say which.

@@ -1,11 +1,17 @@
 // DeepSpeed JSON configs, read as users write them for DeepSpeed and Hugging Face.
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
+#include <sstream>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
 #include <nlohmann/json.hpp>
 
 #include "train/deepspeed_keys.h"
+#include "train/json_text.h"
+#include "train/run_args.h"
 #include "train/train_config.h"
 #include "zt/common/files.h"
 
@@ -24,7 +30,7 @@ struct Reader {
   // A block such as "fp16" or "zero_optimization.offload_param" must be a JSON object.
   bool object(const json& v, const std::string& name) {
     if (v.is_object()) return true;
-    error = path + ": " + name + " must be an object ({...}), not " + v.dump();
+    error = path + ": " + name + " must be an object ({...}), not " + quote_value(v);
     return false;
   }
   // A string member (absent: `fallback`); false with `error` set on a wrong type.
@@ -34,7 +40,7 @@ struct Reader {
       return true;
     }
     if (!obj[key].is_string()) {
-      error = path + ": " + where + key + " must be a string, not " + obj[key].dump();
+      error = path + ": " + where + key + " must be a string, not " + quote_value(obj[key]);
       return false;
     }
     dst = obj[key].get<std::string>();
@@ -58,18 +64,18 @@ struct Reader {
       return true;
     }
     if (!v.is_number()) {
-      error = path + ": " + where + key + " must be a number or \"auto\", not " + v.dump();
+      error = path + ": " + where + key + " must be a number or \"auto\", not " + quote_value(v);
       return false;
     }
     if (v.get<double>() < 0) {
-      error = path + ": " + where + key + " " + v.dump() + " must not be negative";
+      error = path + ": " + where + key + " " + quote_value(v) + " must not be negative";
       return false;
     }
     if constexpr (std::is_integral_v<T>) {
       // 1.9 read as 1, or 4294967299 wrapped to 3, would be a silent change of the user's setting.
       const double d = v.get<double>();
       if (!v.is_number_integer() && d != std::floor(d)) {
-        error = path + ": " + where + key + " must be a whole number, not " + v.dump();
+        error = path + ": " + where + key + " must be a whole number, not " + quote_value(v);
         return false;
       }
       const bool fits = v.is_number_unsigned()
@@ -80,7 +86,7 @@ struct Reader {
                             : d >= double(std::numeric_limits<T>::min()) &&
                                   d < std::ldexp(1.0, std::numeric_limits<T>::digits);  // below max + 1
       if (!fits) {
-        error = path + ": " + where + key + " " + v.dump() + " is out of range";
+        error = path + ": " + where + key + " " + quote_value(v) + " is out of range";
         return false;
       }
       if (v.is_number_float()) {
@@ -96,7 +102,7 @@ struct Reader {
     const json& v = obj[key];
     if (is_auto(v)) return true;
     if (!v.is_boolean()) {
-      error = path + ": " + where + key + " must be true, false or \"auto\", not " + v.dump();
+      error = path + ": " + where + key + " must be true, false or \"auto\", not " + quote_value(v);
       return false;
     }
     dst = v.get<bool>();
@@ -104,31 +110,39 @@ struct Reader {
   }
 };
 
-// Reads the DeepSpeed settings of `j` into *cfg (which may be left half-changed on an error).
-Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings);
 }  // namespace
 
+// Reads the DeepSpeed settings of `j` into *cfg (which may be left half-changed on an error).
+static Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings,
+                   const RunArgs& args, bool allow_todo);
+
 Status load_deepspeed_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings) {
+  return load_deepspeed_config(path, cfg, warnings, RunArgs{}, false);
+}
+
+Status load_deepspeed_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings,
+                             const RunArgs& args, bool allow_todo) {
   std::string text;
   if (Status s = read_text_file(path, "DeepSpeed config", &text); !s) return s;
-  return load_deepspeed_config_text(text, path, cfg, warnings);
+  return load_deepspeed_config_text(text, path, cfg, warnings, args, allow_todo);
 }
 
 Status load_deepspeed_config_text(const std::string& text, const std::string& path, TrainConfig* cfg,
                                   std::vector<std::string>* warnings) {
+  return load_deepspeed_config_text(text, path, cfg, warnings, RunArgs{}, false);
+}
+
+Status load_deepspeed_config_text(const std::string& text, const std::string& path, TrainConfig* cfg,
+                                  std::vector<std::string>* warnings, const RunArgs& args, bool allow_todo) {
   json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {  // a syntax error, or a number out of range (1e400)
-    return Status::Error(path + ": not valid JSON (" + std::string(e.what()) + ")");
-  }
+  if (Status s = parse_config_text(text, path, &j); !s) return s;
   TrainConfig c = *cfg;  // *cfg changes only when the whole file is good
   const bool valid_before = validate(c).ok();
   // DeepSpeed's other names for its keys (bfloat16, cpu_offload, stage3_gather_fp16_..., ...) read
   // as the settings they name, as DeepSpeed reads them.
   if (Status s = resolve_deepspeed_aliases(j, path, warnings); !s) return s;
   try {
-    if (Status s = read_config(j, path, &c, warnings); !s) return s;
+    if (Status s = read_config(j, path, &c, warnings, args, allow_todo); !s) return s;
   } catch (const json::exception& e) {  // a shape the reader did not foresee: still the file's fault
     return Status::Error(path + ": " + e.what());
   }
@@ -145,45 +159,257 @@ Status load_deepspeed_config_text(const std::string& text, const std::string& pa
 
 namespace {
 
-Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings) {
-  if (!j.is_object()) return Status::Error(path + ": a DeepSpeed config is a JSON object");
+// DeepSpeed's own optimizers (runtime/config.py DEEPSPEED_OPTIMIZERS, 0.19): a type that is one of
+// them in any case is lower-cased; any other must be a torch.optim class (engine.py
+// _is_supported_optimizer: getattr(torch.optim, name)).
+const char* const kDeepSpeedOptimizers[] = {"adagrad",     "adam",   "adamw",   "lamb",  "onebitadam", "onebitlamb",
+                                            "zerooneadam", "muadam", "muadamw", "musgd", "lion",       "muon"};
+const char* const kTorchOptimizers[] = {"Adadelta", "Adafactor", "Adagrad", "Adam",  "AdamW",   "SparseAdam", "Adamax",
+                                        "ASGD",     "LBFGS",     "NAdam",   "RAdam", "RMSprop", "Rprop",      "SGD",
+                                        "Muon"};
+// Optimizers whose per-parameter state is AdamW's (two fp32 moments): trained here as AdamW.
+const char* const kAdamLike[] = {"adam", "adamw", "lamb", "Adam", "AdamW"};
+
+// The fields of DeepSpeed 0.19's pydantic models, which forbid other keys (extra="forbid",
+// runtime/config_utils.py DeepSpeedConfigModel), after the aliases are resolved to one name.
+const std::vector<std::string>& zero_fields() {
+  static const std::vector<std::string> f = {
+      "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "use_multi_rank_bucket_allreduce",
+      "allgather_partitions", "allgather_bucket_size", "overlap_comm", "load_from_fp32_weights", "elastic_checkpoint",
+      "offload_param", "offload_optimizer", "zenflow", "sub_group_size", "cpu_offload_param", "cpu_offload_use_pin_memory",
+      "cpu_offload", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+      "stage3_model_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+      "stage3_gather_16bit_weights_on_model_save", "stage3_module_granularity_threshold",
+      "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential", "stage3_gather_fp16_weights_on_model_save",
+      "ignore_unused_parameters", "legacy_stage1", "round_robin_gradients", "zero_hpz_partition_size",
+      "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "zeropp_loco_param",
+      "mics_shard_size", "mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
+      "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks", "save_muon_momentum_buffer_in_memory",
+      "leaf_module"};
+  return f;
+}
+const std::vector<std::string> kOffloadParamFields = {"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu",
+                                                      "pin_memory"};
+const std::vector<std::string> kOffloadOptimizerFields = {"device",        "nvme_path",      "buffer_count", "pin_memory",
+                                                          "pipeline_read", "pipeline_write", "fast_init",    "ratio",
+                                                          "super_offload", "cpuadam_cores_perc"};
+const std::vector<std::string> kBf16Fields = {"enabled", "immediate_grad_update", "check_grad_overflow",
+                                              "bf16_master_weights_and_grads", "bf16_optimizer_states"};
+const std::vector<std::string> kFp16Fields = {"enabled",           "auto_cast",  "loss_scale",
+                                              "initial_scale_power", "loss_scale_window", "hysteresis",
+                                              "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"};
+
+// A block DeepSpeed reads through a pydantic model that forbids other keys: a key it does not know
+// is refused, as pydantic refuses it ("Extra inputs are not permitted").
+Status forbid_extra(const json& obj, const std::string& where, const std::vector<std::string>& fields,
+                    const std::string& path, const char* since) {
+  for (auto it = obj.begin(); it != obj.end(); ++it)
+    if (std::find(fields.begin(), fields.end(), it.key()) == fields.end())
+      return Status::Error(path + ": " + where + it.key() + " is not a key of " + where.substr(0, where.size() - 1) +
+                           ": DeepSpeed " + since + " refuses it (pydantic: \"Extra inputs are not permitted\")");
+  return Status::Ok();
+}
+
+std::string number_text(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(int64_t(v));
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+}  // namespace
+
+static Status read_config(const json& j_in, const std::string& path, TrainConfig* cfg,
+                          std::vector<std::string>* warnings, const RunArgs& args, bool allow_todo) {
+  if (!j_in.is_object()) return Status::Error(path + ": a DeepSpeed config is a JSON object");
+  json j = j_in;
   TrainConfig& c = *cfg;
   c.unmodeled_memory_keys.clear();
+  c.ds_resolution.clear();
   Reader r{path, warnings, {}, &c.unmodeled_memory_keys};
   ZeroSettings& z = c.zero;
+  auto resolved = [&](const std::string& key, const std::string& value, const std::string& source) {
+    c.ds_resolution.push_back({key, value, source});
+  };
+  std::vector<std::string> todo;  // "auto" keys nothing fills
+  // ---- "auto", as the HF integration fills it (transformers' HfTrainerDeepSpeedConfig
+  // .trainer_config_process): each from one TrainingArguments value. A key that is not "auto"
+  // is left as written (the HF Trainer also checks that it matches its arguments).
+  std::map<std::string, std::string> filled;  // key -> source
+  auto fill = [&](json& obj, const char* key, const std::string& long_key, const char* arg, auto convert) {
+    if (!obj.is_object() || !obj.contains(key) || !r.is_auto(obj[key])) return;
+    if (auto v = args.get(arg)) {
+      obj[key] = convert(v->value);
+      const bool flag = std::string(arg) == "bf16" || std::string(arg) == "fp16";
+      filled[long_key] = std::string("\"auto\": ") + arg + " " +
+                         (flag ? std::string(v->value ? "true" : "false") : number_text(v->value)) + " (" + v->source + ")";
+    } else {
+      todo.push_back(long_key);
+    }
+  };
+  auto as_int = [](double v) { return json(int64_t(v)); };
+  auto as_float = [](double v) { return json(v); };
+  auto as_bool = [](double v) { return json(v != 0); };
+  const int64_t gpus = c.world_size;
+  fill(j, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", "per_device_train_batch_size", as_int);
+  fill(j, "gradient_accumulation_steps", "gradient_accumulation_steps", "gradient_accumulation_steps", as_int);
+  if (j.contains("train_batch_size") && r.is_auto(j["train_batch_size"])) {
+    // HF: world size x per_device_train_batch_size x gradient_accumulation_steps (its arguments').
+    auto m = args.get("per_device_train_batch_size"), a = args.get("gradient_accumulation_steps");
+    if (m && a) {
+      j["train_batch_size"] = int64_t(m->value) * int64_t(a->value) * gpus;
+      filled["train_batch_size"] = "\"auto\": " + std::to_string(gpus) + " GPUs x per_device_train_batch_size " +
+                                   number_text(m->value) + " x gradient_accumulation_steps " + number_text(a->value);
+    } else {
+      todo.push_back("train_batch_size");
+    }
+  }
+  fill(j, "gradient_clipping", "gradient_clipping", "max_grad_norm", as_float);
+  if (j.contains("optimizer") && j["optimizer"].is_object() && j["optimizer"].contains("params")) {
+    json& p = j["optimizer"]["params"];
+    fill(p, "lr", "optimizer.params.lr", "learning_rate", as_float);
+    fill(p, "eps", "optimizer.params.eps", "adam_epsilon", as_float);
+    fill(p, "weight_decay", "optimizer.params.weight_decay", "weight_decay", as_float);
+    if (p.is_object() && p.contains("betas") && r.is_auto(p["betas"])) {
+      auto b1 = args.get("adam_beta1"), b2 = args.get("adam_beta2");
+      if (b1 && b2) {
+        p["betas"] = json::array({b1->value, b2->value});
+        filled["optimizer.params.betas"] = "\"auto\": adam_beta1, adam_beta2 (" + b1->source + ")";
+      } else {
+        todo.push_back("optimizer.params.betas");
+      }
+    }
+  }
+  if (j.contains("fp16") && j["fp16"].is_object()) fill(j["fp16"], "enabled", "fp16.enabled", "fp16", as_bool);
+  if (j.contains("bf16") && j["bf16"].is_object()) fill(j["bf16"], "enabled", "bf16.enabled", "bf16", as_bool);
+  auto source_of = [&](const std::string& key, const std::string& plain) {
+    auto it = filled.find(key);
+    return it != filled.end() ? it->second : plain;
+  };
+
   r.unknown("", j,
             {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
              "bf16", "fp16", "optimizer", "zero_optimization", "steps_per_print", "wall_clock_breakdown"});
 
-  int64_t micro = c.micro_batch, accum = c.grad_accum, global = -1;
-  if (!r.number(j, "train_micro_batch_size_per_gpu", "", micro, c.micro_batch) ||
-      !r.number(j, "gradient_accumulation_steps", "", accum, c.grad_accum) ||
-      !r.number(j, "train_batch_size", "", global, int64_t(-1)) ||
-      !r.number(j, "gradient_clipping", "", c.grad_clip, c.grad_clip))
-    return Status::Error(r.error);
-  if (micro < 1 || accum < 1) return Status::Error(path + ": batch sizes and accumulation steps must be at least 1");
-  if (micro > (int64_t(1) << 24) || accum > (int64_t(1) << 24))  // validate()'s limit, before multiplying them
-    return Status::Error(path + ": batch sizes and accumulation steps must be at most 16777216");
-  if (global != -1 && global != micro * accum * c.world_size) {
-    // DeepSpeed asserts the same identity.
-    return Status::Error(path + ": train_batch_size " + std::to_string(global) +
-                         " != train_micro_batch_size_per_gpu " + std::to_string(micro) + " x gradient_accumulation_steps " +
-                         std::to_string(accum) + " x world size " + std::to_string(c.world_size));
+  // ---- the batch (runtime/config.py _set_batch_related_parameters and _batch_assertion, 0.19).
+  // The data-parallel world: the GPUs over sequence_parallel_size (DeepSpeedConfig.__init__).
+  double world = double(gpus);
+  std::string world_text = std::to_string(gpus) + " GPUs";
+  if (j.contains("sequence_parallel_size") && j["sequence_parallel_size"].is_number() &&
+      j["sequence_parallel_size"].get<double>() > 1) {
+    const double sp = j["sequence_parallel_size"].get<double>();
+    world = double(gpus) / sp;  // DeepSpeed's true division: a float world size
+    world_text = std::to_string(gpus) + " GPUs / sequence_parallel_size " + number_text(sp);
   }
-  c.micro_batch = micro;
-  c.grad_accum = accum;
+  auto batch_key = [&](const char* key, const char* arg, std::optional<double>* out, std::string* src) -> bool {
+    if (!j.contains(key)) {
+      if (args.fill_absent && *arg)
+        if (auto v = args.get(arg)) {
+          *out = v->value;
+          *src = std::string("not in the config: ") + arg + " " + number_text(v->value) + " (" + v->source + ")";
+        }
+      return true;
+    }
+    if (r.is_auto(j[key])) return true;  // a TODO: listed above
+    int64_t v = 0;
+    if (!r.number(j, key, "", v, int64_t(0))) return false;
+    *out = double(v);
+    *src = source_of(key, "config");
+    return true;
+  };
+  std::optional<double> tb, mb, ga;
+  std::string tb_src, mb_src, ga_src;
+  if (!batch_key("train_batch_size", "", &tb, &tb_src) ||
+      !batch_key("train_micro_batch_size_per_gpu", "per_device_train_batch_size", &mb, &mb_src) ||
+      !batch_key("gradient_accumulation_steps", "gradient_accumulation_steps", &ga, &ga_src))
+    return Status::Error(r.error);
+  const bool batch_todo = std::any_of(todo.begin(), todo.end(), [](const std::string& k) {
+    return k == "train_batch_size" || k == "train_micro_batch_size_per_gpu" || k == "gradient_accumulation_steps";
+  });
+  if (!batch_todo) {
+    auto floordiv = [](double a, double b) { return std::floor(a / b); };
+    if (tb && mb && ga) {
+      // all three given: nothing to derive
+    } else if (tb && mb) {
+      ga = floordiv(floordiv(*tb, *mb), world);
+      ga_src = "derived: train_batch_size " + number_text(*tb) + " // micro-batch " + number_text(*mb) + " // " + world_text;
+    } else if (tb && ga) {
+      mb = floordiv(floordiv(*tb, world), *ga);
+      mb_src = "derived: train_batch_size " + number_text(*tb) + " // " + world_text + " // accumulation " + number_text(*ga);
+    } else if (mb && ga) {
+      tb = *mb * *ga * world;
+      tb_src = "derived: micro-batch x accumulation x " + world_text;
+    } else if (tb) {
+      ga = 1;
+      ga_src = "DeepSpeed's default with train_batch_size alone";
+      mb = floordiv(*tb, world);
+      mb_src = "derived: train_batch_size " + number_text(*tb) + " // " + world_text;
+    } else if (mb) {
+      tb = *mb * world;
+      tb_src = "derived: micro-batch x " + world_text;
+      ga = 1;
+      ga_src = "DeepSpeed's default with the micro-batch alone";
+    } else {
+      return Status::Error(path + ": neither train_batch_size nor train_micro_batch_size_per_gpu is given: DeepSpeed "
+                                  "refuses the config (\"Either train_batch_size or train_micro_batch_size_per_gpu needs "
+                                  "to be provided\"); give one, or \"auto\" with the run's arguments");
+    }
+    if (!(*tb > 0) || !(*mb > 0) || !(*ga > 0))
+      return Status::Error(path + ": train_batch_size " + number_text(*tb) + ", micro-batch " + number_text(*mb) +
+                           ", accumulation " + number_text(*ga) + " at " + world_text +
+                           ": DeepSpeed refuses a batch value that is not above 0 (runtime/config.py _batch_assertion)");
+    if (*tb != *mb * *ga * world)
+      return Status::Error(path + ": train_batch_size " + number_text(*tb) + " != train_micro_batch_size_per_gpu " +
+                           number_text(*mb) + " x gradient_accumulation_steps " + number_text(*ga) + " x " + world_text +
+                           ": DeepSpeed refuses it (\"Check batch related parameters. train_batch_size is not equal to "
+                           "micro_batch_per_gpu * gradient_acc_step * world_size\")");
+    if (*mb > double(int64_t(1) << 24) || *ga > double(int64_t(1) << 24))
+      return Status::Error(path + ": batch sizes and accumulation steps must be at most 16777216");
+    c.micro_batch = int64_t(*mb);
+    c.grad_accum = int64_t(*ga);
+    resolved("train_micro_batch_size_per_gpu", number_text(*mb), mb_src);
+    resolved("gradient_accumulation_steps", number_text(*ga), ga_src);
+    resolved("train_batch_size", number_text(*tb), tb_src);
+  }
 
-  bool bf16 = c.precision == "bf16", fp16 = c.precision == "fp16";
+  // ---- clipping: DeepSpeed's default is 0.0, off (runtime/constants.py GRADIENT_CLIPPING_DEFAULT).
+  if (j.contains("gradient_clipping") && !r.is_auto(j["gradient_clipping"])) {
+    if (!r.number(j, "gradient_clipping", "", c.grad_clip, c.grad_clip)) return Status::Error(r.error);
+    resolved("gradient_clipping", number_text(c.grad_clip), source_of("gradient_clipping", "config"));
+  } else if (!j.contains("gradient_clipping")) {
+    // GRADIENT_CLIPPING_DEFAULT is 1.0 since DeepSpeed 0.19.3 (0.0, off, from 0.3 to 0.19.2):
+    // deepspeed_version_notes says so for a report on an older release.
+    auto v = args.fill_absent ? args.get("max_grad_norm") : std::nullopt;
+    c.grad_clip = v ? v->value : 1.0;
+    resolved("gradient_clipping", number_text(c.grad_clip),
+             v ? "not in the config: max_grad_norm (" + v->source + ")"
+               : "DeepSpeed's default (1.0 since 0.19.3; 0, off, before)");
+  }
+
+  // ---- precision (runtime/precision_config.py): a block without "enabled" is off; bf16 is read
+  // first, its older name bfloat16 only without it (resolved with the aliases).
+  bool bf16 = false, fp16 = false;
+  bool bf16_todo = false, fp16_todo = false;
   if (j.contains("bf16")) {
     if (!r.object(j["bf16"], "bf16")) return Status::Error(r.error);
+    if (Status s = forbid_extra(j["bf16"], "bf16.", kBf16Fields, path, "0.17.1 and later"); !s) return s;
     r.unknown("bf16.", j["bf16"], {"enabled"});
+    bf16_todo = j["bf16"].contains("enabled") && r.is_auto(j["bf16"]["enabled"]);
     if (!r.boolean(j["bf16"], "enabled", "bf16.", bf16)) return Status::Error(r.error);
   }
   if (j.contains("fp16")) {
     const json& f16 = j["fp16"];
     if (!r.object(f16, "fp16")) return Status::Error(r.error);
+    if (Status s = forbid_extra(f16, "fp16.", kFp16Fields, path, "0.17.1 and later"); !s) return s;
     r.unknown("fp16.", f16, {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
                              "min_loss_scale"});
+    fp16_todo = f16.contains("enabled") && r.is_auto(f16["enabled"]);
+    // precision_config.py (0.17.1 and later): loss_scale_window and min_loss_scale are ints, whether
+    // fp16 is enabled or not.
+    for (const char* key : {"loss_scale_window", "min_loss_scale", "initial_scale_power", "hysteresis"})
+      if (f16.contains(key) && f16[key].is_number_float() && f16[key].get<double>() != std::floor(f16[key].get<double>()))
+        return Status::Error(path + ": fp16." + key + " " + quote_value(f16[key]) + ": DeepSpeed 0.17.1 and later " +
+                             "refuse it (pydantic: \"Input should be a valid integer\")");
     if (!r.boolean(f16, "enabled", "fp16.", fp16) ||
         !r.number(f16, "loss_scale", "fp16.", z.static_loss_scale, z.static_loss_scale) ||
         !r.number(f16, "initial_scale_power", "fp16.", z.initial_scale_power, z.initial_scale_power) ||
@@ -192,17 +418,89 @@ Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std
         !r.number(f16, "min_loss_scale", "fp16.", z.min_loss_scale, z.min_loss_scale))
       return Status::Error(r.error);
   }
-  if (bf16 && fp16) return Status::Error(path + ": bf16.enabled and fp16.enabled are both true; choose one");
-  c.precision = bf16 ? "bf16" : fp16 ? "fp16" : (j.contains("bf16") || j.contains("fp16") ? "fp32" : c.precision);
+  if (bf16 && fp16)
+    return Status::Error(path + ": bf16.enabled and fp16.enabled are both true: DeepSpeed refuses it (\"bfloat16 and "
+                                "fp16 modes cannot be simultaneously enabled\"); choose one");
+  if (!j.contains("bf16") && !j.contains("fp16") && args.fill_absent && (args.get("bf16") || args.get("fp16"))) {
+    auto b = args.get("bf16"), f = args.get("fp16");
+    c.precision = b && b->value ? "bf16" : f && f->value ? "fp16" : "fp32";
+    resolved("precision", c.precision, "not in the config: " + (b ? b->source : f->source));
+  } else if (!(bf16_todo && !fp16) && !(fp16_todo && !bf16)) {
+    c.precision = bf16 ? "bf16" : fp16 ? "fp16" : "fp32";
+    const std::string src = bf16   ? source_of("bf16.enabled", "config: bf16.enabled")
+                            : fp16 ? source_of("fp16.enabled", "config: fp16.enabled")
+                            : filled.count("bf16.enabled") ? filled["bf16.enabled"]
+                            : filled.count("fp16.enabled") ? filled["fp16.enabled"]
+                            : j.contains("bf16") || j.contains("fp16")
+                                ? "neither bf16 nor fp16 enabled (a block without \"enabled\" is off)"
+                                : "DeepSpeed's default: no bf16 or fp16 block";
+    resolved("precision", c.precision, src);
+  }
 
+  // ---- the optimizer (runtime/config.py get_optimizer_name; engine.py _is_supported_optimizer)
+  c.optimizer_name.clear();
   if (j.contains("optimizer")) {
     const json& o = j["optimizer"];
     if (!r.object(o, "optimizer")) return Status::Error(r.error);
     r.unknown("optimizer.", o, {"type", "params"});
     std::string type;
-    if (!r.string(o, "type", "optimizer.", type, "AdamW")) return Status::Error(r.error);
-    if (type != "AdamW" && type != "Adam" && type != "adamw")
-      return Status::Error(path + ": optimizer.type " + type + ": only AdamW is implemented");
+    if (!r.string(o, "type", "optimizer.", type, "")) return Status::Error(r.error);
+    if (type.empty())
+      return Status::Error(path + ": optimizer has no type: DeepSpeed builds no optimizer from such a block; give "
+                                  "optimizer.type (AdamW, Adam, Lamb, ...)");
+    std::string lower = type;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+    const bool ds_own = std::find(std::begin(kDeepSpeedOptimizers), std::end(kDeepSpeedOptimizers), lower) !=
+                        std::end(kDeepSpeedOptimizers);
+    const bool torch_own =
+        std::find(std::begin(kTorchOptimizers), std::end(kTorchOptimizers), type) != std::end(kTorchOptimizers);
+    if (!ds_own && !torch_own)
+      return Status::Error(path + ": optimizer.type " + type + ": DeepSpeed refuses it (\"" + type +
+                           " is not a supported DeepSpeed Optimizer\"): it is neither one of DeepSpeed's optimizers (adam, adamw, lamb, onebitadam, onebitlamb, "
+                           "zerooneadam, adagrad, lion, muon, muadam, muadamw, musgd; any case) nor a torch.optim "
+                           "class: DeepSpeed refuses it at initialize");
+    c.optimizer_name = ds_own ? lower : type;
+    // engine.py, at initialize: what DeepSpeed refuses of the optimizer it builds from the config.
+    const json params = o.contains("params") && o["params"].is_object() ? o["params"] : json::object();
+    if (params.contains("max_grad_norm"))
+      return Status::Error(path + ": optimizer.params.max_grad_norm: DeepSpeed refuses it (\"'max_grad_norm' is not "
+                                  "supported as an optimizer parameter, please switch to using the deepspeed parameter "
+                                  "'gradient_clipping'\")");
+    const int stage = j.contains("zero_optimization") && j["zero_optimization"].is_object() &&
+                              j["zero_optimization"].contains("stage") && j["zero_optimization"]["stage"].is_number()
+                          ? j["zero_optimization"]["stage"].get<int>()
+                          : 0;
+    const std::map<std::string, std::string> not_with_zero = {{"onebitadam", "1bit-Adam is not compatible with ZeRO"},
+                                                              {"zerooneadam", "0/1 Adam is not compatible with ZeRO"},
+                                                              {"onebitlamb", "1bit-Lamb is not compatible with ZeRO"}};
+    if (stage > 0 && not_with_zero.count(c.optimizer_name))
+      return Status::Error(path + ": optimizer.type " + type + " at ZeRO stage " + std::to_string(stage) +
+                           ": DeepSpeed refuses it (\"" + not_with_zero.at(c.optimizer_name) + "\")");
+    // ZERO_SUPPORTED_OPTIMIZERS: FusedAdam / DeepSpeedCPUAdam, Adagrad, Lion, Muon, torch's Adam and AdamW.
+    const bool zero_tested = c.optimizer_name == "adam" || c.optimizer_name == "adamw" ||
+                             c.optimizer_name == "adagrad" || c.optimizer_name == "lion" ||
+                             c.optimizer_name == "muon" || c.optimizer_name == "Adam" || c.optimizer_name == "AdamW" ||
+                             c.optimizer_name == "Adagrad";
+    const bool untested_ok = j.contains("zero_allow_untested_optimizer") && j["zero_allow_untested_optimizer"].is_boolean() &&
+                             j["zero_allow_untested_optimizer"].get<bool>();
+    if (stage > 0 && !zero_tested && !untested_ok)
+      return Status::Error(path + ": optimizer.type " + type + " at ZeRO stage " + std::to_string(stage) +
+                           ": DeepSpeed refuses it (\"You are using an untested ZeRO Optimizer. Please add "
+                           "<\"zero_allow_untested_optimizer\": true> in the configuration file to use it.\")");
+    resolved("optimizer", c.optimizer_name,
+             ds_own && lower != type ? "config: " + type + ", as DeepSpeed lower-cases it" : "config");
+    const bool adam_like =
+        std::find(std::begin(kAdamLike), std::end(kAdamLike), c.optimizer_name) != std::end(kAdamLike);
+    if (!adam_like) {
+      c.unmodeled_memory_keys.push_back("optimizer.type " + type + " (zerotrace trains AdamW: two fp32 states a "
+                                        "parameter; " + type + "'s state differs)");
+      warnings->push_back(path + ": optimizer.type " + type + " is accepted, as DeepSpeed accepts it; zerotrace trains "
+                                 "AdamW, whose state is not " + type + "'s: a zt repro verdict from this config is "
+                                 "INCONCLUSIVE");
+    } else if (c.optimizer_name != "adamw" && c.optimizer_name != "AdamW") {
+      warnings->push_back(path + ": optimizer.type " + type + " is trained as AdamW here: the same two fp32 states a "
+                                 "parameter (the update differs, the memory does not)");
+    }
     if (o.contains("params")) {
       const json& p = o["params"];
       if (!r.object(p, "optimizer.params")) return Status::Error(r.error);
@@ -217,11 +515,34 @@ Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std
         c.beta2 = p["betas"][1].get<double>();
       }
     }
+  } else {
+    resolved("optimizer", "none in the config", "the training script's own (the HF Trainer's: AdamW)");
   }
 
+  // ---- zero_optimization (runtime/zero/config.py, offload_config.py): pydantic models that drop
+  // "auto" (DeepSpeedConfigModel, not strict) and refuse keys they do not have.
+  z.stage = 0;
+  std::string offload_opt = "none", offload_par = "none";
+  if (args.whole && !j.contains("zero_optimization"))
+    return Status::Error(path + ": no zero_optimization block: under the HF Trainer or accelerate (the run's "
+                                "TrainingArguments are given) accelerate refuses it (\"Please specify the ZeRO "
+                                "optimization config in the DeepSpeed config.\")");
   if (j.contains("zero_optimization")) {
-    const json& zo = j["zero_optimization"];
+    json zo = j["zero_optimization"];
     if (!r.object(zo, "zero_optimization")) return Status::Error(r.error);
+    if (Status s = forbid_extra(zo, "zero_optimization.", zero_fields(), path, "0.19"); !s) return s;
+    // A field given as "auto" that the HF integration does not fill: DeepSpeed drops it and takes its default.
+    for (auto it = zo.begin(); it != zo.end();) {
+      if (r.is_auto(it.value()) && it.key() != "reduce_bucket_size" && it.key() != "stage3_prefetch_bucket_size" &&
+          it.key() != "stage3_param_persistence_threshold") {
+        warnings->push_back(path + ": zero_optimization." + it.key() + " \"auto\": DeepSpeed drops it and takes its "
+                                   "default (the HF integration fills only the bucket sizes and the persistence "
+                                   "threshold, from the model's width)");
+        it = zo.erase(it);
+      } else {
+        ++it;
+      }
+    }
     r.unknown("zero_optimization.", zo,
               {"stage", "offload_optimizer", "offload_param", "reduce_bucket_size", "stage3_prefetch_bucket_size",
                "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
@@ -236,46 +557,116 @@ Status read_config(const json& j, const std::string& path, TrainConfig* cfg, std
         !r.number(zo, "stage3_max_reuse_distance", w, z.max_reuse_distance, z.max_reuse_distance) ||
         !r.boolean(zo, "stage3_gather_16bit_weights_on_model_save", w, z.gather_16bit_weights_on_model_save))
       return Status::Error(r.error);
-    auto offload = [&](const char* key, bool& on) -> bool {
-      if (!zo.contains(key)) return true;
+    if (z.stage < 0 || z.stage > 3)
+      return Status::Error(path + ": zero_optimization.stage must be 0, 1, 2 or 3 (DeepSpeed: \"Maximum supported ZeRO "
+                                  "stage is 3\")");
+    double ratio = 1.0;
+    auto offload = [&](const char* key, std::string& device) -> bool {
+      if (!zo.contains(key) || zo[key].is_null()) return true;
       const json& o = zo[key];
       if (!r.object(o, w + key)) return false;
       const bool optimizer = std::string(key) == "offload_optimizer";
-      if (optimizer)
-        r.unknown(w + key + ".", o, {"device", "pin_memory", "ratio"}, o);
-      else
-        r.unknown(w + key + ".", o, {"device", "pin_memory"}, o);
-      std::string dev;
-      if (!r.string(o, "device", w + key + ".", dev, "none")) return false;
-      if (dev != "cpu" && dev != "none") {
-        r.error = path + ": " + w + key + ".device " + dev + ": use cpu or none (nvme is not implemented)";
+      if (Status s = forbid_extra(o, w + key + ".", optimizer ? kOffloadOptimizerFields : kOffloadParamFields, path,
+                                  "0.19");
+          !s) {
+        r.error = s.message();
         return false;
       }
-      on = dev == "cpu";
+      r.unknown(w + key + ".", o, {"device", "pin_memory", "ratio"}, o);
+      if (o.contains("device") && r.is_auto(o["device"])) {
+        device = "none";  // DeepSpeed drops "auto": its default
+      } else if (!r.string(o, "device", w + key + ".", device, "none")) {
+        return false;
+      }
+      if (device != "cpu" && device != "none" && device != "nvme") {
+        r.error = path + ": " + w + key + ".device " + device + ": DeepSpeed takes none, cpu or nvme";
+        return false;
+      }
       if (optimizer) {
-        // ZeRO-Offload++'s partial offload: the fraction of sub-groups (modules here) offloaded.
-        if (!r.number(o, "ratio", w + key + ".", z.offload_ratio, 1.0)) return false;
-        if (!(z.offload_ratio >= 0 && z.offload_ratio <= 1)) {
-          r.error = path + ": " + w + key + ".ratio " + o["ratio"].dump() + " must lie in [0, 1]";
+        if (!r.number(o, "ratio", w + key + ".", ratio, 1.0)) return false;
+        if (!(ratio >= 0 && ratio <= 1)) {
+          r.error = path + ": " + w + key + ".ratio " + quote_value(o["ratio"]) + " must lie in [0, 1]";
           return false;
         }
       }
       // Each offload block pins its own buffers (DeepSpeed's pin_memory of each, true by default).
       return r.boolean(o, "pin_memory", w + key + ".", optimizer ? z.pin_memory : z.param_pin_memory);
     };
-    if (!offload("offload_optimizer", z.offload_optimizer) || !offload("offload_param", z.offload_param))
+    if (!offload("offload_optimizer", offload_opt) || !offload("offload_param", offload_par))
       return Status::Error(r.error);
-    // DeepSpeed applies the ratio only to a CPU offload at stage 3 and ignores it elsewhere: so do we, saying so.
-    if (z.offload_ratio < 1 && !(z.offload_optimizer && z.stage == 3)) {
-      warnings->push_back(path + ": " + w + "offload_optimizer.ratio has no effect without a cpu offload_optimizer at "
-                                 "stage 3 (DeepSpeed ignores it there too); ignored");
-      z.offload_ratio = 1.0;
+    // zero/config.py offload_ratio_check: a partial offload below 1 only at stage 3.
+    if (zo.contains("offload_optimizer") && zo["offload_optimizer"].is_object() && ratio < 1 && z.stage != 3)
+      return Status::Error(path + ": " + w + "offload_optimizer.ratio " + number_text(ratio) + " at stage " +
+                           std::to_string(z.stage) + ": DeepSpeed refuses it (\"Partial offloading only supported for "
+                           "ZeRO Stage 3.\")");
+    z.offload_ratio = offload_opt == "cpu" && z.stage == 3 ? ratio : 1.0;
+    if (ratio < 1 && offload_opt != "cpu")
+      warnings->push_back(path + ": " + w + "offload_optimizer.ratio has no effect without a cpu offload_optimizer");
+  }
+  resolved("zero_optimization.stage", std::to_string(z.stage),
+           j.contains("zero_optimization") && j["zero_optimization"].contains("stage") ? "config"
+                                                                                        : "DeepSpeed's default (0)");
+  // Where each offload takes effect: the optimizer's at stages 1-3 (stage 0 has no ZeRO optimizer),
+  // the parameters' at stage 3 only (stage_1_and_2.py never reads offload_param).
+  z.offload_optimizer = false;
+  z.offload_param = false;
+  if (offload_opt == "nvme" && (z.stage == 1 || z.stage == 2)) {
+    // stage_1_and_2.py: any device but none is cpu_offload; the NVMe swapper is stage 3's.
+    warnings->push_back(path + ": zero_optimization.offload_optimizer.device nvme at stage " + std::to_string(z.stage) +
+                        " is a cpu offload: stages 1 and 2 have no NVMe swapper (DeepSpeed sets cpu_offload)");
+    offload_opt = "cpu";
+  }
+  if (offload_opt != "none") {
+    if (z.stage == 0) {
+      warnings->push_back(path + ": zero_optimization.offload_optimizer is ignored at stage 0 (no ZeRO optimizer), as "
+                                 "DeepSpeed ignores it");
+      offload_opt = "none";
+    } else {
+      z.offload_optimizer = true;
     }
   }
-  if (z.stage < 0 || z.stage > 3) return Status::Error(path + ": zero_optimization.stage must be 0, 1, 2 or 3");
+  if (offload_par != "none") {
+    if (z.stage != 3) {
+      warnings->push_back(path + ": zero_optimization.offload_param is ignored at stage " + std::to_string(z.stage) +
+                          ": only stage 3 partitions the parameters (DeepSpeed ignores it too)");
+      offload_par = "none";
+    } else {
+      z.offload_param = true;
+    }
+  }
+  for (const auto& [key, dev] : {std::pair<const char*, std::string*>{"offload_optimizer", &offload_opt},
+                                 {"offload_param", &offload_par}}) {
+    const bool given = j.contains("zero_optimization") && j["zero_optimization"].contains(key);
+    resolved(std::string("zero_optimization.") + key + ".device", *dev, given ? "config" : "DeepSpeed's default (none)");
+    if (*dev == "nvme") {
+      c.unmodeled_memory_keys.push_back(std::string("zero_optimization.") + key + ".device nvme (NVMe offload: "
+                                        "modeled as a cpu offload; the pinned swap buffers and the NVMe bytes are not)");
+      warnings->push_back(path + ": zero_optimization." + key + ".device nvme is read as a cpu offload: the swap "
+                                 "buffers are not modeled, so a zt repro verdict from this config is INCONCLUSIVE");
+    }
+  }
+
+  // ---- what nothing filled
+  if (!todo.empty()) {
+    std::string keys;
+    for (const auto& k : todo) keys += (keys.empty() ? "" : ", ") + k;
+    if (!allow_todo) {
+      const std::string& k = todo[0];
+      const char* hint = k == "train_micro_batch_size_per_gpu" || k == "train_batch_size" ? "per_device_train_batch_size=N"
+                         : k == "gradient_accumulation_steps"                             ? "gradient_accumulation_steps=N"
+                         : k == "gradient_clipping"                                       ? "max_grad_norm=X"
+                         : k == "fp16.enabled"                                            ? "fp16=true|false"
+                         : k == "bf16.enabled"                                            ? "bf16=true|false"
+                                                                                          : "NAME=VALUE";
+      return Status::Error(path + ": " + keys + (todo.size() > 1 ? " are" : " is") +
+                           " \"auto\" and nothing gives the run's value: the HF Trainer fills it from its "
+                           "TrainingArguments; give them (--hf-args " + hint + ", a TrainingArguments JSON, or "
+                           "--hf-args defaults for TrainingArguments' defaults)");
+    }
+    for (const auto& k : todo) resolved(k, "TODO", "\"auto\": the run's TrainingArguments decide");
+  }
   c.ds_config = path;
   return Status::Ok();
 }
 
-}  // namespace
 }  // namespace zt::trainer

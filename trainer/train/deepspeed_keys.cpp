@@ -126,6 +126,8 @@ const std::vector<Key>& keys() {
          return v.is_object() && !v.empty();
        }},
       {"", "sparse_gradients", Effect::Memory, "sparse embedding gradients", [](const json& v, const json&) { return is_true(v); }},
+      {"", "quantize_training", Effect::Memory, "MoQ quantizes the weights as it trains (compression/, quantize_training)",
+       [](const json& v, const json&) { return enabled(v); }},
       {"", "graph_harvesting", Effect::Memory, "CUDA graphs keep their own pools", [](const json& v, const json&) { return is_true(v); }},
       // ---- fp16 and bf16 (precision_config.py)
       {"fp16.", "auto_cast", Effect::None, "casts the inputs to fp16"},
@@ -324,6 +326,10 @@ Status resolve_deepspeed_aliases(json& j, const std::string& path, std::vector<s
 
 std::vector<std::string> deepspeed_version_notes(json j, const std::string& path) {
   std::vector<std::string> out, ignored;
+  // GRADIENT_CLIPPING_DEFAULT (runtime/constants.py): 1.0 since 0.19.3, 0.0 (off) before.
+  if (j.is_object() && !j.contains("gradient_clipping"))
+    out.push_back(path + ": gradient_clipping is not given: 1.0, as DeepSpeed 0.19.3 and later default; DeepSpeed 0.3 "
+                         "to 0.19.2 did not clip: for a report on one of those, write gradient_clipping: 0");
   if (!resolve_deepspeed_aliases(j, path, &ignored) || !j.contains("zero_optimization") ||
       !j["zero_optimization"].is_object())
     return out;
@@ -351,7 +357,7 @@ void classify_deepspeed_keys(const std::string& where, const json& obj, const st
       if (where == key.where && k == key.name) found = &key;
     const std::string name = where + k;
     if (!found) {
-      notes->push_back(path + ": " + name + " is not implemented by zerotrace; ignored (not a key DeepSpeed reads)");
+      notes->push_back(path + ": " + name + " is not a key DeepSpeed 0.19 reads; ignored, as DeepSpeed ignores it");
     } else if (found->effect == Effect::None) {
       notes->push_back(path + ": " + name + " is accepted; it changes no memory (" + found->what + ")");
     } else if (found->changes && !found->changes(it.value(), block)) {

@@ -337,7 +337,9 @@ Status validate(const TrainConfig& c) {
   const ZeroSettings& z = c.zero;
   if (z.loss_scale_window < 1) return bad("fp16.loss_scale_window must be at least 1 (steps without overflow before the scale grows)");
   if (z.hysteresis < 1) return bad("fp16.hysteresis must be at least 1 (overflows before the scale drops)");
-  if (!(z.min_loss_scale > 0) || !std::isfinite(z.min_loss_scale)) return bad("fp16.min_loss_scale must be a positive number");
+  // DeepSpeed checks the floor of a dynamic scale only where there is one (fp16, loss_scale 0).
+  if (c.precision == "fp16" && z.static_loss_scale == 0 && (!(z.min_loss_scale > 0) || !std::isfinite(z.min_loss_scale)))
+    return bad("fp16.min_loss_scale must be a positive number");
   if (!(z.initial_scale_power >= 0 && z.initial_scale_power <= 64))
     return bad("fp16.initial_scale_power must lie in [0, 64] (the first scale is 2^power)");
   if (!(z.static_loss_scale >= 0) || !std::isfinite(z.static_loss_scale))

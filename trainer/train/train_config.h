@@ -217,6 +217,15 @@ struct TrainConfig {
   // "zero_optimization.zero_hpz_partition_size 8 (what it does)" (train/deepspeed_keys.h): a zt repro
   // verdict from such a run is INCONCLUSIVE, naming them.
   std::vector<std::string> unmodeled_memory_keys;
+  // Each value a DeepSpeed config resolved, and where it came from: the config, DeepSpeed's
+  // default, the run's arguments, a derivation ("train_batch_size 64 / 8 GPUs"), or TODO.
+  struct Resolved {
+    std::string key, value, source;
+  };
+  std::vector<Resolved> ds_resolution;
+  // The optimizer as DeepSpeed names it ("adamw", "lamb", "SGD"); "" when the config has no
+  // optimizer block (the training script's own: the HF Trainer's AdamW by default).
+  std::string optimizer_name;
   std::string config_file;         // where it was loaded from, for messages
 };
 
@@ -229,6 +238,15 @@ Status load_deepspeed_config(const std::string& path, TrainConfig* cfg, std::vec
 // messages ("r2.yaml:31 (deepspeed)") and in cfg->ds_config.
 Status load_deepspeed_config_text(const std::string& text, const std::string& origin, TrainConfig* cfg,
                                   std::vector<std::string>* warnings);
+// The same with the run's arguments (train/run_args.h), which fill each "auto" as the HF
+// integration fills it. With `allow_todo`, an "auto" that nothing fills is left as it was and
+// listed in cfg->ds_resolution with the value "TODO" (zt repro init); otherwise it is refused,
+// naming the key and the argument that would fill it.
+struct RunArgs;
+Status load_deepspeed_config_text(const std::string& text, const std::string& origin, TrainConfig* cfg,
+                                  std::vector<std::string>* warnings, const RunArgs& args, bool allow_todo = false);
+Status load_deepspeed_config(const std::string& path, TrainConfig* cfg, std::vector<std::string>* warnings,
+                             const RunArgs& args, bool allow_todo = false);
 
 // Reads a YAML mapping into `cfg` (keys as the flags: micro_batch or micro-batch). `keys`, when
 // given, receives the settings the file set (normalized: micro_batch).

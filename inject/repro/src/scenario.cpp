@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "train/hf_config.h"
+#include "train/run_args.h"
 #include "train/model_shape.h"
 #include "zero/ds_memory.h"
 #include "zt/common/files.h"
@@ -565,8 +566,8 @@ void check_shape(const Reader& r, const YAML::Node& n, const trainer::ModelShape
 void read_scenario(const Reader& r, const YAML::Node& root, Scenario& s) {
   bool have_model = false, have_cluster = false, have_expect = false, have_fix = false, have_small = false;
   // Sections are read in this order whatever the file's (small: merges over expect: and fix:).
-  const std::vector<std::string> order = {"scenario", "report", "model", "cluster", "train", "deepspeed",
-                                          "faults", "expect", "fix", "small"};
+  const std::vector<std::string> order = {"scenario", "report", "model", "cluster", "train", "train_args",
+                                          "deepspeed", "faults", "expect", "fix", "small"};
   std::map<std::string, YAML::Node> sections;
   r.each(root, "the scenario", order,
          [&](const std::string& key, const YAML::Node&, const YAML::Node& v) { sections[key] = v; });
@@ -661,6 +662,15 @@ void read_scenario(const Reader& r, const YAML::Node& root, Scenario& s) {
              if (!lines.count("gpu_memory")) r.fail(v, "cluster: gpu_memory is missing (79.32GiB for an 80 GB card)");
            } else if (key == "train") {
              s.train = read_settings(r, v, "train");
+           } else if (key == "train_args") {
+             // The run's TrainingArguments by their HF names: they fill the config's "auto" values.
+             s.train_args = read_deepspeed(r, v, "train_args");
+             s.train_args_line = line_of(v);
+             if (!s.train_args.is_object()) r.fail(v, "train_args: a mapping of TrainingArguments names to values");
+             trainer::RunArgs probe;
+             for (auto it = s.train_args.begin(); it != s.train_args.end(); ++it)
+               if (Status st = trainer::set_hf_arg(it.key(), it.value(), "train_args", &probe); !st)
+                 r.fail(v, st.message());
            } else if (key == "deepspeed") {
              s.deepspeed = read_deepspeed(r, v, "deepspeed");
              s.deepspeed_line = line_of(v);
@@ -831,10 +841,41 @@ Status resolve(const Scenario& s, Variant v, bool fix, std::optional<uint64_t> s
     if (v == Variant::Small && s.small.fix) ds = merged(ds, s.small.fix->deepspeed);
   }
   if (!ds.empty()) {
+    // The run's arguments, which fill the config's "auto" (and what its excerpt leaves out): the
+    // train_args: block by HF names, then the train: settings the scenario gives.
+    trainer::RunArgs args;
+    args.fill_absent = true;
+    const std::string where = s.path + ":" + std::to_string(s.train_args_line) + ": train_args";
+    for (auto it = s.train_args.begin(); it != s.train_args.end(); ++it)
+      if (Status st = trainer::set_hf_arg(it.key(), it.value(), where, &args); !st) return st;
+    std::map<std::string, int> set_at;  // train: keys given, with their lines
+    auto note_keys = [&](const std::vector<Setting>& list) {
+      for (const auto& set : list) set_at[set.key] = set.line;
+    };
+    note_keys(s.train);
+    if (v == Variant::Small) note_keys(s.small.train);
+    if (fix) {
+      note_keys(s.fix.train);
+      if (v == Variant::Small && s.small.fix) note_keys(s.small.fix->train);
+    }
+    auto from_train = [&](const char* key, const char* arg, double value) {
+      if (set_at.count(key) && !args.given.count(arg))
+        args.given[arg] = {value, s.path + ":" + std::to_string(set_at[key]) + ": train." + key};
+    };
+    from_train("micro_batch", "per_device_train_batch_size", double(c.micro_batch));
+    from_train("grad_accum", "gradient_accumulation_steps", double(c.grad_accum));
+    from_train("grad_clip", "max_grad_norm", c.grad_clip);
+    from_train("lr", "learning_rate", c.lr);
+    from_train("weight_decay", "weight_decay", c.weight_decay);
+    from_train("precision", "bf16", c.precision == "bf16" ? 1 : 0);
+    from_train("precision", "fp16", c.precision == "fp16" ? 1 : 0);
     std::vector<std::string> w;
     const std::string origin = s.path + ":" + std::to_string(s.deepspeed_line) + ": deepspeed" +
                                std::string(v == Variant::Small ? " (small" : " (full size") + (fix ? ", fix)" : ")");
-    if (Status st = trainer::load_deepspeed_config_text(ds.dump(-1, ' ', false, json::error_handler_t::replace), origin, &c, &w); !st) return st;
+    if (Status st = trainer::load_deepspeed_config_text(ds.dump(-1, ' ', false, json::error_handler_t::replace), origin,
+                                                        &c, &w, args);
+        !st)
+      return st;
     if (warnings) warnings->insert(warnings->end(), w.begin(), w.end());
   }
   // The node watchdog: the cluster's, unless the fix changes it.
@@ -876,6 +917,30 @@ Status load_once(const std::string& path, Scenario* out) {
   std::string text;
   if (Status s = read_text_file(path, "scenario file", &text); !s) return s;
   if (Status s = check_yaml_text(text, path); !s) return s;
+  // A skeleton of zt repro init is refused while a value still says TODO (comments may).
+  {
+    int line = 0;
+    size_t start = 0;
+    while (start <= text.size()) {
+      size_t end = text.find('\n', start);
+      if (end == std::string::npos) end = text.size();
+      ++line;
+      std::string l = text.substr(start, end - start);
+      bool quoted_s = false, quoted_d = false;
+      for (size_t i = 0; i < l.size(); ++i) {
+        if (l[i] == '\'' && !quoted_d) quoted_s = !quoted_s;
+        else if (l[i] == '"' && !quoted_s) quoted_d = !quoted_d;
+        else if (l[i] == '#' && !quoted_s && !quoted_d && (i == 0 || l[i - 1] == ' ' || l[i - 1] == '\t')) {
+          l.resize(i);
+          break;
+        }
+      }
+      if (l.find("TODO") != std::string::npos)
+        return Status::Error(path + ":" + std::to_string(line) +
+                             ": a TODO is left (zt repro init marks what only the report can say): fill it");
+      start = end + 1;
+    }
+  }
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {

@@ -109,6 +109,10 @@ struct Scenario {
   std::string watchdog;
   double watchdog_kill_at = 0;
   std::vector<Setting> train;
+  // train_args: the run's TrainingArguments by their HF names (per_device_train_batch_size,
+  // max_grad_norm, bf16, ...): they fill the DeepSpeed config's "auto" (train/run_args.h).
+  nlohmann::json train_args = nlohmann::json::object();
+  int train_args_line = 0;
   nlohmann::json deepspeed = nlohmann::json::object();
   int deepspeed_line = 0;
   std::vector<std::string> faults;
