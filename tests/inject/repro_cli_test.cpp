@@ -223,3 +223,35 @@ TEST(ReproCli, InitWritesASkeletonFromTheUsersFiles) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_TRUE(has(bad.out, "model_type is missing")) << bad.out;
 }
+
+// Issue 42: an "auto" of the user's config is a TODO in the skeleton, never a number nobody chose;
+// the run's TrainingArguments (--hf-args, here a TrainingArguments JSON) fill it, with their source.
+TEST(ReproCli, InitWritesAutoAsATodoOrFillsItFromTheRunsArguments) {
+  zt::test::TempDir dir;
+  std::ofstream(dir.file("ds.json")) << R"({
+    // an HF Trainer config, with hjson's comments as DeepSpeed reads them
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto", "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+  })";
+  Result todo = run_zt("repro init --ds-config " + dir.file("ds.json") + " --gpus 4");
+  ASSERT_EQ(todo.code, 0) << todo.out;
+  for (const char* line : {"precision: TODO", "micro_batch: TODO", "grad_accum: TODO", "grad_clip: TODO"})
+    EXPECT_TRUE(has(todo.out, line)) << line << "\n" << todo.out;
+  std::ofstream(dir.file("args.json")) << R"({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4,
+    "bf16": true, "output_dir": "out", "num_train_epochs": 3.0})";
+  Result filled = run_zt("repro init --ds-config " + dir.file("ds.json") + " --gpus 4 --hf-args " + dir.file("args.json"));
+  ASSERT_EQ(filled.code, 0) << filled.out;
+  EXPECT_TRUE(has(filled.out, "precision: bf16   # \"auto\": bf16 true (" + dir.file("args.json") + ")")) << filled.out;
+  EXPECT_TRUE(has(filled.out, "micro_batch: 2   # train_micro_batch_size_per_gpu: \"auto\": per_device_train_batch_size 2"))
+      << filled.out;
+  EXPECT_TRUE(has(filled.out, "grad_clip: 1   # gradient_clipping: \"auto\": max_grad_norm 1 (TrainingArguments' default)"))
+      << filled.out;
+  // zt train with the same config and no arguments refuses, naming what to give.
+  Result train = run_zt("train --model tiny --steps 1 -q --world-size 4 --ds-config " + dir.file("ds.json"));
+  EXPECT_EQ(train.code, 2) << train.out;
+  EXPECT_TRUE(has(train.out, "are \"auto\" and nothing gives the run's value")) << train.out;
+  // A TODO in a comment is no TODO; one in a value is.
+  Result duplicate = run_zt("repro init --ds-config " + dir.file("args.json"));
+  EXPECT_EQ(duplicate.code, 2) << duplicate.out;  // TrainingArguments are no DeepSpeed config: no batch key
+}

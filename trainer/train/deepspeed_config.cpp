@@ -4,6 +4,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <tuple>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -610,16 +611,19 @@ static Status read_config(const json& j_in, const std::string& path, TrainConfig
   // the parameters' at stage 3 only (stage_1_and_2.py never reads offload_param).
   z.offload_optimizer = false;
   z.offload_param = false;
+  std::string opt_src = "config", par_src = "config";
   if (offload_opt == "nvme" && (z.stage == 1 || z.stage == 2)) {
     // stage_1_and_2.py: any device but none is cpu_offload; the NVMe swapper is stage 3's.
     warnings->push_back(path + ": zero_optimization.offload_optimizer.device nvme at stage " + std::to_string(z.stage) +
                         " is a cpu offload: stages 1 and 2 have no NVMe swapper (DeepSpeed sets cpu_offload)");
     offload_opt = "cpu";
+    opt_src = "config: nvme, a cpu offload at stages 1-2 (stage_1_and_2.py)";
   }
   if (offload_opt != "none") {
     if (z.stage == 0) {
       warnings->push_back(path + ": zero_optimization.offload_optimizer is ignored at stage 0 (no ZeRO optimizer), as "
                                  "DeepSpeed ignores it");
+      opt_src = "config: " + offload_opt + ", ignored at stage 0 (as DeepSpeed ignores it)";
       offload_opt = "none";
     } else {
       z.offload_optimizer = true;
@@ -629,15 +633,17 @@ static Status read_config(const json& j_in, const std::string& path, TrainConfig
     if (z.stage != 3) {
       warnings->push_back(path + ": zero_optimization.offload_param is ignored at stage " + std::to_string(z.stage) +
                           ": only stage 3 partitions the parameters (DeepSpeed ignores it too)");
+      par_src = "config: " + offload_par + ", ignored below stage 3 (as DeepSpeed ignores it)";
       offload_par = "none";
     } else {
       z.offload_param = true;
     }
   }
-  for (const auto& [key, dev] : {std::pair<const char*, std::string*>{"offload_optimizer", &offload_opt},
-                                 {"offload_param", &offload_par}}) {
+  for (const auto& [key, dev, src] :
+       {std::tuple<const char*, std::string*, std::string*>{"offload_optimizer", &offload_opt, &opt_src},
+        {"offload_param", &offload_par, &par_src}}) {
     const bool given = j.contains("zero_optimization") && j["zero_optimization"].contains(key);
-    resolved(std::string("zero_optimization.") + key + ".device", *dev, given ? "config" : "DeepSpeed's default (none)");
+    resolved(std::string("zero_optimization.") + key + ".device", *dev, given ? *src : "DeepSpeed's default (none)");
     if (*dev == "nvme") {
       c.unmodeled_memory_keys.push_back(std::string("zero_optimization.") + key + ".device nvme (NVMe offload: "
                                         "modeled as a cpu offload; the pinned swap buffers and the NVMe bytes are not)");
