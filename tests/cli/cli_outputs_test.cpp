@@ -246,7 +246,7 @@ TEST(CliOutputs, SetUpTimeIsPrintedAndInTheTrace) {
 TEST(CliOutputs, DbInfoSaysHowManyWriteBackCopiesWentUpEarly) {
   zt::test::TempDir dir;
   std::ofstream(dir.file("ds.json")) << R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
-    "stage3_param_persistence_threshold": 0}, "bf16": {"enabled": true}})";
+    "stage3_param_persistence_threshold": 0}, "bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 4})";
   const std::string run = "train --model tiny --steps 6 --delayed-update 0 --ds-config " + dir.file("ds.json");
   const std::string line = "weights up to the device shards (early write-back";
   Result early = run_zt(run + " --trace " + dir.file("early.db"));
@@ -264,7 +264,11 @@ TEST(CliOutputs, DbInfoSaysHowManyWriteBackCopiesWentUpEarly) {
   EXPECT_NE(info.out.find("rank 0: 0 of 24 copies began before the apply of their update"), std::string::npos)
       << info.out;
 
-  Result host = run_zt(run + " --offload-param --trace " + dir.file("host.db"));
+  std::ofstream(dir.file("ds-param.json")) << R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+    "offload_param": {"device": "cpu"}, "stage3_param_persistence_threshold": 0}, "bf16": {"enabled": true},
+    "train_micro_batch_size_per_gpu": 4})";
+  Result host = run_zt("train --model tiny --steps 6 --delayed-update 0 --ds-config " + dir.file("ds-param.json") +
+                       " --trace " + dir.file("host.db"));
   ASSERT_EQ(host.code, 0) << host.out;
   info = run_zt("db info " + dir.file("host.db"));
   EXPECT_NE(info.out.find("delayed parameter update"), std::string::npos) << info.out;

@@ -198,7 +198,8 @@ TEST(HostileInput, AScenariosPatternIsBounded) {
 TEST(HostileInput, NegativeDeepSpeedSizesAreRefusedWithTheKeyAndTheFile) {
   zt::test::TempDir dir;
   for (const char* key : {"reduce_bucket_size", "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size"}) {
-    write(dir.file("ds.json"), std::string(R"({"zero_optimization": {"stage": 3, ")") + key + R"(": -5}})");
+    write(dir.file("ds.json"), std::string(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, ")") +
+                                   key + R"(": -5}})");
     Result r = run_zt("train --steps 1 --ds-config " + dir.file("ds.json"));
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_NE(r.out.find(dir.file("ds.json") + ": zero_optimization." + key + " -5 must not be negative"), std::string::npos)

@@ -193,7 +193,7 @@ TEST(ReproRun, WatchdogTimeoutIsASymptomToo) {
 report: {id: R0, seed: none, title: a rank hangs in a collective}
 model: {name: m, width: 64, layers: 2, heads: 4, vocab: 256, context: 64}
 cluster: {nodes: 1, gpus_per_node: 2, gpu_memory: 1GiB}
-train: {steps: 3, seq_len: 32, data_samples: 100, comm_timeout_ms: 300}
+train: {steps: 3, seq_len: 32, data_samples: 100, comm_timeout_ms: 300, micro_batch: 4}
 deepspeed: {zero_optimization: {stage: 3}}
 faults: ['comm.hang[rank=1,step=1]=return']
 expect:

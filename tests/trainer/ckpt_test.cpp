@@ -603,7 +603,7 @@ TEST(Checkpoint, DeepSpeedGather16bitWeightsWritesTheConsolidatedWeights) {
   zt::test::TempDir tmp;
   const std::string ds = tmp.file("ds.json");
   {
-    std::ofstream(ds) << R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+    std::ofstream(ds) << R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
       "offload_param": {"device": "cpu"}, "stage3_gather_16bit_weights_on_model_save": true}})";
   }
   TrainConfig c = base(2);

@@ -12,6 +12,7 @@
 #include "../test_util.h"
 #include "traced_run.h"
 #include "model/layout.h"
+#include "train/run_args.h"
 #include "train/trainer.h"
 #include "zt/db/trace_reader.h"
 
@@ -232,7 +233,10 @@ TEST(Zero, DeepSpeedConfigsFromTheBugReportsParseAndRun) {
     TrainConfig c = base(2);
     c.world_size = 2;
     std::vector<std::string> warnings;
-    zt::Status s = load_deepspeed_config(data + file, &c, &warnings);
+    // Their "auto" values take the run's TrainingArguments (defaults, one sample a GPU).
+    RunArgs args;
+    ASSERT_TRUE(parse_hf_args("per_device_train_batch_size=1", "--hf-args", &args).ok());
+    zt::Status s = load_deepspeed_config(data + file, &c, &warnings, args);
     ASSERT_TRUE(s.ok()) << s.message();
     EXPECT_EQ(c.zero.stage, 3);
     EXPECT_TRUE(c.zero.offload_optimizer);
@@ -263,14 +267,17 @@ TEST(Zero, BadDeepSpeedConfigsAreRejected) {
     std::vector<std::string> w;
     return load_deepspeed_config(dir.file("c.json"), &c, &w).message();
   };
+  EXPECT_NE(load("{\"zero_optimization\": {\"stage\": 3}}").find("Either train_batch_size or train_micro_batch_size_per_gpu"),
+            std::string::npos);
   EXPECT_NE(load("{ not json").find("c.json: not valid JSON"), std::string::npos);
-  EXPECT_NE(load("{\"zero_optimization\": {\"stage\": 5}}").find("stage must be 0, 1, 2 or 3"), std::string::npos);
-  EXPECT_NE(load("{\"zero_optimization\": {\"stage\": \"three\"}}").find("zero_optimization.stage must be a number"),
+  EXPECT_NE(load("{\"train_micro_batch_size_per_gpu\": 1, \"zero_optimization\": {\"stage\": 5}}").find("stage must be 0, 1, 2 or 3"), std::string::npos);
+  EXPECT_NE(load("{\"train_micro_batch_size_per_gpu\": 1, \"zero_optimization\": {\"stage\": \"three\"}}").find("zero_optimization.stage must be a number"),
             std::string::npos);
   EXPECT_NE(load("{\"train_batch_size\": 7, \"train_micro_batch_size_per_gpu\": 2}").find("train_batch_size 7 != "),
             std::string::npos);
-  EXPECT_NE(load("{\"bf16\": {\"enabled\": true}, \"fp16\": {\"enabled\": true}}").find("choose one"), std::string::npos);
-  EXPECT_NE(load("{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\"}}}").find("nvme is not implemented"),
+  EXPECT_NE(load("{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true}, \"fp16\": {\"enabled\": true}}").find("choose one"), std::string::npos);
+  EXPECT_NE(load("{\"train_micro_batch_size_per_gpu\": 1, \"zero_optimization\": {\"offload_optimizer\": {\"device\": \"ssd\"}}}")
+                .find("DeepSpeed takes none, cpu or nvme"),
             std::string::npos);
   TrainConfig c = base(1);
   c.zero.offload_param = true;

@@ -446,24 +446,24 @@ static Status read_config(const json& j_in, const std::string& path, TrainConfig
     r.unknown("optimizer.", o, {"type", "params"});
     std::string type;
     if (!r.string(o, "type", "optimizer.", type, "")) return Status::Error(r.error);
-    if (type.empty())
-      return Status::Error(path + ": optimizer has no type: DeepSpeed builds no optimizer from such a block; give "
-                                  "optimizer.type (AdamW, Adam, Lamb, ...)");
+    // No type: DeepSpeed's optimizer name is None (get_optimizer_name): the client's optimizer.
     std::string lower = type;
     std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
     const bool ds_own = std::find(std::begin(kDeepSpeedOptimizers), std::end(kDeepSpeedOptimizers), lower) !=
                         std::end(kDeepSpeedOptimizers);
     const bool torch_own =
         std::find(std::begin(kTorchOptimizers), std::end(kTorchOptimizers), type) != std::end(kTorchOptimizers);
-    if (!ds_own && !torch_own)
+    if (!type.empty() && !ds_own && !torch_own)
       return Status::Error(path + ": optimizer.type " + type + ": DeepSpeed refuses it (\"" + type +
                            " is not a supported DeepSpeed Optimizer\"): it is neither one of DeepSpeed's optimizers (adam, adamw, lamb, onebitadam, onebitlamb, "
                            "zerooneadam, adagrad, lion, muon, muadam, muadamw, musgd; any case) nor a torch.optim "
                            "class: DeepSpeed refuses it at initialize");
     c.optimizer_name = ds_own ? lower : type;
+    if (type.empty())
+      resolved("optimizer", "none in the config", "an optimizer block without a type: the training script's own");
     // engine.py, at initialize: what DeepSpeed refuses of the optimizer it builds from the config.
     const json params = o.contains("params") && o["params"].is_object() ? o["params"] : json::object();
-    if (params.contains("max_grad_norm"))
+    if (!type.empty() && params.contains("max_grad_norm"))
       return Status::Error(path + ": optimizer.params.max_grad_norm: DeepSpeed refuses it (\"'max_grad_norm' is not "
                                   "supported as an optimizer parameter, please switch to using the deepspeed parameter "
                                   "'gradient_clipping'\")");
@@ -474,7 +474,9 @@ static Status read_config(const json& j_in, const std::string& path, TrainConfig
     const std::map<std::string, std::string> not_with_zero = {{"onebitadam", "1bit-Adam is not compatible with ZeRO"},
                                                               {"zerooneadam", "0/1 Adam is not compatible with ZeRO"},
                                                               {"onebitlamb", "1bit-Lamb is not compatible with ZeRO"}};
-    if (stage > 0 && not_with_zero.count(c.optimizer_name))
+    if (type.empty()) {
+      // nothing of engine.py's checks: DeepSpeed builds no optimizer
+    } else if (stage > 0 && not_with_zero.count(c.optimizer_name))
       return Status::Error(path + ": optimizer.type " + type + " at ZeRO stage " + std::to_string(stage) +
                            ": DeepSpeed refuses it (\"" + not_with_zero.at(c.optimizer_name) + "\")");
     // ZERO_SUPPORTED_OPTIMIZERS: FusedAdam / DeepSpeedCPUAdam, Adagrad, Lion, Muon, torch's Adam and AdamW.
@@ -484,15 +486,17 @@ static Status read_config(const json& j_in, const std::string& path, TrainConfig
                              c.optimizer_name == "Adagrad";
     const bool untested_ok = j.contains("zero_allow_untested_optimizer") && j["zero_allow_untested_optimizer"].is_boolean() &&
                              j["zero_allow_untested_optimizer"].get<bool>();
-    if (stage > 0 && !zero_tested && !untested_ok)
+    if (!type.empty() && stage > 0 && !zero_tested && !untested_ok)
       return Status::Error(path + ": optimizer.type " + type + " at ZeRO stage " + std::to_string(stage) +
                            ": DeepSpeed refuses it (\"You are using an untested ZeRO Optimizer. Please add "
                            "<\"zero_allow_untested_optimizer\": true> in the configuration file to use it.\")");
-    resolved("optimizer", c.optimizer_name,
+    if (!type.empty())
+      resolved("optimizer", c.optimizer_name,
              ds_own && lower != type ? "config: " + type + ", as DeepSpeed lower-cases it" : "config");
     const bool adam_like =
         std::find(std::begin(kAdamLike), std::end(kAdamLike), c.optimizer_name) != std::end(kAdamLike);
-    if (!adam_like) {
+    if (type.empty()) {
+    } else if (!adam_like) {
       c.unmodeled_memory_keys.push_back("optimizer.type " + type + " (zerotrace trains AdamW: two fp32 states a "
                                         "parameter; " + type + "'s state differs)");
       warnings->push_back(path + ": optimizer.type " + type + " is accepted, as DeepSpeed accepts it; zerotrace trains "
