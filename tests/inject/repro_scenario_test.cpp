@@ -2,6 +2,8 @@
 // and the line of the problem.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -180,6 +182,36 @@ TEST(ReproScenario, InlineDeepSpeedGoesThroughTheLoader) {
   EXPECT_EQ(small.world_size, 2);
   EXPECT_EQ(small.device_memory, 64ull << 20);
   EXPECT_FALSE(small.virtual_mode);
+}
+
+// Issue 42: the config's "auto" takes the run's arguments: train_args: by the HF names, then train:;
+// each resolved value names where it came from; an "auto" neither gives is refused with its line.
+TEST(ReproScenario, AutoTakesTrainArgsThenTrainAndSaysSo) {
+  test::TempDir dir;
+  std::string text = variant("  micro_batch: 4", "  micro_batch: 2");
+  text.replace(text.find("deepspeed:\n"), 11,
+               "train_args: {gradient_accumulation_steps: 3, max_grad_norm: 0.5}\ndeepspeed:\n  gradient_clipping: \"auto\"\n");
+  repro::Scenario s;
+  ASSERT_TRUE(repro::load_scenario(write(dir, "t.yaml", text), &s));
+  trainer::TrainConfig c;
+  Status st = repro::resolve_config(s, Variant::Full, false, std::nullopt, &c);
+  ASSERT_TRUE(st) << st.message();
+  EXPECT_EQ(c.micro_batch, 2);
+  EXPECT_EQ(c.grad_accum, 3);  // train_args' value, not train:'s grad_accum 1
+  EXPECT_DOUBLE_EQ(c.grad_clip, 0.5);
+  std::map<std::string, std::string> source;
+  for (const auto& r : c.ds_resolution) source[r.key] = r.source;
+  EXPECT_NE(source["gradient_accumulation_steps"].find("train_args"), std::string::npos) << source["gradient_accumulation_steps"];
+  EXPECT_NE(source["train_micro_batch_size_per_gpu"].find("not in the config: per_device_train_batch_size 2"),
+            std::string::npos)
+      << source["train_micro_batch_size_per_gpu"];
+  EXPECT_NE(source["train_micro_batch_size_per_gpu"].find("train.micro_batch"), std::string::npos);
+  // A name the HF Trainer does not have: refused at its line.
+  std::string bad = text;
+  bad.replace(bad.find("max_grad_norm"), 13, "max_grad_nrm");
+  st = repro::load_scenario(write(dir, "bad.yaml", bad), &s);
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message().find("max_grad_nrm is not a TrainingArguments name"), std::string::npos) << st.message();
 }
 
 TEST(ReproScenario, OverridesMergeInOrder) {
