@@ -1,5 +1,6 @@
 // zt train: flags and a config file into a TrainConfig, then the trainer, with a trace.
 #include <iostream>
+#include <algorithm>
 #include <charconv>
 #include <limits>
 
@@ -219,16 +220,12 @@ void add_train_command(CLI::App& app, Action& action) {
         trainer::RunArgs args;
         if (!hf_args->empty())
           if (Status s = trainer::parse_hf_args(*hf_args, "--hf-args", &args); !s) return fail(s.message());
-        auto flag_arg = [&](const char* flag, const char* name, double value) {
-          if (sub->get_option(flag)->count() > 0 && !args.given.count(name)) args.given[name] = {value, flag};
-        };
-        flag_arg("--micro-batch", "per_device_train_batch_size", double(c.micro_batch));
-        flag_arg("--grad-accum", "gradient_accumulation_steps", double(c.grad_accum));
-        flag_arg("--grad-clip", "max_grad_norm", c.grad_clip);
-        flag_arg("--lr", "learning_rate", c.lr);
-        flag_arg("--weight-decay", "weight_decay", c.weight_decay);
-        flag_arg("--precision", "bf16", c.precision == "bf16" ? 1 : 0);
-        flag_arg("--precision", "fp16", c.precision == "fp16" ? 1 : 0);
+        trainer::add_settings_as_args(c, [&](const std::string& setting) -> std::optional<std::string> {
+          std::string flag = "--" + setting;
+          std::replace(flag.begin(), flag.end(), '_', '-');
+          if (sub->get_option(flag)->count() > 0) return flag;
+          return std::nullopt;
+        }, &args);
         if (Status s = trainer::load_deepspeed_config(*ds_config, &after, &warnings, args); !s) return fail(s.message());
         if (!c.quiet) {
           // What the config resolved to, each value with where it came from.

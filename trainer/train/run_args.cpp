@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "train/json_text.h"
+#include "train/train_config.h"
 #include "zt/common/files.h"
 
 namespace zt::trainer {
@@ -64,6 +65,22 @@ Status set_hf_arg(const std::string& name, const nlohmann::json& v, const std::s
   }
   out->given[name] = RunArgs::Value{x, source};
   return Status::Ok();
+}
+
+void add_settings_as_args(const TrainConfig& c,
+                          const std::function<std::optional<std::string>(const std::string& setting)>& source,
+                          RunArgs* out) {
+  const std::pair<const char*, std::pair<const char*, double>> map[] = {
+      {"micro_batch", {"per_device_train_batch_size", double(c.micro_batch)}},
+      {"grad_accum", {"gradient_accumulation_steps", double(c.grad_accum)}},
+      {"grad_clip", {"max_grad_norm", c.grad_clip}},
+      {"lr", {"learning_rate", c.lr}},
+      {"weight_decay", {"weight_decay", c.weight_decay}},
+      {"precision", {"bf16", c.precision == "bf16" ? 1.0 : 0.0}},
+      {"precision", {"fp16", c.precision == "fp16" ? 1.0 : 0.0}},
+  };
+  for (const auto& [setting, arg] : map)
+    if (auto src = source(setting); src && !out->given.count(arg.first)) out->given[arg.first] = {arg.second, *src};
 }
 
 Status parse_hf_args(const std::string& text, const std::string& flag, RunArgs* out) {

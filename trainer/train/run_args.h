@@ -9,6 +9,7 @@
 // Invariant: a name is one of kHfArgNames; a value has that name's type (checked on entry).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -46,6 +47,14 @@ struct RunArgs {
   std::optional<Value> get(const std::string& name) const;
   bool empty() const { return given.empty() && !whole; }
 };
+
+struct TrainConfig;
+// The arguments zt's own settings give (micro_batch, grad_accum, grad_clip, lr, weight_decay,
+// precision; named as `zt train`'s flags or a scenario's train: keys), each where `source(setting)`
+// says it was given (nullopt: not given, so it fills nothing). A name already in `out` is kept.
+void add_settings_as_args(const TrainConfig& c,
+                          const std::function<std::optional<std::string>(const std::string& setting)>& source,
+                          RunArgs* out);
 
 // Reads --hf-args: a path to a JSON object (TrainingArguments.to_json_string(); names zerotrace
 // does not read are ignored), `defaults` (TrainingArguments() as it is), or name=value pairs

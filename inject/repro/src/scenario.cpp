@@ -858,17 +858,10 @@ Status resolve(const Scenario& s, Variant v, bool fix, std::optional<uint64_t> s
       note_keys(s.fix.train);
       if (v == Variant::Small && s.small.fix) note_keys(s.small.fix->train);
     }
-    auto from_train = [&](const char* key, const char* arg, double value) {
-      if (set_at.count(key) && !args.given.count(arg))
-        args.given[arg] = {value, s.path + ":" + std::to_string(set_at[key]) + ": train." + key};
-    };
-    from_train("micro_batch", "per_device_train_batch_size", double(c.micro_batch));
-    from_train("grad_accum", "gradient_accumulation_steps", double(c.grad_accum));
-    from_train("grad_clip", "max_grad_norm", c.grad_clip);
-    from_train("lr", "learning_rate", c.lr);
-    from_train("weight_decay", "weight_decay", c.weight_decay);
-    from_train("precision", "bf16", c.precision == "bf16" ? 1 : 0);
-    from_train("precision", "fp16", c.precision == "fp16" ? 1 : 0);
+    trainer::add_settings_as_args(c, [&](const std::string& key) -> std::optional<std::string> {
+      if (!set_at.count(key)) return std::nullopt;
+      return s.path + ":" + std::to_string(set_at[key]) + ": train." + key;
+    }, &args);
     std::vector<std::string> w;
     const std::string origin = s.path + ":" + std::to_string(s.deepspeed_line) + ": deepspeed" +
                                std::string(v == Variant::Small ? " (small" : " (full size") + (fix ? ", fix)" : ")");
