@@ -332,6 +332,14 @@ class ZeroEngine {
   // each step's compute-dtype update are pageable (a CPU clone, DeepSpeedCPUAdam's state, a .to()),
   // not pinned.
   bool ds_layout_ = false;
+  // Virtual mode at stages 1-2: DeepSpeed's DeepSpeedZeroOptimizer term by term (ds_memory.h's
+  // Ds12Gradients): no gradient of ours at set-up, autograd's gradients in the compute dtype through the
+  // IPG buffers into grads_in_partition, the fp32 gradient partition made in the step
+  // (single_partition_of_fp32_groups[0].grad), Adam's moments made at the first step; under
+  // offload_optimizer the fp32 master pinned on the host and the moments pageable.
+  bool ds12_ = false;
+  std::unique_ptr<Ds12Gradients> ds12_grads_;
+  void ds12_moments();  // Adam's moments, made at the first step (FusedAdam, DeepSpeedCPUAdam)
   ActivationShape act_;
   std::map<std::string, Tensor> charges_;
   void charge(const std::vector<MemoryOp>& ops);
