@@ -286,6 +286,42 @@ TEST(Ds12Terms, OffloadKeepsPinnedHostBuffersAndNoPartitionOnTheDevice) {
   }
 }
 
+// In fp32 the flat partition is the fp32 gradient (.to(fp32) returns it): no second copy, no overflow check.
+TEST(Ds12Terms, Fp32HasNoSecondCopyOfThePartition) {
+  Ds12Gradients g(settings(2, DType::F32, false, 1000), kModules);
+  Live live;
+  backward(g, live, 0);
+  live.apply(g.epilogue());
+  const auto ops = g.step_before_adam();
+  EXPECT_FALSE(alloc_of(ops, "flat_grad_partition"));
+  EXPECT_FALSE(alloc_of(ops, "_has_inf_or_nan"));
+  live.apply(ops);
+  EXPECT_EQ(live.device["single_partition_of_fp32_groups[0].grad"], 4 * 1300);
+}
+
+// Stage 0 (FP16_Optimizer, fused): the set-up step on zero fp32 gradients; the boundary's all-reduce in buckets
+// of 5e8 elements, each flattened; the step's fp32 copy of every gradient and their concatenation (10 bytes a
+// parameter beside the 16-bit gradients at b = 2), the list freed once concatenated.
+TEST(Ds0Terms, InitAllReduceAndStep) {
+  const std::vector<int64_t> params = {600, 200, 300, 100, 100};
+  const auto init = zt::trainer::replay_ops(zt::trainer::ds0_init_ops(params));
+  EXPECT_EQ(init.peak, (4 * 1300 + 511) / 512 * 512);
+  EXPECT_EQ(init.end, 0);
+  // Buckets of 700: 600 + 200 (closed at 800), 300 + 100 + 100 (the rest).
+  const auto ar = zt::trainer::ds0_allreduce_ops(params, DType::BF16, 700);
+  ASSERT_EQ(ar.size(), 4u);
+  EXPECT_EQ(ar[0].term.bytes(), 2 * 800);
+  EXPECT_EQ(ar[2].term.bytes(), 2 * 500);
+  EXPECT_TRUE(zt::trainer::ds0_allreduce_ops({800}, DType::BF16, 700).empty()) << "one tensor: a view";
+  Live live;
+  live.apply(zt::trainer::ds0_step_before_adam(params, DType::BF16));
+  EXPECT_EQ(live.peak, std::max<int64_t>(4 * 600, 8 * 1300));
+  ASSERT_EQ(live.device.size(), 1u);
+  EXPECT_EQ(live.device["fp32_groups_flat[0].grad"], 4 * 1300);
+  live.apply(zt::trainer::ds0_step_after_adam());
+  EXPECT_TRUE(live.device.empty());
+}
+
 // ---- the virtual engine (zt train --virtual) at stage 2
 
 zt::trainer::TrainConfig stage2_run(const std::string& model, const std::string& precision, int64_t world,
@@ -404,6 +440,30 @@ TEST(Ds12Engine, StageTwoOffloadBackwardHoldsComputeDtypeBuckets) {
   ASSERT_TRUE(zt::trainer::train(c, nullptr, nullptr, &big).ok());
   ASSERT_TRUE(zt::trainer::train(cure, nullptr, nullptr, &cured).ok());
   EXPECT_LT(cured.peak_allocated, big.peak_allocated);
+}
+
+// Stage 0 in bf16 (issue 41): the step holds the 16-bit weights and gradients, the fp32 master and moments
+// (made at set-up) and the fp32 gradients: 2 + 2 + 12 + 8 = 24 bytes a parameter; no fp32 bucket of ours.
+TEST(Ds12Engine, StageZeroBf16StepHoldsTwentyFourBytesAParameter) {
+  zt::test::TempDir dir;
+  zt::trainer::TrainConfig c = stage2_run("1.5B", "bf16", 8, false);
+  c.zero.stage = 0;
+  auto r = zt::test::train_traced(c, dir.file("s0.db"));
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  auto& db = *r.reader;
+  EXPECT_EQ(sum_bytes(db, "name GLOB 'grad.bucket*' OR name GLOB 'grad.fp32*'"), 0);
+  const zt::model::Config mc = *zt::model::preset("1.5B");
+  int64_t psi = 0;
+  for (const auto& m : zt::trainer::module_parameters(&mc, zt::trainer::shape_of(mc, "1.5B"), true))
+    for (int64_t n : m) psi += n;
+  EXPECT_EQ(sum_bytes(db, "name = 'fp32_groups_flat[0].grad'"), 3 * 4 * psi) << "set-up and two steps";
+  // 16-bit gradients: the whole model, made in backward, freed after the step.
+  EXPECT_NEAR(double(sum_bytes(db, "device = 'cuda:0' AND name GLOB '*.grad' AND name NOT GLOB 'lm_head.*' AND name NOT "
+                                   "GLOB 'fp32*'")),
+              2.0 * 2 * psi, 2.0 * 8 * 60);
+  // (the caching allocator rounds a large block to 2 MiB: about 0.07 bytes a parameter here; before issue 41 the
+  // engine held 20)
+  EXPECT_NEAR(double(r.summary.peak_allocated) / double(psi), 24.0, 0.1);
 }
 
 }  // namespace

@@ -608,8 +608,9 @@ std::vector<MemoryOp> Ds12Gradients::step_before_adam() {
   }
   ops.push_back(alloc("grad.double", DType::F32, 2 * S));  // get_grad_norm_direct's g.data.double()
   ops.push_back(release("grad.double"));
-  // A partition of a single tensor flattens to a view.
-  const bool view = std::count_if(part_.in_partition.begin(), part_.in_partition.end(), [](int64_t n) { return n > 0; }) <= 1;
+  // A partition of a single tensor flattens to a view; in fp32 the .to(fp32) is the flat partition itself.
+  const bool view = std::count_if(part_.in_partition.begin(), part_.in_partition.end(), [](int64_t n) { return n > 0; }) <= 1 ||
+                    s_.dtype == DType::F32;
   if (!view) ops.push_back(alloc("flat_grad_partition", s_.dtype, P));
   ops.push_back(alloc("single_partition_of_fp32_groups[0].grad", DType::F32, P));
   if (!view) ops.push_back(release("flat_grad_partition"));
@@ -623,5 +624,52 @@ std::vector<MemoryOp> Ds12Gradients::step_after_adam() {
   if (!s_.offload) ops.push_back(release("single_partition_of_fp32_groups[0].grad"));
   return ops;
 }
+
+// ---------------------------------------------------------------- stage 0 (FP16_Optimizer, fused)
+
+std::vector<MemoryOp> ds0_init_ops(const std::vector<int64_t>& params) {
+  int64_t total = 0;
+  for (int64_t n : params) total += n;
+  return {alloc("fp32_groups_flat[0].grad", DType::F32, total), release("fp32_groups_flat[0].grad")};
+}
+
+std::vector<MemoryOp> ds0_allreduce_ops(const std::vector<int64_t>& params, DType dtype, int64_t bucket) {
+  std::vector<MemoryOp> ops;
+  int64_t in_bucket = 0, tensors = 0;
+  auto flush = [&]() {
+    // flatten of one tensor is a view
+    if (tensors > 1) {
+      ops.push_back(alloc("allreduce_bucket.flat", dtype, in_bucket));
+      ops.push_back(release("allreduce_bucket.flat"));
+    }
+    in_bucket = tensors = 0;
+  };
+  for (int64_t n : params) {
+    in_bucket += n;
+    ++tensors;
+    if (in_bucket >= bucket) flush();
+  }
+  flush();
+  return ops;
+}
+
+std::vector<MemoryOp> ds0_step_before_adam(const std::vector<int64_t>& params, DType dtype) {
+  std::vector<MemoryOp> ops;
+  int64_t total = 0, largest = 0;
+  for (int64_t n : params) {
+    total += n;
+    largest = std::max(largest, n);
+  }
+  if (dtype != DType::F32) {
+    ops.push_back(alloc("_has_inf_or_nan", DType::F32, largest));  // CheckOverflow: x.float().sum()
+    ops.push_back(release("_has_inf_or_nan"));
+  }
+  ops.push_back(alloc("fp32_grads", DType::F32, total));  // [p.grad.to(fp32) for p in group]
+  ops.push_back(alloc("fp32_groups_flat[0].grad", DType::F32, total));
+  ops.push_back(release("fp32_grads"));
+  return ops;
+}
+
+std::vector<MemoryOp> ds0_step_after_adam() { return {release("fp32_groups_flat[0].grad")}; }
 
 }  // namespace zt::trainer

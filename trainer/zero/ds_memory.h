@@ -292,4 +292,22 @@ class Ds12Gradients {
   std::vector<char> accumulated_in_cpu_;  // accumulated_grads_in_cpu[i] made
 };
 
+
+// ---- DeepSpeed without ZeRO (stage 0) in 16 bit: FP16_Optimizer (runtime/fp16/fused_optimizer.py, also bf16 from
+// v0.17.6) over FusedAdam, one param group of `params` (numel each, in the model's order), as
+// inject/repro/deepspeed-memory-terms.md reads it (terms 3, 6, 9, 23, 28, 29, 31).
+//  - Set-up: initialize_optimizer_states runs a step on zero fp32 gradients (fp32_groups_flat[0].grad, 4 bytes a
+//    parameter, freed) so that the moments exist from the start.
+//  - Backward: autograd's gradients in the compute dtype, the whole model, from the first backward to the step.
+//  - At the boundary (the engine's allreduce_gradients -> allreduce_no_retain): the gradients in buckets of
+//    MEMORY_OPT_ALLREDUCE_SIZE (5e8) elements, closed after the tensor that reaches it; each bucket flattened
+//    (allreduce_bucket.flat) for its all-reduce, freed after.
+//  - Step: the overflow check (x.float() of each gradient: 4 bytes an element of the largest); the fp32 copy of
+//    every gradient (fp32_grads) and their concatenation fp32_groups_flat[0].grad, the list freed once
+//    concatenated; after Adam the flat fp32 gradient freed (the 16-bit gradients by the engine's zero_grad).
+std::vector<MemoryOp> ds0_init_ops(const std::vector<int64_t>& params);
+std::vector<MemoryOp> ds0_allreduce_ops(const std::vector<int64_t>& params, DType dtype, int64_t bucket = 500000000);
+std::vector<MemoryOp> ds0_step_before_adam(const std::vector<int64_t>& params, DType dtype);
+std::vector<MemoryOp> ds0_step_after_adam();
+
 }  // namespace zt::trainer

@@ -242,6 +242,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   module_params_ = module_parameters(custom ? nullptr : &mc, shape, !custom);
   ds_layout_ = virt && z_.stage == 3;
   ds12_ = virt && (z_.stage == 1 || z_.stage == 2);
+  ds0_ = virt && z_.stage == 0 && dtype_ != DType::F32;
   const int64_t blocks = int64_t(mc.layers);
   // What trains (cfg.finetuning): frozen modules keep parameters only. LoRA's adapters are modules
   // of their own after the model's ("block3.lora"), trained as any module (virtual mode: sizes).
@@ -365,7 +366,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     const bool grad_on_host = ds_layout_ && pt.opt_host;
     // DeepSpeed's stages 1-2 (ds12_) hold no gradient between steps: autograd's, the IPG buffers and
     // grads_in_partition are made in backward (Ds12Gradients).
-    if (!ds12_)
+    if (!ds12_ && !ds0_)
       pt.grad = z_.stage <= 1 ? Tensor::zeros(n + ".grad", {pt.padded}, dtype_, accel)
                               : Tensor::zeros(n + ".grad[shard]", {pt.shard}, dtype_, grad_on_host ? host : accel,
                                               grad_on_host && pin);
@@ -451,6 +452,11 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     s.reduce_bucket_size = z_.reduce_bucket_size;
     ds12_grads_ = std::make_unique<Ds12Gradients>(s, trainable);
     charge(ds12_grads_->setup_ops());
+  }
+  if (ds0_) {
+    for (size_t i = 0; i < parts_.size(); ++i)
+      if (!parts_[i]->frozen) ds0_params_.insert(ds0_params_.end(), module_params_[i].begin(), module_params_[i].end());
+    charge(ds0_init_ops(ds0_params_));  // initialize_optimizer_states' step on zero fp32 gradients
   }
   if (ds_layout_) {
     // stage3.py's IPG bucket: reduce_bucket_size elements in the compute dtype, made once.
@@ -913,7 +919,7 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     // A frozen module (finetuning lora or freeze) gets none either: the passes skip its weights'
     // gradients, and nothing is reduced (trains(mi) says which do).
     auto bucket_for = [&](int mi) {
-      if (ds_layout_ || ds12_ || parts_[size_t(mi)]->frozen) return Tensor();
+      if (ds_layout_ || ds12_ || ds0_ || parts_[size_t(mi)]->frozen) return Tensor();
       return Tensor::zeros("grad.bucket" + std::to_string(mi), {parts_[size_t(mi)]->padded}, DType::F32, accel);
     };
     auto trains = [&](int mi) { return !parts_[size_t(mi)]->frozen; };
@@ -925,6 +931,9 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     // IPG buffers (stage 2), or kept to the boundary (stage 1).
     auto ds12_backward = [&](int mi) {
       if (ds12_ && trains(mi)) charge(ds12_grads_->module_backward(mi, parts_[size_t(mi)]->spec.name + ".grad"));
+      // Stage 0 (ds0_): autograd's gradient, made by the window's first backward, accumulated after.
+      if (ds0_ && trains(mi) && micro == 0)
+        charge(MemoryOp{true, {parts_[size_t(mi)]->spec.name + ".grad", dtype_, parts_[size_t(mi)]->spec.numel}});
     };
     probe::MarkerId ph = phase("forward", global_step, micro);
     if (pass_activations_ > 0) charge(MemoryOp{true, {"activations", DType::F32, pass_activations_}});
@@ -964,13 +973,14 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     // The tied head's weight gradient waits in autograd's buffer for the embeddings' own (our
     // fp32 embeddings bucket holds it, elsewhere).
     // At stage 1 (ds12_) it is made once a window: later micro-steps accumulate into it.
-    const bool head_grad = (ds_layout_ || (ds12_ && (z_.stage == 2 || micro == 0))) && head_ == 0 && trains(0);
+    const bool head_grad =
+        (ds_layout_ || (ds12_ && (z_.stage == 2 || micro == 0)) || (ds0_ && micro == 0)) && head_ == 0 && trains(0);
     if (head_grad) charge(MemoryOp{true, {"lm_head.weight.grad", dtype_, act_.vocab * act_.width}});
     if (wte_gathered) charge(MemoryOp{false, {"embeddings.wte.gathered", dtype_, 0}});
     release(fin, global_step);
     release(0, global_step);
     ds12_backward(fin);
-    if (trains(fin) && !ds12_) {
+    if (trains(fin) && !ds12_ && !ds0_) {
       if (ds_layout_) ds_module_gradient(fin);
       reduce_module_grad(fin, fin_bucket, global_step);
     }
@@ -979,7 +989,7 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       Tensor head_bucket = bucket_for(head_);
       release(head_, global_step);
       ds12_backward(head_);
-      if (trains(head_) && !ds12_) {
+      if (trains(head_) && !ds12_ && !ds0_) {
         if (ds_layout_) ds_module_gradient(head_);
         reduce_module_grad(head_, head_bucket, global_step);
       }
@@ -1003,7 +1013,7 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       land_offloads(1);
       release(l + 1, global_step);
       ds12_backward(l + 1);
-      if (trains(l + 1) && !ds12_) {
+      if (trains(l + 1) && !ds12_ && !ds0_) {
         if (ds_layout_) ds_module_gradient(l + 1);
         reduce_module_grad(l + 1, bucket, global_step);
       }
@@ -1011,7 +1021,7 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
         Tensor adapter_bucket = bucket_for(adapter);
         release(adapter, global_step);
         ds12_backward(adapter);
-        if (!ds12_) {
+        if (!ds12_ && !ds0_) {
           if (ds_layout_) ds_module_gradient(adapter);
           reduce_module_grad(adapter, adapter_bucket, global_step);
         }
@@ -1031,11 +1041,15 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       if (head_grad) ops.insert(ops.begin() + (ops.empty() ? 0 : 1), MemoryOp{false, {"lm_head.weight.grad", dtype_, 0}});
       charge(ops);
     }
+    if (ds0_ && trains(0) && micro == 0) {
+      charge(MemoryOp{true, {parts_[0]->spec.name + ".grad", dtype_, parts_[0]->spec.numel}});
+      if (head_grad) charge(MemoryOp{false, {"lm_head.weight.grad", dtype_, 0}});
+    }
     if (per_tensor) charge(embeddings_backward_ops(act_));
     if (pass_activations_ > 0) charge(MemoryOp{false, {"activations", DType::F32, 0}});
     end(mp);
     land_offloads(1);
-    if (trains(0) && !ds12_) {
+    if (trains(0) && !ds12_ && !ds0_) {
       if (ds_layout_) ds_module_gradient(0);
       reduce_module_grad(0, emb_bucket, global_step);
     }
@@ -1050,6 +1064,16 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
         if (trains(int(mi))) charge(ds12_grads_->reduce_module(int(mi), parts_[mi]->spec.name + ".grad"));
       charge(ds12_grads_->epilogue());
       end(rg);
+    }
+    if (ds0_ && micro == cfg_.grad_accum - 1) {
+      // Stage 0 all-reduces at the boundary (allreduce_gradients -> buffered_allreduce_fallback): buckets of
+      // 5e8 elements, each flattened for its all-reduce.
+      probe::MarkerId ar = phase("allreduce_gradients", global_step, micro);
+      charge(ds0_allreduce_ops(ds0_params_, dtype_));
+      for (auto& p : parts_)
+        if (!p->frozen)
+          comm_.all_reduce(static_cast<float*>(nullptr), size_t(p->padded), 1.0f / float(W_), "grad." + p->spec.name);
+      end(ar);
     }
     end(ph);
     if (rec_) rec_->marker_end(mm);
@@ -1104,8 +1128,16 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
       if (parts_[mi]->frozen) continue;
       g32[mi] = it != charges_.end() ? it->second : opt_grad_of(int(mi));
     }
+  } else if (ds0_) {
+    // DeepSpeed's stage 0: the overflow check, every gradient to fp32 and their concatenation.
+    charge(ds0_step_before_adam(ds0_params_, dtype_));
+    auto it = charges_.find("fp32_groups_flat[0].grad");
+    for (size_t mi = 0; mi < parts_.size(); ++mi) {
+      if (parts_[mi]->frozen) continue;
+      g32[mi] = it != charges_.end() ? it->second : opt_grad_of(int(mi));
+    }
   }
-  for (size_t mi = 0; mi < parts_.size() && !ds12_; ++mi) {
+  for (size_t mi = 0; mi < parts_.size() && !ds12_ && !ds0_; ++mi) {
     Part& p = *parts_[mi];
     if (p.frozen) continue;  // no gradient, no optimizer state
     if (z_.stage <= 1) {
@@ -1189,10 +1221,7 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
       rec_->counter(rank_, 0, rec_->intern("loss_scale"), loss_scale_);
     }
     for (auto& p : parts_) zero_tensor(p->grad);
-    if (ds12_) {
-      g32.clear();  // the fp32 gradient partition's last references
-      charge(ds12_grads_->step_after_adam());
-    }
+    ds_step_done(g32, nullptr);
     if (early_now()) abort_early(false);  // AdamW during backward: this step's update is thrown away
     // A delayed update in flight is applied all the same: the next step is one update behind,
     // as every other step, not two.
@@ -1387,12 +1416,7 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
       p->part_grad_sq_ready = false;
     }
   }
-  if (ds12_) {
-    // The fp32 gradient partition, after the group's step (the jobs and g32 held its last references).
-    g32.clear();
-    jobs.clear();
-    charge(ds12_grads_->step_after_adam());
-  }
+  ds_step_done(g32, &jobs);
   if (dtype_ == DType::F16 && z_.static_loss_scale <= 0 && ++good_steps_ % z_.loss_scale_window == 0) loss_scale_ *= 2;
   end_boundary();
   if (rec_) {
@@ -1401,6 +1425,18 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
   }
   end(ph);
   return r;
+}
+
+void ZeroEngine::ds_step_done(std::vector<Tensor>& g32, std::vector<AdamJob>* jobs) {
+  if (!ds12_ && !ds0_) return;
+  g32.clear();
+  if (jobs) jobs->clear();
+  if (ds12_) charge(ds12_grads_->step_after_adam());
+  if (ds0_) {
+    charge(ds0_step_after_adam());
+    for (auto& p : parts_)  // the engine's zero_grad: the 16-bit gradients freed
+      if (!p->frozen) charge(MemoryOp{false, {p->spec.name + ".grad", dtype_, 0}});
+  }
 }
 
 void ZeroEngine::ds12_moments() {
