@@ -233,9 +233,18 @@ TEST(Ds12Terms, AParameterLargerThanTheBucketKeepsItsOwnGradientToTheNextFlush) 
   live.apply(g.module_backward(2, "m2.grad"));
   live.apply(g.module_backward(1, "m1.grad"));
   live.apply(g.module_backward(0, "m0.grad"));  // 200 in; 600 > 500: flushed first, kept
-  EXPECT_EQ(live.device["extra_large_param_to_reduce[0]"], 2 * 600);
+  EXPECT_EQ(live.device["extra_large_param_to_reduce[0].grad"], 2 * 600);
   live.apply(g.epilogue());
-  EXPECT_EQ(live.device.count("extra_large_param_to_reduce[0]"), 0u);
+  EXPECT_EQ(live.device.count("extra_large_param_to_reduce[0].grad"), 0u);
+  // Within its module it is the module's gradient (not counted twice); a later parameter of the same module
+  // flushes it before the module's gradient is freed: never charged apart.
+  Ds12Gradients h(settings(2, DType::BF16, false, 500), {{200, 600}});
+  Live one;
+  h.begin_backward(0);
+  const auto ops = h.module_backward(0, "m.grad");
+  one.apply(ops);
+  EXPECT_FALSE(alloc_of(ops, "extra_large_param_to_reduce[1].grad"));
+  EXPECT_EQ(one.peak, 2 * 800 + 2 * 500 + 2 * 800) << "the module's gradient, the buffer, grads_in_partition";
 }
 
 // [5, 8, 14-18] offload_optimizer: the host copy of the 16-bit partition and the CPU staging buffer

@@ -516,8 +516,9 @@ std::vector<MemoryOp> Ds12Gradients::flush() {
     // Averaged in place (a single tensor: no copy), its slice copied out, then its own storage freed.
     const auto more = copy_in_partition(extra_large_);
     ops.insert(ops.end(), more.begin(), more.end());
-    ops.push_back(release(extra_large_name_));
+    if (extra_large_live_) ops.push_back(release(extra_large_name_));
     extra_large_ = -1;
+    extra_large_live_ = false;
   }
   bucket_.clear();
   elements_ = 0;
@@ -532,9 +533,9 @@ std::vector<MemoryOp> Ds12Gradients::add_param(int64_t i) {
     // Kept as autograd made it until the next flush (without contiguous_gradients every gradient is
     // flattened by the flush: counted as the flat copy, the gradients kept meanwhile are not modelled).
     if (n > s_.reduce_bucket_size) {
+      // Its gradient is the module's until the module's hooks are done (keep_extra_large).
       extra_large_ = i;
-      extra_large_name_ = "extra_large_param_to_reduce[" + std::to_string(i) + "]";
-      ops.push_back(alloc(extra_large_name_, s_.dtype, n));
+      extra_large_name_ = "extra_large_param_to_reduce[" + std::to_string(i) + "].grad";
       return ops;
     }
   }
@@ -566,7 +567,14 @@ std::vector<MemoryOp> Ds12Gradients::module_backward(int m, const std::string& g
     ops.insert(ops.end(), more.begin(), more.end());
   }
   ops.push_back(release(grad_name));  // each parameter's own gradient dies once copied into the buffer
+  keep_extra_large(ops);
   return ops;
+}
+
+void Ds12Gradients::keep_extra_large(std::vector<MemoryOp>& ops) {
+  if (extra_large_ < 0 || extra_large_live_) return;
+  extra_large_live_ = true;
+  ops.push_back(alloc(extra_large_name_, s_.dtype, part_.params[size_t(extra_large_)]));
 }
 
 std::vector<MemoryOp> Ds12Gradients::reduce_module(int m, const std::string& grad_name) {
@@ -583,6 +591,7 @@ std::vector<MemoryOp> Ds12Gradients::reduce_module(int m, const std::string& gra
     ops.insert(ops.end(), more.begin(), more.end());
   }
   ops.push_back(release(grad_name));
+  keep_extra_large(ops);
   return ops;
 }
 

@@ -287,6 +287,8 @@ class Ds12Gradients {
   std::vector<int64_t> bucket_;   // parameters in the bucket
   int64_t extra_large_ = -1;      // a parameter larger than the bucket, waiting for the next flush
   std::string extra_large_name_;
+  bool extra_large_live_ = false;  // ... its gradient charged apart (once its module's gradient is freed)
+  void keep_extra_large(std::vector<MemoryOp>& ops);
   bool in_partition_ = false;     // grads_in_partition is allocated
   bool in_partition_next_ = false;  // ... and the micro-step's second one (stage 2, accumulation)
   std::vector<char> accumulated_in_cpu_;  // accumulated_grads_in_cpu[i] made
