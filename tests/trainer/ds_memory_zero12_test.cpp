@@ -439,6 +439,22 @@ TEST(Ds12Engine, StageTwoOffloadBackwardHoldsComputeDtypeBuckets) {
   EXPECT_GT(sum_bytes(db, "device = 'cpu' AND memory_kind = 'pinned_host' AND name = "
                           "'param_buffer_of_bit16_for_cpu_offload_groups[0]'"),
             0);
+  // Each step's fp32 gradient down (4P) and 16-bit partition up (2P), as transfer rows.
+  const int64_t part = sum_bytes(db, "device = 'cpu' AND name GLOB 'fp32_partitioned_groups_flat[[]*]'") / 4;
+  EXPECT_EQ(zt::test::query_int(db, "SELECT sum(bytes) FROM transfer_v WHERE rank = 0 AND kind = 'D2H' AND name GLOB "
+                                    "'fp32_partitioned_groups_flat*.grad'"),
+            2 * 4 * part);
+  EXPECT_EQ(zt::test::query_int(db, "SELECT sum(bytes) FROM transfer_v WHERE rank = 0 AND kind = 'H2D' AND name = "
+                                    "'param_buffer_of_bit16_for_cpu_offload_groups[0]'"),
+            2 * 2 * part);
+  // ... and every gradient all-reduced through the IPG bucket's flushes, 2 bytes a parameter a step.
+  int64_t psi = 0;
+  const zt::model::Config mc = *zt::model::preset("124M");
+  for (const auto& m : zt::trainer::module_parameters(&mc, zt::trainer::shape_of(mc, "124M"), true))
+    for (int64_t n : m) psi += n;
+  EXPECT_NEAR(double(zt::test::query_int(db, "SELECT sum(bytes) FROM transfer_v WHERE rank = 0 AND kind = "
+                                              "'collective' AND op = 'all_reduce' AND name = 'ipg_buckets[bf16].buffer[0]'")),
+              2.0 * 2 * psi, 2.0 * 4 * 200);
   // micro-batch 1 with accumulation 2 (the cure): the per-backward buffers are the same, and the
   // device peak is below micro-batch 2's.
   zt::trainer::TrainConfig cure = c;

@@ -512,7 +512,9 @@ std::vector<MemoryOp> Ds12Gradients::flush() {
       ops.insert(ops.end(), more.begin(), more.end());
     }
   }
+  if (!bucket_.empty()) flushes_.push_back(elements_);
   if (extra_large_ >= 0) {
+    flushes_.push_back(part_.params[size_t(extra_large_)]);
     // Averaged in place (a single tensor: no copy), its slice copied out, then its own storage freed.
     const auto more = copy_in_partition(extra_large_);
     ops.insert(ops.end(), more.begin(), more.end());

@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -272,6 +273,8 @@ class Ds12Gradients {
   // The buffers made once, at set-up (offload: the host copy of the 16-bit partition and
   // temp_grad_buffer_for_cpu_offload, pinned; temp_grad_buffer_for_gpu_offload on the device).
   std::vector<MemoryOp> setup_ops() const;
+  // The elements of each flush (an all-reduce of that many compute-dtype elements) since the last call.
+  std::vector<int64_t> take_flushes() { return std::exchange(flushes_, {}); }
 
  private:
   std::vector<MemoryOp> setup_buckets();
@@ -292,6 +295,7 @@ class Ds12Gradients {
   bool in_partition_ = false;     // grads_in_partition is allocated
   bool in_partition_next_ = false;  // ... and the micro-step's second one (stage 2, accumulation)
   std::vector<char> accumulated_in_cpu_;  // accumulated_grads_in_cpu[i] made
+  std::vector<int64_t> flushes_;
 };
 
 

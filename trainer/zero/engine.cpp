@@ -824,6 +824,15 @@ void ZeroEngine::release(int mi, int64_t step) {
 
 // ---------------------------------------------------------------- gradients
 
+void ZeroEngine::ds12_reduce_collectives() {
+  // Each flush all-reduces the bucket (reduce_scatter with use_multi_rank_bucket_allreduce, the defaults):
+  // recorded by its bytes in the compute dtype.
+  const int64_t e = int64_t(dtype_size(dtype_));
+  for (int64_t n : ds12_grads_->take_flushes())
+    comm_.all_reduce(static_cast<float*>(nullptr), size_t((n * e + 3) / 4), 1.0f / float(W_),
+                     ds12_grads_->ipg_name(0));
+}
+
 void ZeroEngine::charge(const std::vector<MemoryOp>& ops) {
   for (const MemoryOp& op : ops) {
     if (op.alloc) {
@@ -930,7 +939,11 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     // DeepSpeed's stages 1-2 (ds12_): module mi's gradients made by its backward and reduced through the
     // IPG buffers (stage 2), or kept to the boundary (stage 1).
     auto ds12_backward = [&](int mi) {
-      if (ds12_ && trains(mi)) charge(ds12_grads_->module_backward(mi, parts_[size_t(mi)]->spec.name + ".grad"));
+      if (ds12_ && trains(mi)) {
+        charge(ds12_grads_->module_backward(mi, parts_[size_t(mi)]->spec.name + ".grad"));
+        ds12_reduce_collectives();
+        if (z_.stage == 2 && micro == cfg_.grad_accum - 1) ds12_transfer(mi, true);
+      }
       // Stage 0 (ds0_): autograd's gradient, made by the window's first backward, accumulated after.
       if (ds0_ && trains(mi) && micro == 0)
         charge(MemoryOp{true, {parts_[size_t(mi)]->spec.name + ".grad", dtype_, parts_[size_t(mi)]->spec.numel}});
@@ -1040,6 +1053,8 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       std::vector<MemoryOp> ops = ds12_grads_->module_backward(0, parts_[0]->spec.name + ".grad");
       if (head_grad) ops.insert(ops.begin() + (ops.empty() ? 0 : 1), MemoryOp{false, {"lm_head.weight.grad", dtype_, 0}});
       charge(ops);
+      ds12_reduce_collectives();
+      if (z_.stage == 2 && micro == cfg_.grad_accum - 1) ds12_transfer(0, true);
     }
     if (ds0_ && trains(0) && micro == 0) {
       charge(MemoryOp{true, {parts_[0]->spec.name + ".grad", dtype_, parts_[0]->spec.numel}});
@@ -1055,14 +1070,21 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     }
     // DeepSpeed's epilogue of every backward: what is left in the ipg bucket is reduced.
     if (ds_layout_) ds_flush_gradients();
-    if (ds12_ && z_.stage == 2) charge(ds12_grads_->epilogue());
+    if (ds12_ && z_.stage == 2) {
+      charge(ds12_grads_->epilogue());
+      ds12_reduce_collectives();
+    }
     if (ds12_ && z_.stage == 1 && micro == cfg_.grad_accum - 1) {
       // Stage 1 reduces at the boundary (the engine's allreduce_gradients -> reduce_gradients): every
       // accumulated gradient through the IPG buffers, parameter by parameter in the group's order.
       probe::MarkerId rg = phase("reduce_gradients", global_step, micro);
       for (size_t mi = 0; mi < parts_.size(); ++mi)
-        if (trains(int(mi))) charge(ds12_grads_->reduce_module(int(mi), parts_[mi]->spec.name + ".grad"));
+        if (trains(int(mi))) {
+          charge(ds12_grads_->reduce_module(int(mi), parts_[mi]->spec.name + ".grad"));
+          ds12_transfer(int(mi), true);
+        }
       charge(ds12_grads_->epilogue());
+      ds12_reduce_collectives();
       end(rg);
     }
     if (ds0_ && micro == cfg_.grad_accum - 1) {
@@ -1437,6 +1459,21 @@ void ZeroEngine::ds_step_done(std::vector<Tensor>& g32, std::vector<AdamJob>* jo
     for (auto& p : parts_)  // the engine's zero_grad: the 16-bit gradients freed
       if (!p->frozen) charge(MemoryOp{false, {p->spec.name + ".grad", dtype_, 0}});
   }
+}
+
+void ZeroEngine::ds12_transfer(int mi, bool d2h) {
+  const Part& p = *parts_[size_t(mi)];
+  if (!rec_ || !p.opt_host || !p.part_grad.defined()) return;
+  probe::TransferEvent e;
+  e.rank = rank_;
+  e.kind = d2h ? probe::TransferKind::D2H : probe::TransferKind::H2D;
+  e.bytes = d2h ? 4 * p.opt_n : p.opt_n * int64_t(dtype_size(dtype_));
+  e.src = d2h ? rt_.accelerator().trace_id() : rt_.host().trace_id();
+  e.dst = d2h ? rt_.host().trace_id() : rt_.accelerator().trace_id();
+  e.pinned = z_.pin_memory ? 1 : 0;
+  e.name = rec_->intern(d2h ? p.part_grad.name() : "param_buffer_of_bit16_for_cpu_offload_groups[0]");
+  e.t_start = e.t_end = probe::now_ns();
+  rec_->transfer(e);
 }
 
 void ZeroEngine::ds12_moments() {
@@ -1998,6 +2035,7 @@ void ZeroEngine::write_back(int mi, const Tensor& fused, bool async) {
   } else if (ds12_) {
     // DeepSpeed's stages 1-2: the fp32 partition copied in place into the 16-bit one (through the host
     // 16-bit buffer under offload), then all_gather_into_tensor into the flat buffer: no new memory.
+    ds12_transfer(mi, false);
     comm_.all_gather(nullptr, nullptr, size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".param");
   } else {
     Tensor upd = updated_on_accel();

@@ -351,6 +351,11 @@ class ZeroEngine {
   // After the optimizer's step (ds12_, ds0_): the fp32 gradient partition (and at stage 0 the 16-bit
   // gradients, zero_grad) freed; `g32` and `jobs` held their last references.
   void ds_step_done(std::vector<Tensor>& g32, std::vector<AdamJob>* jobs);
+  // ds12_ under offload_optimizer: module mi's copies across, as transfer rows (virtual mode: sizes only):
+  // its fp32 gradient slices into the pinned host gradient at the boundary (D2H), its updated 16-bit
+  // partition from the host buffer back into the flat parameters after the step (H2D).
+  void ds12_transfer(int mi, bool d2h);
+  void ds12_reduce_collectives();  // the IPG flushes' all-reduces since the last call, as collectives
   ActivationShape act_;
   std::map<std::string, Tensor> charges_;
   void charge(const std::vector<MemoryOp>& ops);
