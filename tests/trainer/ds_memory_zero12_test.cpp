@@ -399,6 +399,28 @@ TEST(Ds12Engine, StageTwoFp16StepPeaksWithTheFp32GradientPartition) {
   EXPECT_LT(11 * d.largest_slice, 6 * d.partition);
 }
 
+// ... and on a GPU too small for that moment (7 GiB here; the backward and the overflow check fit) the run runs
+// out of memory inside the optimizer step, asking for the fp32 partition (4P: 744 MiB) with the weights, the
+// master, the moments, grads_in_partition and flat_grad_partition allocated: what the report shows. Before
+// issue 41 no GPU size gave an OOM in the optimizer phase.
+TEST(Ds12Engine, StageTwoFp16OutOfMemoryInsideTheStepAtTheFp32Partition) {
+  zt::test::TempDir dir;
+  zt::trainer::TrainConfig c = stage2_run("1.5B", "fp16", 8, false);
+  c.device_memory = uint64_t(7) << 30;
+  auto r = zt::test::train_traced(c, dir.file("oom.db"));
+  ASSERT_FALSE(r.status.ok());
+  EXPECT_NE(r.status.message().find("Tried to allocate 744.00 MiB"), std::string::npos) << r.status.message();
+  auto& db = *r.reader;
+  zt::db::QueryResult q;
+  ASSERT_TRUE(db.query("SELECT e.tensors, (SELECT m.name FROM marker_v m WHERE m.rank = 0 AND m.name = 'optimizer' AND "
+                       "m.t_start <= e.t AND (m.t_end IS NULL OR m.t_end >= e.t)) FROM error e WHERE e.kind = 'oom'",
+                       &q)
+                  .ok());
+  ASSERT_EQ(q.rows.size(), 1u);
+  EXPECT_EQ(q.rows[0][0], "[\"single_partition_of_fp32_groups[0].grad\"]");
+  EXPECT_EQ(q.rows[0][1], "optimizer");
+}
+
 // Issue 41's second report (ZeRO-2 + CPU Adam, bf16, 4 GPUs): out of memory in backward. The backward's
 // gradient memory is DeepSpeed's, in the compute dtype: the IPG buffer (reduce_bucket_size "auto":
 // width^2 bf16 elements) and autograd's gradients, no fp32 bucket of a module's size; with gradient
