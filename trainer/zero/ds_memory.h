@@ -30,6 +30,8 @@
 //    buffer of every gradient partition in the accumulation dtype (grad_partitions_flat_buffer);
 //    under offload_param one pinned buffer of the parameter partitions; each step a compute-dtype copy
 //    of the master weights on its way to the device.
+//  - DeepSpeed ZeRO stages 1-2 (DeepSpeedZeroOptimizer) and stage 0 in 16 bit (FP16_Optimizer): see
+//    Ds12Gradients and ds0_* below (issue 41).
 // Where our trainer differs (it computes in fp32 with bf16 storage, keeps fp32 gradient buckets per
 // module), the engine charges these terms, not its own buffers, in virtual mode; see engine.h.
 #pragma once
