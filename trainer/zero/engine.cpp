@@ -364,8 +364,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     // on the host, pinned, where the virtual model keeps it (ds_layout_); our compute keeps it on
     // the device and moves it to the host at the accumulation boundary.
     const bool grad_on_host = ds_layout_ && pt.opt_host;
-    // DeepSpeed's stages 1-2 (ds12_) hold no gradient between steps: autograd's, the IPG buffers and
-    // grads_in_partition are made in backward (Ds12Gradients).
+    // DeepSpeed's stages 0-2 (ds12_, ds0_) hold no gradient between steps: autograd's, the IPG buffers
+    // and grads_in_partition are made in backward (Ds12Gradients; stage 0: ds0_*).
     if (!ds12_ && !ds0_)
       pt.grad = z_.stage <= 1 ? Tensor::zeros(n + ".grad", {pt.padded}, dtype_, accel)
                               : Tensor::zeros(n + ".grad[shard]", {pt.shard}, dtype_, grad_on_host ? host : accel,
