@@ -58,6 +58,9 @@ TEST(Families, ClassifiesTensorNames) {
   EXPECT_EQ(classify_tensor("block3.gathered"), Family::Parameters);
   EXPECT_EQ(classify_tensor("block3.grad"), Family::Gradients);
   EXPECT_EQ(classify_tensor("grad.bucket0"), Family::Gradients);
+  EXPECT_EQ(classify_tensor("allreduce_bucket.flat"), Family::Gradients);  // DeepSpeed's stages 0-2 (issue 41)
+  EXPECT_EQ(classify_tensor("ipg_buckets[bf16].buffer[0]"), Family::Gradients);
+  EXPECT_EQ(classify_tensor("extra_large_param_to_reduce[0].grad"), Family::Gradients);
   EXPECT_EQ(classify_tensor("block3.grad[shard]"), Family::Gradients);
   EXPECT_EQ(classify_tensor("adam.m[shard]"), Family::OptimizerState);
   EXPECT_EQ(classify_tensor("block3.master"), Family::OptimizerState);

@@ -391,4 +391,296 @@ HostTerms ds_host_terms(const std::vector<std::vector<int64_t>>& modules, int64_
   return h;
 }
 
+// ---------------------------------------------------------------- ZeRO stages 1 and 2
+
+Ds12Partition ds12_partition(const std::vector<std::vector<int64_t>>& modules, int64_t W, int64_t rank) {
+  Ds12Partition d;
+  for (const auto& m : modules) {
+    d.first_param.push_back(int64_t(d.params.size()));
+    for (int64_t n : m) {
+      d.params.push_back(n);
+      d.total += n;
+      d.largest = std::max(d.largest, n);
+    }
+  }
+  const int64_t align = 2 * W;  // nccl_start_alignment_factor x W (stage_1_and_2.py 389)
+  d.padded = (d.total + align - 1) / align * align;
+  d.partition = d.padded / W;
+  const int64_t lo = rank * d.partition, hi = lo + d.partition;
+  int64_t at = 0;
+  for (int64_t n : d.params) {
+    const int64_t in = std::max<int64_t>(0, std::min(hi, at + n) - std::max(lo, at));
+    d.in_partition.push_back(in);
+    if (in > 0) d.touching += n;
+    d.largest_slice = std::max(d.largest_slice, in);
+    at += n;
+  }
+  return d;
+}
+
+namespace {
+MemoryOp host_alloc(std::string name, DType dt, int64_t numel, bool pinned) {
+  MemoryOp op = alloc(std::move(name), dt, numel);
+  op.host = true;
+  op.pinned = pinned;
+  return op;
+}
+// A temporary of `bytes` bytes (a mix of dtypes, as the overflow check's): int32 elements.
+int64_t words(int64_t bytes) { return (bytes + 3) / 4; }
+}  // namespace
+
+Ds12Gradients::Ds12Gradients(const Ds12Settings& s, const std::vector<std::vector<int64_t>>& modules)
+    : s_(s), part_(ds12_partition(modules, s.world, s.rank)) {
+  if (s_.stage != 1 && s_.stage != 2) throw std::invalid_argument("Ds12Gradients: stage 1 or 2");
+  if (s_.offload) s_.contiguous_gradients = true;  // stage_1_and_2.py 259
+  accumulated_in_cpu_.assign(part_.params.size(), 0);
+}
+
+int64_t Ds12Gradients::ipg_buffers() const { return s_.contiguous_gradients ? (s_.overlap_comm ? 2 : 1) : 0; }
+
+std::string Ds12Gradients::ipg_name(int i) const {
+  return "ipg_buckets[" + std::string(dtype_name(s_.dtype)) + "].buffer[" + std::to_string(i) + "]";
+}
+
+void Ds12Gradients::begin_backward(int64_t micro) { micro_ = micro; }
+
+std::vector<MemoryOp> Ds12Gradients::setup_ops() const {
+  std::vector<MemoryOp> ops;
+  if (!s_.offload) return ops;
+  const bool pin = true;  // offload_optimizer.pin_memory, true by default from v0.19.5
+  ops.push_back(host_alloc("param_buffer_of_bit16_for_cpu_offload_groups[0]", s_.dtype, part_.partition, pin));
+  ops.push_back(host_alloc("temp_grad_buffer_for_cpu_offload", s_.dtype, part_.largest, pin));
+  ops.push_back(alloc("temp_grad_buffer_for_gpu_offload", s_.dtype, part_.largest));
+  return ops;
+}
+
+std::vector<MemoryOp> Ds12Gradients::setup_buckets() {
+  std::vector<MemoryOp> ops;
+  if (buffers_) return ops;
+  buffers_ = true;
+  for (int i = 0; i < int(ipg_buffers()); ++i) ops.push_back(alloc(ipg_name(i), s_.dtype, s_.reduce_bucket_size));
+  return ops;
+}
+
+// copy_grads_in_partition for parameter i (after its bucket's reduction).
+std::vector<MemoryOp> Ds12Gradients::copy_in_partition(int64_t i) {
+  std::vector<MemoryOp> ops;
+  const int64_t n = part_.params[size_t(i)], slice = part_.in_partition[size_t(i)];
+  if (slice == 0) return ops;
+  if (s_.offload) {
+    if (boundary()) {
+      // set_norm_for_param_grad_in_gpu: the slice's .double(); the overflow check of the whole gradient
+      // (fp32 copy, isnan, isinf, their or, .float(): 11 bytes an element); the slice's .to(fp32) on its way
+      // to the host fp32 gradient. One after the other, each freed.
+      ops.push_back(alloc("grad.double", DType::F32, 2 * slice));
+      ops.push_back(release("grad.double"));
+      ops.push_back(alloc("_has_inf_or_nan", DType::I32, words(11 * n)));
+      ops.push_back(release("_has_inf_or_nan"));
+      if (s_.dtype != DType::F32) {
+        ops.push_back(alloc("grad.to(fp32)", DType::F32, slice));
+        ops.push_back(release("grad.to(fp32)"));
+      }
+    } else if (s_.stage == 2 && !accumulated_in_cpu_[size_t(i)]) {
+      // async_accumulate_grad_in_cpu_via_gpu: a pinned host buffer of the whole parameter, kept.
+      accumulated_in_cpu_[size_t(i)] = 1;
+      ops.push_back(host_alloc("accumulated_grads_in_cpu[" + std::to_string(i) + "]", s_.dtype, n, true));
+    }
+    return ops;
+  }
+  // Stage 2 with accumulation: a later micro-step's copy goes into a new buffer while the accumulated one
+  // lives (averaged_gradients keeps views of it).
+  const bool next = s_.stage == 2 && micro_ > 0;
+  bool& made = next ? in_partition_next_ : in_partition_;
+  if (!made) {
+    made = true;
+    ops.push_back(alloc(next ? "grads_in_partition.next" : "grads_in_partition", s_.dtype, part_.touching));
+  }
+  return ops;
+}
+
+// reduce_ipg_grads: the bucket flattened and all-reduced, the partition's slices copied out.
+std::vector<MemoryOp> Ds12Gradients::flush() {
+  std::vector<MemoryOp> ops;
+  if (!bucket_.empty()) {
+    // allreduce_bucket's flatten: a copy, except of a single tensor (a view).
+    if (bucket_.size() > 1) {
+      ops.push_back(alloc("allreduce_bucket.flat", s_.dtype, elements_));
+      ops.push_back(release("allreduce_bucket.flat"));
+    }
+    for (int64_t i : bucket_) {
+      const auto more = copy_in_partition(i);
+      ops.insert(ops.end(), more.begin(), more.end());
+    }
+  }
+  if (!bucket_.empty()) flushes_.push_back(elements_);
+  if (extra_large_ >= 0) {
+    flushes_.push_back(part_.params[size_t(extra_large_)]);
+    // Averaged in place (a single tensor: no copy), its slice copied out, then its own storage freed.
+    const auto more = copy_in_partition(extra_large_);
+    ops.insert(ops.end(), more.begin(), more.end());
+    if (extra_large_live_) ops.push_back(release(extra_large_name_));
+    extra_large_ = -1;
+    extra_large_live_ = false;
+  }
+  bucket_.clear();
+  elements_ = 0;
+  return ops;
+}
+
+std::vector<MemoryOp> Ds12Gradients::add_param(int64_t i) {
+  std::vector<MemoryOp> ops;
+  const int64_t n = part_.params[size_t(i)];
+  if (extra_large_ >= 0 || (elements_ > 0 && elements_ + n > s_.reduce_bucket_size)) ops = flush();
+  if (!s_.contiguous_gradients || n > s_.reduce_bucket_size) {
+    // Kept as autograd made it until the next flush (without contiguous_gradients every gradient is
+    // flattened by the flush: counted as the flat copy, the gradients kept meanwhile are not modelled).
+    if (n > s_.reduce_bucket_size) {
+      // Its gradient is the module's until the module's hooks are done (keep_extra_large).
+      extra_large_ = i;
+      extra_large_name_ = "extra_large_param_to_reduce[" + std::to_string(i) + "].grad";
+      return ops;
+    }
+  }
+  bucket_.push_back(i);
+  elements_ += n;
+  return ops;
+}
+
+std::vector<MemoryOp> Ds12Gradients::module_backward(int m, const std::string& grad_name) {
+  std::vector<MemoryOp> ops;
+  const int64_t first = part_.first_param[size_t(m)];
+  const int64_t last = size_t(m) + 1 < part_.first_param.size() ? part_.first_param[size_t(m) + 1]
+                                                                : int64_t(part_.params.size());
+  if (first == last) return ops;
+  int64_t numel = 0;
+  for (int64_t i = first; i < last; ++i) numel += part_.params[size_t(i)];
+  if (s_.stage == 1) {
+    if (micro_ == 0) ops.push_back(alloc(grad_name, s_.dtype, numel));  // accumulated in place after
+    const auto b = setup_buckets();  // process_gradients runs setup_buckets at every hook
+    ops.insert(ops.end(), b.begin(), b.end());
+    return ops;
+  }
+  ops.push_back(alloc(grad_name, s_.dtype, numel));
+  const auto b = setup_buckets();
+  ops.insert(ops.end(), b.begin(), b.end());
+  // The hooks run in backward order: a module's last parameter first.
+  for (int64_t i = last - 1; i >= first; --i) {
+    const auto more = add_param(i);
+    ops.insert(ops.end(), more.begin(), more.end());
+  }
+  ops.push_back(release(grad_name));  // each parameter's own gradient dies once copied into the buffer
+  keep_extra_large(ops);
+  return ops;
+}
+
+void Ds12Gradients::keep_extra_large(std::vector<MemoryOp>& ops) {
+  if (extra_large_ < 0 || extra_large_live_) return;
+  extra_large_live_ = true;
+  ops.push_back(alloc(extra_large_name_, s_.dtype, part_.params[size_t(extra_large_)]));
+}
+
+std::vector<MemoryOp> Ds12Gradients::reduce_module(int m, const std::string& grad_name) {
+  std::vector<MemoryOp> ops;
+  if (s_.stage != 1) return ops;
+  const int64_t first = part_.first_param[size_t(m)];
+  const int64_t last = size_t(m) + 1 < part_.first_param.size() ? part_.first_param[size_t(m) + 1]
+                                                                : int64_t(part_.params.size());
+  if (first == last) return ops;
+  const auto b = setup_buckets();
+  ops.insert(ops.end(), b.begin(), b.end());
+  for (int64_t i = first; i < last; ++i) {
+    const auto more = add_param(i);
+    ops.insert(ops.end(), more.begin(), more.end());
+  }
+  ops.push_back(release(grad_name));
+  keep_extra_large(ops);
+  return ops;
+}
+
+std::vector<MemoryOp> Ds12Gradients::epilogue() {
+  std::vector<MemoryOp> ops = flush();
+  for (int i = 0; buffers_ && i < int(ipg_buffers()); ++i) ops.push_back(release(ipg_name(i)));
+  buffers_ = false;
+  if (in_partition_next_) {
+    ops.push_back(release("grads_in_partition.next"));  // added into the accumulated partition
+    in_partition_next_ = false;
+  }
+  return ops;
+}
+
+std::vector<MemoryOp> Ds12Gradients::step_before_adam() {
+  std::vector<MemoryOp> ops;
+  if (s_.offload) return ops;  // the gradient is on the host already; the norms were taken at the boundary
+  const int64_t S = part_.largest_slice, P = part_.partition;
+  // has_overflow_partitioned_grads_serial (fp16; bf16 with check_grad_overflow, the default).
+  if (s_.dtype != DType::F32) {
+    ops.push_back(alloc("_has_inf_or_nan", DType::I32, words(11 * S)));
+    ops.push_back(release("_has_inf_or_nan"));
+  }
+  ops.push_back(alloc("grad.double", DType::F32, 2 * S));  // get_grad_norm_direct's g.data.double()
+  ops.push_back(release("grad.double"));
+  // A partition of a single tensor flattens to a view; in fp32 the .to(fp32) is the flat partition itself.
+  const bool view = std::count_if(part_.in_partition.begin(), part_.in_partition.end(), [](int64_t n) { return n > 0; }) <= 1 ||
+                    s_.dtype == DType::F32;
+  if (!view) ops.push_back(alloc("flat_grad_partition", s_.dtype, P));
+  ops.push_back(alloc("single_partition_of_fp32_groups[0].grad", DType::F32, P));
+  if (!view) ops.push_back(release("flat_grad_partition"));
+  if (in_partition_) ops.push_back(release("grads_in_partition"));  // after the last group's turn
+  in_partition_ = false;
+  return ops;
+}
+
+std::vector<MemoryOp> Ds12Gradients::step_after_adam() {
+  std::vector<MemoryOp> ops;
+  if (!s_.offload) ops.push_back(release("single_partition_of_fp32_groups[0].grad"));
+  return ops;
+}
+
+// ---------------------------------------------------------------- stage 0 (FP16_Optimizer, fused)
+
+std::vector<MemoryOp> ds0_init_ops(const std::vector<int64_t>& params) {
+  int64_t total = 0;
+  for (int64_t n : params) total += n;
+  return {alloc("fp32_groups_flat[0].grad", DType::F32, total), release("fp32_groups_flat[0].grad")};
+}
+
+std::vector<MemoryOp> ds0_allreduce_ops(const std::vector<int64_t>& params, DType dtype, int64_t bucket) {
+  std::vector<MemoryOp> ops;
+  int64_t in_bucket = 0, tensors = 0;
+  auto flush = [&]() {
+    // flatten of one tensor is a view
+    if (tensors > 1) {
+      ops.push_back(alloc("allreduce_bucket.flat", dtype, in_bucket));
+      ops.push_back(release("allreduce_bucket.flat"));
+    }
+    in_bucket = tensors = 0;
+  };
+  for (int64_t n : params) {
+    in_bucket += n;
+    ++tensors;
+    if (in_bucket >= bucket) flush();
+  }
+  flush();
+  return ops;
+}
+
+std::vector<MemoryOp> ds0_step_before_adam(const std::vector<int64_t>& params, DType dtype) {
+  std::vector<MemoryOp> ops;
+  int64_t total = 0, largest = 0;
+  for (int64_t n : params) {
+    total += n;
+    largest = std::max(largest, n);
+  }
+  if (dtype != DType::F32) {
+    ops.push_back(alloc("_has_inf_or_nan", DType::F32, largest));  // CheckOverflow: x.float().sum()
+    ops.push_back(release("_has_inf_or_nan"));
+  }
+  ops.push_back(alloc("fp32_grads", DType::F32, total));  // [p.grad.to(fp32) for p in group]
+  ops.push_back(alloc("fp32_groups_flat[0].grad", DType::F32, total));
+  ops.push_back(release("fp32_grads"));
+  return ops;
+}
+
+std::vector<MemoryOp> ds0_step_after_adam() { return {release("fp32_groups_flat[0].grad")}; }
+
 }  // namespace zt::trainer

@@ -30,12 +30,15 @@
 //    buffer of every gradient partition in the accumulation dtype (grad_partitions_flat_buffer);
 //    under offload_param one pinned buffer of the parameter partitions; each step a compute-dtype copy
 //    of the master weights on its way to the device.
+//  - DeepSpeed ZeRO stages 1-2 (DeepSpeedZeroOptimizer) and stage 0 in 16 bit (FP16_Optimizer): see
+//    Ds12Gradients and ds0_* below (issue 41).
 // Where our trainer differs (it computes in fp32 with bf16 storage, keeps fp32 gradient buckets per
 // module), the engine charges these terms, not its own buffers, in virtual mode; see engine.h.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -57,6 +60,8 @@ struct MemoryOp {
   bool alloc = true;
   MemoryTerm term;
   int64_t stream = -1;  // the device's default stream; 1: DeepSpeed's reduce_and_partition_stream
+  bool host = false;    // on the host instead of the device (pinned when `pinned`)
+  bool pinned = false;
 };
 
 // The model and batch the activation terms are for.
@@ -177,5 +182,140 @@ struct HostTerms {
 };
 HostTerms ds_host_terms(const std::vector<std::vector<int64_t>>& modules, int64_t W, DType dtype, bool offload_param,
                         int64_t sub_group_size);
+
+}  // namespace zt::trainer
+
+namespace zt::trainer {
+
+// ---- DeepSpeed ZeRO stages 1 and 2 (DeepSpeedZeroOptimizer, runtime/zero/stage_1_and_2.py, v0.19.5), term
+// by term as inject/repro/deepspeed-memory-terms.md reads them (its numbers in brackets). One param group
+// (the optimizer in the DeepSpeed config: the HF Trainer passes its trainable parameters as one list):
+// the trainable parameters flattened in module order into bit16_groups_flat, padded to a multiple of
+// 2 x W elements, and split into W equal partitions. A rank's partition touches some parameters whole and
+// at most two in part.
+//  - Backward, stage 2 [9, 10, 11, 12]: each parameter's gradient (autograd's, the compute dtype) is copied
+//    into the IPG buffer (ipg_buckets[<dtype>].buffer[0], reduce_bucket_size elements of the compute dtype;
+//    a second, buffer[1], under overlap_comm), made at the backward's first gradient hook and freed by its
+//    epilogue; when the next parameter would not fit, the bucket is flushed first: flattened
+//    (allreduce_bucket.flat, the bucket's elements; none for a single tensor), all-reduced, and the slices of
+//    this rank's partition copied into grads_in_partition (the whole numel of every parameter touching the
+//    partition, the compute dtype), made at the first such copy and kept to the step. A parameter larger
+//    than reduce_bucket_size is not copied: its own gradient waits for the next flush (extra_large_param).
+//    With gradient accumulation each later micro-step makes a second grads_in_partition, added into the
+//    first and freed by the epilogue.
+//  - Backward, stage 1 [9, 10]: the gradients stay autograd's, accumulated over the window, and the IPG
+//    buffers are made at the window's first hook; at the boundary (reduce_gradients) they go through the
+//    bucket parameter by parameter as at stage 2, each freed once copied.
+//  - Step, no offload [19, 20, 21, 22]: the overflow check (11 bytes an element of the largest slice) and
+//    the norm's .double() (8 bytes), one slice at a time; then flat_grad_partition (the partition flattened,
+//    the compute dtype), its fp32 copy single_partition_of_fp32_groups[0].grad, flat_grad_partition and
+//    grads_in_partition freed; Adam; the fp32 gradient freed. FusedAdam's moments [23] are made at the first
+//    step. The updated weights go back in place and are all-gathered into the flat buffer [26, 27]: no bytes.
+//  - offload_optimizer [5, 8, 14, 15, 16, 17, 18]: the fp32 master and its fp32 gradient on the host, pinned
+//    (pin_memory), for the whole run; a host copy of the 16-bit partition
+//    (param_buffer_of_bit16_for_cpu_offload_groups[0], pinned) and temp_grad_buffer_for_cpu_offload (the
+//    largest parameter, pinned); on the device temp_grad_buffer_for_gpu_offload (the largest parameter), no
+//    grads_in_partition, and at the boundary per parameter of the partition the overflow check of its whole
+//    gradient (11 bytes an element) and the .to(fp32) of its slice; at stage 2 with gradient accumulation,
+//    accumulated_grads_in_cpu[i] (the whole parameter, pinned) from the first micro-step that is not a
+//    boundary, kept. DeepSpeedCPUAdam's moments are pageable, made at the first step.
+
+// DeepSpeed's flat param group and one rank's partition of it.
+struct Ds12Partition {
+  int64_t total = 0;          // Ψ: trainable elements
+  int64_t padded = 0;         // Ψ rounded up to a multiple of 2 x W
+  int64_t partition = 0;      // P = padded / W
+  int64_t touching = 0;       // P̂: the whole numel of every parameter touching the partition
+  int64_t largest = 0;        // L: the largest parameter
+  int64_t largest_slice = 0;  // S: the largest part of one parameter inside the partition
+  std::vector<int64_t> params;        // every parameter's numel, in flat (module) order
+  std::vector<int64_t> in_partition;  // ... its elements inside this rank's partition (0: none)
+  std::vector<int64_t> first_param;   // module m's first parameter in `params` (modules as given)
+};
+// `modules`: each module's trainable parameters (an empty list for a frozen module).
+Ds12Partition ds12_partition(const std::vector<std::vector<int64_t>>& modules, int64_t W, int64_t rank);
+
+struct Ds12Settings {
+  int stage = 2;                      // 1 or 2
+  int64_t world = 1, rank = 0;
+  DType dtype = DType::BF16;          // the parameters' dtype: the IPG buffers', the 16-bit partitions'
+  bool offload = false;               // offload_optimizer (cpu)
+  int64_t grad_accum = 1;
+  int64_t reduce_bucket_size = 500000000;
+  bool overlap_comm = false;          // a second IPG buffer (the default at stages 1-2: off)
+  bool contiguous_gradients = true;   // the IPG buffers at all (forced on by offload)
+};
+
+// A stage 1-2 rank's gradient memory through a step, as ops for the engine to charge (device tensors
+// unless MemoryOp::host). Module indices are those of `modules`.
+class Ds12Gradients {
+ public:
+  Ds12Gradients(const Ds12Settings& s, const std::vector<std::vector<int64_t>>& modules);
+  const Ds12Partition& partition() const { return part_; }
+  const Ds12Settings& settings() const { return s_; }
+  int64_t ipg_buffers() const;  // how many IPG buffers a backward makes (0 without contiguous_gradients)
+  std::string ipg_name(int i) const;  // "ipg_buckets[bf16].buffer[0]"
+  // Micro-step `micro` of the window starts its backward.
+  void begin_backward(int64_t micro);
+  // Module m's parameters' gradients, made by its backward (`grad_name`: autograd's gradient of the module,
+  // "block3.grad"). Stage 2: made, each copied into the bucket (flushing first when it would not fit), freed.
+  // Stage 1: made in the window's first micro-step (accumulated in place after), kept to the boundary;
+  // the buffers are set up.
+  std::vector<MemoryOp> module_backward(int m, const std::string& grad_name);
+  // Stage 1 at the boundary: module m's accumulated gradients through the bucket, freed once copied.
+  std::vector<MemoryOp> reduce_module(int m, const std::string& grad_name);
+  // independent_gradient_partition_epilogue: what is left in the bucket flushed, the buffers freed; stage 2
+  // with accumulation: the micro-step's grads_in_partition added into the first and freed. Stage 1 calls it at
+  // the boundary only.
+  std::vector<MemoryOp> epilogue();
+  // The optimizer step before Adam (no offload: the overflow check, the norm, the fp32 gradient partition
+  // made, grads_in_partition freed) and after it (the fp32 gradient partition freed).
+  std::vector<MemoryOp> step_before_adam() ;
+  std::vector<MemoryOp> step_after_adam();
+  // The buffers made once, at set-up (offload: the host copy of the 16-bit partition and
+  // temp_grad_buffer_for_cpu_offload, pinned; temp_grad_buffer_for_gpu_offload on the device).
+  std::vector<MemoryOp> setup_ops() const;
+  // The elements of each flush (an all-reduce of that many compute-dtype elements) since the last call.
+  std::vector<int64_t> take_flushes() { return std::exchange(flushes_, {}); }
+
+ private:
+  std::vector<MemoryOp> setup_buckets();
+  std::vector<MemoryOp> add_param(int64_t i);
+  std::vector<MemoryOp> flush();
+  std::vector<MemoryOp> copy_in_partition(int64_t i);
+  Ds12Settings s_;
+  Ds12Partition part_;
+  bool buffers_ = false;          // the IPG buffers are allocated
+  int64_t micro_ = 0;
+  bool boundary() const { return micro_ == s_.grad_accum - 1; }
+  int64_t elements_ = 0;
+  std::vector<int64_t> bucket_;   // parameters in the bucket
+  int64_t extra_large_ = -1;      // a parameter larger than the bucket, waiting for the next flush
+  std::string extra_large_name_;
+  bool extra_large_live_ = false;  // ... its gradient charged apart (once its module's gradient is freed)
+  void keep_extra_large(std::vector<MemoryOp>& ops);
+  bool in_partition_ = false;     // grads_in_partition is allocated
+  bool in_partition_next_ = false;  // ... and the micro-step's second one (stage 2, accumulation)
+  std::vector<char> accumulated_in_cpu_;  // accumulated_grads_in_cpu[i] made
+  std::vector<int64_t> flushes_;
+};
+
+
+// ---- DeepSpeed without ZeRO (stage 0) in 16 bit: FP16_Optimizer (runtime/fp16/fused_optimizer.py, also bf16 from
+// v0.17.6) over FusedAdam, one param group of `params` (numel each, in the model's order), as
+// inject/repro/deepspeed-memory-terms.md reads it (terms 3, 6, 9, 23, 28, 29, 31).
+//  - Set-up: initialize_optimizer_states runs a step on zero fp32 gradients (fp32_groups_flat[0].grad, 4 bytes a
+//    parameter, freed) so that the moments exist from the start.
+//  - Backward: autograd's gradients in the compute dtype, the whole model, from the first backward to the step.
+//  - At the boundary (the engine's allreduce_gradients -> allreduce_no_retain): the gradients in buckets of
+//    MEMORY_OPT_ALLREDUCE_SIZE (5e8) elements, closed after the tensor that reaches it; each bucket flattened
+//    (allreduce_bucket.flat) for its all-reduce, freed after.
+//  - Step: the overflow check (x.float() of each gradient: 4 bytes an element of the largest); the fp32 copy of
+//    every gradient (fp32_grads) and their concatenation fp32_groups_flat[0].grad, the list freed once
+//    concatenated; after Adam the flat fp32 gradient freed (the 16-bit gradients by the engine's zero_grad).
+std::vector<MemoryOp> ds0_init_ops(const std::vector<int64_t>& params);
+std::vector<MemoryOp> ds0_allreduce_ops(const std::vector<int64_t>& params, DType dtype, int64_t bucket = 500000000);
+std::vector<MemoryOp> ds0_step_before_adam(const std::vector<int64_t>& params, DType dtype);
+std::vector<MemoryOp> ds0_step_after_adam();
 
 }  // namespace zt::trainer

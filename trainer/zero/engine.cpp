@@ -241,6 +241,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   modules_ = virt && custom ? shape_modules(shape, false) : model::module_table(mc);
   module_params_ = module_parameters(custom ? nullptr : &mc, shape, !custom);
   ds_layout_ = virt && z_.stage == 3;
+  ds12_ = virt && (z_.stage == 1 || z_.stage == 2);
+  ds0_ = virt && z_.stage == 0 && dtype_ != DType::F32;
   const int64_t blocks = int64_t(mc.layers);
   // What trains (cfg.finetuning): frozen modules keep parameters only. LoRA's adapters are modules
   // of their own after the model's ("block3.lora"), trained as any module (virtual mode: sizes).
@@ -362,17 +364,24 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     // on the host, pinned, where the virtual model keeps it (ds_layout_); our compute keeps it on
     // the device and moves it to the host at the accumulation boundary.
     const bool grad_on_host = ds_layout_ && pt.opt_host;
-    pt.grad = z_.stage <= 1 ? Tensor::zeros(n + ".grad", {pt.padded}, dtype_, accel)
-                            : Tensor::zeros(n + ".grad[shard]", {pt.shard}, dtype_, grad_on_host ? host : accel,
-                                            grad_on_host && pin);
+    // DeepSpeed's stages 0-2 (ds12_, ds0_) hold no gradient between steps: autograd's, the IPG buffers
+    // and grads_in_partition are made in backward (Ds12Gradients; stage 0: ds0_*).
+    if (!ds12_ && !ds0_)
+      pt.grad = z_.stage <= 1 ? Tensor::zeros(n + ".grad", {pt.padded}, dtype_, accel)
+                              : Tensor::zeros(n + ".grad[shard]", {pt.shard}, dtype_, grad_on_host ? host : accel,
+                                              grad_on_host && pin);
     Device& opt = pt.opt_host ? host : accel;
-    const bool opt_pin = pt.opt_host && pin && !ds_layout_;  // DeepSpeed pins only the fp32 gradient
+    // DeepSpeed pins only the fp32 gradient at stage 3; at stages 1-2 the fp32 master too
+    // (single_partition_of_fp32_groups, pin_memory), not DeepSpeedCPUAdam's moments.
+    const bool opt_pin = pt.opt_host && pin && !ds_layout_;
     const std::string group = partition_name(spec.index);
     pt.master = Tensor::empty(group, {pt.opt_n}, DType::F32, opt, opt_pin);
     upload(pt.master, 0, pt.init_master.empty() ? nullptr : pt.init_master.data(), pt.opt_n);
     std::vector<float>().swap(pt.init_master);
-    pt.m = Tensor::zeros("adam.m[" + n + "]", {pt.opt_n}, DType::F32, opt, opt_pin);
-    pt.v = Tensor::zeros("adam.v[" + n + "]", {pt.opt_n}, DType::F32, opt, opt_pin);
+    if (!ds12_) {  // ds12_: made at the first step (ds12_moments)
+      pt.m = Tensor::zeros("adam.m[" + n + "]", {pt.opt_n}, DType::F32, opt, opt_pin);
+      pt.v = Tensor::zeros("adam.v[" + n + "]", {pt.opt_n}, DType::F32, opt, opt_pin);
+    }
     if (pt.opt_host)
       pt.part_grad = Tensor::zeros(part_grad_name(spec.index, part_grad_dtype_), {pt.opt_n}, part_grad_dtype_, host,
                                    pt.opt_host && pin);
@@ -427,6 +436,28 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
           p->sharded ? persistent_numel(module_params_[size_t(p->spec.index)], z_.param_persistence_threshold) : 0;
       if (n > 0) persistent_.push_back(Tensor::empty(p->spec.name + ".persistent", {n}, dtype_, accel));
     }
+  if (ds12_) {
+    // DeepSpeedZeroOptimizer's one param group: the trainable modules' parameters (a frozen module's
+    // are in no group).
+    std::vector<std::vector<int64_t>> trainable(parts_.size());
+    for (size_t i = 0; i < parts_.size(); ++i)
+      if (!parts_[i]->frozen) trainable[i] = module_params_[i];
+    Ds12Settings s;
+    s.stage = z_.stage;
+    s.world = W_;
+    s.rank = rank_;
+    s.dtype = dtype_;
+    s.offload = z_.offload_optimizer;
+    s.grad_accum = cfg.grad_accum;
+    s.reduce_bucket_size = z_.reduce_bucket_size;
+    ds12_grads_ = std::make_unique<Ds12Gradients>(s, trainable);
+    charge(ds12_grads_->setup_ops());
+  }
+  if (ds0_) {
+    for (size_t i = 0; i < parts_.size(); ++i)
+      if (!parts_[i]->frozen) ds0_params_.insert(ds0_params_.end(), module_params_[i].begin(), module_params_[i].end());
+    charge(ds0_init_ops(ds0_params_));  // initialize_optimizer_states' step on zero fp32 gradients
+  }
   if (ds_layout_) {
     // stage3.py's IPG bucket: reduce_bucket_size elements in the compute dtype, made once.
     ipg_buffer_ = Tensor::empty("ipg_bucket", {z_.reduce_bucket_size}, dtype_, accel);
@@ -449,8 +480,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
       if (cfg.adam_in_backward && p->opt_host) {
         const bool opt_pin = z_.pin_memory;
         p->master_alt = Tensor::empty(p->master.name(), {p->opt_n}, DType::F32, host, opt_pin);
-        p->m_alt = Tensor::empty(p->m.name(), {p->opt_n}, DType::F32, host, opt_pin);
-        p->v_alt = Tensor::empty(p->v.name(), {p->opt_n}, DType::F32, host, opt_pin);
+        p->m_alt = Tensor::empty("adam.m[" + p->spec.name + "]", {p->opt_n}, DType::F32, host, opt_pin);
+        p->v_alt = Tensor::empty("adam.v[" + p->spec.name + "]", {p->opt_n}, DType::F32, host, opt_pin);
       }
       if (cfg.delayed_update >= 0 && p->part_grad.defined())
         p->part_grad_spare = Tensor::zeros(p->part_grad.name(), {p->opt_n}, part_grad_dtype_, host, pin);
@@ -793,12 +824,23 @@ void ZeroEngine::release(int mi, int64_t step) {
 
 // ---------------------------------------------------------------- gradients
 
+void ZeroEngine::ds12_reduce_collectives() {
+  // Each flush all-reduces the bucket (reduce_scatter with use_multi_rank_bucket_allreduce, the defaults):
+  // recorded by its bytes in the compute dtype.
+  const int64_t e = int64_t(dtype_size(dtype_));
+  for (int64_t n : ds12_grads_->take_flushes())
+    comm_.all_reduce(static_cast<float*>(nullptr), size_t((n * e + 3) / 4), 1.0f / float(W_),
+                     ds12_grads_->ipg_name(0));
+}
+
 void ZeroEngine::charge(const std::vector<MemoryOp>& ops) {
   for (const MemoryOp& op : ops) {
     if (op.alloc) {
       if (charges_.count(op.term.name))
         throw std::logic_error("ZeroEngine: the memory term " + op.term.name + " is charged twice");
-      charges_[op.term.name] = Tensor::empty_on_stream(op.term.name, {op.term.numel}, op.term.dtype, rt_.accelerator(), op.stream);
+      charges_[op.term.name] = op.host ? Tensor::empty(op.term.name, {op.term.numel}, op.term.dtype, rt_.host(), op.pinned)
+                                       : Tensor::empty_on_stream(op.term.name, {op.term.numel}, op.term.dtype,
+                                                                 rt_.accelerator(), op.stream);
     } else {
       if (!charges_.erase(op.term.name))
         throw std::logic_error("ZeroEngine: the memory term " + op.term.name + " is freed but was never charged");
@@ -886,13 +928,26 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     // A frozen module (finetuning lora or freeze) gets none either: the passes skip its weights'
     // gradients, and nothing is reduced (trains(mi) says which do).
     auto bucket_for = [&](int mi) {
-      if (ds_layout_ || parts_[size_t(mi)]->frozen) return Tensor();
+      if (ds_layout_ || ds12_ || ds0_ || parts_[size_t(mi)]->frozen) return Tensor();
       return Tensor::zeros("grad.bucket" + std::to_string(mi), {parts_[size_t(mi)]->padded}, DType::F32, accel);
     };
     auto trains = [&](int mi) { return !parts_[size_t(mi)]->frozen; };
     auto grads_of = [](Tensor& t, int64_t offset = 0) { return t.defined() && t.raw() ? t.f32() + offset : nullptr; };
     // autograd's tensors one by one (ds_memory.h), or an encoder-decoder's estimate for the whole pass.
     const bool per_tensor = charge_terms_ && pass_activations_ == 0;
+    if (ds12_) ds12_grads_->begin_backward(micro);
+    // DeepSpeed's stages 1-2 (ds12_): module mi's gradients made by its backward and reduced through the
+    // IPG buffers (stage 2), or kept to the boundary (stage 1).
+    auto ds12_backward = [&](int mi) {
+      if (ds12_ && trains(mi)) {
+        charge(ds12_grads_->module_backward(mi, parts_[size_t(mi)]->spec.name + ".grad"));
+        ds12_reduce_collectives();
+        if (z_.stage == 2 && micro == cfg_.grad_accum - 1) ds12_transfer(mi, true);
+      }
+      // Stage 0 (ds0_): autograd's gradient, made by the window's first backward, accumulated after.
+      if (ds0_ && trains(mi) && micro == 0)
+        charge(MemoryOp{true, {parts_[size_t(mi)]->spec.name + ".grad", dtype_, parts_[size_t(mi)]->spec.numel}});
+    };
     probe::MarkerId ph = phase("forward", global_step, micro);
     if (pass_activations_ > 0) charge(MemoryOp{true, {"activations", DType::F32, pass_activations_}});
     const float* P = fetch(0, global_step);
@@ -919,7 +974,7 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     const float* Pe = fetch(0, global_step);
     // In a world of one DeepSpeed's fetches are views, but the tied LM head's weight, used outside
     // its module, is gathered as an external parameter into a buffer of its own (Init._all_gather).
-    const bool wte_gathered = charge_terms_ && W_ == 1 && head_ == 0 && !z_.offload_param;
+    const bool wte_gathered = charge_terms_ && z_.stage == 3 && W_ == 1 && head_ == 0 && !z_.offload_param;
     if (wte_gathered) charge(MemoryOp{true, {"embeddings.wte.gathered", dtype_, act_.vocab * act_.width}});
     Tensor emb_bucket = bucket_for(0);
     Tensor fin_bucket = bucket_for(fin);
@@ -930,12 +985,15 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
     if (per_tensor) charge(head_ops(act_));
     // The tied head's weight gradient waits in autograd's buffer for the embeddings' own (our
     // fp32 embeddings bucket holds it, elsewhere).
-    if (ds_layout_ && head_ == 0 && trains(0))
-      charge(MemoryOp{true, {"lm_head.weight.grad", dtype_, act_.vocab * act_.width}});
+    // At stage 1 (ds12_) it is made once a window: later micro-steps accumulate into it.
+    const bool head_grad =
+        (ds_layout_ || (ds12_ && (z_.stage == 2 || micro == 0)) || (ds0_ && micro == 0)) && head_ == 0 && trains(0);
+    if (head_grad) charge(MemoryOp{true, {"lm_head.weight.grad", dtype_, act_.vocab * act_.width}});
     if (wte_gathered) charge(MemoryOp{false, {"embeddings.wte.gathered", dtype_, 0}});
     release(fin, global_step);
     release(0, global_step);
-    if (trains(fin)) {
+    ds12_backward(fin);
+    if (trains(fin) && !ds12_ && !ds0_) {
       if (ds_layout_) ds_module_gradient(fin);
       reduce_module_grad(fin, fin_bucket, global_step);
     }
@@ -943,7 +1001,8 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       fetch(head_, global_step);
       Tensor head_bucket = bucket_for(head_);
       release(head_, global_step);
-      if (trains(head_)) {
+      ds12_backward(head_);
+      if (trains(head_) && !ds12_ && !ds0_) {
         if (ds_layout_) ds_module_gradient(head_);
         reduce_module_grad(head_, head_bucket, global_step);
       }
@@ -966,15 +1025,19 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       // its copy (queued after the last reduce) runs beside this backward and lands after the next.
       land_offloads(1);
       release(l + 1, global_step);
-      if (trains(l + 1)) {
+      ds12_backward(l + 1);
+      if (trains(l + 1) && !ds12_ && !ds0_) {
         if (ds_layout_) ds_module_gradient(l + 1);
         reduce_module_grad(l + 1, bucket, global_step);
       }
       if (adapter >= 0) {
         Tensor adapter_bucket = bucket_for(adapter);
         release(adapter, global_step);
-        if (ds_layout_) ds_module_gradient(adapter);
-        reduce_module_grad(adapter, adapter_bucket, global_step);
+        ds12_backward(adapter);
+        if (!ds12_ && !ds0_) {
+          if (ds_layout_) ds_module_gradient(adapter);
+          reduce_module_grad(adapter, adapter_bucket, global_step);
+        }
       }
     }
     mp = module_phase("backward", 0);
@@ -984,16 +1047,56 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
       charge(MemoryOp{true, {parts_[0]->spec.name + ".grad", dtype_, parts_[0]->spec.numel}});
       if (head_ == 0) charge(MemoryOp{false, {"lm_head.weight.grad", dtype_, 0}});
     }
+    if (ds12_ && trains(0)) {
+      // The same at stages 1-2: the embeddings' gradient made beside the head's, which is then freed,
+      // before the hooks copy it into the IPG buffer.
+      std::vector<MemoryOp> ops = ds12_grads_->module_backward(0, parts_[0]->spec.name + ".grad");
+      if (head_grad) ops.insert(ops.begin() + (ops.empty() ? 0 : 1), MemoryOp{false, {"lm_head.weight.grad", dtype_, 0}});
+      charge(ops);
+      ds12_reduce_collectives();
+      if (z_.stage == 2 && micro == cfg_.grad_accum - 1) ds12_transfer(0, true);
+    }
+    if (ds0_ && trains(0) && micro == 0) {
+      charge(MemoryOp{true, {parts_[0]->spec.name + ".grad", dtype_, parts_[0]->spec.numel}});
+      if (head_grad) charge(MemoryOp{false, {"lm_head.weight.grad", dtype_, 0}});
+    }
     if (per_tensor) charge(embeddings_backward_ops(act_));
     if (pass_activations_ > 0) charge(MemoryOp{false, {"activations", DType::F32, 0}});
     end(mp);
     land_offloads(1);
-    if (trains(0)) {
+    if (trains(0) && !ds12_ && !ds0_) {
       if (ds_layout_) ds_module_gradient(0);
       reduce_module_grad(0, emb_bucket, global_step);
     }
     // DeepSpeed's epilogue of every backward: what is left in the ipg bucket is reduced.
     if (ds_layout_) ds_flush_gradients();
+    if (ds12_ && z_.stage == 2) {
+      charge(ds12_grads_->epilogue());
+      ds12_reduce_collectives();
+    }
+    if (ds12_ && z_.stage == 1 && micro == cfg_.grad_accum - 1) {
+      // Stage 1 reduces at the boundary (the engine's allreduce_gradients -> reduce_gradients): every
+      // accumulated gradient through the IPG buffers, parameter by parameter in the group's order.
+      probe::MarkerId rg = phase("reduce_gradients", global_step, micro);
+      for (size_t mi = 0; mi < parts_.size(); ++mi)
+        if (trains(int(mi))) {
+          charge(ds12_grads_->reduce_module(int(mi), parts_[mi]->spec.name + ".grad"));
+          ds12_transfer(int(mi), true);
+        }
+      charge(ds12_grads_->epilogue());
+      ds12_reduce_collectives();
+      end(rg);
+    }
+    if (ds0_ && micro == cfg_.grad_accum - 1) {
+      // Stage 0 all-reduces at the boundary (allreduce_gradients -> buffered_allreduce_fallback): buckets of
+      // 5e8 elements, each flattened for its all-reduce.
+      probe::MarkerId ar = phase("allreduce_gradients", global_step, micro);
+      charge(ds0_allreduce_ops(ds0_params_, dtype_));
+      for (auto& p : parts_)
+        if (!p->frozen)
+          comm_.all_reduce(static_cast<float*>(nullptr), size_t(p->padded), 1.0f / float(W_), "grad." + p->spec.name);
+      end(ar);
+    }
     end(ph);
     if (rec_) rec_->marker_end(mm);
   }
@@ -1037,7 +1140,26 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
 
   // 1. Each rank's fp32 gradient partition, averaged over ranks.
   std::vector<Tensor> g32(parts_.size());
-  for (size_t mi = 0; mi < parts_.size(); ++mi) {
+  if (ds12_) {
+    // DeepSpeed's stages 1-2: the overflow check and the norm over grads_in_partition, then the group's
+    // fp32 gradient partition (single_partition_of_fp32_groups[0].grad), every module's share of it;
+    // under offload_optimizer the host fp32 gradient, filled at the boundary.
+    charge(ds12_grads_->step_before_adam());
+    auto it = charges_.find("single_partition_of_fp32_groups[0].grad");
+    for (size_t mi = 0; mi < parts_.size(); ++mi) {
+      if (parts_[mi]->frozen) continue;
+      g32[mi] = it != charges_.end() ? it->second : opt_grad_of(int(mi));
+    }
+  } else if (ds0_) {
+    // DeepSpeed's stage 0: the overflow check, every gradient to fp32 and their concatenation.
+    charge(ds0_step_before_adam(ds0_params_, dtype_));
+    auto it = charges_.find("fp32_groups_flat[0].grad");
+    for (size_t mi = 0; mi < parts_.size(); ++mi) {
+      if (parts_[mi]->frozen) continue;
+      g32[mi] = it != charges_.end() ? it->second : opt_grad_of(int(mi));
+    }
+  }
+  for (size_t mi = 0; mi < parts_.size() && !ds12_ && !ds0_; ++mi) {
     Part& p = *parts_[mi];
     if (p.frozen) continue;  // no gradient, no optimizer state
     if (z_.stage <= 1) {
@@ -1121,6 +1243,7 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
       rec_->counter(rank_, 0, rec_->intern("loss_scale"), loss_scale_);
     }
     for (auto& p : parts_) zero_tensor(p->grad);
+    ds_step_done(g32, nullptr);
     if (early_now()) abort_early(false);  // AdamW during backward: this step's update is thrown away
     // A delayed update in flight is applied all the same: the next step is one update behind,
     // as every other step, not two.
@@ -1185,6 +1308,7 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
   // The fault optim.device_only_kernels: an optimizer whose kernels take device tensors only
   // (bitsandbytes' paged/8-bit AdamW). It was constructed without complaint; its first step
   // meets the offloaded host partitions.
+  if (ds12_) ds12_moments();  // inside the optimizer's first step
   if (ZT_FAIL_D("optim.device_only_kernels", fail::Context{},
                 std::string("device-only optimizer kernels given partitions on ") +
                     (z_.offload_optimizer ? "the host" : accel.label())))
@@ -1221,7 +1345,8 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
         if (!delayed && !overlapped) {
           // DeepSpeed's layout makes the copy as the module's step runs (below), as stage3.py's .to()
           // of each sub-group's fp32 partition is made and dropped: not every module's at once.
-          if (!ds_layout_) j.fused = update_buffer(p);
+          // DeepSpeed's stages 1-2 (ds12_) copy into their host 16-bit buffer, made at set-up.
+          if (!ds_layout_ && !ds12_) j.fused = update_buffer(p);
         } else {
           // Delayed, the update has a buffer of its own, kept from step to step: the next step's
           // prefetch reads the host parameter shards while the background pass runs. Overlapped,
@@ -1313,6 +1438,7 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
       p->part_grad_sq_ready = false;
     }
   }
+  ds_step_done(g32, &jobs);
   if (dtype_ == DType::F16 && z_.static_loss_scale <= 0 && ++good_steps_ % z_.loss_scale_window == 0) loss_scale_ *= 2;
   end_boundary();
   if (rec_) {
@@ -1321,6 +1447,44 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
   }
   end(ph);
   return r;
+}
+
+void ZeroEngine::ds_step_done(std::vector<Tensor>& g32, std::vector<AdamJob>* jobs) {
+  if (!ds12_ && !ds0_) return;
+  g32.clear();
+  if (jobs) jobs->clear();
+  if (ds12_) charge(ds12_grads_->step_after_adam());
+  if (ds0_) {
+    charge(ds0_step_after_adam());
+    for (auto& p : parts_)  // the engine's zero_grad: the 16-bit gradients freed
+      if (!p->frozen) charge(MemoryOp{false, {p->spec.name + ".grad", dtype_, 0}});
+  }
+}
+
+void ZeroEngine::ds12_transfer(int mi, bool d2h) {
+  const Part& p = *parts_[size_t(mi)];
+  if (!rec_ || !p.opt_host || !p.part_grad.defined()) return;
+  probe::TransferEvent e;
+  e.rank = rank_;
+  e.kind = d2h ? probe::TransferKind::D2H : probe::TransferKind::H2D;
+  e.bytes = d2h ? 4 * p.opt_n : p.opt_n * int64_t(dtype_size(dtype_));
+  e.src = d2h ? rt_.accelerator().trace_id() : rt_.host().trace_id();
+  e.dst = d2h ? rt_.host().trace_id() : rt_.accelerator().trace_id();
+  e.pinned = z_.pin_memory ? 1 : 0;
+  e.name = rec_->intern(d2h ? p.part_grad.name() : "param_buffer_of_bit16_for_cpu_offload_groups[0]");
+  e.t_start = e.t_end = probe::now_ns();
+  rec_->transfer(e);
+}
+
+void ZeroEngine::ds12_moments() {
+  Device& host = rt_.host();
+  for (auto& p : parts_) {
+    if (p->frozen || p->m.defined()) continue;
+    // FusedAdam's zeros_like of the fp32 master on the device; DeepSpeedCPUAdam's on the host, pageable.
+    Device& where = p->opt_host ? host : rt_.accelerator();
+    p->m = Tensor::zeros("adam.m[" + p->spec.name + "]", {p->opt_n}, DType::F32, where, false);
+    p->v = Tensor::zeros("adam.v[" + p->spec.name + "]", {p->opt_n}, DType::F32, where, false);
+  }
 }
 
 // AdamW writes the compute-dtype weights straight into a sharded module's host shard (no update
@@ -1868,6 +2032,11 @@ void ZeroEngine::write_back(int mi, const Tensor& fused, bool async) {
     }
   } else if (z_.stage == 0) {
     set_from(p.param, 0, p.master.f32(), p.padded);
+  } else if (ds12_) {
+    // DeepSpeed's stages 1-2: the fp32 partition copied in place into the 16-bit one (through the host
+    // 16-bit buffer under offload), then all_gather_into_tensor into the flat buffer: no new memory.
+    ds12_transfer(mi, false);
+    comm_.all_gather(nullptr, nullptr, size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".param");
   } else {
     Tensor upd = updated_on_accel();
     comm_.all_gather(upd.raw(), p.param.raw(), size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".param");
@@ -1897,6 +2066,10 @@ void ZeroEngine::export_states(const StateVisitor& visit) {
       visit(layout[mi], nullptr, nullptr, nullptr);
       continue;
     }
+    if (!p.m.defined()) {  // DeepSpeed's stages 1-2 before the first step (ds12_): no moments yet
+      visit(layout[mi], nullptr, nullptr, nullptr);
+      continue;
+    }
     if (p.master.device().is_host()) {
       visit(layout[mi], p.master.f32(), p.m.f32(), p.v.f32());
       continue;
@@ -1909,6 +2082,7 @@ void ZeroEngine::export_states(const StateVisitor& visit) {
 
 void ZeroEngine::import_states(const OptimizerScalars& scalars, const StateFiller& fill) {
   require_no_pending_update("import_states");
+  if (ds12_) ds12_moments();  // a resumed optimizer has its moments
   const std::vector<ModuleLayout> layout = checkpoint_layout();
   Device& host = rt_.host();
   for (size_t mi = 0; mi < parts_.size(); ++mi) {

@@ -96,6 +96,9 @@
 // reference keeps its workspace on the host), the device is charged what autograd would keep, as
 // named tensors made and freed with each pass (block3.mlp.act, lm_head.log_softmax, grad.hidden, ...),
 // and at stage 3 with W > 1 the parameters below the persistence threshold whole (NAME.persistent).
+// In virtual mode at stages 1-2 (and at stage 0 in bf16/fp16) it takes DeepSpeed's gradients and step
+// term by term (ds_memory.h's Ds12Gradients and ds0_*: compute-dtype IPG buffers, grads_in_partition, the
+// step's fp32 gradient partition; issue 41), not our fp32 buckets.
 // In virtual mode at stage 3 the engine takes DeepSpeed's layout for the rest too: module gradients
 // into the ipg bucket and its flushes instead of our fp32 buckets, the gradient partitions on the
 // host under optimizer offload, the fp32 master weights and moments pageable. A real GPU's passes
@@ -332,6 +335,27 @@ class ZeroEngine {
   // each step's compute-dtype update are pageable (a CPU clone, DeepSpeedCPUAdam's state, a .to()),
   // not pinned.
   bool ds_layout_ = false;
+  // Virtual mode at stages 1-2: DeepSpeed's DeepSpeedZeroOptimizer term by term (ds_memory.h's
+  // Ds12Gradients): no gradient of ours at set-up, autograd's gradients in the compute dtype through the
+  // IPG buffers into grads_in_partition, the fp32 gradient partition made in the step
+  // (single_partition_of_fp32_groups[0].grad), Adam's moments made at the first step; under
+  // offload_optimizer the fp32 master pinned on the host and the moments pageable.
+  bool ds12_ = false;
+  std::unique_ptr<Ds12Gradients> ds12_grads_;
+  void ds12_moments();  // Adam's moments, made at the first step (FusedAdam, DeepSpeedCPUAdam)
+  // Virtual mode at stage 0 in bf16/fp16: DeepSpeed's FP16_Optimizer (ds_memory.h's ds0_*): autograd's
+  // gradients from the first backward to the step, the boundary's all-reduce buckets, the step's fp32
+  // gradients; not our buckets. ds0_params_: the trainable parameters in the model's order.
+  bool ds0_ = false;
+  std::vector<int64_t> ds0_params_;
+  // After the optimizer's step (ds12_, ds0_): the fp32 gradient partition (and at stage 0 the 16-bit
+  // gradients, zero_grad) freed; `g32` and `jobs` held their last references.
+  void ds_step_done(std::vector<Tensor>& g32, std::vector<AdamJob>* jobs);
+  // ds12_ under offload_optimizer: module mi's copies across, as transfer rows (virtual mode: sizes only):
+  // its fp32 gradient slices into the pinned host gradient at the boundary (D2H), its updated 16-bit
+  // partition from the host buffer back into the flat parameters after the step (H2D).
+  void ds12_transfer(int mi, bool d2h);
+  void ds12_reduce_collectives();  // the IPG flushes' all-reduces since the last call, as collectives
   ActivationShape act_;
   std::map<std::string, Tensor> charges_;
   void charge(const std::vector<MemoryOp>& ops);

@@ -20,7 +20,8 @@ Family classify_tensor(std::string_view raw) {
   if (has(n, "adam") || has(n, "exp_avg") || has(n, "master") || has(n, "optim") || has(n, "momentum") ||
       has(n, ".m[") || has(n, ".v["))
     return Family::OptimizerState;
-  if (has(n, "grad") || has(n, "ipg")) return Family::Gradients;  // ipg: DeepSpeed's gradient bucket
+  // ipg: DeepSpeed's gradient bucket; allreduce_bucket: its flattened copy for the all-reduce
+  if (has(n, "grad") || has(n, "ipg") || has(n, "allreduce_bucket")) return Family::Gradients;
   // What autograd keeps, as the trainer names it (trainer/zero/ds_memory.h): block3.ln_1.out,
   // block3.attn.qkv, block3.mlp.fc, block3.residual, block4.input, final_ln.rstd, lm_head.log_softmax.
   if (has(n, ".act") || has(n, "activation") || has(n, "hidden") || has(n, "logits") || has(n, "attn_out") ||
