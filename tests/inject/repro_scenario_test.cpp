@@ -375,3 +375,40 @@ TEST(ReproScenario, ShapeSizesAreBoundedSoNothingOverflows) {
   expect_refused(t, line_of(t, "model:") + 1, "keeps more than 2^60 bytes of activations");
   // Real shapes stay well inside: the shipped scenarios load (EveryShippedScenarioParsesAndResolves).
 }
+
+// expect.figures: the report's numbers, each a size with its unit and an optional tolerance; a bad one
+// is refused with the file, the line and the key before anything runs.
+TEST(ReproScenario, FiguresAreSizesWithKnownNames) {
+  test::TempDir dir;
+  repro::Scenario s;
+  const std::string good = variant("  error: device_mismatch",
+                                   "  error: oom\n  figures:\n    free: {size: 2GiB, tolerance: 25%}\n"
+                                   "    tried_to_allocate: 3.39GiB\n    host_rss: 230GB");
+  ASSERT_TRUE(repro::load_scenario(write(dir, "f.yaml", good), &s)) << good;
+  ASSERT_EQ(s.expect.figures.size(), 3u);
+  EXPECT_EQ(s.expect.figures[0].name, "tried_to_allocate") << "checked in figure_names() order";
+  EXPECT_EQ(s.expect.figures[0].bytes, uint64_t(3.39 * 1024 * 1024 * 1024 + 0.5));
+  EXPECT_DOUBLE_EQ(s.expect.figures[0].tolerance, 0.10) << "the default";
+  EXPECT_EQ(s.expect.figures[0].text, "3.39GiB");
+  EXPECT_EQ(s.expect.figures[1].name, "free");
+  EXPECT_DOUBLE_EQ(s.expect.figures[1].tolerance, 0.25);
+  EXPECT_EQ(s.expect.figures[2].bytes, 230000000000u) << "GB is a power of 1000";
+  EXPECT_EQ(s.expect.figures[2].line, line_of(good, "host_rss"));
+
+  std::string t = variant("  error: device_mismatch", "  error: oom\n  figures:\n    reserved: lots");
+  expect_refused(t, line_of(t, "lots"), "expect.figures.reserved: 'lots' is not a size");
+  t = variant("  error: device_mismatch", "  error: oom\n  figures:\n    reserved: 73.29");
+  expect_refused(t, line_of(t, "73.29"), "expect.figures.reserved: '73.29' has no unit");
+  t = variant("  error: device_mismatch", "  error: oom\n  figures:\n    alocated: 7GiB");
+  expect_refused(t, line_of(t, "alocated"), "unknown key 'alocated' in expect.figures (known: tried_to_allocate, "
+                                            "already_allocated, reserved, capacity, free, host_rss)");
+  t = variant("  error: device_mismatch", "  error: oom\n  figures:\n    free: {size: 2GiB, tolerance: 0.1}");
+  expect_refused(t, line_of(t, "0.1}"), "expect.figures.free.tolerance: '0.1' is not a percentage");
+  t = variant("  error: device_mismatch", "  error: oom\n  figures:\n    free: {tolerance: 5%}");
+  expect_refused(t, line_of(t, "free:"), "expect.figures.free: give the report's figure as size:");
+  t = variant("  error: device_mismatch", "  steps_lost: true\n  figures: {free: 2GiB}");
+  expect_refused(t, line_of(t, "steps_lost"), "steps_lost: true has no error");
+  t = std::string(kGood) + "  expect:\n    figures: {free: 2GiB}\n";
+  expect_refused(t, line_of(t, "figures: {free"), "small.expect.figures: the report's figures are checked against the "
+                                                   "full-size run only");
+}

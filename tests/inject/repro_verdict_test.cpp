@@ -4,7 +4,10 @@
 
 #include "../test_util.h"
 #include "zt/probe/recorder.h"
+#include "zt/repro/runner.h"
 #include "zt/repro/verdict.h"
+
+#include <sstream>
 
 using namespace zt;
 using repro::Outcome;
@@ -258,4 +261,155 @@ TEST(ReproVerdict, StepsLostAndFixRuns) {
   f.has_error = true;
   f.error_kind = "oom";
   EXPECT_EQ(repro::judge_fix(host_oom(), fctx, f).outcome, Outcome::Invalid);
+}
+
+// The verdict words by what failed (docs/scenarios.md): DIFFERENT FAILURE only when every failed
+// check is a check of the mechanism; the right error at the wrong step is NOT REPRODUCED whether or
+// not a mechanism check failed too.
+TEST(ReproVerdict, VerdictWordsByWhatFailed) {
+  test::TempDir dir;
+  repro::Evidence e = repro::read_evidence(build_trace(dir), "host_oom");
+  repro::JudgeContext ctx;
+  ctx.grad_accum = 4;
+  auto word = [&](const repro::Expectation& x) { return repro::verdict_word(repro::judge_bug(x, ctx, e)); };
+  const repro::Expectation ok = host_oom();
+  EXPECT_EQ(word(ok), "REPRODUCED");
+
+  repro::Expectation wrong_step = ok;
+  wrong_step.step = 5;  // it was step 4
+  repro::Expectation wrong_mechanism = ok;
+  wrong_mechanism.mechanism_phase = "optimizer";  // it was in backward
+  repro::Expectation both = wrong_step;
+  both.mechanism_phase = "optimizer";
+  repro::Expectation fault_not_fired = ok;
+  fault_not_fired.faults_fired = {"zero.norm_on_device"};  // a mechanism check too
+  repro::Expectation step_and_fault = wrong_step;
+  step_and_fault.faults_fired = {"zero.norm_on_device"};
+  repro::Expectation message_and_mechanism = wrong_mechanism;
+  message_and_mechanism.message = "CUDA out of memory";
+  repro::Expectation kind_and_mechanism = wrong_mechanism;
+  kind_and_mechanism.error = "oom";
+
+  EXPECT_EQ(word(wrong_step), "NOT REPRODUCED");
+  EXPECT_EQ(word(wrong_mechanism), "DIFFERENT FAILURE");
+  EXPECT_EQ(word(fault_not_fired), "DIFFERENT FAILURE");
+  EXPECT_EQ(word(both), "NOT REPRODUCED") << "the wrong step with a wrong mechanism (printed DIFFERENT FAILURE before)";
+  EXPECT_EQ(word(step_and_fault), "NOT REPRODUCED");
+  EXPECT_EQ(word(message_and_mechanism), "NOT REPRODUCED");
+  EXPECT_EQ(word(kind_and_mechanism), "NOT REPRODUCED") << "another kind of error is never DIFFERENT FAILURE";
+  repro::RunJudgement j = repro::judge_bug(both, ctx, e);
+  EXPECT_EQ(j.outcome, Outcome::Invalid);
+  EXPECT_FALSE(j.different_failure);
+  ASSERT_NE(find(j, "when: step"), nullptr);
+  EXPECT_EQ(find(j, "when: step")->outcome, Outcome::Invalid);
+  ASSERT_NE(find(j, "mechanism: phase"), nullptr);
+  EXPECT_EQ(find(j, "mechanism: phase")->outcome, Outcome::Invalid) << "still reported as a failed check";
+
+  // A figure off its tolerance is not a mechanism check: NOT REPRODUCED, alone or with one.
+  repro::Expectation figure_off = ok;
+  figure_off.figures = {{"host_rss", 6 * MiB, "6MiB", 0.10, 0}};  // the trace holds 3 MiB on the host
+  EXPECT_EQ(word(figure_off), "NOT REPRODUCED");
+  figure_off.mechanism_phase = "optimizer";
+  EXPECT_EQ(word(figure_off), "NOT REPRODUCED");
+}
+
+// expect.figures: each predicted from the trace (the error message, the counters at the error)
+// against the report's, with the relative error; off by more than its tolerance fails.
+TEST(ReproVerdict, FiguresPredictedAgainstReported) {
+  test::TempDir dir;
+  repro::Evidence e = repro::read_evidence(build_trace(dir), "host_oom");
+  EXPECT_EQ(e.error_tried_bytes, 1 * MiB) << "the host allocator's 'tried to pin 1.00 MiB'";
+  EXPECT_FALSE(e.error_free_bytes) << "a host message has no 'of which X is free'";
+  EXPECT_EQ(repro::predicted_figure(e, "already_allocated"), 1 * MiB);
+  EXPECT_EQ(repro::predicted_figure(e, "reserved"), 2 * MiB);
+  EXPECT_EQ(repro::predicted_figure(e, "capacity"), 1024 * MiB);
+  EXPECT_EQ(repro::predicted_figure(e, "host_rss"), 3 * MiB);
+
+  repro::JudgeContext ctx;
+  ctx.grad_accum = 4;
+  repro::Expectation x = host_oom();
+  x.figures = {{"tried_to_allocate", uint64_t(1.05 * MiB), "1.05MiB", 0.10, 0},
+               {"reserved", 2 * MiB, "2MiB", 0.10, 0},
+               {"capacity", 1100 * MiB, "1100MiB", 0.05, 0}};  // 1024 is -6.9%: outside 5%
+  repro::RunJudgement j = repro::judge_bug(x, ctx, e);
+  ASSERT_EQ(j.figures.size(), 3u);
+  EXPECT_EQ(j.figures[0].outcome, Outcome::Valid);
+  EXPECT_NEAR(*j.figures[0].relative_error, 1.0 / 1.05 - 1, 1e-5);
+  EXPECT_EQ(j.figures[1].outcome, Outcome::Valid);
+  EXPECT_DOUBLE_EQ(*j.figures[1].relative_error, 0.0);
+  EXPECT_EQ(j.figures[2].outcome, Outcome::Invalid);
+  EXPECT_EQ(j.outcome, Outcome::Invalid);
+  EXPECT_EQ(repro::verdict_word(j), "NOT REPRODUCED");
+  ASSERT_NE(find(j, "figure capacity"), nullptr);
+  EXPECT_EQ(find(j, "figure capacity")->detail,
+            "predicted 1.00 GiB, reported 1.07 GiB (1100MiB): -6.9%, outside its tolerance of 5.0%");
+  EXPECT_EQ(find(j, "figure tried_to_allocate")->detail,
+            "predicted 1.00 MiB, reported 1.05 MiB (1.05MiB): -4.8%, within its tolerance of 10.0%");
+  auto json = repro::to_json(j);
+  EXPECT_EQ(json["figures"][2]["figure"], "capacity");
+  EXPECT_EQ(json["figures"][2]["predicted_bytes"], 1024 * MiB);
+  EXPECT_EQ(json["figures"][2]["outcome"], "invalid");
+
+  // A figure the trace cannot give is unknown: INCONCLUSIVE, never REPRODUCED.
+  x.figures = {{"free", 1 * MiB, "1MiB", 0.10, 0}};
+  j = repro::judge_bug(x, ctx, e);
+  EXPECT_EQ(j.outcome, Outcome::Unknown);
+  EXPECT_EQ(repro::verdict_word(j), "INCONCLUSIVE");
+}
+
+// PyTorch's OOM message, as the device allocator writes it: its figures read back exactly.
+TEST(ReproVerdict, FiguresFromPyTorchsMessage) {
+  test::TempDir dir;
+  int n = 0;
+  auto evidence = [&](const std::string& message) {
+    const std::string path = dir.file("oom" + std::to_string(++n) + ".db");
+    probe::RecorderOptions o;
+    o.path = path;
+    o.crash_handlers = false;
+    std::unique_ptr<probe::Recorder> rec;
+    EXPECT_TRUE(probe::Recorder::open(o, &rec));
+    rec->add_rank(0, 1);
+    auto gpu = rec->add_device(0, probe::DeviceKind::Sim, 0, "cuda:0", "simulated GPU", 1024 * MiB, true);
+    db::ErrorRow err;
+    err.rank = 0;
+    err.t = 10;
+    err.kind = "oom";
+    err.message = message;
+    err.device_id = gpu;
+    rec->error(err);
+    EXPECT_TRUE(rec->close(db::RunStatus::Failed, 1, "oom"));
+    return repro::read_evidence(path, "oom");
+  };
+  repro::Evidence e = evidence(
+      "CUDA out of memory. Tried to allocate 3.39 GiB. GPU 0 has a total capacity of 79.32 GiB of which 2.01 GiB is "
+      "free. Including non-PyTorch memory, this process has 77.31 GiB memory in use. Of the allocated memory 73.29 GiB "
+      "is allocated by PyTorch, and 1.60 GiB is reserved by PyTorch but unallocated.");
+  EXPECT_EQ(e.error_tried_bytes, int64_t(3.39 * 1024 * MiB + 0.5));
+  EXPECT_EQ(e.error_free_bytes, int64_t(2.01 * 1024 * MiB + 0.5));
+  e = evidence("CUDA out of memory. Tried to allocate 512 bytes. GPU 0 has a total capacity of 1.00 GiB of which 0 bytes "
+               "is free.");
+  EXPECT_EQ(e.error_tried_bytes, 512);
+  EXPECT_EQ(e.error_free_bytes, 0);
+  e = evidence("CUDA out of memory.");
+  EXPECT_FALSE(e.error_tried_bytes);
+  EXPECT_FALSE(repro::predicted_figure(e, "free"));
+}
+
+// The report's quote is printed in quotation marks once, whether or not it was written with its own.
+TEST(ReproVerdict, FixQuotePrintedInOnePairOfMarks) {
+  auto printed = [](const std::string& quote) {
+    repro::ReproResult r;
+    r.verdict = "REPRODUCED";
+    r.fix_quote = quote;
+    std::ostringstream out;
+    repro::print_verdict(r, out);
+    const std::string text = out.str();
+    const size_t at = text.find("  report    ", text.find("report    ") + 1);
+    return at == std::string::npos ? std::string() : text.substr(at + 12, text.find('\n', at) - at - 12);
+  };
+  EXPECT_EQ(printed("check versions"), "\"check versions\"");
+  EXPECT_EQ(printed("\"check versions\""), "\"check versions\"") << "it printed \"\"check versions\"\"";
+  EXPECT_EQ(printed("  \"check versions\" "), "\"check versions\"");
+  EXPECT_EQ(printed("\"auto\" takes the value"), "\u201c\"auto\" takes the value\u201d");
+  EXPECT_EQ(printed("\u201cuse max_epochs\u201d"), "\u201cuse max_epochs\u201d");
 }

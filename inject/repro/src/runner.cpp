@@ -118,6 +118,25 @@ Status run_one(const trainer::TrainConfig& cfg_in, const std::string& label, con
 
 std::string mem(const std::optional<int64_t>& v) { return v ? format_bytes(double(*v)) : std::string("?"); }
 
+// The report's words in quotation marks, once: a quote written with its own marks ("...", “...”)
+// keeps them; one that holds a '"' of its own elsewhere is set in “” so the marks stay paired.
+std::string quoted_once(std::string q) {
+  auto trim = [](std::string& t) {
+    const char* ws = " \t\n";
+    t.erase(0, t.find_first_not_of(ws) == std::string::npos ? t.size() : t.find_first_not_of(ws));
+    t.erase(t.find_last_not_of(ws) + 1);
+  };
+  trim(q);
+  auto enclosed = [&](const std::string& open, const std::string& close) {
+    return q.size() >= open.size() + close.size() && q.compare(0, open.size(), open) == 0 &&
+           q.compare(q.size() - close.size(), close.size(), close) == 0;
+  };
+  if (enclosed("\"", "\"") && q.find('"', 1) == q.size() - 1) return q;
+  if (enclosed("\u201c", "\u201d")) return q;
+  if (q.find('"') != std::string::npos) return "\u201c" + q + "\u201d";
+  return "\"" + q + "\"";
+}
+
 }  // namespace
 
 int64_t full_data_steps(const trainer::TrainConfig& cfg, std::string* why) {
@@ -184,7 +203,9 @@ Status run_scenario(const Scenario& s, const RunOptions& o_in, ReproResult* out)
   const FixSpec fix = fix_of(s, o.variant);
   r.fix_description = fix.description;
   r.fix_quote = fix.quote;
-  const Expectation x = expectation(s, o.variant);
+  Expectation x = expectation(s, o.variant);
+  // The report's figures are about the report's model and cluster: the small variant is neither.
+  if (o.variant == Variant::Small) x.figures.clear();
 
   trainer::TrainConfig bug_cfg, fix_cfg;
   std::vector<std::string> warnings;
@@ -238,6 +259,14 @@ void print_verdict(const ReproResult& r, std::ostream& out) {
   out << "\nverdict: " << r.verdict;
   if (r.reproduced == Outcome::Valid)
     out << "; the fix " << (r.cured == Outcome::Valid ? "cures it" : r.cured == Outcome::Invalid ? "does NOT cure it" : "is inconclusive");
+  std::string off;  // the report's figures the run missed: named in the verdict's own line
+  for (const auto& f : r.bug.judgement.figures)
+    if (f.outcome == Outcome::Invalid) {
+      char pct[48];
+      std::snprintf(pct, sizeof pct, " %+.1f%% (tolerance %.4g%%)", f.relative_error.value_or(0) * 100, f.tolerance * 100);
+      off += (off.empty() ? "" : ", ") + f.name + pct;
+    }
+  if (!off.empty()) out << "; figure" << (off.find(',') == std::string::npos ? " " : "s ") << "off: " << off;
   out << "  (" << variant_name(r.variant) << ", seed " << r.seed << ")\n";
   out << "  report    " << r.report_id << ": " << r.report_title << "\n";
   auto row = [&](const char* label, const std::string& text) { out << "  " << label << text << "\n"; };
@@ -317,7 +346,7 @@ void print_verdict(const ReproResult& r, std::ostream& out) {
   for (auto& c : r.bug.judgement.checks)
     out << "  check     [" << outcome_name(c.outcome) << "] " << c.name << ": " << c.detail << "\n";
   if (!r.fix_description.empty()) row("fix       ", r.fix_description);
-  if (!r.fix_quote.empty()) row("report    ", "\"" + r.fix_quote + "\"");
+  if (!r.fix_quote.empty()) row("report    ", quoted_once(r.fix_quote));
   out << "  fix run   " << cure_word(r.cured) << ": " << r.fix.summary << "\n";
   for (auto& c : r.fix.judgement.checks)
     out << "  check     [" << outcome_name(c.outcome) << "] " << c.name << ": " << c.detail << "\n";

@@ -29,6 +29,12 @@
 
 namespace zt::repro {
 
+const std::vector<std::string>& figure_names() {
+  static const std::vector<std::string> names = {"tried_to_allocate", "already_allocated", "reserved", "capacity",
+                                                 "free", "host_rss"};
+  return names;
+}
+
 namespace {
 
 using nlohmann::json;
@@ -342,11 +348,61 @@ std::vector<std::string> fault_names(const Reader& r, const YAML::Node& v, const
   return out;
 }
 
+// A figure's tolerance: a percentage ("10%", "2.5%"), above 0.
+double read_tolerance(const Reader& r, const YAML::Node& n, const std::string& what) {
+  const std::string s = r.str(n, what);
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end == s.c_str() || std::string(end) != "%" || !std::isfinite(v) || v <= 0 || v > 1000)
+    r.fail(n, what + ": '" + s + "' is not a percentage above 0 (write 10% or 2.5%)");
+  return v / 100;
+}
+
+// expect.figures: {name: SIZE} or {name: {size: SIZE, tolerance: N%}}, in figure_names() order.
+std::vector<Figure> read_figures(const Reader& r, const YAML::Node& n, const std::string& section) {
+  std::map<std::string, Figure> by_name;
+  r.each(n, section, figure_names(), [&](const std::string& key, const YAML::Node& k, const YAML::Node& v) {
+    const std::string w = section + "." + key;
+    Figure f;
+    f.name = key;
+    f.line = line_of(k);
+    auto size = [&](const YAML::Node& x, const std::string& what) {
+      const std::string text = r.str(x, what);
+      // A bare number is bytes to parse_bytes; a report's figure always has its unit.
+      size_t i = 0;
+      while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.' || text[i] == ' ')) ++i;
+      if (!text.empty() && i == text.size())
+        r.fail(x, what + ": '" + text + "' has no unit: write the report's figure with it (7.32GiB, 230GB)");
+      f.bytes = r.size(x, what);
+      f.text = text;
+    };
+    if (v.IsMap()) {
+      bool have_size = false;
+      r.each(v, w, {"size", "tolerance"}, [&](const std::string& fk, const YAML::Node&, const YAML::Node& fv) {
+        if (fk == "size") {
+          size(fv, w + ".size");
+          have_size = true;
+        } else {
+          f.tolerance = read_tolerance(r, fv, w + ".tolerance");
+        }
+      });
+      if (!have_size) r.fail(v, w + ": give the report's figure as size: (7.32GiB)");
+    } else {
+      size(v, w);
+    }
+    by_name[key] = f;
+  });
+  std::vector<Figure> out;
+  for (const auto& name : figure_names())
+    if (by_name.count(name)) out.push_back(by_name[name]);
+  return out;
+}
+
 Expectation read_expect(const Reader& r, const YAML::Node& n, const std::string& section, const Expectation* base) {
   Expectation e = base ? *base : Expectation{};
   e.line = line_of(n);
   bool set_error = false, set_lost = false;
-  r.each(n, section, {"error", "site", "message", "tensors", "steps_lost", "when", "faults_fired", "mechanism"},
+  r.each(n, section, {"error", "site", "message", "tensors", "steps_lost", "when", "faults_fired", "mechanism", "figures"},
          [&](const std::string& key, const YAML::Node&, const YAML::Node& v) {
            auto regex_ok = [&](const std::string& re) {
              if (std::string why = pattern_problem(re); !why.empty())
@@ -376,6 +432,12 @@ Expectation read_expect(const Reader& r, const YAML::Node& n, const std::string&
              if (e.steps_lost) e.error.clear();
            } else if (key == "faults_fired") {
              e.faults_fired = fault_names(r, v, section + ".faults_fired");
+           } else if (key == "figures") {
+             // The report's numbers are about the report's cluster: the full-size run's alone.
+             if (base)
+               r.fail(v, section + ".figures: the report's figures are checked against the full-size run only; give "
+                         "them in the scenario's expect:");
+             e.figures = read_figures(r, v, section + ".figures");
            } else if (key == "mechanism") {
              // What must have caused it: replaces the base's mechanism as a whole.
              e.mechanism_phase.clear();
@@ -431,6 +493,8 @@ Expectation read_expect(const Reader& r, const YAML::Node& n, const std::string&
     r.fail(n, section + ": give error: KIND or steps_lost: true, not both");
   if (e.error.empty() && !e.steps_lost)
     r.fail(n, section + ": say what the trace must show: error: KIND (" + error_kind_list() + ") or steps_lost: true");
+  if (e.steps_lost && !e.figures.empty())
+    r.fail(n, section + ".figures: the figures are the error's numbers; steps_lost: true has no error");
   return e;
 }
 

@@ -2,6 +2,9 @@
 #include "zt/repro/verdict.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "pattern.h"
@@ -74,7 +77,43 @@ std::string quote(const std::string& s, size_t max = 160) {
   return "\"" + s.substr(0, max) + "...\"";
 }
 
+// The size written right after `marker` in an error message ("Tried to allocate 3.39 GiB.",
+// "of which 2.01 GiB is free", "tried to pin 32.00 GiB for"): PyTorch's "N bytes" too.
+std::optional<int64_t> size_after(const std::string& message, const std::string& marker) {
+  const size_t at = message.find(marker);
+  if (at == std::string::npos) return std::nullopt;
+  size_t i = at + marker.size(), j = i;
+  while (j < message.size() && (std::isdigit(static_cast<unsigned char>(message[j])) || message[j] == '.')) ++j;
+  if (j == i) return std::nullopt;
+  std::string number = message.substr(i, j - i);
+  if (number.back() == '.') number.pop_back();  // "512." ends a sentence
+  size_t k = j;
+  while (k < message.size() && message[k] == ' ') ++k;
+  size_t u = k;
+  while (u < message.size() && std::isalpha(static_cast<unsigned char>(message[u]))) ++u;
+  std::string unit = message.substr(k, u - k);
+  if (unit == "bytes" || unit == "byte") unit = "B";
+  std::string why;
+  return parse_size_i64(number + unit, &why);
+}
+
+std::string percent(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%+.1f%%", x * 100);
+  return buf;
+}
+
 }  // namespace
+
+std::optional<int64_t> predicted_figure(const Evidence& e, const std::string& name) {
+  if (name == "tried_to_allocate") return e.error_tried_bytes;
+  if (name == "already_allocated") return e.device_allocated;
+  if (name == "reserved") return e.device_reserved;
+  if (name == "capacity") return e.device_capacity;
+  if (name == "free") return e.error_free_bytes;
+  if (name == "host_rss") return e.host_live;
+  return std::nullopt;
+}
 
 const char* outcome_name(Outcome o) {
   return o == Outcome::Valid ? "valid" : o == Outcome::Invalid ? "invalid" : "unknown";
@@ -206,6 +245,10 @@ Evidence read_evidence(const std::string& trace, const std::string& expected_kin
     e.error_message = primary->message;
     e.error_tensors = tensor_names(primary->tensors);
     e.error_device = device_label(primary->device_id);
+    e.error_tried_bytes = size_after(e.error_message, "Tried to allocate ");
+    if (!e.error_tried_bytes) e.error_tried_bytes = size_after(e.error_message, "tried to allocate ");
+    if (!e.error_tried_bytes) e.error_tried_bytes = size_after(e.error_message, "tried to pin ");
+    e.error_free_bytes = size_after(e.error_message, " of which ");
     if (primary->step) e.step = *primary->step;
     // Where it happened: the markers around it on its rank, outermost first.
     db::QueryResult q;
@@ -382,6 +425,38 @@ void check_mechanism(Judge& j, const Expectation& x, const Evidence& e) {
   }
 }
 
+// expect.figures: each the trace's number against the report's, within its tolerance. Not a check
+// of the mechanism: a figure off is NOT REPRODUCED, whatever else holds.
+std::vector<FigureCheck> check_figures(Judge& j, const Expectation& x, const Evidence& e) {
+  std::vector<FigureCheck> out;
+  for (const Figure& f : x.figures) {
+    FigureCheck c;
+    c.name = f.name;
+    c.reported = int64_t(f.bytes);
+    c.tolerance = f.tolerance;
+    c.predicted = predicted_figure(e, f.name);
+    const std::string reported = format_bytes(double(f.bytes)) + (f.text.empty() ? "" : " (" + f.text + ")");
+    const std::string tol = percent(f.tolerance).substr(1);  // no sign
+    std::string detail;
+    if (!c.predicted) {
+      c.outcome = Outcome::Unknown;
+      detail = "reported " + reported + "; the trace does not give it" +
+               (f.name == "tried_to_allocate" || f.name == "free" ? " (the error message has no such figure)" : "");
+    } else {
+      const double predicted = double(*c.predicted), rep = double(f.bytes);
+      if (rep > 0) c.relative_error = (predicted - rep) / rep;
+      const bool within = rep > 0 ? std::fabs(*c.relative_error) <= f.tolerance : predicted == 0;
+      c.outcome = within ? Outcome::Valid : Outcome::Invalid;
+      detail = "predicted " + format_bytes(predicted) + ", reported " + reported + ": " +
+               (c.relative_error ? percent(*c.relative_error) : std::string(within ? "equal" : "not 0")) +
+               (within ? ", within " : ", outside ") + "its tolerance of " + tol;
+    }
+    j.add("figure " + f.name, c.outcome, detail);
+    out.push_back(c);
+  }
+  return out;
+}
+
 // DeepSpeed keys that change memory zerotrace does not model: the verdict cannot be trusted either way.
 void check_unmodeled(Judge& j, const JudgeContext& ctx) {
   for (const auto& k : ctx.unmodeled_keys)
@@ -397,6 +472,7 @@ Outcome outcome_of(const Judge& j, const JudgeContext& ctx) {
 
 RunJudgement judge_bug(const Expectation& x, const JudgeContext& ctx, Evidence e) {
   Judge j;
+  std::vector<FigureCheck> figures;
   bool reached = true;
   if (readable(j, e, ctx)) {
     if (x.steps_lost) {
@@ -479,17 +555,24 @@ RunJudgement judge_bug(const Expectation& x, const JudgeContext& ctx, Evidence e
               "/" + x.phase + "/ " + (hit.empty() ? "matches no phase around the error" : "inside '" + hit + "'"));
       }
       check_mechanism(j, x, e);
+      figures = check_figures(j, x, e);
     }
     check_faults_fired(j, x, e, reached);
   }
   check_unmodeled(j, ctx);
   RunJudgement out;
   out.outcome = outcome_of(j, ctx);
-  // The expected kind of error, through another mechanism: not a reproduction of this report.
-  if (out.outcome == Outcome::Invalid && !x.steps_lost && e.has_error && e.error_kind == x.error)
+  // The expected kind of error, through another mechanism: not a reproduction of this report. Only
+  // when the mechanism checks are the only ones that failed: the right error at the wrong step (or
+  // with the wrong message, site, tensors) is NOT REPRODUCED whatever the mechanism says.
+  if (out.outcome == Outcome::Invalid && !x.steps_lost && e.has_error && e.error_kind == x.error) {
+    bool mechanism_failed = false, other_failed = false;
     for (auto& c : j.checks)
-      if (c.mechanism && c.outcome == Outcome::Invalid) out.different_failure = true;
+      if (c.outcome == Outcome::Invalid) (c.mechanism ? mechanism_failed : other_failed) = true;
+    out.different_failure = mechanism_failed && !other_failed;
+  }
   out.checks = std::move(j.checks);
+  out.figures = std::move(figures);
   out.evidence = std::move(e);
   return out;
 }
@@ -550,7 +633,8 @@ json to_json(const Evidence& e) {
                   {"tensors", e.error_tensors}, {"device", e.error_device}, {"rank", e.error_rank},
                   {"t_ns", e.error_t},      {"step", opt(e.step)},      {"epoch", opt(e.epoch)},
                   {"micro_step", opt(e.micro_step)}, {"step_in_epoch", opt(e.step_in_epoch)}, {"phases", e.phases},
-                  {"before_first_step", e.before_first_step}};
+                  {"before_first_step", e.before_first_step},
+                  {"tried_to_allocate_bytes", opt(e.error_tried_bytes)}, {"free_bytes", opt(e.error_free_bytes)}};
   }
   j["memory"] = {{"at", e.has_error ? "the error" : "the end of the last step"},
                  {"device", e.device_label},
@@ -583,9 +667,18 @@ json to_json(const RunJudgement& r) {
   for (auto& c : r.checks)
     checks.push_back(
         {{"check", c.name}, {"outcome", outcome_name(c.outcome)}, {"detail", c.detail}, {"mechanism", c.mechanism}});
+  json figures = json::array();
+  for (auto& f : r.figures)
+    figures.push_back({{"figure", f.name},
+                       {"reported_bytes", f.reported},
+                       {"predicted_bytes", f.predicted ? json(*f.predicted) : json(nullptr)},
+                       {"relative_error", f.relative_error ? json(*f.relative_error) : json(nullptr)},
+                       {"tolerance", f.tolerance},
+                       {"outcome", outcome_name(f.outcome)}});
   return {{"outcome", outcome_name(r.outcome)},
           {"different_failure", r.different_failure},
           {"checks", checks},
+          {"figures", figures},
           {"evidence", to_json(r.evidence)}};
 }
 

@@ -30,6 +30,21 @@ struct Setting {
   int line = 0;       // 1-based
 };
 
+// expect.figures: one number the report gives, checked against the bug run's trace (full size
+// only: the small variant is another model). A figure off by more than its tolerance fails the
+// reproduction (NOT REPRODUCED, naming it); one the trace cannot give is unknown (INCONCLUSIVE).
+struct Figure {
+  std::string name;         // one of figure_names()
+  uint64_t bytes = 0;       // the report's value
+  std::string text;         // as written ("7.32GiB")
+  double tolerance = 0.10;  // relative: |predicted - reported| / reported
+  int line = 0;
+};
+// The figures a report can give, in the order they are checked and printed: tried_to_allocate,
+// already_allocated, reserved, capacity, free (PyTorch's OOM message), host_rss (the host memory a
+// rank holds at the failure).
+const std::vector<std::string>& figure_names();
+
 // What the trace must show. Either an error (`error:` kind plus optional site, message,
 // tensors, when) or lost steps (`steps_lost: true`: the run ends cleanly with fewer
 // optimizer steps than max_epochs over the full data would give).
@@ -48,6 +63,7 @@ struct Expectation {
   // mechanism: DIFFERENT FAILURE, never REPRODUCED. faults_fired (here or in `mechanism:`) is one too.
   std::string mechanism_phase;               // regex over the phases around the error and its site
   std::vector<std::string> mechanism_alive;  // regexes, each matching a tensor alive at the error ("name@device")
+  std::vector<Figure> figures;               // the report's numbers, in figure_names() order
   int line = 0;
 };
 

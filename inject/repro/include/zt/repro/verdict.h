@@ -68,6 +68,9 @@ struct Evidence {
   std::vector<std::string> error_tensors;
   std::string error_device;                       // label of the device the row names
   std::optional<int64_t> step, epoch, micro_step, step_in_epoch;
+  // The error message's own figures: what it tried to allocate (PyTorch's "Tried to allocate", the
+  // host allocator's "tried to pin/allocate") and PyTorch's "of which X is free".
+  std::optional<int64_t> error_tried_bytes, error_free_bytes;
   std::vector<std::string> phases;                // enclosing phase markers, outermost first
   bool before_first_step = false;                 // the error came before any step began (setup)
   // Memory at the moment of failure (or at the end of the run when there was none).
@@ -87,13 +90,34 @@ struct Evidence {
 // Reads the evidence of `trace`. `expected_kind` picks the primary error when several.
 Evidence read_evidence(const std::string& trace, const std::string& expected_kind);
 
+// One of expect.figures against the trace: predicted (the bug run's) and reported (the report's).
+struct FigureCheck {
+  std::string name;
+  int64_t reported = 0;
+  std::optional<int64_t> predicted;     // absent: the trace does not give it
+  std::optional<double> relative_error;  // (predicted - reported) / reported
+  double tolerance = 0.10;
+  Outcome outcome = Outcome::Unknown;
+};
+
+// Where each figure's prediction comes from, read from the trace at the failure:
+//   tried_to_allocate  the error message's "Tried to allocate" (host: "tried to pin/allocate")
+//   already_allocated  the device's `allocated` counter (PyTorch's memory_allocated)
+//   reserved           the device's `reserved` counter (PyTorch's memory_reserved)
+//   capacity           the device's capacity
+//   free               the error message's "of which X is free"
+//   host_rss           the rank's host segments alive (pinned and pageable)
+std::optional<int64_t> predicted_figure(const Evidence& e, const std::string& name);
+
 struct RunJudgement {
   Outcome outcome = Outcome::Unknown;
-  // The bug run failed with the expected kind of error, but a check of the mechanism failed (the
-  // phase, a tensor alive, a fault fired): it failed through another mechanism. Outcome Invalid;
-  // the verdict says DIFFERENT FAILURE, never REPRODUCED.
+  // The bug run failed with the expected kind of error, and the only checks that failed are checks
+  // of the mechanism (the phase, a tensor alive, a fault fired): it failed through another
+  // mechanism. Outcome Invalid; the verdict says DIFFERENT FAILURE, never REPRODUCED. When any other
+  // check failed too (the right error at the wrong step, say) it is NOT REPRODUCED.
   bool different_failure = false;
   std::vector<Check> checks;
+  std::vector<FigureCheck> figures;  // expect.figures, judged when the run failed with the expected error
   Evidence evidence;
 };
 
