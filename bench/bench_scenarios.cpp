@@ -9,8 +9,7 @@
 //    registry lookup per evaluation).
 // 3. The ZT_FAIL macro itself, ns per call: nothing configured (one relaxed atomic load),
 //    an unrelated site configured (the slow path), against an empty loop.
-//   bench_scenarios [--all] [--steps N] [--calls N]
-//     --all also runs r1-xtuner-yi34b-too-few-steps at full size (1170 Yi-34B steps: minutes).
+//   bench_scenarios [--steps N] [--calls N]
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -95,8 +94,7 @@ double ns_per_call(int64_t calls, int reps, F&& body) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  zt::bench::Options opt(argc, argv, "bench_scenarios [--all] [--steps N] [--calls N]");
-  const bool all = opt.flag("--all");
+  zt::bench::Options opt(argc, argv, "bench_scenarios [--steps N] [--calls N]");
   const int64_t steps = opt.integer("--steps", 30, 1);
   const int64_t calls = opt.integer("--calls", 20000000, 1);
   opt.done();
@@ -114,10 +112,6 @@ int main(int argc, char** argv) {
   std::printf("%-40s %12s %14s | %12s %14s | %9s %9s\n", "scenario", "full [s]", "full RSS [MiB]", "small [s]",
               "small RSS [MiB]", "time x", "RSS x");
   for (const auto& n : names) {
-    if (!all && n == "r1-xtuner-yi34b-too-few-steps") {
-      std::printf("%-40s %12s (1170 Yi-34B steps, minutes and a 3 GiB trace: --all runs it)\n", n.c_str(), "skipped");
-      continue;
-    }
     const std::string file = (src / (n + ".yaml")).string();
     Child full = run_child(file, repro::Variant::Full, (dir / (n + "-full")).string());
     Child small = run_child(file, repro::Variant::Small, (dir / (n + "-small")).string());

@@ -271,3 +271,55 @@ TEST(Jobs, TheNodeWatchdogKillsAtItsShareWithItsOwnErrorKind) {
   c.watchdog_kill_at = 0;
   EXPECT_EQ(test::train_losses(c).size(), 1u);
 }
+
+// virtual_fast_forward: a steady state's steps counted, not replayed. The run ends where the replayed
+// run ends (steps, samples, memory), each epoch replays until two steps leave memory alike, and a
+// run with a fault configured replays every step.
+TEST(Jobs, VirtualFastForwardCountsTheSteadyStepsAndEndsAsTheReplay) {
+  trainer::ModelShape shape;
+  shape.name = "small";
+  shape.width = 256;
+  shape.layers = 4;
+  shape.heads = 4;
+  shape.kv_heads = 4;
+  shape.ffn = 1024;
+  shape.vocab = 1000;
+  shape.context = 128;
+  trainer::TrainConfig c = virtual_step(shape, 4);
+  c.steps = 0;
+  c.epochs = 3;
+  c.data_samples = 64;  // 16 steps an epoch on 4 ranks
+  c.grad_accum = 1;
+  c.zero.offload_optimizer = true;
+  test::TempDir dir;
+  test::TracedRun all = test::train_traced(c, dir.file("all.db"));
+  ASSERT_TRUE(all.status) << all.status.message();
+  c.virtual_fast_forward = true;
+  test::TracedRun ff = test::train_traced(c, dir.file("ff.db"));
+  ASSERT_TRUE(ff.status) << ff.status.message();
+  EXPECT_EQ(all.summary.steps, 48);
+  EXPECT_EQ(ff.summary.steps, 48);
+  EXPECT_EQ(ff.summary.samples_used, all.summary.samples_used);
+  EXPECT_EQ(ff.summary.peak_allocated, all.summary.peak_allocated);
+  EXPECT_EQ(ff.summary.peak_reserved, all.summary.peak_reserved);
+  auto last = [](db::TraceReader& r, const char* name) {
+    return count(r, std::string("SELECT CAST(value AS INTEGER) FROM counter c JOIN string s ON s.id = c.name_id WHERE "
+                                "s.text = '") + name + "' ORDER BY c.t DESC, c.id DESC LIMIT 1");
+  };
+  for (const char* n : {"allocated", "reserved", "pinned", "data.samples_used"})
+    EXPECT_EQ(last(*ff.reader, n), last(*all.reader, n)) << n;
+  const std::string ended = "SELECT count(*) FROM marker WHERE kind = 0 AND t_end IS NOT NULL";
+  EXPECT_EQ(count(*ff.reader, ended), 48);
+  EXPECT_EQ(count(*all.reader, ended), 48);
+  // Each epoch replays at least two steps; the rest of it is the steady state's.
+  const int64_t forwarded = last(*ff.reader, "virtual.steps_fast_forwarded");
+  EXPECT_GE(forwarded, 36);
+  EXPECT_LE(forwarded, 42);
+  EXPECT_LT(count(*ff.reader, "SELECT count(*) FROM allocation"), count(*all.reader, "SELECT count(*) FROM allocation") / 4);
+  // A fault's call counts and draws need every step: none is fast-forwarded.
+  c.faults = {"ckpt.torn_write=return"};  // a site training never reaches
+  test::TracedRun faulted = test::train_traced(c, dir.file("faulted.db"));
+  ASSERT_TRUE(faulted.status) << faulted.status.message();
+  EXPECT_EQ(faulted.summary.steps, 48);
+  EXPECT_EQ(last(*faulted.reader, "virtual.steps_fast_forwarded"), -1) << "no such counter";
+}

@@ -175,6 +175,14 @@ struct TrainConfig {
   // memory, no math), so a model of any size replays for memory. Ranks are symmetric: one
   // representative rank (rank 0) runs and stands for all `world_size`; the trace says so.
   bool virtual_mode = false;
+  // Virtual mode only (a real run replays every step whatever it says): a step that leaves memory as the step before it left it (the same bytes and
+  // blocks on the device and the host, after the same number of allocations and frees) is a steady
+  // state, and the rest of the epoch's steps are counted (markers, the data they use) without being
+  // replayed: a sizes-only step from the same state does the same thing again. Never with faults
+  // (their call counts and draws), evaluations, saves, the delayed or overlapped update, or fp16 (the
+  // loss scale moves). For runs whose question is how many steps (R1's too few steps), not what a
+  // step holds; the trace's `virtual.steps_fast_forwarded` counter says how many were.
+  bool virtual_fast_forward = false;
   // Issue 30: what users' jobs do that a plain training run does not.
   // Model loading (Hugging Face's from_pretrained): every rank materializes the whole model in host
   // memory in the checkpoint's dtype (load_dtype; "" = precision), then partitions it; with zero_init

@@ -4,12 +4,14 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "ckpt/checkpoint.h"
 #include "core/backend.h"
@@ -55,6 +57,31 @@ RankMemory rank_memory(RankRuntime& rt) {
   m.pinned = rt.pinned_allocator().stats().reserved_bytes;
   m.pageable = rt.pageable_allocator().stats().reserved_bytes;
   return m;
+}
+
+// What a virtual step leaves behind (virtual_fast_forward): the memory held on the device and the
+// host, and how many allocations and frees the step made. Two steps in a row that leave the same
+// are a steady state.
+struct StepFootprint {
+  std::array<int64_t, 16> v{};
+  bool operator==(const StepFootprint& o) const { return v == o.v; }
+};
+StepFootprint footprint(RankRuntime& rt, const StepFootprint* before_step) {
+  StepFootprint f;
+  size_t i = 0;
+  if (auto* da = rt.device_allocator()) {
+    const auto st = da->stats();
+    for (int64_t x : {st.allocated_bytes, st.requested_bytes, st.reserved_bytes, st.inactive_split_bytes, st.segments,
+                      st.allocations, st.allocations_total, st.segment_allocs_total})
+      f.v[i++] = x;
+  }
+  i = 8;
+  for (const auto& st : {rt.pinned_allocator().stats(), rt.pageable_allocator().stats()})
+    for (int64_t x : {st.allocated_bytes, st.reserved_bytes, st.regions, st.allocations_total}) f.v[i++] = x;
+  // Cumulative counts as this step's own (the difference from the state before it).
+  if (before_step)
+    for (size_t k : {size_t(6), size_t(7), size_t(11), size_t(15)}) f.v[k] -= before_step->v[k];
+  return f;
 }
 
 bool is_token_file(const std::string& path) {
@@ -187,21 +214,50 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
       *progress << std::flush;
     }
   };
+  // Virtual fast-forward (cfg.virtual_fast_forward): only where nothing but memory carries from one
+  // step to the next.
+  const bool may_fast_forward = cfg.virtual_mode && cfg.virtual_fast_forward && cfg.faults.empty() && !std::getenv("ZT_FAULTS") &&
+                                cfg.eval_steps == 0 && cfg.save_every == 0 && cfg.delayed_update < 0 &&
+                                !cfg.overlap_update && !cfg.adam_in_backward && cfg.precision != "fp16";
+  int64_t fast_forwarded = 0;
+  const probe::NameId n_ff = rec && may_fast_forward ? rec->intern("virtual.steps_fast_forwarded") : 0;
   for (int64_t epoch = first_epoch; step < total_steps; ++epoch) {
     probe::MarkerId em = marker(probe::MarkerKind::Epoch, "epoch " + std::to_string(epoch), -1, epoch);
     if (epoch > 0 && !(epoch == first_epoch && first_s > 0)) engine.on_epoch_boundary(epoch, step);
     if (summary) summary->epochs_started = epoch + 1;
+    // The epoch boundary changes the state: each epoch replays until two steps in a row leave the same.
+    std::optional<StepFootprint> last;
+    StepResult steady_res;
+    int64_t steady_as = -1;  // the replayed step the fast-forwarded ones repeat
     for (int64_t s = epoch == first_epoch ? first_s : 0; s < plan.steps_per_epoch && step < total_steps; ++s, ++step) {
       const int64_t t_step = probe::now_ns();
       probe::MarkerId sm = marker(probe::MarkerKind::Step, "step " + std::to_string(step), step, epoch);
-      StepResult res = engine.step(loader, epoch, s, step);
+      const bool forward = steady_as >= 0;
+      StepResult res;
+      if (forward) {
+        // The steady state's step again: its micro-batches used, nothing replayed.
+        for (int64_t m = 0; m < cfg.grad_accum; ++m) loader.account_micro_batch();
+        res = steady_res;
+        ++fast_forwarded;
+      } else {
+        const StepFootprint before = may_fast_forward ? footprint(rt, nullptr) : StepFootprint{};
+        res = engine.step(loader, epoch, s, step);
+        if (may_fast_forward) {
+          const StepFootprint after = footprint(rt, &before);
+          if (last && *last == after) {
+            steady_as = step;
+            steady_res = res;
+          }
+          last = after;
+        }
+      }
       if (rec) rec->marker_end(sm);
       const int64_t now = probe::now_ns();
       const double tps = double(tokens_per_step) / std::max(double(now - t_step) / 1e9, 1e-9);
       const int64_t rss = host_rss_bytes();
       if (rec) {
         rec->counter(rank, 0, n_loss, res.loss, now);
-        rec->counter(rank, 0, n_tps, tps, now);
+        if (!forward) rec->counter(rank, 0, n_tps, tps, now);  // a fast-forwarded step ran nothing to time
         rec->counter(rank, rt.host().trace_id(), n_rss, double(rss), now);
       }
       if (summary) {
@@ -215,12 +271,13 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
       if (progress) {
         char line[512];
         const RankMemory mem = rank_memory(rt);
+        const std::string as = forward ? " (virtual: fast-forwarded, as step " + std::to_string(steady_as + 1) + ")" : "";
         std::snprintf(line, sizeof line,
                       "step %lld/%lld | epoch %lld | loss %.4f%s | %s tok/s | %s %s allocated / %s reserved | host %s pinned "
                       "+ %s pageable, RSS %s\n",
                       (long long)(step + 1), (long long)total_steps, (long long)epoch, res.loss,
-                      res.skipped ? " (skipped: overflow)" : cfg.virtual_mode ? " (virtual: no math)" : "",
-                      format_count(tps).c_str(), dev.label().c_str(),
+                      res.skipped ? " (skipped: overflow)" : forward ? as.c_str() : cfg.virtual_mode ? " (virtual: no math)" : "",
+                      (forward ? std::string("-") : format_count(tps)).c_str(), dev.label().c_str(),
                       format_bytes(double(mem.allocated)).c_str(), format_bytes(double(mem.reserved)).c_str(),
                       format_bytes(double(mem.pinned)).c_str(), format_bytes(double(mem.pageable)).c_str(),
                       format_bytes(double(rss)).c_str());
@@ -243,6 +300,7 @@ void train_rank(const TrainConfig& cfg, const model::Config& mc, int B, int T, c
     }
     if (rec) {
       rec->counter(rank, 0, rec->intern("data.samples_used"), double(loader.samples_used()));
+      if (may_fast_forward) rec->counter(rank, 0, n_ff, double(fast_forwarded));
       rec->marker_end(em);
     }
   }

@@ -196,7 +196,7 @@ const std::vector<std::string>& train_keys() {
       "precision", "micro_batch",    "grad_accum",        "seq_len",         "steps",
       "epochs",    "seed",           "lr",                "weight_decay",    "beta1",
       "beta2",     "eps",            "grad_clip",         "activation_checkpointing",
-      "data_samples", "virtual_grad_norm", "save_every",  "save_only_model", "synthetic_bytes",
+      "data_samples", "virtual_grad_norm", "virtual_fast_forward", "save_every",  "save_only_model", "synthetic_bytes",
       "max_doc_tokens", "comm_timeout_ms",
       // issue 30: model loading, what trains, evaluation
       "from_pretrained", "load_dtype", "load_copies", "zero_init", "zero3_init_flag", "finetuning", "lora_rank", "lora_targets",
@@ -251,6 +251,7 @@ void apply_setting(const Reader& r, const Setting& s, trainer::TrainConfig& c) {
   else if (k == "activation_checkpointing") c.activation_checkpointing = boolean();
   else if (k == "data_samples") c.data_samples = at_least(integer(), 1);
   else if (k == "virtual_grad_norm") c.virtual_grad_norm = number();
+  else if (k == "virtual_fast_forward") c.virtual_fast_forward = boolean();
   else if (k == "save_every") c.save_every = at_least(integer(), 0);
   else if (k == "save_only_model") {
     if (!set_save_only_model(c, boolean())) bad("this build's trainer has no save_only_model yet");

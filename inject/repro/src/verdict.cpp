@@ -173,6 +173,9 @@ Evidence read_evidence(const std::string& trace, const std::string& expected_kin
                                   "(SELECT min(rank) FROM marker WHERE kind = 0)")
                           .value_or(0);
   e.last_epoch = cell_int(r, "SELECT max(epoch) FROM marker WHERE kind IN (0, 2)").value_or(-1);
+  e.steps_fast_forwarded = cell_int(r, "SELECT max(c.value) FROM counter c JOIN string s ON s.id = c.name_id "
+                                       "WHERE s.text = 'virtual.steps_fast_forwarded'")
+                               .value_or(0);
   {
     db::QueryResult q;
     if (r.query("SELECT s.text, c.value FROM counter c JOIN string s ON s.id = c.name_id WHERE s.text IN "
@@ -366,6 +369,13 @@ std::string position(const Evidence& e) {
          ", rank " + std::to_string(e.error_rank);
 }
 
+// The steps a virtual run counted without replaying them (a steady state), said beside its step count.
+std::string fast_forwarded(const Evidence& e) {
+  if (e.steps_fast_forwarded <= 0) return "";
+  return " (" + std::to_string(e.steps_fast_forwarded) +
+         " of them fast-forwarded: a steady state, each step leaving memory as the one before)";
+}
+
 // Checks common to both runs: the trace is there and says how the run ended.
 bool readable(Judge& j, const Evidence& e, const JudgeContext& ctx) {
   if (!e.readable) {
@@ -487,8 +497,8 @@ RunJudgement judge_bug(const Expectation& x, const JudgeContext& ctx, Evidence e
         j.add("steps lost", Outcome::Unknown, "cannot tell how many steps the full data gives (no epochs?)");
       else
         j.add("steps lost", e.steps_completed < ctx.expected_steps ? Outcome::Valid : Outcome::Invalid,
-              std::to_string(e.steps_completed) + " optimizer steps ran; max_epochs over the full data gives " +
-                  std::to_string(ctx.expected_steps));
+              std::to_string(e.steps_completed) + " optimizer steps ran" + fast_forwarded(e) +
+                  "; max_epochs over the full data gives " + std::to_string(ctx.expected_steps));
     } else if (!e.has_error || e.error_kind != x.error) {
       if (e.has_error) {
         j.add("error " + x.error, Outcome::Invalid,
@@ -597,7 +607,7 @@ RunJudgement judge_fix(const Expectation& x, const JudgeContext& ctx, Evidence e
       else
         j.add("all steps", e.steps_completed == ctx.expected_steps ? Outcome::Valid : Outcome::Invalid,
               std::to_string(e.steps_completed) + " of the " + std::to_string(ctx.expected_steps) +
-                  " steps max_epochs over the full data gives");
+                  " steps max_epochs over the full data gives" + fast_forwarded(e));
     } else if (planned >= 0) {
       j.add("all steps", e.steps_completed >= planned ? Outcome::Valid : Outcome::Invalid,
             std::to_string(e.steps_completed) + " of " + std::to_string(planned) + " planned steps");
@@ -623,6 +633,7 @@ json to_json(const Evidence& e) {
   j["world_size"] = e.world_size;
   j["ranks_recorded"] = e.ranks_recorded;
   j["steps_completed"] = e.steps_completed;
+  j["steps_fast_forwarded"] = e.steps_fast_forwarded;
   j["last_epoch"] = e.last_epoch;
   j["data"] = {{"steps_planned", opt(e.steps_planned)},         {"steps_per_epoch", opt(e.steps_per_epoch)},
                {"samples_per_epoch", opt(e.samples_per_epoch)}, {"documents", opt(e.documents)},

@@ -58,6 +58,7 @@ struct Evidence {
   int64_t ranks_recorded = 0;   // rank rows in the file
   // Progress: optimizer steps completed (step markers ended) and what was planned.
   int64_t steps_completed = 0;
+  int64_t steps_fast_forwarded = 0;  // of them, counted without replay (virtual_fast_forward)
   int64_t last_epoch = -1;
   std::optional<int64_t> steps_planned, steps_per_epoch, samples_per_epoch, documents, documents_dropped;
   int64_t error_count = 0;
