@@ -156,7 +156,9 @@ TEST(OverlapUpdate, AnAdamWErrorOnTheBackgroundThreadEndsTheRun) {
       TrainSummary s;
       const zt::Status st = train(c, nullptr, nullptr, &s);
       ASSERT_FALSE(st.ok());
-      EXPECT_NE(st.message().find("CPU AdamW of block0 at step 2 failed (fault optim.cpu_adam_error)"), std::string::npos)
+      // The kernel's own refusal (the fault hands it a step count of 0), not a text the fault wrote.
+      EXPECT_NE(st.message().find("CPU AdamW of block0 at step 2 failed: cpu_adamw_step: step counts from 1, got 0"),
+                std::string::npos)
           << st.message();
       EXPECT_NE(st.message().find(std::string("step ") + (std::string(mode) == "ordinary" ? "2" : "3")), std::string::npos)
           << st.message();
@@ -168,9 +170,16 @@ TEST(OverlapUpdate, AnAdamWErrorOnTheBackgroundThreadEndsTheRun) {
   zt::test::TracedRun run = zt::test::train_traced(c, dir.file("adam.db"));
   ASSERT_FALSE(run.status.ok());
   zt::db::QueryResult q;
-  ASSERT_TRUE(run.reader->query("SELECT kind, site, step FROM error", &q).ok());
+  ASSERT_TRUE(run.reader->query("SELECT kind, site, step, message FROM error", &q).ok());
   ASSERT_EQ(q.rows.size(), 1u);
-  EXPECT_EQ(q.rows[0], (std::vector<std::string>{"cpu_adam_error", "adamw block0", "2"}));
+  EXPECT_EQ(q.rows[0], (std::vector<std::string>{"cpu_adam_error", "adamw block0", "2",
+                                                  "CPU AdamW of block0 at step 2 failed: cpu_adamw_step: step counts "
+                                                  "from 1, got 0"}));
+  // The fault row says what it did to the kernel; the error row is the kernel's.
+  ASSERT_TRUE(run.reader->query("SELECT name, details FROM fault", &q).ok());
+  ASSERT_EQ(q.rows.size(), 1u);
+  EXPECT_EQ(q.rows[0][0], "optim.cpu_adam_error");
+  EXPECT_NE(q.rows[0][1].find("handed step count 0"), std::string::npos) << q.rows[0][1];
 }
 
 TEST(OverlapUpdate, BadSettingsAreRefused) {

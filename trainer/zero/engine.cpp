@@ -1560,26 +1560,18 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
   // A partial offload's modules updated on the accelerator are "device adamw <module>": the
   // reports' "adamw <module>" phases are then the CPU AdamW's alone (its time, its rate).
   probe::MarkerId am = phase((z_.offload_optimizer && !p.opt_host ? "device adamw " : "adamw ") + p.spec.name, step);
+  // The step count the kernel is handed. The fault optim.cpu_adam_error hands this module's CPU AdamW
+  // a count of 0 (an optimizer state whose step was lost: a stand-in for any failure inside the step),
+  // and the kernel's own check refuses it, as it would a real one. (The epoch is left out of the fault's
+  // context: the rank thread may be changing it meanwhile.)
+  const bool cpu = p.master.device().is_host();
+  int64_t kernel_step = adam_step;
+  if (cpu && ZT_FAIL_D("optim.cpu_adam_error", (fail::Context{rank_, step, -1, -1, rec_}),
+                       "CPU AdamW of " + p.spec.name + " handed step count 0"))
+    kernel_step = 0;
   try {
-    // The fault optim.cpu_adam_error: this module's AdamW raises (on whichever thread runs it; the
-    // epoch is left out: the rank thread may be changing it meanwhile).
-    if (p.master.device().is_host() && ZT_FAIL_D("optim.cpu_adam_error", (fail::Context{rank_, step, -1, -1, rec_}),
-                                                 "CPU AdamW of " + p.spec.name + " raises")) {
-      const std::string message =
-          "CPU AdamW of " + p.spec.name + " at step " + std::to_string(step) + " failed (fault optim.cpu_adam_error)";
-      if (rec_) {  // an error row, as every failure the trace explains has
-        db::ErrorRow row;
-        row.rank = rank_;
-        row.step = step;
-        row.kind = "cpu_adam_error";
-        row.site = "adamw " + p.spec.name;
-        row.message = message;
-        rec_->error(row);
-      }
-      throw std::runtime_error(message);
-    }
     if (virt_) {
-      // sizes only
+      (void)optim::adam_consts(hp, kernel_step);  // sizes only: the kernel's checks without its math
     } else if (j.to_alt) {
       // AdamW during backward: out of place into the second state (the same kernel as the in-place
       // branches below, cpu_adam.h: bit for bit their values).
@@ -1587,10 +1579,10 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
                                   : j.grad.dtype() == DType::BF16 ? optim::GradDType::BF16
                                                                   : optim::GradDType::F16;
       optim::cpu_adamw_step_grads_into(p.master.f32(), p.m.f32(), p.v.f32(), p.master_alt.f32(), p.m_alt.f32(),
-                                       p.v_alt.f32(), j.grad.raw(), gt, j.grad_scale, p.opt_n, hp, adam_step,
+                                       p.v_alt.f32(), j.grad.raw(), gt, j.grad_scale, p.opt_n, hp, kernel_step,
                                        j.low_out, j.low);
     } else if (j.grad.dtype() == DType::F32 && j.grad_scale == 1.0f) {
-      p.master.device().ops().adamw(p.master.f32(), j.grad.f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, adam_step,
+      p.master.device().ops().adamw(p.master.f32(), j.grad.f32(), p.m.f32(), p.v.f32(), p.opt_n, hp, kernel_step,
                                     j.low_out, j.low);
     } else {
       // A partition with a factor to apply (unscale-and-clip), or kept in the compute dtype: on the
@@ -1603,8 +1595,24 @@ void ZeroEngine::run_adam(const AdamJob& j, const optim::AdamParams& hp, int64_t
                                   : j.grad.dtype() == DType::BF16 ? optim::GradDType::BF16
                                                                   : optim::GradDType::F16;
       optim::cpu_adamw_step_grads(p.master.f32(), j.grad.raw(), gt, j.grad_scale, p.m.f32(), p.v.f32(), p.opt_n, hp,
-                                  adam_step, j.low_out, j.low);
+                                  kernel_step, j.low_out, j.low);
     }
+  } catch (const std::invalid_argument& e) {
+    end(am);
+    if (!cpu) throw;
+    // The CPU AdamW raised (on whichever thread runs it): an error row, as every failure the trace
+    // explains has, then the run ends with it.
+    const std::string message = "CPU AdamW of " + p.spec.name + " at step " + std::to_string(step) + " failed: " + e.what();
+    if (rec_) {
+      db::ErrorRow row;
+      row.rank = rank_;
+      row.step = step;
+      row.kind = "cpu_adam_error";
+      row.site = "adamw " + p.spec.name;
+      row.message = message;
+      rec_->error(row);
+    }
+    throw std::runtime_error(message);
   } catch (...) {
     end(am);
     throw;

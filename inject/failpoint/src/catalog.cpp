@@ -52,10 +52,11 @@ const std::vector<CatalogEntry>& catalog() {
        "the optimizer's kernels accept only device tensors (an 8-bit or paged AdamW): it constructs fine and its "
        "first step on offloaded host partitions raises 'Expected a cuda device, but got: cpu'"},
       {"optim.cpu_adam_error", "-", "ZeRO optimizer step, CPU AdamW of a module",
-       "a module's CPU AdamW raises an error (error row cpu_adam_error; a stand-in for any failure inside the "
-       "optimizer step, no memory runs out; [call=N]: the Nth "
-       "module AdamW of the run); under the delayed or overlapped update it raises on the background thread and the "
-       "rank thread meets the error at its next wait for the update"},
+       "a module's CPU AdamW is handed a step count of 0 (an optimizer state whose step was lost; a stand-in for "
+       "any failure inside the optimizer step, no memory runs out) and its own check raises; the engine records the "
+       "kernel's error (error row cpu_adam_error) and the run ends. [call=N]: the Nth module AdamW of the run; under "
+       "the delayed or overlapped update it raises on the background thread and the rank thread meets the error at "
+       "its next wait for the update"},
       {"ckpt.gather_on_device", "R4", "checkpoint save, consolidated weights",
        "the save gathers the whole model's 16-bit weights on the device at once (the `device` gather strategy) "
        "instead of streaming one module at a time to the host"},
