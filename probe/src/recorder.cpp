@@ -213,17 +213,16 @@ Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>*
   m.run.t_start = now_ns();
   m.run.wall_start_unix_ns = wall_now_ns();
   m.run.status = RunStatus::Running;
-  try {
-    m.w->begin();
-    m.w->insert(m.run);
-    m.w->commit();
-    // Into the main file now, not at the first automatic checkpoint: a trace copied without
-    // its -wal while the run records (a CI artifact of a killed job) still names the run, and
-    // its status says it never ended, so `zt check` fails it.
-    m.w->checkpoint();
-  } catch (const std::exception& e) {
+  m.w->begin();
+  m.w->insert(m.run);
+  m.w->commit();
+  // Into the main file now, not at the first automatic checkpoint: a trace copied without
+  // its -wal while the run records (a CI artifact of a killed job) still names the run, and
+  // its status says it never ended, so `zt check` fails it.
+  m.w->checkpoint();
+  if (Status s = m.w->status(); !s) {
     m.w.reset();
-    return Status::Error(options.path + ": cannot write the run row: " + e.what());
+    return Status::Error(options.path + ": cannot write the run row: " + s.message());
   }
   m.writer = std::thread([&m] { m.writer_main(); });
   if (options.crash_handlers) crash::register_recorder(r.get(), options.crash_on_interrupt);
@@ -898,6 +897,15 @@ void Recorder::Impl::writer_main() {
   sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   auto interval = std::chrono::milliseconds(opt.commit_interval_ms);
+  // A failed write (a full disk, the file size limit) ends the recording: close() reports it,
+  // and producers drop from then on instead of waiting.
+  auto fail = [&](Status s) {
+    writer_status = std::move(s);
+    std::lock_guard lock(wmu);
+    flush_done = flush_req = ~0ull;
+    flush_cv.notify_all();
+    closed.store(true);
+  };
   try {
     for (;;) {
       uint64_t req;
@@ -920,7 +928,8 @@ void Recorder::Impl::writer_main() {
         return;
       }
       bool busy = drain(stopping);
-      while (busy && !stopping && !crash_request.load()) busy = drain(false);
+      while (busy && !stopping && !crash_request.load() && w->status().ok()) busy = drain(false);
+      if (!w->status().ok()) return fail(w->status());
       {
         std::lock_guard lock(wmu);
         flush_done = req;
@@ -939,15 +948,12 @@ void Recorder::Impl::writer_main() {
         }
         for (auto& n : notes_) w->add_run_note(run.id, n);
         w->commit();
+        if (!w->status().ok()) fail(w->status());
         return;
       }
     }
-  } catch (const std::exception& e) {
-    writer_status = Status::Error(opt.path + ": writing the trace failed: " + e.what());
-    std::lock_guard lock(wmu);
-    flush_done = flush_req = ~0ull;
-    flush_cv.notify_all();
-    closed.store(true);
+  } catch (const std::exception& e) {  // no memory for the writer's own vectors
+    fail(Status::Error(opt.path + ": writing the trace failed: " + e.what()));
   }
 }
 
