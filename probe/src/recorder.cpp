@@ -56,7 +56,7 @@ enum class EventType : uint8_t { Alloc, Free, FreeAddress, Placement, Transfer, 
 struct Event {
   int64_t t0, t1, id, a, b, c, d, e;
   int32_t device, device2, name, stack, aux;
-  uint16_t rank;
+  int32_t rank;  // db/SCHEMA.md allows ranks up to 2^20 - 1
   EventType type;
   uint8_t k0, k1, k2, flags;
 };
@@ -130,6 +130,8 @@ struct Recorder::Impl {
   std::vector<db::ErrorRow> p_errors;
   std::vector<db::DroppedRow> p_dropped;
   std::vector<std::string> notes;  // written into the run row at the end
+  std::atomic<int64_t> errors_lost{0};  // error rows given up on the lock (Recorder::error)
+  int64_t errors_lost_written = 0;      // writer only
 
   std::mutex rings_mu;
   std::vector<std::shared_ptr<ThreadRing>> rings;
@@ -164,7 +166,9 @@ struct Recorder::Impl {
   std::vector<PendingFree> pending_frees;
   std::vector<PendingEnd> pending_ends;
   std::vector<PendingAddrFree> pending_addr_frees;
-  std::map<std::pair<int64_t, uint64_t>, int64_t> live_by_addr;
+  // (device, address) -> the allocations open there, as (t_alloc, id): an address free closes
+  // the one that was live at the free's time, whatever reached the writer in the same cycle.
+  std::map<std::pair<int64_t, uint64_t>, std::vector<std::pair<int64_t, int64_t>>> live_by_addr;
   std::atomic<uint64_t> recorded{0};
   int64_t unmatched = 0;
   // Events with a value no trace holds (zt/db/trace_values.h), dropped and counted: a probed
@@ -384,8 +388,16 @@ void Recorder::error(const db::ErrorRow& row) {
   if (r.t == 0) r.t = now_ns();
   std::unique_lock lock(impl_->meta_mu, std::defer_lock);
   // An error is often recorded on the way down (std::terminate): never wait forever.
-  if (!lock.try_lock_for(std::chrono::milliseconds(500))) return;
+  // Given up: counted, and the writer says so in `dropped` (it needs no lock for that).
+  if (!lock.try_lock_for(std::chrono::milliseconds(500))) {
+    impl_->errors_lost.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   impl_->p_errors.push_back(std::move(r));
+}
+
+std::unique_lock<std::timed_mutex> Recorder::hold_slow_path_lock_for_testing() {
+  return std::unique_lock<std::timed_mutex>(impl_->meta_mu);
 }
 
 // ---------------------------------------------------------------- hot path
@@ -458,7 +470,7 @@ AllocId Recorder::alloc(const AllocEvent& a) {
   e->device = static_cast<int32_t>(a.device);
   e->name = static_cast<int32_t>(a.name);
   e->stack = static_cast<int32_t>(a.stack);
-  e->rank = static_cast<uint16_t>(a.rank);
+  e->rank = static_cast<int32_t>(a.rank);
   e->k0 = uint8_t(a.memory_kind);
   e->k1 = uint8_t(a.level);
   e->k2 = uint8_t(a.source);
@@ -495,7 +507,7 @@ void Recorder::placement(int rank, NameId tensor, DeviceId device, PlacementWhy 
   if (!e) return;
   e->type = EventType::Placement;
   e->t0 = t ? t : now_ns();
-  e->rank = static_cast<uint16_t>(rank);
+  e->rank = static_cast<int32_t>(rank);
   e->name = static_cast<int32_t>(tensor);
   e->device = static_cast<int32_t>(device);
   e->k0 = uint8_t(why);
@@ -511,7 +523,7 @@ void Recorder::transfer(const TransferEvent& x) {
   e->type = EventType::Transfer;
   e->t0 = x.t_start ? x.t_start : now_ns();
   e->t1 = x.t_end ? x.t_end : e->t0;
-  e->rank = static_cast<uint16_t>(x.rank);
+  e->rank = static_cast<int32_t>(x.rank);
   e->k0 = uint8_t(x.kind);
   e->k1 = static_cast<uint8_t>(x.pinned + 1);
   e->k2 = uint8_t(x.source);
@@ -534,7 +546,7 @@ void Recorder::kernel(const KernelEvent& k) {
   e->type = EventType::Kernel;
   e->t0 = k.t_start ? k.t_start : now_ns();
   e->t1 = k.t_end ? k.t_end : e->t0;
-  e->rank = static_cast<uint16_t>(k.rank);
+  e->rank = static_cast<int32_t>(k.rank);
   e->device = static_cast<int32_t>(k.device);
   e->name = static_cast<int32_t>(k.name);
   e->e = k.stream;
@@ -556,7 +568,7 @@ MarkerId Recorder::marker_begin(const MarkerEvent& m) {
   e->type = EventType::MarkerBegin;
   e->t0 = m.t ? m.t : now_ns();
   e->id = id;
-  e->rank = static_cast<uint16_t>(m.rank);
+  e->rank = static_cast<int32_t>(m.rank);
   e->k0 = uint8_t(m.kind);
   e->name = static_cast<int32_t>(m.name);
   e->a = m.step;
@@ -583,7 +595,7 @@ void Recorder::counter(int rank, DeviceId device, NameId name, double value, int
   if (!e) return;
   e->type = EventType::Counter;
   e->t0 = t ? t : now_ns();
-  e->rank = static_cast<uint16_t>(rank);
+  e->rank = static_cast<int32_t>(rank);
   e->device = static_cast<int32_t>(device);
   e->name = static_cast<int32_t>(name);
   std::memcpy(&e->a, &value, sizeof value);
@@ -683,7 +695,7 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
       a.name_id = e.name;
       a.stack_id = e.stack;
       w->insert(a);
-      if (e.flags & 1) live_by_addr[{e.device, a.address}] = e.id;
+      if (e.flags & 1) live_by_addr[{e.device, a.address}].emplace_back(e.t0, e.id);
       break;
     }
     case EventType::Free:
@@ -778,10 +790,23 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
 void Recorder::Impl::resolve_pending(std::vector<PendingFree>& frees, std::vector<PendingEnd>& ends,
                                      std::vector<PendingAddrFree>& addr_frees, bool final_pass) {
   for (auto& f : addr_frees) {
+    // The allocation live at the free's time: the latest made at this address at or before it.
+    // (One made after it, at the address the free gave back, stays open.)
     auto it = live_by_addr.find({f.device, f.address});
+    int64_t id = 0;
     if (it != live_by_addr.end()) {
-      frees.push_back({it->second, f.t, 0});
-      live_by_addr.erase(it);
+      auto& open = it->second;
+      auto match = open.end();
+      for (auto c = open.begin(); c != open.end(); ++c)
+        if (c->first <= f.t && (match == open.end() || c->first >= match->first)) match = c;
+      if (match != open.end()) {
+        id = match->second;
+        open.erase(match);
+        if (open.empty()) live_by_addr.erase(it);
+      }
+    }
+    if (id != 0) {
+      frees.push_back({id, f.t, 0});
     } else if (!final_pass && ++f.cycles < kGiveUpCycles) {
       pending_addr_frees.push_back(f);
     } else {
@@ -863,6 +888,16 @@ bool Recorder::Impl::drain(bool final_pass) {
                "before its start, a size past 2^53 bytes, sums past 2^62)";
     w->insert(d);
     out_of_range_written = out_of_range;
+  }
+  if (const int64_t lost = errors_lost.load(std::memory_order_relaxed); lost > errors_lost_written) {
+    db::DroppedRow d;
+    d.thread = 0;
+    d.t = now_ns();
+    d.events = lost - errors_lost_written;
+    d.reason = "error rows not recorded: the recorder's lock stayed taken for 500 ms (a thread stopped or dying "
+               "inside the recorder)";
+    w->insert(d);
+    errors_lost_written = lost;
   }
   if (final_pass && unmatched > 0) {
     db::DroppedRow d;

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -84,7 +85,10 @@ struct AllocEvent {
   AllocId segment = 0;  // for a block: the segment it was carved from
   int64_t stream = -1;  // -1: none
   int64_t t = 0;        // 0: now
-  bool free_by_address = false;  // a later free_address(device, address) closes it
+  // A later free_address(device, address) closes it: the free closes the allocation that was
+  // live at that address at the free's time (the one made there last at or before it), also
+  // when a new allocation at the same address reaches the writer in the same cycle.
+  bool free_by_address = false;
 };
 
 struct TransferEvent {
@@ -157,6 +161,9 @@ class Recorder {
   // A libunwind backtrace of the calling thread, `skip` frames above the caller dropped.
   StackId capture_stack(int skip = 0, int max_depth = 32);
   void fault(const db::FaultRow& row);  // id and t filled in when 0
+  // Waits at most 500 ms for the slow path's lock (an error is often recorded on the way down,
+  // std::terminate, where the lock may never come free); a row given up is counted, and the
+  // count lands in `dropped` ("error rows not recorded: ...").
   void error(const db::ErrorRow& row);
   // Something the reader should know that is not an error of the run ("CUDA tracing was off:
   // ..."): kept in the run row's config_json as "notes" (written at close).
@@ -188,6 +195,10 @@ class Recorder {
 
   uint64_t events_recorded() const;  // committed rows from rings
   uint64_t events_dropped() const;
+
+  // Tests only: the slow path's lock, held until the returned lock goes (what a thread stopped
+  // or dying inside the recorder does to the other callers).
+  std::unique_lock<std::timed_mutex> hold_slow_path_lock_for_testing();
 
   // Used by the crash handlers: finish from a dying process (called in a signal handler).
   void crash_finalize(RunStatus status, const char* detail, int timeout_ms);
