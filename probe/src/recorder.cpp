@@ -228,7 +228,10 @@ Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>*
     m.w.reset();
     return Status::Error(options.path + ": cannot write the run row: " + s.message());
   }
-  m.writer = std::thread([&m] { m.writer_main(); });
+  {
+    BlockAsyncSignals block;  // the writer inherits the mask (see recorder.h)
+    m.writer = std::thread([&m] { m.writer_main(); });
+  }
   if (options.crash_handlers) crash::register_recorder(r.get(), options.crash_on_interrupt);
   *out = std::move(r);
   return Status::Ok();
@@ -241,6 +244,15 @@ Recorder::~Recorder() {
     (void)close(std::uncaught_exceptions() > 0 ? RunStatus::Failed : RunStatus::Ok, std::nullopt,
                 std::uncaught_exceptions() > 0 ? "an exception ended the program before it closed the trace" : "");
 }
+
+BlockAsyncSignals::BlockAsyncSignals() {
+  sigset_t all;
+  sigfillset(&all);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT}) sigdelset(&all, sig);
+  pthread_sigmask(SIG_BLOCK, &all, &saved_);
+}
+
+BlockAsyncSignals::~BlockAsyncSignals() { pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
 
 // ---------------------------------------------------------------- slow path
 

@@ -1,6 +1,6 @@
 // Issue 40's silent losses in the host recording path, on a real program under libzt_probe.so
-// (tests/probe/edge_workload.cpp): a free the hooks did not see leaves neither a stale open row nor
-// a silent guess.
+// (tests/probe/edge_workload.cpp): the program's own signals never land on a probe thread, and a
+// free the hooks did not see leaves neither a stale open row nor a silent guess.
 #include <gtest/gtest.h>
 
 #include "../test_util.h"
@@ -22,6 +22,17 @@ RunResult run_probed(const std::string& out, const std::vector<std::string>& arg
 }
 
 }  // namespace
+
+// heaptrack's bug 378494: a process-directed signal meant for the program's sigwait thread was
+// delivered to a probe thread that had it unblocked, and its default action killed the program.
+TEST(SilentLosses, TheProgramsSignalsNeverLandOnAProbeThread) {
+  TempDir dir;
+  std::string out = dir.file("sigwait.db");
+  RunResult r = run_probed(out, {"sigwait", "3000"});
+  ASSERT_EQ(r.code, 0) << "killed by signal " << (r.code > 128 ? r.code - 128 : 0) << ": " << r.err;
+  EXPECT_NE(r.err.find("received "), std::string::npos) << r.err;
+  EXPECT_EQ(sql_int(out, "SELECT status FROM run"), 1) << "the run ended normally";
+}
 
 // An address allocated again while its row is open (its free went past the hooks): the older row
 // was replaced in the live table and stayed open for ever, a leak that never was. It is closed

@@ -19,6 +19,8 @@
 //  - One clock: now_ns() is CLOCK_MONOTONIC in nanoseconds.
 #pragma once
 
+#include <signal.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -212,6 +214,24 @@ class Recorder {
   void publish(ThreadRing* r);
   int64_t next_id(ThreadRing* r);
   std::unique_ptr<Impl> impl_;
+};
+
+// While alive, the calling thread blocks every asynchronous signal; its mask is restored after.
+// Every thread the probe starts (the writer, the RSS sampler, the CUPTI decoder) is created under
+// one and inherits the mask, so that a signal the program sends to its process (SIGUSR1 for its
+// own sigwait thread, SIGTERM, SIGINT) is never delivered to a probe thread, where its default
+// action would end the program (heaptrack's bug 378494). The synchronous fatal signals (SIGSEGV,
+// SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT) stay as they were: a fault raises them in the
+// thread that made it, and blocked they kill the process without the crash handlers.
+class BlockAsyncSignals {
+ public:
+  BlockAsyncSignals();
+  ~BlockAsyncSignals();
+  BlockAsyncSignals(const BlockAsyncSignals&) = delete;
+  BlockAsyncSignals& operator=(const BlockAsyncSignals&) = delete;
+
+ private:
+  sigset_t saved_;
 };
 
 // RAII marker: begin in the constructor, end in the destructor.
