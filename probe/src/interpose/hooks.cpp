@@ -19,8 +19,8 @@
 #include <cstring>
 #include <mutex>
 #include <new>
-#include <utility>
 #include <unordered_map>
+#include <utility>
 
 #define ZT_TLS __attribute__((tls_model("initial-exec")))
 #define ZT_EXPORT extern "C" __attribute__((visibility("default")))
