@@ -100,6 +100,7 @@ Status merge_traces(const std::string& out_path, const std::vector<std::string>&
           " FROM src.dropped ORDER BY id;";
       exec(db, sql.c_str());
       w->commit();
+      if (Status s = w->status(); !s) throw SqlError(0, s.message());
       exec(db, "DETACH DATABASE src;");
     }
     w->begin();

@@ -280,7 +280,7 @@ Status TraceWriter::create(const std::string& path, std::unique_ptr<TraceWriter>
     // which survives a process crash (the kernel has the pages), not a power cut.
     detail::exec(w->db_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-65536;");
     w->prepare();
-  } catch (const detail::SqlError& e) {
+  } catch (const std::exception& e) {  // SqlError, or no memory for the statements
     w->st_.reset();
     if (w->db_) sqlite3_close(w->db_);
     w->db_ = nullptr;
@@ -316,7 +316,7 @@ Status TraceWriter::append(const std::string& path, std::unique_ptr<TraceWriter>
     if (detail::query_int(w->db_, "SELECT count(*) FROM pragma_table_info('frame') WHERE name = 'line'") == 0)
       detail::exec(w->db_, "ALTER TABLE frame ADD COLUMN line INTEGER;");
     w->prepare();
-  } catch (const detail::SqlError& e) {
+  } catch (const std::exception& e) {
     w->st_.reset();
     sqlite3_close(w->db_);
     w->db_ = nullptr;
@@ -327,136 +327,184 @@ Status TraceWriter::append(const std::string& path, std::unique_ptr<TraceWriter>
 }
 
 TraceWriter::~TraceWriter() {
-  if (in_tx_) {
-    try {
-      commit();
-    } catch (...) {
-    }
-  }
+  commit();  // never throws (what fails is kept, and nobody asks any more)
   st_.reset();
   if (db_) sqlite3_close(db_);
 }
 
-void TraceWriter::begin() {
-  if (!in_tx_) {
-    detail::exec(db_, "BEGIN;");
-    in_tx_ = true;
+// Inside the writer everything throws (detail::SqlError, std::bad_alloc); no exception leaves it.
+void TraceWriter::fail(const char* what) noexcept {
+  if (failed_) return;
+  failed_ = true;
+  try {
+    error_ = what;
+  } catch (...) {
   }
 }
 
-// The waiting rows that can go in are committed also when some cannot; then the first error is
-// thrown (rather than COMMIT's own, when an I/O error already ended the transaction).
+template <class F>
+bool TraceWriter::guarded(F&& f) noexcept {
+  try {
+    f();
+    return true;
+  } catch (const std::exception& e) {
+    fail(e.what());
+  } catch (...) {
+    fail("an unknown error");
+  }
+  return false;
+}
+
+Status TraceWriter::status() const {
+  if (!failed_) return Status::Ok();
+  return Status::Error(path_ + ": writing the trace failed: " + error_);
+}
+
+void TraceWriter::begin() {
+  if (in_tx_) return;
+  guarded([&] {
+    detail::exec(db_, "BEGIN;");
+    in_tx_ = true;
+  });
+}
+
+// The waiting rows that can go in are committed also when some cannot; the first error is kept
+// (rather than COMMIT's own, when an I/O error already ended the transaction).
 void TraceWriter::commit() {
   if (!in_tx_) return;
   in_tx_ = false;
-  std::exception_ptr failed;
-  try {
-    st_->flush();
-  } catch (...) {
-    failed = std::current_exception();
-  }
-  if (!sqlite3_get_autocommit(db_)) {  // a transaction is still open
-    try {
-      detail::exec(db_, "COMMIT;");
-    } catch (...) {
-      if (!failed) throw;
-    }
-  }
-  if (failed) std::rethrow_exception(failed);
+  if (!st_) return;
+  guarded([&] { st_->flush(); });
+  if (!sqlite3_get_autocommit(db_)) guarded([&] { detail::exec(db_, "COMMIT;"); });  // a transaction is still open
 }
 
 void TraceWriter::checkpoint() {
   commit();
-  detail::exec(db_, "PRAGMA wal_checkpoint(PASSIVE);");
+  guarded([&] { detail::exec(db_, "PRAGMA wal_checkpoint(PASSIVE);"); });
 }
 
 sqlite3* TraceWriter::handle() {
-  if (st_) st_->flush();
+  if (st_) guarded([&] { st_->flush(); });
   return db_;
 }
 
 void TraceWriter::insert(const RunRow& r) {
-  st_->run.bind(1, r.id).bind(2, r.tool_version).bind(3, r.command_line).bind_text_or_null(4, r.config_json)
-      .bind_opt(5, r.seed).bind_text_or_null(6, r.hostname).bind(7, r.pid).bind(8, r.t_start).bind_opt(9, r.t_end)
-      .bind(10, r.wall_start_unix_ns).bind(11, i(r.status)).bind_opt(12, r.exit_code)
-      .bind_text_or_null(13, r.exit_detail).bind_text_or_null(14, r.source_file).step_done();
+  guarded([&] {
+    st_->run.bind(1, r.id).bind(2, r.tool_version).bind(3, r.command_line).bind_text_or_null(4, r.config_json)
+        .bind_opt(5, r.seed).bind_text_or_null(6, r.hostname).bind(7, r.pid).bind(8, r.t_start).bind_opt(9, r.t_end)
+        .bind(10, r.wall_start_unix_ns).bind(11, i(r.status)).bind_opt(12, r.exit_code)
+        .bind_text_or_null(13, r.exit_detail).bind_text_or_null(14, r.source_file).step_done();
+  });
 }
 void TraceWriter::insert(const RankRow& r) {
-  st_->rank.bind(1, r.rank).bind(2, r.run_id).bind(3, r.world_size).bind_opt(4, r.local_rank)
-      .bind_text_or_null(5, r.hostname).bind(6, r.pid).step_done();
+  guarded([&] {
+    st_->rank.bind(1, r.rank).bind(2, r.run_id).bind(3, r.world_size).bind_opt(4, r.local_rank)
+        .bind_text_or_null(5, r.hostname).bind(6, r.pid).step_done();
+  });
 }
 void TraceWriter::insert(const DeviceRow& r) {
-  st_->device.bind(1, r.id).bind(2, r.rank).bind(3, i(r.kind)).bind(4, r.ordinal).bind(5, r.label)
-      .bind_text_or_null(6, r.name).bind_opt(7, r.capacity_bytes).bind(8, int64_t(r.simulated)).step_done();
+  guarded([&] {
+    st_->device.bind(1, r.id).bind(2, r.rank).bind(3, i(r.kind)).bind(4, r.ordinal).bind(5, r.label)
+        .bind_text_or_null(6, r.name).bind_opt(7, r.capacity_bytes).bind(8, int64_t(r.simulated)).step_done();
+  });
 }
-void TraceWriter::insert(const StringRow& r) { st_->string.bind(1, r.id).bind(2, r.text).step_done(); }
+void TraceWriter::insert(const StringRow& r) {
+  guarded([&] { st_->string.bind(1, r.id).bind(2, r.text).step_done(); });
+}
 void TraceWriter::insert(const FrameRow& r) {
-  st_->frame.bind(1, r.id).bind(2, i(r.ip)).bind_text_or_null(3, r.module).bind_opt(4, r.module_offset)
-      .bind_text_or_null(5, r.symbol).bind_opt(6, r.line).step_done();
+  guarded([&] {
+    st_->frame.bind(1, r.id).bind(2, i(r.ip)).bind_text_or_null(3, r.module).bind_opt(4, r.module_offset)
+        .bind_text_or_null(5, r.symbol).bind_opt(6, r.line).step_done();
+  });
 }
 void TraceWriter::insert(const StackRow& r) {
-  st_->stack.bind(1, r.id).bind_id(2, r.parent_id).bind(3, r.frame_id).step_done();
+  guarded([&] { st_->stack.bind(1, r.id).bind_id(2, r.parent_id).bind(3, r.frame_id).step_done(); });
 }
-void TraceWriter::insert(const AllocationRow& r) { st_->allocation.add(r, in_tx_); }
-void TraceWriter::insert(const TransferRow& r) { st_->transfer.add(r, in_tx_); }
-void TraceWriter::insert(const KernelRow& r) { st_->kernel.add(r, in_tx_); }
-void TraceWriter::insert(const PlacementRow& r) { st_->placement.add(r, in_tx_); }
-void TraceWriter::insert(const MarkerRow& r) { st_->marker.add(r, in_tx_); }
-void TraceWriter::insert(const CounterRow& r) { st_->counter.add(r, in_tx_); }
+void TraceWriter::insert(const AllocationRow& r) { guarded([&] { st_->allocation.add(r, in_tx_); }); }
+void TraceWriter::insert(const TransferRow& r) { guarded([&] { st_->transfer.add(r, in_tx_); }); }
+void TraceWriter::insert(const KernelRow& r) { guarded([&] { st_->kernel.add(r, in_tx_); }); }
+void TraceWriter::insert(const PlacementRow& r) { guarded([&] { st_->placement.add(r, in_tx_); }); }
+void TraceWriter::insert(const MarkerRow& r) { guarded([&] { st_->marker.add(r, in_tx_); }); }
+void TraceWriter::insert(const CounterRow& r) { guarded([&] { st_->counter.add(r, in_tx_); }); }
 void TraceWriter::insert(const FaultRow& r) {
-  st_->fault.bind_id(1, r.id).bind(2, r.rank).bind(3, r.t).bind(4, r.name).bind_text_or_null(5, r.trigger)
-      .bind_opt(6, r.step).bind_text_or_null(7, r.details).step_done();
+  guarded([&] {
+    st_->fault.bind_id(1, r.id).bind(2, r.rank).bind(3, r.t).bind(4, r.name).bind_text_or_null(5, r.trigger)
+        .bind_opt(6, r.step).bind_text_or_null(7, r.details).step_done();
+  });
 }
 void TraceWriter::insert(const ErrorRow& r) {
-  st_->error.bind_id(1, r.id).bind(2, r.rank).bind(3, r.t).bind_opt(4, r.step).bind_text_or_null(5, r.kind)
-      .bind_text_or_null(6, r.site).bind(7, r.message).bind_text_or_null(8, r.tensors).bind_id(9, r.device_id).step_done();
+  guarded([&] {
+    st_->error.bind_id(1, r.id).bind(2, r.rank).bind(3, r.t).bind_opt(4, r.step).bind_text_or_null(5, r.kind)
+        .bind_text_or_null(6, r.site).bind(7, r.message).bind_text_or_null(8, r.tensors).bind_id(9, r.device_id)
+        .step_done();
+  });
 }
 void TraceWriter::insert(const DroppedRow& r) {
-  st_->dropped.bind_id(1, r.id).bind_opt(2, r.rank).bind(3, r.thread).bind(4, r.t).bind(5, r.events).bind(6, r.reason)
-      .step_done();
+  guarded([&] {
+    st_->dropped.bind_id(1, r.id).bind_opt(2, r.rank).bind(3, r.thread).bind(4, r.t).bind(5, r.events)
+        .bind(6, r.reason).step_done();
+  });
 }
 
 bool TraceWriter::set_allocation_freed(int64_t id, int64_t t_free) {
-  if (AllocationRow* r = st_->allocation.waiting(id)) {
-    r->t_free = t_free;
-    return true;
-  }
-  st_->alloc_free.bind(1, t_free).bind(2, id).step_done();
-  return sqlite3_changes(db_) > 0;
+  bool found = false;
+  guarded([&] {
+    if (AllocationRow* r = st_->allocation.waiting(id)) {
+      r->t_free = t_free;
+      found = true;
+      return;
+    }
+    st_->alloc_free.bind(1, t_free).bind(2, id).step_done();
+    found = sqlite3_changes(db_) > 0;
+  });
+  return found;
 }
 bool TraceWriter::set_marker_end(int64_t id, int64_t t_end, std::optional<int64_t> value) {
-  if (MarkerRow* r = st_->marker.waiting(id)) {  // the UPDATE's "value = coalesce(?, value)"
-    r->t_end = t_end;
-    if (value) r->value = value;
-    return true;
-  }
-  st_->marker_end.bind(1, t_end).bind_opt(2, value).bind(3, id).step_done();
-  return sqlite3_changes(db_) > 0;
+  bool found = false;
+  guarded([&] {
+    if (MarkerRow* r = st_->marker.waiting(id)) {  // the UPDATE's "value = coalesce(?, value)"
+      r->t_end = t_end;
+      if (value) r->value = value;
+      found = true;
+      return;
+    }
+    st_->marker_end.bind(1, t_end).bind_opt(2, value).bind(3, id).step_done();
+    found = sqlite3_changes(db_) > 0;
+  });
+  return found;
 }
 void TraceWriter::set_run_end(int64_t run_id, int64_t t_end, RunStatus status, std::optional<int64_t> exit_code,
                               const std::string& detail) {
-  st_->run_end.bind(1, t_end).bind(2, i(status)).bind_opt(3, exit_code).bind_text_or_null(4, detail).bind(5, run_id)
-      .step_done();
+  guarded([&] {
+    st_->run_end.bind(1, t_end).bind(2, i(status)).bind_opt(3, exit_code).bind_text_or_null(4, detail)
+        .bind(5, run_id).step_done();
+  });
 }
 void TraceWriter::add_run_note(int64_t run_id, const std::string& text) {
-  Stmt s(handle(),
-         "UPDATE run SET config_json = json_insert(json_insert(coalesce(config_json, '{}'), '$.notes', json('[]')), "
-         "'$.notes[#]', ?1) WHERE id = ?2 AND json_valid(coalesce(config_json, '{}')) AND "
-         "json_type(coalesce(config_json, '{}')) = 'object'");
-  s.bind(1, std::string_view(text)).bind(2, run_id).step_done();
+  sqlite3* db = handle();
+  guarded([&] {
+    Stmt s(db,
+           "UPDATE run SET config_json = json_insert(json_insert(coalesce(config_json, '{}'), '$.notes', json('[]')), "
+           "'$.notes[#]', ?1) WHERE id = ?2 AND json_valid(coalesce(config_json, '{}')) AND "
+           "json_type(coalesce(config_json, '{}')) = 'object'");
+    s.bind(1, std::string_view(text)).bind(2, run_id).step_done();
+  });
 }
 void TraceWriter::set_frame_symbol(int64_t frame_id, const std::string& module, std::optional<int64_t> offset,
                                    const std::string& symbol) {
-  st_->frame_symbol.bind_text_or_null(1, module).bind_opt(2, offset).bind_text_or_null(3, symbol).bind(4, frame_id)
-      .step_done();
+  guarded([&] {
+    st_->frame_symbol.bind_text_or_null(1, module).bind_opt(2, offset).bind_text_or_null(3, symbol)
+        .bind(4, frame_id).step_done();
+  });
 }
 void TraceWriter::set_meta(const std::string& key, const std::string& value) {
-  st_->meta.bind(1, key).bind(2, value).step_done();
+  guarded([&] { st_->meta.bind(1, key).bind(2, value).step_done(); });
 }
 
 Status TraceWriter::finish() {
+  commit();
+  Status own;
   try {
-    commit();
     try {
       detail::match_driver_records(db_);
     } catch (const detail::SqlError& e) {
@@ -466,10 +514,11 @@ Status TraceWriter::finish() {
     }
     detail::exec(db_, index_sql());
     detail::exec(db_, "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;");
-  } catch (const detail::SqlError& e) {
-    return Status::Error(path_ + ": could not finish the trace: " + e.what());
+  } catch (const std::exception& e) {
+    own = Status::Error(path_ + ": could not finish the trace: " + e.what());
   }
-  return Status::Ok();
+  if (failed_) return status();
+  return own;
 }
 
 }  // namespace zt::db

@@ -309,7 +309,10 @@ __attribute__((constructor)) void on_load() {
     h.stack_depth = cfg.stack_depth;
     interpose::start(h);
   }
-  if (cfg.rss_interval_ms > 0) g->sampler_running = pthread_create(&g->sampler, nullptr, sampler_main, nullptr) == 0;
+  if (cfg.rss_interval_ms > 0) {
+    BlockAsyncSignals block;  // the sampler inherits the mask: the program's signals never land on it
+    g->sampler_running = pthread_create(&g->sampler, nullptr, sampler_main, nullptr) == 0;
+  }
   pthread_atfork(nullptr, nullptr, child_after_fork);
   std::atexit(at_exit);
 

@@ -7,6 +7,8 @@
 // threshold take a stack, a lock on the live table, and a ring write in the Recorder.
 #include "host_hooks.h"
 
+#include "aligned.h"
+
 #include <dlfcn.h>
 #include <malloc.h>
 #include <sys/mman.h>
@@ -18,6 +20,7 @@
 #include <mutex>
 #include <new>
 #include <unordered_map>
+#include <utility>
 
 #define ZT_TLS __attribute__((tls_model("initial-exec")))
 #define ZT_EXPORT extern "C" __attribute__((visibility("default")))
@@ -53,8 +56,6 @@ using malloc_fn = void* (*)(size_t);
 using free_fn = void (*)(void*);
 using calloc_fn = void* (*)(size_t, size_t);
 using realloc_fn = void* (*)(void*, size_t);
-using posix_memalign_fn = int (*)(void**, size_t, size_t);
-using aligned_alloc_fn = void* (*)(size_t, size_t);
 using usable_fn = size_t (*)(void*);
 using mmap_fn = void* (*)(void*, size_t, int, int, int, off_t);
 using munmap_fn = int (*)(void*, size_t);
@@ -64,9 +65,7 @@ struct Real {
   free_fn free = nullptr;
   calloc_fn calloc = nullptr;
   realloc_fn realloc = nullptr;
-  posix_memalign_fn posix_memalign = nullptr;
-  aligned_alloc_fn aligned_alloc = nullptr;
-  aligned_alloc_fn memalign = nullptr;
+  AlignedReal aligned;  // posix_memalign, aligned_alloc, memalign: any may be missing (aligned.h)
   usable_fn usable = nullptr;
   mmap_fn mmap = nullptr;
   mmap_fn mmap64 = nullptr;
@@ -101,9 +100,9 @@ void resolve() {
     r.free = reinterpret_cast<free_fn>(dlsym(RTLD_NEXT, "free"));
     r.calloc = reinterpret_cast<calloc_fn>(dlsym(RTLD_NEXT, "calloc"));
     r.realloc = reinterpret_cast<realloc_fn>(dlsym(RTLD_NEXT, "realloc"));
-    r.posix_memalign = reinterpret_cast<posix_memalign_fn>(dlsym(RTLD_NEXT, "posix_memalign"));
-    r.aligned_alloc = reinterpret_cast<aligned_alloc_fn>(dlsym(RTLD_NEXT, "aligned_alloc"));
-    r.memalign = reinterpret_cast<aligned_alloc_fn>(dlsym(RTLD_NEXT, "memalign"));
+    r.aligned.posix_memalign = reinterpret_cast<posix_memalign_fn>(dlsym(RTLD_NEXT, "posix_memalign"));
+    r.aligned.aligned_alloc = reinterpret_cast<aligned_alloc_fn>(dlsym(RTLD_NEXT, "aligned_alloc"));
+    r.aligned.memalign = reinterpret_cast<aligned_alloc_fn>(dlsym(RTLD_NEXT, "memalign"));
     r.usable = reinterpret_cast<usable_fn>(dlsym(RTLD_NEXT, "malloc_usable_size"));
     r.mmap = reinterpret_cast<mmap_fn>(dlsym(RTLD_NEXT, "mmap"));
     r.mmap64 = reinterpret_cast<mmap_fn>(dlsym(RTLD_NEXT, "mmap64"));
@@ -197,6 +196,10 @@ Slot& slot() {
   return *t_slot;
 }
 
+constexpr const char* kUnseenFree =
+    "host frees not seen (the address was allocated again while its allocation was open): the allocation was "
+    "closed at the time its address came back";
+
 // Frames between capture_stack's caller and the application: record_large, then the hook.
 // Both are noinline so that this count holds.
 constexpr int kSkipFrames = 2;
@@ -215,13 +218,24 @@ __attribute__((noinline)) void record_large(void* p, size_t requested, size_t by
   e.requested_bytes = static_cast<int64_t>(requested);
   e.source = Source::HostHook;
   e.stack = g_stacks ? rec->capture_stack(kSkipFrames, g_depth) : 0;
+  e.t = now_ns();
   AllocId id = rec->alloc(e);
   arm_sentinel();
   g_recorded.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard lock(g_live_mu);
-  auto& table = mmapped ? *g_live_mmap : *g_live_malloc;
-  auto [it, inserted] = table.insert_or_assign(reinterpret_cast<uintptr_t>(p), id);
-  (void)inserted;
+  AllocId stale = 0;
+  {
+    std::lock_guard lock(g_live_mu);
+    auto& table = mmapped ? *g_live_mmap : *g_live_malloc;
+    auto [it, inserted] = table.try_emplace(reinterpret_cast<uintptr_t>(p), id);
+    if (!inserted) stale = std::exchange(it->second, id);
+  }
+  // The address came back while its earlier allocation is open: that one's free went by unseen
+  // (a munmap of part of a mapping, a free on a thread that no longer records, a raw syscall). It
+  // was freed by now, so its row is closed at this allocation's time, and the guess is counted.
+  if (stale) {
+    rec->free(stale, e.t);
+    rec->dropped(1, kUnseenFree, g_rank);
+  }
 }
 
 // Returns false when p was not a recorded allocation.
@@ -376,21 +390,21 @@ ZT_EXPORT void* realloc(void* old, size_t n) {
 
 ZT_EXPORT int posix_memalign(void** out, size_t align, size_t n) {
   ensure_real();
-  int rc = g_real.posix_memalign(out, align, n);
+  int rc = real_posix_memalign(g_real.aligned, out, align, n);
   if (rc == 0) on_alloc(*out, n);
   return rc;
 }
 
 ZT_EXPORT void* aligned_alloc(size_t align, size_t n) {
   ensure_real();
-  void* p = g_real.aligned_alloc(align, n);
+  void* p = real_aligned_alloc(g_real.aligned, align, n, false);
   on_alloc(p, n);
   return p;
 }
 
 ZT_EXPORT void* memalign(size_t align, size_t n) {
   ensure_real();
-  void* p = g_real.memalign(align, n);
+  void* p = real_aligned_alloc(g_real.aligned, align, n, true);
   on_alloc(p, n);
   return p;
 }

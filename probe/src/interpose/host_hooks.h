@@ -10,6 +10,11 @@
 //    unchanged; recording is a side effect that can never change what the program sees.
 //  - Allocations at or above the threshold become allocation rows (pageable_host, segment,
 //    source host_hook) with a stack; smaller ones only move per-thread counters.
+//  - One open row per address: an address allocated again while its row is open (its free was
+//    not seen: a partial munmap, a raw syscall, a thread that no longer records) closes the older
+//    row at the new allocation's time, and each such guess is a `dropped` row ("host frees not
+//    seen"). The trace stays valid for the reader (no row freed before it was made).
+//  - posix_memalign, aligned_alloc and memalign never call through a null pointer (aligned.h).
 //  - Code inside the probe (a ScopedGuard on the stack, the recorder's writer thread, the
 //    probe's own threads) passes straight through: the probe never records itself and never
 //    recurses into its own hooks.
