@@ -913,6 +913,18 @@ TEST(CheckLeaks, RssGrowthTheRecordedAllocationsDoNotExplainIsALeak) {
   EXPECT_TRUE(has(only(recorded, "leaks").findings[0], "pageable host memory: live bytes at epoch start grew 8.00 MiB"))
       << format_text(recorded);
 
+  // Sampled less often than the epochs come: one sample for every epoch start, and the report says
+  // the RSS was not seen to grow (not that it did not).
+  l.kept_per_step = 0;
+  l.extra = [](TraceBuilder& b) {
+    b.counter(0, 1, "host_rss", 0, double(300 * kMiB));
+    b.counter(0, 1, "host_rss", 5000, double(400 * kMiB));
+  };
+  Report coarse = run(loop_trace(dir, "coarse.db", l), leaks_only());
+  EXPECT_EQ(only(coarse, "leaks").outcome, Outcome::Pass) << format_text(coarse);
+  EXPECT_FALSE(has(only(coarse, "leaks").summary, "RSS")) << format_text(coarse);
+  EXPECT_TRUE(has(format_text(coarse), "rank 0: one RSS sample stands for every compared epoch start")) << format_text(coarse);
+
   // Not a probed trace (zt train records every buffer it makes): RSS is not compared.
   l.kept_per_step = 0;
   l.config = "{}";

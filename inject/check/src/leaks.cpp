@@ -367,8 +367,6 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
     }
     const Basis* b = basis(rank);
     if (!b) continue;
-    used(*b);
-    ++processes;
     Series s = series_of(*b).front();  // window starts, or their lowest points (windows of time)
     if (s.windows.size() < 2) continue;
     std::optional<Values> rss = rss_values(samples->second, s);
@@ -383,6 +381,15 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
     Verdict v = evaluate(rss->v, rss_threshold, b->warmup);  // from, to, and growth in half the intervals
     const size_t counted = v.to - v.from;
     if (counted == 0) continue;
+    if (std::set<int64_t>(rss->at.begin() + long(v.from), rss->at.end()).size() < 2) {
+      // One sample stands for every compared point: the RSS could not be seen to grow.
+      r.context.push_back("rank " + std::to_string(rank) + ": one RSS sample stands for every compared " + b->unit() +
+                          " start (the " + b->unit() + "s are shorter than the sampling period): its growth was not "
+                          "seen; zt probe --rss-interval-ms samples more often");
+      continue;
+    }
+    used(*b);
+    ++processes;
     const int64_t rss_growth = rss->v[v.to] - rss->v[v.from];
     const int64_t recorded_growth = recorded[v.to] - recorded[v.from];
     // Recorded memory that was freed does not excuse growth: only recorded growth explains.
@@ -404,8 +411,8 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
     if (v.from > 0) line += ", " + s.windows[0]->label + " taken as warm-up";
     line += "; memory the trace does not record one by one grows: allocations under zt probe's --host-threshold" +
             (host_threshold ? " (" + format_bytes(double(*host_threshold)) + ")" : std::string()) +
-            ", memory a library maps itself, or fragmentation; a lower --host-threshold (64KiB) records the small "
-            "allocations with their lines";
+            ", memory a library maps itself, or fragmentation; zt probe with a lower --host-threshold records "
+            "smaller allocations one by one, with their lines";
     r.findings.push_back(std::move(line));
   }
 
