@@ -1,4 +1,5 @@
 // zt db info|sql|kernels|top|merge, zt export, zt synth, zt demo.
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
@@ -390,9 +391,14 @@ int db_info(const std::string& path) {
     }
     print_table(std::cout, {"kind", "count", "bytes", "busy", "rate"}, rows, {false, true, true, true, true}, "  ");
   } else {
-    std::cout << "transfers: none\n";
+    // Nothing moved: no per-step table of zeros (a CPU job's).
+    std::cout << "transfers: none (no copies between host and device, no collectives)\n";
   }
-  if (!sum.step_traffic.empty()) {
+  bool step_bytes = false;
+  for (auto& s : sum.step_traffic) step_bytes = step_bytes || s.h2d > 0 || s.d2h > 0 || s.collective > 0;
+  if (!sum.transfers.empty() && !sum.step_traffic.empty() && !step_bytes)
+    std::cout << "per step: no bytes moved during the optimizer steps (the transfers above ran outside them)\n";
+  if (step_bytes) {
     std::cout << "per step (mean bytes moved by each rank during its optimizer steps):\n";
     std::vector<std::vector<std::string>> rows;
     for (auto& s : sum.step_traffic)
@@ -413,7 +419,21 @@ int db_info(const std::string& path) {
     std::cout << ": " << f.name << (f.trigger.empty() ? "" : " [" + f.trigger + "]")
               << (f.details.empty() ? "" : " " + f.details) << "\n";
   }
-  for (auto& n : sum.notes) std::cout << "note: " << n << "\n";
+  // A merged trace holds one run per process, and each may have said the same ("CUDA tracing was
+  // off"): said once, with how many said it.
+  {
+    std::vector<std::pair<std::string, int>> notes;
+    for (auto& n : sum.notes) {
+      auto it = std::find_if(notes.begin(), notes.end(), [&](auto& x) { return x.first == n; });
+      if (it == notes.end()) notes.emplace_back(n, 1);
+      else ++it->second;
+    }
+    for (auto& [n, times] : notes)
+      std::cout << "note: " << n << (times > 1 ? " (said by " + std::to_string(times) + " of the trace's " +
+                                                     std::to_string(sum.runs.size()) + " runs)"
+                                               : std::string())
+                << "\n";
+  }
   std::cout << "errors: " << (sum.errors.empty() ? "none" : std::to_string(sum.errors.size()) + " (times from the run's start)")
             << "\n";
   for (size_t i = 0; i < sum.errors.size() && i < 20; ++i) {
@@ -421,7 +441,7 @@ int db_info(const std::string& path) {
     std::cout << "  +" << format_duration_ns(double(e.t - run_start)) << " rank " << e.rank;
     if (e.step) std::cout << " step " << *e.step;
     if (!e.site.empty()) std::cout << " in " << e.site;
-    std::cout << ": " << e.message << "\n";
+    std::cout << ": " << (e.kind.empty() ? "error" : e.kind) << ": " << e.message << "\n";
   }
   return kExitOk;
 }

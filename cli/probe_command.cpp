@@ -423,6 +423,7 @@ int run_probe(const ProbeArgs& a) {
     for (size_t i = 0; i < traces.size(); ++i) renumbered[i] = set_rank(traces[i], int(i));
   std::string cuda_off;
   bool any_cuda_on = false;
+  bool any_marks = false;  // steps or epochs in some trace (the program's own or derived)
   for (size_t i = 0; i < traces.size(); ++i) {
     const RunTrace& t = traces[i];
     TraceCounts c = count(t.path);
@@ -451,6 +452,7 @@ int run_probe(const ProbeArgs& a) {
       } else {
         steps = ", " + db::describe(d);
         notes = d.notes;
+        any_marks = any_marks || d.steps || d.epochs || d.own_steps || d.own_epochs;
       }
     }
     std::fprintf(stderr, "zt probe: %s: %lld allocations (%lld live at exit), %lld transfers, %lld kernels%s%s%s\n",
@@ -460,6 +462,12 @@ int run_probe(const ProbeArgs& a) {
     for (auto& n : notes) std::fprintf(stderr, "zt probe:   %s\n", n.c_str());
   }
   if (!any_cuda_on && !cuda_off.empty()) std::fprintf(stderr, "zt probe: %s\n", cuda_off.c_str());
+  if (!any_marks)
+    std::fprintf(stderr,
+                 "zt probe: no steps or epochs found; to mark them: the zerotrace module in Python (with "
+                 "zerotrace.epoch(e): / with zerotrace.step(n):), NVTX ranges named 'epoch N' / 'step N', the HF "
+                 "Trainer or Lightning (marked for you), or --step-range / --epoch-range naming a range of the "
+                 "program's (docs/python-jobs.md); without them zt check --leaks compares windows of time\n");
   if (traces.size() > 1) {
     // Only the renumbered traces merge (a trace whose process still runs keeps rank 0).
     std::vector<std::string> merge{"zt", "db", "merge", merged_name(out.string())};

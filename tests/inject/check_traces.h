@@ -29,7 +29,9 @@ class TraceBuilder {
     names_[text] = id;
     return id;
   }
-  void run(const std::string& config_json, db::RunStatus status = db::RunStatus::Ok) {
+  // t_end: when the run ended (default 1000 s; none when it never closed its trace).
+  void run(const std::string& config_json, db::RunStatus status = db::RunStatus::Ok,
+           std::optional<int64_t> t_end = std::nullopt) {
     db::RunRow r;
     r.tool_version = "test";
     r.command_line = "check_test";
@@ -38,7 +40,7 @@ class TraceBuilder {
     r.t_start = 0;
     r.status = status;
     if (status != db::RunStatus::Running) {  // a process that died without closing its trace ends nothing
-      r.t_end = 1'000'000'000'000;
+      r.t_end = t_end.value_or(1'000'000'000'000);
       r.exit_code = status == db::RunStatus::Ok ? 0 : 1;
     }
     if (status == db::RunStatus::Failed) r.exit_detail = "step 8: CUDA out of memory";

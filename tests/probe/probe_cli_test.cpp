@@ -30,6 +30,12 @@ TEST(ProbeCommand, TrueIsRecordedAndCudaOffIsSaidOnce) {
   size_t first = r.err.find("CUDA tracing was off");
   ASSERT_NE(first, std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("CUDA tracing was off", first + 1), std::string::npos) << r.err;
+  // No steps or epochs: the summary says how to mark them (issue 40), once.
+  const std::string hint = "zt probe: no steps or epochs found; to mark them: the zerotrace module in Python (with "
+                           "zerotrace.epoch(e): / with zerotrace.step(n):)";
+  const size_t at = r.err.find(hint);
+  EXPECT_NE(at, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(hint, at + 1), std::string::npos) << r.err;
   // A note of the run (in its config_json), not an error row: db info counts no error.
   EXPECT_EQ(sql_int(out, "SELECT count(*) FROM run, json_each(run.config_json, '$.notes') j WHERE j.value LIKE "
                          "'CUDA tracing was off: %'"),

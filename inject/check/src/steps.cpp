@@ -59,6 +59,12 @@ Status check_steps(TraceData& d, const Options& o, CheckResult* out) {
     source = "data.steps_planned";
   }
 
+  if (!d.derived_markers.empty()) r.context.push_back(d.derived_markers);
+  if (d.steps.empty())
+    r.context.push_back("the trace has no step markers: a Python program marks its steps with the zerotrace module "
+                        "(with zerotrace.step(n):) or runs under the HF Trainer (docs/python-jobs.md); `zt db steps TRACE "
+                        "--step-range NAME` takes them from a range of its own");
+
   // Per rank: completed steps (step markers that ended), the first and the last.
   struct RankSteps {
     std::set<int64_t> done;

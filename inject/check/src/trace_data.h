@@ -65,6 +65,13 @@ class TraceData {
   std::map<int64_t, std::vector<Span>> epochs;  // per rank, by epoch (from epoch markers, else from steps)
   std::vector<CounterSample> counters;          // only allocated, reserved and data.*
   std::vector<db::ErrorRow> errors;
+  // Host RSS samples per rank (counter host_rss), by time; values that are not a size left out.
+  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> rss;
+  // Runs recorded by zt probe (run.config_json has "probe"), with the probe's host threshold.
+  std::map<int64_t, std::optional<int64_t>> probed_runs;
+  // Set when the trace had no step or epoch markers and zt check derived them from its ranges
+  // (zt/db/derive_steps.h, in memory: the file is not written); what it did, in words.
+  std::string derived_markers;
 
   const std::string& str(int64_t id) const;
   bool is_accelerator(int64_t device_id) const;  // cuda or simulated GPU
@@ -83,11 +90,14 @@ class TraceData {
   std::string group_of(const Alloc& a);
   // The run row that recorded `rank` (the first run when the rank table does not say).
   const db::RunRow* run_of(int64_t rank) const;
+  // Whether `rank` was recorded by zt probe, and its host threshold when the run says it.
+  bool probed(int64_t rank, std::optional<int64_t>* host_threshold = nullptr) const;
 
  private:
   Status load_allocations();
   Status load_markers();
   Status load_counters();
+  Status load_probed_runs();
   std::string path_;
   std::unique_ptr<db::TraceReader> reader_;
   std::unordered_map<int64_t, std::string> stack_cache_;
