@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "../test_util.h"
 #include "probe_run_util.h"
@@ -378,9 +379,10 @@ TEST(ProbePython, HonestFiguresOfAProbedPythonRun) {
   EXPECT_NE(info.find("note: CUDA tracing was off"), std::string::npos) << info;
   EXPECT_NE(info.find("errors: none"), std::string::npos) << info;
   EXPECT_EQ(info.find("peak allocated 0 B"), std::string::npos) << info;
-  EXPECT_NE(info.find("host memory of rank 0: resident set (RSS) peaked at "), std::string::npos) << info;
+  EXPECT_NE(info.find("host memory of rank 1: resident set (RSS) peaked at "), std::string::npos) << info;
   EXPECT_NE(info.find("allocations of 1.00 MiB or more (malloc, mmap) peaked at "), std::string::npos) << info;
-  // Merged: four process images, one world of 4 (not a world of 4 images).
+  // Merged: four process images, one rank (1, of a world of 4) and its three helpers (the
+  // subprocesses inherited RANK=1; they are not ranks of the job).
   const size_t at = r.err.find("zt db merge ");
   ASSERT_NE(at, std::string::npos) << r.err;
   std::string merge = r.err.substr(at + 3, r.err.find('\n', at) - at - 3);
@@ -388,10 +390,96 @@ TEST(ProbePython, HonestFiguresOfAProbedPythonRun) {
   ASSERT_EQ(m.code, 0) << m.out;
   const std::string merged = merge.substr(std::string("db merge ").size(), merge.find(' ', 9) - 9);
   const std::string minfo = db_info(merged);
-  EXPECT_NE(minfo.find("ranks: 4 (world size 4)"), std::string::npos) << minfo;
+  EXPECT_NE(minfo.find("ranks: 1 (world size 4); other processes: helper "), std::string::npos) << minfo;
+  EXPECT_EQ(sql_int(merged, "SELECT count(*) FROM rank WHERE role = 2 AND job_rank = 1"), 3);
+  EXPECT_EQ(sql_int(merged, "SELECT rank FROM rank WHERE role = 0"), 1);
   // Without launcher variables: one process is a world of 1, whatever it starts.
   RunResult one = run_zt({"probe", "-o", dir.file("one.db"), "--", kPython, dir.file("helpers.py")},
                      {{"RANK", nullptr}, {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr}});
   ASSERT_EQ(one.code, 0) << one.err;
   EXPECT_EQ(sql_int(dir.file("one.db"), "SELECT world_size FROM rank"), 1);
+}
+
+// Issue 40: the job's ranks, not the order processes started. A launcher without rank variables
+// starts rank 1 first, then rank 0 (as torchrun sets their variables); rank 1 starts a helper
+// that inherits them. In every run: each file is named by its rank in the summary, the merged
+// trace's ranks are 0 and 1 with each rank's own allocations, the launcher and the helper are
+// processes (not ranks), and the numbers are the same run after run.
+TEST(ProbePython, TheJobsRanksInEveryRunAndAfterTheMerge) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  write(dir.file("launch.py"),
+        "import os, subprocess, sys, time\n"
+        "base = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')}\n"
+        "worker = ('import os, subprocess, sys\\n'\n"
+        "          'r = int(os.environ[\"RANK\"])\\n'\n"
+        "          'kept = bytearray((2 + r) << 20)\\n'  # rank 0 holds 2 MiB, rank 1 3 MiB\n"
+        "          'if r == 1: subprocess.run([sys.executable, \"-c\", \"x = bytearray(5 << 20)\"], check=True)\\n')\n"
+        "procs = []\n"
+        "for r in (1, 0):\n"
+        "    env = dict(base, RANK=str(r), WORLD_SIZE='2', LOCAL_RANK=str(r), LOCAL_WORLD_SIZE='2')\n"
+        "    procs.append(subprocess.Popen([sys.executable, '-c', worker], env=env))\n"
+        "    time.sleep(0.3)\n"
+        "for p in procs:\n"
+        "    assert p.wait() == 0\n");
+  auto words = [](const std::string& line) {
+    std::vector<std::string> w;
+    std::istringstream in(line);
+    for (std::string x; in >> x;) w.push_back(x);
+    return w;
+  };
+  // A holds `bytes` (within 64 KiB) on key `rank` of `trace`.
+  auto holds = [](const std::string& trace, int rank, int64_t bytes) {
+    return sql_int(trace, "SELECT count(*) FROM allocation WHERE rank = " + std::to_string(rank) + " AND bytes BETWEEN " +
+                              std::to_string(bytes) + " AND " + std::to_string(bytes + 65536)) > 0;
+  };
+  std::vector<std::string> tables, rank1_traces;
+  for (const char* name : {"a", "b"}) {
+    const std::string out = dir.file(std::string(name) + ".db");
+    RunResult r = run_zt({"probe", "-o", out, "--", kPython, dir.file("launch.py")},
+                         {{"RANK", nullptr}, {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr}});
+    ASSERT_EQ(r.code, 0) << r.err;
+    // The summary names each file by its rank, the launcher and the helper by their pids.
+    EXPECT_NE(r.err.find("launcher process "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(": trace written to " + out + ": "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("zt probe: rank 0, child process "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("zt probe: rank 1, child process "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(" of rank 1: trace "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("this run's data is in 4 traces"), std::string::npos) << r.err;
+    // Each file already carries its key: the launcher's file is not rank 0.
+    EXPECT_EQ(sql_int(out, "SELECT role FROM rank"), 1);
+    EXPECT_EQ(sql_int(out, "SELECT rank FROM rank"), 2);
+
+    const size_t at = r.err.find("zt db merge ");
+    ASSERT_NE(at, std::string::npos) << r.err;
+    const std::vector<std::string> merge = words(r.err.substr(at, r.err.find('\n', at) - at));
+    ASSERT_EQ(merge.size(), 8u) << r.err;  // zt db merge OUT and four traces
+    auto m = run_command(std::string(ZT_EXE) + " " + r.err.substr(at + 3, r.err.find('\n', at) - at - 3) + " 2>&1");
+    ASSERT_EQ(m.code, 0) << m.out;
+    const std::string merged = merge[3];
+    tables.push_back(sql(merged, "SELECT group_concat(rank || ':' || role || ':' || coalesce(job_rank, '-') || ':' || "
+                                 "world_size, ' ') FROM (SELECT * FROM rank ORDER BY rank)")[0][0]);
+    // Ranks 0 and 1 of 2, then the launcher (key 2) and rank 1's helper (key 3).
+    EXPECT_EQ(tables.back(), "0:0:0:2 1:0:1:2 2:1:-:1 3:2:1:2") << r.err;
+    // Each rank's memory is its own: rank 1 held 3 MiB, rank 0 2 MiB, the helper 5 MiB.
+    EXPECT_TRUE(holds(merged, 1, 3 << 20)) << merged;
+    EXPECT_FALSE(holds(merged, 0, 3 << 20)) << merged;
+    EXPECT_TRUE(holds(merged, 0, 2 << 20)) << merged;
+    EXPECT_FALSE(holds(merged, 1, 2 << 20)) << merged;
+    EXPECT_TRUE(holds(merged, 3, 5 << 20)) << merged;
+    const std::string info = db_info(merged);
+    EXPECT_NE(info.find("ranks: 2 (world size 2); other processes: launcher "), std::string::npos) << info;
+    EXPECT_NE(info.find("helper "), std::string::npos) << info;
+    // The per-process file of rank 1, for the merge below.
+    for (size_t k = 4; k < merge.size(); ++k)
+      if (sql_int(merge[k], "SELECT count(*) FROM rank WHERE rank = 1 AND role = 0") == 1) rank1_traces.push_back(merge[k]);
+  }
+  EXPECT_EQ(tables[0], tables[1]);
+  // Two traces that both hold rank 1 (one from each run) are not one job: the merge says so.
+  ASSERT_EQ(rank1_traces.size(), 2u);
+  auto both = run_command(std::string(ZT_EXE) + " db merge " + dir.file("both.db") + " " + rank1_traces[0] + " " +
+                          rank1_traces[1] + " 2>&1");
+  EXPECT_EQ(both.code, 2) << both.out;
+  EXPECT_NE(both.out.find("merge: rank 1 is in both " + rank1_traces[0] + " (pid "), std::string::npos) << both.out;
+  EXPECT_FALSE(fs::exists(dir.file("both.db")));
 }
