@@ -483,3 +483,55 @@ TEST(ProbePython, TheJobsRanksInEveryRunAndAfterTheMerge) {
   EXPECT_NE(both.out.find("merge: rank 1 is in both " + rank1_traces[0] + " (pid "), std::string::npos) << both.out;
   EXPECT_FALSE(fs::exists(dir.file("both.db")));
 }
+
+// The communicator has the last word: children that no launcher variable names (as
+// torch.multiprocessing.spawn starts them) become the ranks init_process_group gives them, and
+// the parent that started them is the launcher. A stand-in torch.distributed (the zerotrace hook
+// patches its init_process_group as it patches torch's).
+TEST(ProbePython, TheCommunicatorsRankWithoutLauncherVariables) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  fs::create_directories(dir.file("fw/torch/distributed"));
+  write(dir.file("fw/torch/__init__.py"), "");
+  write(dir.file("fw/torch/distributed/__init__.py"),
+        "_s = {}\n"
+        "def init_process_group(backend=None, rank=-1, world_size=-1, **kw):\n"
+        "    _s.update(rank=rank, world=world_size)\n"
+        "def get_rank(): return _s['rank']\n"
+        "def get_world_size(): return _s['world']\n");
+  write(dir.file("spawn.py"),
+        "import subprocess, sys, time\n"
+        "worker = ('import sys, torch.distributed as dist\\n'\n"
+        "          'r = int(sys.argv[1])\\n'\n"
+        "          'dist.init_process_group(\"gloo\", rank=r, world_size=2)\\n'\n"
+        "          'kept = bytearray((2 + r) << 20)\\n')\n"
+        "procs = []\n"
+        "for r in (1, 0):\n"
+        "    procs.append(subprocess.Popen([sys.executable, '-c', worker, str(r)]))\n"
+        "    time.sleep(0.3)\n"
+        "for p in procs:\n"
+        "    assert p.wait() == 0\n");
+  const std::string fw = dir.file("fw");
+  const std::string out = dir.file("s.db");
+  RunResult r = run_zt({"probe", "-o", out, "--", kPython, dir.file("spawn.py")},
+                       {{"PYTHONPATH", fw.c_str()}, {"RANK", nullptr}, {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("launcher process "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zt probe: rank 0, child process "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zt probe: rank 1, child process "), std::string::npos) << r.err;
+  // Each child's file is its rank, with the communicator's world size.
+  int found = 0;
+  for (auto& e : fs::directory_iterator(dir.path())) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("s.pid", 0) != 0 || n.size() < 3 || n.substr(n.size() - 3) != ".db") continue;
+    const int64_t k = sql_int(e.path().string(), "SELECT rank FROM rank WHERE role = 0 AND job_rank = rank AND world_size = 2");
+    EXPECT_EQ(sql_int(e.path().string(), "SELECT count(*) FROM allocation WHERE rank = " + std::to_string(k) +
+                                             " AND bytes BETWEEN " + std::to_string((2 + k) << 20) + " AND " +
+                                             std::to_string(((2 + k) << 20) + 65536)),
+              1)
+        << n;
+    ++found;
+  }
+  EXPECT_EQ(found, 2);
+  EXPECT_EQ(sql_int(out, "SELECT role FROM rank"), 1);
+}
