@@ -1,8 +1,9 @@
 // zt db merge: per-rank traces into one. Ids are renumbered by offsets, strings re-interned
 // by text, timestamps copied as they are (each rank's CLOCK_MONOTONIC stays its own).
-// Ranks keep their numbers; two inputs with the same rank are refused. The keys of launchers and
-// helpers (rank rows that are not ranks: rank.role) are renumbered after every rank of the inputs,
-// in input order, so they never collide (db/SCHEMA.md, "rank").
+// Ranks keep their numbers (a probed file's rank its job rank); two inputs with the same rank are
+// refused. The keys of launchers and helpers (rank rows that are not ranks: rank.role) are
+// renumbered after every rank of the inputs, in input order, so they never collide (db/SCHEMA.md,
+// "rank").
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -32,10 +33,8 @@ Status merge_traces(const std::string& out_path, const std::vector<std::string>&
   if (!overwrite && ::access(out_path.c_str(), F_OK) == 0)
     return Status::Error(out_path + ": already exists; pass --force to replace it");
   // Validate every input and its ranks before writing anything.
-  std::map<int64_t, std::pair<std::string, RankRow>> rank_owner;
   std::set<std::string> seen;
   std::vector<std::vector<RankRow>> input_ranks;
-  int64_t first_process_key = 0;  // after every rank (and every world size) of the inputs
   for (const auto& in : inputs) {
     if (in == out_path) return Status::Error(in + ": is both an input and the output of the merge");
     if (!seen.insert(in).second) return Status::Error(in + ": given twice");
@@ -43,28 +42,44 @@ Status merge_traces(const std::string& out_path, const std::vector<std::string>&
     if (Status s = TraceReader::open(in, &r); !s) return s;
     std::vector<RankRow> ranks;
     if (Status s = r->read(&ranks); !s) return s;
-    for (auto& rk : ranks) {
+    input_ranks.push_back(std::move(ranks));
+  }
+  // The rank rows as they will be. A rank is its job rank where it has one (a probed file zt probe
+  // did not number keeps its rows under key 0 and says its job rank); where some input names job
+  // ranks, the first process of a probed run that named none (key 0, world size 1, no job rank) is
+  // that run's launcher, as zt probe would have recorded it.
+  bool named = false;
+  for (auto& ranks : input_ranks)
+    for (auto& rk : ranks) named = named || (rk.role == RankRole::Rank && rk.job_rank);
+  std::map<int64_t, std::pair<std::string, RankRow>> rank_owner;
+  int64_t first_process_key = 0;  // after every rank (and every world size) of the inputs
+  std::vector<std::vector<RankRow>> output_ranks = input_ranks;  // new key, role, job rank; old key in input_ranks
+  for (size_t i = 0; i < inputs.size(); ++i)
+    for (auto& rk : output_ranks[i]) {
       if (rk.role != RankRole::Rank) continue;
+      if (rk.job_rank) {
+        rk.rank = *rk.job_rank;
+      } else if (named && rk.rank == 0 && rk.world_size == 1) {
+        rk.role = RankRole::Launcher;
+        continue;
+      }
       first_process_key = std::max({first_process_key, rk.rank + 1, rk.world_size});
-      auto [it, fresh] = rank_owner.emplace(rk.rank, std::make_pair(in, rk));
+      auto [it, fresh] = rank_owner.emplace(rk.rank, std::make_pair(inputs[i], rk));
       if (!fresh) {
         auto who = [](const RankRow& x) {
           return "pid " + std::to_string(x.pid) + (x.hostname.empty() ? "" : " on " + x.hostname);
         };
         return Status::Error("merge: rank " + std::to_string(rk.rank) + " is in both " + it->second.first + " (" +
-                             who(it->second.second) + ") and " + in + " (" + who(rk) +
+                             who(it->second.second) + ") and " + inputs[i] + " (" + who(rk) +
                              "): a job has one process per rank, so these are not traces of one job (or one of them "
                              "was renumbered by hand); merge each job's traces apart");
       }
     }
-    input_ranks.push_back(std::move(ranks));
-  }
   // Launchers and helpers: new keys, in input order.
-  std::vector<std::map<int64_t, int64_t>> process_keys(inputs.size());
   int64_t next_key = first_process_key;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    for (auto& rk : input_ranks[i])
-      if (rk.role != RankRole::Rank) process_keys[i][rk.rank] = next_key++;
+  for (auto& ranks : output_ranks)
+    for (auto& rk : ranks)
+      if (rk.role != RankRole::Rank) rk.rank = next_key++;
   if (next_key - 1 > kMaxTraceRank)
     return Status::Error(out_path + ": the merged trace would have rank keys past " + std::to_string(kMaxTraceRank) +
                          "; nothing written");
@@ -94,19 +109,22 @@ Status merge_traces(const std::string& out_path, const std::vector<std::string>&
       const std::string S = "(SELECT new FROM temp.smap WHERE old = ";
       // Rank columns: launchers' and helpers' keys renumbered (above), ranks as they are.
       exec(db, "DROP TABLE IF EXISTS temp.rmap;");
-      exec(db, "CREATE TEMP TABLE rmap(old INTEGER PRIMARY KEY, new INTEGER NOT NULL);");
-      for (auto [from, to] : process_keys[input])
-        exec(db, ("INSERT INTO temp.rmap VALUES (" + o(from) + ", " + o(to) + ");").c_str());
+      exec(db, "CREATE TEMP TABLE rmap(old INTEGER PRIMARY KEY, new INTEGER NOT NULL, role INTEGER NOT NULL, "
+               "job_rank INTEGER);");
+      for (size_t k = 0; k < input_ranks[input].size(); ++k) {
+        const RankRow& to = output_ranks[input][k];
+        exec(db, ("INSERT INTO temp.rmap VALUES (" + o(input_ranks[input][k].rank) + ", " + o(to.rank) + ", " +
+                  o(int64_t(to.role)) + ", " + (to.job_rank ? o(*to.job_rank) : std::string("NULL")) + ");")
+                     .c_str());
+      }
       const std::string R = "coalesce((SELECT new FROM temp.rmap WHERE old = rank), rank)";
-      const bool src_roles =
-          detail::query_int(db, "SELECT count(*) FROM pragma_table_info('rank', 'src') WHERE name = 'role'") > 0;
       std::string sql =
           "INSERT INTO main.run SELECT id+" + o(run_off) +
           ", tool_version, command_line, config_json, seed, hostname, pid, t_start, t_end, wall_start_unix_ns, status,"
           " exit_code, exit_detail, coalesce(source_file, " + detail::sql_quote(in) + ") FROM src.run;"
-          "INSERT INTO main.rank(rank,run_id,world_size,local_rank,hostname,pid,role,job_rank) SELECT " + R + ", run_id+" +
-          o(run_off) + ", world_size, local_rank, hostname, pid, " + (src_roles ? "role, job_rank" : "0, NULL") +
-          " FROM src.rank;"
+          "INSERT INTO main.rank(rank,run_id,world_size,local_rank,hostname,pid,role,job_rank) SELECT m.new, r.run_id+" +
+          o(run_off) + ", r.world_size, r.local_rank, r.hostname, r.pid, m.role, m.job_rank FROM src.rank r"
+          " JOIN temp.rmap m ON m.old = r.rank;"
           "INSERT INTO main.device SELECT id+" + o(dev_off) + ", " + R + ", kind, ordinal, label, name, capacity_bytes, simulated FROM src.device;"
           "INSERT INTO main.frame(id,ip,module,module_offset,symbol,line) SELECT id+" + o(frame_off) +
           ", ip, module, module_offset, symbol, " + (src_lines ? "line" : "NULL") + " FROM src.frame;"

@@ -64,14 +64,14 @@ std::string rank_trace(const zt::test::TempDir& dir, int rank, int world) {
 // A process of a probed run that is not a rank (a launcher or a helper), as the probe writes it:
 // key 0, its role and job rank, one allocation of `bytes` on its cpu device.
 std::string process_trace(const zt::test::TempDir& dir, const std::string& name, RankRole role,
-                          std::optional<int> job_rank, int64_t bytes) {
+                          std::optional<int> job_rank, int64_t bytes, int world = 2) {
   RecorderOptions o;
   o.path = dir.file(name + ".db");
   o.command_line = name;
   o.crash_handlers = false;
   std::unique_ptr<Recorder> rec;
   EXPECT_TRUE(Recorder::open(o, &rec).ok());
-  rec->add_rank(0, 2, std::nullopt, role, job_rank);
+  rec->add_rank(0, world, std::nullopt, role, job_rank);
   DeviceId cpu = rec->add_device(0, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false);
   AllocEvent a;
   a.device = cpu;
@@ -324,4 +324,29 @@ TEST(Merge, AFileWithoutRankRolesReadsAsRanksAndMerges) {
   zt::Status s = merge_traces(out, {old, helper}, false);
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(rank_table(out), "1:rank:- 2:helper:1");
+}
+
+// Files zt probe did not number (it was killed with the job): every process under key 0, with the
+// role and job rank it recorded. The merge gives each rank its job rank, and the run's first
+// process, which named none, is the launcher, as zt probe would have made it.
+TEST(Merge, ProbedFilesZtProbeDidNotNumberTakeTheirJobRanks) {
+  zt::test::TempDir dir;
+  const std::string root = process_trace(dir, "root", RankRole::Rank, std::nullopt, 3000, 1);
+  const std::string r1 = process_trace(dir, "r1", RankRole::Rank, 1, 1000);
+  const std::string r0 = process_trace(dir, "r0", RankRole::Rank, 0, 2000);
+  const std::string helper = process_trace(dir, "helper", RankRole::Helper, 1, 5000);
+  EXPECT_EQ(rank_table(r1), "0:rank:1");
+  const std::string out = dir.file("m.db");
+  zt::Status s = merge_traces(out, {root, r1, r0, helper}, false);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(rank_table(out), "0:rank:0 1:rank:1 2:launcher:- 3:helper:1");
+  std::unique_ptr<TraceReader> r;
+  ASSERT_TRUE(TraceReader::open(out, &r).ok());
+  QueryResult q;
+  ASSERT_TRUE(r->query("SELECT group_concat(rank || '=' || bytes, ' ') FROM (SELECT * FROM allocation ORDER BY rank)", &q).ok());
+  EXPECT_EQ(q.rows[0][0], "0=2000 1=1000 2=3000 3=5000");
+  // Without any named rank the lone root stays rank 0.
+  const std::string out2 = dir.file("m2.db");
+  ASSERT_TRUE(merge_traces(out2, {root, helper}, false).ok());
+  EXPECT_EQ(rank_table(out2), "0:rank:- 1:helper:1");
 }
