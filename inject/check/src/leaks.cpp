@@ -160,7 +160,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
       }
       for (auto it = net.begin(); it != net.end();) it = it->second.bytes > 0 && it->second.count > 0 ? std::next(it) : net.erase(it);
       auto top = sort_groups(net, 3);
-      std::string line = "rank " + std::to_string(rank) + " " + d.device_label(device_id) + " " + memory_kind_words(kind) +
+      std::string line = d.who(rank) + " " + d.device_label(device_id) + " " + memory_kind_words(kind) +
                          ": live bytes at epoch " + phase + " grew " + format_bytes(v.per_epoch) + " per epoch (" +
                          series_text(pts, live) + ")";
       if (o.leak_threshold == 0 && v.threshold < kLeakThresholdMax)
