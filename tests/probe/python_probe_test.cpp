@@ -535,3 +535,54 @@ TEST(ProbePython, TheCommunicatorsRankWithoutLauncherVariables) {
   EXPECT_EQ(found, 2);
   EXPECT_EQ(sql_int(out, "SELECT role FROM rank"), 1);
 }
+
+// srun inside sbatch: the batch shell runs as task 0 (SLURM_PROCID=0), and srun's tasks, with the
+// same variables, are started by slurmstepd, not by it. A stand-in: the root has task 0's
+// variables and a double fork (so the root is no ancestor of theirs) starts tasks 1 and 0. The
+// tasks are ranks 1 and 0; the root, whose claim they share but did not inherit from it, is the
+// launcher. Nested: the same root's children with torchrun's RANK are torchrun's ranks (RANK
+// comes first), and the root is their launcher.
+TEST(ProbePython, SrunsBatchShellIsTheLauncherNotTaskZero) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  write(dir.file("srun.py"),
+        "import os, subprocess, sys\n"
+        "r, w = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    if os.fork() == 0:\n"
+        "        procs = []\n"
+        "        for t in (1, 0):\n"
+        "            env = dict(os.environ, SLURM_PROCID=str(t), SLURM_NTASKS='2', SLURM_LOCALID=str(t))\n"
+        "            procs.append(subprocess.Popen([sys.executable, '-c', 'kept = bytearray((2 + %d) << 20)' % t], env=env))\n"
+        "        for p in procs: p.wait()\n"
+        "        os.write(w, b'x')\n"
+        "        os._exit(0)\n"
+        "    os._exit(0)\n"
+        "os.close(w)\n"
+        "os.read(r, 1)\n");
+  const std::string out = dir.file("s.db");
+  RunResult r = run_zt({"probe", "-o", out, "--", kPython, dir.file("srun.py")},
+                       {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"RANK", nullptr},
+                        {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("launcher process "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zt probe: rank 0, child process "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zt probe: rank 1, child process "), std::string::npos) << r.err;
+  EXPECT_EQ(sql_int(out, "SELECT role FROM rank"), 1);
+
+  write(dir.file("nested.py"),
+        "import os, subprocess, sys\n"
+        "procs = [subprocess.Popen([sys.executable, '-c', 'x = bytearray(3 << 20)'],\n"
+        "                          env=dict(os.environ, RANK=str(t), WORLD_SIZE='2', LOCAL_RANK=str(t)))\n"
+        "         for t in (1, 0)]\n"
+        "for p in procs: p.wait()\n"
+        "x = bytearray(2 << 20)\n");
+  const std::string nested = dir.file("n.db");
+  r = run_zt({"probe", "-o", nested, "--", kPython, dir.file("nested.py")},
+             {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "0"}, {"RANK", nullptr},
+              {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(sql_int(nested, "SELECT role FROM rank"), 1) << r.err;
+  EXPECT_NE(r.err.find("launcher process "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zt probe: rank 1, child process "), std::string::npos) << r.err;
+}
