@@ -302,7 +302,9 @@ bool set_rank(const RunTrace& t, const Assigned& a) {
   bool ok = single && !tables.empty() && sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
   if (ok) {
     for (auto& table : tables) {
-      std::string sql = "UPDATE \"" + table + "\" SET rank = " + std::to_string(a.key) + " WHERE rank IS NOT NULL";
+      // Rows already under their key (the one process of a run without a launcher: 0) are not rewritten.
+      std::string sql = "UPDATE \"" + table + "\" SET rank = " + std::to_string(a.key) +
+                        " WHERE rank IS NOT NULL AND rank <> " + std::to_string(a.key);
       ok = ok && sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK;
     }
     const std::string roles = "UPDATE rank SET role = " + std::to_string(int(a.role)) +
