@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include "../test_util.h"
 #include "zt/db/export.h"
@@ -294,6 +295,17 @@ TEST(Merge, LaunchersAndHelpersGetKeysAfterTheRanksInInputOrder) {
   EXPECT_EQ(q.rows[1], (std::vector<std::string>{"3", "3", "5000"}));
   ASSERT_TRUE(r->query("SELECT group_concat(rank) FROM (SELECT rank FROM counter_v WHERE name = 'host_rss' ORDER BY rank)", &q).ok());
   EXPECT_EQ(q.rows[0][0], "2,3");
+  // The Chrome export names them as processes, not ranks.
+  ASSERT_TRUE(export_chrome(out, dir.file("m.json")).ok());
+  std::ifstream in(dir.file("m.json"));
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::map<int, std::string> names;
+  for (const auto& ev : j["traceEvents"])
+    if (ev["ph"] == "M" && ev["name"] == "process_name") names[ev["pid"].get<int>()] = ev["args"]["name"];
+  const std::string pid = std::to_string(::getpid());
+  EXPECT_EQ(names[0], "rank 0");
+  EXPECT_EQ(names[2], "launcher process " + pid);
+  EXPECT_EQ(names[3], "helper process " + pid + " of rank 1");
   // Merged again with another launcher: the processes move on; ranks stay.
   const std::string other = process_trace(dir, "other", RankRole::Launcher, std::nullopt, 7000);
   const std::string out2 = dir.file("m2.db");
