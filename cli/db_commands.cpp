@@ -316,7 +316,9 @@ int db_info(const std::string& path) {
   // The world size the ranks recorded (the launcher's or the communicator's): a probed run's
   // process images (compiler checks, workers) are rows of their own, not ranks of the job.
   // Launchers and helpers (rank.role) are processes of the run, not ranks: listed apart, by pid.
-  int64_t n_ranks = 0, world = 0;
+  // A job's compiler workers can be dozens: the first few are named, the rest counted.
+  int64_t n_ranks = 0, world = 0, n_processes = 0;
+  constexpr int64_t kNamed = 4;
   std::string processes;
   for (auto& r : sum.ranks) {
     if (r.role == db::RankRole::Rank) {
@@ -324,10 +326,12 @@ int db_info(const std::string& path) {
       world = std::max(world, r.world_size);
       continue;
     }
+    if (++n_processes > kNamed) continue;
     processes += (processes.empty() ? "" : ", ") + std::string(db::to_string(r.role)) + " " + std::to_string(r.pid) +
                  (r.role == db::RankRole::Helper && r.job_rank ? " of rank " + std::to_string(*r.job_rank) : "") +
                  " (key " + std::to_string(r.rank) + ")";
   }
+  if (n_processes > kNamed) processes += " and " + std::to_string(n_processes - kNamed) + " more";
   std::cout << "ranks: " << n_ranks;
   if (n_ranks > 0) std::cout << " (world size " << world << ")";
   if (!processes.empty()) std::cout << "; other processes: " << processes;
