@@ -576,7 +576,7 @@ int run_probe(const ProbeArgs& a) {
   }
   if (!any_cuda_on && !cuda_off.empty()) std::fprintf(stderr, "zt probe: %s\n", cuda_off.c_str());
   if (traces.size() > 1) {
-    // Only the renumbered traces merge (a trace whose process still runs keeps rank 0).
+    // Only the renumbered traces merge (a trace whose process still runs keeps key 0).
     std::vector<std::string> merge{"zt", "db", "merge", merged_name(out.string())};
     size_t mergeable = 0;
     for (size_t i = 0; i < traces.size(); ++i)

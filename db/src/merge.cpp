@@ -107,7 +107,7 @@ Status merge_traces(const std::string& out_path, const std::vector<std::string>&
       exec(db, "CREATE TEMP TABLE smap(old INTEGER PRIMARY KEY, new INTEGER NOT NULL);");
       exec(db, "INSERT INTO temp.smap SELECT s.id, m.id FROM src.string s JOIN main.string m ON m.text = s.text;");
       const std::string S = "(SELECT new FROM temp.smap WHERE old = ";
-      // Rank columns: launchers' and helpers' keys renumbered (above), ranks as they are.
+      // Rank columns: every key as mapped above (a rank to its job rank, launchers and helpers after the ranks).
       exec(db, "DROP TABLE IF EXISTS temp.rmap;");
       exec(db, "CREATE TEMP TABLE rmap(old INTEGER PRIMARY KEY, new INTEGER NOT NULL, role INTEGER NOT NULL, "
                "job_rank INTEGER);");
