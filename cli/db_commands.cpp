@@ -269,7 +269,13 @@ void print_host_memory(db::TraceReader& reader, const db::TraceSummary& sum) {
     const std::string rank = std::to_string(d.device.rank);
     const bool has_rss = rss_by_rank.count(rank) && number(rss_by_rank[rank], -1.0) >= 0;
     if (!has_rss && !(probed && d.peak_reserved > 0)) continue;
-    std::cout << "host memory of rank " << rank << ":";
+    // A launcher's or helper's key is not a rank (rank.role): its role and pid instead.
+    std::string who = "rank " + rank;
+    for (auto& r : sum.ranks)
+      if (r.rank == d.device.rank && r.role != db::RankRole::Rank)
+        who = std::string(db::to_string(r.role)) + " process " + std::to_string(r.pid) +
+              (r.job_rank ? " of rank " + std::to_string(*r.job_rank) : "");
+    std::cout << "host memory of " << who << ":";
     if (has_rss) std::cout << " resident set (RSS) peaked at " << format_bytes(number(rss_by_rank[rank]));
     if (probed && d.blocks == 0)
       std::cout << (has_rss ? ";" : "") << " allocations"
@@ -310,12 +316,26 @@ int db_info(const std::string& path) {
   }
   // The world size the ranks recorded (the launcher's or the communicator's): a probed run's
   // process images (compiler checks, workers) are rows of their own, not ranks of the job.
-  std::cout << "ranks: " << sum.ranks.size();
-  if (!sum.ranks.empty()) {
-    int64_t world = 0;
-    for (auto& r : sum.ranks) world = std::max(world, r.world_size);
-    std::cout << " (world size " << world << ")";
+  // Launchers and helpers (rank.role) are processes of the run, not ranks: listed apart, by pid.
+  // A job's compiler workers can be dozens: the first few are named, the rest counted.
+  int64_t n_ranks = 0, world = 0, n_processes = 0;
+  constexpr int64_t kNamed = 4;
+  std::string processes;
+  for (auto& r : sum.ranks) {
+    if (r.role == db::RankRole::Rank) {
+      ++n_ranks;
+      world = std::max(world, r.world_size);
+      continue;
+    }
+    if (++n_processes > kNamed) continue;
+    processes += (processes.empty() ? "" : ", ") + std::string(db::to_string(r.role)) + " " + std::to_string(r.pid) +
+                 (r.role == db::RankRole::Helper && r.job_rank ? " of rank " + std::to_string(*r.job_rank) : "") +
+                 " (key " + std::to_string(r.rank) + ")";
   }
+  if (n_processes > kNamed) processes += " and " + std::to_string(n_processes - kNamed) + " more";
+  std::cout << "ranks: " << n_ranks;
+  if (n_ranks > 0) std::cout << " (world size " << world << ")";
+  if (!processes.empty()) std::cout << "; other processes: " << processes;
   std::cout << "\n";
 
   std::cout << "devices:\n";

@@ -93,9 +93,16 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
     for (auto& r : sum.ranks) ranks.insert(r.rank);
     for (auto& d : devices) ranks.insert(d.rank);
     if (ranks.empty()) ranks.insert(0);
+    // A launcher's or helper's key is not a rank (rank.role): named by its role and pid.
+    std::map<int64_t, std::string> process_names;
+    for (auto& r : sum.ranks)
+      if (r.role != RankRole::Rank)
+        process_names[r.rank] = std::string(to_string(r.role)) + " process " + std::to_string(r.pid) +
+                                (r.job_rank ? " of rank " + std::to_string(*r.job_rank) : "");
     for (int64_t r : ranks) {
-      out.event("\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" + std::to_string(r) + ",\"args\":{\"name\":\"rank " +
-                std::to_string(r) + "\"}");
+      const auto named = process_names.find(r);
+      out.event("\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" + std::to_string(r) + ",\"args\":{\"name\":" +
+                q(named != process_names.end() ? named->second : "rank " + std::to_string(r)) + "}");
       out.event("\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":" + std::to_string(r) +
                 ",\"tid\":1,\"args\":{\"name\":\"markers\"}");
       for (int k = 0; k <= 5; ++k)

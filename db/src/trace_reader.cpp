@@ -31,7 +31,7 @@ std::string foreign_objects(sqlite3* db) {
   std::string names;
   for (const auto& t : TraceReader::table_names()) names += (names.empty() ? "'" : ",'") + t + "'";
   for (const char* e : {"enum_memory_kind", "enum_level", "enum_source", "enum_transfer_kind", "enum_placement_why",
-                        "enum_marker_kind", "enum_device_kind", "enum_run_status"})
+                        "enum_marker_kind", "enum_device_kind", "enum_run_status", "enum_rank_role"})
     names += std::string(",'") + e + "'";
   Stmt s(db, "SELECT name, type FROM main.sqlite_schema WHERE name IN (" + names +
                  ") AND (type != 'table' OR sql LIKE 'CREATE VIRTUAL%') LIMIT 1");
@@ -69,6 +69,7 @@ Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* 
     define_views(r->db_);
     detail::exec(r->db_, "PRAGMA query_only=1;");
     r->frame_lines_ = detail::query_int(r->db_, "SELECT count(*) FROM pragma_table_info('frame') WHERE name = 'line'") > 0;
+    r->rank_roles_ = detail::query_int(r->db_, "SELECT count(*) FROM pragma_table_info('rank') WHERE name = 'role'") > 0;
     // Touch the schema and every table once: corruption and foreign layouts show here,
     // not halfway through a command.
     for (const auto& t : table_names()) {
@@ -192,10 +193,12 @@ Status TraceReader::read(std::vector<RunRow>* out) {
                    });
 }
 Status TraceReader::read(std::vector<RankRow>* out) {
-  return read_rows("SELECT rank,run_id,world_size,local_rank,hostname,pid FROM rank ORDER BY rank", out,
-                   [](const Stmt& s, RankRow& r) {
+  // Files from before rank roles: every row a rank, its job rank unknown.
+  return read_rows(rank_roles_ ? "SELECT rank,run_id,world_size,local_rank,hostname,pid,role,job_rank FROM rank ORDER BY rank"
+                               : "SELECT rank,run_id,world_size,local_rank,hostname,pid,0,NULL FROM rank ORDER BY rank",
+                   out, [](const Stmt& s, RankRow& r) {
                      r.rank = s.i64(0); r.run_id = s.i64(1); r.world_size = s.i64(2); r.local_rank = s.opt(3);
-                     r.hostname = s.text(4); r.pid = s.i64(5);
+                     r.hostname = s.text(4); r.pid = s.i64(5); r.role = RankRole(s.i64(6)); r.job_rank = s.opt(7);
                    });
 }
 Status TraceReader::read(std::vector<DeviceRow>* out) {

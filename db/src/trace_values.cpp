@@ -88,6 +88,10 @@ ColumnRule flag(std::string c, bool nullable) {
   r.codes = {0, 1};
   return r;
 }
+ColumnRule later(ColumnRule r) {
+  r.added_later = true;
+  return r;
+}
 // A counter's value: any number (a diverged loss is an infinity; a NaN is stored as NULL).
 ColumnRule number(std::string c) {
   ColumnRule r;
@@ -107,7 +111,8 @@ const std::map<std::string, std::vector<ColumnRule>, std::less<>>& all_rules() {
                 integer("exit_code", INT32_MIN, INT32_MAX, "NULL or an exit code (a 32-bit integer)", true)};
     m["rank"] = {rank(), ref("run_id", false),
                  integer("world_size", 1, kMaxTraceRank + 1, "a world size (an integer in 1 .. 1048576)"),
-                 rank("local_rank", true), integer("pid", 0, INT32_MAX, "NULL or a process id (0 .. 2^31-1)", true)};
+                 rank("local_rank", true), integer("pid", 0, INT32_MAX, "NULL or a process id (0 .. 2^31-1)", true),
+                 later(enumeration<RankRole>("role", "rank_role")), later(rank("job_rank", true))};
     m["device"] = {device_ref("id", false), rank(), enumeration<DeviceKind>("kind", "device_kind"),
                    integer("ordinal", 0, kMaxTraceRank, "a device index (an integer in 0 .. 1048575)"),
                    bytes("capacity_bytes", true, false), flag("simulated", false)};
@@ -199,6 +204,15 @@ Status check_table_values(sqlite3* db, const std::string& path, const std::strin
   if (rules.empty()) return Status::Ok();
   std::string cols = "rowid AS zt_row", cond;
   for (const auto& r : rules) {
+    if (r.added_later) {
+      try {
+        detail::Stmt has(db, "SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2");
+        has.bind(1, table).bind(2, r.column);
+        if (has.step() && has.i64(0) == 0) continue;  // a file from before the column
+      } catch (const detail::SqlError& e) {
+        return Status::Error(path + ": not a readable zerotrace trace (table " + table + ": " + e.what() + ")");
+      }
+    }
     cols += ", " + quoted(r.column);
     cond += (cond.empty() ? "" : " AND ") + sql_of(r);
   }

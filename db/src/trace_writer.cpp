@@ -210,7 +210,8 @@ void TraceWriter::prepare() {
   s.run = Stmt(db,
                "INSERT INTO run(id,tool_version,command_line,config_json,seed,hostname,pid,t_start,t_end,"
                "wall_start_unix_ns,status,exit_code,exit_detail,source_file) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
-  s.rank = Stmt(db, "INSERT OR REPLACE INTO rank(rank,run_id,world_size,local_rank,hostname,pid) VALUES(?,?,?,?,?,?)");
+  s.rank = Stmt(db, "INSERT OR REPLACE INTO rank(rank,run_id,world_size,local_rank,hostname,pid,role,job_rank) "
+                     "VALUES(?,?,?,?,?,?,?,?)");
   s.device = Stmt(db,
                   "INSERT INTO device(id,rank,kind,ordinal,label,name,capacity_bytes,simulated) VALUES(?,?,?,?,?,?,?,?)");
   s.string = Stmt(db, "INSERT INTO string(id,text) VALUES(?,?)");
@@ -315,6 +316,12 @@ Status TraceWriter::append(const std::string& path, std::unique_ptr<TraceWriter>
     // A trace from before Python frames (frame.line): the column is added, NULL for its rows.
     if (detail::query_int(w->db_, "SELECT count(*) FROM pragma_table_info('frame') WHERE name = 'line'") == 0)
       detail::exec(w->db_, "ALTER TABLE frame ADD COLUMN line INTEGER;");
+    // A trace from before rank roles (rank.role, rank.job_rank): every row of it is a rank.
+    if (detail::query_int(w->db_, "SELECT count(*) FROM pragma_table_info('rank') WHERE name = 'role'") == 0)
+      detail::exec(w->db_,
+                   "ALTER TABLE rank ADD COLUMN role INTEGER NOT NULL DEFAULT 0; ALTER TABLE rank ADD COLUMN job_rank "
+                   "INTEGER; CREATE TABLE IF NOT EXISTS enum_rank_role (code INTEGER PRIMARY KEY, name TEXT NOT NULL); "
+                   "INSERT OR IGNORE INTO enum_rank_role VALUES (0,'rank'),(1,'launcher'),(2,'helper');");
     w->prepare();
   } catch (const std::exception& e) {
     w->st_.reset();
@@ -399,7 +406,7 @@ void TraceWriter::insert(const RunRow& r) {
 void TraceWriter::insert(const RankRow& r) {
   guarded([&] {
     st_->rank.bind(1, r.rank).bind(2, r.run_id).bind(3, r.world_size).bind_opt(4, r.local_rank)
-        .bind_text_or_null(5, r.hostname).bind(6, r.pid).step_done();
+        .bind_text_or_null(5, r.hostname).bind(6, r.pid).bind(7, i(r.role)).bind_opt(8, r.job_rank).step_done();
   });
 }
 void TraceWriter::insert(const DeviceRow& r) {

@@ -256,12 +256,15 @@ BlockAsyncSignals::~BlockAsyncSignals() { pthread_sigmask(SIG_SETMASK, &saved_, 
 
 // ---------------------------------------------------------------- slow path
 
-void Recorder::add_rank(int rank, int world_size, std::optional<int> local_rank) {
+void Recorder::add_rank(int rank, int world_size, std::optional<int> local_rank, db::RankRole role,
+                        std::optional<int> job_rank) {
   std::lock_guard lock(impl_->meta_mu);
   db::RankRow r;
   r.rank = rank;
   r.world_size = world_size;
   if (local_rank) r.local_rank = *local_rank;
+  r.role = role;
+  if (job_rank) r.job_rank = *job_rank;
   r.hostname = impl_->run.hostname;
   r.pid = impl_->run.pid;
   impl_->p_ranks.push_back(r);

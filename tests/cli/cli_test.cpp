@@ -719,3 +719,31 @@ TEST(Cli, TrainCuptiNeedsDeviceCudaATraceAndSaysWhyItIsOff) {
   EXPECT_NE(info.out.find("status: failed"), std::string::npos) << info.out;
 #endif
 }
+
+// A probed job's launcher and helpers (rank.role) are not ranks: zt db info counts the ranks and
+// lists the other processes after them by pid and key, the first four named, the rest counted.
+TEST(Cli, DbInfoListsALaunchersAndHelpersApartFromTheRanks) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("job.db");
+  {
+    auto w = zt::test::hand_written_trace(path, "python3 launch.py");  // rank 0 of 1
+    ASSERT_TRUE(w);
+    zt::db::RankRow launcher{1, 1, 1, std::nullopt, "h", 40};
+    launcher.role = zt::db::RankRole::Launcher;
+    w->insert(launcher);
+    for (int k = 0; k < 5; ++k) {
+      zt::db::RankRow helper{2 + k, 1, 1, std::nullopt, "h", 50 + k};
+      helper.role = zt::db::RankRole::Helper;
+      helper.job_rank = 0;
+      w->insert(helper);
+    }
+    w->commit();
+    ASSERT_TRUE(w->finish());
+  }
+  Result info = run_zt("db info " + path);
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find("ranks: 1 (world size 1); other processes: launcher 40 (key 1), helper 50 of rank 0 (key 2), "
+                          "helper 51 of rank 0 (key 3), helper 52 of rank 0 (key 4) and 2 more\n"),
+            std::string::npos)
+      << info.out;
+}

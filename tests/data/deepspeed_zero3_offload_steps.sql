@@ -6,7 +6,7 @@
 -- large segments, three module globals). Rows as recorded (zt at d9b2aca: world size 8 was its
 -- bug; the module globals' memory kind was 'device' then).
 INSERT INTO run VALUES(1,'0.1.0','python3 ds_zero3.py --model 350M --warmup 1 --steps 3','{"probe":"libzt_probe.so","host_threshold":1048576,"stacks":true,"stack_depth":32,"host":true,"cuda":true,"rss_interval_ms":100,"run_id":"1003-e528d3e1f6420972"}',NULL,'vm',1019,123462016281,156394510934,1795781267704128542,1,0,NULL,NULL);
-INSERT INTO rank VALUES(0,1,8,NULL,'vm',1019);
+INSERT INTO rank(rank,run_id,world_size,local_rank,hostname,pid) VALUES(0,1,8,NULL,'vm',1019);
 INSERT INTO device VALUES(1,0,0,0,'cpu','host memory',NULL,0);
 INSERT INTO device VALUES(2,0,1,0,'cuda:0','NVIDIA H200',150109880320,0);
 INSERT INTO string VALUES(8,'sync:stream');

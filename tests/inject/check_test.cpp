@@ -492,6 +492,23 @@ TEST(CheckSteps, AgainstThePlanAndAgainstN) {
       << format_text(more);
 }
 
+// A probed job's launcher and helpers (rank.role) are no ranks: they run no steps, and an error
+// row of theirs is named by role and pid (they failed the check as 'rank 1: 0 of 12 planned steps').
+TEST(CheckSteps, TheLauncherAndHelpersRunNoStepsOfTheJob) {
+  test::TempDir dir;
+  RunShape s;
+  const std::string path = make(dir, "job.db", s, [](TraceBuilder& b) {
+    b.process(1, db::RankRole::Launcher, 4240);
+    b.process(2, db::RankRole::Helper, 4250, 0);
+    b.marker(2, db::MarkerKind::Step, "step 0", 10, 20, 0, 0);  // a helper's own marker is not a step of the job
+  });
+  Options o;
+  o.steps = true;
+  Report r = run(path, o);
+  EXPECT_EQ(only(r, "steps").outcome, Outcome::Pass) << format_text(r);
+  EXPECT_TRUE(has(only(r, "steps").summary, "12 of 12 planned steps run")) << format_text(r);
+}
+
 TEST(CheckSteps, ShortRunReportsTheDataAccounting) {
   test::TempDir dir;
   RunShape s;
@@ -639,6 +656,20 @@ TEST(CheckRun, AFailedRunFailsWithHowItEndedAndItsErrors) {
                               run_only());
   ASSERT_EQ(only(from_allocator, "run").context.size(), 1u) << format_text(from_allocator);
   EXPECT_EQ(only(from_allocator, "run").context[0], "error on rank 0 during step 5: oom: CUDA out of memory.");
+
+  // An error of a probed job's launcher (rank.role): named by role and pid, not as a rank.
+  Report from_launcher = run(make(dir, "launcher.db", s, [](TraceBuilder& b) {
+                               b.process(1, db::RankRole::Launcher, 4240);
+                               db::ErrorRow e;
+                               e.rank = 1;
+                               e.t = 10;
+                               e.kind = "uncaught_exception";
+                               e.message = "ChildFailedError";
+                               b.error(e);
+                             }),
+                             run_only());
+  ASSERT_EQ(only(from_launcher, "run").context.size(), 1u) << format_text(from_launcher);
+  EXPECT_EQ(only(from_launcher, "run").context[0], "error on launcher process 4240: uncaught_exception: ChildFailedError");
 }
 
 TEST(CheckRun, ATraceNeverClosedFailsAndACleanOnePasses) {

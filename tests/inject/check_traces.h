@@ -53,6 +53,16 @@ class TraceBuilder {
     r.hostname = "testhost";
     w_->insert(r);
   }
+  // A process of a probed run that is not a rank (rank.role): a launcher or a helper.
+  void process(int64_t key, db::RankRole role, int64_t pid, std::optional<int64_t> job_rank = {}) {
+    db::RankRow r;
+    r.rank = key;
+    r.hostname = "testhost";
+    r.pid = pid;
+    r.role = role;
+    r.job_rank = job_rank;
+    w_->insert(r);
+  }
   int64_t device(int64_t rank, db::DeviceKind kind, const std::string& label, std::optional<int64_t> capacity = {}) {
     db::DeviceRow d;
     d.id = ++devices_;

@@ -211,15 +211,23 @@ TEST(ProbeCommand, ExecAndChildrenSayWhereTheDataWentAndMerge) {
   // The exit code went to the last image of the program's pid.
   EXPECT_EQ(sql_int(merged, "SELECT count(*) FROM run WHERE exit_code = 0"), 1);
 
-  // Children: one trace each, named, and the same merge line.
+  // The image before the exec is a helper of the process's rank; the last image is the rank.
+  EXPECT_NE(r.err.find("rank 0, after exec, process "), std::string::npos) << r.err;
+  EXPECT_EQ(sql_int(merged, "SELECT count(*) FROM rank WHERE role = 0"), 1);
+  EXPECT_EQ(sql_int(merged, "SELECT count(*) FROM rank WHERE role = 2"), 1);
+  EXPECT_EQ(allocations_in(merged, "zt_test_leak_buffers", "t_free IS NULL AND rank = 0").size(), 3u);
+
+  // Children: one trace each, named, and the same merge line. Without a launcher's variables the
+  // shell (the root) is the run's one rank and its children are helper processes, named by pid.
   std::string f = dir.file("f.db");
   std::string w = ZT_PROBE_WORKLOAD;
   r = zt_probe({"-o", f, "--", "/bin/sh", "-c", w + " leak 2 2097152 & " + w + " leak 1 2097152; wait"});
   ASSERT_EQ(r.code, 0) << r.err;
   size_t children = 0;
-  for (size_t p = r.err.find("child process "); p != std::string::npos; p = r.err.find("child process ", p + 1))
+  for (size_t p = r.err.find("helper process "); p != std::string::npos; p = r.err.find("helper process ", p + 1))
     ++children;
   EXPECT_EQ(children, 2u) << r.err;
+  EXPECT_NE(r.err.find("zt probe: rank 0: trace written to " + f + ": "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("this run's data is in 3 traces"), std::string::npos) << r.err;
 }
 

@@ -527,3 +527,36 @@ TEST(TraceModelProbed, DerivedStepsNavigateAndModuleGlobalsAndNotesAreNotDrawn) 
   for (size_t i = 0; i < m->alloc.size(); ++i) EXPECT_NE(m->alloc.id[i], 5046);
   EXPECT_TRUE(m->flags.empty());
 }
+
+// A launcher's or helper's key is not a rank (rank.role): its tracks are named by role and pid.
+TEST(TraceModelRun, ALaunchersTracksAreNamedByItsPidNotAsARank) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("job.db");
+  std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "python3 launch.py");
+  ASSERT_NE(w, nullptr);
+  RankRow launcher{2, 1, 1, std::nullopt, "h", 77};
+  launcher.role = RankRole::Launcher;
+  w->insert(launcher);
+  RankRow helper{3, 1, 2, std::nullopt, "h", 78};
+  helper.role = RankRole::Helper;
+  helper.job_rank = 0;
+  w->insert(helper);
+  w->insert(DeviceRow{1, 2, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+  w->insert(DeviceRow{2, 3, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+  w->insert(StringRow{1, "host_rss"});
+  w->insert(CounterRow{1, 2, 1, 1, 100, double(1 << 20)});
+  w->insert(CounterRow{2, 3, 2, 1, 100, double(2 << 20)});
+  std::unique_ptr<TraceModel> m = finish_and_load(*w, path);
+  ASSERT_NE(m, nullptr);
+  std::vector<std::string> titles;
+  for (const Track& t : m->tracks) titles.push_back(t.title);
+  auto has = [&](const std::string& prefix) {
+    for (auto& t : titles)
+      if (t.rfind(prefix, 0) == 0) return true;
+    return false;
+  };
+  EXPECT_TRUE(has("launcher process 77 · host memory")) << ::testing::PrintToString(titles);
+  EXPECT_TRUE(has("helper process 78 of rank 0 · host memory")) << ::testing::PrintToString(titles);
+  EXPECT_FALSE(has("rank 2 ·")) << ::testing::PrintToString(titles);
+}

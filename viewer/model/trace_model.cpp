@@ -290,6 +290,11 @@ Status TraceModel::read_all(LoadProgress* progress) {
   std::unordered_map<int64_t, int32_t> dev_index;
   std::set<int> rank_set;
   for (auto& rr : rank_rows) rank_set.insert(int(rr.rank));
+  process_names_.clear();
+  for (auto& rr : rank_rows)
+    if (rr.role != db::RankRole::Rank)
+      process_names_[int(rr.rank)] = std::string(db::to_string(rr.role)) + " process " + std::to_string(rr.pid) +
+                                     (rr.job_rank ? " of rank " + std::to_string(*rr.job_rank) : "");
   for (auto& d : dev_rows) {
     dev_index[d.id] = int32_t(devices.size());
     DeviceInfo info;
@@ -634,13 +639,13 @@ void TraceModel::build_tracks() {
     Track& t = marker_tracks[k];
     t.kind = TrackKind::Markers;
     t.rank = r;
-    t.title = "rank " + std::to_string(r) + " · epochs, steps, phases";
+    t.title = rank_title(r) + " · epochs, steps, phases";
     t.lanes.resize(2);
     t.lane_names = {"epochs", "steps"};
     Track& x = transfer_tracks[k];
     x.kind = TrackKind::Transfers;
     x.rank = r;
-    x.title = "rank " + std::to_string(r) + " · transfers";
+    x.title = rank_title(r) + " · transfers";
     x.lanes.resize(kDirectionCount);
     for (int d = 0; d < kDirectionCount; ++d) x.lane_names.push_back(to_string(Direction(d)));
   }
@@ -728,8 +733,8 @@ void TraceModel::build_tracks() {
       mem.rank = r;
       mem.device = int(d);
       mem.capacity = info.capacity;
-      mem.title = info.host ? "rank " + std::to_string(r) + " · host memory (" + info.label + ")"
-                            : "rank " + std::to_string(r) + " · " + info.label + " memory";
+      mem.title = info.host ? rank_title(r) + " · host memory (" + info.label + ")"
+                            : rank_title(r) + " · " + info.label + " memory";
       static const char* names[] = {"allocated", "reserved", "pinned", "pageable"};
       for (int k = 0; k < kKinds; ++k)
         if (series_of[d][k] >= 0) mem.series.push_back({names[k], series_of[d][k]});
@@ -741,7 +746,7 @@ void TraceModel::build_tracks() {
         at.kind = TrackKind::Allocations;
         at.rank = r;
         at.device = int(d);
-        at.title = "rank " + std::to_string(r) + " · " + info.label + " allocations";
+        at.title = rank_title(r) + " · " + info.label + " allocations";
         at.lane_names.assign(at.lanes.size(), "");
         tracks.push_back(std::move(at));
       }
@@ -750,7 +755,7 @@ void TraceModel::build_tracks() {
         kt.kind = TrackKind::Kernels;
         kt.rank = r;
         kt.device = int(d);
-        kt.title = "rank " + std::to_string(r) + " · " + info.label + " kernels";
+        kt.title = rank_title(r) + " · " + info.label + " kernels";
         kt.lane_names.assign(kt.lanes.size(), "");
         tracks.push_back(std::move(kt));
       }
@@ -759,7 +764,7 @@ void TraceModel::build_tracks() {
     Track flags_track;
     flags_track.kind = TrackKind::Flags;
     flags_track.rank = r;
-    flags_track.title = "rank " + std::to_string(r) + " · faults and errors";
+    flags_track.title = rank_title(r) + " · faults and errors";
     tracks.push_back(std::move(flags_track));
   }
 }

@@ -186,6 +186,13 @@ class TraceModel {
     return it == string_index_.end() ? 0 : it->second;
   }
   std::vector<int> rank_list_;  // the ranks the trace has (rank and device rows), ascending
+  // What a track of key r is called: "rank r", or a launcher's or helper's role and pid (rank.role:
+  // its key is not a rank).
+  std::unordered_map<int, std::string> process_names_;
+  std::string rank_title(int r) const {
+    auto it = process_names_.find(r);
+    return it != process_names_.end() ? it->second : "rank " + std::to_string(r);
+  }
   mutable std::unique_ptr<db::StackSites> sites_;
   mutable std::unordered_map<int64_t, std::string> site_text_;
   struct ExtraCounter {

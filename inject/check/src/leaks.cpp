@@ -334,7 +334,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
         if (b->kind != BasisKind::Epochs) label = label.substr(0, label.find(" ("));
         return s.kind == Series::Low ? label + "'s lowest point" : label + " " + phase;
       };
-      std::string line = "rank " + std::to_string(rank) + " " + d.device_label(device_id) + " " + memory_kind_words(kind) +
+      std::string line = d.who(rank) + " " + d.device_label(device_id) + " " + memory_kind_words(kind) +
                          (s.kind == Series::Low ? ": the lowest live bytes of each window grew "
                                                 : ": live bytes at " + unit + " " + phase + " grew ") +
                          format_bytes(v.per_window) + " per " + unit + " (" + series_text(s, live.v) + ")";

@@ -71,12 +71,16 @@ Status check_steps(TraceData& d, const Options& o, CheckResult* out) {
     int64_t unfinished = -1;  // a step that began and never ended (the run died in it)
   };
   std::map<int64_t, RankSteps> per_rank;
-  for (auto& rk : d.ranks) per_rank[rk.rank];
-  for (auto& [rank, spans] : d.steps)
+  // Ranks only: a probed run's launcher and helpers (rank.role) run no steps of the job.
+  for (auto& rk : d.ranks)
+    if (rk.role == db::RankRole::Rank) per_rank[rk.rank];
+  for (auto& [rank, spans] : d.steps) {
+    if (d.is_process(rank)) continue;
     for (auto& s : spans) {
       if (s.ended) per_rank[rank].done.insert(s.index);
       else per_rank[rank].unfinished = s.index;
     }
+  }
   if (per_rank.empty()) per_rank[0];
 
   int64_t reached_min = INT64_MAX, reached_max = 0;

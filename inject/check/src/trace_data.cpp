@@ -214,6 +214,20 @@ std::string TraceData::hostname_of(int64_t rank) const {
   return "host of rank " + std::to_string(rank);
 }
 
+bool TraceData::is_process(int64_t rank) const {
+  for (auto& r : ranks)
+    if (r.rank == rank) return r.role != db::RankRole::Rank;
+  return false;
+}
+
+std::string TraceData::who(int64_t rank) const {
+  for (auto& r : ranks)
+    if (r.rank == rank && r.role != db::RankRole::Rank)
+      return std::string(db::to_string(r.role)) + " process " + std::to_string(r.pid) +
+             (r.job_rank ? " of rank " + std::to_string(*r.job_rank) : "");
+  return "rank " + std::to_string(rank);
+}
+
 const db::RunRow* TraceData::run_of(int64_t rank) const {
   for (auto& r : ranks)
     if (r.rank == rank)

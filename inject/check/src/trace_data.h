@@ -77,6 +77,10 @@ class TraceData {
   bool is_accelerator(int64_t device_id) const;  // cuda or simulated GPU
   std::string device_label(int64_t device_id) const;
   std::string hostname_of(int64_t rank) const;
+  // A launcher's or helper's key (rank.role): a process of the run, not a rank of the job.
+  bool is_process(int64_t rank) const;
+  // "rank 1", or "launcher process 4240" / "helper process 4250 of rank 1" for such a key.
+  std::string who(int64_t rank) const;
   // The step running on `rank` at time t (the last step marker begun at or before t), if any.
   std::optional<int64_t> step_at(int64_t rank, int64_t t) const;
   // "f < g < h": the innermost frames of a stack worth showing, empty when none was captured.

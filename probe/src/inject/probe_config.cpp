@@ -1,6 +1,8 @@
 // ZT_PROBE_* environment parsing (see zt/probe/probe_config.h for the contract).
 #include "zt/probe/probe_config.h"
 
+#include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <string_view>
 
@@ -103,6 +105,71 @@ std::string shell_quote_command(const std::vector<std::string>& words) {
     out += shell_quote(w);
   }
   return out;
+}
+
+std::string format_rank_owner(const RankOwner& o) {
+  const RankClaim& c = o.claim;
+  return (o.host.empty() ? std::string("-") : o.host) + " " + std::to_string(o.pid) + " " +
+         (c.has_rank ? c.launcher : std::string("-")) + " " + std::to_string(c.has_rank ? c.rank : 0) + " " +
+         std::to_string(c.has_rank ? c.world_size : 0);
+}
+
+std::optional<RankOwner> parse_rank_owner(const std::string& text) {
+  std::vector<std::string> words;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t end = std::min(text.find(' ', at), text.size());
+    words.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  if (words.size() != 5) return std::nullopt;
+  auto number = [](const std::string& w) -> std::optional<int64_t> {
+    if (w.empty() || w.size() > 10) return std::nullopt;
+    int64_t v = 0;
+    for (char c : w) {
+      if (c < '0' || c > '9') return std::nullopt;
+      v = v * 10 + (c - '0');
+    }
+    return v;
+  };
+  const auto pid = number(words[1]), rank = number(words[3]), world = number(words[4]);
+  if (words[0].empty() || !pid || *pid < 1 || words[2].empty() || !rank || !world || *rank > INT32_MAX ||
+      *world > INT32_MAX)
+    return std::nullopt;
+  RankOwner o;
+  o.host = words[0] == "-" ? "" : words[0];
+  o.pid = *pid;
+  o.claim.has_rank = words[2] != "-";
+  if (o.claim.has_rank) {
+    o.claim.launcher = words[2];
+    o.claim.rank = int(*rank);
+    o.claim.world_size = int(*world);
+  }
+  return o;
+}
+
+ProcessRole decide_process_role(const RankClaim& self, bool root, const std::optional<RankOwner>& owner,
+                                bool owner_here, bool owner_is_self, bool owner_is_ancestor) {
+  ProcessRole r;
+  if (self.has_rank) {
+    r.job_rank = self.rank;
+    if (owner && !owner_is_self && owner_is_ancestor && owner->claim.same(self)) {
+      r.role = db::RankRole::Helper;  // it inherited its rank's variables
+      return r;
+    }
+    r.role = db::RankRole::Rank;
+    r.owns = true;
+    if (owner && owner_here && !owner_is_self) r.launched_by = owner->pid;
+    return r;
+  }
+  if (root || (owner && owner_is_self)) {
+    r.role = db::RankRole::Rank;  // the one process of a run without a launcher, so far
+    r.owns = true;
+    return r;
+  }
+  r.role = db::RankRole::Helper;
+  if (owner && owner->claim.has_rank) r.job_rank = owner->claim.rank;
+  return r;
 }
 
 }  // namespace zt::probe

@@ -152,6 +152,7 @@ class TraceReader {
   sqlite3* db_ = nullptr;
   int schema_version_ = 0;
   bool frame_lines_ = false;  // the frame table has its `line` column (Python frames; files before it have none)
+  bool rank_roles_ = false;   // the rank table has `role` and `job_rank` (files before rank roles have neither)
 };
 
 }  // namespace zt::db

@@ -143,8 +143,9 @@ class Recorder {
 
   // --- set-up and slow path: any thread, takes a lock ---
   // Adding a rank again replaces its row (the probe learns the world size from the program's
-  // communicator after it started).
-  void add_rank(int rank, int world_size, std::optional<int> local_rank = std::nullopt);
+  // communicator after it started). role and job_rank: rank.role and rank.job_rank (db/SCHEMA.md).
+  void add_rank(int rank, int world_size, std::optional<int> local_rank = std::nullopt,
+                db::RankRole role = db::RankRole::Rank, std::optional<int> job_rank = std::nullopt);
   DeviceId add_device(int rank, DeviceKind kind, int ordinal, std::string label, std::string name,
                       std::optional<int64_t> capacity_bytes, bool simulated);
   NameId intern(std::string_view text);  // cheap after the first time on a thread
