@@ -44,6 +44,7 @@ struct ColumnRule {
   int64_t lo = INT64_MIN, hi = INT64_MAX;  // Integer: the range
   std::vector<int64_t> codes;              // Integer: an enum's codes (empty: any in the range)
   std::string not_before;                  // Integer: a column of the row this one may not be below
+  bool optional = false;                   // added to the table later (allocation.weight_bytes): a file may lack it
   bool summed = false;                     // the column (with not_before: the span's length) adds up to at most kMaxTraceSum
   std::string what;                        // the rule in words, for the message: "a time is an integer in 0 .. 2^62 ns"
 };
