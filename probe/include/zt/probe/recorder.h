@@ -85,6 +85,7 @@ struct AllocEvent {
   int64_t stream = -1;  // -1: none
   int64_t t = 0;        // 0: now
   bool free_by_address = false;  // a later free_address(device, address) closes it
+  int64_t weight_bytes = 0;      // a sampled allocation: the bytes it stands for (>= bytes); 0: recorded one by one
 };
 
 struct TransferEvent {
