@@ -2,6 +2,7 @@
 // epoch's end) per rank, device and memory kind; growth beyond the threshold is a leak.
 // The rules and their reasons are in inject/check/README.md.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 
@@ -85,17 +86,22 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
 
   // Groups: (rank, device, memory kind). Tensor-level rows (blocks) where the group has any:
   // segments are the caching allocator's reserve, which grows during warm-up and stays cached.
+  // The probe's sampled rows (host allocations under its threshold) join their memory's rows,
+  // each counting for its weight (the bytes it stands for): live bytes are then an estimate.
   using Key = std::tuple<int64_t, int64_t, db::MemoryKind>;
   std::map<Key, bool> has_blocks;
-  for (auto& a : d.allocs) {
-    bool& b = has_blocks[Key{a.rank, a.device_id, a.kind}];
-    b = b || a.level == db::AllocLevel::Block;
-  }
+  for (const auto* all : {&d.allocs, &d.sampled})
+    for (auto& a : *all) {
+      bool& b = has_blocks[Key{a.rank, a.device_id, a.kind}];
+      b = b || a.level == db::AllocLevel::Block;
+    }
   std::map<Key, std::vector<const Alloc*>> groups;
-  for (auto& a : d.allocs) {
-    Key k{a.rank, a.device_id, a.kind};
-    if ((a.level == db::AllocLevel::Block) == has_blocks[k]) groups[k].push_back(&a);
-  }
+  for (const auto* all : {&d.allocs, &d.sampled})
+    for (auto& a : *all) {
+      Key k{a.rank, a.device_id, a.kind};
+      if ((a.level == db::AllocLevel::Block) == has_blocks[k]) groups[k].push_back(&a);
+    }
+  std::vector<std::string> within_error;  // growth past the threshold that sampling error explains
 
   int memories = 0;
   for (auto& [key, rows] : groups) {
@@ -125,8 +131,8 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
         size_t first = size_t(std::lower_bound(ts.begin(), ts.end(), a->t_alloc) - ts.begin());
         size_t last = size_t(std::lower_bound(ts.begin(), ts.end(), a->t_free) - ts.begin());
         if (first >= last) continue;
-        diff[first] += a->bytes;
-        diff[last] -= a->bytes;
+        diff[first] += a->weight;
+        diff[last] -= a->weight;
       }
       std::vector<int64_t> live_sorted(pts.size());
       int64_t run = 0;
@@ -136,9 +142,28 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
 
       Verdict v = evaluate(live, o.leak_threshold);
       if (!v.leak) continue;
-      reported = true;
       const char* phase = series == 0 ? "start" : "end";
       const int64_t t_from = pts[v.from].t, t_to = pts[v.to].t;
+      // Sampled rows make the growth an estimate. Its variance: each sampled row alive at one of
+      // the two points and not the other adds weight * (weight - bytes) (docs/check.md); rows alive
+      // at both cancel. A leak must stand out of that error: growth of 3 standard errors or more.
+      double variance = 0;
+      int64_t sampled_rows = 0;
+      for (const Alloc* a : rows)
+        if (a->weight != a->bytes && a->alive_at(t_from) != a->alive_at(t_to)) {
+          variance += db::sampled_variance(a->bytes, a->weight);
+          ++sampled_rows;
+        }
+      const double growth = double(live[v.to] - live[v.from]), error = std::sqrt(variance);
+      const std::string where_ = "rank " + std::to_string(rank) + " " + d.device_label(device_id) + " " +
+                                 memory_kind_words(kind);
+      if (growth < 3 * error) {
+        within_error.push_back(where_ + " grew ~" + format_bytes(v.per_epoch) + " per epoch at epoch " + phase +
+                               ", within 3 standard errors of its sampled estimate (±" +
+                               format_bytes(error / double(v.to - v.from)) + " per epoch)");
+        continue;
+      }
+      reported = true;
       // Evidence: what is alive at the later point and was not at the earlier, net per name.
       std::map<std::string, NamedBytes> net;
       for (const Alloc* a : rows) {
@@ -148,21 +173,24 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
         NamedBytes& g = net[n];
         g.name = n;
         if (at_to) {
-          g.bytes += a->bytes;
+          g.bytes += a->weight;
           ++g.count;
-          if (a->bytes > g.largest_bytes) {
-            g.largest_bytes = a->bytes;
+          g.sampled += a->weight != a->bytes;
+          if (a->weight > g.largest_bytes) {
+            g.largest_bytes = a->weight;
             g.largest_stack = a->stack_id;
           }
         } else {
-          g.bytes -= a->bytes;
+          g.bytes -= a->weight;
         }
       }
       for (auto it = net.begin(); it != net.end();) it = it->second.bytes > 0 && it->second.count > 0 ? std::next(it) : net.erase(it);
       auto top = sort_groups(net, 3);
-      std::string line = "rank " + std::to_string(rank) + " " + d.device_label(device_id) + " " + memory_kind_words(kind) +
-                         ": live bytes at epoch " + phase + " grew " + format_bytes(v.per_epoch) + " per epoch (" +
-                         series_text(pts, live) + ")";
+      std::string line = where_ + ": live bytes at epoch " + phase + " grew " + (sampled_rows ? "~" : "") +
+                         format_bytes(v.per_epoch) + " per epoch (" + series_text(pts, live) + ")";
+      if (sampled_rows)
+        line += " (estimated from " + std::to_string(sampled_rows) + " sampled allocations: ±" +
+                format_bytes(error / double(v.to - v.from)) + " per epoch)";
       if (o.leak_threshold == 0 && v.threshold < kLeakThresholdMax)
         line += " (this memory's threshold: " + format_bytes(double(v.threshold)) + " per epoch)";
       if (v.from > 0 && live[1] - live[0] < v.threshold)
@@ -185,6 +213,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
     r.summary = "live bytes at epoch start and end do not grow by " + limit + " or more on any of " +
                 std::to_string(memories) + " memories over " + std::to_string(max_epochs) + " epochs";
   }
+  for (auto& w : within_error) r.summary += "; " + w;
   return Status::Ok();
 }
 

@@ -31,6 +31,7 @@ struct Alloc {
   int64_t t_free = kNever;
   int64_t name_id = 0;
   int64_t stack_id = 0;
+  int64_t weight = 0;  // a sampled row (TraceData::sampled): the bytes it stands for; else `bytes`
   bool alive_at(int64_t t) const { return t_alloc <= t && t < t_free; }
 };
 
@@ -60,7 +61,8 @@ class TraceData {
   std::vector<db::RankRow> ranks;
   std::map<int64_t, db::DeviceRow> devices;  // by id
   std::unordered_map<int64_t, std::string> strings;
-  std::vector<Alloc> allocs;
+  std::vector<Alloc> allocs;   // rows recorded one by one: exact sums (budgets, what was alive at an error)
+  std::vector<Alloc> sampled;  // the probe's sampled rows (allocations under its threshold): estimates by weight (leaks)
   std::map<int64_t, std::vector<Span>> steps;   // per rank, completed or not, by t_start
   std::map<int64_t, std::vector<Span>> epochs;  // per rank, by epoch (from epoch markers, else from steps)
   std::vector<CounterSample> counters;          // only allocated, reserved and data.*
@@ -104,6 +106,7 @@ struct NamedBytes {
   std::string name;  // group_name()
   int64_t bytes = 0;
   int64_t count = 0;
+  int64_t sampled = 0;        // of count, sampled rows: bytes is then an estimate
   int64_t largest_stack = 0;  // stack of the largest allocation in the group
   int64_t largest_bytes = 0;
 };
