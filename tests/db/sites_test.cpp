@@ -248,6 +248,22 @@ TEST(Sites, TopCountsASampledRowForItsWeightWithItsError) {
   EXPECT_FALSE(rows[3].sampled());
 }
 
+// The Chrome export shows each sampled row with its weight; its memory counters are exact.
+TEST(Sites, TheChromeExportMarksSampledRowsAndCountsOnlyExactOnes) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("lib.db");
+  ASSERT_TRUE(zt::test::write_library_trace(path));
+  ASSERT_TRUE(export_chrome(path, dir.file("lib.json")).ok());
+  const std::string json = zt::test::read_file(dir.file("lib.json"));
+  size_t marked = 0;
+  for (size_t at = json.find("\"sampled_weight_bytes\":"); at != std::string::npos;
+       at = json.find("\"sampled_weight_bytes\":", at + 1))
+    ++marked;
+  EXPECT_EQ(marked, 3u);
+  EXPECT_NE(json.find("\"reserved\":" + std::to_string(6 * MiB + MiB / 16) + "}"), std::string::npos);
+  EXPECT_EQ(json.find("\"reserved\":" + std::to_string(6 * MiB + MiB / 16 + MiB / 2) + "}"), std::string::npos);
+}
+
 // A trace from before allocation.weight_bytes: it reads, merges, and takes new rows.
 TEST_F(LeakTrace, AFileWithoutSampledRowsColumnReadsMergesAndTakesRows) {
   const std::string old = dir.file("old.db");

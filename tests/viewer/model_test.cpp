@@ -254,6 +254,13 @@ TEST(PythonLeak, TheLeaksViewGroupsBySiteAndCountsSampledRowsByWeight) {
   EXPECT_EQ(numpy->alive_count, 2);
   EXPECT_EQ(numpy->alive_bytes, 3 << 20 >> 1);
   EXPECT_EQ(leaks.size(), 5u);
+  // The host memory line is exact: the rows recorded one by one (3 x 2 MiB and 64 KiB), not the samples.
+  const SeriesRef* pageable = nullptr;
+  for (auto& t : m->tracks)
+    for (auto& s : t.series)
+      if (t.kind == TrackKind::HostMemory && s.name == "pageable") pageable = &s;
+  ASSERT_NE(pageable, nullptr);
+  EXPECT_EQ(m->series[size_t(pageable->series)].peak, double((6 << 20) + (64 << 10)));
 }
 
 TEST_F(KnownTraceTest, PlacementFlagsTheGradientPartitionOnTheWrongDevice) {

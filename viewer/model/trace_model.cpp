@@ -559,6 +559,9 @@ void TraceModel::build_tracks() {
       } else if (kind == MemoryKind::PinnedHost || kind == MemoryKind::PageableHost) {
         // A host block inside a recorded segment is already counted by the segment.
         if (!segment && alloc.in_segment[i]) continue;
+        // A sampled row (the probe's byte sampler) is an estimate's share, not memory the line
+        // can add exactly (db/SCHEMA.md, "Sampled rows"): the leaks view counts it, the line does not.
+        if (alloc.weight[i] != alloc.bytes[i]) continue;
         members[size_t(d)][kind == MemoryKind::PinnedHost ? kPinned : kPageable].push_back(i);
       }
     }
