@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "../hand_trace.h"
 #include "check_traces.h"
 #include "zt/check/check.h"
+#include "zt/common/units.h"
 #include "zt/db/trace_reader.h"
 #include "zt/probe/recorder.h"
 #include "zt/probe/synthetic.h"
@@ -109,6 +111,74 @@ TEST(CheckLeaks, AProbedPythonLeakNamesItsLine) {
   EXPECT_TRUE(has(f, "grew 4.00 MiB per epoch")) << f;
   EXPECT_TRUE(has(f, ": grow (/w/leak.py:12) +8.00 MiB in 2 allocations")) << f;
   EXPECT_FALSE(has(f, "make_table")) << f;  // flat: not part of the growth
+}
+
+namespace {
+// A probed program's sampled host allocations (the probe's byte sampler, allocation.weight_bytes):
+// 4 epochs of 100 ns on rank 0's cpu. Each row is 64 KiB standing for what the sampler's default
+// interval (512 KiB) makes of it: 64 KiB / (1 - exp(-1/8)) bytes. `rows_at(e)` rows are made in
+// epoch e: kept to the end (`kept`), or alive only across epoch e's start (made 5 ns before it).
+constexpr int64_t kSmall = 64 << 10;
+const int64_t kWeight = std::llround(double(kSmall) / -std::expm1(-1.0 / 8.0));
+
+std::string sampled_trace(const test::TempDir& dir, const std::string& name, const std::vector<int>& rows_at, bool kept) {
+  const std::string path = dir.file(name);
+  auto w = test::hand_written_trace(path, "python3 /w/job.py");
+  w->insert(db::DeviceRow{1, 0, db::DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+  w->insert(db::StringRow{1, "epoch"});
+  w->insert(db::FrameRow{1, 0x7f0000001000, "/lib/x86_64-linux-gnu/libc.so.6", 0x1000, "malloc", std::nullopt});
+  w->insert(db::FrameRow{2, 0, "/w/job.py", std::nullopt, "step", 7});
+  w->insert(db::StackRow{1, 0, 2});
+  w->insert(db::StackRow{2, 1, 1});
+  int64_t id = 0;
+  for (int e = 0; e < 4; ++e) {
+    const int64_t t0 = 100 + 100 * e;
+    db::MarkerRow m;
+    m.id = e + 1, m.rank = 0, m.kind = db::MarkerKind::Epoch, m.name_id = 1, m.t_start = t0, m.t_end = t0 + 90;
+    m.epoch = e;
+    w->insert(m);
+    for (int i = 0; i < rows_at[size_t(e)]; ++i) {
+      db::AllocationRow a;
+      a.id = ++id, a.rank = 0, a.device_id = 1, a.memory_kind = db::MemoryKind::PageableHost;
+      a.level = db::AllocLevel::Segment, a.address = 0x10000000 + uint64_t(id) * 0x100000;
+      a.bytes = a.requested_bytes = kSmall, a.stack_id = 2, a.source = db::Source::HostHook;
+      a.weight_bytes = kWeight;
+      a.t_alloc = kept ? t0 + 10 : t0 - 5;
+      if (!kept) a.t_free = t0 + 5;
+      w->insert(a);
+    }
+  }
+  w->set_run_end(1, 600, db::RunStatus::Ok, 0, "");
+  w->commit();
+  EXPECT_TRUE(w->finish().ok());
+  return path;
+}
+}  // namespace
+
+// Sampled rows count for their weight, and a leak must stand out of the estimate's sampling error.
+TEST(CheckLeaks, SampledAllocationsCountForTheirWeightAndALeakMustExceedTheirError) {
+  test::TempDir dir;
+  Options o;
+  o.leaks = true;
+  // 20 sampled rows kept each epoch: ~10.6 MiB an epoch, 6.7 standard errors over epochs 1-3.
+  Report r = run(sampled_trace(dir, "leak.db", {20, 20, 20, 20}, true), o);
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u);
+  const std::string& f = c.findings[0];
+  EXPECT_TRUE(has(f, "grew ~" + format_bytes(double(20 * kWeight)) + " per epoch")) << f;
+  EXPECT_TRUE(has(f, "(estimated from 40 sampled allocations: ±")) << f;
+  EXPECT_TRUE(has(f, "step (/w/job.py:7) +~" + format_bytes(double(40 * kWeight)) + " in 40 allocations (40 sampled)"))
+      << f;
+
+  // 1, 1, 2 and 3 rows alive across the epochs' starts, each a different allocation: 0.53 MiB more an
+  // epoch, past the 512 KiB threshold, but 1.1 standard errors of its estimate: not a leak, and said.
+  r = run(sampled_trace(dir, "noise.db", {1, 1, 2, 3}, false), o);
+  const CheckResult& n = only(r, "leaks");
+  EXPECT_EQ(n.outcome, Outcome::Pass) << format_text(r);
+  EXPECT_TRUE(has(n.summary, "rank 0 cpu pageable host memory grew ~" + format_bytes(double(kWeight)) +
+                                 " per epoch at epoch start, within 3 standard errors of its sampled estimate"))
+      << n.summary;
 }
 
 TEST(CheckLeaks, AFlatRunPasses) {

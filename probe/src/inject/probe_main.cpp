@@ -320,6 +320,7 @@ __attribute__((constructor)) void on_load() {
   opt.path = path;
   opt.command_line = cfg.command_line.empty() || !g->root ? read_cmdline() : cfg.command_line;
   opt.config_json = "{\"probe\":\"libzt_probe.so\",\"host_threshold\":" + std::to_string(cfg.host_threshold) +
+                    ",\"sample_interval\":" + std::to_string(cfg.host ? cfg.sample_interval : 0) +
                     ",\"stacks\":" + (cfg.stacks ? "true" : "false") +
                     ",\"stack_depth\":" + std::to_string(cfg.stack_depth) +
                     ",\"python_frames\":" + (cfg.python == PythonFrames::Off ? "\"off\"" : cfg.python == PythonFrames::Gil ? "\"gil\"" : "\"own\"") +
@@ -361,6 +362,8 @@ __attribute__((constructor)) void on_load() {
     h.recorder = g->rec;
     h.host_device = g->host_device;
     h.threshold = cfg.host_threshold;
+    h.sample_interval = cfg.sample_interval;
+    h.sample_seed = cfg.sample_seed;
     h.stacks = cfg.stacks;
     h.stack_depth = cfg.stack_depth;
     interpose::start(h);
