@@ -826,6 +826,10 @@ struct LoopShape {
   bool as_ranges = false;    // the markers as the zerotrace module's ranges, not derived (a killed zt probe)
   const char* config = kProbedConfig;
   std::function<void(TraceBuilder&)> extra;
+  // Sampled rows (the probe's byte sampler): `sampled_per_step` rows of 64 KiB kept at every
+  // `sampled_every`-th step, each standing for kWeight bytes (the default interval's weight).
+  int sampled_per_step = 0;
+  int sampled_every = 1;
 };
 
 std::string loop_trace(const test::TempDir& dir, const std::string& name, const LoopShape& l) {
@@ -846,6 +850,8 @@ std::string loop_trace(const test::TempDir& dir, const std::string& name, const 
     }
     b.alloc(0, cpu, host, "", 8 * kMiB, t0 + 10, t0 + 60, seg);
     if (l.kept_per_step) b.alloc(0, cpu, host, "", l.kept_per_step, t0 + 70, std::nullopt, seg);
+    if (s % l.sampled_every == 0)
+      for (int i = 0; i < l.sampled_per_step; ++i) b.alloc(0, cpu, host, "", kSmall, t0 + 75, std::nullopt, seg, kWeight);
   }
   if (l.steps_per_epoch)
     for (int e = 0; e * l.steps_per_epoch < l.steps; ++e) {
@@ -1032,6 +1038,79 @@ TEST(CheckLeaks, RssGrowthTheRecordedAllocationsDoNotExplainIsALeak) {
   Report trained = run(loop_trace(dir, "trained.db", l), leaks_only());
   EXPECT_EQ(only(trained, "leaks").outcome, Outcome::Pass) << format_text(trained);
   EXPECT_FALSE(has(only(trained, "leaks").summary, "RSS")) << format_text(trained);
+}
+
+// Sampled rows in windows of steps and of time (no epochs): they count for their weight there too,
+// and a leak must stand out of their sampling error there too.
+TEST(CheckLeaks, SampledRowsFollowTheErrorRuleInWindowsOfStepsAndOfTime) {
+  test::TempDir dir;
+  LoopShape l;
+  l.config = "{}";
+  // 2 sampled rows kept each step: 10 a window of 5 steps, ~5.20 MiB; 20 rows between windows 1 and 3.
+  l.sampled_per_step = 2;
+  Report r = run(loop_trace(dir, "steps.db", l), leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u) << format_text(r);
+  EXPECT_TRUE(has(c.findings[0], "rank 0 cpu pageable host memory: live bytes at window start grew ~" +
+                                     format_bytes(double(10 * kWeight)) + " per window"))
+      << c.findings[0];
+  EXPECT_TRUE(has(c.findings[0], "(estimated from 20 sampled allocations: ±")) << c.findings[0];
+  EXPECT_TRUE(has(c.findings[0], " per window)")) << c.findings[0];
+
+  // One sampled row kept every 5 steps: 2 rows between windows 1 and 3, ~0.52 MiB a window, past
+  // the threshold but within 3 standard errors: a pass, and said.
+  l.sampled_per_step = 1;
+  l.sampled_every = 5;
+  Report noise = run(loop_trace(dir, "noise.db", l), leaks_only());
+  const CheckResult& n = only(noise, "leaks");
+  EXPECT_EQ(n.outcome, Outcome::Pass) << format_text(noise);
+  EXPECT_TRUE(has(n.summary, "rank 0 cpu pageable host memory grew ~" + format_bytes(double(kWeight)) +
+                                 " per window at window start, within 3 standard errors of its sampled estimate"))
+      << n.summary;
+
+  // Windows of time, by their lowest live bytes.
+  l.step_markers = false;
+  l.steps = 40;
+  l.sampled_per_step = 2;
+  l.sampled_every = 1;
+  Report time = run(loop_trace(dir, "time.db", l), leaks_only());
+  const CheckResult& t = only(time, "leaks");
+  ASSERT_EQ(t.outcome, Outcome::Fail) << format_text(time);
+  EXPECT_TRUE(has(t.findings.at(0), "the lowest live bytes of each window grew ~")) << t.findings.at(0);
+  EXPECT_TRUE(has(t.findings.at(0), "sampled allocations: ±")) << t.findings.at(0);
+}
+
+// RSS as a witness beside the byte sampler: the sampled rows' estimate explains RSS growth as the
+// rows recorded one by one do, and a finding says what it can be when the run sampled.
+TEST(CheckLeaks, TheRssWitnessCountsSampledRowsByTheirWeight) {
+  test::TempDir dir;
+  constexpr const char* kSampledConfig =
+      R"({"probe":"libzt_probe.so","host_threshold":1048576,"sample_interval":524288,"rss_interval_ms":100})";
+  LoopShape l;
+  l.config = kSampledConfig;
+  l.steps = 16;
+  l.steps_per_epoch = 4;
+  // RSS grows 2 MiB a step; 4 sampled rows kept a step stand for ~2.08 MiB: the RSS is explained,
+  // and the leak is the sampled rows' finding.
+  l.sampled_per_step = 4;
+  l.extra = [](TraceBuilder& b) { rss_samples(b, 16, 300 * kMiB, 2 * kMiB); };
+  Report r = run(loop_trace(dir, "sampled.db", l), leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u) << format_text(r);
+  EXPECT_TRUE(has(c.findings[0], "pageable host memory: live bytes at epoch start grew ~")) << c.findings[0];
+  EXPECT_FALSE(has(c.summary, "the RSS of")) << c.summary;
+
+  // Nothing sampled grows, the RSS does: what it can be, when the small allocations were sampled.
+  l.sampled_per_step = 0;
+  Report rss = run(loop_trace(dir, "rss.db", l), leaks_only());
+  const CheckResult& s = only(rss, "leaks");
+  ASSERT_EQ(s.outcome, Outcome::Fail) << format_text(rss);
+  ASSERT_EQ(s.findings.size(), 1u) << format_text(rss);
+  EXPECT_TRUE(has(s.findings[0], "memory a library maps itself, or fragmentation (allocations under zt probe's "
+                                 "--host-threshold (1.00 MiB) are counted by their sampled estimate)"))
+      << s.findings[0];
 }
 
 // A budget on memory the trace does not record was never looked at: named, it cannot run; with a
