@@ -23,6 +23,7 @@ struct CheckArgs {
   bool steps_given = false;
   std::string junit;
   std::string leak_threshold;
+  std::string rss_threshold;
 };
 
 int run_check(const CheckArgs& a) {
@@ -56,6 +57,13 @@ int run_check(const CheckArgs& a) {
     if (*b == 0) return fail("--leak-threshold: '" + a.leak_threshold + "' is not a size above 0 (try 512KiB)");
     o.leak_threshold = *b;
   }
+  if (!a.rss_threshold.empty()) {
+    std::string why;
+    auto b = parse_size_i64(a.rss_threshold, &why);
+    if (!b) return fail("--rss-threshold: '" + a.rss_threshold + "' " + why + " (try 8MiB)");
+    if (*b == 0) return fail("--rss-threshold: '" + a.rss_threshold + "' is not a size above 0 (try 8MiB)");
+    o.rss_threshold = *b;
+  }
   check::Report report;
   if (Status s = check::run_checks(a.trace, o, &report); !s) {
     // Bad input: CI still gets a JUnit file that says why.
@@ -78,7 +86,9 @@ void add_check_command(CLI::App& app, Action& action) {
       "Pass/fail checks on a trace for CI: a run that failed or was killed, memory that grows across epochs, "
       "tensors on the wrong device, peak memory over a budget, steps lost.\n"
       "With no check named: --run, --leaks, --placement and --steps (vs the plan).\n"
-      "Exit 0 all passed, 1 a check failed, 2 bad input.\n"
+      "A check named here that cannot run on the trace (no plan for --steps, no host allocations for "
+      "--budget host=) does not pass: CANNOT RUN, with what it needs.\n"
+      "Exit 0 all passed, 1 a check failed or a named one could not run, 2 bad input.\n"
       "Example: zt check run.db --junit check.xml\n"
       "         zt check run.db --budget cuda=70GiB,host=900GiB --steps 200 --leaks --leak-threshold 1MiB");
   auto a = std::make_shared<CheckArgs>();
@@ -87,7 +97,9 @@ void add_check_command(CLI::App& app, Action& action) {
               "the run must have ended ok: a run that failed, died on a signal, was terminated or never closed "
               "its trace fails");
   c->add_flag("--leaks", a->leaks,
-              "live host or device bytes at each epoch's start (and end) must not grow by the threshold per epoch");
+              "live host or device bytes at each epoch's start (and end) must not grow by the threshold per epoch "
+              "(without epochs: 4 windows of steps, else of time between the first and last tenth of the run); "
+              "on a probed trace, nor the RSS beyond what the recorded allocations explain");
   c->add_flag("--placement", a->placement,
               "tensors where the run's zero_optimization config puts them (offloaded states on the host); "
               "no device_mismatch errors");
@@ -98,6 +110,9 @@ void add_check_command(CLI::App& app, Action& action) {
                     ->type_name("[N]");
   c->add_option("--junit", a->junit, "also write a JUnit XML report here (atomically)");
   c->add_option("--leak-threshold", a->leak_threshold, "growth per epoch that counts as a leak (default: 512KiB, or 1% of a smaller memory, 64KiB at least)");
+  c->add_option("--rss-threshold", a->rss_threshold,
+                "RSS growth per epoch beyond the recorded allocations that counts as a leak (probed traces; "
+                "default 4MiB)");
   c->callback([&action, a, steps, budget] {
     a->steps_given = steps->count() > 0;
     a->budget_given = budget->count() > 0;

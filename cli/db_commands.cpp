@@ -1,4 +1,5 @@
 // zt db info|sql|kernels|top|merge, zt export, zt synth, zt demo.
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
@@ -268,7 +269,13 @@ void print_host_memory(db::TraceReader& reader, const db::TraceSummary& sum) {
     const std::string rank = std::to_string(d.device.rank);
     const bool has_rss = rss_by_rank.count(rank) && number(rss_by_rank[rank], -1.0) >= 0;
     if (!has_rss && !(probed && d.peak_reserved > 0)) continue;
-    std::cout << "host memory of rank " << rank << ":";
+    // A launcher's or helper's key is not a rank (rank.role): its role and pid instead.
+    std::string who = "rank " + rank;
+    for (auto& r : sum.ranks)
+      if (r.rank == d.device.rank && r.role != db::RankRole::Rank)
+        who = std::string(db::to_string(r.role)) + " process " + std::to_string(r.pid) +
+              (r.job_rank ? " of rank " + std::to_string(*r.job_rank) : "");
+    std::cout << "host memory of " << who << ":";
     if (has_rss) std::cout << " resident set (RSS) peaked at " << format_bytes(number(rss_by_rank[rank]));
     if (probed && d.blocks == 0)
       std::cout << (has_rss ? ";" : "") << " allocations"
@@ -309,12 +316,26 @@ int db_info(const std::string& path) {
   }
   // The world size the ranks recorded (the launcher's or the communicator's): a probed run's
   // process images (compiler checks, workers) are rows of their own, not ranks of the job.
-  std::cout << "ranks: " << sum.ranks.size();
-  if (!sum.ranks.empty()) {
-    int64_t world = 0;
-    for (auto& r : sum.ranks) world = std::max(world, r.world_size);
-    std::cout << " (world size " << world << ")";
+  // Launchers and helpers (rank.role) are processes of the run, not ranks: listed apart, by pid.
+  // A job's compiler workers can be dozens: the first few are named, the rest counted.
+  int64_t n_ranks = 0, world = 0, n_processes = 0;
+  constexpr int64_t kNamed = 4;
+  std::string processes;
+  for (auto& r : sum.ranks) {
+    if (r.role == db::RankRole::Rank) {
+      ++n_ranks;
+      world = std::max(world, r.world_size);
+      continue;
+    }
+    if (++n_processes > kNamed) continue;
+    processes += (processes.empty() ? "" : ", ") + std::string(db::to_string(r.role)) + " " + std::to_string(r.pid) +
+                 (r.role == db::RankRole::Helper && r.job_rank ? " of rank " + std::to_string(*r.job_rank) : "") +
+                 " (key " + std::to_string(r.rank) + ")";
   }
+  if (n_processes > kNamed) processes += " and " + std::to_string(n_processes - kNamed) + " more";
+  std::cout << "ranks: " << n_ranks;
+  if (n_ranks > 0) std::cout << " (world size " << world << ")";
+  if (!processes.empty()) std::cout << "; other processes: " << processes;
   std::cout << "\n";
 
   std::cout << "devices:\n";
@@ -390,9 +411,14 @@ int db_info(const std::string& path) {
     }
     print_table(std::cout, {"kind", "count", "bytes", "busy", "rate"}, rows, {false, true, true, true, true}, "  ");
   } else {
-    std::cout << "transfers: none\n";
+    // Nothing moved: no per-step table of zeros (a CPU job's).
+    std::cout << "transfers: none (no copies between host and device, no collectives)\n";
   }
-  if (!sum.step_traffic.empty()) {
+  bool step_bytes = false;
+  for (auto& s : sum.step_traffic) step_bytes = step_bytes || s.h2d > 0 || s.d2h > 0 || s.collective > 0;
+  if (!sum.transfers.empty() && !sum.step_traffic.empty() && !step_bytes)
+    std::cout << "per step: no bytes moved during the optimizer steps (the transfers above ran outside them)\n";
+  if (step_bytes) {
     std::cout << "per step (mean bytes moved by each rank during its optimizer steps):\n";
     std::vector<std::vector<std::string>> rows;
     for (auto& s : sum.step_traffic)
@@ -413,7 +439,21 @@ int db_info(const std::string& path) {
     std::cout << ": " << f.name << (f.trigger.empty() ? "" : " [" + f.trigger + "]")
               << (f.details.empty() ? "" : " " + f.details) << "\n";
   }
-  for (auto& n : sum.notes) std::cout << "note: " << n << "\n";
+  // A merged trace holds one run per process, and each may have said the same ("CUDA tracing was
+  // off"): said once, with how many said it.
+  {
+    std::vector<std::pair<std::string, int>> notes;
+    for (auto& n : sum.notes) {
+      auto it = std::find_if(notes.begin(), notes.end(), [&](auto& x) { return x.first == n; });
+      if (it == notes.end()) notes.emplace_back(n, 1);
+      else ++it->second;
+    }
+    for (auto& [n, times] : notes)
+      std::cout << "note: " << n << (times > 1 ? " (said by " + std::to_string(times) + " of the trace's " +
+                                                     std::to_string(sum.runs.size()) + " runs)"
+                                               : std::string())
+                << "\n";
+  }
   std::cout << "errors: " << (sum.errors.empty() ? "none" : std::to_string(sum.errors.size()) + " (times from the run's start)")
             << "\n";
   for (size_t i = 0; i < sum.errors.size() && i < 20; ++i) {
@@ -421,7 +461,7 @@ int db_info(const std::string& path) {
     std::cout << "  +" << format_duration_ns(double(e.t - run_start)) << " rank " << e.rank;
     if (e.step) std::cout << " step " << *e.step;
     if (!e.site.empty()) std::cout << " in " << e.site;
-    std::cout << ": " << e.message << "\n";
+    std::cout << ": " << (e.kind.empty() ? "error" : e.kind) << ": " << e.message << "\n";
   }
   return kExitOk;
 }
@@ -595,6 +635,16 @@ int db_top(const std::string& path, const db::TopOptions& o) {
       std::cout << " in " << d.sites << " site" << (d.sites == 1 ? "" : "s") << "\n";
     }
     std::vector<std::vector<std::string>> rows;
+    // A site with sampled rows (the probe's byte sampler) holds an estimate: "~", and its error.
+    auto held = [](const db::SiteBytes& s) {
+      if (s.sampled == 0) return format_bytes(double(s.bytes));
+      return "~" + format_bytes(double(s.bytes)) + " ±" + format_bytes(s.stderr_bytes);
+    };
+    auto count = [](const db::SiteBytes& s) {
+      return std::to_string(s.allocations) + (s.sampled ? " (" + std::to_string(s.sampled) + " sampled)" : "");
+    };
+    bool sampled = false;
+    for (auto& s : d.top) sampled = sampled || s.sampled > 0;
     for (auto& s : d.top) {
       if (epochs) {
         std::string series = format_bytes(double(s.series[0]));
@@ -603,10 +653,9 @@ int db_top(const std::string& path, const db::TopOptions& o) {
           series += (delta < 0 ? ", -" : ", +") + format_bytes(double(delta < 0 ? -delta : delta));
         }
         rows.push_back({(s.grew_per_epoch < 0 ? "-" : "") + format_bytes(s.grew_per_epoch < 0 ? -s.grew_per_epoch : s.grew_per_epoch),
-                        format_bytes(double(s.bytes)), std::to_string(s.allocations), s.site, series});
+                        held(s), count(s), s.site, series});
       } else {
-        rows.push_back({format_bytes(double(s.bytes)), pct(double(s.bytes), double(d.total)), std::to_string(s.allocations),
-                        s.site});
+        rows.push_back({held(s), pct(double(s.bytes), double(d.total)), count(s), s.site});
       }
     }
     if (d.other_bytes > 0 && !epochs)
@@ -618,6 +667,9 @@ int db_top(const std::string& path, const db::TopOptions& o) {
                   {true, true, true, false, false}, "  ");
     else
       print_table(std::cout, {"held", "share", "allocations", "site"}, rows, {true, true, true, false}, "  ");
+    if (sampled)
+      std::cout << "  ~: estimated from allocations sampled by bytes (the probe's --sample-interval), ± one standard "
+                   "error (docs/check.md)\n";
   }
   return kExitOk;
 }

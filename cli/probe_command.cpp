@@ -12,8 +12,9 @@
 // Which traces are this run's: every process of the run writes ZT_PROBE_RUN_ID, a token new for
 // each run, into its run row, so an older file at the same path is never reported as this run's.
 // A run whose processes exec or start probed children leaves one trace per process image; the
-// command numbers their ranks 0, 1, ... (each file holds one process, rank 0 as written) so that
-// `zt db merge` joins them, and says so. Each keeps the world size its process recorded (the
+// command gives each file the job's rank its process holds, or records it as the launcher or a
+// helper process (assign_ranks below; docs/probe.md, "Ranks"), so that `zt db merge` joins them
+// with the job's numbers, and says so. Each keeps the world size its process recorded (the
 // launcher's or its communicator's): process images are not ranks of a job.
 //
 // Python programs: zt probe puts python/zt_bootstrap (a sitecustomize that installs the zerotrace
@@ -35,7 +36,9 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <map>
 #include <random>
+#include <set>
 
 #include "commands.h"
 #include "probe_torch.h"
@@ -53,6 +56,7 @@ namespace fs = std::filesystem;
 struct ProbeArgs {
   std::string output = "zt-probe.db";
   std::string host_threshold = "1MiB";
+  std::string sample_interval = "512KiB";
   bool no_stacks = false;
   int stack_depth = 32;
   bool no_host = false;
@@ -120,6 +124,12 @@ struct RunTrace {
   int64_t t_start = 0;
   int status = 0;
   std::string exit_detail;
+  // What the process recorded itself as (rank.role, rank.job_rank; probe_config.h's
+  // decide_process_role), and the process it names as its launcher (config_json "launched_by").
+  db::RankRole role = db::RankRole::Rank;
+  std::optional<int64_t> job_rank;
+  int64_t world_size = 1;
+  int64_t launched_by = 0;
 };
 
 constexpr const char* kExecDetail = "process image replaced by exec of ";
@@ -138,7 +148,8 @@ std::optional<RunTrace> read_run_trace(const std::string& path, const std::strin
   sqlite3_stmt* st = nullptr;
   const std::string needle = "\"run_id\":\"" + run_id + "\"";
   if (sqlite3_prepare_v2(db,
-                         "SELECT pid, t_start, status, coalesce(exit_detail, '') FROM run "
+                         "SELECT pid, t_start, status, coalesce(exit_detail, ''), "
+                         "CASE WHEN json_valid(config_json) THEN json_extract(config_json, '$.launched_by') END FROM run "
                          "WHERE instr(coalesce(config_json, ''), ?1) > 0 ORDER BY id LIMIT 1",
                          -1, &st, nullptr) == SQLITE_OK) {
     sqlite3_bind_text(st, 1, needle.c_str(), -1, SQLITE_TRANSIENT);
@@ -149,8 +160,20 @@ std::optional<RunTrace> read_run_trace(const std::string& path, const std::strin
       t.t_start = sqlite3_column_int64(st, 1);
       t.status = sqlite3_column_int(st, 2);
       t.exit_detail = reinterpret_cast<const char*>(sqlite3_column_text(st, 3));
+      if (sqlite3_column_type(st, 4) == SQLITE_INTEGER) t.launched_by = sqlite3_column_int64(st, 4);
       out = t;
     }
+  }
+  sqlite3_finalize(st);
+  st = nullptr;
+  // The rank row the process wrote (one, key 0); files of a probe before rank roles have none.
+  if (out && sqlite3_prepare_v2(db, "SELECT role, job_rank, world_size FROM rank ORDER BY rank LIMIT 1", -1, &st,
+                                nullptr) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW) {
+    const int64_t role = sqlite3_column_int64(st, 0);
+    if (role >= 0 && role <= 2) out->role = db::RankRole(role);
+    if (sqlite3_column_type(st, 1) == SQLITE_INTEGER) out->job_rank = sqlite3_column_int64(st, 1);
+    out->world_size = std::max<int64_t>(1, sqlite3_column_int64(st, 2));
   }
   sqlite3_finalize(st);
   sqlite3_close(db);
@@ -179,10 +202,81 @@ std::vector<RunTrace> traces_of_run(const std::string& main, const std::string& 
   return out;
 }
 
-// Each probed process writes its own trace as rank 0 of 1. For `zt db merge` (which keeps ranks
-// apart) the i-th trace of the run becomes rank i of `world`. A trace whose process is still
+// The job's ranks (docs/probe.md, "Ranks"). Each process recorded what it knew at its start
+// (key 0, its role and job rank); with every trace of the run in hand:
+//  - a process a rank names as its launcher (`launched_by`) is the launcher;
+//  - where some process holds a rank the launcher's variables or the communicator named, the root
+//    that named none (the one rank of a run without a launcher, so far) is the launcher;
+//  - of several images of one process (exec), the last is the rank, the earlier ones helpers;
+//  - two processes that claim the same rank: the first started keeps it, the other is a helper
+//    of it, and the summary says so.
+// Keys: a rank's is its job rank (0 for the one process of a run without a launcher); launchers'
+// and helpers' come after every rank and world size, in the order of `traces` (the order zt db
+// merge gets them in, so that it gives them the same keys).
+struct Assigned {
+  int64_t key = 0;
+  db::RankRole role = db::RankRole::Rank;
+  std::optional<int64_t> job_rank;
+  std::string note;
+};
+std::vector<Assigned> assign_ranks(const std::vector<RunTrace>& traces) {
+  std::vector<Assigned> out(traces.size());
+  std::set<int64_t> launchers;
+  bool named_ranks = false;
+  for (size_t i = 0; i < traces.size(); ++i) {
+    out[i].role = traces[i].role;
+    out[i].job_rank = traces[i].job_rank;
+    if (traces[i].role == db::RankRole::Rank && traces[i].launched_by > 0) launchers.insert(traces[i].launched_by);
+  }
+  for (size_t i = 0; i < traces.size(); ++i)
+    if (out[i].role == db::RankRole::Rank && launchers.count(traces[i].pid)) {
+      out[i].role = db::RankRole::Launcher;
+      out[i].job_rank.reset();
+    }
+  for (auto& a : out) named_ranks = named_ranks || (a.role == db::RankRole::Rank && a.job_rank);
+  for (auto& a : out)
+    if (a.role == db::RankRole::Rank && !a.job_rank && named_ranks) a.role = db::RankRole::Launcher;
+  // Images of one process: all but the last (by start) are helpers of its rank.
+  for (size_t i = 0; i < traces.size(); ++i) {
+    if (out[i].role != db::RankRole::Rank) continue;
+    for (size_t j = 0; j < traces.size(); ++j)
+      if (j != i && traces[j].pid == traces[i].pid && out[j].role == db::RankRole::Rank &&
+          traces[j].t_start > traces[i].t_start) {
+        out[i].role = db::RankRole::Helper;
+        break;
+      }
+  }
+  // One process per rank: the first started keeps it.
+  std::map<int64_t, size_t> holder;
+  std::vector<size_t> order(traces.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return traces[a].t_start < traces[b].t_start; });
+  for (size_t i : order) {
+    if (out[i].role != db::RankRole::Rank) continue;
+    const int64_t r = out[i].job_rank.value_or(0);
+    auto [it, fresh] = holder.emplace(r, i);
+    if (!fresh) {
+      out[i].role = db::RankRole::Helper;
+      out[i].note = "process " + std::to_string(traces[it->second].pid) + " also claims rank " + std::to_string(r) +
+                    " and started first: this one is recorded as a helper of that rank";
+    }
+  }
+  int64_t next = 0;
+  for (size_t i = 0; i < traces.size(); ++i)
+    if (out[i].role == db::RankRole::Rank) {
+      out[i].key = out[i].job_rank.value_or(0);
+      next = std::max({next, out[i].key + 1, traces[i].world_size});
+    }
+  for (auto& a : out)
+    if (a.role != db::RankRole::Rank) a.key = next++;
+  return out;
+}
+
+// Each probed process writes its own trace as key 0. Here it gets its key, role and job rank
+// (assign_ranks), so that `zt db merge` keeps ranks apart. A trace whose process is still
 // running (a daemon the program left behind) is left as it is: its writer would go on with 0.
-bool set_rank(const RunTrace& t, int rank) {
+bool set_rank(const RunTrace& t, const Assigned& a) {
   if (t.status == int(db::RunStatus::Running) && t.pid > 0 && (::kill(pid_t(t.pid), 0) == 0 || errno == EPERM))
     return false;
   sqlite3* db = nullptr;
@@ -209,9 +303,15 @@ bool set_rank(const RunTrace& t, int rank) {
   bool ok = single && !tables.empty() && sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
   if (ok) {
     for (auto& table : tables) {
-      std::string sql = "UPDATE \"" + table + "\" SET rank = " + std::to_string(rank) + " WHERE rank IS NOT NULL";
+      // Rows already under their key (the one process of a run without a launcher: 0) are not rewritten.
+      std::string sql = "UPDATE \"" + table + "\" SET rank = " + std::to_string(a.key) +
+                        " WHERE rank IS NOT NULL AND rank <> " + std::to_string(a.key);
       ok = ok && sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK;
     }
+    const std::string roles = "UPDATE rank SET role = " + std::to_string(int(a.role)) +
+                              ", job_rank = " + (a.job_rank ? std::to_string(*a.job_rank) : std::string("NULL"));
+    const bool has_roles = sqlite3_exec(db, "SELECT role, job_rank FROM rank LIMIT 0", nullptr, nullptr, nullptr) == SQLITE_OK;
+    if (has_roles) ok = ok && sqlite3_exec(db, roles.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK;
     ok = sqlite3_exec(db, ok ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr) == SQLITE_OK && ok;
   }
   sqlite3_close(db);
@@ -270,6 +370,7 @@ void write_exit_code(const std::string& path, pid_t pid, int code, int sig) {
 
 struct TraceCounts {
   int64_t allocations = 0, live = 0, transfers = 0, kernels = 0, dropped = 0;
+  int64_t sampled = 0, sampled_live = 0;  // of allocations (and live): sampled rows, under the threshold
   std::string cuda_off;  // the "CUDA tracing was off" note, if any
   bool ok = false;
 };
@@ -283,7 +384,9 @@ TraceCounts count(const std::string& path) {
                "(SELECT count(*) FROM transfer), (SELECT count(*) FROM kernel), "
                "(SELECT coalesce(sum(events),0) FROM dropped), "
                "(SELECT j.value FROM run, json_each(run.config_json, '$.notes') j WHERE json_valid(run.config_json) "
-               "AND j.value LIKE 'CUDA tracing was off%' LIMIT 1)",
+               "AND j.value LIKE 'CUDA tracing was off%' LIMIT 1), "
+               "(SELECT count(*) FROM allocation WHERE " + std::string(r->sampled_sql()) + "), "
+               "(SELECT count(*) FROM allocation WHERE t_free IS NULL AND " + r->sampled_sql() + ")",
                &q) && !q.rows.empty()) {
     auto& row = q.rows[0];
     c.allocations = std::stoll(row[0]);
@@ -292,6 +395,10 @@ TraceCounts count(const std::string& path) {
     c.kernels = std::stoll(row[3]);
     c.dropped = std::stoll(row[4]);
     if (row[5] != "NULL") c.cuda_off = row[5];
+    c.sampled = std::stoll(row[6]);
+    c.sampled_live = std::stoll(row[7]);
+    c.allocations -= c.sampled;
+    c.live -= c.sampled_live;
     c.ok = true;
   }
   return c;
@@ -325,6 +432,9 @@ int run_probe(const ProbeArgs& a) {
                 "ZT_PROBE_LIBRARY)");
   auto threshold = parse_bytes(a.host_threshold);
   if (!threshold) return fail("probe: --host-threshold " + a.host_threshold + ": not a size (examples: 1MiB, 65536)");
+  auto interval = parse_bytes(a.sample_interval);
+  if (!interval || *interval > (1ull << 40))
+    return fail("probe: --sample-interval " + a.sample_interval + ": not a size up to 1TiB (examples: 512KiB, 65536; 0 = off)");
   if (a.stack_depth < 1 || a.stack_depth > 128) return fail("probe: --stack-depth must be 1 to 128");
   if (a.rss_ms < 0) return fail("probe: --rss-interval-ms must be 0 (off) or more");
 
@@ -354,6 +464,7 @@ int run_probe(const ProbeArgs& a) {
     setenv("CUDA_INJECTION64_PATH", lib.c_str(), 1);
     setenv(probe::kEnvOutput, out.c_str(), 1);
     setenv(probe::kEnvHostThreshold, std::to_string(*threshold).c_str(), 1);
+    setenv(probe::kEnvSampleInterval, std::to_string(*interval).c_str(), 1);
     setenv(probe::kEnvStacks, a.no_stacks ? "0" : "1", 1);
     setenv(probe::kEnvStackDepth, std::to_string(a.stack_depth).c_str(), 1);
     setenv(probe::kEnvHost, a.no_host ? "0" : "1", 1);
@@ -363,6 +474,7 @@ int run_probe(const ProbeArgs& a) {
     setenv(probe::kEnvCommand, probe::shell_quote_command(a.command).c_str(), 1);
     setenv(probe::kEnvRunId, run_id.c_str(), 1);
     unsetenv(probe::kEnvClaimed);      // a fresh run, even when zt itself runs under a probe
+    unsetenv(probe::kEnvRankOwner);
     if (!python_dir.empty()) {
       // The bootstrap first (its sitecustomize shadows the program's, which it then imports),
       // then the zerotrace package, then what the program had.
@@ -417,21 +529,36 @@ int run_probe(const ProbeArgs& a) {
                  out.c_str(), code);
     return code;
   }
-  // One trace per process image: make them mergeable (ranks kept apart), then say where they are.
+  // One trace per process image: each gets its job rank, or is a launcher or a helper (mergeable:
+  // ranks kept apart); then say where they are.
+  const std::vector<Assigned> assigned = assign_ranks(traces);
   std::vector<bool> renumbered(traces.size(), true);
-  if (traces.size() > 1)
-    for (size_t i = 0; i < traces.size(); ++i) renumbered[i] = set_rank(traces[i], int(i));
+  for (size_t i = 0; i < traces.size(); ++i) renumbered[i] = set_rank(traces[i], assigned[i]);
   std::string cuda_off;
   bool any_cuda_on = false;
+  bool any_marks = false;  // steps or epochs in some trace (the program's own or derived)
   for (size_t i = 0; i < traces.size(); ++i) {
     const RunTrace& t = traces[i];
     TraceCounts c = count(t.path);
     if (!c.ok) continue;
     if (c.cuda_off.empty()) any_cuda_on = true;
     else cuda_off = c.cuda_off;
-    std::string what = t.path == out.string() ? "trace written to " + t.path
-                       : t.pid == child       ? "after exec, process " + std::to_string(t.pid) + ": trace " + t.path
-                                              : "child process " + std::to_string(t.pid) + ": trace " + t.path;
+    // Who it is (by its job rank; a launcher or helper by its pid), then where it went.
+    const Assigned& as = assigned[i];
+    std::string who;
+    if (as.role == db::RankRole::Rank) {
+      if (traces.size() > 1 || as.job_rank) who = "rank " + std::to_string(as.job_rank.value_or(0));
+    } else if (as.role == db::RankRole::Launcher) {
+      who = "launcher process " + std::to_string(t.pid);
+    } else {
+      who = "helper process " + std::to_string(t.pid) + (as.job_rank ? " of rank " + std::to_string(*as.job_rank) : "");
+    }
+    std::string where = t.path == out.string() ? "trace written to " + t.path
+                        : t.pid == child       ? "after exec, process " + std::to_string(t.pid) + ": trace " + t.path
+                                               : "child process " + std::to_string(t.pid) + ": trace " + t.path;
+    // "launcher process 12, child process 12" says the pid twice: the first is enough.
+    if (as.role != db::RankRole::Rank && t.path != out.string()) where = "trace " + t.path;
+    std::string what = who.empty() ? where : who + (t.path == out.string() || as.role != db::RankRole::Rank ? ": " : ", ") + where;
     std::string then;
     if (t.exit_detail.rfind(kExecDetail, 0) == 0) {
       // This image ended in an exec; the next image of the same pid (if it was recorded) follows.
@@ -451,17 +578,29 @@ int run_probe(const ProbeArgs& a) {
       } else {
         steps = ", " + db::describe(d);
         notes = d.notes;
+        any_marks = any_marks || d.steps || d.epochs || d.own_steps || d.own_epochs;
       }
     }
-    std::fprintf(stderr, "zt probe: %s: %lld allocations (%lld live at exit), %lld transfers, %lld kernels%s%s%s\n",
-                 what.c_str(), (long long)c.allocations, (long long)c.live, (long long)c.transfers,
+    // Rows recorded one by one, then the sampled ones (allocations under the threshold).
+    const std::string sampled = c.sampled ? ", " + std::to_string(c.sampled) + " sampled (" +
+                                                std::to_string(c.sampled_live) + " live)"
+                                          : std::string();
+    std::fprintf(stderr, "zt probe: %s: %lld allocations (%lld live at exit)%s, %lld transfers, %lld kernels%s%s%s\n",
+                 what.c_str(), (long long)c.allocations, (long long)c.live, sampled.c_str(), (long long)c.transfers,
                  (long long)c.kernels, c.dropped ? (", " + std::to_string(c.dropped) + " events dropped").c_str() : "",
                  steps.c_str(), then.c_str());
+    if (!as.note.empty()) notes.insert(notes.begin(), as.note);
     for (auto& n : notes) std::fprintf(stderr, "zt probe:   %s\n", n.c_str());
   }
   if (!any_cuda_on && !cuda_off.empty()) std::fprintf(stderr, "zt probe: %s\n", cuda_off.c_str());
+  if (!any_marks)
+    std::fprintf(stderr,
+                 "zt probe: no steps or epochs found; to mark them: the zerotrace module in Python (with "
+                 "zerotrace.epoch(e): / with zerotrace.step(n):), NVTX ranges named 'epoch N' / 'step N', the HF "
+                 "Trainer or Lightning (marked for you), or --step-range / --epoch-range naming a range of the "
+                 "program's (docs/python-jobs.md); without them zt check --leaks compares windows of time\n");
   if (traces.size() > 1) {
-    // Only the renumbered traces merge (a trace whose process still runs keeps rank 0).
+    // Only the renumbered traces merge (a trace whose process still runs keeps key 0).
     std::vector<std::string> merge{"zt", "db", "merge", merged_name(out.string())};
     size_t mergeable = 0;
     for (size_t i = 0; i < traces.size(); ++i)
@@ -488,8 +627,11 @@ void add_probe_command(CLI::App& app, Action& action) {
   sub->add_option("-o,--output", a->output, "trace file to write (default zt-probe.db; other processes of the "
                                             "run write NAME.pidPID.db beside it)");
   sub->add_option("--host-threshold", a->host_threshold,
-                  "host allocations this large or larger are recorded with a stack; smaller ones are summed "
-                  "(default 1MiB)");
+                  "host allocations this large or larger are recorded one by one with a stack; smaller ones are "
+                  "sampled by bytes (default 1MiB)");
+  sub->add_option("--sample-interval", a->sample_interval,
+                  "host allocations under the threshold: one sampled (with its stack, standing for its expected "
+                  "bytes) per this many bytes allocated, on average; 0 = off (default 512KiB)");
   sub->add_flag("--no-stacks", a->no_stacks, "no call stacks (cheaper)");
   sub->add_option("--stack-depth", a->stack_depth, "frames per stack (default 32)");
   sub->add_flag("--no-host", a->no_host, "do not record host allocations");

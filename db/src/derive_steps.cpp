@@ -15,6 +15,7 @@
 #include "sqlite.h"
 #include "zt/db/schema.h"
 #include "zt/db/trace_file.h"
+#include "zt/db/trace_reader.h"
 
 namespace zt::db {
 using detail::SqlError;
@@ -23,6 +24,7 @@ using detail::Stmt;
 namespace {
 
 constexpr const char* kModuleDomain = "zerotrace";
+constexpr size_t kMaxRuleName = 1024;  // longer range names serve no source (see plan_markers)
 // The bootstrap's framework hooks (python/zerotrace/hooks/), source 3.
 constexpr std::pair<const char*, const char*> kHookDomains[] = {
     {"zerotrace.transformers", "transformers.Trainer's callbacks"}, {"zerotrace.lightning", "Lightning's callbacks"}};
@@ -223,6 +225,202 @@ int64_t intern(sqlite3* db, const std::string& text) {
 
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
 
+// Reads the trace (nothing written) and decides the derived markers. Rows with ids in
+// [skip_first, skip_last] were derived earlier: they are not the program's own.
+// `recorded`: empty rules take the patterns recorded in the trace.
+void plan_markers(sqlite3* db, const StepRules& given, bool recorded, int64_t skip_first, int64_t skip_last,
+                  DerivedMarkers* out, std::vector<DerivedMarker>* rows_out, StepRules* used) {
+  DerivedMarkers& d = *out;
+  StepRules rules = given;
+  if (recorded && rules.step_range.empty() && rules.epoch_range.empty()) {
+    rules.step_range = meta(db, "step_range");
+    rules.epoch_range = meta(db, "epoch_range");
+  }
+  Patterns p;
+  p.step_text = rules.step_range;
+  p.epoch_text = rules.epoch_range;
+  try {
+    if (!rules.step_range.empty()) p.step.emplace(rules.step_range);
+    if (!rules.epoch_range.empty()) p.epoch.emplace(rules.epoch_range);
+  } catch (const std::regex_error& e) {  // a pattern recorded in the trace by another zt
+    throw SqlError(SQLITE_ERROR, std::string("a range pattern recorded in the trace is not a regular expression (") +
+                                     e.what() + ")");
+  }
+
+  auto own = [&](int64_t kind) {
+    Stmt c(db, "SELECT count(*) FROM marker WHERE kind = ?1 AND id NOT BETWEEN ?2 AND ?3");
+    c.bind(1, kind).bind(2, skip_first).bind(3, skip_last);
+    return c.step() && c.i64(0) > 0;
+  };
+  d.own_steps = own(0);
+  d.own_epochs = own(2);
+
+  // Every distinct range name, classified once (a trace has a few hundred names, and may have
+  // hundreds of thousands of ranges: only the ranges of names that serve are read).
+  std::unordered_map<int64_t, NameRoles> roles;
+  std::vector<std::pair<int64_t, std::string>> names_by_count;  // for the notes
+  {
+    Stmt names(db,
+               "SELECT m.name_id, s.text, count(*) FROM marker m JOIN string s ON s.id = m.name_id WHERE m.kind = 4 "
+               "GROUP BY m.name_id ORDER BY count(*) DESC, s.text");
+    while (names.step()) {
+      const std::string text = names.text(1);
+      // std::regex matches by recursion, a frame per character: a name of 100,000 digits overflows
+      // the stack. No range that names a step or a phase is that long; a trace is untrusted input.
+      NameRoles r = text.size() > kMaxRuleName ? NameRoles{} : classify(text, p);
+      names_by_count.emplace_back(names.i64(2), text);
+      if (r.user_step || r.user_epoch || r.convention || r.hook || r.module || r.ds_step || r.ds_start ||
+          !r.phase.empty())
+        roles.emplace(names.i64(0), std::move(r));
+    }
+  }
+  struct Named {
+    Range range;
+    const NameRoles* roles;
+  };
+  std::vector<Named> ranges;
+  {
+    Stmt rs(db, "SELECT name_id, rank, t_start, t_end FROM marker WHERE kind = 4 ORDER BY t_start, id");
+    while (rs.step()) {
+      auto it = roles.find(rs.i64(0));
+      if (it == roles.end()) continue;
+      Range r;
+      r.rank = rs.i64(1);
+      r.t_start = rs.i64(2);
+      r.t_end = rs.opt(3);
+      r.number = it->second.number;
+      ranges.push_back({r, &it->second});
+    }
+  }
+  auto select = [&](auto pred) {
+    std::vector<Range> v;
+    for (auto& n : ranges)
+      if (pred(*n.roles)) v.push_back(n.range);
+    return v;
+  };
+  const bool ended_well =
+      detail::query_int(db, "SELECT count(*) FROM run WHERE status <> 1 OR coalesce(exit_code, 0) <> 0") == 0;
+
+  // The framework hooks that wrote ranges of a kind ('S' / 'E'), in words.
+  auto hook_source_of = [&](char kind) {
+    std::set<std::string> v;
+    for (auto& n : ranges)
+      if (n.roles->hook == kind) v.insert(n.roles->hook_source);
+    return v;
+  };
+  auto hook_words = [](const std::set<std::string>& v) {
+    std::string s;
+    for (auto& w : v) s += (s.empty() ? "" : " and ") + w;
+    return s;
+  };
+
+  // Steps: the first source with any.
+  std::vector<Span> steps, epochs;
+  if (!d.own_steps) {
+    auto user = select([](const NameRoles& r) { return r.user_step; });
+    auto conv = select([](const NameRoles& r) { return r.convention == 'S'; });
+    auto hook = select([](const NameRoles& r) { return r.hook == 'S'; });
+    auto ds_opt = select([](const NameRoles& r) { return r.ds_step; });
+    auto module = select([](const NameRoles& r) { return r.module == 'S'; });
+    if (!user.empty()) steps = number_spans(user), d.steps_from = "--step-range " + quoted(p.step_text);
+    else if (!conv.empty()) steps = number_spans(conv), d.steps_from = "NVTX ranges 'step N'";
+    else if (!hook.empty()) steps = number_spans(hook), d.steps_from = hook_words(hook_source_of('S'));
+    else if (!ds_opt.empty())
+      steps = deepspeed_steps(ds_opt, select([](const NameRoles& r) { return r.ds_start; }), ended_well),
+      d.steps_from = "DeepSpeed's ranges";
+    else if (!module.empty()) steps = number_spans(module), d.steps_from = "the zerotrace module";
+  } else if (p.step) {
+    d.notes.push_back("--step-range " + quoted(p.step_text) +
+                      " not used: the program wrote step markers of its own");
+  }
+  if (!d.own_epochs) {
+    auto user = select([](const NameRoles& r) { return r.user_epoch; });
+    auto conv = select([](const NameRoles& r) { return r.convention == 'E'; });
+    auto hook = select([](const NameRoles& r) { return r.hook == 'E'; });
+    auto module = select([](const NameRoles& r) { return r.module == 'E'; });
+    if (!user.empty()) epochs = number_spans(user), d.epochs_from = "--epoch-range " + quoted(p.epoch_text);
+    else if (!conv.empty()) epochs = number_spans(conv), d.epochs_from = "NVTX ranges 'epoch N'";
+    else if (!hook.empty()) epochs = number_spans(hook), d.epochs_from = hook_words(hook_source_of('E'));
+    else if (!module.empty()) epochs = number_spans(module), d.epochs_from = "the zerotrace module";
+  } else if (p.epoch) {
+    d.notes.push_back("--epoch-range " + quoted(p.epoch_text) +
+                      " not used: the program wrote epoch markers of its own");
+  }
+  // A pattern that matched nothing is said, with what the trace has instead.
+  auto unmatched = [&](const std::optional<std::regex>& re, const std::string& text, const char* flag, bool user_used) {
+    if (!re || user_used) return;
+    std::string line = std::string(flag) + " " + quoted(text) + " matched no range in the trace";
+    std::vector<std::string> some;
+    for (auto& [n, name] : names_by_count) {
+      // CUDA runtime calls and synchronizations (the CUPTI decoder's) are not what a user names.
+      if (name.rfind("cuda", 0) == 0 || name.rfind("sync:", 0) == 0) continue;
+      some.push_back(quoted(name));
+      if (some.size() == 5) break;
+    }
+    if (names_by_count.empty())
+      line += " (it has no ranges: NVTX ranges reach the trace only when CUDA tracing is on)";
+    else if (!some.empty()) {
+      line += " (its most frequent: ";
+      for (size_t i = 0; i < some.size(); ++i) line += (i ? ", " : "") + some[i];
+      line += ")";
+    }
+    d.notes.push_back(line);
+  };
+  unmatched(p.step, p.step_text, "--step-range", d.steps_from.rfind("--step-range", 0) == 0 || d.own_steps);
+  unmatched(p.epoch, p.epoch_text, "--epoch-range", d.epochs_from.rfind("--epoch-range", 0) == 0 || d.own_epochs);
+
+  // Phases: DeepSpeed's and the zerotrace module's, always.
+  struct Phase {
+    Range range;
+    std::string name;
+  };
+  std::vector<Phase> phases;
+  for (auto& n : ranges)
+    if (!n.roles->phase.empty()) phases.push_back({n.range, n.roles->phase});
+
+  // Nesting: a step's epoch, a phase's step and epoch (derived ones, else the program's own).
+  std::map<int64_t, std::vector<Span>> step_spans, epoch_spans;
+  auto load_own = [&](int kind, std::map<int64_t, std::vector<Span>>& into) {
+    Stmt s(db, "SELECT rank, t_start, t_end, " + std::string(kind == 0 ? "step" : "epoch") +
+                   " FROM marker WHERE kind = ?1 AND id NOT BETWEEN ?2 AND ?3 ORDER BY t_start");
+    s.bind(1, int64_t(kind)).bind(2, skip_first).bind(3, skip_last);
+    while (s.step()) into[s.i64(0)].push_back({s.i64(0), s.i64(1), s.opt(2), s.opt(3).value_or(0)});
+  };
+  if (d.own_epochs) load_own(2, epoch_spans);
+  for (auto& e : epochs) epoch_spans[e.rank].push_back(e);
+  if (d.own_steps) load_own(0, step_spans);
+  for (auto& s : steps) step_spans[s.rank].push_back(s);
+  for (auto* m : {&step_spans, &epoch_spans})
+    for (auto& [rank, v] : *m)
+      std::stable_sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.t_start < b.t_start; });
+
+  // The rows: epochs, then steps (each in its epoch), then phases (in their step and epoch).
+  std::vector<DerivedMarker>& rows = *rows_out;
+  rows.clear();
+  for (auto& e : epochs)
+    rows.push_back(
+        {e.rank, MarkerKind::Epoch, "epoch " + std::to_string(e.index), e.t_start, e.t_end, std::nullopt, e.index});
+  for (auto& s : steps)
+    rows.push_back({s.rank, MarkerKind::Step, "step " + std::to_string(s.index), s.t_start, s.t_end, s.index,
+                    index_at(epoch_spans, s.rank, s.t_start)});
+  for (auto& ph : phases)
+    rows.push_back({ph.range.rank, MarkerKind::Phase, ph.name, ph.range.t_start, ph.range.t_end,
+                    index_at(step_spans, ph.range.rank, ph.range.t_start),
+                    index_at(epoch_spans, ph.range.rank, ph.range.t_start)});
+  d.epochs = int64_t(epochs.size());
+  d.steps = int64_t(steps.size());
+  d.phases = int64_t(phases.size());
+  *used = rules;
+}
+
+// meta derived_markers: the ids of the rows derived earlier, [first, last] (an empty range when none).
+std::pair<int64_t, int64_t> derived_earlier(sqlite3* db) {
+  const std::string earlier = meta(db, "derived_markers");
+  long long first = 0, last = -1;
+  if (earlier.empty() || std::sscanf(earlier.c_str(), "%lld %lld", &first, &last) != 2) return {0, -1};
+  return {int64_t(first), int64_t(last)};
+}
+
 }  // namespace
 
 Status check_range_pattern(const std::string& pattern, const std::string& flag) {
@@ -259,172 +457,18 @@ Status derive_steps(const std::string& path, const StepRules& given, DerivedMark
     return Status::Error(path + ": cannot open the trace for writing: " + m);
   }
   sqlite3_busy_timeout(db, 5000);
-  DerivedMarkers& d = *out;
   try {
     detail::exec(db, "BEGIN IMMEDIATE");
-    StepRules rules = given;
-    if (rules.step_range.empty() && rules.epoch_range.empty()) {
-      rules.step_range = meta(db, "step_range");
-      rules.epoch_range = meta(db, "epoch_range");
-    }
-    Patterns p;
-    p.step_text = rules.step_range;
-    p.epoch_text = rules.epoch_range;
-    try {
-      if (!rules.step_range.empty()) p.step.emplace(rules.step_range);
-      if (!rules.epoch_range.empty()) p.epoch.emplace(rules.epoch_range);
-    } catch (const std::regex_error& e) {  // a pattern recorded in the trace by another zt
-      throw SqlError(SQLITE_ERROR, std::string("a range pattern recorded in the trace is not a regular expression (") +
-                                       e.what() + ")");
-    }
-
     // Earlier derived rows go first.
-    const std::string earlier = meta(db, "derived_markers");
-    long long first = 0, last = -1;
-    if (!earlier.empty() && std::sscanf(earlier.c_str(), "%lld %lld", &first, &last) == 2) {
+    const auto [first, last] = derived_earlier(db);
+    if (first <= last) {
       Stmt del(db, "DELETE FROM marker WHERE id BETWEEN ?1 AND ?2");
-      del.bind(1, int64_t(first)).bind(2, int64_t(last));
+      del.bind(1, first).bind(2, last);
       del.step_done();
     }
-    d.own_steps = detail::query_int(db, "SELECT count(*) FROM marker WHERE kind = 0") > 0;
-    d.own_epochs = detail::query_int(db, "SELECT count(*) FROM marker WHERE kind = 2") > 0;
-
-    // Every distinct range name, classified once (a trace has a few hundred names, and may have
-    // hundreds of thousands of ranges: only the ranges of names that serve are read).
-    std::unordered_map<int64_t, NameRoles> roles;
-    std::vector<std::pair<int64_t, std::string>> names_by_count;  // for the notes
-    {
-      Stmt names(db,
-                 "SELECT m.name_id, s.text, count(*) FROM marker m JOIN string s ON s.id = m.name_id WHERE m.kind = 4 "
-                 "GROUP BY m.name_id ORDER BY count(*) DESC, s.text");
-      while (names.step()) {
-        const std::string text = names.text(1);
-        NameRoles r = classify(text, p);
-        names_by_count.emplace_back(names.i64(2), text);
-        if (r.user_step || r.user_epoch || r.convention || r.hook || r.module || r.ds_step || r.ds_start ||
-            !r.phase.empty())
-          roles.emplace(names.i64(0), std::move(r));
-      }
-    }
-    struct Named {
-      Range range;
-      const NameRoles* roles;
-    };
-    std::vector<Named> ranges;
-    {
-      Stmt rs(db, "SELECT name_id, rank, t_start, t_end FROM marker WHERE kind = 4 ORDER BY t_start, id");
-      while (rs.step()) {
-        auto it = roles.find(rs.i64(0));
-        if (it == roles.end()) continue;
-        Range r;
-        r.rank = rs.i64(1);
-        r.t_start = rs.i64(2);
-        r.t_end = rs.opt(3);
-        r.number = it->second.number;
-        ranges.push_back({r, &it->second});
-      }
-    }
-    auto select = [&](auto pred) {
-      std::vector<Range> v;
-      for (auto& n : ranges)
-        if (pred(*n.roles)) v.push_back(n.range);
-      return v;
-    };
-    const bool ended_well =
-        detail::query_int(db, "SELECT count(*) FROM run WHERE status <> 1 OR coalesce(exit_code, 0) <> 0") == 0;
-
-    // The framework hooks that wrote ranges of a kind ('S' / 'E'), in words.
-    auto hook_source_of = [&](char kind) {
-      std::set<std::string> v;
-      for (auto& n : ranges)
-        if (n.roles->hook == kind) v.insert(n.roles->hook_source);
-      return v;
-    };
-    auto hook_words = [](const std::set<std::string>& v) {
-      std::string s;
-      for (auto& w : v) s += (s.empty() ? "" : " and ") + w;
-      return s;
-    };
-
-    // Steps: the first source with any.
-    std::vector<Span> steps, epochs;
-    if (!d.own_steps) {
-      auto user = select([](const NameRoles& r) { return r.user_step; });
-      auto conv = select([](const NameRoles& r) { return r.convention == 'S'; });
-      auto hook = select([](const NameRoles& r) { return r.hook == 'S'; });
-      auto ds_opt = select([](const NameRoles& r) { return r.ds_step; });
-      auto module = select([](const NameRoles& r) { return r.module == 'S'; });
-      if (!user.empty()) steps = number_spans(user), d.steps_from = "--step-range " + quoted(p.step_text);
-      else if (!conv.empty()) steps = number_spans(conv), d.steps_from = "NVTX ranges 'step N'";
-      else if (!hook.empty()) steps = number_spans(hook), d.steps_from = hook_words(hook_source_of('S'));
-      else if (!ds_opt.empty())
-        steps = deepspeed_steps(ds_opt, select([](const NameRoles& r) { return r.ds_start; }), ended_well),
-        d.steps_from = "DeepSpeed's ranges";
-      else if (!module.empty()) steps = number_spans(module), d.steps_from = "the zerotrace module";
-    } else if (p.step) {
-      d.notes.push_back("--step-range " + quoted(p.step_text) +
-                        " not used: the program wrote step markers of its own");
-    }
-    if (!d.own_epochs) {
-      auto user = select([](const NameRoles& r) { return r.user_epoch; });
-      auto conv = select([](const NameRoles& r) { return r.convention == 'E'; });
-      auto hook = select([](const NameRoles& r) { return r.hook == 'E'; });
-      auto module = select([](const NameRoles& r) { return r.module == 'E'; });
-      if (!user.empty()) epochs = number_spans(user), d.epochs_from = "--epoch-range " + quoted(p.epoch_text);
-      else if (!conv.empty()) epochs = number_spans(conv), d.epochs_from = "NVTX ranges 'epoch N'";
-      else if (!hook.empty()) epochs = number_spans(hook), d.epochs_from = hook_words(hook_source_of('E'));
-      else if (!module.empty()) epochs = number_spans(module), d.epochs_from = "the zerotrace module";
-    } else if (p.epoch) {
-      d.notes.push_back("--epoch-range " + quoted(p.epoch_text) +
-                        " not used: the program wrote epoch markers of its own");
-    }
-    // A pattern that matched nothing is said, with what the trace has instead.
-    auto unmatched = [&](const std::optional<std::regex>& re, const std::string& text, const char* flag, bool user_used) {
-      if (!re || user_used) return;
-      std::string line = std::string(flag) + " " + quoted(text) + " matched no range in the trace";
-      std::vector<std::string> some;
-      for (auto& [n, name] : names_by_count) {
-        // CUDA runtime calls and synchronizations (the CUPTI decoder's) are not what a user names.
-        if (name.rfind("cuda", 0) == 0 || name.rfind("sync:", 0) == 0) continue;
-        some.push_back(quoted(name));
-        if (some.size() == 5) break;
-      }
-      if (names_by_count.empty())
-        line += " (it has no ranges: NVTX ranges reach the trace only when CUDA tracing is on)";
-      else if (!some.empty()) {
-        line += " (its most frequent: ";
-        for (size_t i = 0; i < some.size(); ++i) line += (i ? ", " : "") + some[i];
-        line += ")";
-      }
-      d.notes.push_back(line);
-    };
-    unmatched(p.step, p.step_text, "--step-range", d.steps_from.rfind("--step-range", 0) == 0 || d.own_steps);
-    unmatched(p.epoch, p.epoch_text, "--epoch-range", d.epochs_from.rfind("--epoch-range", 0) == 0 || d.own_epochs);
-
-    // Phases: DeepSpeed's and the zerotrace module's, always.
-    struct Phase {
-      Range range;
-      std::string name;
-    };
-    std::vector<Phase> phases;
-    for (auto& n : ranges)
-      if (!n.roles->phase.empty()) phases.push_back({n.range, n.roles->phase});
-
-    // Nesting: a step's epoch, a phase's step and epoch (derived ones, else the program's own).
-    std::map<int64_t, std::vector<Span>> step_spans, epoch_spans;
-    auto load_own = [&](int kind, std::map<int64_t, std::vector<Span>>& into) {
-      Stmt s(db, "SELECT rank, t_start, t_end, " + std::string(kind == 0 ? "step" : "epoch") +
-                     " FROM marker WHERE kind = ?1 ORDER BY t_start");
-      s.bind(1, int64_t(kind));
-      while (s.step()) into[s.i64(0)].push_back({s.i64(0), s.i64(1), s.opt(2), s.opt(3).value_or(0)});
-    };
-    if (d.own_epochs) load_own(2, epoch_spans);
-    for (auto& e : epochs) epoch_spans[e.rank].push_back(e);
-    if (d.own_steps) load_own(0, step_spans);
-    for (auto& s : steps) step_spans[s.rank].push_back(s);
-    for (auto* m : {&step_spans, &epoch_spans})
-      for (auto& [rank, v] : *m)
-        std::stable_sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.t_start < b.t_start; });
+    std::vector<DerivedMarker> rows;
+    StepRules rules;
+    plan_markers(db, given, true, 0, -1, out, &rows, &rules);
 
     // The rows, after every id the trace has.
     int64_t next_id = detail::query_int(db, "SELECT coalesce(max(id), 0) FROM marker") + 1;
@@ -438,26 +482,15 @@ Status derive_steps(const std::string& path, const StepRules& given, DerivedMark
       if (fresh) it->second = intern(db, text);
       return it->second;
     };
-    auto write = [&](int64_t rank, MarkerKind kind, const std::string& name, int64_t t0, std::optional<int64_t> t1,
-                     std::optional<int64_t> step, std::optional<int64_t> epoch) {
-      ins.bind(1, next_id++).bind(2, rank).bind(3, int64_t(kind)).bind(4, name_id(name)).bind(5, t0).bind_opt(6, t1);
-      ins.bind_opt(7, step).bind_opt(8, epoch);
+    for (auto& r : rows) {
+      ins.bind(1, next_id++).bind(2, r.rank).bind(3, int64_t(r.kind)).bind(4, name_id(r.name)).bind(5, r.t_start);
+      ins.bind_opt(6, r.t_end).bind_opt(7, r.step).bind_opt(8, r.epoch);
       ins.step_done();
-    };
-    for (auto& e : epochs) write(e.rank, MarkerKind::Epoch, "epoch " + std::to_string(e.index), e.t_start, e.t_end, std::nullopt, e.index);
-    for (auto& s : steps)
-      write(s.rank, MarkerKind::Step, "step " + std::to_string(s.index), s.t_start, s.t_end, s.index,
-            index_at(epoch_spans, s.rank, s.t_start));
-    for (auto& ph : phases)
-      write(ph.range.rank, MarkerKind::Phase, ph.name, ph.range.t_start, ph.range.t_end,
-            index_at(step_spans, ph.range.rank, ph.range.t_start), index_at(epoch_spans, ph.range.rank, ph.range.t_start));
-    d.epochs = int64_t(epochs.size());
-    d.steps = int64_t(steps.size());
-    d.phases = int64_t(phases.size());
+    }
 
     set_meta(db, "derived_markers", next_id > first_id ? std::to_string(first_id) + " " + std::to_string(next_id - 1) : "");
-    set_meta(db, "steps_from", d.steps_from);
-    set_meta(db, "epochs_from", d.epochs_from);
+    set_meta(db, "steps_from", out->steps_from);
+    set_meta(db, "epochs_from", out->epochs_from);
     set_meta(db, "step_range", rules.step_range);
     set_meta(db, "epoch_range", rules.epoch_range);
     detail::exec(db, "COMMIT");
@@ -467,6 +500,26 @@ Status derive_steps(const std::string& path, const StepRules& given, DerivedMark
     return Status::Error(path + ": deriving steps failed: " + e.what());
   }
   sqlite3_close(db);
+  return Status::Ok();
+}
+
+Status derive_steps_in_memory(const TraceReader& reader, const StepRules& given, DerivedMarkers* out,
+                              std::vector<DerivedMarker>* rows) {
+  *out = DerivedMarkers{};
+  rows->clear();
+  if (!given.step_range.empty())
+    if (Status s = check_range_pattern(given.step_range, "--step-range"); !s) return s;
+  if (!given.epoch_range.empty())
+    if (Status s = check_range_pattern(given.epoch_range, "--epoch-range"); !s) return s;
+  try {
+    StepRules rules;
+    const auto [first, last] = derived_earlier(reader.handle());
+    plan_markers(reader.handle(), given, false, first, last, out, rows, &rules);
+  } catch (const SqlError& e) {
+    *out = DerivedMarkers{};
+    rows->clear();
+    return Status::Error(reader.path() + ": deriving steps failed: " + e.what());
+  }
   return Status::Ok();
 }
 

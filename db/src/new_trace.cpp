@@ -28,7 +28,11 @@ Status write_new_trace(const std::string& path, const std::string& what, const s
     w->begin();
     fill(*w);
     w->commit();
-    if (Status s = w->finish(); !s) result = Status::Error(path + ": " + what + " failed: " + s.message());
+    if (Status s = w->finish(); !s) {  // also the first error of fill's writes
+      std::string why = s.message();
+      if (why.rfind(tmp + ": ", 0) == 0) why = why.substr(tmp.size() + 2);
+      result = Status::Error(path + ": " + what + " failed: " + why);
+    }
   } catch (const InputError& e) {
     result = Status::Error(e.what());
   } catch (const std::exception& e) {

@@ -19,7 +19,7 @@ struct InputError : std::runtime_error {
 };
 
 // Checks that a trace may be written at `path`, creates one beside it, calls `fill` (inside one
-// transaction: it throws on any error), checks the new trace as TraceReader::open would (a value
+// transaction: it throws on an error of its own; the writer's come back from its finish()), checks the new trace as TraceReader::open would (a value
 // `source`, the file read, let through is refused naming it) and renames it to `path`. `what` names
 // the work in the error ("import").
 Status write_new_trace(const std::string& path, const std::string& what, const std::string& source,

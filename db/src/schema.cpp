@@ -14,6 +14,7 @@ constexpr std::array<std::string_view, 3> kPlacementWhy{"created", "moved", "fre
 constexpr std::array<std::string_view, 5> kMarkerKind{"step", "micro_step", "epoch", "phase", "range"};
 constexpr std::array<std::string_view, 3> kDeviceKind{"cpu", "cuda", "sim"};
 constexpr std::array<std::string_view, 5> kRunStatus{"running", "ok", "failed", "signal", "terminated"};
+constexpr std::array<std::string_view, 3> kRankRole{"rank", "launcher", "helper"};
 
 template <size_t N>
 std::string_view name_of(const std::array<std::string_view, N>& names, uint8_t code) {
@@ -35,6 +36,7 @@ std::string_view to_string(PlacementWhy v) { return name_of(kPlacementWhy, uint8
 std::string_view to_string(MarkerKind v) { return name_of(kMarkerKind, uint8_t(v)); }
 std::string_view to_string(DeviceKind v) { return name_of(kDeviceKind, uint8_t(v)); }
 std::string_view to_string(RunStatus v) { return name_of(kRunStatus, uint8_t(v)); }
+std::string_view to_string(RankRole v) { return name_of(kRankRole, uint8_t(v)); }
 
 std::optional<TransferKind> transfer_kind_from_string(std::string_view s) { return parse<TransferKind>(kTransferKind, s); }
 std::optional<MarkerKind> marker_kind_from_string(std::string_view s) { return parse<MarkerKind>(kMarkerKind, s); }
@@ -50,7 +52,7 @@ CREATE TABLE run (
   status INTEGER NOT NULL, exit_code INTEGER, exit_detail TEXT, source_file TEXT);
 CREATE TABLE rank (
   rank INTEGER PRIMARY KEY, run_id INTEGER NOT NULL, world_size INTEGER NOT NULL,
-  local_rank INTEGER, hostname TEXT, pid INTEGER);
+  local_rank INTEGER, hostname TEXT, pid INTEGER, role INTEGER NOT NULL DEFAULT 0, job_rank INTEGER);
 CREATE TABLE device (
   id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, kind INTEGER NOT NULL, ordinal INTEGER NOT NULL,
   label TEXT NOT NULL, name TEXT, capacity_bytes INTEGER, simulated INTEGER NOT NULL DEFAULT 0);
@@ -63,7 +65,7 @@ CREATE TABLE allocation (
   memory_kind INTEGER NOT NULL, level INTEGER NOT NULL, address INTEGER NOT NULL,
   bytes INTEGER NOT NULL, requested_bytes INTEGER NOT NULL,
   t_alloc INTEGER NOT NULL, t_free INTEGER, name_id INTEGER, stack_id INTEGER,
-  source INTEGER NOT NULL, segment_id INTEGER, stream INTEGER);
+  source INTEGER NOT NULL, segment_id INTEGER, stream INTEGER, weight_bytes INTEGER);
 CREATE TABLE transfer (
   id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, kind INTEGER NOT NULL, bytes INTEGER NOT NULL,
   src_device_id INTEGER, dst_device_id INTEGER, pinned INTEGER,
@@ -110,12 +112,14 @@ CREATE TABLE enum_device_kind (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
 INSERT INTO enum_device_kind VALUES (0,'cpu'),(1,'cuda'),(2,'sim');
 CREATE TABLE enum_run_status (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
 INSERT INTO enum_run_status VALUES (0,'running'),(1,'ok'),(2,'failed'),(3,'signal'),(4,'terminated');
+CREATE TABLE enum_rank_role (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
+INSERT INTO enum_rank_role VALUES (0,'rank'),(1,'launcher'),(2,'helper');
 )SQL";
 const char* kViewsSql = R"SQL(
 CREATE VIEW allocation_v AS
   SELECT a.id, a.rank, d.label AS device, mk.name AS memory_kind, lv.name AS level, a.address,
          a.bytes, a.requested_bytes, a.t_alloc, a.t_free, s.text AS name, a.stack_id,
-         src.name AS source, a.segment_id, a.stream
+         src.name AS source, a.segment_id, a.stream, a.weight_bytes
   FROM allocation a LEFT JOIN device d ON d.id = a.device_id
   LEFT JOIN enum_memory_kind mk ON mk.code = a.memory_kind LEFT JOIN enum_level lv ON lv.code = a.level
   LEFT JOIN string s ON s.id = a.name_id LEFT JOIN enum_source src ON src.code = a.source;

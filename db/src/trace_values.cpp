@@ -88,6 +88,12 @@ ColumnRule flag(std::string c, bool nullable) {
   r.codes = {0, 1};
   return r;
 }
+// A column added to its table after the first files were written: a file without it is checked
+// without it.
+ColumnRule later(ColumnRule r) {
+  r.added_later = true;
+  return r;
+}
 // A counter's value: any number (a diverged loss is an infinity; a NaN is stored as NULL).
 ColumnRule number(std::string c) {
   ColumnRule r;
@@ -107,7 +113,8 @@ const std::map<std::string, std::vector<ColumnRule>, std::less<>>& all_rules() {
                 integer("exit_code", INT32_MIN, INT32_MAX, "NULL or an exit code (a 32-bit integer)", true)};
     m["rank"] = {rank(), ref("run_id", false),
                  integer("world_size", 1, kMaxTraceRank + 1, "a world size (an integer in 1 .. 1048576)"),
-                 rank("local_rank", true), integer("pid", 0, INT32_MAX, "NULL or a process id (0 .. 2^31-1)", true)};
+                 rank("local_rank", true), integer("pid", 0, INT32_MAX, "NULL or a process id (0 .. 2^31-1)", true),
+                 later(enumeration<RankRole>("role", "rank_role")), later(rank("job_rank", true))};
     m["device"] = {device_ref("id", false), rank(), enumeration<DeviceKind>("kind", "device_kind"),
                    integer("ordinal", 0, kMaxTraceRank, "a device index (an integer in 0 .. 1048575)"),
                    bytes("capacity_bytes", true, false), flag("simulated", false)};
@@ -118,7 +125,7 @@ const std::map<std::string, std::vector<ColumnRule>, std::less<>>& all_rules() {
                        enumeration<AllocLevel>("level", "level"), any_integer("address", false), bytes("bytes"),
                        bytes("requested_bytes"), time("t_alloc"), time("t_free", true, "t_alloc"), string_ref("name_id"),
                        ref("stack_id"), enumeration<Source>("source", "source"), ref("segment_id"),
-                       any_integer("stream")};
+                       any_integer("stream"), later(bytes("weight_bytes", true))};
     m["transfer"] = {id(), rank(), enumeration<TransferKind>("kind", "transfer_kind"), bytes("bytes"),
                      device_ref("src_device_id"), device_ref("dst_device_id"), flag("pinned", true), time("t_start"),
                      time("t_end", false, "t_start", true), any_integer("stream"), string_ref("name_id"), string_ref("op_id"),
@@ -195,8 +202,21 @@ const std::vector<std::string>& streamed_tables() {
 }
 
 Status check_table_values(sqlite3* db, const std::string& path, const std::string& table) {
-  const auto& rules = column_rules(table);
-  if (rules.empty()) return Status::Ok();
+  const auto& all = column_rules(table);
+  if (all.empty()) return Status::Ok();
+  std::vector<ColumnRule> rules;  // the rules of the columns this file has
+  try {
+    for (const auto& r : all) {
+      if (r.added_later) {
+        detail::Stmt has(db, "SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2");
+        has.bind(1, table).bind(2, r.column);
+        if (has.step() && has.i64(0) == 0) continue;  // a file from before the column
+      }
+      rules.push_back(r);
+    }
+  } catch (const detail::SqlError& e) {
+    return Status::Error(path + ": not a readable zerotrace trace (table " + table + ": " + e.what() + ")");
+  }
   std::string cols = "rowid AS zt_row", cond;
   for (const auto& r : rules) {
     cols += ", " + quoted(r.column);

@@ -26,7 +26,8 @@ void bind_row(Stmt& s, int b, const AllocationRow& r) {
   s.bind_id(b + 1, r.id).bind(b + 2, r.rank).bind(b + 3, r.device_id).bind(b + 4, i(r.memory_kind))
       .bind(b + 5, i(r.level)).bind(b + 6, i(r.address)).bind(b + 7, r.bytes).bind(b + 8, r.requested_bytes)
       .bind(b + 9, r.t_alloc).bind_opt(b + 10, r.t_free).bind_id(b + 11, r.name_id).bind_id(b + 12, r.stack_id)
-      .bind(b + 13, i(r.source)).bind_id(b + 14, r.segment_id).bind_opt(b + 15, r.stream);
+      .bind(b + 13, i(r.source)).bind_id(b + 14, r.segment_id).bind_opt(b + 15, r.stream)
+      .bind_opt(b + 16, r.weight_bytes);
 }
 void bind_row(Stmt& s, int b, const TransferRow& r) {
   s.bind_id(b + 1, r.id).bind(b + 2, r.rank).bind(b + 3, i(r.kind)).bind(b + 4, r.bytes).bind_id(b + 5, r.src_device_id)
@@ -210,7 +211,8 @@ void TraceWriter::prepare() {
   s.run = Stmt(db,
                "INSERT INTO run(id,tool_version,command_line,config_json,seed,hostname,pid,t_start,t_end,"
                "wall_start_unix_ns,status,exit_code,exit_detail,source_file) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
-  s.rank = Stmt(db, "INSERT OR REPLACE INTO rank(rank,run_id,world_size,local_rank,hostname,pid) VALUES(?,?,?,?,?,?)");
+  s.rank = Stmt(db, "INSERT OR REPLACE INTO rank(rank,run_id,world_size,local_rank,hostname,pid,role,job_rank) "
+                     "VALUES(?,?,?,?,?,?,?,?)");
   s.device = Stmt(db,
                   "INSERT INTO device(id,rank,kind,ordinal,label,name,capacity_bytes,simulated) VALUES(?,?,?,?,?,?,?,?)");
   s.string = Stmt(db, "INSERT INTO string(id,text) VALUES(?,?)");
@@ -218,7 +220,7 @@ void TraceWriter::prepare() {
   s.stack = Stmt(db, "INSERT INTO stack(id,parent_id,frame_id) VALUES(?,?,?)");
   s.allocation = Batched<AllocationRow>(db, "allocation",
                                         "id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,"
-                                        "t_alloc,t_free,name_id,stack_id,source,segment_id,stream");
+                                        "t_alloc,t_free,name_id,stack_id,source,segment_id,stream,weight_bytes");
   s.transfer = Batched<TransferRow>(db, "transfer",
                                     "id,rank,kind,bytes,src_device_id,dst_device_id,pinned,t_start,t_end,stream,"
                                     "name_id,op_id,participants,correlation_id,source,stack_id");
@@ -280,7 +282,7 @@ Status TraceWriter::create(const std::string& path, std::unique_ptr<TraceWriter>
     // which survives a process crash (the kernel has the pages), not a power cut.
     detail::exec(w->db_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-65536;");
     w->prepare();
-  } catch (const detail::SqlError& e) {
+  } catch (const std::exception& e) {  // SqlError, or no memory for the statements
     w->st_.reset();
     if (w->db_) sqlite3_close(w->db_);
     w->db_ = nullptr;
@@ -315,8 +317,17 @@ Status TraceWriter::append(const std::string& path, std::unique_ptr<TraceWriter>
     // A trace from before Python frames (frame.line): the column is added, NULL for its rows.
     if (detail::query_int(w->db_, "SELECT count(*) FROM pragma_table_info('frame') WHERE name = 'line'") == 0)
       detail::exec(w->db_, "ALTER TABLE frame ADD COLUMN line INTEGER;");
+    // A trace from before rank roles (rank.role, rank.job_rank): every row of it is a rank.
+    if (detail::query_int(w->db_, "SELECT count(*) FROM pragma_table_info('rank') WHERE name = 'role'") == 0)
+      detail::exec(w->db_,
+                   "ALTER TABLE rank ADD COLUMN role INTEGER NOT NULL DEFAULT 0; ALTER TABLE rank ADD COLUMN job_rank "
+                   "INTEGER; CREATE TABLE IF NOT EXISTS enum_rank_role (code INTEGER PRIMARY KEY, name TEXT NOT NULL); "
+                   "INSERT OR IGNORE INTO enum_rank_role VALUES (0,'rank'),(1,'launcher'),(2,'helper');");
+    // A trace from before sampled rows (allocation.weight_bytes): the column is added, NULL for its rows.
+    if (detail::query_int(w->db_, "SELECT count(*) FROM pragma_table_info('allocation') WHERE name = 'weight_bytes'") == 0)
+      detail::exec(w->db_, "ALTER TABLE allocation ADD COLUMN weight_bytes INTEGER;");
     w->prepare();
-  } catch (const detail::SqlError& e) {
+  } catch (const std::exception& e) {
     w->st_.reset();
     sqlite3_close(w->db_);
     w->db_ = nullptr;
@@ -327,136 +338,184 @@ Status TraceWriter::append(const std::string& path, std::unique_ptr<TraceWriter>
 }
 
 TraceWriter::~TraceWriter() {
-  if (in_tx_) {
-    try {
-      commit();
-    } catch (...) {
-    }
-  }
+  commit();  // never throws (what fails is kept, and nobody asks any more)
   st_.reset();
   if (db_) sqlite3_close(db_);
 }
 
-void TraceWriter::begin() {
-  if (!in_tx_) {
-    detail::exec(db_, "BEGIN;");
-    in_tx_ = true;
+// Inside the writer everything throws (detail::SqlError, std::bad_alloc); no exception leaves it.
+void TraceWriter::fail(const char* what) noexcept {
+  if (failed_) return;
+  failed_ = true;
+  try {
+    error_ = what;
+  } catch (...) {
   }
 }
 
-// The waiting rows that can go in are committed also when some cannot; then the first error is
-// thrown (rather than COMMIT's own, when an I/O error already ended the transaction).
+template <class F>
+bool TraceWriter::guarded(F&& f) noexcept {
+  try {
+    f();
+    return true;
+  } catch (const std::exception& e) {
+    fail(e.what());
+  } catch (...) {
+    fail("an unknown error");
+  }
+  return false;
+}
+
+Status TraceWriter::status() const {
+  if (!failed_) return Status::Ok();
+  return Status::Error(path_ + ": writing the trace failed: " + error_);
+}
+
+void TraceWriter::begin() {
+  if (in_tx_) return;
+  guarded([&] {
+    detail::exec(db_, "BEGIN;");
+    in_tx_ = true;
+  });
+}
+
+// The waiting rows that can go in are committed also when some cannot; the first error is kept
+// (rather than COMMIT's own, when an I/O error already ended the transaction).
 void TraceWriter::commit() {
   if (!in_tx_) return;
   in_tx_ = false;
-  std::exception_ptr failed;
-  try {
-    st_->flush();
-  } catch (...) {
-    failed = std::current_exception();
-  }
-  if (!sqlite3_get_autocommit(db_)) {  // a transaction is still open
-    try {
-      detail::exec(db_, "COMMIT;");
-    } catch (...) {
-      if (!failed) throw;
-    }
-  }
-  if (failed) std::rethrow_exception(failed);
+  if (!st_) return;
+  guarded([&] { st_->flush(); });
+  if (!sqlite3_get_autocommit(db_)) guarded([&] { detail::exec(db_, "COMMIT;"); });  // a transaction is still open
 }
 
 void TraceWriter::checkpoint() {
   commit();
-  detail::exec(db_, "PRAGMA wal_checkpoint(PASSIVE);");
+  guarded([&] { detail::exec(db_, "PRAGMA wal_checkpoint(PASSIVE);"); });
 }
 
 sqlite3* TraceWriter::handle() {
-  if (st_) st_->flush();
+  if (st_) guarded([&] { st_->flush(); });
   return db_;
 }
 
 void TraceWriter::insert(const RunRow& r) {
-  st_->run.bind(1, r.id).bind(2, r.tool_version).bind(3, r.command_line).bind_text_or_null(4, r.config_json)
-      .bind_opt(5, r.seed).bind_text_or_null(6, r.hostname).bind(7, r.pid).bind(8, r.t_start).bind_opt(9, r.t_end)
-      .bind(10, r.wall_start_unix_ns).bind(11, i(r.status)).bind_opt(12, r.exit_code)
-      .bind_text_or_null(13, r.exit_detail).bind_text_or_null(14, r.source_file).step_done();
+  guarded([&] {
+    st_->run.bind(1, r.id).bind(2, r.tool_version).bind(3, r.command_line).bind_text_or_null(4, r.config_json)
+        .bind_opt(5, r.seed).bind_text_or_null(6, r.hostname).bind(7, r.pid).bind(8, r.t_start).bind_opt(9, r.t_end)
+        .bind(10, r.wall_start_unix_ns).bind(11, i(r.status)).bind_opt(12, r.exit_code)
+        .bind_text_or_null(13, r.exit_detail).bind_text_or_null(14, r.source_file).step_done();
+  });
 }
 void TraceWriter::insert(const RankRow& r) {
-  st_->rank.bind(1, r.rank).bind(2, r.run_id).bind(3, r.world_size).bind_opt(4, r.local_rank)
-      .bind_text_or_null(5, r.hostname).bind(6, r.pid).step_done();
+  guarded([&] {
+    st_->rank.bind(1, r.rank).bind(2, r.run_id).bind(3, r.world_size).bind_opt(4, r.local_rank)
+        .bind_text_or_null(5, r.hostname).bind(6, r.pid).bind(7, i(r.role)).bind_opt(8, r.job_rank).step_done();
+  });
 }
 void TraceWriter::insert(const DeviceRow& r) {
-  st_->device.bind(1, r.id).bind(2, r.rank).bind(3, i(r.kind)).bind(4, r.ordinal).bind(5, r.label)
-      .bind_text_or_null(6, r.name).bind_opt(7, r.capacity_bytes).bind(8, int64_t(r.simulated)).step_done();
+  guarded([&] {
+    st_->device.bind(1, r.id).bind(2, r.rank).bind(3, i(r.kind)).bind(4, r.ordinal).bind(5, r.label)
+        .bind_text_or_null(6, r.name).bind_opt(7, r.capacity_bytes).bind(8, int64_t(r.simulated)).step_done();
+  });
 }
-void TraceWriter::insert(const StringRow& r) { st_->string.bind(1, r.id).bind(2, r.text).step_done(); }
+void TraceWriter::insert(const StringRow& r) {
+  guarded([&] { st_->string.bind(1, r.id).bind(2, r.text).step_done(); });
+}
 void TraceWriter::insert(const FrameRow& r) {
-  st_->frame.bind(1, r.id).bind(2, i(r.ip)).bind_text_or_null(3, r.module).bind_opt(4, r.module_offset)
-      .bind_text_or_null(5, r.symbol).bind_opt(6, r.line).step_done();
+  guarded([&] {
+    st_->frame.bind(1, r.id).bind(2, i(r.ip)).bind_text_or_null(3, r.module).bind_opt(4, r.module_offset)
+        .bind_text_or_null(5, r.symbol).bind_opt(6, r.line).step_done();
+  });
 }
 void TraceWriter::insert(const StackRow& r) {
-  st_->stack.bind(1, r.id).bind_id(2, r.parent_id).bind(3, r.frame_id).step_done();
+  guarded([&] { st_->stack.bind(1, r.id).bind_id(2, r.parent_id).bind(3, r.frame_id).step_done(); });
 }
-void TraceWriter::insert(const AllocationRow& r) { st_->allocation.add(r, in_tx_); }
-void TraceWriter::insert(const TransferRow& r) { st_->transfer.add(r, in_tx_); }
-void TraceWriter::insert(const KernelRow& r) { st_->kernel.add(r, in_tx_); }
-void TraceWriter::insert(const PlacementRow& r) { st_->placement.add(r, in_tx_); }
-void TraceWriter::insert(const MarkerRow& r) { st_->marker.add(r, in_tx_); }
-void TraceWriter::insert(const CounterRow& r) { st_->counter.add(r, in_tx_); }
+void TraceWriter::insert(const AllocationRow& r) { guarded([&] { st_->allocation.add(r, in_tx_); }); }
+void TraceWriter::insert(const TransferRow& r) { guarded([&] { st_->transfer.add(r, in_tx_); }); }
+void TraceWriter::insert(const KernelRow& r) { guarded([&] { st_->kernel.add(r, in_tx_); }); }
+void TraceWriter::insert(const PlacementRow& r) { guarded([&] { st_->placement.add(r, in_tx_); }); }
+void TraceWriter::insert(const MarkerRow& r) { guarded([&] { st_->marker.add(r, in_tx_); }); }
+void TraceWriter::insert(const CounterRow& r) { guarded([&] { st_->counter.add(r, in_tx_); }); }
 void TraceWriter::insert(const FaultRow& r) {
-  st_->fault.bind_id(1, r.id).bind(2, r.rank).bind(3, r.t).bind(4, r.name).bind_text_or_null(5, r.trigger)
-      .bind_opt(6, r.step).bind_text_or_null(7, r.details).step_done();
+  guarded([&] {
+    st_->fault.bind_id(1, r.id).bind(2, r.rank).bind(3, r.t).bind(4, r.name).bind_text_or_null(5, r.trigger)
+        .bind_opt(6, r.step).bind_text_or_null(7, r.details).step_done();
+  });
 }
 void TraceWriter::insert(const ErrorRow& r) {
-  st_->error.bind_id(1, r.id).bind(2, r.rank).bind(3, r.t).bind_opt(4, r.step).bind_text_or_null(5, r.kind)
-      .bind_text_or_null(6, r.site).bind(7, r.message).bind_text_or_null(8, r.tensors).bind_id(9, r.device_id).step_done();
+  guarded([&] {
+    st_->error.bind_id(1, r.id).bind(2, r.rank).bind(3, r.t).bind_opt(4, r.step).bind_text_or_null(5, r.kind)
+        .bind_text_or_null(6, r.site).bind(7, r.message).bind_text_or_null(8, r.tensors).bind_id(9, r.device_id)
+        .step_done();
+  });
 }
 void TraceWriter::insert(const DroppedRow& r) {
-  st_->dropped.bind_id(1, r.id).bind_opt(2, r.rank).bind(3, r.thread).bind(4, r.t).bind(5, r.events).bind(6, r.reason)
-      .step_done();
+  guarded([&] {
+    st_->dropped.bind_id(1, r.id).bind_opt(2, r.rank).bind(3, r.thread).bind(4, r.t).bind(5, r.events)
+        .bind(6, r.reason).step_done();
+  });
 }
 
 bool TraceWriter::set_allocation_freed(int64_t id, int64_t t_free) {
-  if (AllocationRow* r = st_->allocation.waiting(id)) {
-    r->t_free = t_free;
-    return true;
-  }
-  st_->alloc_free.bind(1, t_free).bind(2, id).step_done();
-  return sqlite3_changes(db_) > 0;
+  bool found = false;
+  guarded([&] {
+    if (AllocationRow* r = st_->allocation.waiting(id)) {
+      r->t_free = t_free;
+      found = true;
+      return;
+    }
+    st_->alloc_free.bind(1, t_free).bind(2, id).step_done();
+    found = sqlite3_changes(db_) > 0;
+  });
+  return found;
 }
 bool TraceWriter::set_marker_end(int64_t id, int64_t t_end, std::optional<int64_t> value) {
-  if (MarkerRow* r = st_->marker.waiting(id)) {  // the UPDATE's "value = coalesce(?, value)"
-    r->t_end = t_end;
-    if (value) r->value = value;
-    return true;
-  }
-  st_->marker_end.bind(1, t_end).bind_opt(2, value).bind(3, id).step_done();
-  return sqlite3_changes(db_) > 0;
+  bool found = false;
+  guarded([&] {
+    if (MarkerRow* r = st_->marker.waiting(id)) {  // the UPDATE's "value = coalesce(?, value)"
+      r->t_end = t_end;
+      if (value) r->value = value;
+      found = true;
+      return;
+    }
+    st_->marker_end.bind(1, t_end).bind_opt(2, value).bind(3, id).step_done();
+    found = sqlite3_changes(db_) > 0;
+  });
+  return found;
 }
 void TraceWriter::set_run_end(int64_t run_id, int64_t t_end, RunStatus status, std::optional<int64_t> exit_code,
                               const std::string& detail) {
-  st_->run_end.bind(1, t_end).bind(2, i(status)).bind_opt(3, exit_code).bind_text_or_null(4, detail).bind(5, run_id)
-      .step_done();
+  guarded([&] {
+    st_->run_end.bind(1, t_end).bind(2, i(status)).bind_opt(3, exit_code).bind_text_or_null(4, detail)
+        .bind(5, run_id).step_done();
+  });
 }
 void TraceWriter::add_run_note(int64_t run_id, const std::string& text) {
-  Stmt s(handle(),
-         "UPDATE run SET config_json = json_insert(json_insert(coalesce(config_json, '{}'), '$.notes', json('[]')), "
-         "'$.notes[#]', ?1) WHERE id = ?2 AND json_valid(coalesce(config_json, '{}')) AND "
-         "json_type(coalesce(config_json, '{}')) = 'object'");
-  s.bind(1, std::string_view(text)).bind(2, run_id).step_done();
+  sqlite3* db = handle();
+  guarded([&] {
+    Stmt s(db,
+           "UPDATE run SET config_json = json_insert(json_insert(coalesce(config_json, '{}'), '$.notes', json('[]')), "
+           "'$.notes[#]', ?1) WHERE id = ?2 AND json_valid(coalesce(config_json, '{}')) AND "
+           "json_type(coalesce(config_json, '{}')) = 'object'");
+    s.bind(1, std::string_view(text)).bind(2, run_id).step_done();
+  });
 }
 void TraceWriter::set_frame_symbol(int64_t frame_id, const std::string& module, std::optional<int64_t> offset,
                                    const std::string& symbol) {
-  st_->frame_symbol.bind_text_or_null(1, module).bind_opt(2, offset).bind_text_or_null(3, symbol).bind(4, frame_id)
-      .step_done();
+  guarded([&] {
+    st_->frame_symbol.bind_text_or_null(1, module).bind_opt(2, offset).bind_text_or_null(3, symbol)
+        .bind(4, frame_id).step_done();
+  });
 }
 void TraceWriter::set_meta(const std::string& key, const std::string& value) {
-  st_->meta.bind(1, key).bind(2, value).step_done();
+  guarded([&] { st_->meta.bind(1, key).bind(2, value).step_done(); });
 }
 
 Status TraceWriter::finish() {
+  commit();
+  Status own;
   try {
-    commit();
     try {
       detail::match_driver_records(db_);
     } catch (const detail::SqlError& e) {
@@ -466,10 +525,11 @@ Status TraceWriter::finish() {
     }
     detail::exec(db_, index_sql());
     detail::exec(db_, "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;");
-  } catch (const detail::SqlError& e) {
-    return Status::Error(path_ + ": could not finish the trace: " + e.what());
+  } catch (const std::exception& e) {
+    own = Status::Error(path_ + ": could not finish the trace: " + e.what());
   }
-  return Status::Ok();
+  if (failed_) return status();
+  return own;
 }
 
 }  // namespace zt::db

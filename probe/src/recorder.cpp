@@ -56,7 +56,7 @@ enum class EventType : uint8_t { Alloc, Free, FreeAddress, Placement, Transfer, 
 struct Event {
   int64_t t0, t1, id, a, b, c, d, e;
   int32_t device, device2, name, stack, aux;
-  uint16_t rank;
+  int32_t rank;  // db/SCHEMA.md allows ranks up to 2^20 - 1
   EventType type;
   uint8_t k0, k1, k2, flags;
 };
@@ -130,6 +130,8 @@ struct Recorder::Impl {
   std::vector<db::ErrorRow> p_errors;
   std::vector<db::DroppedRow> p_dropped;
   std::vector<std::string> notes;  // written into the run row at the end
+  std::atomic<int64_t> errors_lost{0};  // error rows given up on the lock (Recorder::error)
+  int64_t errors_lost_written = 0;      // writer only
 
   std::mutex rings_mu;
   std::vector<std::shared_ptr<ThreadRing>> rings;
@@ -164,14 +166,16 @@ struct Recorder::Impl {
   std::vector<PendingFree> pending_frees;
   std::vector<PendingEnd> pending_ends;
   std::vector<PendingAddrFree> pending_addr_frees;
-  std::map<std::pair<int64_t, uint64_t>, int64_t> live_by_addr;
+  // (device, address) -> the allocations open there, as (t_alloc, id): an address free closes
+  // the one that was live at the free's time, whatever reached the writer in the same cycle.
+  std::map<std::pair<int64_t, uint64_t>, std::vector<std::pair<int64_t, int64_t>>> live_by_addr;
   std::atomic<uint64_t> recorded{0};
   int64_t unmatched = 0;
   // Events with a value no trace holds (zt/db/trace_values.h), dropped and counted: a probed
   // program's or CUPTI's garbage must not make the whole trace unreadable. Writer only.
   int64_t out_of_range = 0, out_of_range_written = 0;
   struct Sums {
-    int64_t alloc_bytes = 0, alloc_requested = 0, transfer_bytes = 0, transfer_ns = 0, kernel_ns = 0, placement_bytes = 0;
+    int64_t alloc_bytes = 0, alloc_requested = 0, alloc_weight = 0, transfer_bytes = 0, transfer_ns = 0, kernel_ns = 0, placement_bytes = 0;
   } sums;
   bool fits_trace(const Event& e);
 
@@ -213,19 +217,21 @@ Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>*
   m.run.t_start = now_ns();
   m.run.wall_start_unix_ns = wall_now_ns();
   m.run.status = RunStatus::Running;
-  try {
-    m.w->begin();
-    m.w->insert(m.run);
-    m.w->commit();
-    // Into the main file now, not at the first automatic checkpoint: a trace copied without
-    // its -wal while the run records (a CI artifact of a killed job) still names the run, and
-    // its status says it never ended, so `zt check` fails it.
-    m.w->checkpoint();
-  } catch (const std::exception& e) {
+  m.w->begin();
+  m.w->insert(m.run);
+  m.w->commit();
+  // Into the main file now, not at the first automatic checkpoint: a trace copied without
+  // its -wal while the run records (a CI artifact of a killed job) still names the run, and
+  // its status says it never ended, so `zt check` fails it.
+  m.w->checkpoint();
+  if (Status s = m.w->status(); !s) {
     m.w.reset();
-    return Status::Error(options.path + ": cannot write the run row: " + e.what());
+    return Status::Error(options.path + ": cannot write the run row: " + s.message());
   }
-  m.writer = std::thread([&m] { m.writer_main(); });
+  {
+    BlockAsyncSignals block;  // the writer inherits the mask (see recorder.h)
+    m.writer = std::thread([&m] { m.writer_main(); });
+  }
   if (options.crash_handlers) crash::register_recorder(r.get(), options.crash_on_interrupt);
   *out = std::move(r);
   return Status::Ok();
@@ -239,14 +245,26 @@ Recorder::~Recorder() {
                 std::uncaught_exceptions() > 0 ? "an exception ended the program before it closed the trace" : "");
 }
 
+BlockAsyncSignals::BlockAsyncSignals() {
+  sigset_t all;
+  sigfillset(&all);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT}) sigdelset(&all, sig);
+  pthread_sigmask(SIG_BLOCK, &all, &saved_);
+}
+
+BlockAsyncSignals::~BlockAsyncSignals() { pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
+
 // ---------------------------------------------------------------- slow path
 
-void Recorder::add_rank(int rank, int world_size, std::optional<int> local_rank) {
+void Recorder::add_rank(int rank, int world_size, std::optional<int> local_rank, db::RankRole role,
+                        std::optional<int> job_rank) {
   std::lock_guard lock(impl_->meta_mu);
   db::RankRow r;
   r.rank = rank;
   r.world_size = world_size;
   if (local_rank) r.local_rank = *local_rank;
+  r.role = role;
+  if (job_rank) r.job_rank = *job_rank;
   r.hostname = impl_->run.hostname;
   r.pid = impl_->run.pid;
   impl_->p_ranks.push_back(r);
@@ -385,8 +403,16 @@ void Recorder::error(const db::ErrorRow& row) {
   if (r.t == 0) r.t = now_ns();
   std::unique_lock lock(impl_->meta_mu, std::defer_lock);
   // An error is often recorded on the way down (std::terminate): never wait forever.
-  if (!lock.try_lock_for(std::chrono::milliseconds(500))) return;
+  // Given up: counted, and the writer says so in `dropped` (it needs no lock for that).
+  if (!lock.try_lock_for(std::chrono::milliseconds(500))) {
+    impl_->errors_lost.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   impl_->p_errors.push_back(std::move(r));
+}
+
+std::unique_lock<std::timed_mutex> Recorder::hold_slow_path_lock_for_testing() {
+  return std::unique_lock<std::timed_mutex>(impl_->meta_mu);
 }
 
 // ---------------------------------------------------------------- hot path
@@ -450,6 +476,7 @@ AllocId Recorder::alloc(const AllocEvent& a) {
   if (!e) return id;
   e->type = EventType::Alloc;
   e->t0 = a.t ? a.t : now_ns();
+  e->t1 = a.weight_bytes;  // an allocation has no end time: t1 carries a sampled row's weight (0: none)
   e->id = id;
   e->a = static_cast<int64_t>(a.address);
   e->b = a.bytes;
@@ -459,7 +486,7 @@ AllocId Recorder::alloc(const AllocEvent& a) {
   e->device = static_cast<int32_t>(a.device);
   e->name = static_cast<int32_t>(a.name);
   e->stack = static_cast<int32_t>(a.stack);
-  e->rank = static_cast<uint16_t>(a.rank);
+  e->rank = static_cast<int32_t>(a.rank);
   e->k0 = uint8_t(a.memory_kind);
   e->k1 = uint8_t(a.level);
   e->k2 = uint8_t(a.source);
@@ -496,7 +523,7 @@ void Recorder::placement(int rank, NameId tensor, DeviceId device, PlacementWhy 
   if (!e) return;
   e->type = EventType::Placement;
   e->t0 = t ? t : now_ns();
-  e->rank = static_cast<uint16_t>(rank);
+  e->rank = static_cast<int32_t>(rank);
   e->name = static_cast<int32_t>(tensor);
   e->device = static_cast<int32_t>(device);
   e->k0 = uint8_t(why);
@@ -512,7 +539,7 @@ void Recorder::transfer(const TransferEvent& x) {
   e->type = EventType::Transfer;
   e->t0 = x.t_start ? x.t_start : now_ns();
   e->t1 = x.t_end ? x.t_end : e->t0;
-  e->rank = static_cast<uint16_t>(x.rank);
+  e->rank = static_cast<int32_t>(x.rank);
   e->k0 = uint8_t(x.kind);
   e->k1 = static_cast<uint8_t>(x.pinned + 1);
   e->k2 = uint8_t(x.source);
@@ -535,7 +562,7 @@ void Recorder::kernel(const KernelEvent& k) {
   e->type = EventType::Kernel;
   e->t0 = k.t_start ? k.t_start : now_ns();
   e->t1 = k.t_end ? k.t_end : e->t0;
-  e->rank = static_cast<uint16_t>(k.rank);
+  e->rank = static_cast<int32_t>(k.rank);
   e->device = static_cast<int32_t>(k.device);
   e->name = static_cast<int32_t>(k.name);
   e->e = k.stream;
@@ -557,7 +584,7 @@ MarkerId Recorder::marker_begin(const MarkerEvent& m) {
   e->type = EventType::MarkerBegin;
   e->t0 = m.t ? m.t : now_ns();
   e->id = id;
-  e->rank = static_cast<uint16_t>(m.rank);
+  e->rank = static_cast<int32_t>(m.rank);
   e->k0 = uint8_t(m.kind);
   e->name = static_cast<int32_t>(m.name);
   e->a = m.step;
@@ -584,7 +611,7 @@ void Recorder::counter(int rank, DeviceId device, NameId name, double value, int
   if (!e) return;
   e->type = EventType::Counter;
   e->t0 = t ? t : now_ns();
-  e->rank = static_cast<uint16_t>(rank);
+  e->rank = static_cast<int32_t>(rank);
   e->device = static_cast<int32_t>(device);
   e->name = static_cast<int32_t>(name);
   std::memcpy(&e->a, &value, sizeof value);
@@ -632,9 +659,11 @@ bool add_within(int64_t& total, int64_t more) {
 bool Recorder::Impl::fits_trace(const Event& e) {
   switch (e.type) {
     case EventType::Alloc: {
-      if (!time_ok(e.t0) || !size_ok(e.b) || !size_ok(e.c)) return false;
+      if (!time_ok(e.t0) || !size_ok(e.b) || !size_ok(e.c) || !size_ok(e.t1)) return false;
       Sums next = sums;
-      if (!add_within(next.alloc_bytes, e.b) || !add_within(next.alloc_requested, e.c)) return false;
+      if (!add_within(next.alloc_bytes, e.b) || !add_within(next.alloc_requested, e.c) ||
+          !add_within(next.alloc_weight, e.t1))
+        return false;
       sums = next;
       return true;
     }
@@ -683,8 +712,9 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
       a.t_alloc = e.t0;
       a.name_id = e.name;
       a.stack_id = e.stack;
+      if (e.t1 > 0) a.weight_bytes = e.t1;
       w->insert(a);
-      if (e.flags & 1) live_by_addr[{e.device, a.address}] = e.id;
+      if (e.flags & 1) live_by_addr[{e.device, a.address}].emplace_back(e.t0, e.id);
       break;
     }
     case EventType::Free:
@@ -779,10 +809,23 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
 void Recorder::Impl::resolve_pending(std::vector<PendingFree>& frees, std::vector<PendingEnd>& ends,
                                      std::vector<PendingAddrFree>& addr_frees, bool final_pass) {
   for (auto& f : addr_frees) {
+    // The allocation live at the free's time: the latest made at this address at or before it.
+    // (One made after it, at the address the free gave back, stays open.)
     auto it = live_by_addr.find({f.device, f.address});
+    int64_t id = 0;
     if (it != live_by_addr.end()) {
-      frees.push_back({it->second, f.t, 0});
-      live_by_addr.erase(it);
+      auto& open = it->second;
+      auto match = open.end();
+      for (auto c = open.begin(); c != open.end(); ++c)
+        if (c->first <= f.t && (match == open.end() || c->first >= match->first)) match = c;
+      if (match != open.end()) {
+        id = match->second;
+        open.erase(match);
+        if (open.empty()) live_by_addr.erase(it);
+      }
+    }
+    if (id != 0) {
+      frees.push_back({id, f.t, 0});
     } else if (!final_pass && ++f.cycles < kGiveUpCycles) {
       pending_addr_frees.push_back(f);
     } else {
@@ -865,6 +908,16 @@ bool Recorder::Impl::drain(bool final_pass) {
     w->insert(d);
     out_of_range_written = out_of_range;
   }
+  if (const int64_t lost = errors_lost.load(std::memory_order_relaxed); lost > errors_lost_written) {
+    db::DroppedRow d;
+    d.thread = 0;
+    d.t = now_ns();
+    d.events = lost - errors_lost_written;
+    d.reason = "error rows not recorded: the recorder's lock stayed taken for 500 ms (a thread stopped or dying "
+               "inside the recorder)";
+    w->insert(d);
+    errors_lost_written = lost;
+  }
   if (final_pass && unmatched > 0) {
     db::DroppedRow d;
     d.thread = 0;
@@ -898,6 +951,15 @@ void Recorder::Impl::writer_main() {
   sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   auto interval = std::chrono::milliseconds(opt.commit_interval_ms);
+  // A failed write (a full disk, the file size limit) ends the recording: close() reports it,
+  // and producers drop from then on instead of waiting.
+  auto fail = [&](Status s) {
+    writer_status = std::move(s);
+    std::lock_guard lock(wmu);
+    flush_done = flush_req = ~0ull;
+    flush_cv.notify_all();
+    closed.store(true);
+  };
   try {
     for (;;) {
       uint64_t req;
@@ -920,7 +982,8 @@ void Recorder::Impl::writer_main() {
         return;
       }
       bool busy = drain(stopping);
-      while (busy && !stopping && !crash_request.load()) busy = drain(false);
+      while (busy && !stopping && !crash_request.load() && w->status().ok()) busy = drain(false);
+      if (!w->status().ok()) return fail(w->status());
       {
         std::lock_guard lock(wmu);
         flush_done = req;
@@ -939,15 +1002,12 @@ void Recorder::Impl::writer_main() {
         }
         for (auto& n : notes_) w->add_run_note(run.id, n);
         w->commit();
+        if (!w->status().ok()) fail(w->status());
         return;
       }
     }
-  } catch (const std::exception& e) {
-    writer_status = Status::Error(opt.path + ": writing the trace failed: " + e.what());
-    std::lock_guard lock(wmu);
-    flush_done = flush_req = ~0ull;
-    flush_cv.notify_all();
-    closed.store(true);
+  } catch (const std::exception& e) {  // no memory for the writer's own vectors
+    fail(Status::Error(opt.path + ": writing the trace failed: " + e.what()));
   }
 }
 

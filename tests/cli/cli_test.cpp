@@ -517,6 +517,49 @@ TEST(Cli, DbInfoCountsFinishedStepsAndWhatIsLeftPerLevel) {
   EXPECT_NE(info.out.find("1.00 MiB"), std::string::npos) << info.out;
 }
 
+// db info on a merged trace of a CPU job (issue 40): no per-step table of zeros where nothing was
+// transferred, the error's kind on its line, and a note each process said (CUDA tracing was off)
+// said once, with how many said it.
+TEST(Cli, DbInfoOfAMergedCpuJob) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("cpu.db");
+  const std::string off = "CUDA tracing was off: the program never loaded the CUDA driver; host allocations were recorded";
+  {
+    std::unique_ptr<zt::db::TraceWriter> w = zt::test::hand_written_trace(path, "python3 job.py");
+    ASSERT_TRUE(w);
+    for (int64_t id = 2; id <= 3; ++id) {
+      zt::db::RunRow run;
+      run.id = id, run.command_line = "python3 job.py", run.t_start = 0;
+      w->insert(run);
+    }
+    w->insert(zt::db::StringRow{1, "step"});
+    w->insert(zt::db::DeviceRow{1, 0, zt::db::DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+    for (int64_t s = 0; s < 3; ++s) {
+      zt::db::MarkerRow m;
+      m.id = s + 1, m.rank = 0, m.kind = zt::db::MarkerKind::Step, m.name_id = 1, m.t_start = 100 * s;
+      m.t_end = 100 * s + 90, m.step = s;
+      w->insert(m);
+    }
+    zt::db::ErrorRow e;
+    e.id = 1, e.rank = 0, e.t = 250, e.kind = "uncaught_exception", e.message = "ValueError: bad batch";
+    w->insert(e);
+    w->commit();
+    for (int64_t id = 1; id <= 3; ++id) w->add_run_note(id, off);
+    w->commit();
+    ASSERT_TRUE(w->finish().ok());
+  }
+  Result info = run_zt("db info " + path);
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find("transfers: none"), std::string::npos) << info.out;
+  EXPECT_EQ(info.out.find("per step"), std::string::npos) << info.out;
+  EXPECT_EQ(info.out.find("H2D"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("rank 0: uncaught_exception: ValueError: bad batch"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("note: " + off + " (said by 3 of the trace's 3 runs)\n"), std::string::npos) << info.out;
+  size_t notes = 0;
+  for (size_t at = 0; (at = info.out.find("note: ", at)) != std::string::npos; ++at) ++notes;
+  EXPECT_EQ(notes, 1u) << info.out;
+}
+
 // A DeepSpeed config of the wrong shape or with impossible values: one line naming the file and the key.
 TEST(Cli, DeepSpeedConfigErrorsNameTheFileAndTheKey) {
   zt::test::TempDir dir;
@@ -676,4 +719,32 @@ TEST(Cli, TrainCuptiNeedsDeviceCudaATraceAndSaysWhyItIsOff) {
   Result info = run_zt("db info " + trace);
   EXPECT_NE(info.out.find("status: failed"), std::string::npos) << info.out;
 #endif
+}
+
+// A probed job's launcher and helpers (rank.role) are not ranks: zt db info counts the ranks and
+// lists the other processes after them by pid and key, the first four named, the rest counted.
+TEST(Cli, DbInfoListsALaunchersAndHelpersApartFromTheRanks) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("job.db");
+  {
+    auto w = zt::test::hand_written_trace(path, "python3 launch.py");  // rank 0 of 1
+    ASSERT_TRUE(w);
+    zt::db::RankRow launcher{1, 1, 1, std::nullopt, "h", 40};
+    launcher.role = zt::db::RankRole::Launcher;
+    w->insert(launcher);
+    for (int k = 0; k < 5; ++k) {
+      zt::db::RankRow helper{2 + k, 1, 1, std::nullopt, "h", 50 + k};
+      helper.role = zt::db::RankRole::Helper;
+      helper.job_rank = 0;
+      w->insert(helper);
+    }
+    w->commit();
+    ASSERT_TRUE(w->finish());
+  }
+  Result info = run_zt("db info " + path);
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find("ranks: 1 (world size 1); other processes: launcher 40 (key 1), helper 50 of rank 0 (key 2), "
+                          "helper 51 of rank 0 (key 3), helper 52 of rank 0 (key 4) and 2 more\n"),
+            std::string::npos)
+      << info.out;
 }

@@ -6,7 +6,7 @@
 -- large segments, three module globals). Rows as recorded (zt at d9b2aca: world size 8 was its
 -- bug; the module globals' memory kind was 'device' then).
 INSERT INTO run VALUES(1,'0.1.0','python3 ds_zero3.py --model 350M --warmup 1 --steps 3','{"probe":"libzt_probe.so","host_threshold":1048576,"stacks":true,"stack_depth":32,"host":true,"cuda":true,"rss_interval_ms":100,"run_id":"1003-e528d3e1f6420972"}',NULL,'vm',1019,123462016281,156394510934,1795781267704128542,1,0,NULL,NULL);
-INSERT INTO rank VALUES(0,1,8,NULL,'vm',1019);
+INSERT INTO rank(rank,run_id,world_size,local_rank,hostname,pid) VALUES(0,1,8,NULL,'vm',1019);
 INSERT INTO device VALUES(1,0,0,0,'cpu','host memory',NULL,0);
 INSERT INTO device VALUES(2,0,1,0,'cuda:0','NVIDIA H200',150109880320,0);
 INSERT INTO string VALUES(8,'sync:stream');
@@ -56,8 +56,8 @@ INSERT INTO marker VALUES(212219,0,4,1634,154639351622,154713592753,NULL,NULL,NU
 INSERT INTO marker VALUES(218026,0,4,2377,154714833046,155060298970,NULL,NULL,NULL,NULL);
 INSERT INTO marker VALUES(218015,0,4,2373,154742895868,154768413960,NULL,NULL,NULL,NULL);
 INSERT INTO marker VALUES(218027,0,4,2378,155060336254,155060446512,NULL,NULL,NULL,NULL);
-INSERT INTO allocation VALUES(430,0,1,3,1,139669417230336,2147483648,2147483648,148258791325,NULL,NULL,NULL,2,NULL,NULL);
-INSERT INTO allocation VALUES(5046,0,2,1,1,139681016578048,4,4,132192941809,NULL,NULL,NULL,1,NULL,NULL);
-INSERT INTO allocation VALUES(5058,0,2,1,1,139681016586240,17,17,132192957165,NULL,NULL,NULL,1,NULL,NULL);
-INSERT INTO allocation VALUES(5059,0,2,1,1,139681016586496,4,4,132192958284,NULL,NULL,NULL,1,NULL,NULL);
-INSERT INTO allocation VALUES(65239,0,2,1,1,139662538571776,1648361472,1648361472,150733250150,NULL,NULL,NULL,1,NULL,NULL);
+INSERT INTO allocation(id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,t_alloc,t_free,name_id,stack_id,source,segment_id,stream) VALUES(430,0,1,3,1,139669417230336,2147483648,2147483648,148258791325,NULL,NULL,NULL,2,NULL,NULL);
+INSERT INTO allocation(id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,t_alloc,t_free,name_id,stack_id,source,segment_id,stream) VALUES(5046,0,2,1,1,139681016578048,4,4,132192941809,NULL,NULL,NULL,1,NULL,NULL);
+INSERT INTO allocation(id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,t_alloc,t_free,name_id,stack_id,source,segment_id,stream) VALUES(5058,0,2,1,1,139681016586240,17,17,132192957165,NULL,NULL,NULL,1,NULL,NULL);
+INSERT INTO allocation(id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,t_alloc,t_free,name_id,stack_id,source,segment_id,stream) VALUES(5059,0,2,1,1,139681016586496,4,4,132192958284,NULL,NULL,NULL,1,NULL,NULL);
+INSERT INTO allocation(id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,t_alloc,t_free,name_id,stack_id,source,segment_id,stream) VALUES(65239,0,2,1,1,139662538571776,1648361472,1648361472,150733250150,NULL,NULL,NULL,1,NULL,NULL);

@@ -292,3 +292,56 @@ TEST(DeriveSteps, DeepSpeedsUnfinishedStepOnlyWhereTheRunDied) {
   write_ranges(ok.path, r, RunStatus::Ok);
   EXPECT_EQ(ok.derive().steps, 1);
 }
+
+// The same derivation without writing (zt check on a trace whose probe was killed before it
+// derived them): the rows derive_steps would write, the file untouched; after derive_steps has
+// written them, deriving in memory again does not take them for the program's own.
+TEST(DeriveSteps, InMemoryGivesTheSameRowsAndWritesNothing) {
+  Trace t;
+  std::vector<RangeSpec> r;
+  for (int e = 0; e < 2; ++e) {
+    r.push_back({"zerotrace::epoch " + std::to_string(e), 1000 * e, 1000 * e + 900});
+    for (int s = 0; s < 2; ++s)
+      r.push_back({"zerotrace::step " + std::to_string(2 * e + s), 1000 * e + 100 + 400 * s, 1000 * e + 400 + 400 * s});
+  }
+  write_ranges(t.path, r, RunStatus::Running);
+  auto in_memory = [&](DerivedMarkers* d) {
+    std::unique_ptr<TraceReader> reader;
+    EXPECT_TRUE(TraceReader::open(t.path, &reader).ok());
+    std::vector<DerivedMarker> rows;
+    EXPECT_TRUE(derive_steps_in_memory(*reader, {}, d, &rows).ok());
+    std::string text;
+    for (auto& m : rows)
+      text += (text.empty() ? "" : " ") + m.name + "@" + std::to_string(m.t_start) + ":" +
+              (m.epoch ? std::to_string(*m.epoch) : "-");
+    return text;
+  };
+  DerivedMarkers d;
+  const std::string rows = in_memory(&d);
+  EXPECT_EQ(rows, "epoch 0@0:0 epoch 1@1000:1 step 0@100:0 step 1@500:0 step 2@1100:1 step 3@1500:1");
+  EXPECT_EQ(d.steps, 4);
+  EXPECT_EQ(d.epochs, 2);
+  EXPECT_EQ(d.steps_from, "the zerotrace module");
+  EXPECT_FALSE(d.own_steps);
+  EXPECT_EQ(t.cell("SELECT count(*) FROM marker WHERE kind <> 4"), "0");  // nothing written
+  EXPECT_EQ(t.cell("SELECT count(*) FROM meta WHERE key = 'derived_markers'"), "0");
+
+  DerivedMarkers written = t.derive();
+  EXPECT_EQ(written.steps, 4);
+  EXPECT_EQ(t.cell("SELECT count(*) FROM marker WHERE kind IN (0, 2)"), "6");
+  DerivedMarkers again;
+  EXPECT_EQ(in_memory(&again), rows);
+  EXPECT_FALSE(again.own_steps);
+  EXPECT_FALSE(again.own_epochs);
+}
+
+// A trace is untrusted input: a range name of 100,000 digits after "step " overflowed std::regex's
+// stack (a crash of zt probe, zt db steps and zt check). It serves no source now; the others still do.
+TEST(DeriveSteps, AHugeRangeNameServesNoSourceAndDoesNotCrash) {
+  Trace t;
+  write_ranges(t.path, {{"step " + std::string(100000, '1'), 0, 50}, {"zerotrace::step 0", 100, 190},
+                        {"zerotrace::step 1", 200, 290}});
+  DerivedMarkers d = t.derive();
+  EXPECT_EQ(d.steps, 2);
+  EXPECT_EQ(d.steps_from, "the zerotrace module");
+}

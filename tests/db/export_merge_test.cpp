@@ -7,6 +7,9 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sqlite3.h>
+#include <unistd.h>
 
 #include "../test_util.h"
 #include "zt/db/export.h"
@@ -57,6 +60,40 @@ std::string rank_trace(const zt::test::TempDir& dir, int rank, int world) {
   rec->fault(f);
   EXPECT_TRUE(rec->close().ok());
   return o.path;
+}
+
+// A process of a probed run that is not a rank (a launcher or a helper), as the probe writes it:
+// key 0, its role and job rank, one allocation of `bytes` on its cpu device.
+std::string process_trace(const zt::test::TempDir& dir, const std::string& name, RankRole role,
+                          std::optional<int> job_rank, int64_t bytes, int world = 2) {
+  RecorderOptions o;
+  o.path = dir.file(name + ".db");
+  o.command_line = name;
+  o.crash_handlers = false;
+  std::unique_ptr<Recorder> rec;
+  EXPECT_TRUE(Recorder::open(o, &rec).ok());
+  rec->add_rank(0, world, std::nullopt, role, job_rank);
+  DeviceId cpu = rec->add_device(0, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false);
+  AllocEvent a;
+  a.device = cpu;
+  a.memory_kind = MemoryKind::PageableHost;
+  a.bytes = bytes;
+  rec->alloc(a);
+  rec->counter(0, cpu, rec->intern("host_rss"), double(bytes));
+  EXPECT_TRUE(rec->close().ok());
+  return o.path;
+}
+
+std::string rank_table(const std::string& path) {
+  std::unique_ptr<TraceReader> r;
+  EXPECT_TRUE(TraceReader::open(path, &r).ok());
+  std::vector<RankRow> ranks;
+  EXPECT_TRUE(r->read(&ranks).ok());
+  std::string s;
+  for (auto& k : ranks)
+    s += (s.empty() ? "" : " ") + std::to_string(k.rank) + ":" + std::string(to_string(k.role)) + ":" +
+         (k.job_rank ? std::to_string(*k.job_rank) : "-");
+  return s;
 }
 
 int64_t count(TraceReader& r, const std::string& table) {
@@ -217,7 +254,8 @@ TEST(Merge, SameRankTwiceIsRefused) {
   std::filesystem::copy_file(a, b);
   zt::Status s = merge_traces(dir.file("m.db"), {a, b}, false);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("rank 0 appears in both"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("merge: rank 0 is in both " + a + " (pid "), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("a job has one process per rank"), std::string::npos) << s.message();
   EXPECT_FALSE(std::filesystem::exists(dir.file("m.db")));
 }
 
@@ -231,4 +269,96 @@ TEST(Merge, ExistingOutputNeedsForce) {
   std::ifstream f(dir.file("m.db"));
   std::string content((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_EQ(content, "keep");
+}
+
+// Launchers and helpers are not ranks: their keys come after every rank and world size of the
+// inputs, in input order, and everything they recorded moves with them. The ranks keep theirs.
+TEST(Merge, LaunchersAndHelpersGetKeysAfterTheRanksInInputOrder) {
+  zt::test::TempDir dir;
+  const std::string launcher = process_trace(dir, "launcher", RankRole::Launcher, std::nullopt, 3000);
+  const std::string helper = process_trace(dir, "helper", RankRole::Helper, 1, 5000);
+  const std::string r1 = rank_trace(dir, 1, 2), r0 = rank_trace(dir, 0, 2);
+  EXPECT_EQ(rank_table(launcher), "0:launcher:-");
+  const std::string out = dir.file("m.db");
+  zt::Status s = merge_traces(out, {launcher, r1, helper, r0}, false);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(rank_table(out), "0:rank:- 1:rank:- 2:launcher:- 3:helper:1");
+  std::unique_ptr<TraceReader> r;
+  ASSERT_TRUE(TraceReader::open(out, &r).ok());
+  QueryResult q;
+  ASSERT_TRUE(r->query("SELECT a.rank, d.rank, a.bytes FROM allocation a JOIN device d ON d.id = a.device_id "
+                       "WHERE a.bytes IN (3000, 5000) ORDER BY a.rank",
+                       &q)
+                  .ok());
+  ASSERT_EQ(q.rows.size(), 2u);
+  EXPECT_EQ(q.rows[0], (std::vector<std::string>{"2", "2", "3000"}));
+  EXPECT_EQ(q.rows[1], (std::vector<std::string>{"3", "3", "5000"}));
+  ASSERT_TRUE(r->query("SELECT group_concat(rank) FROM (SELECT rank FROM counter_v WHERE name = 'host_rss' ORDER BY rank)", &q).ok());
+  EXPECT_EQ(q.rows[0][0], "2,3");
+  // The Chrome export names them as processes, not ranks.
+  ASSERT_TRUE(export_chrome(out, dir.file("m.json")).ok());
+  std::ifstream in(dir.file("m.json"));
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::map<int, std::string> names;
+  for (const auto& ev : j["traceEvents"])
+    if (ev["ph"] == "M" && ev["name"] == "process_name") names[ev["pid"].get<int>()] = ev["args"]["name"];
+  const std::string pid = std::to_string(::getpid());
+  EXPECT_EQ(names[0], "rank 0");
+  EXPECT_EQ(names[2], "launcher process " + pid);
+  EXPECT_EQ(names[3], "helper process " + pid + " of rank 1");
+  // Merged again with another launcher: the processes move on; ranks stay.
+  const std::string other = process_trace(dir, "other", RankRole::Launcher, std::nullopt, 7000);
+  const std::string out2 = dir.file("m2.db");
+  ASSERT_TRUE(merge_traces(out2, {other, out}, false).ok());
+  EXPECT_EQ(rank_table(out2), "0:rank:- 1:rank:- 2:launcher:- 3:launcher:- 4:helper:1");
+  // Two launchers alone (no ranks at all): keys from 0 on.
+  const std::string out3 = dir.file("m3.db");
+  ASSERT_TRUE(merge_traces(out3, {launcher, other}, false).ok());
+  EXPECT_EQ(rank_table(out3), "0:launcher:- 1:launcher:-");
+}
+
+// A trace written before rank roles (no rank.role, rank.job_rank): every row reads as a rank, and
+// it merges with a new one.
+TEST(Merge, AFileWithoutRankRolesReadsAsRanksAndMerges) {
+  zt::test::TempDir dir;
+  const std::string old = rank_trace(dir, 1, 2);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(old.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "ALTER TABLE rank DROP COLUMN role; ALTER TABLE rank DROP COLUMN job_rank; "
+                             "DROP TABLE enum_rank_role;",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_close(db);
+  EXPECT_EQ(rank_table(old), "1:rank:-");
+  const std::string helper = process_trace(dir, "helper", RankRole::Helper, 1, 5000);
+  const std::string out = dir.file("m.db");
+  zt::Status s = merge_traces(out, {old, helper}, false);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(rank_table(out), "1:rank:- 2:helper:1");
+}
+
+// Files zt probe did not number (it was killed with the job): every process under key 0, with the
+// role and job rank it recorded. The merge gives each rank its job rank, and the run's first
+// process, which named none, is the launcher, as zt probe would have made it.
+TEST(Merge, ProbedFilesZtProbeDidNotNumberTakeTheirJobRanks) {
+  zt::test::TempDir dir;
+  const std::string root = process_trace(dir, "root", RankRole::Rank, std::nullopt, 3000, 1);
+  const std::string r1 = process_trace(dir, "r1", RankRole::Rank, 1, 1000);
+  const std::string r0 = process_trace(dir, "r0", RankRole::Rank, 0, 2000);
+  const std::string helper = process_trace(dir, "helper", RankRole::Helper, 1, 5000);
+  EXPECT_EQ(rank_table(r1), "0:rank:1");
+  const std::string out = dir.file("m.db");
+  zt::Status s = merge_traces(out, {root, r1, r0, helper}, false);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(rank_table(out), "0:rank:0 1:rank:1 2:launcher:- 3:helper:1");
+  std::unique_ptr<TraceReader> r;
+  ASSERT_TRUE(TraceReader::open(out, &r).ok());
+  QueryResult q;
+  ASSERT_TRUE(r->query("SELECT group_concat(rank || '=' || bytes, ' ') FROM (SELECT * FROM allocation ORDER BY rank)", &q).ok());
+  EXPECT_EQ(q.rows[0][0], "0=2000 1=1000 2=3000 3=5000");
+  // Without any named rank the lone root stays rank 0.
+  const std::string out2 = dir.file("m2.db");
+  ASSERT_TRUE(merge_traces(out2, {root, helper}, false).ok());
+  EXPECT_EQ(rank_table(out2), "0:rank:- 1:helper:1");
 }

@@ -39,7 +39,8 @@ TEST(CheckCli, HelpHasAnExample) {
   Result r = zt_check("--help");
   EXPECT_EQ(r.code, 0);
   EXPECT_TRUE(has(r.out, "Example: zt check run.db")) << r.out;
-  for (const char* flag : {"--run", "--leaks", "--placement", "--budget", "--steps", "--junit", "--leak-threshold"})
+  for (const char* flag : {"--run", "--leaks", "--placement", "--budget", "--steps", "--junit", "--leak-threshold",
+                           "--rss-threshold"})
     EXPECT_TRUE(has(r.out, flag)) << flag << "\n" << r.out;
 }
 
@@ -116,6 +117,9 @@ TEST(CheckCli, BadInputExitsTwoWithOneLine) {
   r = zt_check(trace + " --leak-threshold lots");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r.out, "--leak-threshold: 'lots'")) << r.out;
+  r = zt_check(trace + " --rss-threshold 0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r.out, "--rss-threshold: '0' is not a size above 0")) << r.out;
   r = zt_check(trace + " --steps many");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r.out, "--steps: 'many' is not a number of steps")) << r.out;
@@ -129,4 +133,26 @@ TEST(CheckCli, BudgetOverFails) {
   EXPECT_TRUE(has(r.out, "FAIL budget: ")) << r.out;
   EXPECT_TRUE(has(r.out, "rank 0 cuda:0: peak allocated 19.00 MiB over the budget of 10.00 MiB")) << r.out;
   EXPECT_EQ(zt_check(trace + " --budget cuda=70GiB,host=900GiB").code, 0);
+}
+
+// A check named on the command line that cannot run is not a pass (issue 40): exit 1, the reason and
+// what it needs, a JUnit <error>. The same check in the default set is a skip, exit 0.
+TEST(CheckCli, ANamedCheckThatCannotRunExitsOne) {
+  zt::test::TempDir dir;
+  RunShape s;
+  s.write_plan = false;
+  std::string trace = make(dir, "noplan.db", s);
+  Result r = zt_check(trace + " --steps --junit " + dir.file("out.xml"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "CANNOT RUN steps: the trace records no plan (no data.steps_planned counter); give --steps N"))
+      << r.out;
+  EXPECT_TRUE(has(r.out, "zt check: FAILED (steps could not run, 0 passed)")) << r.out;
+  std::string x = read(dir.file("out.xml"));
+  EXPECT_TRUE(has(x, "tests=\"1\" failures=\"0\" errors=\"1\" skipped=\"0\"")) << x;
+  EXPECT_TRUE(has(x, "type=\"cannot run\"")) << x;
+  r = zt_check(trace);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "SKIP steps: ")) << r.out;
+  EXPECT_TRUE(has(r.out, "zt check: ok (3 passed, 1 skipped)")) << r.out;
+  EXPECT_EQ(zt_check(trace + " --steps 12").code, 0);
 }

@@ -1,6 +1,8 @@
 // zt check's rules on hand-built traces: each case writes exactly the rows it needs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -10,6 +12,8 @@
 #include "../hand_trace.h"
 #include "check_traces.h"
 #include "zt/check/check.h"
+#include "zt/common/units.h"
+#include "zt/db/trace_reader.h"
 #include "zt/probe/recorder.h"
 #include "zt/probe/synthetic.h"
 
@@ -109,6 +113,74 @@ TEST(CheckLeaks, AProbedPythonLeakNamesItsLine) {
   EXPECT_FALSE(has(f, "make_table")) << f;  // flat: not part of the growth
 }
 
+namespace {
+// A probed program's sampled host allocations (the probe's byte sampler, allocation.weight_bytes):
+// 4 epochs of 100 ns on rank 0's cpu. Each row is 64 KiB standing for what the sampler's default
+// interval (512 KiB) makes of it: 64 KiB / (1 - exp(-1/8)) bytes. `rows_at(e)` rows are made in
+// epoch e: kept to the end (`kept`), or alive only across epoch e's start (made 5 ns before it).
+constexpr int64_t kSmall = 64 << 10;
+const int64_t kWeight = std::llround(double(kSmall) / -std::expm1(-1.0 / 8.0));
+
+std::string sampled_trace(const test::TempDir& dir, const std::string& name, const std::vector<int>& rows_at, bool kept) {
+  const std::string path = dir.file(name);
+  auto w = test::hand_written_trace(path, "python3 /w/job.py");
+  w->insert(db::DeviceRow{1, 0, db::DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+  w->insert(db::StringRow{1, "epoch"});
+  w->insert(db::FrameRow{1, 0x7f0000001000, "/lib/x86_64-linux-gnu/libc.so.6", 0x1000, "malloc", std::nullopt});
+  w->insert(db::FrameRow{2, 0, "/w/job.py", std::nullopt, "step", 7});
+  w->insert(db::StackRow{1, 0, 2});
+  w->insert(db::StackRow{2, 1, 1});
+  int64_t id = 0;
+  for (int e = 0; e < 4; ++e) {
+    const int64_t t0 = 100 + 100 * e;
+    db::MarkerRow m;
+    m.id = e + 1, m.rank = 0, m.kind = db::MarkerKind::Epoch, m.name_id = 1, m.t_start = t0, m.t_end = t0 + 90;
+    m.epoch = e;
+    w->insert(m);
+    for (int i = 0; i < rows_at[size_t(e)]; ++i) {
+      db::AllocationRow a;
+      a.id = ++id, a.rank = 0, a.device_id = 1, a.memory_kind = db::MemoryKind::PageableHost;
+      a.level = db::AllocLevel::Segment, a.address = 0x10000000 + uint64_t(id) * 0x100000;
+      a.bytes = a.requested_bytes = kSmall, a.stack_id = 2, a.source = db::Source::HostHook;
+      a.weight_bytes = kWeight;
+      a.t_alloc = kept ? t0 + 10 : t0 - 5;
+      if (!kept) a.t_free = t0 + 5;
+      w->insert(a);
+    }
+  }
+  w->set_run_end(1, 600, db::RunStatus::Ok, 0, "");
+  w->commit();
+  EXPECT_TRUE(w->finish().ok());
+  return path;
+}
+}  // namespace
+
+// Sampled rows count for their weight, and a leak must stand out of the estimate's sampling error.
+TEST(CheckLeaks, SampledAllocationsCountForTheirWeightAndALeakMustExceedTheirError) {
+  test::TempDir dir;
+  Options o;
+  o.leaks = true;
+  // 20 sampled rows kept each epoch: ~10.6 MiB an epoch, 6.7 standard errors over epochs 1-3.
+  Report r = run(sampled_trace(dir, "leak.db", {20, 20, 20, 20}, true), o);
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u);
+  const std::string& f = c.findings[0];
+  EXPECT_TRUE(has(f, "grew ~" + format_bytes(double(20 * kWeight)) + " per epoch")) << f;
+  EXPECT_TRUE(has(f, "(estimated from 40 sampled allocations: ±")) << f;
+  EXPECT_TRUE(has(f, "step (/w/job.py:7) +~" + format_bytes(double(40 * kWeight)) + " in 40 allocations (40 sampled)"))
+      << f;
+
+  // 1, 1, 2 and 3 rows alive across the epochs' starts, each a different allocation: 0.53 MiB more an
+  // epoch, past the 512 KiB threshold, but 1.1 standard errors of its estimate: not a leak, and said.
+  r = run(sampled_trace(dir, "noise.db", {1, 1, 2, 3}, false), o);
+  const CheckResult& n = only(r, "leaks");
+  EXPECT_EQ(n.outcome, Outcome::Pass) << format_text(r);
+  EXPECT_TRUE(has(n.summary, "rank 0 cpu pageable host memory grew ~" + format_bytes(double(kWeight)) +
+                                 " per epoch at epoch start, within 3 standard errors of its sampled estimate"))
+      << n.summary;
+}
+
 TEST(CheckLeaks, AFlatRunPasses) {
   // The GPU's caching allocator reserves a second segment during epoch 0 and keeps it: the
   // tensor-level rows (blocks) are flat, and they are what counts.
@@ -140,14 +212,17 @@ TEST(CheckLeaks, ThresholdDecides) {
   EXPECT_EQ(only(r, "leaks").outcome, Outcome::Fail) << format_text(r);
 }
 
-TEST(CheckLeaks, OneEpochIsSkippedNotPassed) {
+// One epoch of 4 steps: no two epochs to compare, so windows of steps are (it used to be a skip,
+// and a skip passed).
+TEST(CheckLeaks, OneEpochComparesWindowsOfSteps) {
   test::TempDir dir;
   RunShape s;
   s.epochs = 1;
   Report r = run(make(dir, "one.db", s), leaks_only());
   const CheckResult& c = only(r, "leaks");
-  EXPECT_EQ(c.outcome, Outcome::Skip);
-  EXPECT_TRUE(has(c.summary, "1 epoch")) << c.summary;
+  EXPECT_EQ(c.outcome, Outcome::Pass) << format_text(r);
+  EXPECT_TRUE(has(c.summary, "live bytes at window start and end do not grow")) << c.summary;
+  EXPECT_TRUE(has(c.summary, "over 4 windows of 1 step (the trace has 1 epoch: windows of its 4 steps)")) << c.summary;
 }
 
 TEST(CheckLeaks, SyntheticWorkloadWithHostSegmentsOnly) {
@@ -487,6 +562,23 @@ TEST(CheckSteps, AgainstThePlanAndAgainstN) {
       << format_text(more);
 }
 
+// A probed job's launcher and helpers (rank.role) are no ranks: they run no steps, and an error
+// row of theirs is named by role and pid (they failed the check as 'rank 1: 0 of 12 planned steps').
+TEST(CheckSteps, TheLauncherAndHelpersRunNoStepsOfTheJob) {
+  test::TempDir dir;
+  RunShape s;
+  const std::string path = make(dir, "job.db", s, [](TraceBuilder& b) {
+    b.process(1, db::RankRole::Launcher, 4240);
+    b.process(2, db::RankRole::Helper, 4250, 0);
+    b.marker(2, db::MarkerKind::Step, "step 0", 10, 20, 0, 0);  // a helper's own marker is not a step of the job
+  });
+  Options o;
+  o.steps = true;
+  Report r = run(path, o);
+  EXPECT_EQ(only(r, "steps").outcome, Outcome::Pass) << format_text(r);
+  EXPECT_TRUE(has(only(r, "steps").summary, "12 of 12 planned steps run")) << format_text(r);
+}
+
 TEST(CheckSteps, ShortRunReportsTheDataAccounting) {
   test::TempDir dir;
   RunShape s;
@@ -506,15 +598,32 @@ TEST(CheckSteps, ShortRunReportsTheDataAccounting) {
       << text;
 }
 
-TEST(CheckSteps, NoPlanIsSkipped) {
+// --steps named on a trace without a plan cannot run: not a pass. In the default set it is a skip.
+TEST(CheckSteps, NoPlanCannotRunWhenNamedAndIsSkippedInTheDefaultSet) {
   test::TempDir dir;
   RunShape s;
   s.write_plan = false;
+  const std::string path = make(dir, "noplan.db", s);
   Options o;
   o.steps = true;
-  Report r = run(make(dir, "noplan.db", s), o);
-  EXPECT_EQ(only(r, "steps").outcome, Outcome::Skip);
-  EXPECT_FALSE(r.failed());
+  Report r = run(path, o);
+  const CheckResult& c = only(r, "steps");
+  EXPECT_EQ(c.outcome, Outcome::CannotRun);
+  EXPECT_TRUE(has(c.summary, "give --steps N")) << c.summary;
+  EXPECT_TRUE(r.failed());
+  const std::string text = format_text(r);
+  EXPECT_TRUE(has(text, "CANNOT RUN steps: the trace records no plan")) << text;
+  EXPECT_TRUE(has(text, "zt check: FAILED (steps could not run, 0 passed)")) << text;
+  const std::string x = junit_xml(r);
+  EXPECT_TRUE(has(x, "tests=\"1\" failures=\"0\" errors=\"1\" skipped=\"0\"")) << x;
+  EXPECT_TRUE(has(x, "<error message=\"the trace records no plan (no data.steps_planned counter); give --steps N\" "
+                     "type=\"cannot run\">"))
+      << x;
+
+  Report all = run(path, Options{});
+  EXPECT_EQ(only(all, "steps").outcome, Outcome::Skip);
+  EXPECT_FALSE(all.failed()) << format_text(all);
+  EXPECT_TRUE(has(format_text(all), "zt check: ok (3 passed, 1 skipped)")) << format_text(all);
 }
 
 // A counter is any number in a trace: a plan that is not a whole count of steps is said, not cast.
@@ -527,7 +636,7 @@ TEST(CheckSteps, APlanThatIsNotACountIsSkippedAndSaid) {
     o.steps = true;
     Report r = run(make(dir, "plan.db", s, [&](TraceBuilder& b) { b.counter(0, 0, "data.steps_planned", 5, planned); }), o);
     const CheckResult& c = only(r, "steps");
-    EXPECT_EQ(c.outcome, Outcome::Skip) << planned << ": " << format_text(r);
+    EXPECT_EQ(c.outcome, Outcome::CannotRun) << planned << ": " << format_text(r);
     EXPECT_TRUE(has(c.summary, "not a count of steps; give --steps N")) << c.summary;
   }
 }
@@ -617,6 +726,20 @@ TEST(CheckRun, AFailedRunFailsWithHowItEndedAndItsErrors) {
                               run_only());
   ASSERT_EQ(only(from_allocator, "run").context.size(), 1u) << format_text(from_allocator);
   EXPECT_EQ(only(from_allocator, "run").context[0], "error on rank 0 during step 5: oom: CUDA out of memory.");
+
+  // An error of a probed job's launcher (rank.role): named by role and pid, not as a rank.
+  Report from_launcher = run(make(dir, "launcher.db", s, [](TraceBuilder& b) {
+                               b.process(1, db::RankRole::Launcher, 4240);
+                               db::ErrorRow e;
+                               e.rank = 1;
+                               e.t = 10;
+                               e.kind = "uncaught_exception";
+                               e.message = "ChildFailedError";
+                               b.error(e);
+                             }),
+                             run_only());
+  ASSERT_EQ(only(from_launcher, "run").context.size(), 1u) << format_text(from_launcher);
+  EXPECT_EQ(only(from_launcher, "run").context[0], "error on launcher process 4240: uncaught_exception: ChildFailedError");
 }
 
 TEST(CheckRun, ATraceNeverClosedFailsAndACleanOnePasses) {
@@ -653,9 +776,11 @@ TEST(Check, JUnitHasATestcasePerCheckAndEscapes) {
   CheckResult pass{"leaks", Outcome::Pass, "flat", {}, {}, 0.01};
   CheckResult fail{"placement", Outcome::Fail, "1 misplaced <tensor> group", {"rank 0: x \"y\" on cuda:0"}, {"ctx"}, 0};
   CheckResult skip{"steps", Outcome::Skip, "no plan", {}, {}, 0};
-  r.checks = {pass, fail, skip};
+  CheckResult cannot{"budget", Outcome::CannotRun, "cannot look: host: no host allocations", {}, {}, 0};
+  r.checks = {pass, fail, skip, cannot};
   std::string x = junit_xml(r);
-  EXPECT_TRUE(has(x, "<testsuite name=\"zt check\" tests=\"3\" failures=\"1\" errors=\"0\" skipped=\"1\"")) << x;
+  EXPECT_TRUE(has(x, "<testsuite name=\"zt check\" tests=\"4\" failures=\"1\" errors=\"1\" skipped=\"1\"")) << x;
+  EXPECT_TRUE(has(x, "<error message=\"cannot look: host: no host allocations\" type=\"cannot run\"></error>")) << x;
   EXPECT_TRUE(has(x, "<property name=\"trace\" value=\"a&amp;b.db\"/>")) << x;
   EXPECT_TRUE(has(x, "<testcase classname=\"zt check\" name=\"leaks\" time=\"0.010\">")) << x;
   EXPECT_TRUE(has(x, "<failure message=\"1 misplaced &lt;tensor&gt; group\" type=\"placement\">rank 0: x \"y\" on "
@@ -682,4 +807,336 @@ TEST(Check, WriteFileAtomicReplacesAndLeavesNoTemporary) {
   Status s = write_file_atomic(dir.file("no/such/dir/out.xml"), "x");
   ASSERT_FALSE(s.ok());
   EXPECT_TRUE(has(s.message(), dir.file("no/such/dir/out.xml") + ": cannot write")) << s.message();
+}
+
+// ---- issue 40: no silent pass; windows without epochs; steps derived here; RSS as a witness ----
+
+namespace {
+
+constexpr const char* kProbedConfig = R"({"probe":"libzt_probe.so","host_threshold":1048576,"rss_interval_ms":100})";
+
+// A probed program's host memory on rank 0's cpu device (id 1): a 2 MiB table made before the loop
+// and kept, and per step an 8 MiB temporary freed within it; `kept_per_step` more kept each step.
+// Steps run from 1000 + 100 s to 1000 + 100 s + 90 (s = 0 .. steps-1); the run ends at 1000 + 100 steps + 500.
+struct LoopShape {
+  int steps = 20;
+  int64_t kept_per_step = 0;
+  bool step_markers = true;
+  int steps_per_epoch = 0;   // > 0: epoch markers too, every that many steps
+  bool as_ranges = false;    // the markers as the zerotrace module's ranges, not derived (a killed zt probe)
+  const char* config = kProbedConfig;
+  std::function<void(TraceBuilder&)> extra;
+  // Sampled rows (the probe's byte sampler): `sampled_per_step` rows of 64 KiB kept at every
+  // `sampled_every`-th step, each standing for kWeight bytes (the default interval's weight).
+  int sampled_per_step = 0;
+  int sampled_every = 1;
+};
+
+std::string loop_trace(const test::TempDir& dir, const std::string& name, const LoopShape& l) {
+  std::string path = dir.file(name);
+  TraceBuilder b(path);
+  b.run(l.config, db::RunStatus::Ok, test::step_t0(l.steps) + 500);
+  b.rank(0, 1);
+  const int64_t cpu = b.device(0, db::DeviceKind::Cpu, "cpu");
+  const auto host = db::MemoryKind::PageableHost;
+  const auto seg = db::AllocLevel::Segment;
+  b.alloc(0, cpu, host, "", 2 * kMiB, 500, std::nullopt, seg);
+  for (int s = 0; s < l.steps; ++s) {
+    const int64_t t0 = test::step_t0(s);
+    if (l.step_markers) {
+      const std::optional<int64_t> epoch = l.steps_per_epoch ? std::optional<int64_t>(s / l.steps_per_epoch) : std::nullopt;
+      if (l.as_ranges) b.marker(0, db::MarkerKind::Range, "zerotrace::step " + std::to_string(s), t0, t0 + 90, {}, {});
+      else b.marker(0, db::MarkerKind::Step, "step " + std::to_string(s), t0, t0 + 90, s, epoch);
+    }
+    b.alloc(0, cpu, host, "", 8 * kMiB, t0 + 10, t0 + 60, seg);
+    if (l.kept_per_step) b.alloc(0, cpu, host, "", l.kept_per_step, t0 + 70, std::nullopt, seg);
+    if (s % l.sampled_every == 0)
+      for (int i = 0; i < l.sampled_per_step; ++i) b.alloc(0, cpu, host, "", kSmall, t0 + 75, std::nullopt, seg, kWeight);
+  }
+  if (l.steps_per_epoch)
+    for (int e = 0; e * l.steps_per_epoch < l.steps; ++e) {
+      const int64_t t0 = test::step_t0(e * l.steps_per_epoch) - 5;
+      const int64_t t1 = test::step_t0(std::min(l.steps, (e + 1) * l.steps_per_epoch)) - 8;
+      if (l.as_ranges) b.marker(0, db::MarkerKind::Range, "zerotrace::epoch " + std::to_string(e), t0, t1, {}, {});
+      else b.marker(0, db::MarkerKind::Epoch, "epoch " + std::to_string(e), t0, t1, {}, e);
+    }
+  if (l.extra) l.extra(b);
+  b.finish();
+  return path;
+}
+
+// RSS samples every 10 ns from t = 0: `base`, and `per_step` more as each step begins.
+void rss_samples(TraceBuilder& b, int steps, int64_t base, int64_t per_step) {
+  for (int64_t t = 0; t <= test::step_t0(steps) + 400; t += 10) {
+    const int64_t done = t < 1000 ? 0 : std::min<int64_t>((t - 1000) / 100 + 1, steps);  // steps begun
+    b.counter(0, 1, "host_rss", t, double(base + done * per_step));
+  }
+}
+
+}  // namespace
+
+// Without epochs, equal windows of steps: 256 KiB kept each step is 1.25 MiB per window of 5 steps.
+// (It was a skip, and the run ended "ok".)
+TEST(CheckLeaks, WithoutEpochsWindowsOfStepsAreCompared) {
+  test::TempDir dir;
+  LoopShape l;
+  l.config = "{}";
+  l.kept_per_step = 256 << 10;
+  Report r = run(loop_trace(dir, "steps.db", l), leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u) << format_text(r);
+  const std::string& f = c.findings[0];
+  EXPECT_TRUE(has(f, "rank 0 cpu pageable host memory: live bytes at window start grew 1.25 MiB per window")) << f;
+  EXPECT_TRUE(has(f, "window 0 (steps 0-4): 2.00 MiB, window 1 (steps 5-9): +1.25 MiB")) << f;
+  EXPECT_TRUE(has(f, "alive at window 3 start but not at window 1 start")) << f;
+  EXPECT_TRUE(has(c.summary, "1 of 1 memories grow across windows")) << c.summary;
+  EXPECT_TRUE(has(c.summary, "over 4 windows of 5 steps (the trace has no epochs: windows of its 20 steps)")) << c.summary;
+
+  l.kept_per_step = 0;
+  Report clean = run(loop_trace(dir, "clean.db", l), leaks_only());
+  EXPECT_EQ(only(clean, "leaks").outcome, Outcome::Pass) << format_text(clean);
+  EXPECT_TRUE(has(only(clean, "leaks").summary, "over 4 windows of 5 steps")) << format_text(clean);
+}
+
+// Without epochs or steps, equal windows of time between the run's first and last tenth, each by its
+// lowest live bytes (the windows are not aligned with the loop: a temporary alive at one window's
+// start and not at another's is not a leak).
+TEST(CheckLeaks, WithoutStepsWindowsOfTimeAfterTheFirstTenth) {
+  test::TempDir dir;
+  LoopShape l;
+  l.config = "{}";
+  l.step_markers = false;
+  l.steps = 40;
+  l.kept_per_step = 256 << 10;
+  Report r = run(loop_trace(dir, "time.db", l), leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  const std::string& f = c.findings.at(0);
+  EXPECT_TRUE(has(f, "the lowest live bytes of each window grew")) << f;
+  EXPECT_TRUE(has(f, "per window")) << f;
+  EXPECT_TRUE(has(f, "alive at window 3's lowest point but not at window 0's lowest point")) << f;
+  EXPECT_TRUE(has(c.summary, "over 4 windows of ")) << c.summary;
+  EXPECT_TRUE(has(c.summary, " between the run's first and last tenth (the trace has no epochs or steps: windows of time)"))
+      << c.summary;
+
+  l.kept_per_step = 0;
+  Report clean = run(loop_trace(dir, "clean.db", l), leaks_only());
+  EXPECT_EQ(only(clean, "leaks").outcome, Outcome::Pass) << format_text(clean);
+  EXPECT_TRUE(has(only(clean, "leaks").summary, "the lowest live bytes of each window do not grow")) << format_text(clean);
+}
+
+// A trace with nothing to compare: --leaks named cannot run (exit 1, says what it needs); in the
+// default set it is a skip.
+TEST(CheckLeaks, NothingToCompareCannotRunWhenNamed) {
+  test::TempDir dir;
+  const std::string path = dir.file("empty.db");
+  {
+    TraceBuilder b(path);
+    b.run("{}");
+    b.rank(0, 1);
+    b.finish();
+  }
+  Report r = run(path, leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  EXPECT_EQ(c.outcome, Outcome::CannotRun) << format_text(r);
+  EXPECT_TRUE(has(c.summary, "the trace records no allocations and no RSS; record the program with zt probe")) << c.summary;
+  EXPECT_TRUE(r.failed());
+  Report all = run(path, Options{});
+  EXPECT_EQ(only(all, "leaks").outcome, Outcome::Skip) << format_text(all);
+}
+
+// zt probe killed together with its job never derived the steps and epochs from the ranges: zt
+// check derives them itself, in memory, says so, and leaves the trace as it was.
+TEST(CheckLeaks, StepsAndEpochsAreDerivedFromTheRangesWhenTheProbeCouldNot) {
+  test::TempDir dir;
+  LoopShape l;
+  l.as_ranges = true;
+  l.steps = 16;
+  l.steps_per_epoch = 4;
+  l.kept_per_step = 256 << 10;  // 1 MiB per epoch
+  const std::string path = loop_trace(dir, "killed.db", l);
+  Report r = run(path, leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  EXPECT_TRUE(has(c.findings.at(0), "live bytes at epoch start grew 1.00 MiB per epoch")) << format_text(r);
+  ASSERT_FALSE(c.context.empty()) << format_text(r);
+  EXPECT_TRUE(has(c.context.back(), "zt check derived 16 steps (from the zerotrace module), 4 epochs (from the "
+                                    "zerotrace module) from its ranges, in memory; `zt db steps " + path))
+      << c.context.back();
+  Options steps;
+  steps.expected_steps = 16;
+  EXPECT_EQ(only(run(path, steps), "steps").outcome, Outcome::Pass);
+  // Nothing written into the user's trace.
+  std::unique_ptr<db::TraceReader> reader;
+  ASSERT_TRUE(db::TraceReader::open(path, &reader).ok());
+  db::QueryResult q;
+  ASSERT_TRUE(reader->query("SELECT count(*) FROM marker WHERE kind IN (0, 2)", &q).ok());
+  EXPECT_EQ(q.rows.at(0).at(0), "0");
+}
+
+// RSS as a witness on a probed trace: it grows 8 MiB an epoch while the recorded allocations stay
+// flat (a leak of allocations under the probe's threshold): a finding with how much. Flat RSS, or
+// RSS that the recorded allocations explain, passes; a trace zt probe did not record is not asked.
+TEST(CheckLeaks, RssGrowthTheRecordedAllocationsDoNotExplainIsALeak) {
+  test::TempDir dir;
+  LoopShape l;
+  l.steps = 16;
+  l.steps_per_epoch = 4;
+  l.extra = [](TraceBuilder& b) { rss_samples(b, 16, 300 * kMiB, 2 * kMiB); };
+  const std::string leaking = loop_trace(dir, "rss.db", l);
+  Report r = run(leaking, leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u) << format_text(r);
+  const std::string& f = c.findings[0];
+  EXPECT_TRUE(has(f, "rank 0 host RSS: RSS at epoch start grew 8.00 MiB per epoch, 8.00 MiB per epoch more than its "
+                     "recorded host allocations explain (they grew 0 B per epoch; RSS epoch 0: 300.00 MiB, epoch 1: "
+                     "+8.00 MiB"))
+      << f;
+  EXPECT_TRUE(has(f, "threshold 4.00 MiB per epoch, --rss-threshold")) << f;
+  EXPECT_TRUE(has(f, "allocations under zt probe's --host-threshold (1.00 MiB)")) << f;
+  EXPECT_TRUE(has(c.summary, "0 of 1 memories grow across epochs")) << c.summary;
+  EXPECT_TRUE(has(c.summary, "the RSS of 1 of 1 process grows more than its recorded allocations explain")) << c.summary;
+  // A higher threshold lets it pass.
+  Options high = leaks_only();
+  high.rss_threshold = 16 * kMiB;
+  EXPECT_EQ(only(run(leaking, high), "leaks").outcome, Outcome::Pass);
+
+  // The clean twin: RSS drifts 512 KiB an epoch.
+  l.extra = [](TraceBuilder& b) { rss_samples(b, 16, 300 * kMiB, 128 << 10); };
+  Report clean = run(loop_trace(dir, "clean.db", l), leaks_only());
+  EXPECT_EQ(only(clean, "leaks").outcome, Outcome::Pass) << format_text(clean);
+  EXPECT_TRUE(has(only(clean, "leaks").summary,
+                  "RSS growth the recorded allocations do not explain stays under 4.00 MiB per epoch on 1 process"))
+      << format_text(clean);
+
+  // RSS growth that the recorded allocations explain is their finding, not the RSS's.
+  l.kept_per_step = 2 * kMiB;
+  l.extra = [](TraceBuilder& b) { rss_samples(b, 16, 300 * kMiB, 2 * kMiB); };
+  Report recorded = run(loop_trace(dir, "recorded.db", l), leaks_only());
+  ASSERT_EQ(only(recorded, "leaks").outcome, Outcome::Fail) << format_text(recorded);
+  ASSERT_EQ(only(recorded, "leaks").findings.size(), 1u) << format_text(recorded);
+  EXPECT_TRUE(has(only(recorded, "leaks").findings[0], "pageable host memory: live bytes at epoch start grew 8.00 MiB"))
+      << format_text(recorded);
+
+  // Sampled less often than the epochs come: one sample for every epoch start, and the report says
+  // the RSS was not seen to grow (not that it did not).
+  l.kept_per_step = 0;
+  l.extra = [](TraceBuilder& b) {
+    b.counter(0, 1, "host_rss", 0, double(300 * kMiB));
+    b.counter(0, 1, "host_rss", 5000, double(400 * kMiB));
+  };
+  Report coarse = run(loop_trace(dir, "coarse.db", l), leaks_only());
+  EXPECT_EQ(only(coarse, "leaks").outcome, Outcome::Pass) << format_text(coarse);
+  EXPECT_FALSE(has(only(coarse, "leaks").summary, "RSS")) << format_text(coarse);
+  EXPECT_TRUE(has(format_text(coarse), "rank 0: one RSS sample stands for every compared epoch start")) << format_text(coarse);
+
+  // Not a probed trace (zt train records every buffer it makes): RSS is not compared.
+  l.kept_per_step = 0;
+  l.config = "{}";
+  Report trained = run(loop_trace(dir, "trained.db", l), leaks_only());
+  EXPECT_EQ(only(trained, "leaks").outcome, Outcome::Pass) << format_text(trained);
+  EXPECT_FALSE(has(only(trained, "leaks").summary, "RSS")) << format_text(trained);
+}
+
+// Sampled rows in windows of steps and of time (no epochs): they count for their weight there too,
+// and a leak must stand out of their sampling error there too.
+TEST(CheckLeaks, SampledRowsFollowTheErrorRuleInWindowsOfStepsAndOfTime) {
+  test::TempDir dir;
+  LoopShape l;
+  l.config = "{}";
+  // 2 sampled rows kept each step: 10 a window of 5 steps, ~5.20 MiB; 20 rows between windows 1 and 3.
+  l.sampled_per_step = 2;
+  Report r = run(loop_trace(dir, "steps.db", l), leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u) << format_text(r);
+  EXPECT_TRUE(has(c.findings[0], "rank 0 cpu pageable host memory: live bytes at window start grew ~" +
+                                     format_bytes(double(10 * kWeight)) + " per window"))
+      << c.findings[0];
+  EXPECT_TRUE(has(c.findings[0], "(estimated from 20 sampled allocations: ±")) << c.findings[0];
+  EXPECT_TRUE(has(c.findings[0], " per window)")) << c.findings[0];
+
+  // One sampled row kept every 5 steps: 2 rows between windows 1 and 3, ~0.52 MiB a window, past
+  // the threshold but within 3 standard errors: a pass, and said.
+  l.sampled_per_step = 1;
+  l.sampled_every = 5;
+  Report noise = run(loop_trace(dir, "noise.db", l), leaks_only());
+  const CheckResult& n = only(noise, "leaks");
+  EXPECT_EQ(n.outcome, Outcome::Pass) << format_text(noise);
+  EXPECT_TRUE(has(n.summary, "rank 0 cpu pageable host memory grew ~" + format_bytes(double(kWeight)) +
+                                 " per window at window start, within 3 standard errors of its sampled estimate"))
+      << n.summary;
+
+  // Windows of time, by their lowest live bytes.
+  l.step_markers = false;
+  l.steps = 40;
+  l.sampled_per_step = 2;
+  l.sampled_every = 1;
+  Report time = run(loop_trace(dir, "time.db", l), leaks_only());
+  const CheckResult& t = only(time, "leaks");
+  ASSERT_EQ(t.outcome, Outcome::Fail) << format_text(time);
+  EXPECT_TRUE(has(t.findings.at(0), "the lowest live bytes of each window grew ~")) << t.findings.at(0);
+  EXPECT_TRUE(has(t.findings.at(0), "sampled allocations: ±")) << t.findings.at(0);
+}
+
+// RSS as a witness beside the byte sampler: the sampled rows' estimate explains RSS growth as the
+// rows recorded one by one do, and a finding says what it can be when the run sampled.
+TEST(CheckLeaks, TheRssWitnessCountsSampledRowsByTheirWeight) {
+  test::TempDir dir;
+  constexpr const char* kSampledConfig =
+      R"({"probe":"libzt_probe.so","host_threshold":1048576,"sample_interval":524288,"rss_interval_ms":100})";
+  LoopShape l;
+  l.config = kSampledConfig;
+  l.steps = 16;
+  l.steps_per_epoch = 4;
+  // RSS grows 2 MiB a step; 4 sampled rows kept a step stand for ~2.08 MiB: the RSS is explained,
+  // and the leak is the sampled rows' finding.
+  l.sampled_per_step = 4;
+  l.extra = [](TraceBuilder& b) { rss_samples(b, 16, 300 * kMiB, 2 * kMiB); };
+  Report r = run(loop_trace(dir, "sampled.db", l), leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u) << format_text(r);
+  EXPECT_TRUE(has(c.findings[0], "pageable host memory: live bytes at epoch start grew ~")) << c.findings[0];
+  EXPECT_FALSE(has(c.summary, "the RSS of")) << c.summary;
+
+  // Nothing sampled grows, the RSS does: what it can be, when the small allocations were sampled.
+  l.sampled_per_step = 0;
+  Report rss = run(loop_trace(dir, "rss.db", l), leaks_only());
+  const CheckResult& s = only(rss, "leaks");
+  ASSERT_EQ(s.outcome, Outcome::Fail) << format_text(rss);
+  ASSERT_EQ(s.findings.size(), 1u) << format_text(rss);
+  EXPECT_TRUE(has(s.findings[0], "memory a library maps itself, or fragmentation (allocations under zt probe's "
+                                 "--host-threshold (1.00 MiB) are counted by their sampled estimate)"))
+      << s.findings[0];
+}
+
+// A budget on memory the trace does not record was never looked at: named, it cannot run; with a
+// finding on the other memory it fails, and says what it could not check.
+TEST(CheckBudget, AMemoryTheTraceDoesNotRecordCannotRun) {
+  test::TempDir dir;
+  const std::string path = dir.file("cpu.db");
+  ASSERT_TRUE(test::write_python_leak_trace(path));  // host allocations only
+  auto budget = [&](const std::string& text) {
+    Options o;
+    Budget b;
+    EXPECT_TRUE(parse_budget(text, &b).ok());
+    o.budget = b;
+    return run(path, o);
+  };
+  Report cuda = budget("cuda=1GiB");
+  const CheckResult& c = only(cuda, "budget");
+  EXPECT_EQ(c.outcome, Outcome::CannotRun) << format_text(cuda);
+  EXPECT_TRUE(has(c.summary, "cannot look: cuda: the trace records no accelerator device")) << c.summary;
+  EXPECT_TRUE(has(c.summary, "on a CPU job leave cuda= out")) << c.summary;
+  EXPECT_TRUE(cuda.failed());
+  Report both = budget("cuda=1GiB,host=1GiB");
+  EXPECT_EQ(only(both, "budget").outcome, Outcome::CannotRun) << format_text(both);
+  EXPECT_TRUE(has(only(both, "budget").summary, "; within the budget: host: highest")) << format_text(both);
+  Report over = budget("cuda=1GiB,host=4MiB");
+  EXPECT_EQ(only(over, "budget").outcome, Outcome::Fail) << format_text(over);
+  EXPECT_TRUE(has(format_text(over), "not checked: cuda: the trace records no accelerator device")) << format_text(over);
+  EXPECT_EQ(only(budget("host=1GiB"), "budget").outcome, Outcome::Pass);
 }

@@ -29,7 +29,9 @@ class TraceBuilder {
     names_[text] = id;
     return id;
   }
-  void run(const std::string& config_json, db::RunStatus status = db::RunStatus::Ok) {
+  // t_end: when the run ended (default 1000 s; none when it never closed its trace).
+  void run(const std::string& config_json, db::RunStatus status = db::RunStatus::Ok,
+           std::optional<int64_t> t_end = std::nullopt) {
     db::RunRow r;
     r.tool_version = "test";
     r.command_line = "check_test";
@@ -38,7 +40,7 @@ class TraceBuilder {
     r.t_start = 0;
     r.status = status;
     if (status != db::RunStatus::Running) {  // a process that died without closing its trace ends nothing
-      r.t_end = 1'000'000'000'000;
+      r.t_end = t_end.value_or(1'000'000'000'000);
       r.exit_code = status == db::RunStatus::Ok ? 0 : 1;
     }
     if (status == db::RunStatus::Failed) r.exit_detail = "step 8: CUDA out of memory";
@@ -49,6 +51,16 @@ class TraceBuilder {
     r.rank = rank;
     r.world_size = world;
     r.hostname = "testhost";
+    w_->insert(r);
+  }
+  // A process of a probed run that is not a rank (rank.role): a launcher or a helper.
+  void process(int64_t key, db::RankRole role, int64_t pid, std::optional<int64_t> job_rank = {}) {
+    db::RankRow r;
+    r.rank = key;
+    r.hostname = "testhost";
+    r.pid = pid;
+    r.role = role;
+    r.job_rank = job_rank;
     w_->insert(r);
   }
   int64_t device(int64_t rank, db::DeviceKind kind, const std::string& label, std::optional<int64_t> capacity = {}) {
@@ -65,7 +77,8 @@ class TraceBuilder {
     return d.id;
   }
   int64_t alloc(int64_t rank, int64_t device, db::MemoryKind kind, const std::string& tensor, int64_t bytes,
-                int64_t t_alloc, std::optional<int64_t> t_free, db::AllocLevel level = db::AllocLevel::Block) {
+                int64_t t_alloc, std::optional<int64_t> t_free, db::AllocLevel level = db::AllocLevel::Block,
+                std::optional<int64_t> weight_bytes = std::nullopt) {
     db::AllocationRow a;
     a.id = ++allocs_;
     a.rank = rank;
@@ -77,6 +90,7 @@ class TraceBuilder {
     a.t_alloc = t_alloc;
     a.t_free = t_free;
     a.name_id = name(tensor);
+    a.weight_bytes = weight_bytes;  // set: a sampled row (the probe's byte sampler), standing for this many bytes
     w_->insert(a);
     return a.id;
   }

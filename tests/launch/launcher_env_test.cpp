@@ -171,6 +171,142 @@ TEST(LaunchInfo, TwoLaunchersThatDisagreeAreRefusedUntilOneIsChosen) {
 
 // ---- rendezvous plan ---------------------------------------------------------------------------
 
+// ---- the job's rank of a probed process (read_job_rank) -----------------------------------------
+
+namespace {
+JobRank job(const Vars& v) { return read_job_rank(environment_from(v)); }
+std::string notes_of(const JobRank& j) {
+  std::string s;
+  for (auto& n : j.notes) s += n + "\n";
+  return s;
+}
+}  // namespace
+
+TEST(JobRank, NoVariablesIsNoRank) {
+  JobRank j = job({});
+  EXPECT_FALSE(j.has_rank);
+  EXPECT_EQ(j.describe(), "no rank variables");
+  EXPECT_TRUE(j.notes.empty());
+  // salloc's and sbatch's shells export SLURM_NTASKS without SLURM_PROCID: still no rank.
+  EXPECT_FALSE(job({{"SLURM_NTASKS", "4"}, {"WORLD_SIZE", "2"}}).has_rank);
+}
+
+// Each launcher's variables, as it sets them for a worker.
+TEST(JobRank, EachLaunchersVariables) {
+  struct Case {
+    Vars vars;
+    std::string launcher;
+    int rank, world;
+    std::optional<int> local;
+  };
+  const Case cases[] = {
+      // torchrun / python -m torch.distributed.run (the elastic agent sets these, and GROUP_RANK, ...)
+      {{{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"}},
+       "torchrun", 3, 4, 1},
+      // DeepSpeed's launch.py: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK
+      {{{"RANK", "5"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "8"}, {"LOCAL_SIZE", "4"}, {"CROSS_RANK", "1"}},
+       "torchrun", 5, 8, 1},
+      {{{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}},
+       "mpirun", 2, 3, 0},
+      {{{"MV2_COMM_WORLD_RANK", "1"}, {"MV2_COMM_WORLD_SIZE", "2"}, {"MV2_COMM_WORLD_LOCAL_RANK", "1"}},
+       "mvapich", 1, 2, 1},
+      {{{"PMI_RANK", "6"}, {"PMI_SIZE", "7"}, {"MPI_LOCALRANKID", "2"}}, "mpich", 6, 7, 2},
+      {{{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"}, {"SLURM_JOB_ID", "77"}}, "srun", 9, 16, 1},
+      // A one-node launcher that sets only LOCAL_RANK (and the local world size).
+      {{{"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}}, "local", 1, 2, 1},
+      {{{"LOCAL_RANK", "0"}, {"LOCAL_SIZE", "4"}}, "local", 0, 4, 0},
+  };
+  for (const Case& c : cases) {
+    JobRank j = job(c.vars);
+    ASSERT_TRUE(j.has_rank) << c.launcher;
+    EXPECT_EQ(j.launcher, c.launcher);
+    EXPECT_EQ(j.rank, c.rank) << c.launcher;
+    EXPECT_EQ(j.world_size, c.world) << c.launcher;
+    EXPECT_EQ(j.local_rank, c.local) << c.launcher;
+    EXPECT_TRUE(j.notes.empty()) << c.launcher << ": " << notes_of(j);
+  }
+  EXPECT_EQ(job(cases[0].vars).describe(), "rank 3 of 4 (local rank 1) from torchrun (RANK=3 WORLD_SIZE=4 LOCAL_RANK=1)");
+}
+
+// The innermost launcher first: RANK over OMPI_COMM_WORLD_RANK over MV2 over PMI_RANK over
+// SLURM_PROCID over LOCAL_RANK alone; the sets passed over are named where they say otherwise.
+TEST(JobRank, PrecedenceIsInnermostLauncherFirst) {
+  const Vars all{{"RANK", "1"},         {"WORLD_SIZE", "8"},          {"LOCAL_RANK", "1"},
+                 {"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"MV2_COMM_WORLD_RANK", "3"},
+                 {"MV2_COMM_WORLD_SIZE", "4"},  {"PMI_RANK", "0"},             {"PMI_SIZE", "4"},
+                 {"SLURM_PROCID", "0"},         {"SLURM_NTASKS", "2"}};
+  JobRank j = job(all);
+  EXPECT_EQ(j.launcher, "torchrun");
+  EXPECT_EQ(j.rank, 1);
+  EXPECT_EQ(j.world_size, 8);
+  const std::string n = notes_of(j);
+  EXPECT_TRUE(has(n, "OMPI_COMM_WORLD_RANK=2 ignored: RANK (torchrun) comes first")) << n;
+  EXPECT_TRUE(has(n, "SLURM_PROCID=0 ignored: RANK (torchrun) comes first")) << n;
+  // Each step down the list.
+  const char* order[][2] = {{"RANK", "torchrun"}, {"OMPI_COMM_WORLD_RANK", "mpirun"}, {"MV2_COMM_WORLD_RANK", "mvapich"},
+                            {"PMI_RANK", "mpich"}, {"SLURM_PROCID", "srun"}};
+  Vars v = all;
+  for (auto& [var, launcher] : order) {
+    EXPECT_EQ(job(v).launcher, launcher) << var;
+    v.erase(var);
+  }
+  // With RANK gone, LOCAL_RANK alone is below every launcher's set.
+  EXPECT_EQ(job({{"LOCAL_RANK", "1"}, {"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}}).launcher, "srun");
+  EXPECT_EQ(job({{"LOCAL_RANK", "1"}}).launcher, "local");
+  // Sets that agree are not noted (srun starting MPI ranks with PMI: the same rank twice).
+  EXPECT_TRUE(job({{"PMI_RANK", "2"}, {"PMI_SIZE", "4"}, {"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "4"}}).notes.empty());
+}
+
+TEST(JobRank, ZtLauncherChoosesOneSetOrNone) {
+  const Vars v{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}};
+  Vars srun = v;
+  srun["ZT_LAUNCHER"] = "srun";
+  EXPECT_EQ(job(srun).rank, 3);
+  EXPECT_EQ(job(srun).world_size, 4);
+  Vars none = v;
+  none["ZT_LAUNCHER"] = "none";
+  EXPECT_FALSE(job(none).has_rank);
+  Vars missing = v;
+  missing["ZT_LAUNCHER"] = "mpich";
+  EXPECT_FALSE(job(missing).has_rank);
+  EXPECT_TRUE(has(notes_of(job(missing)), "ZT_LAUNCHER=mpich but PMI_RANK is not set")) << notes_of(job(missing));
+  Vars bad = v;
+  bad["ZT_LAUNCHER"] = "pbs";
+  EXPECT_EQ(job(bad).launcher, "torchrun");
+  EXPECT_TRUE(has(notes_of(job(bad)), "ZT_LAUNCHER='pbs' is not one of")) << notes_of(job(bad));
+}
+
+// Never an error: what cannot be read is left unknown, with a note.
+TEST(JobRank, OddValuesAreNotedNotFatal) {
+  JobRank j = job({{"RANK", "x"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}});
+  EXPECT_EQ(j.launcher, "srun");  // the unreadable set is skipped
+  EXPECT_EQ(j.rank, 1);
+  EXPECT_TRUE(has(notes_of(j), "RANK='x' is not a decimal integer >= 0: torchrun's variables were ignored"))
+      << notes_of(j);
+  j = job({{"RANK", "2"}});
+  EXPECT_TRUE(j.has_rank);
+  EXPECT_EQ(j.rank, 2);
+  EXPECT_EQ(j.world_size, 0);
+  EXPECT_FALSE(j.local_rank.has_value());
+  EXPECT_EQ(j.describe(), "rank 2 from torchrun (RANK=2)");
+  EXPECT_TRUE(has(notes_of(j), "WORLD_SIZE is not set: the world size is not known")) << notes_of(j);
+  j = job({{"RANK", "4"}, {"WORLD_SIZE", "4"}});
+  EXPECT_EQ(j.rank, 4);
+  EXPECT_EQ(j.world_size, 0);
+  EXPECT_TRUE(has(notes_of(j), "RANK=4 is not below WORLD_SIZE=4")) << notes_of(j);
+  EXPECT_EQ(job({{"RANK", "1"}, {"WORLD_SIZE", "0"}}).world_size, 0);
+  EXPECT_EQ(job({{"RANK", "99999999999"}}).has_rank, false);
+}
+
+TEST(JobRank, SameClaimIsLauncherRankAndWorld) {
+  const Vars v{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}};
+  EXPECT_TRUE(job(v).same_claim(job(v)));
+  EXPECT_FALSE(job(v).same_claim(job({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}})));
+  EXPECT_FALSE(job(v).same_claim(job({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}})));
+  EXPECT_FALSE(job(v).same_claim(job({})));
+  EXPECT_TRUE(job({}).same_claim(job({})));
+}
+
 TEST(RendezvousPlan, OneProcessNeedsNothing) {
   RendezvousPlan p = plan_rendezvous(environment_from({}), LaunchInfo{});
   EXPECT_EQ(p.method, RendezvousMethod::Single);

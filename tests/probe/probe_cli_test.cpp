@@ -30,6 +30,12 @@ TEST(ProbeCommand, TrueIsRecordedAndCudaOffIsSaidOnce) {
   size_t first = r.err.find("CUDA tracing was off");
   ASSERT_NE(first, std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("CUDA tracing was off", first + 1), std::string::npos) << r.err;
+  // No steps or epochs: the summary says how to mark them (issue 40), once.
+  const std::string hint = "zt probe: no steps or epochs found; to mark them: the zerotrace module in Python (with "
+                           "zerotrace.epoch(e): / with zerotrace.step(n):)";
+  const size_t at = r.err.find(hint);
+  EXPECT_NE(at, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(hint, at + 1), std::string::npos) << r.err;
   // A note of the run (in its config_json), not an error row: db info counts no error.
   EXPECT_EQ(sql_int(out, "SELECT count(*) FROM run, json_each(run.config_json, '$.notes') j WHERE j.value LIKE "
                          "'CUDA tracing was off: %'"),
@@ -100,7 +106,8 @@ TEST(ProbeCommand, RecordsAProgramsLeaksWithStacks) {
   std::string plain = dir.file("plain.db");
   r = zt_probe({"-o", plain, "--no-stacks", "--", ZT_PROBE_WORKLOAD, "leak", "4", std::to_string(2 << 20)});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(sql_int(plain, "SELECT count(*) FROM allocation WHERE t_free IS NULL"), 5);
+  // (Rows recorded one by one: sampled ones, allocations under the threshold, are counted apart.)
+  EXPECT_EQ(sql_int(plain, "SELECT count(*) FROM allocation WHERE t_free IS NULL AND weight_bytes IS NULL"), 5);
   EXPECT_EQ(sql_int(plain, "SELECT count(*) FROM allocation WHERE stack_id IS NOT NULL"), 0);
 }
 
@@ -151,7 +158,7 @@ TEST(ProbeCommand, AProgramThatCannotRunIsAnErrorAndTheOldTraceStays) {
   std::string out = dir.file("p.db");
   ASSERT_EQ(zt_probe({"-o", out, "--", ZT_PROBE_WORKLOAD, "leak", "4", std::to_string(2 << 20)}).code, 0);
   const std::string before = file_bytes(out);
-  ASSERT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE t_free IS NULL"), 5);
+  ASSERT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE t_free IS NULL AND weight_bytes IS NULL"), 5);
 
   std::string garbage = dir.file("garbage");
   std::ofstream(garbage) << "not a program";
@@ -205,15 +212,23 @@ TEST(ProbeCommand, ExecAndChildrenSayWhereTheDataWentAndMerge) {
   // The exit code went to the last image of the program's pid.
   EXPECT_EQ(sql_int(merged, "SELECT count(*) FROM run WHERE exit_code = 0"), 1);
 
-  // Children: one trace each, named, and the same merge line.
+  // The image before the exec is a helper of the process's rank; the last image is the rank.
+  EXPECT_NE(r.err.find("rank 0, after exec, process "), std::string::npos) << r.err;
+  EXPECT_EQ(sql_int(merged, "SELECT count(*) FROM rank WHERE role = 0"), 1);
+  EXPECT_EQ(sql_int(merged, "SELECT count(*) FROM rank WHERE role = 2"), 1);
+  EXPECT_EQ(allocations_in(merged, "zt_test_leak_buffers", "t_free IS NULL AND rank = 0").size(), 3u);
+
+  // Children: one trace each, named, and the same merge line. Without a launcher's variables the
+  // shell (the root) is the run's one rank and its children are helper processes, named by pid.
   std::string f = dir.file("f.db");
   std::string w = ZT_PROBE_WORKLOAD;
   r = zt_probe({"-o", f, "--", "/bin/sh", "-c", w + " leak 2 2097152 & " + w + " leak 1 2097152; wait"});
   ASSERT_EQ(r.code, 0) << r.err;
   size_t children = 0;
-  for (size_t p = r.err.find("child process "); p != std::string::npos; p = r.err.find("child process ", p + 1))
+  for (size_t p = r.err.find("helper process "); p != std::string::npos; p = r.err.find("helper process ", p + 1))
     ++children;
   EXPECT_EQ(children, 2u) << r.err;
+  EXPECT_NE(r.err.find("zt probe: rank 0: trace written to " + f + ": "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("this run's data is in 3 traces"), std::string::npos) << r.err;
 }
 

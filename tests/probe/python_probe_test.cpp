@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "../test_util.h"
 #include "probe_run_util.h"
@@ -110,6 +111,7 @@ TEST(ProbePython, ALoopThatKeeps4MiBAnEpochFailsTheLeakCheck) {
     const std::string out = dir.file(leak ? "leak.db" : "noleak.db");
     RunResult r = run_zt({"probe", "-o", out, "--", kPython, prog});
     ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.err.find("no steps or epochs found"), std::string::npos) << r.err;  // the module marked them
     auto check = run_command(std::string(ZT_EXE) + " check " + out + " --leaks 2>&1");
     if (leak) {
       EXPECT_EQ(check.code, 1) << check.out;
@@ -378,9 +380,10 @@ TEST(ProbePython, HonestFiguresOfAProbedPythonRun) {
   EXPECT_NE(info.find("note: CUDA tracing was off"), std::string::npos) << info;
   EXPECT_NE(info.find("errors: none"), std::string::npos) << info;
   EXPECT_EQ(info.find("peak allocated 0 B"), std::string::npos) << info;
-  EXPECT_NE(info.find("host memory of rank 0: resident set (RSS) peaked at "), std::string::npos) << info;
+  EXPECT_NE(info.find("host memory of rank 1: resident set (RSS) peaked at "), std::string::npos) << info;
   EXPECT_NE(info.find("allocations of 1.00 MiB or more (malloc, mmap) peaked at "), std::string::npos) << info;
-  // Merged: four process images, one world of 4 (not a world of 4 images).
+  // Merged: four process images, one rank (1, of a world of 4) and its three helpers (the
+  // subprocesses inherited RANK=1; they are not ranks of the job).
   const size_t at = r.err.find("zt db merge ");
   ASSERT_NE(at, std::string::npos) << r.err;
   std::string merge = r.err.substr(at + 3, r.err.find('\n', at) - at - 3);
@@ -388,10 +391,199 @@ TEST(ProbePython, HonestFiguresOfAProbedPythonRun) {
   ASSERT_EQ(m.code, 0) << m.out;
   const std::string merged = merge.substr(std::string("db merge ").size(), merge.find(' ', 9) - 9);
   const std::string minfo = db_info(merged);
-  EXPECT_NE(minfo.find("ranks: 4 (world size 4)"), std::string::npos) << minfo;
+  EXPECT_NE(minfo.find("ranks: 1 (world size 4); other processes: helper "), std::string::npos) << minfo;
+  EXPECT_EQ(sql_int(merged, "SELECT count(*) FROM rank WHERE role = 2 AND job_rank = 1"), 3);
+  EXPECT_EQ(sql_int(merged, "SELECT rank FROM rank WHERE role = 0"), 1);
   // Without launcher variables: one process is a world of 1, whatever it starts.
   RunResult one = run_zt({"probe", "-o", dir.file("one.db"), "--", kPython, dir.file("helpers.py")},
                      {{"RANK", nullptr}, {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr}});
   ASSERT_EQ(one.code, 0) << one.err;
   EXPECT_EQ(sql_int(dir.file("one.db"), "SELECT world_size FROM rank"), 1);
+}
+
+// Issue 40: the job's ranks, not the order processes started. A launcher without rank variables
+// starts rank 1 first, then rank 0 (as torchrun sets their variables); rank 1 starts a helper
+// that inherits them. In every run: each file is named by its rank in the summary, the merged
+// trace's ranks are 0 and 1 with each rank's own allocations, the launcher and the helper are
+// processes (not ranks), and the numbers are the same run after run.
+TEST(ProbePython, TheJobsRanksInEveryRunAndAfterTheMerge) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  write(dir.file("launch.py"),
+        "import os, subprocess, sys, time\n"
+        "base = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')}\n"
+        "worker = ('import os, subprocess, sys\\n'\n"
+        "          'r = int(os.environ[\"RANK\"])\\n'\n"
+        "          'kept = bytearray((2 + r) << 20)\\n'  # rank 0 holds 2 MiB, rank 1 3 MiB\n"
+        "          'if r == 1: subprocess.run([sys.executable, \"-c\", \"x = bytearray(5 << 20)\"], check=True)\\n')\n"
+        "procs = []\n"
+        "for r in (1, 0):\n"
+        "    env = dict(base, RANK=str(r), WORLD_SIZE='2', LOCAL_RANK=str(r), LOCAL_WORLD_SIZE='2')\n"
+        "    procs.append(subprocess.Popen([sys.executable, '-c', worker], env=env))\n"
+        "    time.sleep(0.3)\n"
+        "for p in procs:\n"
+        "    assert p.wait() == 0\n");
+  auto words = [](const std::string& line) {
+    std::vector<std::string> w;
+    std::istringstream in(line);
+    for (std::string x; in >> x;) w.push_back(x);
+    return w;
+  };
+  // A holds `bytes` (within 64 KiB) on key `rank` of `trace`.
+  auto holds = [](const std::string& trace, int rank, int64_t bytes) {
+    return sql_int(trace, "SELECT count(*) FROM allocation WHERE rank = " + std::to_string(rank) + " AND bytes BETWEEN " +
+                              std::to_string(bytes) + " AND " + std::to_string(bytes + 65536)) > 0;
+  };
+  std::vector<std::string> tables, rank1_traces;
+  for (const char* name : {"a", "b"}) {
+    const std::string out = dir.file(std::string(name) + ".db");
+    RunResult r = run_zt({"probe", "-o", out, "--", kPython, dir.file("launch.py")},
+                         {{"RANK", nullptr}, {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr}});
+    ASSERT_EQ(r.code, 0) << r.err;
+    // The summary names each file by its rank, the launcher and the helper by their pids.
+    EXPECT_NE(r.err.find("launcher process "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(": trace written to " + out + ": "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("zt probe: rank 0, child process "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("zt probe: rank 1, child process "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(" of rank 1: trace "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("this run's data is in 4 traces"), std::string::npos) << r.err;
+    // Each file already carries its key: the launcher's file is not rank 0.
+    EXPECT_EQ(sql_int(out, "SELECT role FROM rank"), 1);
+    EXPECT_EQ(sql_int(out, "SELECT rank FROM rank"), 2);
+
+    const size_t at = r.err.find("zt db merge ");
+    ASSERT_NE(at, std::string::npos) << r.err;
+    const std::vector<std::string> merge = words(r.err.substr(at, r.err.find('\n', at) - at));
+    ASSERT_EQ(merge.size(), 8u) << r.err;  // zt db merge OUT and four traces
+    auto m = run_command(std::string(ZT_EXE) + " " + r.err.substr(at + 3, r.err.find('\n', at) - at - 3) + " 2>&1");
+    ASSERT_EQ(m.code, 0) << m.out;
+    const std::string merged = merge[3];
+    tables.push_back(sql(merged, "SELECT group_concat(rank || ':' || role || ':' || coalesce(job_rank, '-') || ':' || "
+                                 "world_size, ' ') FROM (SELECT * FROM rank ORDER BY rank)")[0][0]);
+    // Ranks 0 and 1 of 2, then the launcher (key 2) and rank 1's helper (key 3).
+    EXPECT_EQ(tables.back(), "0:0:0:2 1:0:1:2 2:1:-:1 3:2:1:2") << r.err;
+    // Each rank's memory is its own: rank 1 held 3 MiB, rank 0 2 MiB, the helper 5 MiB.
+    EXPECT_TRUE(holds(merged, 1, 3 << 20)) << merged;
+    EXPECT_FALSE(holds(merged, 0, 3 << 20)) << merged;
+    EXPECT_TRUE(holds(merged, 0, 2 << 20)) << merged;
+    EXPECT_FALSE(holds(merged, 1, 2 << 20)) << merged;
+    EXPECT_TRUE(holds(merged, 3, 5 << 20)) << merged;
+    const std::string info = db_info(merged);
+    EXPECT_NE(info.find("ranks: 2 (world size 2); other processes: launcher "), std::string::npos) << info;
+    EXPECT_NE(info.find("helper "), std::string::npos) << info;
+    // The per-process file of rank 1, for the merge below.
+    for (size_t k = 4; k < merge.size(); ++k)
+      if (sql_int(merge[k], "SELECT count(*) FROM rank WHERE rank = 1 AND role = 0") == 1) rank1_traces.push_back(merge[k]);
+  }
+  EXPECT_EQ(tables[0], tables[1]);
+  // Two traces that both hold rank 1 (one from each run) are not one job: the merge says so.
+  ASSERT_EQ(rank1_traces.size(), 2u);
+  auto both = run_command(std::string(ZT_EXE) + " db merge " + dir.file("both.db") + " " + rank1_traces[0] + " " +
+                          rank1_traces[1] + " 2>&1");
+  EXPECT_EQ(both.code, 2) << both.out;
+  EXPECT_NE(both.out.find("merge: rank 1 is in both " + rank1_traces[0] + " (pid "), std::string::npos) << both.out;
+  EXPECT_FALSE(fs::exists(dir.file("both.db")));
+}
+
+// The communicator has the last word: children that no launcher variable names (as
+// torch.multiprocessing.spawn starts them) become the ranks init_process_group gives them, and
+// the parent that started them is the launcher. A stand-in torch.distributed (the zerotrace hook
+// patches its init_process_group as it patches torch's).
+TEST(ProbePython, TheCommunicatorsRankWithoutLauncherVariables) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  fs::create_directories(dir.file("fw/torch/distributed"));
+  write(dir.file("fw/torch/__init__.py"), "");
+  write(dir.file("fw/torch/distributed/__init__.py"),
+        "_s = {}\n"
+        "def init_process_group(backend=None, rank=-1, world_size=-1, **kw):\n"
+        "    _s.update(rank=rank, world=world_size)\n"
+        "def get_rank(): return _s['rank']\n"
+        "def get_world_size(): return _s['world']\n");
+  write(dir.file("spawn.py"),
+        "import subprocess, sys, time\n"
+        "worker = ('import sys, torch.distributed as dist\\n'\n"
+        "          'r = int(sys.argv[1])\\n'\n"
+        "          'dist.init_process_group(\"gloo\", rank=r, world_size=2)\\n'\n"
+        "          'kept = bytearray((2 + r) << 20)\\n')\n"
+        "procs = []\n"
+        "for r in (1, 0):\n"
+        "    procs.append(subprocess.Popen([sys.executable, '-c', worker, str(r)]))\n"
+        "    time.sleep(0.3)\n"
+        "for p in procs:\n"
+        "    assert p.wait() == 0\n");
+  const std::string fw = dir.file("fw");
+  const std::string out = dir.file("s.db");
+  RunResult r = run_zt({"probe", "-o", out, "--", kPython, dir.file("spawn.py")},
+                       {{"PYTHONPATH", fw.c_str()}, {"RANK", nullptr}, {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("launcher process "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zt probe: rank 0, child process "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zt probe: rank 1, child process "), std::string::npos) << r.err;
+  // Each child's file is its rank, with the communicator's world size.
+  int found = 0;
+  for (auto& e : fs::directory_iterator(dir.path())) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("s.pid", 0) != 0 || n.size() < 3 || n.substr(n.size() - 3) != ".db") continue;
+    const int64_t k = sql_int(e.path().string(), "SELECT rank FROM rank WHERE role = 0 AND job_rank = rank AND world_size = 2");
+    EXPECT_EQ(sql_int(e.path().string(), "SELECT count(*) FROM allocation WHERE rank = " + std::to_string(k) +
+                                             " AND bytes BETWEEN " + std::to_string((2 + k) << 20) + " AND " +
+                                             std::to_string(((2 + k) << 20) + 65536)),
+              1)
+        << n;
+    ++found;
+  }
+  EXPECT_EQ(found, 2);
+  EXPECT_EQ(sql_int(out, "SELECT role FROM rank"), 1);
+}
+
+// srun inside sbatch: the batch shell runs as task 0 (SLURM_PROCID=0), and srun's tasks, with the
+// same variables, are started by slurmstepd, not by it. A stand-in: the root has task 0's
+// variables and a double fork (so the root is no ancestor of theirs) starts tasks 1 and 0. The
+// tasks are ranks 1 and 0; the root, whose claim they share but did not inherit from it, is the
+// launcher. Nested: the same root's children with torchrun's RANK are torchrun's ranks (RANK
+// comes first), and the root is their launcher.
+TEST(ProbePython, SrunsBatchShellIsTheLauncherNotTaskZero) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  write(dir.file("srun.py"),
+        "import os, subprocess, sys\n"
+        "r, w = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    if os.fork() == 0:\n"
+        "        procs = []\n"
+        "        for t in (1, 0):\n"
+        "            env = dict(os.environ, SLURM_PROCID=str(t), SLURM_NTASKS='2', SLURM_LOCALID=str(t))\n"
+        "            procs.append(subprocess.Popen([sys.executable, '-c', 'kept = bytearray((2 + %d) << 20)' % t], env=env))\n"
+        "        for p in procs: p.wait()\n"
+        "        os.write(w, b'x')\n"
+        "        os._exit(0)\n"
+        "    os._exit(0)\n"
+        "os.close(w)\n"
+        "os.read(r, 1)\n");
+  const std::string out = dir.file("s.db");
+  RunResult r = run_zt({"probe", "-o", out, "--", kPython, dir.file("srun.py")},
+                       {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"RANK", nullptr},
+                        {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("launcher process "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zt probe: rank 0, child process "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zt probe: rank 1, child process "), std::string::npos) << r.err;
+  EXPECT_EQ(sql_int(out, "SELECT role FROM rank"), 1);
+
+  write(dir.file("nested.py"),
+        "import os, subprocess, sys\n"
+        "procs = [subprocess.Popen([sys.executable, '-c', 'x = bytearray(3 << 20)'],\n"
+        "                          env=dict(os.environ, RANK=str(t), WORLD_SIZE='2', LOCAL_RANK=str(t)))\n"
+        "         for t in (1, 0)]\n"
+        "for p in procs: p.wait()\n"
+        "x = bytearray(2 << 20)\n");
+  const std::string nested = dir.file("n.db");
+  r = run_zt({"probe", "-o", nested, "--", kPython, dir.file("nested.py")},
+             {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "0"}, {"RANK", nullptr},
+              {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(sql_int(nested, "SELECT role FROM rank"), 1) << r.err;
+  EXPECT_NE(r.err.find("launcher process "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zt probe: rank 1, child process "), std::string::npos) << r.err;
 }

@@ -321,3 +321,92 @@ TEST(Recorder, AWriterThatFailsIsReportedByClose) {
   zt::test::TempDir dir;
   EXPECT_EXIT(write_past_the_file_size_limit(dir.file("full.db")), ::testing::ExitedWithCode(0), "");
 }
+
+// Issue 40, a silent loss: an address free waited for the drain while a new allocation at the
+// same address took the address table at once; drained in one cycle, the free closed the new
+// row (before it was made) and the old one stayed open, and the reader refused the whole file.
+TEST(Recorder, AnAddressFreeClosesTheAllocationLiveAtItsTime) {
+  zt::test::TempDir dir;
+  RecorderOptions o;
+  o.path = dir.file("t.db");
+  o.command_line = "recorder_test";
+  o.crash_handlers = false;
+  o.commit_interval_ms = 60000;  // one drain, at close: the three events meet in one cycle
+  std::unique_ptr<Recorder> rec;
+  ASSERT_TRUE(Recorder::open(o, &rec).ok());
+  rec->add_rank(0, 1);
+  DeviceId cpu = rec->add_device(0, DeviceKind::Cpu, 0, "cpu", "host", std::nullopt, false);
+  auto host_alloc = [&](int64_t t) {
+    AllocEvent a;
+    a.device = cpu;
+    a.memory_kind = MemoryKind::PinnedHost;
+    a.level = AllocLevel::Segment;
+    a.address = 0x7000;
+    a.bytes = 4096;
+    a.free_by_address = true;
+    a.t = t;
+    return rec->alloc(a);
+  };
+  const AllocId first = host_alloc(1000);
+  rec->free_address(cpu, 0x7000, 2000);
+  const AllocId second = host_alloc(3000);
+  // A free from another thread's ring, in the same cycle, of a later allocation there.
+  const AllocId third = host_alloc(5000);
+  std::thread([&] { rec->free_address(cpu, 0x7000, 6000); }).join();
+  ASSERT_TRUE(rec->close().ok());
+  auto r = open_reader(o.path);  // refused before: "t_free ... is before t_alloc"
+  ASSERT_TRUE(r);
+  EXPECT_EQ(scalar(*r, "SELECT t_free FROM allocation WHERE id = " + std::to_string(first)), "2000");
+  EXPECT_EQ(scalar(*r, "SELECT t_free FROM allocation WHERE id = " + std::to_string(third)), "6000");
+  EXPECT_EQ(scalar(*r, "SELECT count(*) FROM allocation WHERE t_free IS NULL"), "1");
+  EXPECT_EQ(scalar(*r, "SELECT t_free IS NULL FROM allocation WHERE id = " + std::to_string(second)), "1");
+  EXPECT_EQ(scalar(*r, "SELECT count(*) FROM allocation WHERE t_free < t_alloc"), "0");
+  EXPECT_EQ(scalar(*r, "SELECT count(*) FROM dropped"), "0");
+}
+
+// Issue 40: the ring narrowed ranks to 16 bits; db/SCHEMA.md allows 2^20 - 1.
+TEST(Recorder, RanksPast16BitsArriveWhole) {
+  zt::test::TempDir dir;
+  auto rec = open_recorder(dir.file("t.db"));
+  const int rank = (1 << 20) - 1;
+  rec->add_rank(rank, 1 << 20);
+  DeviceId gpu = rec->add_device(rank, DeviceKind::Sim, 0, "cuda:0", "", std::nullopt, true);
+  AllocEvent a;
+  a.rank = rank;
+  a.device = gpu;
+  a.bytes = 64;
+  rec->alloc(a);
+  rec->counter(70000, gpu, rec->intern("allocated"), 64.0);
+  MarkerId m = rec->marker_begin({65536, MarkerKind::Phase, rec->intern("step"), 1, -1, -1, 0});
+  rec->marker_end(m);
+  ASSERT_TRUE(rec->close().ok());
+  auto r = open_reader(dir.file("t.db"));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(scalar(*r, "SELECT rank FROM allocation"), std::to_string(rank));
+  EXPECT_EQ(scalar(*r, "SELECT rank FROM counter"), "70000");
+  EXPECT_EQ(scalar(*r, "SELECT rank FROM marker"), "65536");
+}
+
+// Issue 40: error() gives up on the slow path's lock after 500 ms (a thread stopped or dying
+// inside the recorder holds it); the row it gave up was lost without a trace. It is counted now.
+TEST(Recorder, AnErrorGivenUpOnTheLockIsCounted) {
+  zt::test::TempDir dir;
+  auto rec = open_recorder(dir.file("t.db"));
+  rec->add_rank(0, 1);
+  {
+    auto held = rec->hold_slow_path_lock_for_testing();
+    std::thread([&] {
+      ErrorRow e;
+      e.message = "recorded while the lock was held";
+      rec->error(e);
+    }).join();
+  }
+  ErrorRow e;
+  e.message = "recorded after";
+  rec->error(e);
+  ASSERT_TRUE(rec->close().ok());
+  auto r = open_reader(dir.file("t.db"));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(scalar(*r, "SELECT group_concat(message) FROM error"), "recorded after");
+  EXPECT_EQ(scalar(*r, "SELECT sum(events) FROM dropped WHERE reason LIKE 'error rows not recorded%'"), "1");
+}

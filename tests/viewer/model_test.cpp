@@ -234,6 +234,38 @@ TEST(PythonLeak, TheLeaksViewNamesTheSiteOfEachGroup) {
   EXPECT_EQ(m->site(0), "");
 }
 
+// The leaks view groups by the site zt check and zt db top use (zt/db/sites.h): one Python line's
+// allocations through two native paths are one row, and a sampled row counts for its weight.
+TEST(PythonLeak, TheLeaksViewGroupsBySiteAndCountsSampledRowsByWeight) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("lib.db");
+  ASSERT_TRUE(zt::test::write_library_trace(path));
+  std::unique_ptr<TraceModel> m;
+  ASSERT_TRUE(TraceModel::load(path, &m).ok());
+  auto leaks = find_leaks(*m);
+  const LeakGroup* line = nullptr;
+  const LeakGroup* numpy = nullptr;
+  for (auto& g : leaks) {
+    if (g.site == "compute_loss (/w/hf_job.py:36)") line = &g;
+    if (g.site == "compute_loss (/w/hf_job.py:36) via numpy ones") numpy = &g;
+  }
+  ASSERT_NE(line, nullptr);
+  EXPECT_EQ(line->alive_count, 2);
+  EXPECT_EQ(line->sampled, 1);
+  EXPECT_EQ(line->alive_bytes, (512 << 10) + (64 << 10));
+  ASSERT_NE(numpy, nullptr);
+  EXPECT_EQ(numpy->alive_count, 2);
+  EXPECT_EQ(numpy->alive_bytes, 3 << 20 >> 1);
+  EXPECT_EQ(leaks.size(), 5u);
+  // The host memory line is exact: the rows recorded one by one (3 x 2 MiB and 64 KiB), not the samples.
+  const SeriesRef* pageable = nullptr;
+  for (auto& t : m->tracks)
+    for (auto& s : t.series)
+      if (t.kind == TrackKind::HostMemory && s.name == "pageable") pageable = &s;
+  ASSERT_NE(pageable, nullptr);
+  EXPECT_EQ(m->series[size_t(pageable->series)].peak, double((6 << 20) + (64 << 10)));
+}
+
 TEST_F(KnownTraceTest, PlacementFlagsTheGradientPartitionOnTheWrongDevice) {
   auto rows = placement_timeline(*model_, 1000);
   ASSERT_GE(rows.size(), 4u);
@@ -529,4 +561,37 @@ TEST(TraceModelProbed, DerivedStepsNavigateAndModuleGlobalsAndNotesAreNotDrawn) 
   EXPECT_EQ(m->step_end(3), 155060298970);   // the fourth optimizer step's end
   for (size_t i = 0; i < m->alloc.size(); ++i) EXPECT_NE(m->alloc.id[i], 5046);
   EXPECT_TRUE(m->flags.empty());
+}
+
+// A launcher's or helper's key is not a rank (rank.role): its tracks are named by role and pid.
+TEST(TraceModelRun, ALaunchersTracksAreNamedByItsPidNotAsARank) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("job.db");
+  std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "python3 launch.py");
+  ASSERT_NE(w, nullptr);
+  RankRow launcher{2, 1, 1, std::nullopt, "h", 77};
+  launcher.role = RankRole::Launcher;
+  w->insert(launcher);
+  RankRow helper{3, 1, 2, std::nullopt, "h", 78};
+  helper.role = RankRole::Helper;
+  helper.job_rank = 0;
+  w->insert(helper);
+  w->insert(DeviceRow{1, 2, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+  w->insert(DeviceRow{2, 3, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+  w->insert(StringRow{1, "host_rss"});
+  w->insert(CounterRow{1, 2, 1, 1, 100, double(1 << 20)});
+  w->insert(CounterRow{2, 3, 2, 1, 100, double(2 << 20)});
+  std::unique_ptr<TraceModel> m = finish_and_load(*w, path);
+  ASSERT_NE(m, nullptr);
+  std::vector<std::string> titles;
+  for (const Track& t : m->tracks) titles.push_back(t.title);
+  auto has = [&](const std::string& prefix) {
+    for (auto& t : titles)
+      if (t.rfind(prefix, 0) == 0) return true;
+    return false;
+  };
+  EXPECT_TRUE(has("launcher process 77 · host memory")) << ::testing::PrintToString(titles);
+  EXPECT_TRUE(has("helper process 78 of rank 0 · host memory")) << ::testing::PrintToString(titles);
+  EXPECT_FALSE(has("rank 2 ·")) << ::testing::PrintToString(titles);
 }

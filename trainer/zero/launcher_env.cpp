@@ -188,6 +188,130 @@ LaunchInfo read_launch_info(const EnvLookup& env) {
   return found[0];
 }
 
+// ---- the job's rank of a probed process ----------------------------------------------------
+
+namespace {
+
+struct JobRankVars {
+  const char* name;        // "torchrun"
+  const char* rank;        // "RANK"
+  const char* world;       // "WORLD_SIZE"
+  const char* local_rank;  // "LOCAL_RANK" (may be null)
+  const char* alt_world;   // a second world-size variable, read when `world` is unset (may be null)
+};
+
+// In precedence order (launcher_env.h).
+constexpr JobRankVars kJobRankSets[] = {
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", nullptr},
+    {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", nullptr},
+    {"mvapich", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK", nullptr},
+    {"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", nullptr},
+    {"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+    {"local", "LOCAL_RANK", "LOCAL_WORLD_SIZE", nullptr, "LOCAL_SIZE"},
+};
+
+// A decimal integer >= 0 that fits an int, or nullopt.
+std::optional<int> count_of(const std::string& v) {
+  if (v.empty() || v.size() > 10) return std::nullopt;
+  long long n = 0;
+  for (char c : v) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + (c - '0');
+  }
+  if (n > std::numeric_limits<int>::max()) return std::nullopt;
+  return int(n);
+}
+
+// One set, or nullopt where its rank variable is unset or unreadable (a note says which).
+std::optional<JobRank> read_job_set(const EnvLookup& env, const JobRankVars& l, std::vector<std::string>* notes) {
+  const auto rank = env(l.rank);
+  if (!rank) return std::nullopt;
+  if (std::string(l.name) == "local" && env("RANK")) return std::nullopt;  // LOCAL_RANK belongs to torchrun's set
+  const auto r = count_of(*rank);
+  if (!r) {
+    notes->push_back(std::string(l.rank) + "='" + *rank + "' is not a decimal integer >= 0: " + l.name +
+                     "'s variables were ignored");
+    return std::nullopt;
+  }
+  JobRank j;
+  j.has_rank = true;
+  j.launcher = l.name;
+  j.rank = *r;
+  j.variables = std::string(l.rank) + "=" + *rank;
+  const char* world_var = l.world;
+  auto world = env(l.world);
+  if (!world && l.alt_world && (world = env(l.alt_world))) world_var = l.alt_world;
+  if (world) {
+    j.variables += std::string(" ") + world_var + "=" + *world;
+    const auto w = count_of(*world);
+    if (!w || *w < 1)
+      notes->push_back(std::string(world_var) + "='" + *world + "' is not a world size (an integer >= 1): not known");
+    else if (*r >= *w)
+      notes->push_back(std::string(l.rank) + "=" + *rank + " is not below " + world_var + "=" + *world +
+                       ": the world size is not known");
+    else
+      j.world_size = *w;
+  } else {
+    notes->push_back(std::string(l.world) + " is not set: the world size is not known");
+  }
+  if (l.local_rank) {
+    if (auto lr = env(l.local_rank)) {
+      j.variables += std::string(" ") + l.local_rank + "=" + *lr;
+      j.local_rank = count_of(*lr);
+      if (!j.local_rank) notes->push_back(std::string(l.local_rank) + "='" + *lr + "' is not a local rank: not known");
+    }
+  } else {
+    j.local_rank = j.rank;  // "local": the rank is the local rank
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string JobRank::describe() const {
+  if (!has_rank) return "no rank variables";
+  std::string s = "rank " + std::to_string(rank) + (world_size > 0 ? " of " + std::to_string(world_size) : "");
+  if (local_rank) s += " (local rank " + std::to_string(*local_rank) + ")";
+  return s + " from " + launcher + " (" + variables + ")";
+}
+
+JobRank read_job_rank(const EnvLookup& env) {
+  JobRank out;
+  std::vector<std::string> notes;
+  if (auto chosen = env("ZT_LAUNCHER")) {
+    const std::string c = trim(*chosen);
+    if (c == "none") return out;
+    for (const JobRankVars& l : kJobRankSets) {
+      if (c != l.name) continue;
+      if (std::optional<JobRank> j = read_job_set(env, l, &notes)) out = *j;
+      else notes.push_back("ZT_LAUNCHER=" + c + " but " + l.rank + " is not set (or not a rank)");
+      out.notes.insert(out.notes.begin(), notes.begin(), notes.end());
+      return out;
+    }
+    notes.push_back("ZT_LAUNCHER='" + *chosen +
+                    "' is not one of torchrun, mpirun, mvapich, mpich, srun, local or none: ignored");
+  }
+  bool chose = false;
+  const char* chosen_var = "";
+  for (const JobRankVars& l : kJobRankSets) {
+    std::vector<std::string> set_notes;
+    std::optional<JobRank> j = read_job_set(env, l, &set_notes);
+    if (!chose) {
+      notes.insert(notes.end(), set_notes.begin(), set_notes.end());
+      if (j) {
+        out = *j;
+        chose = true;
+        chosen_var = l.rank;
+      }
+    } else if (j && j->rank != out.rank) {
+      notes.push_back(std::string(l.rank) + "=" + std::to_string(j->rank) + " ignored: " + chosen_var + " (" +
+                      out.launcher + ") comes first");
+    }
+  }
+  out.notes = notes;
+  return out;
+}
+
 // ---- rendezvous plan ------------------------------------------------------------------------
 
 namespace {

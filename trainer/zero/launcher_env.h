@@ -3,9 +3,11 @@
 // the unit tests run it on any machine.
 //
 // Owns: reading the launcher's variables (torchrun, mpirun/OpenMPI, Slurm srun) into a rank,
-// world size and local rank; choosing the rendezvous (NCCL_COMM_ID, a shared file, or none for
+// world size and local rank (read_launch_info, strict: the trainer's communicator; read_job_rank,
+// lenient and with more launchers: the probe's rank of a recorded process); choosing the rendezvous (NCCL_COMM_ID, a shared file, or none for
 // one process); the rendezvous-file protocol.
-// May call: the C library and POSIX files. Called by: trainer/cuda/nccl_communicator.cpp, tests.
+// May call: the C library and POSIX files. Called by: trainer/cuda/nccl_communicator.cpp, the probe
+// (probe/src/inject/probe_main.cpp), tests.
 //
 // Launcher variables (each set is complete or absent; every value a decimal integer >= 0):
 //   torchrun          RANK, WORLD_SIZE, LOCAL_RANK              (+ LOCAL_WORLD_SIZE, optional)
@@ -81,6 +83,50 @@ struct LaunchInfo {
 // Throws LaunchError for a partial set, a non-numeric or out-of-range value, launchers that
 // disagree, or an unknown ZT_LAUNCHER.
 LaunchInfo read_launch_info(const EnvLookup& env);
+
+// ---- the job's rank of a probed process (zt probe) ------------------------------------------
+// Under `zt probe` every process of a job is recorded: the launcher, its ranks, the helpers they
+// start. read_job_rank says which rank of the job this process's launcher variables name. Unlike
+// read_launch_info it never throws (a probe records whatever it is given) and it reads more
+// launchers. When several sets are present the first of this list wins, innermost launcher first
+// (torchrun and DeepSpeed start their workers inside an srun or mpirun allocation, never the other
+// way round, so the variables a process was given last come first):
+//   1. torchrun   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE: torchrun and
+//                 python -m torch.distributed.run (the elastic agent), accelerate launch (torchrun
+//                 underneath), DeepSpeed's launcher (deepspeed.launcher.launch: RANK, LOCAL_RANK,
+//                 WORLD_SIZE, and LOCAL_SIZE instead of LOCAL_WORLD_SIZE)
+//   2. mpirun     OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK (OpenMPI,
+//                 DeepSpeed's OpenMPI runner)
+//   3. mvapich    MV2_COMM_WORLD_RANK, MV2_COMM_WORLD_SIZE, MV2_COMM_WORLD_LOCAL_RANK (MVAPICH2,
+//                 DeepSpeed's MVAPICH runner)
+//   4. mpich      PMI_RANK, PMI_SIZE, MPI_LOCALRANKID (MPICH's and Intel MPI's Hydra, srun --mpi=pmi2,
+//                 DeepSpeed's MPICH runner)
+//   5. srun       SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (also sbatch's batch shell, which runs as
+//                 task 0 of the job)
+//   6. local      LOCAL_RANK alone, without RANK (a one-node launcher): the rank is the local rank,
+//                 the world LOCAL_WORLD_SIZE
+// A set is present when its rank variable is set. A rank that is not a decimal integer >= 0 skips
+// its set (the next one is read) and says so in `notes`; a world size that is missing or unreadable
+// is 0 (unknown); a rank not below its world size makes the world size unknown too. Every set
+// present but not chosen is named in `notes` when it names another rank ("SLURM_PROCID=0 ignored:
+// RANK comes first"). ZT_LAUNCHER=torchrun|mpirun|mvapich|mpich|srun|local reads only that set;
+// ZT_LAUNCHER=none says this process is no rank (every launcher variable ignored).
+struct JobRank {
+  bool has_rank = false;  // false: no launcher variable names a rank of this process
+  int rank = 0;
+  int world_size = 0;             // 0: not known
+  std::optional<int> local_rank;  // when the launcher said
+  std::string launcher;           // "torchrun", "mpirun", "mvapich", "mpich", "srun", "local"; "" without a rank
+  std::string variables;          // what was read: "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1"
+  std::vector<std::string> notes;  // what was odd or ignored, one sentence each
+  // The same claim: launcher, rank and world size (what a child that inherited the variables has).
+  bool same_claim(const JobRank& o) const {
+    return has_rank == o.has_rank && launcher == o.launcher && rank == o.rank && world_size == o.world_size;
+  }
+  // "rank 1 of 2 (local rank 1) from torchrun (RANK=1 WORLD_SIZE=2 LOCAL_RANK=1)", "no rank variables"
+  std::string describe() const;
+};
+JobRank read_job_rank(const EnvLookup& env);
 
 enum class RendezvousMethod { Single, NcclCommId, File };
 

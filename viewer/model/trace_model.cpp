@@ -290,6 +290,11 @@ Status TraceModel::read_all(LoadProgress* progress) {
   std::unordered_map<int64_t, int32_t> dev_index;
   std::set<int> rank_set;
   for (auto& rr : rank_rows) rank_set.insert(int(rr.rank));
+  process_names_.clear();
+  for (auto& rr : rank_rows)
+    if (rr.role != db::RankRole::Rank)
+      process_names_[int(rr.rank)] = std::string(db::to_string(rr.role)) + " process " + std::to_string(rr.pid) +
+                                     (rr.job_rank ? " of rank " + std::to_string(*rr.job_rank) : "");
   for (auto& d : dev_rows) {
     dev_index[d.id] = int32_t(devices.size());
     DeviceInfo info;
@@ -318,12 +323,15 @@ Status TraceModel::read_all(LoadProgress* progress) {
     Allocations& a = alloc;
     int64_t n = estimate_rows(second->handle(), "allocation");
     std::vector<int64_t> segment_of;
-    reserve_all(n, a.id, a.t_alloc, a.t_free, a.bytes, a.stack, a.device, a.name, a.kind, a.level, a.freed, segment_of);
+    reserve_all(n, a.id, a.t_alloc, a.t_free, a.bytes, a.weight, a.stack, a.device, a.name, a.kind, a.level, a.freed,
+                segment_of);
     alloc_status = stream(
         second->handle(), path_, "allocation",
         // A CUDA module's globals are not the program's allocations (db/SCHEMA.md): not drawn.
-        (std::string("SELECT id,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id,segment_id,id FROM "
-                     "allocation WHERE NOT ") + db::kModuleGlobalSql).c_str(), progress,
+        (std::string("SELECT id,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id,segment_id,") +
+         (second->has_weights() ? "weight_bytes" : "NULL") + ",id FROM allocation WHERE NOT " + db::kModuleGlobalSql)
+            .c_str(),
+        progress,
         &alloc_rows, [&](sqlite3_stmt* st) {
           a.id.push_back(sqlite3_column_int64(st, 0));
           a.device.push_back(dev(sqlite3_column_int64(st, 1)));
@@ -337,6 +345,7 @@ Status TraceModel::read_all(LoadProgress* progress) {
           a.name.push_back(name_index(col_or(st, 7, 0)));
           a.stack.push_back(col_or(st, 8, 0));
           segment_of.push_back(col_or(st, 9, 0));
+          a.weight.push_back(std::max(a.bytes.back(), col_or(st, 10, 0)));
         });
     if (!alloc_status) return;
     std::vector<int64_t> containers;
@@ -353,6 +362,7 @@ Status TraceModel::read_all(LoadProgress* progress) {
     }
     auto order = sort_order(a.t_alloc);
     permute(a.id, order), permute(a.t_alloc, order), permute(a.t_free, order), permute(a.bytes, order);
+    permute(a.weight, order);
     permute(a.stack, order), permute(a.device, order), permute(a.name, order), permute(a.kind, order);
     permute(a.level, order), permute(a.freed, order), permute(a.in_segment, order);
     permute(a.holds_blocks, order), permute(a.second_record, order);
@@ -554,6 +564,9 @@ void TraceModel::build_tracks() {
       } else if (kind == MemoryKind::PinnedHost || kind == MemoryKind::PageableHost) {
         // A host block inside a recorded segment is already counted by the segment.
         if (!segment && alloc.in_segment[i]) continue;
+        // A sampled row (the probe's byte sampler) is an estimate's share, not memory the line
+        // can add exactly (db/SCHEMA.md, "Sampled rows"): the leaks view counts it, the line does not.
+        if (alloc.weight[i] != alloc.bytes[i]) continue;
         members[size_t(d)][kind == MemoryKind::PinnedHost ? kPinned : kPageable].push_back(i);
       }
     }
@@ -634,13 +647,13 @@ void TraceModel::build_tracks() {
     Track& t = marker_tracks[k];
     t.kind = TrackKind::Markers;
     t.rank = r;
-    t.title = "rank " + std::to_string(r) + " · epochs, steps, phases";
+    t.title = rank_title(r) + " · epochs, steps, phases";
     t.lanes.resize(2);
     t.lane_names = {"epochs", "steps"};
     Track& x = transfer_tracks[k];
     x.kind = TrackKind::Transfers;
     x.rank = r;
-    x.title = "rank " + std::to_string(r) + " · transfers";
+    x.title = rank_title(r) + " · transfers";
     x.lanes.resize(kDirectionCount);
     for (int d = 0; d < kDirectionCount; ++d) x.lane_names.push_back(to_string(Direction(d)));
   }
@@ -728,8 +741,8 @@ void TraceModel::build_tracks() {
       mem.rank = r;
       mem.device = int(d);
       mem.capacity = info.capacity;
-      mem.title = info.host ? "rank " + std::to_string(r) + " · host memory (" + info.label + ")"
-                            : "rank " + std::to_string(r) + " · " + info.label + " memory";
+      mem.title = info.host ? rank_title(r) + " · host memory (" + info.label + ")"
+                            : rank_title(r) + " · " + info.label + " memory";
       static const char* names[] = {"allocated", "reserved", "pinned", "pageable"};
       for (int k = 0; k < kKinds; ++k)
         if (series_of[d][k] >= 0) mem.series.push_back({names[k], series_of[d][k]});
@@ -741,7 +754,7 @@ void TraceModel::build_tracks() {
         at.kind = TrackKind::Allocations;
         at.rank = r;
         at.device = int(d);
-        at.title = "rank " + std::to_string(r) + " · " + info.label + " allocations";
+        at.title = rank_title(r) + " · " + info.label + " allocations";
         at.lane_names.assign(at.lanes.size(), "");
         tracks.push_back(std::move(at));
       }
@@ -750,7 +763,7 @@ void TraceModel::build_tracks() {
         kt.kind = TrackKind::Kernels;
         kt.rank = r;
         kt.device = int(d);
-        kt.title = "rank " + std::to_string(r) + " · " + info.label + " kernels";
+        kt.title = rank_title(r) + " · " + info.label + " kernels";
         kt.lane_names.assign(kt.lanes.size(), "");
         tracks.push_back(std::move(kt));
       }
@@ -759,7 +772,7 @@ void TraceModel::build_tracks() {
     Track flags_track;
     flags_track.kind = TrackKind::Flags;
     flags_track.rank = r;
-    flags_track.title = "rank " + std::to_string(r) + " · faults and errors";
+    flags_track.title = rank_title(r) + " · faults and errors";
     tracks.push_back(std::move(flags_track));
   }
 }

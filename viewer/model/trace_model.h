@@ -40,6 +40,9 @@ struct DeviceInfo {
 
 struct Allocations {
   std::vector<int64_t> id, t_alloc, t_free, bytes, stack;
+  // The bytes a row counts for in an estimate by site (the leaks view): a sampled row's weight
+  // (allocation.weight_bytes, the probe's byte sampler), else its bytes.
+  std::vector<int64_t> weight;
   std::vector<int32_t> device, name;  // device: index into TraceModel::devices
   std::vector<uint8_t> kind, level, family, freed;
   // in_segment: a block carved from a recorded segment; holds_blocks: a segment that blocks
@@ -186,6 +189,13 @@ class TraceModel {
     return it == string_index_.end() ? 0 : it->second;
   }
   std::vector<int> rank_list_;  // the ranks the trace has (rank and device rows), ascending
+  // What a track of key r is called: "rank r", or a launcher's or helper's role and pid (rank.role:
+  // its key is not a rank).
+  std::unordered_map<int, std::string> process_names_;
+  std::string rank_title(int r) const {
+    auto it = process_names_.find(r);
+    return it != process_names_.end() ? it->second : "rank " + std::to_string(r);
+  }
   mutable std::unique_ptr<db::StackSites> sites_;
   mutable std::unordered_map<int64_t, std::string> site_text_;
   struct ExtraCounter {

@@ -18,11 +18,12 @@ const char* to_string(Outcome o) {
     case Outcome::Pass: return "PASS";
     case Outcome::Fail: return "FAIL";
     case Outcome::Skip: return "SKIP";
+    case Outcome::CannotRun: return "CANNOT RUN";
   }
   return "?";
 }
 
-bool Report::failed() const { return count(Outcome::Fail) > 0; }
+bool Report::failed() const { return count(Outcome::Fail) > 0 || count(Outcome::CannotRun) > 0; }
 
 int Report::count(Outcome o) const {
   int n = 0;
@@ -41,6 +42,8 @@ Status run_checks(const std::string& trace_path, const Options& options, Report*
     CheckResult r;
     Status s = fn(&r);
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // A check the command line asked for that could not look does not pass.
+    if (!all && r.outcome == Outcome::Skip) r.outcome = Outcome::CannotRun;
     if (s) out->checks.push_back(std::move(r));
     return s;
   };
@@ -71,21 +74,22 @@ std::string format_text(const Report& report) {
     for (auto& x : c.context) out += "    " + indented(x, "    ") + "\n";
   }
   const int failed = report.count(Outcome::Fail), passed = report.count(Outcome::Pass),
-            skipped = report.count(Outcome::Skip);
+            skipped = report.count(Outcome::Skip), cannot = report.count(Outcome::CannotRun);
   out += "zt check: ";
-  if (failed) {
-    out += "FAILED (";
-    bool first = true;
+  auto names = [&](Outcome o) {
+    std::string n;
     for (auto& c : report.checks)
-      if (c.outcome == Outcome::Fail) {
-        out += (first ? "" : ", ") + c.name;
-        first = false;
-      }
-    out += " failed";
+      if (c.outcome == o) n += (n.empty() ? "" : ", ") + c.name;
+    return n;
+  };
+  if (failed || cannot) {
+    out += "FAILED (";
+    if (failed) out += names(Outcome::Fail) + " failed, ";
+    if (cannot) out += names(Outcome::CannotRun) + " could not run, ";
   } else {
     out += "ok (";
   }
-  out += std::string(failed ? ", " : "") + std::to_string(passed) + " passed";
+  out += std::to_string(passed) + " passed";
   if (skipped) out += ", " + std::to_string(skipped) + " skipped";
   out += ")\n";
   return out;
@@ -122,11 +126,12 @@ std::string seconds(double s) {
 }  // namespace
 
 std::string junit_xml(const Report& report) {
-  const int failures = report.count(Outcome::Fail), skipped = report.count(Outcome::Skip);
+  const int failures = report.count(Outcome::Fail), skipped = report.count(Outcome::Skip),
+            errors = report.count(Outcome::CannotRun);
   double total = 0;
   for (auto& c : report.checks) total += c.seconds;
   const std::string counts = " tests=\"" + std::to_string(report.checks.size()) + "\" failures=\"" +
-                             std::to_string(failures) + "\" errors=\"0\" skipped=\"" + std::to_string(skipped) +
+                             std::to_string(failures) + "\" errors=\"" + std::to_string(errors) + "\" skipped=\"" + std::to_string(skipped) +
                              "\" time=\"" + seconds(total) + "\"";
   std::string o = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   o += "<testsuites name=\"zt check\"" + counts + ">\n";
@@ -139,12 +144,16 @@ std::string junit_xml(const Report& report) {
       continue;
     }
     o += ">\n";
+    std::string body;
+    for (auto& f : c.findings) body += f + "\n";
+    for (auto& x : c.context) body += "  " + x + "\n";
     if (c.outcome == Outcome::Skip) {
       o += "      <skipped message=\"" + xml(c.summary, true) + "\"/>\n";
+    } else if (c.outcome == Outcome::CannotRun) {
+      // Named on the command line and could not look: an error of the test, not a skip.
+      o += "      <error message=\"" + xml(c.summary, true) + "\" type=\"cannot run\">" + xml(body, false) +
+           "</error>\n";
     } else {
-      std::string body;
-      for (auto& f : c.findings) body += f + "\n";
-      for (auto& x : c.context) body += "  " + x + "\n";
       o += "      <failure message=\"" + xml(c.summary, true) + "\" type=\"" + xml(c.name, true) + "\">" +
            xml(body, false) + "</failure>\n";
     }

@@ -1,8 +1,14 @@
 // --leaks: live bytes at the same phase of successive epochs (each epoch's start, and each
-// epoch's end) per rank, device and memory kind; growth beyond the threshold is a leak.
-// The rules and their reasons are in inject/check/README.md.
+// epoch's end) per rank, device and memory kind; growth beyond the threshold is a leak. Without
+// epochs, equal windows of steps, else equal windows of time between the run's first and last tenth.
+// On a probed trace, the process's RSS is a witness: growth the recorded allocations do not
+// explain is a leak too. The probe's sampled rows count for the bytes they stand for, and growth
+// they make up must stand out of its sampling error (3 standard errors). The rules and their
+// reasons are in inject/check/README.md.
 #include <algorithm>
+#include <cmath>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "trace_data.h"
@@ -12,14 +18,43 @@ namespace zt::check::detail {
 
 namespace {
 
-struct Point {
-  int64_t t = 0;
-  int64_t epoch = 0;
+// What a rank's memory is compared over: its epochs, else windows of its steps, else windows of
+// its run's time.
+enum class BasisKind { Epochs, StepWindows, TimeWindows };
+
+struct Window {
+  int64_t t_start = 0, t_end = kNever;
+  bool ended = false;
+  std::string label;  // "epoch 2", "window 1 (steps 3-5)", "window 1 (1.20 s-2.40 s)"
+};
+
+struct Basis {
+  BasisKind kind = BasisKind::Epochs;
+  std::vector<Window> windows;
+  bool warmup = true;  // the first interval is left out (three windows or more)
+  std::string words;   // "3 epochs", "4 windows of 3 steps", "4 windows of 2.25 s between the run's first and last tenth"
+  const char* unit() const { return kind == BasisKind::Epochs ? "epoch" : "window"; }
+};
+
+constexpr int kWindows = 4;
+
+// One series of values to compare: at each window's start, at each ended window's end, or (windows of
+// time, not aligned with the program's loop) the lowest value inside each window.
+struct Series {
+  enum Kind { Start, End, Low } kind = Start;
+  std::vector<const Window*> windows;
+  std::string phase() const { return kind == Start ? "start" : kind == End ? "end" : "lowest point"; }
+};
+
+// Values of a series and the time each holds at (a start or end, or where the low was reached).
+struct Values {
+  std::vector<int64_t> v;
+  std::vector<int64_t> at;
 };
 
 struct Verdict {
   bool leak = false;
-  double per_epoch = 0;
+  double per_window = 0;
   int64_t threshold = 0;  // the one applied
   size_t from = 0, to = 0;  // the points compared (to = the last)
 };
@@ -37,34 +72,180 @@ int64_t threshold_for(int64_t given, int64_t first_live, size_t points) {
   return std::clamp<int64_t>(first_live / 100, kLeakThresholdMin, kLeakThresholdMax);
 }
 
-Verdict evaluate(const std::vector<int64_t>& live, int64_t given_threshold) {
+Verdict evaluate(const std::vector<int64_t>& live, int64_t threshold, bool warmup) {
   Verdict v;
   const size_t n = live.size();
   if (n < 2) return v;
-  v.from = n >= 3 ? 1 : 0;
+  v.from = warmup && n >= 3 ? 1 : 0;
   v.to = n - 1;
-  v.threshold = threshold_for(given_threshold, live[v.from], n);
-  const int64_t threshold = v.threshold;
+  v.threshold = threshold;
   const size_t counted = v.to - v.from;
   size_t grew = 0;
   for (size_t i = v.from; i < v.to; ++i) grew += live[i + 1] > live[i];
-  v.per_epoch = double(live[v.to] - live[v.from]) / double(counted);
-  v.leak = v.per_epoch >= double(threshold) && 2 * grew >= counted;
+  v.per_window = double(live[v.to] - live[v.from]) / double(counted);
+  v.leak = v.per_window >= double(threshold) && 2 * grew >= counted;
   return v;
 }
 
+std::string delta(int64_t d) { return (d < 0 ? "-" : "+") + format_bytes(double(d < 0 ? -d : d)); }
+
 // "epoch 0: 1.25 GiB, epoch 1: +1.00 MiB, epoch 2: +1.00 MiB": the first point, then each change.
-std::string series_text(const std::vector<Point>& pts, const std::vector<int64_t>& live) {
-  auto delta = [](int64_t d) { return (d < 0 ? "-" : "+") + format_bytes(double(d < 0 ? -d : d)); };
-  std::string out = "epoch " + std::to_string(pts[0].epoch) + ": " + format_bytes(double(live[0]));
-  const size_t n = pts.size();
+std::string series_text(const Series& s, const std::vector<int64_t>& live) {
+  std::string out = s.windows[0]->label + ": " + format_bytes(double(live[0]));
+  const size_t n = live.size();
   for (size_t i = 1; i < n; ++i) {
     if (n > 7 && i == 3) {
       out += ", ...";
       i = n - 4;  // the loop's ++ makes it the third from the end
       continue;
     }
-    out += ", epoch " + std::to_string(pts[i].epoch) + ": " + delta(live[i] - live[i - 1]);
+    out += ", " + s.windows[i]->label + ": " + delta(live[i] - live[i - 1]);
+  }
+  return out;
+}
+
+// The basis of one rank: its epochs (two or more); else kWindows windows of its steps (two or more
+// steps); else kWindows windows of its run's time between the first tenth (the start-up: imports,
+// the model built, the data loaded) and the last (the shutdown). `last_event`: the rank's last recorded time, the run's end
+// when the run did not record one.
+std::optional<Basis> basis_of(const TraceData& d, int64_t rank, int64_t last_event) {
+  Basis b;
+  if (auto it = d.epochs.find(rank); it != d.epochs.end() && it->second.size() >= 2) {
+    b.kind = BasisKind::Epochs;
+    for (auto& e : it->second) b.windows.push_back({e.t_start, e.t_end, e.ended, "epoch " + std::to_string(e.index)});
+    b.words = std::to_string(it->second.size()) + " epochs";
+    return b;
+  }
+  if (auto it = d.steps.find(rank); it != d.steps.end() && it->second.size() >= 2) {
+    const auto& st = it->second;  // by t_start
+    const size_t n = st.size(), k = std::min<size_t>(kWindows, n);
+    b.kind = BasisKind::StepWindows;
+    for (size_t w = 0; w < k; ++w) {
+      const Span& first = st[w * n / k];
+      const Span& last = st[(w + 1) * n / k - 1];
+      const std::string steps = first.index == last.index ? "step " + std::to_string(first.index)
+                                                          : "steps " + std::to_string(first.index) + "-" +
+                                                                std::to_string(last.index);
+      b.windows.push_back({first.t_start, last.t_end, last.ended, "window " + std::to_string(w) + " (" + steps + ")"});
+    }
+    b.words = std::to_string(k) + " windows of " + (n % k ? "about " : "") + std::to_string(n / k) + " step" +
+              (n / k == 1 ? "" : "s") + " (the trace has " +
+              (d.epochs.count(rank) ? "1 epoch" : std::string("no epochs")) + ": windows of its " + std::to_string(n) +
+              " steps)";
+    return b;
+  }
+  const db::RunRow* run = d.run_of(rank);
+  const int64_t t0 = run ? run->t_start : 0;
+  const int64_t t1 = run && run->t_end ? *run->t_end : last_event;
+  if (t1 - t0 < 10 * kWindows) return std::nullopt;
+  b.kind = BasisKind::TimeWindows;
+  b.warmup = false;  // the first tenth is the warm-up
+  // The last tenth is the shutdown: an interpreter frees its objects at exit, and the probe's last
+  // RSS sample is taken after that.
+  const int64_t start = t0 + (t1 - t0) / 10, stop = t1 - (t1 - t0) / 10, width = (stop - start) / kWindows;
+  for (int w = 0; w < kWindows; ++w) {
+    const int64_t a = start + w * width, z = w + 1 == kWindows ? stop : a + width;
+    b.windows.push_back({a, z, true,
+                         "window " + std::to_string(w) + " (" + format_duration_ns(double(a - t0)) + "-" +
+                             format_duration_ns(double(z - t0)) + ")"});
+  }
+  b.words = std::to_string(kWindows) + " windows of " + format_duration_ns(double(width)) +
+            " between the run's first and last tenth (the trace has no epochs or steps: windows of time)";
+  return b;
+}
+
+std::vector<Series> series_of(const Basis& b) {
+  std::vector<Series> out;
+  if (b.kind == BasisKind::TimeWindows) {
+    Series low{Series::Low, {}};
+    for (auto& w : b.windows) low.windows.push_back(&w);
+    out.push_back(low);
+    return out;
+  }
+  Series starts{Series::Start, {}}, ends{Series::End, {}};
+  for (auto& w : b.windows) {
+    starts.windows.push_back(&w);
+    if (w.ended) ends.windows.push_back(&w);
+  }
+  out.push_back(starts);
+  out.push_back(ends);
+  return out;
+}
+
+// Live bytes of `rows` at the given times: an allocation counts at t when t_alloc <= t < t_free, for
+// its weight (a sampled row: the bytes it stands for; else its bytes).
+std::vector<int64_t> live_at(const std::vector<const Alloc*>& rows, const std::vector<int64_t>& times) {
+  std::vector<size_t> order(times.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return times[x] < times[y]; });
+  std::vector<int64_t> ts(times.size());
+  for (size_t i = 0; i < order.size(); ++i) ts[i] = times[order[i]];
+  std::vector<int64_t> diff(times.size() + 1, 0);
+  for (const Alloc* a : rows) {
+    size_t first = size_t(std::lower_bound(ts.begin(), ts.end(), a->t_alloc) - ts.begin());
+    size_t last = size_t(std::lower_bound(ts.begin(), ts.end(), a->t_free) - ts.begin());
+    if (first >= last) continue;
+    diff[first] += a->weight;
+    diff[last] -= a->weight;
+  }
+  std::vector<int64_t> out(times.size());
+  int64_t run = 0;
+  for (size_t i = 0; i < times.size(); ++i) out[order[i]] = run += diff[i];
+  return out;
+}
+
+Values live_values(const std::vector<const Alloc*>& rows, const Series& s) {
+  Values out;
+  if (s.kind != Series::Low) {
+    for (const Window* w : s.windows) out.at.push_back(s.kind == Series::Start ? w->t_start : w->t_end);
+    out.v = live_at(rows, out.at);
+    return out;
+  }
+  // The lowest live bytes inside each window (windows in time order, not overlapping).
+  std::vector<std::pair<int64_t, int64_t>> ev;  // (t, change)
+  ev.reserve(rows.size() * 2);
+  for (const Alloc* a : rows) {
+    ev.emplace_back(a->t_alloc, a->weight);
+    if (a->t_free != kNever) ev.emplace_back(a->t_free, -a->weight);
+  }
+  std::sort(ev.begin(), ev.end());
+  size_t i = 0;
+  int64_t live = 0;
+  for (const Window* w : s.windows) {
+    while (i < ev.size() && ev[i].first <= w->t_start) live += ev[i++].second;
+    int64_t low = live, at = w->t_start;
+    while (i < ev.size() && ev[i].first < w->t_end) {
+      const int64_t t = ev[i].first;
+      while (i < ev.size() && ev[i].first == t) live += ev[i++].second;
+      if (live < low) low = live, at = t;
+    }
+    out.v.push_back(low);
+    out.at.push_back(at);
+  }
+  return out;
+}
+
+// RSS of one process: the last sample at or before each start (the first one after where none
+// was taken yet); the lowest sample inside each window of time (without one inside: the last before).
+std::optional<Values> rss_values(const std::vector<std::pair<int64_t, int64_t>>& samples, const Series& s) {
+  if (samples.empty()) return std::nullopt;
+  Values out;
+  auto at_or_before = [&](int64_t t) {
+    auto p = std::upper_bound(samples.begin(), samples.end(), t,
+                              [](int64_t x, const std::pair<int64_t, int64_t>& y) { return x < y.first; });
+    return p == samples.begin() ? *p : *std::prev(p);
+  };
+  for (const Window* w : s.windows) {
+    std::pair<int64_t, int64_t> pick = at_or_before(s.kind == Series::End ? w->t_end : w->t_start);
+    if (s.kind == Series::Low) {  // the samples inside the window, where it has any
+      auto p = std::lower_bound(samples.begin(), samples.end(), w->t_start,
+                                [](const std::pair<int64_t, int64_t>& y, int64_t x) { return y.first < x; });
+      if (p != samples.end() && p->first < w->t_end) pick = *p;
+      for (; p != samples.end() && p->first < w->t_end; ++p)
+        if (p->second < pick.second) pick = *p;
+    }
+    out.v.push_back(pick.second);
+    out.at.push_back(pick.first);
   }
   return out;
 }
@@ -74,71 +255,91 @@ std::string series_text(const std::vector<Point>& pts, const std::vector<int64_t
 Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
   CheckResult& r = *out;
   r.name = "leaks";
-  size_t max_epochs = 0;
-  for (auto& [rank, v] : d.epochs) max_epochs = std::max(max_epochs, v.size());
-  if (max_epochs < 2) {
-    r.outcome = Outcome::Skip;
-    r.summary = max_epochs == 0 ? "the trace has no epoch markers: needs 2 epochs or more to compare"
-                                : "the trace has 1 epoch: needs 2 or more to compare";
-    return Status::Ok();
-  }
 
   // Groups: (rank, device, memory kind). Tensor-level rows (blocks) where the group has any:
   // segments are the caching allocator's reserve, which grows during warm-up and stays cached.
+  // The probe's sampled rows (host allocations under its threshold) join their memory's rows,
+  // each counting for its weight (the bytes it stands for): live bytes are then an estimate.
   using Key = std::tuple<int64_t, int64_t, db::MemoryKind>;
   std::map<Key, bool> has_blocks;
-  for (auto& a : d.allocs) {
-    bool& b = has_blocks[Key{a.rank, a.device_id, a.kind}];
-    b = b || a.level == db::AllocLevel::Block;
-  }
+  std::map<int64_t, int64_t> last_event;  // per rank
+  auto saw = [&](int64_t rank, int64_t t) {
+    auto [it, fresh] = last_event.try_emplace(rank, t);
+    if (!fresh) it->second = std::max(it->second, t);
+  };
+  for (const auto* all : {&d.allocs, &d.sampled})
+    for (auto& a : *all) {
+      bool& b = has_blocks[Key{a.rank, a.device_id, a.kind}];
+      b = b || a.level == db::AllocLevel::Block;
+      saw(a.rank, a.t_free != kNever ? a.t_free : a.t_alloc);
+    }
+  for (auto& [rank, samples] : d.rss)
+    if (!samples.empty()) saw(rank, samples.back().first);
   std::map<Key, std::vector<const Alloc*>> groups;
-  for (auto& a : d.allocs) {
-    Key k{a.rank, a.device_id, a.kind};
-    if ((a.level == db::AllocLevel::Block) == has_blocks[k]) groups[k].push_back(&a);
-  }
+  for (const auto* all : {&d.allocs, &d.sampled})
+    for (auto& a : *all) {
+      Key k{a.rank, a.device_id, a.kind};
+      if ((a.level == db::AllocLevel::Block) == has_blocks[k]) groups[k].push_back(&a);
+    }
+  std::vector<std::string> within_error;  // growth past the threshold that sampling error explains
+
+  std::map<int64_t, std::optional<Basis>> bases;
+  auto basis = [&](int64_t rank) -> const Basis* {
+    auto it = bases.find(rank);
+    if (it == bases.end()) it = bases.emplace(rank, basis_of(d, rank, last_event[rank])).first;
+    return it->second ? &*it->second : nullptr;
+  };
+  std::set<BasisKind> kinds;
+  size_t max_epochs = 0;
+  std::vector<std::string> window_words;
+  auto used = [&](const Basis& b) {
+    kinds.insert(b.kind);
+    if (b.kind == BasisKind::Epochs) max_epochs = std::max(max_epochs, b.windows.size());
+    else if (std::find(window_words.begin(), window_words.end(), b.words) == window_words.end())
+      window_words.push_back(b.words);
+  };
 
   int memories = 0;
   for (auto& [key, rows] : groups) {
     auto [rank, device_id, kind] = key;
-    auto eit = d.epochs.find(rank);
-    if (eit == d.epochs.end() || eit->second.size() < 2) continue;
+    const Basis* b = basis(rank);
+    if (!b) continue;
+    used(*b);
     ++memories;
-    const auto& eps = eit->second;
-    // Two series: at each epoch's start, and at each ended epoch's end.
-    std::vector<Point> starts, ends;
-    for (auto& e : eps) {
-      starts.push_back({e.t_start, e.index});
-      if (e.ended) ends.push_back({e.t_end, e.index});
-    }
     bool reported = false;
-    for (int series = 0; series < 2 && !reported; ++series) {
-      const std::vector<Point>& pts = series == 0 ? starts : ends;
-      if (pts.size() < 2) continue;
-      // Live bytes at each point: an allocation covers the points in [t_alloc, t_free).
-      std::vector<size_t> order(pts.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-      std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return pts[x].t < pts[y].t; });
-      std::vector<int64_t> ts(pts.size());
-      for (size_t i = 0; i < order.size(); ++i) ts[i] = pts[order[i]].t;
-      std::vector<int64_t> diff(pts.size() + 1, 0);
-      for (const Alloc* a : rows) {
-        size_t first = size_t(std::lower_bound(ts.begin(), ts.end(), a->t_alloc) - ts.begin());
-        size_t last = size_t(std::lower_bound(ts.begin(), ts.end(), a->t_free) - ts.begin());
-        if (first >= last) continue;
-        diff[first] += a->bytes;
-        diff[last] -= a->bytes;
-      }
-      std::vector<int64_t> live_sorted(pts.size());
-      int64_t run = 0;
-      for (size_t i = 0; i < pts.size(); ++i) live_sorted[i] = run += diff[i];
-      std::vector<int64_t> live(pts.size());
-      for (size_t i = 0; i < order.size(); ++i) live[order[i]] = live_sorted[i];
-
-      Verdict v = evaluate(live, o.leak_threshold);
+    std::string doubt;  // growth past the threshold that sampling explains (said when not reported)
+    for (const Series& s : series_of(*b)) {
+      if (reported || s.windows.size() < 2) continue;
+      Values live = live_values(rows, s);
+      const size_t from = b->warmup && live.v.size() >= 3 ? 1 : 0;
+      Verdict v = evaluate(live.v, threshold_for(o.leak_threshold, live.v[from], live.v.size()), b->warmup);
       if (!v.leak) continue;
+      const std::string phase = s.phase();
+      const std::string unit = b->unit();
+      const int64_t t_from = live.at[v.from], t_to = live.at[v.to];
+      // Sampled rows make the growth an estimate. Its variance: each sampled row alive at one of
+      // the two points and not the other adds weight * (weight - bytes) (docs/check.md); rows alive
+      // at both cancel. A leak must stand out of that error: growth of 3 standard errors or more.
+      double variance = 0;
+      int64_t sampled_rows = 0;
+      for (const Alloc* a : rows)
+        if (a->weight != a->bytes && a->alive_at(t_from) != a->alive_at(t_to)) {
+          variance += db::sampled_variance(a->bytes, a->weight);
+          ++sampled_rows;
+        }
+      const double growth = double(live.v[v.to] - live.v[v.from]), error = std::sqrt(variance);
+      const std::string error_text = "±" + format_bytes(error / double(v.to - v.from)) + " per " + unit;
+      const std::string where_ = d.who(rank) + " " + d.device_label(device_id) + " " + memory_kind_words(kind);
+      if (growth < 3 * error) {
+        if (doubt.empty())
+          doubt = where_ + (s.kind == Series::Low ? ": the lowest live bytes of each window grew ~"
+                                                  : " grew ~") +
+                  format_bytes(v.per_window) + " per " + unit +
+                  (s.kind == Series::Low ? std::string() : " at " + unit + " " + phase) +
+                  ", within 3 standard errors of its sampled estimate (" + error_text + ")";
+        continue;
+      }
       reported = true;
-      const char* phase = series == 0 ? "start" : "end";
-      const int64_t t_from = pts[v.from].t, t_to = pts[v.to].t;
       // Evidence: what is alive at the later point and was not at the earlier, net per name.
       std::map<std::string, NamedBytes> net;
       for (const Alloc* a : rows) {
@@ -148,43 +349,166 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
         NamedBytes& g = net[n];
         g.name = n;
         if (at_to) {
-          g.bytes += a->bytes;
+          g.bytes += a->weight;
           ++g.count;
-          if (a->bytes > g.largest_bytes) {
-            g.largest_bytes = a->bytes;
+          g.sampled += a->weight != a->bytes;
+          if (a->weight > g.largest_bytes) {
+            g.largest_bytes = a->weight;
             g.largest_stack = a->stack_id;
           }
         } else {
-          g.bytes -= a->bytes;
+          g.bytes -= a->weight;
         }
       }
       for (auto it = net.begin(); it != net.end();) it = it->second.bytes > 0 && it->second.count > 0 ? std::next(it) : net.erase(it);
       auto top = sort_groups(net, 3);
-      std::string line = "rank " + std::to_string(rank) + " " + d.device_label(device_id) + " " + memory_kind_words(kind) +
-                         ": live bytes at epoch " + phase + " grew " + format_bytes(v.per_epoch) + " per epoch (" +
-                         series_text(pts, live) + ")";
+      auto point = [&](size_t i) {
+        std::string label = s.windows[i]->label;
+        if (b->kind != BasisKind::Epochs) label = label.substr(0, label.find(" ("));
+        return s.kind == Series::Low ? label + "'s lowest point" : label + " " + phase;
+      };
+      std::string line = where_ +
+                         (s.kind == Series::Low ? ": the lowest live bytes of each window grew "
+                                                : ": live bytes at " + unit + " " + phase + " grew ") +
+                         (sampled_rows ? "~" : "") + format_bytes(v.per_window) + " per " + unit + " (" +
+                         series_text(s, live.v) + ")";
+      if (sampled_rows)
+        line += " (estimated from " + std::to_string(sampled_rows) + " sampled allocations: " + error_text + ")";
       if (o.leak_threshold == 0 && v.threshold < kLeakThresholdMax)
-        line += " (this memory's threshold: " + format_bytes(double(v.threshold)) + " per epoch)";
-      if (v.from > 0 && live[1] - live[0] < v.threshold)
-        line += ", epoch " + std::to_string(pts[0].epoch) + " taken as warm-up";
+        line += " (this memory's threshold: " + format_bytes(double(v.threshold)) + " per " + unit + ")";
+      if (v.from > 0 && live.v[1] - live.v[0] < v.threshold)
+        line += ", " + s.windows[0]->label + " taken as warm-up";
       if (!top.empty())
-        line += "; alive at epoch " + std::to_string(pts[v.to].epoch) + " " + phase + " but not at epoch " +
-                std::to_string(pts[v.from].epoch) + " " + phase + ": " + describe_groups(d, top, "+");
+        line += "; alive at " + point(v.to) + " but not at " + point(v.from) + ": " + describe_groups(d, top, "+");
       r.findings.push_back(std::move(line));
     }
+    if (!reported && !doubt.empty()) within_error.push_back(std::move(doubt));
   }
+
+  // RSS as a witness (probed processes): growth of the resident set that the recorded host
+  // allocations do not explain. Allocations under zt probe's host threshold, memory a library maps
+  // itself and fragmentation reach the trace only there.
+  const int64_t rss_threshold = o.rss_threshold > 0 ? o.rss_threshold : kRssThresholdDefault;
+  int processes = 0, rss_findings = 0;
+  std::vector<int64_t> probed_without_rss;
+  std::set<int64_t> probed_ranks;
+  for (auto& [key, rows] : groups)
+    if (d.probed(std::get<0>(key))) probed_ranks.insert(std::get<0>(key));
+  for (auto& [rank, samples] : d.rss)
+    if (d.probed(rank)) probed_ranks.insert(rank);
+  for (int64_t rank : probed_ranks) {
+    auto samples = d.rss.find(rank);
+    if (samples == d.rss.end() || samples->second.size() < 2) {
+      probed_without_rss.push_back(rank);
+      continue;
+    }
+    const Basis* b = basis(rank);
+    if (!b) continue;
+    Series s = series_of(*b).front();  // window starts, or their lowest points (windows of time)
+    if (s.windows.size() < 2) continue;
+    std::optional<Values> rss = rss_values(samples->second, s);
+    if (!rss) continue;
+    // The recorded host memory of the rank at the same moments.
+    std::vector<const Alloc*> host;
+    for (auto& [key, rows] : groups)
+      if (std::get<0>(key) == rank && !d.is_accelerator(std::get<1>(key)) &&
+          (std::get<2>(key) == db::MemoryKind::PageableHost || std::get<2>(key) == db::MemoryKind::PinnedHost))
+        host.insert(host.end(), rows.begin(), rows.end());
+    const std::vector<int64_t> recorded = live_at(host, rss->at);
+    Verdict v = evaluate(rss->v, rss_threshold, b->warmup);  // from, to, and growth in half the intervals
+    const size_t counted = v.to - v.from;
+    if (counted == 0) continue;
+    if (std::set<int64_t>(rss->at.begin() + long(v.from), rss->at.end()).size() < 2) {
+      // One sample stands for every compared point: the RSS could not be seen to grow.
+      r.context.push_back(d.who(rank) + ": one RSS sample stands for every compared " + b->unit() +
+                          " start (the " + b->unit() + "s are shorter than the sampling period): its growth was not "
+                          "seen; zt probe --rss-interval-ms samples more often");
+      continue;
+    }
+    used(*b);
+    ++processes;
+    const int64_t rss_growth = rss->v[v.to] - rss->v[v.from];
+    const int64_t recorded_growth = recorded[v.to] - recorded[v.from];
+    // Recorded memory that was freed does not excuse growth: only recorded growth explains.
+    const double unexplained = double(rss_growth - std::max<int64_t>(recorded_growth, 0)) / double(counted);
+    size_t grew = 0;
+    for (size_t i = v.from; i < v.to; ++i) grew += rss->v[i + 1] > rss->v[i];
+    if (!(unexplained >= double(rss_threshold) && 2 * grew >= counted)) continue;
+    ++rss_findings;
+    const std::string unit = b->unit();
+    std::optional<int64_t> host_threshold;
+    (void)d.probed(rank, &host_threshold);
+    std::string line = d.who(rank) + " host RSS: " +
+                       (s.kind == Series::Low ? "the lowest RSS of each window grew " : "RSS at " + unit + " start grew ") +
+                       format_bytes(double(rss_growth) / double(counted)) + " per " + unit + ", " +
+                       format_bytes(unexplained) + " per " + unit + " more than its recorded host allocations explain " +
+                       "(they grew " + format_bytes(double(std::max<int64_t>(recorded_growth, 0)) / double(counted)) +
+                       " per " + unit + "; RSS " + series_text(s, rss->v) + "; threshold " +
+                       format_bytes(double(rss_threshold)) + " per " + unit + ", --rss-threshold)";
+    if (v.from > 0) line += ", " + s.windows[0]->label + " taken as warm-up";
+    const std::string below = "allocations under zt probe's --host-threshold" +
+                              (host_threshold ? " (" + format_bytes(double(*host_threshold)) + ")" : std::string());
+    if (d.sample_interval(rank) > 0)  // the sampled rows counted above: small allocations are in, as an estimate
+      line += "; memory the trace does not record grows: memory a library maps itself, or fragmentation (" + below +
+              " are counted by their sampled estimate); zt probe with a lower --host-threshold records more "
+              "allocations one by one, with their lines";
+    else
+      line += "; memory the trace does not record one by one grows: " + below +
+              " (not sampled in this run), memory a library maps itself, or fragmentation; zt probe samples them "
+              "by bytes unless --sample-interval is 0, and a lower --host-threshold records them one by one, with "
+              "their lines";
+    r.findings.push_back(std::move(line));
+  }
+
+  if (memories == 0 && processes == 0) {
+    r.outcome = Outcome::Skip;
+    r.summary = d.allocs.empty() && d.sampled.empty() && d.rss.empty()
+                    ? "nothing to compare: the trace records no allocations and no RSS; record the program with "
+                      "zt probe (or zt train, zt import)"
+                    : "nothing to compare: the trace has no epochs, no steps and no span of time to cut into "
+                      "windows; mark epochs (zerotrace.epoch(n), docs/python-jobs.md) or record a longer run";
+    return Status::Ok();
+  }
+
+  const std::string unit = kinds.size() == 1 && *kinds.begin() == BasisKind::Epochs ? "epoch"
+                           : kinds.count(BasisKind::Epochs)                       ? "epoch or window"
+                                                                                   : "window";
   const std::string limit = o.leak_threshold > 0
-                                ? format_bytes(double(o.leak_threshold)) + " per epoch"
-                                : format_bytes(double(kLeakThresholdMax)) + " per epoch, or 1% of a smaller memory (" +
-                                      format_bytes(double(kLeakThresholdMin)) + " at least)";
+                                ? format_bytes(double(o.leak_threshold)) + " per " + unit
+                                : format_bytes(double(kLeakThresholdMax)) + " per " + unit +
+                                      ", or 1% of a smaller memory (" + format_bytes(double(kLeakThresholdMin)) +
+                                      " at least)";
+  std::string over;
+  if (max_epochs) over = std::to_string(max_epochs) + " epochs";
+  for (auto& w : window_words) over += (over.empty() ? "" : "; ") + w;
+  const std::string rss_limit = format_bytes(double(rss_threshold)) + " per " + unit;
+  const int leaking = int(r.findings.size()) - rss_findings;
   if (!r.findings.empty()) {
     r.outcome = Outcome::Fail;
-    r.summary = std::to_string(r.findings.size()) + " of " + std::to_string(memories) +
-                " memories grow across epochs (threshold " + limit + ")";
+    r.summary = std::to_string(leaking) + " of " + std::to_string(memories) + " memories grow across " + unit +
+                "s (threshold " + limit + ")";
+    if (rss_findings)
+      r.summary += "; the RSS of " + std::to_string(rss_findings) + " of " + std::to_string(processes) + " process" +
+                   (processes == 1 ? "" : "es") + " grows more than its recorded allocations explain (threshold " +
+                   rss_limit + ")";
+    if (kinds != std::set<BasisKind>{BasisKind::Epochs}) r.summary += ", over " + over;
   } else {
-    r.summary = "live bytes at epoch start and end do not grow by " + limit + " or more on any of " +
-                std::to_string(memories) + " memories over " + std::to_string(max_epochs) + " epochs";
+    const std::string where = kinds.count(BasisKind::TimeWindows) && kinds.size() == 1
+                                  ? "the lowest live bytes of each window"
+                                  : "live bytes at " + unit + " start and end";
+    r.summary = where + " do not grow by " + limit + " or more on any of " + std::to_string(memories) +
+                " memories over " + over;
+    if (processes)
+      r.summary += "; RSS growth the recorded allocations do not explain stays under " + rss_limit + " on " +
+                   std::to_string(processes) + " process" + (processes == 1 ? "" : "es");
   }
+  if (!probed_without_rss.empty())
+    r.context.push_back(std::to_string(probed_without_rss.size()) + " probed process" +
+                        (probed_without_rss.size() == 1 ? "" : "es") +
+                        " without RSS samples (zt probe --rss-interval-ms 0?): growth outside the recorded "
+                        "allocations was not looked at there");
+  if (!d.derived_markers.empty()) r.context.push_back(d.derived_markers);
+  for (auto& w : within_error) r.summary += "; " + w;
   return Status::Ok();
 }
 

@@ -17,7 +17,7 @@ std::vector<std::string> error_lines(const TraceData& d, size_t most) {
       lines.push_back("... and " + std::to_string(d.errors.size() - most) + " more error rows");
       break;
     }
-    std::string line = "error on rank " + std::to_string(e.rank);
+    std::string line = "error on " + d.who(e.rank);
     if (e.step) {
       line += " at step " + std::to_string(*e.step);
     } else if (auto it = d.steps.find(e.rank); it != d.steps.end()) {

@@ -59,18 +59,28 @@ Status check_steps(TraceData& d, const Options& o, CheckResult* out) {
     source = "data.steps_planned";
   }
 
+  if (!d.derived_markers.empty()) r.context.push_back(d.derived_markers);
+  if (d.steps.empty())
+    r.context.push_back("the trace has no step markers: a Python program marks its steps with the zerotrace module "
+                        "(with zerotrace.step(n):) or runs under the HF Trainer (docs/python-jobs.md); `zt db steps TRACE "
+                        "--step-range NAME` takes them from a range of its own");
+
   // Per rank: completed steps (step markers that ended), the first and the last.
   struct RankSteps {
     std::set<int64_t> done;
     int64_t unfinished = -1;  // a step that began and never ended (the run died in it)
   };
   std::map<int64_t, RankSteps> per_rank;
-  for (auto& rk : d.ranks) per_rank[rk.rank];
-  for (auto& [rank, spans] : d.steps)
+  // Ranks only: a probed run's launcher and helpers (rank.role) run no steps of the job.
+  for (auto& rk : d.ranks)
+    if (rk.role == db::RankRole::Rank) per_rank[rk.rank];
+  for (auto& [rank, spans] : d.steps) {
+    if (d.is_process(rank)) continue;
     for (auto& s : spans) {
       if (s.ended) per_rank[rank].done.insert(s.index);
       else per_rank[rank].unfinished = s.index;
     }
+  }
   if (per_rank.empty()) per_rank[0];
 
   int64_t reached_min = INT64_MAX, reached_max = 0;

@@ -8,7 +8,9 @@
 
 #include "zt/common/files.h"
 #include "zt/common/units.h"
+#include "zt/db/derive_steps.h"
 #include "zt/db/names.h"
+#include "zt/db/trace_values.h"
 
 namespace zt::check::detail {
 
@@ -47,6 +49,7 @@ Status TraceData::load(const std::string& path, std::unique_ptr<TraceData>* out)
   if (Status s = d->load_allocations(); !s) return s;
   if (Status s = d->load_markers(); !s) return s;
   if (Status s = d->load_counters(); !s) return s;
+  if (Status s = d->load_probed_runs(); !s) return s;
   *out = std::move(d);
   return Status::Ok();
 }
@@ -54,9 +57,9 @@ Status TraceData::load(const std::string& path, std::unique_ptr<TraceData>* out)
 Status TraceData::load_allocations() {
   // A second record of a segment (CUPTI's twin of the trainer's) is the same memory, and a CUDA
   // module's globals are not the program's allocations: neither is loaded.
-  const std::string sql = std::string("SELECT id,rank,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id "
-                                      "FROM allocation WHERE NOT ") + db::kSecondRecordSql + " AND NOT " +
-                          db::kModuleGlobalSql;
+  const std::string sql = std::string("SELECT id,rank,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id,") +
+                          (reader_->has_weights() ? "weight_bytes" : "NULL") + " FROM allocation WHERE NOT " +
+                          db::kSecondRecordSql + " AND NOT " + db::kModuleGlobalSql;
   return for_each_row(reader_->handle(), path_, sql.c_str(),
                       [&](sqlite3_stmt* st) {
                         Alloc a;
@@ -70,44 +73,69 @@ Status TraceData::load_allocations() {
                         a.t_free = i64_or(st, 7, kNever);
                         a.name_id = i64_or(st, 8, 0);
                         a.stack_id = i64_or(st, 9, 0);
-                        allocs.push_back(a);
+                        a.weight = std::max(a.bytes, i64_or(st, 10, 0));
+                        (sqlite3_column_type(st, 10) == SQLITE_NULL ? allocs : sampled).push_back(a);
                       });
 }
 
 Status TraceData::load_markers() {
   std::map<int64_t, std::map<int64_t, Span>> epoch_marks;  // rank -> epoch -> span
   std::map<int64_t, std::map<int64_t, Span>> epoch_from_steps;
+  auto add = [&](int64_t rank, db::MarkerKind kind, int64_t t_start, std::optional<int64_t> t_end,
+                 std::optional<int64_t> step, std::optional<int64_t> epoch) {
+    Span sp;
+    sp.t_start = t_start;
+    sp.ended = t_end.has_value();
+    sp.t_end = t_end.value_or(kNever);
+    if (kind == db::MarkerKind::Step) {
+      if (!step) return;
+      sp.index = *step;
+      steps[rank].push_back(sp);
+      if (epoch) {
+        auto [it, fresh] = epoch_from_steps[rank].try_emplace(*epoch, sp);
+        it->second.index = *epoch;
+        if (!fresh) {
+          it->second.t_start = std::min(it->second.t_start, sp.t_start);
+          it->second.t_end = std::max(it->second.t_end, sp.t_end);
+          it->second.ended = it->second.ended && sp.ended;
+        }
+      }
+    } else {
+      auto& m = epoch_marks[rank];
+      sp.index = epoch ? *epoch : int64_t(m.size());
+      m.emplace(sp.index, sp);
+    }
+  };
+  auto opt = [](sqlite3_stmt* st, int c) {
+    return sqlite3_column_type(st, c) == SQLITE_NULL ? std::nullopt : std::optional<int64_t>(sqlite3_column_int64(st, c));
+  };
+  int64_t rows = 0;
   Status s = for_each_row(
       reader_->handle(), path_,
       "SELECT rank,kind,t_start,t_end,step,epoch FROM marker WHERE kind IN (0,2) ORDER BY t_start", [&](sqlite3_stmt* st) {
-        int64_t rank = sqlite3_column_int64(st, 0);
-        auto kind = db::MarkerKind(sqlite3_column_int(st, 1));
-        Span sp;
-        sp.t_start = sqlite3_column_int64(st, 2);
-        sp.ended = sqlite3_column_type(st, 3) != SQLITE_NULL;
-        sp.t_end = i64_or(st, 3, kNever);
-        std::optional<int64_t> epoch;
-        if (sqlite3_column_type(st, 5) != SQLITE_NULL) epoch = sqlite3_column_int64(st, 5);
-        if (kind == db::MarkerKind::Step) {
-          if (sqlite3_column_type(st, 4) == SQLITE_NULL) return;
-          sp.index = sqlite3_column_int64(st, 4);
-          steps[rank].push_back(sp);
-          if (epoch) {
-            auto [it, fresh] = epoch_from_steps[rank].try_emplace(*epoch, sp);
-            it->second.index = *epoch;
-            if (!fresh) {
-              it->second.t_start = std::min(it->second.t_start, sp.t_start);
-              it->second.t_end = std::max(it->second.t_end, sp.t_end);
-              it->second.ended = it->second.ended && sp.ended;
-            }
-          }
-        } else {
-          auto& m = epoch_marks[rank];
-          sp.index = epoch ? *epoch : int64_t(m.size());
-          m.emplace(sp.index, sp);
-        }
+        ++rows;
+        add(sqlite3_column_int64(st, 0), db::MarkerKind(sqlite3_column_int(st, 1)), sqlite3_column_int64(st, 2),
+            opt(st, 3), opt(st, 4), opt(st, 5));
       });
   if (!s) return s;
+  if (rows == 0) {
+    // No step or epoch markers: a probed program's are derived from its ranges when zt probe
+    // finishes the trace, which it could not do when it was killed together with the job. The
+    // same rules here, in memory (the user's trace is not written).
+    db::DerivedMarkers dm;
+    std::vector<db::DerivedMarker> derived;
+    if (db::derive_steps_in_memory(*reader_, {}, &dm, &derived) && dm.steps + dm.epochs > 0) {
+      std::stable_sort(derived.begin(), derived.end(),
+                       [](const db::DerivedMarker& a, const db::DerivedMarker& b) { return a.t_start < b.t_start; });
+      for (auto& m : derived)
+        if (m.kind == db::MarkerKind::Step || m.kind == db::MarkerKind::Epoch)
+          add(m.rank, m.kind, m.t_start, m.t_end, m.step, m.epoch);
+      derived_markers = "the trace has no step or epoch markers (zt probe derives them from the ranges when the "
+                        "program ends, and could not: killed with the job?): zt check derived " +
+                        db::describe(dm) + " from its ranges, in memory; `zt db steps " + path_ +
+                        "` writes them into the trace";
+    }
+  }
   // Epoch markers where the trace has them; a rank without any falls back to its steps' epochs.
   for (auto* src : {&epoch_marks, &epoch_from_steps})
     for (auto& [rank, m] : *src) {
@@ -120,8 +148,16 @@ Status TraceData::load_markers() {
 Status TraceData::load_counters() {
   return for_each_row(reader_->handle(), path_,
                       "SELECT c.rank,c.device_id,s.text,c.t,c.value FROM counter c JOIN string s ON s.id=c.name_id"
-                      " WHERE s.text IN ('allocated','reserved') OR s.text LIKE 'data.%' ORDER BY c.t",
+                      " WHERE s.text IN ('allocated','reserved','host_rss') OR s.text LIKE 'data.%' ORDER BY c.t",
                       [&](sqlite3_stmt* st) {
+                        const unsigned char* name = sqlite3_column_text(st, 2);
+                        if (name && std::string_view(reinterpret_cast<const char*>(name)) == "host_rss") {
+                          // A counter is any number in a trace: an RSS that is not a size is left out.
+                          const double v = sqlite3_column_type(st, 4) == SQLITE_NULL ? -1 : sqlite3_column_double(st, 4);
+                          if (v >= 0 && v <= double(db::kMaxTraceBytes))
+                            rss[sqlite3_column_int64(st, 0)].emplace_back(sqlite3_column_int64(st, 3), int64_t(v));
+                          return;
+                        }
                         CounterSample c;
                         c.rank = sqlite3_column_int64(st, 0);
                         c.device_id = i64_or(st, 1, 0);
@@ -133,6 +169,35 @@ Status TraceData::load_counters() {
                                                                              : sqlite3_column_double(st, 4);
                         counters.push_back(std::move(c));
                       });
+}
+
+Status TraceData::load_probed_runs() {
+  return for_each_row(reader_->handle(), path_,
+                      "SELECT id, json_extract(config_json, '$.host_threshold'), json_extract(config_json, "
+                      "'$.sample_interval') FROM run WHERE json_valid(config_json) AND json_type(config_json) = "
+                      "'object' AND json_extract(config_json, '$.probe') IS NOT NULL",
+                      [&](sqlite3_stmt* st) {
+                        std::optional<int64_t> threshold;
+                        if (sqlite3_column_type(st, 1) == SQLITE_INTEGER && sqlite3_column_int64(st, 1) >= 0)
+                          threshold = sqlite3_column_int64(st, 1);
+                        probed_runs[sqlite3_column_int64(st, 0)] = threshold;
+                        if (sqlite3_column_type(st, 2) == SQLITE_INTEGER && sqlite3_column_int64(st, 2) > 0)
+                          sample_intervals[sqlite3_column_int64(st, 0)] = sqlite3_column_int64(st, 2);
+                      });
+}
+
+int64_t TraceData::sample_interval(int64_t rank) const {
+  const db::RunRow* run = run_of(rank);
+  auto it = run ? sample_intervals.find(run->id) : sample_intervals.end();
+  return it == sample_intervals.end() ? 0 : it->second;
+}
+
+bool TraceData::probed(int64_t rank, std::optional<int64_t>* host_threshold) const {
+  const db::RunRow* run = run_of(rank);
+  auto it = run ? probed_runs.find(run->id) : probed_runs.end();
+  if (it == probed_runs.end()) return false;
+  if (host_threshold) *host_threshold = it->second;
+  return true;
 }
 
 const std::string& TraceData::str(int64_t id) const {
@@ -157,6 +222,20 @@ std::string TraceData::hostname_of(int64_t rank) const {
     if (r.rank == rank && !r.hostname.empty()) return r.hostname;
   if (const db::RunRow* run = run_of(rank); run && !run->hostname.empty()) return run->hostname;
   return "host of rank " + std::to_string(rank);
+}
+
+bool TraceData::is_process(int64_t rank) const {
+  for (auto& r : ranks)
+    if (r.rank == rank) return r.role != db::RankRole::Rank;
+  return false;
+}
+
+std::string TraceData::who(int64_t rank) const {
+  for (auto& r : ranks)
+    if (r.rank == rank && r.role != db::RankRole::Rank)
+      return std::string(db::to_string(r.role)) + " process " + std::to_string(r.pid) +
+             (r.job_rank ? " of rank " + std::to_string(*r.job_rank) : "");
+  return "rank " + std::to_string(rank);
 }
 
 const db::RunRow* TraceData::run_of(int64_t rank) const {
@@ -205,7 +284,7 @@ std::string TraceData::where(int64_t stack_id) {
   if (!stack_id) return "";
   if (db::StackSites* s = sites(); s) {
     const db::FrameRow* f = s->site_frame(stack_id);
-    if (f && f->python()) return db::frame_text(*f);
+    if (f && f->python()) return s->site(stack_id, db::SiteLevel::Line);
   }
   return stack_brief(stack_id);
 }
@@ -232,8 +311,9 @@ std::string describe_groups(TraceData& d, const std::vector<NamedBytes>& groups,
   std::string out;
   for (auto& g : groups) {
     if (!out.empty()) out += ", ";
-    out += g.name + " " + sign + format_bytes(double(g.bytes)) + " in " + std::to_string(g.count) + " allocation" +
-           (g.count == 1 ? "" : "s");
+    out += g.name + " " + sign + (g.sampled ? "~" : "") + format_bytes(double(g.bytes)) + " in " +
+           std::to_string(g.count) + " allocation" + (g.count == 1 ? "" : "s") +
+           (g.sampled ? " (" + std::to_string(g.sampled) + " sampled)" : "");
     std::string st = d.where(g.largest_stack);
     if (!st.empty() && st != g.name) out += " (at " + st + ")";
   }

@@ -438,7 +438,10 @@ std::string start(const CollectorOptions& options) {
     options.recorder->error(e);
   }
 
-  g->decoder_thread = std::thread(decoder_main);
+  {
+    BlockAsyncSignals block;  // the decoder inherits the mask: the program's signals never land on it
+    g->decoder_thread = std::thread(decoder_main);
+  }
   g->running.store(true);
   g->accepting.store(true);
   install_signal_handlers();

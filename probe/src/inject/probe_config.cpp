@@ -1,6 +1,9 @@
 // ZT_PROBE_* environment parsing (see zt/probe/probe_config.h for the contract).
 #include "zt/probe/probe_config.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <string_view>
 
@@ -33,6 +36,21 @@ Status probe_config_from_env(const std::function<const char*(const char*)>& gete
     auto b = parse_bytes(v);
     if (!b) return Status::Error(std::string(kEnvHostThreshold) + "=" + v + ": not a size (examples: 1MiB, 65536)");
     c.host_threshold = *b == 0 ? 1 : *b;  // 0 would record every allocation; 1 says the same without a special case
+  }
+  if (const char* v = getenv(kEnvSampleInterval); v && *v) {
+    auto b = parse_bytes(v);
+    if (!b || *b > (1ull << 40))
+      return Status::Error(std::string(kEnvSampleInterval) + "=" + v +
+                           ": not a size up to 1TiB (examples: 512KiB, 65536; 0 = off)");
+    c.sample_interval = *b;
+  }
+  if (const char* v = getenv(kEnvSampleSeed); v && *v) {
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long x = std::strtoull(v, &end, 10);
+    if (*end || errno || *v == '-')
+      return Status::Error(std::string(kEnvSampleSeed) + "=" + v + ": expected a whole number (0 = random)");
+    c.sample_seed = x;
   }
   if (const char* v = getenv(kEnvStacks); v && *v)
     if (Status s = parse_bool(kEnvStacks, v, &c.stacks); !s) return s;
@@ -103,6 +121,71 @@ std::string shell_quote_command(const std::vector<std::string>& words) {
     out += shell_quote(w);
   }
   return out;
+}
+
+std::string format_rank_owner(const RankOwner& o) {
+  const RankClaim& c = o.claim;
+  return (o.host.empty() ? std::string("-") : o.host) + " " + std::to_string(o.pid) + " " +
+         (c.has_rank ? c.launcher : std::string("-")) + " " + std::to_string(c.has_rank ? c.rank : 0) + " " +
+         std::to_string(c.has_rank ? c.world_size : 0);
+}
+
+std::optional<RankOwner> parse_rank_owner(const std::string& text) {
+  std::vector<std::string> words;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t end = std::min(text.find(' ', at), text.size());
+    words.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  if (words.size() != 5) return std::nullopt;
+  auto number = [](const std::string& w) -> std::optional<int64_t> {
+    if (w.empty() || w.size() > 10) return std::nullopt;
+    int64_t v = 0;
+    for (char c : w) {
+      if (c < '0' || c > '9') return std::nullopt;
+      v = v * 10 + (c - '0');
+    }
+    return v;
+  };
+  const auto pid = number(words[1]), rank = number(words[3]), world = number(words[4]);
+  if (words[0].empty() || !pid || *pid < 1 || words[2].empty() || !rank || !world || *rank > INT32_MAX ||
+      *world > INT32_MAX)
+    return std::nullopt;
+  RankOwner o;
+  o.host = words[0] == "-" ? "" : words[0];
+  o.pid = *pid;
+  o.claim.has_rank = words[2] != "-";
+  if (o.claim.has_rank) {
+    o.claim.launcher = words[2];
+    o.claim.rank = int(*rank);
+    o.claim.world_size = int(*world);
+  }
+  return o;
+}
+
+ProcessRole decide_process_role(const RankClaim& self, bool root, const std::optional<RankOwner>& owner,
+                                bool owner_here, bool owner_is_self, bool owner_is_ancestor) {
+  ProcessRole r;
+  if (self.has_rank) {
+    r.job_rank = self.rank;
+    if (owner && !owner_is_self && owner_is_ancestor && owner->claim.same(self)) {
+      r.role = db::RankRole::Helper;  // it inherited its rank's variables
+      return r;
+    }
+    r.role = db::RankRole::Rank;
+    r.owns = true;
+    if (owner && owner_here && !owner_is_self) r.launched_by = owner->pid;
+    return r;
+  }
+  if (root || (owner && owner_is_self)) {
+    r.role = db::RankRole::Rank;  // the one process of a run without a launcher, so far
+    r.owns = true;
+    return r;
+  }
+  r.role = db::RankRole::Helper;
+  if (owner && owner->claim.has_rank) r.job_rank = owner->claim.rank;
+  return r;
 }
 
 }  // namespace zt::probe

@@ -73,6 +73,11 @@ struct State {
   bool sampler_running = false;
   std::atomic<bool> sampler_stop{false};
   NameId n_rss = 0, n_small_bytes = 0, n_small_count = 0;
+
+  // Which process of the job this is (probe_config.h's decide_process_role): its rank row.
+  ProcessRole role;
+  int world_size = 1;
+  std::optional<int> local_rank;
 };
 State* g = nullptr;  // heap-allocated once, never freed (hooks may run during exit)
 
@@ -106,6 +111,40 @@ std::string read_cmdline() {
     start = end + 1;
   }
   return shell_quote_command(words);
+}
+
+// The parent of `pid`, from /proc/PID/stat ("pid (comm) state ppid ..."; comm may hold spaces
+// and parentheses, so the fields are read after its last ')'). 0 when unknown.
+pid_t parent_of(pid_t pid) {
+  char path[64], buf[512];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", int(pid));
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  const char* close_paren = std::strrchr(buf, ')');
+  char state = 0;
+  int ppid = 0;
+  if (!close_paren || std::sscanf(close_paren + 1, " %c %d", &state, &ppid) != 2) return 0;
+  return pid_t(ppid);
+}
+
+// True when `pid` is this process's parent, grandparent, ...
+bool is_ancestor(int64_t pid) {
+  pid_t p = getpid();
+  for (int depth = 0; depth < 256 && p > 1; ++depth) {
+    p = parent_of(p);
+    if (p == pid) return true;
+  }
+  return false;
+}
+
+std::string host_name() {
+  char h[256] = {0};
+  if (gethostname(h, sizeof h - 1) != 0) return "";
+  return h;
 }
 
 void say(const std::string& line) {
@@ -259,10 +298,29 @@ __attribute__((constructor)) void on_load() {
   python::configure(cfg.python == PythonFrames::Off   ? python::Mode::Off
                     : cfg.python == PythonFrames::Gil ? python::Mode::Gil
                                                       : python::Mode::Own);
+  // Which process of the job this is: the launcher's variables, and the owner of the rank they
+  // name where this process inherited them (probe_config.h's decide_process_role).
+  trainer::JobRank jr = trainer::read_job_rank(trainer::process_environment());
+  {
+    RankClaim self{jr.has_rank, jr.launcher, jr.rank, jr.world_size};
+    std::optional<RankOwner> owner;
+    if (const char* o = std::getenv(kEnvRankOwner); o && *o) owner = parse_rank_owner(o);
+    const std::string host = host_name();
+    const bool here = owner && owner->host == host;
+    const bool is_self = here && owner->pid == getpid();
+    g->role = decide_process_role(self, g->root, owner, here, is_self, here && !is_self && is_ancestor(owner->pid));
+    g->world_size = jr.has_rank && jr.world_size > 0 ? jr.world_size : jr.has_rank ? jr.rank + 1 : 1;
+    if (jr.has_rank && jr.world_size == 0)
+      jr.notes.push_back("the world size was taken as " + std::to_string(g->world_size) +
+                         " (the rank + 1): the launcher did not say it");
+    g->local_rank = jr.local_rank;
+    if (g->role.owns) setenv(kEnvRankOwner, format_rank_owner(RankOwner{host, getpid(), self}).c_str(), 1);
+  }
   RecorderOptions opt;
   opt.path = path;
   opt.command_line = cfg.command_line.empty() || !g->root ? read_cmdline() : cfg.command_line;
   opt.config_json = "{\"probe\":\"libzt_probe.so\",\"host_threshold\":" + std::to_string(cfg.host_threshold) +
+                    ",\"sample_interval\":" + std::to_string(cfg.host ? cfg.sample_interval : 0) +
                     ",\"stacks\":" + (cfg.stacks ? "true" : "false") +
                     ",\"stack_depth\":" + std::to_string(cfg.stack_depth) +
                     ",\"python_frames\":" + (cfg.python == PythonFrames::Off ? "\"off\"" : cfg.python == PythonFrames::Gil ? "\"gil\"" : "\"own\"") +
@@ -270,7 +328,10 @@ __attribute__((constructor)) void on_load() {
                     ",\"host\":" + (cfg.host ? "true" : "false") + ",\"cuda\":" + (cfg.cuda ? "true" : "false") +
                     ",\"rss_interval_ms\":" + std::to_string(cfg.rss_interval_ms) +
                     // run_id holds only [A-Za-z0-9._-] (probe_config_from_env checks): no escaping needed.
-                    (cfg.run_id.empty() ? std::string() : ",\"run_id\":\"" + cfg.run_id + "\"") + "}";
+                    (cfg.run_id.empty() ? std::string() : ",\"run_id\":\"" + cfg.run_id + "\"") +
+                    ",\"launch\":" + json_string(jr.describe().c_str()) +
+                    (g->role.launched_by > 0 ? ",\"launched_by\":" + std::to_string(g->role.launched_by) : std::string()) +
+                    "}";
   // Blocking overflow: nothing is dropped. The hooks never hold a lock the writer needs, and
   // the writer's own allocations are not recorded, so waiting for it cannot deadlock.
   opt.overflow = OverflowPolicy::Block;
@@ -287,14 +348,10 @@ __attribute__((constructor)) void on_load() {
   g->rec = rec.release();
   // The world size is the launcher's (torchrun's WORLD_SIZE, mpirun's, srun's), never the
   // number of processes this run starts (compiler checks, data loader workers...); the
-  // bootstrap's communicator hook replaces it where the program says otherwise.
-  try {
-    const trainer::LaunchInfo li = trainer::read_launch_info(trainer::process_environment());
-    g->rec->add_rank(0, li.world_size, li.launcher == "none" ? std::nullopt : std::optional<int>(li.local_rank));
-  } catch (const trainer::LaunchError& e) {
-    g->rec->add_rank(0, 1);
-    g->rec->note(std::string("world size 1 assumed: the launcher's variables could not be read: ") + e.what());
-  }
+  // bootstrap's communicator hook replaces it where the program says otherwise. Every file's
+  // rows are key 0 as written: zt probe gives each its job rank (or a process key) at the end.
+  g->rec->add_rank(0, g->world_size, g->local_rank, g->role.role, g->role.job_rank);
+  for (const std::string& n : jr.notes) g->rec->note("launcher variables: " + n);
   g->host_device = g->rec->add_device(0, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false);
   g->n_rss = g->rec->intern("host_rss");
   g->n_small_bytes = g->rec->intern("host_small_bytes_allocated");
@@ -305,11 +362,16 @@ __attribute__((constructor)) void on_load() {
     h.recorder = g->rec;
     h.host_device = g->host_device;
     h.threshold = cfg.host_threshold;
+    h.sample_interval = cfg.sample_interval;
+    h.sample_seed = cfg.sample_seed;
     h.stacks = cfg.stacks;
     h.stack_depth = cfg.stack_depth;
     interpose::start(h);
   }
-  if (cfg.rss_interval_ms > 0) g->sampler_running = pthread_create(&g->sampler, nullptr, sampler_main, nullptr) == 0;
+  if (cfg.rss_interval_ms > 0) {
+    BlockAsyncSignals block;  // the sampler inherits the mask: the program's signals never land on it
+    g->sampler_running = pthread_create(&g->sampler, nullptr, sampler_main, nullptr) == 0;
+  }
   pthread_atfork(nullptr, nullptr, child_after_fork);
   std::atexit(at_exit);
 
@@ -412,8 +474,18 @@ ZT_EXPORT void zt_probe_set_world(int rank, int world_size, int local_rank) {
       rank >= world_size)
     return;
   zt::probe::interpose::ScopedGuard guard;
-  (void)rank;  // each process's trace is rank 0 of its file; zt probe numbers them for the merge
-  g->rec->add_rank(0, world_size, local_rank >= 0 ? std::optional<int>(local_rank) : std::nullopt);
+  // Each process's trace is key 0 of its file; zt probe numbers them by job rank for the merge.
+  // The communicator's rank is the job's: a process the launcher's variables did not name (a
+  // torch.multiprocessing.spawn child) becomes that rank.
+  std::lock_guard lock(g->mu);
+  if (g->role.job_rank && *g->role.job_rank != rank && g->role.role == zt::db::RankRole::Rank)
+    g->rec->note("the program's communicator says rank " + std::to_string(rank) + "; the launcher's variables said " +
+                 std::to_string(*g->role.job_rank) + ": the communicator's is kept");
+  g->role.role = zt::db::RankRole::Rank;
+  g->role.job_rank = rank;
+  g->world_size = world_size;
+  if (local_rank >= 0) g->local_rank = local_rank;
+  g->rec->add_rank(0, world_size, g->local_rank, g->role.role, g->role.job_rank);
 }
 
 // An uncaught Python exception ends the run: an error row (PyTorch's texts read as zt's

@@ -2,22 +2,37 @@
 //
 // Cost model: the common case is a small allocation on an application thread. It pays one
 // thread-local byte test and two plain stores into the thread's own counter slot (no atomic
-// read-modify-write, no lock); its free reads the block's size word (glibc) and does one
-// store. Only allocations at or above the
-// threshold take a stack, a lock on the live table, and a ring write in the Recorder.
+// read-modify-write, no lock), and one thread-local subtraction for the byte sampler; its free
+// reads the block's size word (glibc), one byte of the sampled-address filter, and does one
+// store. Only allocations at or above the threshold, and the sampled ones (one per
+// sample interval of bytes allocated, on average), take a stack, a lock on the live table, and a
+// ring write in the Recorder.
+//
+// The byte sampler (as tcmalloc's, Go's heap profiler and heapprofd): the bytes a thread allocates
+// under the threshold are a line on which sample points fall as a Poisson process of mean spacing
+// T (the interval). Each thread keeps the bytes until its next point, drawn from an exponential
+// distribution of mean T; an allocation of s bytes that reaches it is sampled, and the next point
+// is drawn afresh from the allocation's end (the process is memoryless, so that is exact). So an
+// allocation of s bytes is sampled with probability p = 1 - exp(-s/T), independently of every
+// other, and its row stands for bytes / p: live bytes by site are estimated without bias.
 #include "host_hooks.h"
+
+#include "aligned.h"
 
 #include <dlfcn.h>
 #include <malloc.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
 #include <unordered_map>
+#include <utility>
 
 #define ZT_TLS __attribute__((tls_model("initial-exec")))
 #define ZT_EXPORT extern "C" __attribute__((visibility("default")))
@@ -53,8 +68,6 @@ using malloc_fn = void* (*)(size_t);
 using free_fn = void (*)(void*);
 using calloc_fn = void* (*)(size_t, size_t);
 using realloc_fn = void* (*)(void*, size_t);
-using posix_memalign_fn = int (*)(void**, size_t, size_t);
-using aligned_alloc_fn = void* (*)(size_t, size_t);
 using usable_fn = size_t (*)(void*);
 using mmap_fn = void* (*)(void*, size_t, int, int, int, off_t);
 using munmap_fn = int (*)(void*, size_t);
@@ -64,9 +77,7 @@ struct Real {
   free_fn free = nullptr;
   calloc_fn calloc = nullptr;
   realloc_fn realloc = nullptr;
-  posix_memalign_fn posix_memalign = nullptr;
-  aligned_alloc_fn aligned_alloc = nullptr;
-  aligned_alloc_fn memalign = nullptr;
+  AlignedReal aligned;  // posix_memalign, aligned_alloc, memalign: any may be missing (aligned.h)
   usable_fn usable = nullptr;
   mmap_fn mmap = nullptr;
   mmap_fn mmap64 = nullptr;
@@ -101,9 +112,9 @@ void resolve() {
     r.free = reinterpret_cast<free_fn>(dlsym(RTLD_NEXT, "free"));
     r.calloc = reinterpret_cast<calloc_fn>(dlsym(RTLD_NEXT, "calloc"));
     r.realloc = reinterpret_cast<realloc_fn>(dlsym(RTLD_NEXT, "realloc"));
-    r.posix_memalign = reinterpret_cast<posix_memalign_fn>(dlsym(RTLD_NEXT, "posix_memalign"));
-    r.aligned_alloc = reinterpret_cast<aligned_alloc_fn>(dlsym(RTLD_NEXT, "aligned_alloc"));
-    r.memalign = reinterpret_cast<aligned_alloc_fn>(dlsym(RTLD_NEXT, "memalign"));
+    r.aligned.posix_memalign = reinterpret_cast<posix_memalign_fn>(dlsym(RTLD_NEXT, "posix_memalign"));
+    r.aligned.aligned_alloc = reinterpret_cast<aligned_alloc_fn>(dlsym(RTLD_NEXT, "aligned_alloc"));
+    r.aligned.memalign = reinterpret_cast<aligned_alloc_fn>(dlsym(RTLD_NEXT, "memalign"));
     r.usable = reinterpret_cast<usable_fn>(dlsym(RTLD_NEXT, "malloc_usable_size"));
     r.mmap = reinterpret_cast<mmap_fn>(dlsym(RTLD_NEXT, "mmap"));
     r.mmap64 = reinterpret_cast<mmap_fn>(dlsym(RTLD_NEXT, "mmap64"));
@@ -145,7 +156,26 @@ DeviceId g_device = 0;
 bool g_stacks = true;
 int g_depth = 32;
 int g_rank = 0;
-std::atomic<int64_t> g_recorded{0};
+std::atomic<int64_t> g_recorded{0};  // rows of allocations at or above the threshold (not the sampled ones)
+
+// The byte sampler (see the top of this file). g_interval 0: off.
+uint64_t g_interval = 0;  // written once in start(), before g_on is set
+uint64_t g_seed = 0;      // 0: each thread seeds from its id and the clock
+std::atomic<uint64_t> g_seed_serial{0};
+thread_local int64_t t_until_sample ZT_TLS = 0;  // bytes until this thread's next sample point
+thread_local uint64_t t_rng ZT_TLS = 0;          // 0: the thread's sampler is not started yet
+std::atomic<int64_t> g_sampled{0};
+std::atomic<int64_t> g_sampled_mmaps_live{0};
+
+// Live sampled allocations are far fewer than frees of small blocks: a free asks the live table
+// only where this counting filter of their addresses says it may hold the block. 2^18 slots
+// (512 KiB, touched only where used): with 8192 live sampled rows (4 GiB of small allocations
+// alive at 512 KiB) 3% of small frees take the table's lock.
+constexpr int kFilterBits = 18;
+std::atomic<uint16_t> g_filter[1 << kFilterBits];
+inline std::atomic<uint16_t>& filter_slot(const void* p) {
+  return g_filter[(uint64_t(reinterpret_cast<uintptr_t>(p) >> 4) * 0x9E3779B97F4A7C15ull) >> (64 - kFilterBits)];
+}
 
 
 // Live recorded allocations: address -> allocation id. Heap-allocated and never destroyed,
@@ -153,6 +183,8 @@ std::atomic<int64_t> g_recorded{0};
 std::mutex g_live_mu;
 std::unordered_map<uintptr_t, AllocId>* g_live_malloc = nullptr;
 std::unordered_map<uintptr_t, AllocId>* g_live_mmap = nullptr;
+std::unordered_map<uintptr_t, AllocId>* g_live_sampled = nullptr;       // malloc family
+std::unordered_map<uintptr_t, AllocId>* g_live_sampled_mmap = nullptr;  // small anonymous mmaps
 
 // The Recorder keeps per-thread state in a thread_local that is destroyed when the thread
 // ends, and for the main thread when exit() begins (before atexit handlers and static
@@ -197,6 +229,10 @@ Slot& slot() {
   return *t_slot;
 }
 
+constexpr const char* kUnseenFree =
+    "host frees not seen (the address was allocated again while its allocation was open): the allocation was "
+    "closed at the time its address came back";
+
 // Frames between capture_stack's caller and the application: record_large, then the hook.
 // Both are noinline so that this count holds.
 constexpr int kSkipFrames = 2;
@@ -215,13 +251,24 @@ __attribute__((noinline)) void record_large(void* p, size_t requested, size_t by
   e.requested_bytes = static_cast<int64_t>(requested);
   e.source = Source::HostHook;
   e.stack = g_stacks ? rec->capture_stack(kSkipFrames, g_depth) : 0;
+  e.t = now_ns();
   AllocId id = rec->alloc(e);
   arm_sentinel();
   g_recorded.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard lock(g_live_mu);
-  auto& table = mmapped ? *g_live_mmap : *g_live_malloc;
-  auto [it, inserted] = table.insert_or_assign(reinterpret_cast<uintptr_t>(p), id);
-  (void)inserted;
+  AllocId stale = 0;
+  {
+    std::lock_guard lock(g_live_mu);
+    auto& table = mmapped ? *g_live_mmap : *g_live_malloc;
+    auto [it, inserted] = table.try_emplace(reinterpret_cast<uintptr_t>(p), id);
+    if (!inserted) stale = std::exchange(it->second, id);
+  }
+  // The address came back while its earlier allocation is open: that one's free went by unseen
+  // (a munmap of part of a mapping, a free on a thread that no longer records, a raw syscall). It
+  // was freed by now, so its row is closed at this allocation's time, and the guess is counted.
+  if (stale) {
+    rec->free(stale, e.t);
+    rec->dropped(1, kUnseenFree, g_rank);
+  }
 }
 
 // Returns false when p was not a recorded allocation.
@@ -243,8 +290,98 @@ __attribute__((noinline)) bool forget_large(void* p, bool mmapped) {
   return true;
 }
 
+// The thread's random numbers (xorshift64*): never 0 once seeded.
+inline uint64_t next_random() {
+  t_rng ^= t_rng >> 12;
+  t_rng ^= t_rng << 25;
+  t_rng ^= t_rng >> 27;
+  return t_rng * 0x2545F4914F6CDD1Dull;
+}
+// Bytes to the next sample point: exponential with mean g_interval, at least 1.
+inline int64_t draw_until_sample() {
+  const double u = (double(next_random() >> 11) + 0.5) * (1.0 / 9007199254740992.0);  // (0, 1)
+  const double x = -std::log(u) * double(g_interval);
+  return x < 1 ? 1 : x > 9.0e18 ? int64_t(9.0e18) : int64_t(x);
+}
+
+// An allocation under the threshold whose bytes reached this thread's next sample point (or the
+// thread's first, which starts its sampler): recorded as a sampled row, its free tracked. Returns
+// without recording when the point is not reached after all (a thread's first allocation).
+// noinline, called only from the hooks: the stack skips it and the hook (kSkipFrames).
+__attribute__((noinline)) void sample_small(void* p, size_t requested, bool mmapped) {
+  if (__builtin_expect(t_rng == 0, 0)) {
+    uint64_t seed = g_seed ? g_seed + 0x9E3779B97F4A7C15ull * g_seed_serial.fetch_add(1, std::memory_order_relaxed)
+                           : (uint64_t(syscall(SYS_gettid)) << 32) ^ uint64_t(now_ns());
+    t_rng = seed ? seed : 1;
+    (void)next_random();
+    t_until_sample = draw_until_sample() - int64_t(requested);
+    if (t_until_sample > 0) return;
+  }
+  // The next point, from this allocation's end.
+  t_until_sample = draw_until_sample();
+  Recorder* rec = g_rec.load(std::memory_order_acquire);
+  if (!rec || !g_on.load(std::memory_order_relaxed)) return;
+  ScopedGuard guard;
+  const size_t bytes = mmapped ? requested : g_real.usable(p);
+  // P(sampled) = 1 - exp(-s/T) for the s bytes the sampler counted; the row stands for bytes / P.
+  const double prob = -std::expm1(-double(requested) / double(g_interval));
+  if (!(prob > 0)) return;
+  AllocEvent e;
+  e.rank = g_rank;
+  e.device = g_device;
+  e.memory_kind = MemoryKind::PageableHost;
+  e.level = AllocLevel::Segment;
+  e.address = reinterpret_cast<uint64_t>(p);
+  e.bytes = static_cast<int64_t>(bytes);
+  e.requested_bytes = static_cast<int64_t>(requested);
+  e.source = Source::HostHook;
+  e.weight_bytes = std::max<int64_t>(int64_t(bytes), std::llround(double(bytes) / prob));
+  e.stack = g_stacks ? rec->capture_stack(kSkipFrames, g_depth) : 0;
+  e.t = now_ns();
+  AllocId id = rec->alloc(e);
+  arm_sentinel();
+  g_sampled.fetch_add(1, std::memory_order_relaxed);
+  AllocId stale = 0;
+  {
+    std::lock_guard lock(g_live_mu);
+    auto& table = mmapped ? *g_live_sampled_mmap : *g_live_sampled;
+    auto [it, inserted] = table.try_emplace(reinterpret_cast<uintptr_t>(p), id);
+    if (!inserted) stale = std::exchange(it->second, id);
+    else if (mmapped) g_sampled_mmaps_live.fetch_add(1, std::memory_order_relaxed);
+    else filter_slot(p).fetch_add(1, std::memory_order_relaxed);
+  }
+  // The address is live in the table already: its free went by unseen, as in record_large. That
+  // row ends at this allocation's time, and the guess is counted.
+  if (stale) {
+    rec->free(stale, e.t);
+    rec->dropped(1, kUnseenFree, g_rank);
+  }
+}
+
+// Returns false when p is not a live sampled allocation.
+__attribute__((noinline)) bool forget_sampled(void* p, bool mmapped) {
+  Recorder* rec = g_rec.load(std::memory_order_acquire);
+  if (!rec || !g_on.load(std::memory_order_relaxed)) return false;
+  ScopedGuard guard;
+  AllocId id = 0;
+  {
+    std::lock_guard lock(g_live_mu);
+    auto& table = mmapped ? *g_live_sampled_mmap : *g_live_sampled;
+    auto it = table.find(reinterpret_cast<uintptr_t>(p));
+    if (it == table.end()) return false;  // a filter collision
+    id = it->second;
+    table.erase(it);
+    if (mmapped) g_sampled_mmaps_live.fetch_sub(1, std::memory_order_relaxed);
+    else filter_slot(p).fetch_sub(1, std::memory_order_relaxed);
+  }
+  rec->free(id);
+  arm_sentinel();
+  return true;
+}
+
 // After a successful allocation of `requested` bytes at p. Small ones count the requested
-// bytes (asking the allocator for the usable size here cost more than the rest of the hook).
+// bytes (asking the allocator for the usable size here cost more than the rest of the hook), and
+// move the thread's sampler.
 inline void on_alloc(void* p, size_t requested) {
   if (!p || !app_thread()) return;
   if (__builtin_expect(requested < g_threshold, 1)) {
@@ -252,6 +389,7 @@ inline void on_alloc(void* p, size_t requested) {
     const bool shared = t_slot_shared;
     bump(s.allocs, 1, shared);
     bump(s.alloc_bytes, requested, shared);
+    if (g_interval && __builtin_expect((t_until_sample -= int64_t(requested)) <= 0, 0)) sample_small(p, requested, false);
     return;
   }
   record_large(p, requested, g_real.usable(p), false);
@@ -264,6 +402,8 @@ inline void on_free(void* p) {
   // A recorded allocation's block is at least as large as the request, which was at least the
   // threshold: a smaller block is certainly not recorded; a larger one only costs a lookup.
   if (__builtin_expect(block_size(p) >= g_threshold, 0) && forget_large(p, false)) return;
+  // A sampled block is any size under the threshold: the filter says which may be one.
+  if (__builtin_expect(filter_slot(p).load(std::memory_order_relaxed) != 0, 0) && forget_sampled(p, false)) return;
   Slot& s = slot();
   bump(s.frees, 1, t_slot_shared);
 }
@@ -276,8 +416,12 @@ void start(const HostHookConfig& cfg) {
   if (!g_live_malloc) {
     g_live_malloc = new std::unordered_map<uintptr_t, AllocId>();
     g_live_mmap = new std::unordered_map<uintptr_t, AllocId>();
+    g_live_sampled = new std::unordered_map<uintptr_t, AllocId>();
+    g_live_sampled_mmap = new std::unordered_map<uintptr_t, AllocId>();
   }
   g_threshold = cfg.threshold;
+  g_interval = cfg.sample_interval;
+  g_seed = cfg.sample_seed;
   g_device = cfg.host_device;
   g_stacks = cfg.stacks;
   g_depth = cfg.stack_depth;
@@ -312,6 +456,7 @@ SmallTotals small_totals() {
 }
 
 int64_t recorded_count() { return g_recorded.load(); }
+int64_t sampled_count() { return g_sampled.load(); }
 
 int64_t large_live_count() {
   ScopedGuard guard;
@@ -376,21 +521,21 @@ ZT_EXPORT void* realloc(void* old, size_t n) {
 
 ZT_EXPORT int posix_memalign(void** out, size_t align, size_t n) {
   ensure_real();
-  int rc = g_real.posix_memalign(out, align, n);
+  int rc = real_posix_memalign(g_real.aligned, out, align, n);
   if (rc == 0) on_alloc(*out, n);
   return rc;
 }
 
 ZT_EXPORT void* aligned_alloc(size_t align, size_t n) {
   ensure_real();
-  void* p = g_real.aligned_alloc(align, n);
+  void* p = real_aligned_alloc(g_real.aligned, align, n, false);
   on_alloc(p, n);
   return p;
 }
 
 ZT_EXPORT void* memalign(size_t align, size_t n) {
   ensure_real();
-  void* p = g_real.memalign(align, n);
+  void* p = real_aligned_alloc(g_real.aligned, align, n, true);
   on_alloc(p, n);
   return p;
 }
@@ -403,8 +548,9 @@ inline bool is_allocation_like(int prot, int flags) {
   return (flags & MAP_ANONYMOUS) && prot != PROT_NONE && !(flags & MAP_NORESERVE);
 }
 inline void after_mmap(void* p, size_t len, int prot, int flags) {
-  if (p == MAP_FAILED || len < g_threshold || !is_allocation_like(prot, flags) || !app_thread()) return;
-  record_large(p, len, len, true);
+  if (p == MAP_FAILED || !is_allocation_like(prot, flags) || !app_thread()) return;
+  if (len >= g_threshold) record_large(p, len, len, true);
+  else if (g_interval && (t_until_sample -= int64_t(len)) <= 0) sample_small(p, len, true);
 }
 }  // namespace
 
@@ -427,5 +573,6 @@ ZT_EXPORT int munmap(void* addr, size_t len) {
   // Only an unmapping that starts where a recorded mapping starts closes it (the common
   // case); unmapping part of a mapping leaves the row open.
   if (len >= g_threshold && app_thread()) (void)forget_large(addr, true);
+  else if (g_sampled_mmaps_live.load(std::memory_order_relaxed) > 0 && app_thread()) (void)forget_sampled(addr, true);
   return g_real.munmap(addr, len);
 }

@@ -1,7 +1,8 @@
-"""The world size from the program's communicator: after torch.distributed.init_process_group
+"""The rank and world size from the program's communicator: after torch.distributed.init_process_group
 returns, this process is get_rank() of get_world_size() (LOCAL_RANK, where the launcher set it,
-is its local rank). The probe's rank row takes it; without this hook it has the launcher's
-variables (zt/probe: probe_main.cpp), and 1 without those.
+is its local rank). The probe's rank row takes them (a process no launcher variable named, a
+torch.multiprocessing.spawn child, becomes that rank); without this hook it has the launcher's
+variables (zt/probe: probe_main.cpp, docs/probe.md "Ranks"), and world size 1 without those.
 """
 
 import functools

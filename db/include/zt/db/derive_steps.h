@@ -6,6 +6,8 @@
 // When: once a trace is finished, never on the hot path: `zt probe` derives them in each trace
 // of its run after the program has ended (a killed program too), `zt db steps` again on any
 // trace. The range rows stay as they were; the derived rows are added beside them.
+// derive_steps_in_memory() decides the same rows and writes nothing: `zt check` uses it on a
+// trace whose probe could not derive them (killed together with its job).
 //
 // Sources, in order of precedence; steps and epochs each come from the first source that has
 // any (so `--step-range` can give the steps and the zerotrace module the epochs):
@@ -34,15 +36,22 @@
 //    (epochs): its own markers stand.
 //  - meta `steps_from` / `epochs_from` say which source gave them; `step_range` /
 //    `epoch_range` keep the user's patterns (zt db steps reuses them when given none).
+//  - A range name over 1 KiB serves no source (std::regex matches by recursion, a frame per
+//    character: a hostile name would overflow the stack).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include <optional>
+
 #include "zt/common/status.h"
+#include "zt/db/rows.h"
 
 namespace zt::db {
+
+class TraceReader;
 
 struct StepRules {
   std::string step_range;   // "" = none
@@ -66,6 +75,23 @@ struct DerivedMarkers {
 // any readable trace), replacing those derived before. Patterns are checked first (bad ones
 // fail, nothing written); empty rules reuse the patterns recorded in the trace, if any.
 Status derive_steps(const std::string& path, const StepRules& rules, DerivedMarkers* out);
+
+// One derived marker row, its name as text.
+struct DerivedMarker {
+  int64_t rank = 0;
+  MarkerKind kind = MarkerKind::Step;
+  std::string name;  // "step 3", "epoch 0", a phase's name
+  int64_t t_start = 0;
+  std::optional<int64_t> t_end, step, epoch;
+};
+
+// The rows derive_steps() would write, returned and not written (the trace opened read-only
+// stays as it is). Rows derived earlier (meta derived_markers) are not taken for the program's
+// own; `rows` holds the epochs, then the steps, then the phases. Only the rules given are used,
+// never the patterns recorded in the trace: a reader of a trace it did not make does not compile
+// the regular expressions in it (a deep one overflows std::regex's stack).
+Status derive_steps_in_memory(const TraceReader& reader, const StepRules& rules, DerivedMarkers* out,
+                              std::vector<DerivedMarker>* rows);
 
 // "4 steps (from DeepSpeed's ranges), 0 epochs": one line for summaries.
 std::string describe(const DerivedMarkers& d);

@@ -2,9 +2,11 @@
 //  - Chrome trace-event JSON (opens in Perfetto and chrome://tracing): allocation lifetimes
 //    and transfers as async slices, markers as complete slices, memory counters as counter
 //    tracks, faults and errors as instant events. Times in microseconds from the trace's
-//    first event. One process per rank.
+//    first event. One process per rank (a launcher or helper named by its role and pid).
 //  - Merge: per-rank trace files into one trace; clocks kept as they are, ranks kept
-//    apart (the same rank in two inputs is an error), ids renumbered.
+//    apart (the same rank in two inputs is an error; a probed file's rank is its job rank),
+//    launchers' and helpers' keys renumbered after every rank in input order (rank.role),
+//    ids renumbered.
 // Both write to a temporary file beside the output and rename it into place, so a failure
 // leaves no half-written output and never touches an existing one.
 #pragma once

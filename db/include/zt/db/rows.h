@@ -39,6 +39,13 @@ struct RankRow {
   std::optional<int64_t> local_rank;
   std::string hostname;
   int64_t pid = 0;
+  // Rank: a rank of the job; Launcher, Helper: a process of the run that is not one, and `rank`
+  // is only its key (db/SCHEMA.md). Files written before roles read as ranks.
+  RankRole role = RankRole::Rank;
+  // The job's rank this row is or belongs to: a rank's own (equal to `rank`; NULL where no launcher
+  // or communicator named it: the one process of a run without a launcher), a helper's rank (NULL
+  // when it belongs to the launcher or is not known); NULL for a launcher.
+  std::optional<int64_t> job_rank;
 };
 
 struct DeviceRow {
@@ -96,6 +103,12 @@ struct AllocationRow {
   Source source = Source::Api;
   int64_t segment_id = 0;
   std::optional<int64_t> stream;
+  // A sampled row (the probe's byte sampler picked this allocation among those under its
+  // threshold): the bytes it stands for, bytes / P(sampled), at least `bytes`. NULL (nullopt) for
+  // a row recorded one by one. Estimates of live bytes by site count it by this (counted_bytes).
+  std::optional<int64_t> weight_bytes;
+  bool sampled() const { return weight_bytes.has_value(); }
+  int64_t counted_bytes() const { return weight_bytes ? *weight_bytes : bytes; }
 };
 
 struct TransferRow {

@@ -56,11 +56,21 @@ inline constexpr const char* kSecondRecordSql = "(level = 1 AND segment_id IS NO
 inline bool is_second_record(AllocLevel level, int64_t segment_id) {
   return level == AllocLevel::Segment && segment_id != 0;
 }
+// A sampled allocation row (allocation.weight_bytes set; SCHEMA.md, "Sampled rows"). Exact sums
+// of live bytes (peaks, budgets) leave them out; estimates by site count them by their weight.
+// Files written before the column have no sampled rows: TraceReader::sampled_sql() says "0".
+inline constexpr const char* kSampledSql = "(weight_bytes IS NOT NULL)";
 enum class TransferKind : uint8_t { H2D = 0, D2H = 1, D2D = 2, H2H = 3, P2P = 4, Collective = 5 };
 enum class PlacementWhy : uint8_t { Created = 0, Moved = 1, Freed = 2 };
 enum class MarkerKind : uint8_t { Step = 0, MicroStep = 1, Epoch = 2, Phase = 3, Range = 4 };
 enum class DeviceKind : uint8_t { Cpu = 0, Cuda = 1, Sim = 2 };
 enum class RunStatus : uint8_t { Running = 0, Ok = 1, Failed = 2, Signal = 3, Terminated = 4 };
+// What a rank row stands for (rank.role). Rank: a rank of the job. Launcher: a process of the run
+// that started ranks and is none itself (torchrun's agent, mpirun, srun, a shell). Helper: any
+// other process of the run (a subprocess a rank or the launcher started, an image of a rank's
+// process before it exec'd). A launcher's or helper's `rank` value is a key after the job's
+// ranks, not a rank (db/SCHEMA.md).
+enum class RankRole : uint8_t { Rank = 0, Launcher = 1, Helper = 2 };
 
 std::string_view to_string(MemoryKind);
 std::string_view to_string(AllocLevel);
@@ -70,6 +80,7 @@ std::string_view to_string(PlacementWhy);
 std::string_view to_string(MarkerKind);
 std::string_view to_string(DeviceKind);
 std::string_view to_string(RunStatus);
+std::string_view to_string(RankRole);
 
 std::optional<TransferKind> transfer_kind_from_string(std::string_view);
 std::optional<MarkerKind> marker_kind_from_string(std::string_view);

@@ -9,9 +9,14 @@
 //  - Inside a transaction, rows of the busy tables (allocation, transfer, kernel, placement,
 //    marker, counter) wait in memory and go in as multi-row INSERTs at commit() (or after 16Ki
 //    waiting rows, or at handle()); a free or marker end for a waiting row is written into it.
-//    So an error of such an insert (a duplicate id) is thrown when the waiting rows are written:
+//    So an error of such an insert (a duplicate id) comes when the waiting rows are written:
 //    by commit(), or by the insert() or handle() that writes them; the other rows still go in.
 //    Outside a transaction every insert goes in at once.
+//  - No call throws (errors cross the module line as Status, db/README.md). A write that fails
+//    keeps its error: status() returns the first one, naming the file and SQLite's words. The
+//    writer goes on after it (after a constraint error the other rows still go in; after an I/O
+//    error the later writes fail too), and finish() returns that first error after its own work,
+//    so that a caller who checks only finish() never takes a trace with a refused row for a whole one.
 //  - finish() builds the indexes, folds the WAL back into the one file and closes it.
 #pragma once
 
@@ -41,6 +46,8 @@ class TraceWriter {
   void begin();
   void commit();
   bool in_transaction() const { return in_tx_; }
+  // The first error of any call so far ("<path>: writing the trace failed: <why>"), or ok.
+  Status status() const;
 
   void insert(const RunRow&);
   void insert(const RankRow&);
@@ -76,6 +83,7 @@ class TraceWriter {
   void checkpoint();
 
   // Builds indexes, checkpoints the WAL into the main file, switches to a single-file journal.
+  // Returns the first error of the writer's life (status()) when there was one, else its own.
   Status finish();
 
   // The connection, for SQL of the caller's own; every waiting row is written first.
@@ -89,6 +97,11 @@ class TraceWriter {
   sqlite3* db_ = nullptr;
   std::unique_ptr<Statements> st_;
   bool in_tx_ = false;
+  bool failed_ = false;
+  std::string error_;  // the first failure's words (status())
+  void fail(const char* what) noexcept;
+  template <class F>
+  bool guarded(F&& f) noexcept;  // runs f; what it throws becomes the writer's error (false)
 };
 
 }  // namespace zt::db

@@ -8,15 +8,22 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "zt/common/status.h"
+#include "zt/db/schema.h"
 
 namespace zt::probe {
 
 inline constexpr const char* kEnvOutput = "ZT_PROBE_OUTPUT";                // trace file of the root process
-inline constexpr const char* kEnvHostThreshold = "ZT_PROBE_HOST_THRESHOLD";  // "1MiB": smaller ones are summed
+inline constexpr const char* kEnvHostThreshold = "ZT_PROBE_HOST_THRESHOLD";  // "1MiB": recorded one by one from this size
+// Host allocations under the threshold are sampled by bytes: a Poisson sample of mean interval
+// "512KiB" (0: off), each sampled allocation a row standing for its expected bytes.
+inline constexpr const char* kEnvSampleInterval = "ZT_PROBE_SAMPLE_INTERVAL";
+// A number that makes the sample the same in every run of the same program (tests); unset or 0: random.
+inline constexpr const char* kEnvSampleSeed = "ZT_PROBE_SAMPLE_SEED";
 inline constexpr const char* kEnvStacks = "ZT_PROBE_STACKS";                // 0: no call stacks
 inline constexpr const char* kEnvStackDepth = "ZT_PROBE_STACK_DEPTH";       // frames per stack (1..128)
 inline constexpr const char* kEnvHost = "ZT_PROBE_HOST";                    // 0: host allocations not recorded
@@ -41,11 +48,60 @@ inline constexpr const char* kEnvTorchEntries = "ZT_PROBE_TORCH_ENTRIES";
 // and writes its own per-process file instead of overwriting the root's trace.
 inline constexpr const char* kEnvClaimed = "ZT_PROBE_CLAIMED";
 
+// Set by the library in a process that holds a rank (the launcher's variables name one), and in
+// the root of the run: "<host> <pid> <launcher> <rank> <world>" (launcher "-" without a rank,
+// world 0 when not known). Its children inherit it with the variables, and so tell a helper that
+// inherited its rank (same variables, started by it) from a rank a launcher started.
+inline constexpr const char* kEnvRankOwner = "ZT_PROBE_RANK_OWNER";
+
 enum class PythonFrames : uint8_t { Off, Gil, Own };
+
+// ---- which process of the job this is (rank.role, db/SCHEMA.md) ----
+// What the launcher's variables say of a process (trainer/zero/launcher_env.h's read_job_rank).
+struct RankClaim {
+  bool has_rank = false;
+  std::string launcher;  // "torchrun", ...; "" without a rank
+  int rank = 0;
+  int world_size = 0;  // 0: not known
+  bool same(const RankClaim& o) const {
+    return has_rank == o.has_rank && (!has_rank || (launcher == o.launcher && rank == o.rank && world_size == o.world_size));
+  }
+};
+struct RankOwner {
+  std::string host;
+  int64_t pid = 0;
+  RankClaim claim;
+};
+std::string format_rank_owner(const RankOwner& o);
+std::optional<RankOwner> parse_rank_owner(const std::string& text);  // nullopt: not an owner line
+
+// What a process records itself as, at load. The rules (docs/probe.md, "Ranks"):
+//  - variables naming a rank: the rank, unless the owner it inherited holds the same claim and is
+//    its ancestor (then a helper of that rank: a subprocess of the rank); an owner that is this
+//    very process is an earlier image of it (exec), so still the rank. A rank whose owner is some
+//    other process (a launcher with no rank, srun's batch shell that is task 0, an outer launcher)
+//    names it in `launched_by` (where it runs on this host): zt probe records that process as the
+//    launcher.
+//  - no rank variables: the root of the run (or an exec'd image of it) is the one rank of a run
+//    without a launcher (job rank unknown) until zt probe finds ranks; any other process is a
+//    helper, of the owner's rank where it inherited one.
+// `owns`: this process becomes the owner its children inherit.
+struct ProcessRole {
+  db::RankRole role = db::RankRole::Rank;
+  std::optional<int> job_rank;
+  int64_t launched_by = 0;  // 0: none
+  bool owns = false;
+};
+ProcessRole decide_process_role(const RankClaim& self, bool root, const std::optional<RankOwner>& owner,
+                                bool owner_here, bool owner_is_self, bool owner_is_ancestor);
 
 struct ProbeConfig {
   std::string output = "zt-probe.db";
   uint64_t host_threshold = 1ull << 20;
+  // 512 KiB, as Go's heap profiler (runtime.MemProfileRate): about two sampled rows per MiB
+  // allocated under the threshold, which keeps a Python job's cost near 1% (docs/probe.md).
+  uint64_t sample_interval = 512ull << 10;
+  uint64_t sample_seed = 0;
   bool stacks = true;
   int stack_depth = 32;
   PythonFrames python = PythonFrames::Own;

@@ -19,9 +19,12 @@
 //  - One clock: now_ns() is CLOCK_MONOTONIC in nanoseconds.
 #pragma once
 
+#include <signal.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -84,7 +87,11 @@ struct AllocEvent {
   AllocId segment = 0;  // for a block: the segment it was carved from
   int64_t stream = -1;  // -1: none
   int64_t t = 0;        // 0: now
-  bool free_by_address = false;  // a later free_address(device, address) closes it
+  // A later free_address(device, address) closes it: the free closes the allocation that was
+  // live at that address at the free's time (the one made there last at or before it), also
+  // when a new allocation at the same address reaches the writer in the same cycle.
+  bool free_by_address = false;
+  int64_t weight_bytes = 0;  // a sampled allocation: the bytes it stands for (>= bytes); 0: recorded one by one
 };
 
 struct TransferEvent {
@@ -137,8 +144,9 @@ class Recorder {
 
   // --- set-up and slow path: any thread, takes a lock ---
   // Adding a rank again replaces its row (the probe learns the world size from the program's
-  // communicator after it started).
-  void add_rank(int rank, int world_size, std::optional<int> local_rank = std::nullopt);
+  // communicator after it started). role and job_rank: rank.role and rank.job_rank (db/SCHEMA.md).
+  void add_rank(int rank, int world_size, std::optional<int> local_rank = std::nullopt,
+                db::RankRole role = db::RankRole::Rank, std::optional<int> job_rank = std::nullopt);
   DeviceId add_device(int rank, DeviceKind kind, int ordinal, std::string label, std::string name,
                       std::optional<int64_t> capacity_bytes, bool simulated);
   NameId intern(std::string_view text);  // cheap after the first time on a thread
@@ -157,6 +165,9 @@ class Recorder {
   // A libunwind backtrace of the calling thread, `skip` frames above the caller dropped.
   StackId capture_stack(int skip = 0, int max_depth = 32);
   void fault(const db::FaultRow& row);  // id and t filled in when 0
+  // Waits at most 500 ms for the slow path's lock (an error is often recorded on the way down,
+  // std::terminate, where the lock may never come free); a row given up is counted, and the
+  // count lands in `dropped` ("error rows not recorded: ...").
   void error(const db::ErrorRow& row);
   // Something the reader should know that is not an error of the run ("CUDA tracing was off:
   // ..."): kept in the run row's config_json as "notes" (written at close).
@@ -189,6 +200,10 @@ class Recorder {
   uint64_t events_recorded() const;  // committed rows from rings
   uint64_t events_dropped() const;
 
+  // Tests only: the slow path's lock, held until the returned lock goes (what a thread stopped
+  // or dying inside the recorder does to the other callers).
+  std::unique_lock<std::timed_mutex> hold_slow_path_lock_for_testing();
+
   // Used by the crash handlers: finish from a dying process (called in a signal handler).
   void crash_finalize(RunStatus status, const char* detail, int timeout_ms);
 
@@ -201,6 +216,24 @@ class Recorder {
   void publish(ThreadRing* r);
   int64_t next_id(ThreadRing* r);
   std::unique_ptr<Impl> impl_;
+};
+
+// While alive, the calling thread blocks every asynchronous signal; its mask is restored after.
+// Every thread the probe starts (the writer, the RSS sampler, the CUPTI decoder) is created under
+// one and inherits the mask, so that a signal the program sends to its process (SIGUSR1 for its
+// own sigwait thread, SIGTERM, SIGINT) is never delivered to a probe thread, where its default
+// action would end the program (heaptrack's bug 378494). The synchronous fatal signals (SIGSEGV,
+// SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT) stay as they were: a fault raises them in the
+// thread that made it, and blocked they kill the process without the crash handlers.
+class BlockAsyncSignals {
+ public:
+  BlockAsyncSignals();
+  ~BlockAsyncSignals();
+  BlockAsyncSignals(const BlockAsyncSignals&) = delete;
+  BlockAsyncSignals& operator=(const BlockAsyncSignals&) = delete;
+
+ private:
+  sigset_t saved_;
 };
 
 // RAII marker: begin in the constructor, end in the destructor.

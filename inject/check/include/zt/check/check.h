@@ -32,6 +32,10 @@ Status parse_budget(const std::string& text, Budget* out);
 
 inline constexpr int64_t kLeakThresholdMax = 512 << 10;  // the default threshold of a large memory
 inline constexpr int64_t kLeakThresholdMin = 64 << 10;   // ... and of a small one (1% below it)
+// RSS growth per epoch (or window) that the recorded allocations do not explain and that counts as a
+// leak (probed traces): above the allocator's and the interpreter's own drift in a clean job
+// (inject/check/README.md says why 4 MiB).
+inline constexpr int64_t kRssThresholdDefault = 4 << 20;
 
 struct Options {
   bool run = false;                      // how the run ended: failed, killed or never closed is a failure
@@ -43,12 +47,18 @@ struct Options {
   // Growth per epoch that counts as a leak (bytes); 0: per memory, kLeakThresholdMax or 1% of the
   // memory at the first compared epoch when that is smaller, but not below kLeakThresholdMin.
   int64_t leak_threshold = 0;
+  // --leaks on a probed trace: RSS growth per epoch (or window) beyond what the recorded host
+  // allocations explain that counts as a leak; 0: kRssThresholdDefault.
+  int64_t rss_threshold = 0;
 
   // No check chosen: run, leaks, placement and steps against the plan.
   bool none_chosen() const { return !run && !leaks && !placement && !steps && !expected_steps && !budget; }
 };
 
-enum class Outcome { Pass, Fail, Skip };
+// Skip: a check of the default set that cannot run on this trace (it says why). CannotRun: the same
+// for a check named on the command line: not a pass (zt check exits 1), with the reason and what
+// the check needs.
+enum class Outcome { Pass, Fail, Skip, CannotRun };
 const char* to_string(Outcome);
 
 struct CheckResult {
@@ -63,18 +73,20 @@ struct CheckResult {
 struct Report {
   std::string trace;
   std::vector<CheckResult> checks;
-  bool failed() const;
+  bool failed() const;  // a check failed or, named on the command line, could not run
   int count(Outcome) const;
 };
 
 // Opens `trace_path` read-only and runs the chosen checks (Options::none_chosen(): the default set).
+// A chosen check that cannot run is CannotRun; in the default set it is Skip.
 Status run_checks(const std::string& trace_path, const Options& options, Report* out);
 
 // The report as the terminal shows it: a line per check, a line per finding, a summary line.
 std::string format_text(const Report& report);
 
 // JUnit XML: testsuite "zt check", a testcase per check, <failure message=...> with the
-// findings, <skipped> for a check that could not run.
+// findings, <skipped> for a check of the default set that could not run, <error type="cannot run">
+// for a check named on the command line that could not.
 std::string junit_xml(const Report& report);
 // A JUnit file for a trace that could not be read at all: one testcase "trace" with <error>.
 std::string junit_xml_error(const std::string& trace_path, const std::string& message);
