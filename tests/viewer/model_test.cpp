@@ -403,6 +403,55 @@ TEST(TraceModelRun, ARunThatEndedBadlySaysSoAndCountsAreNotBytes) {
   EXPECT_EQ(names, std::vector<std::string>{"host_rss"});
 }
 
+// A probed job's host track: host_small_bytes_allocated, a running total of every small allocation
+// made (2 GiB by the end of an HF Trainer job whose RSS stayed near 300 MiB), is not memory in use:
+// it is neither drawn nor sets the scale, so RSS and pageable set it. Nor is another running total
+// of bytes (a "..._total").
+TEST(TraceModelCounters, ARunningTotalDoesNotScaleTheHostTrack) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("hf.db");
+  std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "python3 hf_job.py");
+  ASSERT_NE(w, nullptr);
+  constexpr int64_t MiB = 1 << 20;
+  w->insert(DeviceRow{1, 0, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+  w->insert(StringRow{1, "host_rss"});
+  w->insert(StringRow{2, "host_small_bytes_allocated"});
+  w->insert(StringRow{3, "host_small_allocations"});
+  w->insert(StringRow{4, "pinned_allocated"});
+  w->insert(StringRow{5, "gloo_bytes_sent_total"});
+  int64_t id = 0;
+  for (int64_t i = 0; i < 8; ++i) {
+    w->insert(CounterRow{++id, 0, 1, 1, 100 * i, double((280 + i) * MiB)});
+    w->insert(CounterRow{++id, 0, 1, 2, 100 * i, double((i + 1) * 256 * MiB)});  // up to 2 GiB
+    w->insert(CounterRow{++id, 0, 1, 3, 100 * i, double(1000 * (i + 1))});
+    w->insert(CounterRow{++id, 0, 1, 4, 100 * i, double(4 * MiB)});
+    w->insert(CounterRow{++id, 0, 1, 5, 100 * i, double((i + 1) * 512 * MiB)});
+  }
+  AllocationRow a;
+  a.id = 1, a.rank = 0, a.device_id = 1, a.memory_kind = MemoryKind::PageableHost, a.level = AllocLevel::Segment;
+  a.address = 0x10000000, a.bytes = a.requested_bytes = 64 * MiB, a.t_alloc = 50, a.source = Source::HostHook;
+  w->insert(a);
+  w->set_run_end(1, 800, RunStatus::Ok, 0, "");
+  std::unique_ptr<TraceModel> m = finish_and_load(*w, path);
+  ASSERT_NE(m, nullptr);
+  std::vector<std::string> names;
+  double top = 0;
+  for (const Track& t : m->tracks)
+    if (t.kind == TrackKind::HostMemory)
+      for (const SeriesRef& r : t.series) {
+        names.push_back(r.name);
+        top = std::max(top, m->series[size_t(r.series)].peak);
+      }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"host_rss", "pageable"}));
+  EXPECT_EQ(top, double(287 * MiB));  // RSS's peak: what the track is scaled to
+  EXPECT_TRUE(is_cumulative_counter("host_small_bytes_allocated"));
+  EXPECT_TRUE(is_cumulative_counter("gloo_bytes_sent_total"));
+  EXPECT_FALSE(is_cumulative_counter("pinned_allocated"));
+  EXPECT_FALSE(is_cumulative_counter("host_rss"));
+}
+
 // A phase of step s that runs into step s+1 (the delayed update's AdamW, on a background thread
 // beside the next step) is drawn on a "background" lane of its own, so the next step's phases stay
 // on the first phase lane; a phase between two steps (a checkpoint) stays with the phases.

@@ -139,6 +139,13 @@ class LaneAssigner {
 
 }  // namespace
 
+bool is_cumulative_counter(std::string_view name) {
+  auto ends_with = [&](std::string_view tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return ends_with("_total") || ends_with("bytes_allocated");
+}
+
 Direction direction_of(db::TransferKind k) {
   switch (k) {
     case db::TransferKind::H2D: return Direction::H2D;
@@ -434,6 +441,10 @@ Status TraceModel::read_all(LoadProgress* progress) {
     const bool count = n.find("count") != std::string::npos ||
                        (n.size() >= 11 && n.compare(n.size() - 11, 11, "allocations") == 0);
     if (count) continue;
+    // Nor is a running total memory in use: the probe's host_small_bytes_allocated adds up every
+    // small allocation ever made (frees never subtract), a staircase to GiBs that set the host
+    // track's scale and flattened RSS and pageable under it.
+    if (is_cumulative_counter(n)) continue;
     if (n.find("rss") != std::string::npos || n.find("mem") != std::string::npos ||
         n.find("bytes") != std::string::npos || n.find("host") != std::string::npos)
       wanted += (wanted.empty() ? "" : ",") + std::to_string(string_file_id_.empty() ? int64_t(i) : string_file_id_[i]);
