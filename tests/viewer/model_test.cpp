@@ -452,6 +452,49 @@ TEST(TraceModelCounters, ARunningTotalDoesNotScaleTheHostTrack) {
   EXPECT_FALSE(is_cumulative_counter("host_rss"));
 }
 
+// An HF Trainer job that never imported zerotrace: the ranges zt probe's bootstrap wrote for the
+// Trainer's callbacks are drawn as the Trainer's ("Trainer step 0"), not as zerotrace's
+// ("zerotrace.transformers::step 0"); a range of the job's own keeps its name.
+TEST(TraceModelPhases, TheTrainerHookRangesAreLabelledAsTheJobsOwn) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("hf_phases.db");
+  {
+    std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "python3 hf_job.py");
+    ASSERT_NE(w, nullptr);
+    const std::vector<std::string> names = {"zerotrace.transformers::epoch 0", "zerotrace.transformers::step 0",
+                                            "zerotrace.transformers::step 1", "data::load batch"};
+    for (size_t i = 0; i < names.size(); ++i) w->insert(StringRow{int64_t(i) + 1, names[i]});
+    auto range = [&](int64_t id, int64_t name, int64_t t0, int64_t t1) {
+      MarkerRow m;
+      m.id = id, m.kind = MarkerKind::Range, m.name_id = name, m.t_start = t0, m.t_end = t1;
+      w->insert(m);
+    };
+    range(1, 1, 0, 1000);
+    range(2, 2, 10, 400);
+    range(3, 3, 500, 900);
+    range(4, 4, 20, 60);
+    w->set_run_end(1, 1000, RunStatus::Ok, 0, "");
+    w->commit();
+    ASSERT_TRUE(w->finish().ok());
+  }
+  DerivedMarkers d;
+  ASSERT_TRUE(derive_steps(path, StepRules{}, &d).ok());
+  ASSERT_EQ(d.steps, 2);
+  std::unique_ptr<TraceModel> m;
+  ASSERT_TRUE(TraceModel::load(path, &m).ok());
+  std::vector<std::string> phases;
+  for (const Track& t : m->tracks)
+    if (t.kind == TrackKind::Markers)
+      for (size_t l = 2; l < t.lanes.size(); ++l)
+        for (uint32_t item : t.lanes[l].item) phases.push_back(m->str(m->mark.name[item]));
+  std::sort(phases.begin(), phases.end());
+  EXPECT_EQ(phases, (std::vector<std::string>{"Trainer epoch 0", "Trainer step 0", "Trainer step 1", "data::load batch"}));
+  for (size_t i = 0; i < m->mark.size(); ++i) EXPECT_EQ(m->str(m->mark.name[i]).find("zerotrace"), std::string::npos);
+  EXPECT_EQ(range_label("zerotrace.lightning::epoch 2"), "Lightning epoch 2");
+  EXPECT_EQ(range_label("zerotrace::loss"), "zerotrace::loss");  // the job's own zerotrace.phase("loss")
+}
+
 // A phase of step s that runs into step s+1 (the delayed update's AdamW, on a background thread
 // beside the next step) is drawn on a "background" lane of its own, so the next step's phases stay
 // on the first phase lane; a phase between two steps (a checkpoint) stays with the phases.

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "zt/common/files.h"
+#include "zt/db/derive_steps.h"
 #include "zt/db/trace_reader.h"
 #include "zt/db/trace_values.h"
 
@@ -464,6 +465,16 @@ Status TraceModel::read_all(LoadProgress* progress) {
   if (!s) return s;
   if (!alloc_status) return alloc_status;
   rows += alloc_rows;
+  // A range zt probe's framework hooks wrote is shown as the framework's own ("Trainer step 3",
+  // not "zerotrace.transformers::step 3": the job never imported zerotrace). Its name string is
+  // a range's alone, so it is renamed in place, once.
+  std::vector<uint8_t> relabelled(strings_.size());
+  for (size_t i = 0; i < mark.size(); ++i) {
+    const int32_t nm = mark.name[i];
+    if (MarkerKind(mark.kind[i]) != MarkerKind::Range || nm <= 0 || relabelled[size_t(nm)]) continue;
+    relabelled[size_t(nm)] = 1;
+    strings_[size_t(nm)] = db::range_label(strings_[size_t(nm)]);
+  }
 
   // Span of the trace.
   int64_t lo = INT64_MAX, hi = INT64_MIN;

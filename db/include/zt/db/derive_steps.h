@@ -38,6 +38,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "zt/common/status.h"
@@ -66,6 +67,12 @@ struct DerivedMarkers {
 // any readable trace), replacing those derived before. Patterns are checked first (bad ones
 // fail, nothing written); empty rules reuse the patterns recorded in the trace, if any.
 Status derive_steps(const std::string& path, const StepRules& rules, DerivedMarkers* out);
+
+// The name a reader shows for a range. The bootstrap's framework hooks write theirs in a domain
+// of zerotrace's ("zerotrace.transformers::step 3"), though the job never imported zerotrace:
+// they are the framework's own epochs and steps, "Trainer step 3", "Lightning epoch 0". Any
+// other name as it is.
+std::string range_label(std::string_view name);
 
 // "4 steps (from DeepSpeed's ranges), 0 epochs": one line for summaries.
 std::string describe(const DerivedMarkers& d);
