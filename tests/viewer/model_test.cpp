@@ -495,6 +495,20 @@ TEST(TraceModelPhases, TheTrainerHookRangesAreLabelledAsTheJobsOwn) {
   EXPECT_EQ(range_label("zerotrace::loss"), "zerotrace::loss");  // the job's own zerotrace.phase("loss")
 }
 
+// The Replay panel's largest live allocations name their site as `zt db top` does (the Python line),
+// with the device they are on.
+TEST(PythonLeak, TheLargestLiveAllocationsNameTheirSite) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("pyleak.db");
+  ASSERT_TRUE(zt::test::write_python_leak_trace(path));
+  std::unique_ptr<TraceModel> m;
+  ASSERT_TRUE(TraceModel::load(path, &m).ok());
+  PlayheadState st = state_at(*m, 450, 10);
+  ASSERT_EQ(st.largest.size(), 5u);  // grow's four 4 MiB and make_table's 2 MiB
+  EXPECT_EQ(allocation_line(*m, st.largest[0]), "4.00 MiB  grow (/w/leak.py:12)  (rank 0 cpu)");
+  EXPECT_EQ(allocation_line(*m, st.largest[4]), "2.00 MiB  make_table (/usr/lib/libtable.so+0x2000)  (rank 0 cpu)");
+}
+
 // A phase of step s that runs into step s+1 (the delayed update's AdamW, on a background thread
 // beside the next step) is drawn on a "background" lane of its own, so the next step's phases stay
 // on the first phase lane; a phase between two steps (a checkpoint) stays with the phases.
