@@ -433,6 +433,17 @@ Status check_range_pattern(const std::string& pattern, const std::string& flag) 
   return Status::Ok();
 }
 
+std::string range_label(std::string_view name) {
+  // The hooks' domains, as the job knows the framework whose callbacks they are.
+  constexpr std::pair<std::string_view, std::string_view> kOwn[] = {{"zerotrace.transformers", "Trainer"},
+                                                                    {"zerotrace.lightning", "Lightning"}};
+  std::string_view domain;
+  const std::string_view rest = bare(name, &domain);
+  for (auto& [d, own] : kOwn)
+    if (domain == d) return std::string(own) + " " + std::string(rest);
+  return std::string(name);
+}
+
 std::string describe(const DerivedMarkers& d) {
   auto part = [](int64_t n, const char* what, const std::string& from, bool own) {
     std::string s = std::to_string(n) + " " + what + (n == 1 ? "" : "s");

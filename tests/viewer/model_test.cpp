@@ -435,6 +435,112 @@ TEST(TraceModelRun, ARunThatEndedBadlySaysSoAndCountsAreNotBytes) {
   EXPECT_EQ(names, std::vector<std::string>{"host_rss"});
 }
 
+// A probed job's host track: host_small_bytes_allocated, a running total of every small allocation
+// made (2 GiB by the end of an HF Trainer job whose RSS stayed near 300 MiB), is not memory in use:
+// it is neither drawn nor sets the scale, so RSS and pageable set it. Nor is another running total
+// of bytes (a "..._total").
+TEST(TraceModelCounters, ARunningTotalDoesNotScaleTheHostTrack) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("hf.db");
+  std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "python3 hf_job.py");
+  ASSERT_NE(w, nullptr);
+  constexpr int64_t MiB = 1 << 20;
+  w->insert(DeviceRow{1, 0, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+  w->insert(StringRow{1, "host_rss"});
+  w->insert(StringRow{2, "host_small_bytes_allocated"});
+  w->insert(StringRow{3, "host_small_allocations"});
+  w->insert(StringRow{4, "pinned_allocated"});
+  w->insert(StringRow{5, "gloo_bytes_sent_total"});
+  int64_t id = 0;
+  for (int64_t i = 0; i < 8; ++i) {
+    w->insert(CounterRow{++id, 0, 1, 1, 100 * i, double((280 + i) * MiB)});
+    w->insert(CounterRow{++id, 0, 1, 2, 100 * i, double((i + 1) * 256 * MiB)});  // up to 2 GiB
+    w->insert(CounterRow{++id, 0, 1, 3, 100 * i, double(1000 * (i + 1))});
+    w->insert(CounterRow{++id, 0, 1, 4, 100 * i, double(4 * MiB)});
+    w->insert(CounterRow{++id, 0, 1, 5, 100 * i, double((i + 1) * 512 * MiB)});
+  }
+  AllocationRow a;
+  a.id = 1, a.rank = 0, a.device_id = 1, a.memory_kind = MemoryKind::PageableHost, a.level = AllocLevel::Segment;
+  a.address = 0x10000000, a.bytes = a.requested_bytes = 64 * MiB, a.t_alloc = 50, a.source = Source::HostHook;
+  w->insert(a);
+  w->set_run_end(1, 800, RunStatus::Ok, 0, "");
+  std::unique_ptr<TraceModel> m = finish_and_load(*w, path);
+  ASSERT_NE(m, nullptr);
+  std::vector<std::string> names;
+  double top = 0;
+  for (const Track& t : m->tracks)
+    if (t.kind == TrackKind::HostMemory)
+      for (const SeriesRef& r : t.series) {
+        names.push_back(r.name);
+        top = std::max(top, m->series[size_t(r.series)].peak);
+      }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"host_rss", "pageable"}));
+  EXPECT_EQ(top, double(287 * MiB));  // RSS's peak: what the track is scaled to
+  EXPECT_TRUE(is_cumulative_counter("host_small_bytes_allocated"));
+  EXPECT_TRUE(is_cumulative_counter("gloo_bytes_sent_total"));
+  EXPECT_FALSE(is_cumulative_counter("pinned_allocated"));
+  EXPECT_FALSE(is_cumulative_counter("host_rss"));
+}
+
+// An HF Trainer job that never imported zerotrace: the ranges zt probe's bootstrap wrote for the
+// Trainer's callbacks are drawn as the Trainer's ("Trainer step 0"), not as zerotrace's
+// ("zerotrace.transformers::step 0"); a range of the job's own keeps its name.
+TEST(TraceModelPhases, TheTrainerHookRangesAreLabelledAsTheJobsOwn) {
+  using namespace zt::db;
+  zt::test::TempDir dir;
+  const std::string path = dir.file("hf_phases.db");
+  {
+    std::unique_ptr<TraceWriter> w = zt::test::hand_written_trace(path, "python3 hf_job.py");
+    ASSERT_NE(w, nullptr);
+    const std::vector<std::string> names = {"zerotrace.transformers::epoch 0", "zerotrace.transformers::step 0",
+                                            "zerotrace.transformers::step 1", "data::load batch"};
+    for (size_t i = 0; i < names.size(); ++i) w->insert(StringRow{int64_t(i) + 1, names[i]});
+    auto range = [&](int64_t id, int64_t name, int64_t t0, int64_t t1) {
+      MarkerRow m;
+      m.id = id, m.kind = MarkerKind::Range, m.name_id = name, m.t_start = t0, m.t_end = t1;
+      w->insert(m);
+    };
+    range(1, 1, 0, 1000);
+    range(2, 2, 10, 400);
+    range(3, 3, 500, 900);
+    range(4, 4, 20, 60);
+    w->set_run_end(1, 1000, RunStatus::Ok, 0, "");
+    w->commit();
+    ASSERT_TRUE(w->finish().ok());
+  }
+  DerivedMarkers d;
+  ASSERT_TRUE(derive_steps(path, StepRules{}, &d).ok());
+  ASSERT_EQ(d.steps, 2);
+  std::unique_ptr<TraceModel> m;
+  ASSERT_TRUE(TraceModel::load(path, &m).ok());
+  std::vector<std::string> phases;
+  for (const Track& t : m->tracks)
+    if (t.kind == TrackKind::Markers)
+      for (size_t l = 2; l < t.lanes.size(); ++l)
+        for (uint32_t item : t.lanes[l].item) phases.push_back(m->str(m->mark.name[item]));
+  std::sort(phases.begin(), phases.end());
+  EXPECT_EQ(phases, (std::vector<std::string>{"Trainer epoch 0", "Trainer step 0", "Trainer step 1", "data::load batch"}));
+  for (size_t i = 0; i < m->mark.size(); ++i) EXPECT_EQ(m->str(m->mark.name[i]).find("zerotrace"), std::string::npos);
+  EXPECT_EQ(range_label("zerotrace.lightning::epoch 2"), "Lightning epoch 2");
+  EXPECT_EQ(range_label("zerotrace::loss"), "zerotrace::loss");  // the job's own zerotrace.phase("loss")
+}
+
+// The Replay panel's largest live allocations name their site as `zt db top` does (the Python line),
+// with the device they are on.
+TEST(PythonLeak, TheLargestLiveAllocationsNameTheirSite) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("pyleak.db");
+  ASSERT_TRUE(zt::test::write_python_leak_trace(path));
+  std::unique_ptr<TraceModel> m;
+  ASSERT_TRUE(TraceModel::load(path, &m).ok());
+  PlayheadState st = state_at(*m, 450, 10);
+  ASSERT_EQ(st.largest.size(), 5u);  // grow's four 4 MiB and make_table's 2 MiB
+  EXPECT_EQ(allocation_line(*m, st.largest[0]), "4.00 MiB  grow (/w/leak.py:12)  (rank 0 cpu)");
+  EXPECT_EQ(allocation_line(*m, st.largest[4]), "2.00 MiB  make_table (/usr/lib/libtable.so+0x2000)  (rank 0 cpu)");
+}
+
 // A phase of step s that runs into step s+1 (the delayed update's AdamW, on a background thread
 // beside the next step) is drawn on a "background" lane of its own, so the next step's phases stay
 // on the first phase lane; a phase between two steps (a checkpoint) stays with the phases.

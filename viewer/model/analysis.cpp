@@ -4,6 +4,8 @@
 #include <map>
 #include <set>
 
+#include "zt/common/units.h"
+
 namespace zt::viewer {
 namespace {
 using db::AllocLevel;
@@ -228,6 +230,20 @@ PlayheadState state_at(const TraceModel& m, int64_t t, size_t top_n) {
     }
   }
   return st;
+}
+
+std::string allocation_line(const TraceModel& m, uint32_t row) {
+  const Allocations& a = m.alloc;
+  std::string text = format_bytes(double(a.bytes[row]));
+  const std::string& name = m.str(a.name[row]);
+  const std::string& site = m.site(a.stack[row]);
+  if (!name.empty()) text += "  " + name;
+  if (!site.empty()) text += "  " + site;
+  if (name.empty() && site.empty()) text += "  (no name, no stack)";
+  const int d = a.device[row];
+  text += d >= 0 ? "  (rank " + std::to_string(m.devices[size_t(d)].rank) + " " + m.devices[size_t(d)].label + ")"
+                 : std::string("  (-)");
+  return text;
 }
 
 RangeSummary summarize_range(const TraceModel& m, int64_t t0, int64_t t1, size_t top_n) {

@@ -71,6 +71,12 @@ struct PlayheadState {
 // Scans the allocations made before t: O(allocations before t), done once per playhead move.
 PlayheadState state_at(const TraceModel& m, int64_t t, size_t top_n);
 
+// One allocation in a list (the Replay panel's largest live ones, a range's kept ones): its bytes,
+// its tensor name where it has one, its site where a stack was recorded, as `zt db top` names it
+// (TraceModel::site: zt/db/sites.h's rule, not one of the viewer's), and its rank and device:
+// "4.00 MiB  grow (/w/leak.py:12)  (rank 0 cpu)". "(no name, no stack)" where it has neither.
+std::string allocation_line(const TraceModel& m, uint32_t row);
+
 struct RangeSummary {
   int64_t t0 = 0, t1 = 0;
   std::array<int64_t, kDirectionCount> bytes{}, count{};  // transfers starting in the range

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "zt/common/files.h"
+#include "zt/db/derive_steps.h"
 #include "zt/db/trace_reader.h"
 #include "zt/db/trace_values.h"
 
@@ -138,6 +139,13 @@ class LaneAssigner {
 };
 
 }  // namespace
+
+bool is_cumulative_counter(std::string_view name) {
+  auto ends_with = [&](std::string_view tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return ends_with("_total") || ends_with("bytes_allocated");
+}
 
 Direction direction_of(db::TransferKind k) {
   switch (k) {
@@ -444,6 +452,10 @@ Status TraceModel::read_all(LoadProgress* progress) {
     const bool count = n.find("count") != std::string::npos ||
                        (n.size() >= 11 && n.compare(n.size() - 11, 11, "allocations") == 0);
     if (count) continue;
+    // Nor is a running total memory in use: the probe's host_small_bytes_allocated adds up every
+    // small allocation ever made (frees never subtract), a staircase to GiBs that set the host
+    // track's scale and flattened RSS and pageable under it.
+    if (is_cumulative_counter(n)) continue;
     if (n.find("rss") != std::string::npos || n.find("mem") != std::string::npos ||
         n.find("bytes") != std::string::npos || n.find("host") != std::string::npos)
       wanted += (wanted.empty() ? "" : ",") + std::to_string(string_file_id_.empty() ? int64_t(i) : string_file_id_[i]);
@@ -463,6 +475,16 @@ Status TraceModel::read_all(LoadProgress* progress) {
   if (!s) return s;
   if (!alloc_status) return alloc_status;
   rows += alloc_rows;
+  // A range zt probe's framework hooks wrote is shown as the framework's own ("Trainer step 3",
+  // not "zerotrace.transformers::step 3": the job never imported zerotrace). Its name string is
+  // a range's alone, so it is renamed in place, once.
+  std::vector<uint8_t> relabelled(strings_.size());
+  for (size_t i = 0; i < mark.size(); ++i) {
+    const int32_t nm = mark.name[i];
+    if (MarkerKind(mark.kind[i]) != MarkerKind::Range || nm <= 0 || relabelled[size_t(nm)]) continue;
+    relabelled[size_t(nm)] = 1;
+    strings_[size_t(nm)] = db::range_label(strings_[size_t(nm)]);
+  }
 
   // Span of the trace.
   int64_t lo = INT64_MAX, hi = INT64_MIN;

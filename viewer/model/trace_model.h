@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -85,6 +86,12 @@ enum class Direction : uint8_t { H2D = 0, D2H, D2D, Collective };
 inline constexpr int kDirectionCount = 4;
 Direction direction_of(db::TransferKind);
 const char* to_string(Direction);
+
+// A counter that only ever adds up (bytes or items since the start, frees never subtracted):
+// named "..._total" or "...bytes_allocated" (the probe's host_small_bytes_allocated). It says
+// nothing of memory in use, so no memory track draws it or takes its scale from it
+// ("pinned_allocated", bytes in use now, is not one).
+bool is_cumulative_counter(std::string_view name);
 
 enum class TrackKind : uint8_t { Markers, Memory, HostMemory, Allocations, Transfers, Kernels, Flags };
 

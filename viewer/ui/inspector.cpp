@@ -136,10 +136,8 @@ void draw_inspector(ViewerState& st) {
       ImGui::Text("%lld allocations made, %lld not freed by the range's end (%s)", static_cast<long long>(r.allocations),
                   static_cast<long long>(r.kept), format_bytes(double(r.kept_bytes)).c_str());
       for (uint32_t row : r.kept_largest) {
-        const Allocations& a = lt.model->alloc;
         ImGui::PushID(int(row));
-        const std::string& nm = lt.model->str(a.name[row]);
-        std::string text = (nm.empty() ? std::string("(unnamed)") : nm) + "  " + format_bytes(double(a.bytes[row]));
+        const std::string text = allocation_line(*lt.model, row);
         if (ImGui::Selectable(text.c_str()))
           st.select(st.range_trace, ItemKind::Allocation, row);
         ImGui::PopID();

@@ -67,11 +67,7 @@ void draw_trace_state(ViewerState& st, int ti) {
     ImGui::TextDisabled("largest live allocations");
     for (uint32_t r : ps.largest) {
       ImGui::PushID(int(r));
-      std::string text = format_bytes(double(m.alloc.bytes[r])) + "  " + m.str(m.alloc.name[r]) + "  (" +
-                         (m.alloc.device[r] >= 0 ? "rank " + std::to_string(m.devices[size_t(m.alloc.device[r])].rank) + " " +
-                                                     m.devices[size_t(m.alloc.device[r])].label
-                                               : std::string("-")) +
-                         ")";
+      const std::string text = allocation_line(m, r);
       color_swatch(family_color(Family(m.alloc.family[r])));
       if (ImGui::Selectable(text.c_str())) st.select(ti, ItemKind::Allocation, r);
       ImGui::PopID();

@@ -42,6 +42,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <optional>
@@ -92,6 +93,12 @@ struct DerivedMarker {
 // the regular expressions in it (a deep one overflows std::regex's stack).
 Status derive_steps_in_memory(const TraceReader& reader, const StepRules& rules, DerivedMarkers* out,
                               std::vector<DerivedMarker>* rows);
+
+// The name a reader shows for a range. The bootstrap's framework hooks write theirs in a domain
+// of zerotrace's ("zerotrace.transformers::step 3"), though the job never imported zerotrace:
+// they are the framework's own epochs and steps, "Trainer step 3", "Lightning epoch 0". Any
+// other name as it is.
+std::string range_label(std::string_view name);
 
 // "4 steps (from DeepSpeed's ranges), 0 epochs": one line for summaries.
 std::string describe(const DerivedMarkers& d);
