@@ -383,7 +383,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
     if (counted == 0) continue;
     if (std::set<int64_t>(rss->at.begin() + long(v.from), rss->at.end()).size() < 2) {
       // One sample stands for every compared point: the RSS could not be seen to grow.
-      r.context.push_back("rank " + std::to_string(rank) + ": one RSS sample stands for every compared " + b->unit() +
+      r.context.push_back(d.who(rank) + ": one RSS sample stands for every compared " + b->unit() +
                           " start (the " + b->unit() + "s are shorter than the sampling period): its growth was not "
                           "seen; zt probe --rss-interval-ms samples more often");
       continue;
@@ -401,7 +401,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
     const std::string unit = b->unit();
     std::optional<int64_t> host_threshold;
     (void)d.probed(rank, &host_threshold);
-    std::string line = "rank " + std::to_string(rank) + " host RSS: " +
+    std::string line = d.who(rank) + " host RSS: " +
                        (s.kind == Series::Low ? "the lowest RSS of each window grew " : "RSS at " + unit + " start grew ") +
                        format_bytes(double(rss_growth) / double(counted)) + " per " + unit + ", " +
                        format_bytes(unexplained) + " per " + unit + " more than its recorded host allocations explain " +

@@ -145,6 +145,7 @@ bool g_stacks = true;
 int g_depth = 32;
 int g_rank = 0;
 std::atomic<int64_t> g_recorded{0};
+std::atomic<bool (*)()> g_start_first{nullptr};  // a forked child's first recorded allocation starts it
 
 
 // Live recorded allocations: address -> allocation id. Heap-allocated and never destroyed,
@@ -206,7 +207,16 @@ constexpr int kSkipFrames = 2;
 
 __attribute__((noinline)) void record_large(void* p, size_t requested, size_t bytes, bool mmapped) {
   Recorder* rec = g_rec.load(std::memory_order_acquire);
-  if (!rec || !g_on.load(std::memory_order_relaxed)) return;
+  if (!rec || !g_on.load(std::memory_order_relaxed)) {
+    bool (*start)() = g_start_first.load(std::memory_order_acquire);
+    if (!start) return;
+    {
+      ScopedGuard guard;  // the start's own allocations pass through
+      if (!start()) return;
+    }
+    rec = g_rec.load(std::memory_order_acquire);
+    if (!rec || !g_on.load(std::memory_order_relaxed)) return;
+  }
   ScopedGuard guard;
   AllocEvent e;
   e.rank = g_rank;
@@ -302,11 +312,25 @@ void start(const HostHookConfig& cfg) {
 
 void stop() { g_on.store(false, std::memory_order_release); }
 
-void child_after_fork() {
+void child_after_fork(bool (*start_first)()) {
   // Only the forking thread exists now; g_live_mu may be held by a thread that is gone, so
   // nothing here may lock. Turning recording off is enough: every path checks g_on first.
   g_on.store(false, std::memory_order_relaxed);
   g_rec.store(nullptr, std::memory_order_relaxed);
+  for (auto& s : g_slots) {
+    s.allocs.store(0, std::memory_order_relaxed);
+    s.frees.store(0, std::memory_order_relaxed);
+    s.alloc_bytes.store(0, std::memory_order_relaxed);
+  }
+  g_recorded.store(0, std::memory_order_relaxed);
+  g_start_first.store(start_first, std::memory_order_release);
+}
+
+void restart_after_fork() {
+  new (&g_live_mu) std::mutex();  // the parent's may be held by a thread the child does not have
+  ScopedGuard guard;
+  g_live_malloc = new std::unordered_map<uintptr_t, AllocId>();  // the parent's are left as they are
+  g_live_mmap = new std::unordered_map<uintptr_t, AllocId>();
 }
 
 bool recording() { return g_on.load(std::memory_order_relaxed); }
