@@ -205,18 +205,25 @@ constexpr const char* kUnseenFree =
 // Both are noinline so that this count holds.
 constexpr int kSkipFrames = 2;
 
-__attribute__((noinline)) void record_large(void* p, size_t requested, size_t bytes, bool mmapped) {
+// The recorder to record an allocation into, null when not recording. In a forked child whose
+// trace has not started (child_after_fork's start_first), the first allocation to record starts it.
+// Every path that records a new allocation asks here (a free never starts anything).
+inline Recorder* recorder_or_start() {
   Recorder* rec = g_rec.load(std::memory_order_acquire);
-  if (!rec || !g_on.load(std::memory_order_relaxed)) {
-    bool (*start)() = g_start_first.load(std::memory_order_acquire);
-    if (!start) return;
-    {
-      ScopedGuard guard;  // the start's own allocations pass through
-      if (!start()) return;
-    }
-    rec = g_rec.load(std::memory_order_acquire);
-    if (!rec || !g_on.load(std::memory_order_relaxed)) return;
+  if (__builtin_expect(rec && g_on.load(std::memory_order_relaxed), 1)) return rec;
+  bool (*start)() = g_start_first.load(std::memory_order_acquire);
+  if (!start) return nullptr;
+  {
+    ScopedGuard guard;  // the start's own allocations pass through
+    if (!start()) return nullptr;
   }
+  rec = g_rec.load(std::memory_order_acquire);
+  return rec && g_on.load(std::memory_order_relaxed) ? rec : nullptr;
+}
+
+__attribute__((noinline)) void record_large(void* p, size_t requested, size_t bytes, bool mmapped) {
+  Recorder* rec = recorder_or_start();
+  if (!rec) return;
   ScopedGuard guard;
   AllocEvent e;
   e.rank = g_rank;
