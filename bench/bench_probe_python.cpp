@@ -9,7 +9,9 @@
 // wall time of each is printed, and the median CPU time (user + system of the process and its
 // children, which for heaptrack includes heaptrack_interpret). Ratios are against the unprobed run. A second
 // workload records every allocation (2 MiB bytearrays, 20 Python calls deep): the CPU time one
-// recorded stack costs, with and without its Python frames.
+// recorded stack costs, with and without its Python frames. The byte sampler of allocations under
+// the threshold (on by default, 512 KiB) is timed against the same probe with it off
+// (ZT_PROBE_SAMPLE_INTERVAL=0) in the same alternation: its cost, as a ratio.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -157,15 +159,18 @@ int main(int argc, char** argv) {
   const bool have_heaptrack = on_path("heaptrack");
 
   const std::vector<std::string> cmd{python, script, std::to_string(rounds)};
-  auto probe_env = [&](const char* python_frames) {
+  auto probe_env = [&](const char* python_frames, const char* sample_interval = "512KiB") {
     return std::vector<std::string>{"LD_PRELOAD=" + lib, "ZT_PROBE_OUTPUT=" + trace, "ZT_PROBE_QUIET=1",
-                                    std::string("ZT_PROBE_PYTHON=") + python_frames};
+                                    std::string("ZT_PROBE_PYTHON=") + python_frames,
+                                    std::string("ZT_PROBE_SAMPLE_INTERVAL=") + sample_interval};
   };
   std::vector<std::string> ht_cmd{"heaptrack", "-o", ht};
   ht_cmd.insert(ht_cmd.end(), cmd.begin(), cmd.end());
-  Timing base, probed, native_only, heaptrack;
+  Timing base, probed, native_only, heaptrack, unsampled;
   for (long i = 0; i < runs; ++i) {
     keep(base, run(cmd, {}));
+    fs::remove(trace);
+    keep(unsampled, run(cmd, probe_env("1", "0")));
     fs::remove(trace);
     keep(probed, run(cmd, probe_env("1")));
     if (i + 1 < runs) fs::remove(trace);  // the last probed trace is read below
@@ -195,18 +200,23 @@ int main(int argc, char** argv) {
   line("unprobed", base);
   line("zt probe, Python frames (default)", probed);
   line("zt probe, ZT_PROBE_PYTHON=0 (native stacks)", native_only);
+  line("zt probe, sampling off (SAMPLE_INTERVAL=0)", unsampled);
   if (have_heaptrack) line("heaptrack", heaptrack);
   else std::printf("  heaptrack: skipped (not on PATH; Debian package heaptrack)\n");
   std::printf("  target: zt probe at most 1.05x wall\n");
+  if (unsampled.ok)
+    std::printf("  the byte sampler (512 KiB, on) against off, same run: %.3fx wall, %.3fx cpu (target: at most 1.05x)\n",
+                double(probed.wall) / double(unsampled.wall), double(probed.cpu) / double(unsampled.cpu));
 
   std::unique_ptr<zt::db::TraceReader> r;
   if (zt::db::TraceReader::open(trace, &r)) {
     zt::db::QueryResult q;
-    if (r->query("SELECT count(*), count(DISTINCT stack_id), (SELECT count(*) FROM frame WHERE ip = 0) FROM allocation",
+    if (r->query(std::string("SELECT count(*), count(DISTINCT stack_id), (SELECT count(*) FROM frame WHERE ip = 0), "
+                             "(SELECT count(*) FROM allocation WHERE ") + r->sampled_sql() + ") FROM allocation",
                  &q) &&
         !q.rows.empty())
-      std::printf("  the probed run's trace: %s recorded allocations, %s distinct stacks, %s Python frames\n",
-                  q.rows[0][0].c_str(), q.rows[0][1].c_str(), q.rows[0][2].c_str());
+      std::printf("  the probed run's trace: %s allocation rows (%s of them sampled), %s distinct stacks, %s Python frames\n",
+                  q.rows[0][0].c_str(), q.rows[0][3].c_str(), q.rows[0][1].c_str(), q.rows[0][2].c_str());
   }
   r.reset();
 

@@ -635,6 +635,16 @@ int db_top(const std::string& path, const db::TopOptions& o) {
       std::cout << " in " << d.sites << " site" << (d.sites == 1 ? "" : "s") << "\n";
     }
     std::vector<std::vector<std::string>> rows;
+    // A site with sampled rows (the probe's byte sampler) holds an estimate: "~", and its error.
+    auto held = [](const db::SiteBytes& s) {
+      if (s.sampled == 0) return format_bytes(double(s.bytes));
+      return "~" + format_bytes(double(s.bytes)) + " ±" + format_bytes(s.stderr_bytes);
+    };
+    auto count = [](const db::SiteBytes& s) {
+      return std::to_string(s.allocations) + (s.sampled ? " (" + std::to_string(s.sampled) + " sampled)" : "");
+    };
+    bool sampled = false;
+    for (auto& s : d.top) sampled = sampled || s.sampled > 0;
     for (auto& s : d.top) {
       if (epochs) {
         std::string series = format_bytes(double(s.series[0]));
@@ -643,10 +653,9 @@ int db_top(const std::string& path, const db::TopOptions& o) {
           series += (delta < 0 ? ", -" : ", +") + format_bytes(double(delta < 0 ? -delta : delta));
         }
         rows.push_back({(s.grew_per_epoch < 0 ? "-" : "") + format_bytes(s.grew_per_epoch < 0 ? -s.grew_per_epoch : s.grew_per_epoch),
-                        format_bytes(double(s.bytes)), std::to_string(s.allocations), s.site, series});
+                        held(s), count(s), s.site, series});
       } else {
-        rows.push_back({format_bytes(double(s.bytes)), pct(double(s.bytes), double(d.total)), std::to_string(s.allocations),
-                        s.site});
+        rows.push_back({held(s), pct(double(s.bytes), double(d.total)), count(s), s.site});
       }
     }
     if (d.other_bytes > 0 && !epochs)
@@ -658,6 +667,9 @@ int db_top(const std::string& path, const db::TopOptions& o) {
                   {true, true, true, false, false}, "  ");
     else
       print_table(std::cout, {"held", "share", "allocations", "site"}, rows, {true, true, true, false}, "  ");
+    if (sampled)
+      std::cout << "  ~: estimated from allocations sampled by bytes (the probe's --sample-interval), ± one standard "
+                   "error (docs/check.md)\n";
   }
   return kExitOk;
 }

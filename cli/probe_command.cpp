@@ -56,6 +56,7 @@ namespace fs = std::filesystem;
 struct ProbeArgs {
   std::string output = "zt-probe.db";
   std::string host_threshold = "1MiB";
+  std::string sample_interval = "512KiB";
   bool no_stacks = false;
   int stack_depth = 32;
   bool no_host = false;
@@ -387,6 +388,7 @@ void write_exit_code(const std::string& path, pid_t pid, int code, int sig) {
 
 struct TraceCounts {
   int64_t allocations = 0, live = 0, transfers = 0, kernels = 0, dropped = 0;
+  int64_t sampled = 0, sampled_live = 0;  // of allocations (and live): sampled rows, under the threshold
   std::string cuda_off;  // the "CUDA tracing was off" note, if any
   bool ok = false;
 };
@@ -400,7 +402,9 @@ TraceCounts count(const std::string& path) {
                "(SELECT count(*) FROM transfer), (SELECT count(*) FROM kernel), "
                "(SELECT coalesce(sum(events),0) FROM dropped), "
                "(SELECT j.value FROM run, json_each(run.config_json, '$.notes') j WHERE json_valid(run.config_json) "
-               "AND j.value LIKE 'CUDA tracing was off%' LIMIT 1)",
+               "AND j.value LIKE 'CUDA tracing was off%' LIMIT 1), "
+               "(SELECT count(*) FROM allocation WHERE " + std::string(r->sampled_sql()) + "), "
+               "(SELECT count(*) FROM allocation WHERE t_free IS NULL AND " + r->sampled_sql() + ")",
                &q) && !q.rows.empty()) {
     auto& row = q.rows[0];
     c.allocations = std::stoll(row[0]);
@@ -409,6 +413,10 @@ TraceCounts count(const std::string& path) {
     c.kernels = std::stoll(row[3]);
     c.dropped = std::stoll(row[4]);
     if (row[5] != "NULL") c.cuda_off = row[5];
+    c.sampled = std::stoll(row[6]);
+    c.sampled_live = std::stoll(row[7]);
+    c.allocations -= c.sampled;
+    c.live -= c.sampled_live;
     c.ok = true;
   }
   return c;
@@ -442,6 +450,9 @@ int run_probe(const ProbeArgs& a) {
                 "ZT_PROBE_LIBRARY)");
   auto threshold = parse_bytes(a.host_threshold);
   if (!threshold) return fail("probe: --host-threshold " + a.host_threshold + ": not a size (examples: 1MiB, 65536)");
+  auto interval = parse_bytes(a.sample_interval);
+  if (!interval || *interval > (1ull << 40))
+    return fail("probe: --sample-interval " + a.sample_interval + ": not a size up to 1TiB (examples: 512KiB, 65536; 0 = off)");
   if (a.stack_depth < 1 || a.stack_depth > 128) return fail("probe: --stack-depth must be 1 to 128");
   if (a.rss_ms < 0) return fail("probe: --rss-interval-ms must be 0 (off) or more");
 
@@ -471,6 +482,7 @@ int run_probe(const ProbeArgs& a) {
     setenv("CUDA_INJECTION64_PATH", lib.c_str(), 1);
     setenv(probe::kEnvOutput, out.c_str(), 1);
     setenv(probe::kEnvHostThreshold, std::to_string(*threshold).c_str(), 1);
+    setenv(probe::kEnvSampleInterval, std::to_string(*interval).c_str(), 1);
     setenv(probe::kEnvStacks, a.no_stacks ? "0" : "1", 1);
     setenv(probe::kEnvStackDepth, std::to_string(a.stack_depth).c_str(), 1);
     setenv(probe::kEnvHost, a.no_host ? "0" : "1", 1);
@@ -588,8 +600,12 @@ int run_probe(const ProbeArgs& a) {
         any_marks = any_marks || d.steps || d.epochs || d.own_steps || d.own_epochs;
       }
     }
-    std::fprintf(stderr, "zt probe: %s: %lld allocations (%lld live at exit), %lld transfers, %lld kernels%s%s%s\n",
-                 what.c_str(), (long long)c.allocations, (long long)c.live, (long long)c.transfers,
+    // Rows recorded one by one, then the sampled ones (allocations under the threshold).
+    const std::string sampled = c.sampled ? ", " + std::to_string(c.sampled) + " sampled (" +
+                                                std::to_string(c.sampled_live) + " live)"
+                                          : std::string();
+    std::fprintf(stderr, "zt probe: %s: %lld allocations (%lld live at exit)%s, %lld transfers, %lld kernels%s%s%s\n",
+                 what.c_str(), (long long)c.allocations, (long long)c.live, sampled.c_str(), (long long)c.transfers,
                  (long long)c.kernels, c.dropped ? (", " + std::to_string(c.dropped) + " events dropped").c_str() : "",
                  steps.c_str(), then.c_str());
     if (!as.note.empty()) notes.insert(notes.begin(), as.note);
@@ -630,8 +646,11 @@ void add_probe_command(CLI::App& app, Action& action) {
   sub->add_option("-o,--output", a->output, "trace file to write (default zt-probe.db; other processes of the "
                                             "run write NAME.pidPID.db beside it)");
   sub->add_option("--host-threshold", a->host_threshold,
-                  "host allocations this large or larger are recorded with a stack; smaller ones are summed "
-                  "(default 1MiB)");
+                  "host allocations this large or larger are recorded one by one with a stack; smaller ones are "
+                  "sampled by bytes (default 1MiB)");
+  sub->add_option("--sample-interval", a->sample_interval,
+                  "host allocations under the threshold: one sampled (with its stack, standing for its expected "
+                  "bytes) per this many bytes allocated, on average; 0 = off (default 512KiB)");
   sub->add_flag("--no-stacks", a->no_stacks, "no call stacks (cheaper)");
   sub->add_option("--stack-depth", a->stack_depth, "frames per stack (default 32)");
   sub->add_flag("--no-host", a->no_host, "do not record host allocations");

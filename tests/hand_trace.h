@@ -77,4 +77,63 @@ inline bool write_python_leak_trace(const std::string& path) {
   return w->finish().ok();
 }
 
+// A probed job's stacks through libraries: numpy's Python and compiled code, the standard library,
+// frozen importlib, zerotrace's own package; sampled rows among them (allocation.weight_bytes). No
+// epochs; nothing is freed. Sites: compute_loss (/w/hf_job.py:36) via numpy ones holds 2 sampled
+// rows of 512 KiB standing for 0.75 MiB each; compute_loss (/w/hf_job.py:36) a sampled 64 KiB row
+// standing for 512 KiB and an exact 64 KiB row, through two native paths; 2 MiB exact each at
+// step (/w/job.py:9) via numpy PyArray_Empty, JSONEncoder.encode (json), epoch (zerotrace's, under exec()'d code).
+inline bool write_library_trace(const std::string& path) {
+  auto w = hand_written_trace(path, "python3 /w/hf_job.py");
+  if (!w) return false;
+  w->insert(db::DeviceRow{1, 0, db::DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+  const std::string np = "/usr/lib/python3/dist-packages/numpy/core/";
+  w->insert(db::FrameRow{1, 0x7f0000001000, "/lib/x86_64-linux-gnu/libc.so.6", 0x1000, "malloc", std::nullopt});
+  w->insert(db::FrameRow{2, 0x7f0000003000, np + "_multiarray_umath.cpython-311-x86_64-linux-gnu.so", 0x3000,
+                     "PyArray_Empty", std::nullopt});
+  w->insert(db::FrameRow{3, 0, np + "numeric.py", std::nullopt, "ones", 205});
+  w->insert(db::FrameRow{4, 0, "/w/hf_job.py", std::nullopt, "compute_loss", 36});
+  w->insert(db::FrameRow{5, 0, "/usr/lib/python3/dist-packages/transformers/trainer.py", std::nullopt, "Trainer.training_step", 3000});
+  w->insert(db::FrameRow{6, 0, "/w/hf_job.py", std::nullopt, "<module>", 50});
+  w->insert(db::FrameRow{7, 0, "/w/job.py", std::nullopt, "step", 9});
+  w->insert(db::FrameRow{8, 0, "/usr/lib/python3.11/json/encoder.py", std::nullopt, "JSONEncoder.encode", 200});
+  w->insert(db::FrameRow{9, 0, "<frozen importlib._bootstrap>", std::nullopt, "_load", 1});
+  w->insert(db::FrameRow{10, 0, "/opt/zt/share/zerotrace/python/zerotrace/__init__.py", std::nullopt, "epoch", 40});
+  w->insert(db::FrameRow{11, 0, "<string>", std::nullopt, "<module>", 1});
+  w->insert(db::FrameRow{12, 0x501000, "/usr/bin/python3", 0x101000, "PyByteArray_Resize", std::nullopt});
+  w->insert(db::FrameRow{13, 0x502000, "/usr/bin/python3", 0x102000, "PyBytes_FromStringAndSize", std::nullopt});
+  // numpy's ones from the user's compute_loss, under the HF Trainer: 1 < 2 < 3 < 4 < 5 < 6.
+  w->insert(db::StackRow{1, 0, 6}), w->insert(db::StackRow{2, 1, 5}), w->insert(db::StackRow{3, 2, 4});
+  w->insert(db::StackRow{4, 3, 3}), w->insert(db::StackRow{5, 4, 2}), w->insert(db::StackRow{6, 5, 1});
+  // The same line through a different native path (bytearray): the same user line, no library call.
+  w->insert(db::StackRow{7, 3, 12}), w->insert(db::StackRow{8, 7, 1});
+  w->insert(db::StackRow{18, 3, 13}), w->insert(db::StackRow{19, 18, 1});  // another native path, same line
+  // numpy's compiled code called straight from the user's step.
+  w->insert(db::StackRow{9, 0, 7}), w->insert(db::StackRow{10, 9, 2}), w->insert(db::StackRow{11, 10, 1});
+  // Only library code: json under frozen importlib.
+  w->insert(db::StackRow{12, 0, 9}), w->insert(db::StackRow{13, 12, 8}), w->insert(db::StackRow{14, 13, 1});
+  // zerotrace's package from exec()'d code.
+  w->insert(db::StackRow{15, 0, 11}), w->insert(db::StackRow{16, 15, 10}), w->insert(db::StackRow{17, 16, 1});
+  constexpr int64_t MiB = 1 << 20;
+  int64_t id = 0;
+  auto alloc = [&](int64_t bytes, std::optional<int64_t> weight, int64_t stack) {
+    db::AllocationRow a;
+    a.id = ++id, a.rank = 0, a.device_id = 1, a.memory_kind = db::MemoryKind::PageableHost;
+    a.level = db::AllocLevel::Segment, a.address = 0x10000000 + uint64_t(id) * 0x100000;
+    a.bytes = a.requested_bytes = bytes, a.t_alloc = 10 + id, a.stack_id = stack;
+    a.source = db::Source::HostHook, a.weight_bytes = weight;
+    w->insert(a);
+  };
+  alloc(MiB / 2, 3 * MiB / 4, 6);  // two sampled 512 KiB arrays at compute_loss, via numpy
+  alloc(MiB / 2, 3 * MiB / 4, 6);
+  alloc(64 << 10, 512 << 10, 8);   // a sampled bytearray at the same line
+  alloc(64 << 10, std::nullopt, 19);  // and one recorded one by one, through other native frames
+  alloc(2 * MiB, std::nullopt, 11);
+  alloc(2 * MiB, std::nullopt, 14);
+  alloc(2 * MiB, std::nullopt, 17);
+  w->set_run_end(1, 1000, db::RunStatus::Ok, 0, "");
+  w->commit();
+  return w->finish().ok();
+}
+
 }  // namespace zt::test

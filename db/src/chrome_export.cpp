@@ -132,7 +132,8 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
     std::vector<Ev> sweep;
     Stmt a(reader->handle(),
            std::string("SELECT id, rank, device_id, memory_kind, level, bytes, t_alloc, t_free, name_id, segment_id, "
-                       "stack_id FROM allocation WHERE NOT ") + kModuleGlobalSql + " ORDER BY t_alloc, id");
+                       "stack_id, ") + (reader->has_weights() ? "weight_bytes" : "NULL") +
+               " FROM allocation WHERE NOT " + kModuleGlobalSql + " ORDER BY t_alloc, id");
     while (a.step()) {
       int64_t id = a.i64(0), rank = a.i64(1), dev = a.i64(2), bytes = a.i64(5), ta = a.i64(6);
       bool alive = a.is_null(7);
@@ -149,9 +150,11 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
       out.event(common + ",\"ph\":\"b\",\"ts\":" + us(ta, t0) + ",\"args\":{\"bytes\":" + std::to_string(bytes) +
                 ",\"device\":" + q(label_of(dev)) + ",\"memory_kind\":" +
                 q(std::string(to_string(MemoryKind(a.i64(3))))) + ",\"level\":" +
-                q(std::string(to_string(AllocLevel(level)))) + ",\"alive_at_end\":" + (alive ? "true" : "false") + stack + "}");
+                q(std::string(to_string(AllocLevel(level)))) + ",\"alive_at_end\":" + (alive ? "true" : "false") +
+                (a.is_null(11) ? std::string() : ",\"sampled_weight_bytes\":" + std::to_string(a.i64(11))) + stack + "}");
       out.event(common + ",\"ph\":\"e\",\"ts\":" + us(tf, t0));
       if (is_second_record(AllocLevel(level), a.is_null(9) ? 0 : a.i64(9))) continue;  // counted by its twin
+      if (!a.is_null(11)) continue;  // a sampled row: exact counters leave it out (SCHEMA.md, "Sampled rows")
       sweep.push_back({ta, bytes, dev, level, rank});
       if (!alive || gone) sweep.push_back({tf, -bytes, dev, level, rank});
     }

@@ -102,6 +102,9 @@ Status merge_traces(const std::string& out_path, const std::vector<std::string>&
       // Python frames' lines: files written before the column existed have none.
       const bool src_lines =
           detail::query_int(db, "SELECT count(*) FROM pragma_table_info('frame', 'src') WHERE name = 'line'") > 0;
+      // Sampled rows' weights: files written before the column have no sampled rows.
+      const bool src_weights =
+          detail::query_int(db, "SELECT count(*) FROM pragma_table_info('allocation', 'src') WHERE name = 'weight_bytes'") > 0;
       exec(db, "INSERT OR IGNORE INTO main.string(text) SELECT text FROM src.string ORDER BY id;");
       exec(db, "DROP TABLE IF EXISTS temp.smap;");
       exec(db, "CREATE TEMP TABLE smap(old INTEGER PRIMARY KEY, new INTEGER NOT NULL);");
@@ -131,7 +134,8 @@ Status merge_traces(const std::string& out_path, const std::vector<std::string>&
           "INSERT INTO main.stack SELECT id+" + o(stack_off) + ", parent_id+" + o(stack_off) + ", frame_id+" + o(frame_off) + " FROM src.stack;"
           "INSERT INTO main.allocation SELECT id+" + o(alloc_off) + ", " + R + ", device_id+" + o(dev_off) +
           ", memory_kind, level, address, bytes, requested_bytes, t_alloc, t_free, " + S + "name_id), stack_id+" +
-          o(stack_off) + ", source, segment_id+" + o(alloc_off) + ", stream FROM src.allocation;"
+          o(stack_off) + ", source, segment_id+" + o(alloc_off) + ", stream, " +
+          (src_weights ? "weight_bytes" : "NULL") + " FROM src.allocation;"
           "INSERT INTO main.transfer(rank,kind,bytes,src_device_id,dst_device_id,pinned,t_start,t_end,stream,name_id,"
           "op_id,participants,correlation_id,source,stack_id) SELECT " + R + ", kind, bytes, src_device_id+" + o(dev_off) +
           ", dst_device_id+" + o(dev_off) + ", pinned, t_start, t_end, stream, " + S + "name_id), " + S +

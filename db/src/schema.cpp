@@ -65,7 +65,7 @@ CREATE TABLE allocation (
   memory_kind INTEGER NOT NULL, level INTEGER NOT NULL, address INTEGER NOT NULL,
   bytes INTEGER NOT NULL, requested_bytes INTEGER NOT NULL,
   t_alloc INTEGER NOT NULL, t_free INTEGER, name_id INTEGER, stack_id INTEGER,
-  source INTEGER NOT NULL, segment_id INTEGER, stream INTEGER);
+  source INTEGER NOT NULL, segment_id INTEGER, stream INTEGER, weight_bytes INTEGER);
 CREATE TABLE transfer (
   id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, kind INTEGER NOT NULL, bytes INTEGER NOT NULL,
   src_device_id INTEGER, dst_device_id INTEGER, pinned INTEGER,
@@ -119,7 +119,7 @@ const char* kViewsSql = R"SQL(
 CREATE VIEW allocation_v AS
   SELECT a.id, a.rank, d.label AS device, mk.name AS memory_kind, lv.name AS level, a.address,
          a.bytes, a.requested_bytes, a.t_alloc, a.t_free, s.text AS name, a.stack_id,
-         src.name AS source, a.segment_id, a.stream
+         src.name AS source, a.segment_id, a.stream, a.weight_bytes
   FROM allocation a LEFT JOIN device d ON d.id = a.device_id
   LEFT JOIN enum_memory_kind mk ON mk.code = a.memory_kind LEFT JOIN enum_level lv ON lv.code = a.level
   LEFT JOIN string s ON s.id = a.name_id LEFT JOIN enum_source src ON src.code = a.source;

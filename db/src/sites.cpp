@@ -2,6 +2,7 @@
 #include "zt/db/sites.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <set>
@@ -75,29 +76,110 @@ Status StackSites::load(TraceReader& reader, std::unique_ptr<StackSites>* out) {
   return Status::Ok();
 }
 
-const FrameRow* StackSites::site_frame(int64_t stack_id) const {
-  if (stack_id == 0) return nullptr;
-  auto [cached, fresh] = site_of_.try_emplace(stack_id, 0);
-  if (fresh) {
-    int64_t native = 0;
-    int64_t node = stack_id;
-    for (int depth = 0; node != 0 && depth < 1024; ++depth) {
-      auto it = stacks_.find(node);
-      if (it == stacks_.end()) break;
-      auto f = frames_.find(it->second.second);
-      if (f != frames_.end()) {
-        if (f->second.python()) {
-          cached->second = f->first;
-          break;
-        }
-        if (native == 0 && !allocator_frame(f->second)) native = f->first;
-      }
-      node = it->second.first;
-    }
-    if (cached->second == 0) cached->second = native;
+namespace {
+bool has(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+
+// "/usr/lib/python3.11/json/encoder.py" -> the position after "python3.11/", else npos.
+size_t stdlib_tail(std::string_view file) {
+  for (size_t at = file.find("/lib"); at != std::string_view::npos; at = file.find("/lib", at + 1)) {
+    size_t p = at + 4;
+    if (file.compare(p, 2, "64") == 0) p += 2;
+    if (file.compare(p, 8, "/python3") != 0 && file.compare(p, 8, "/python2") != 0) continue;
+    p += 8;
+    while (p < file.size() && ((file[p] >= '0' && file[p] <= '9') || file[p] == '.')) ++p;
+    if (p < file.size() && file[p] == '/') return p + 1;
   }
-  if (cached->second == 0) return nullptr;
-  auto f = frames_.find(cached->second);
+  return std::string_view::npos;
+}
+
+// The position after "site-packages/" or "dist-packages/", else npos.
+size_t package_tail(std::string_view file) {
+  for (std::string_view dir : {"/site-packages/", "/dist-packages/"})
+    if (size_t at = file.rfind(dir); at != std::string_view::npos) return at + dir.size();
+  return std::string_view::npos;
+}
+
+bool own_python_package(std::string_view file) {
+  return has(file, "/python/zerotrace/") || has(file, "/python/zt_bootstrap/");
+}
+
+// A native frame of an installed package's extension module (numpy's _multiarray_umath...).
+bool package_native_frame(const FrameRow& f) { return !f.python() && package_tail(f.module) != std::string_view::npos; }
+}  // namespace
+
+bool user_frame(const FrameRow& f) {
+  if (!f.python()) return false;
+  std::string_view file(f.module);
+  // "<frozen importlib._bootstrap>", and "<string>": code that exec() compiled, which is mostly a
+  // library's (dataclasses', namedtuple's, a .pth line run by site.py).
+  if (file.empty() || file.front() == '<') return false;
+  return package_tail(file) == std::string_view::npos && stdlib_tail(file) == std::string_view::npos &&
+         !own_python_package(file);
+}
+
+std::string via_text(const FrameRow& f) {
+  std::string_view file(f.module);
+  std::string package;
+  if (own_python_package(file)) {
+    package = "zerotrace";
+  } else if (file.compare(0, 8, "<frozen ") == 0 && file.back() == '>') {
+    package = std::string(file.substr(8, file.size() - 9));
+  } else {
+    size_t tail = package_tail(file);
+    if (tail == std::string_view::npos) tail = stdlib_tail(file);
+    std::string_view rest = tail == std::string_view::npos ? file.substr(file.rfind('/') + 1) : file.substr(tail);
+    rest = rest.substr(0, rest.find('/'));
+    for (std::string_view ext : {".py", ".so"})
+      if (size_t e = rest.find(ext); e != std::string_view::npos && e > 0) rest = rest.substr(0, e);
+    if (size_t dot = rest.find(".cpython"); dot != std::string_view::npos && dot > 0) rest = rest.substr(0, dot);
+    package = std::string(rest);
+  }
+  std::string function = f.symbol;
+  if (!f.python()) function = function.substr(0, function.find('('));  // a C++ function's parameters
+  if (function.empty()) return package;
+  return package.empty() ? function : package + " " + function;
+}
+
+const StackSites::Site& StackSites::site_of(int64_t stack_id) const {
+  auto [cached, fresh] = site_of_.try_emplace(stack_id);
+  if (!fresh || stack_id == 0) return cached->second;
+  int64_t native = 0, python = 0, library = 0, package_native = 0;
+  int64_t node = stack_id;
+  for (int depth = 0; node != 0 && depth < 1024; ++depth) {
+    auto it = stacks_.find(node);
+    if (it == stacks_.end()) break;
+    auto f = frames_.find(it->second.second);
+    if (f != frames_.end()) {
+      const FrameRow& fr = f->second;
+      if (fr.python()) {
+        if (python == 0) python = f->first;
+        if (user_frame(fr)) {
+          cached->second = {f->first, library ? library : package_native};
+          return cached->second;
+        }
+        if (library == 0) library = f->first;
+      } else if (!allocator_frame(fr)) {
+        if (native == 0) native = f->first;
+        if (package_native == 0 && python == 0 && package_native_frame(fr)) package_native = f->first;
+      }
+    }
+    node = it->second.first;
+  }
+  cached->second = {python ? python : native, 0};
+  return cached->second;
+}
+
+const FrameRow* StackSites::site_frame(int64_t stack_id) const {
+  const int64_t id = site_of(stack_id).frame;
+  if (id == 0) return nullptr;
+  auto f = frames_.find(id);
+  return f == frames_.end() ? nullptr : &f->second;
+}
+
+const FrameRow* StackSites::via_frame(int64_t stack_id) const {
+  const int64_t id = site_of(stack_id).via;
+  if (id == 0) return nullptr;
+  auto f = frames_.find(id);
   return f == frames_.end() ? nullptr : &f->second;
 }
 
@@ -105,9 +187,11 @@ std::string StackSites::site(int64_t stack_id, SiteLevel level) const {
   const FrameRow* f = site_frame(stack_id);
   if (!f) return "(no stack)";
   const std::string module = f->module.empty() ? "?" : f->module;
+  const FrameRow* via = level == SiteLevel::Module ? nullptr : via_frame(stack_id);
+  const std::string beside = via ? " via " + via_text(*via) : std::string();
   switch (level) {
-    case SiteLevel::Line: return frame_text(*f);
-    case SiteLevel::Function: return (f->symbol.empty() ? "?" : f->symbol) + " (" + module + ")";
+    case SiteLevel::Line: return frame_text(*f) + beside;
+    case SiteLevel::Function: return (f->symbol.empty() ? "?" : f->symbol) + " (" + module + ")" + beside;
     case SiteLevel::Module: return module;
   }
   return module;
@@ -118,6 +202,7 @@ namespace {
 struct Alloc {
   int64_t bytes, t_alloc, t_free, stack;
   bool block;
+  int64_t weight;  // the bytes it counts for: `bytes`, or a sampled row's weight
   bool alive_at(int64_t t) const { return t_alloc <= t && t < t_free; }
 };
 
@@ -130,8 +215,8 @@ std::pair<int64_t, int64_t> peak_of(const std::vector<const Alloc*>& rows) {
   std::vector<std::pair<int64_t, int64_t>> ev;  // (t, +bytes / -bytes); frees first at equal t
   ev.reserve(rows.size() * 2);
   for (const Alloc* a : rows) {
-    ev.emplace_back(a->t_alloc, a->bytes);
-    if (a->t_free != kNever) ev.emplace_back(a->t_free, -a->bytes);
+    ev.emplace_back(a->t_alloc, a->weight);
+    if (a->t_free != kNever) ev.emplace_back(a->t_free, -a->weight);
   }
   std::sort(ev.begin(), ev.end());
   int64_t live = 0, best = -1, best_t = 0;
@@ -173,11 +258,11 @@ Status top_sites(TraceReader& reader, const TopOptions& o, std::vector<DeviceTop
     if (r.t_end) t_last = std::max(t_last, *r.t_end);
   }
   try {
-    Stmt a(reader.handle(), std::string("SELECT device_id, level, bytes, t_alloc, t_free, stack_id FROM allocation WHERE NOT ") +
-                                kSecondRecordSql);
+    Stmt a(reader.handle(), std::string("SELECT device_id, level, bytes, t_alloc, t_free, stack_id, ") +
+                                reader.counted_bytes_sql() + " FROM allocation WHERE NOT " + kSecondRecordSql);
     while (a.step()) {
       Alloc x{a.i64(2), a.i64(3), a.is_null(4) ? kNever : a.i64(4), a.is_null(5) ? 0 : a.i64(5),
-              AllocLevel(a.i64(1)) == AllocLevel::Block};
+              AllocLevel(a.i64(1)) == AllocLevel::Block, std::max(a.i64(6), a.i64(2))};
       t_first = std::min(t_first, x.t_alloc);
       t_last = std::max({t_last, x.t_alloc, x.t_free == kNever ? 0 : x.t_free});
       by_device[a.i64(0)].push_back(x);
@@ -234,14 +319,18 @@ Status top_sites(TraceReader& reader, const TopOptions& o, std::vector<DeviceTop
       SiteBytes& s = by_site[t->second];
       if (s.series.empty()) s.site = t->second, s.series.assign(n, 0);
       for (size_t i = 0; i < n; ++i)
-        if (a->alive_at(points[i])) s.series[i] += a->bytes, d.totals[i] += a->bytes;
-      if (a->alive_at(points[n - 1])) ++s.allocations;
+        if (a->alive_at(points[i])) s.series[i] += a->weight, d.totals[i] += a->weight;
+      if (a->alive_at(points[n - 1])) {
+        ++s.allocations;
+        if (a->weight != a->bytes) ++s.sampled, s.stderr_bytes += sampled_variance(a->bytes, a->weight);
+      }
     }
     // Growth per epoch: the first epoch is warm-up when there are three or more (as zt check --leaks).
     const size_t from = n >= 3 ? 1 : 0;
     std::vector<SiteBytes> all;
     for (auto& [k, s] : by_site) {
       s.bytes = s.series[n - 1];
+      s.stderr_bytes = std::sqrt(s.stderr_bytes);  // summed as a variance above
       if (n - 1 > from) s.grew_per_epoch = double(s.series[n - 1] - s.series[from]) / double(n - 1 - from);
       if (o.when != TopWhen::Epochs) s.series.clear();
       if (s.bytes > 0 || s.grew_per_epoch != 0) all.push_back(std::move(s));

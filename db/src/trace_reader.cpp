@@ -41,9 +41,12 @@ std::string foreign_objects(sqlite3* db) {
 
 // The views of db/SCHEMA.md as TEMP views, which SQLite finds before the file's own: a query of
 // allocation_v reads our definition, never one the file brought.
-void define_views(sqlite3* db) {
+void define_views(sqlite3* db, bool weights) {
   std::string sql = views_sql();
   for (size_t at = 0; (at = sql.find("CREATE VIEW", at)) != std::string::npos; at += 16) sql.replace(at, 11, "CREATE TEMP VIEW");
+  // A file from before sampled rows: allocation_v has the column all the same, NULL.
+  if (!weights)
+    if (size_t at = sql.find("a.weight_bytes"); at != std::string::npos) sql.replace(at, 14, "NULL AS weight_bytes");
   detail::exec(db, sql.c_str());
 }
 }  // namespace
@@ -66,10 +69,12 @@ Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* 
     r->schema_version_ = int(version);
     if (std::string why = foreign_objects(r->db_); !why.empty())
       return Status::Error(path + ": not a zerotrace trace (" + why + ")");
-    define_views(r->db_);
-    detail::exec(r->db_, "PRAGMA query_only=1;");
     r->frame_lines_ = detail::query_int(r->db_, "SELECT count(*) FROM pragma_table_info('frame') WHERE name = 'line'") > 0;
     r->rank_roles_ = detail::query_int(r->db_, "SELECT count(*) FROM pragma_table_info('rank') WHERE name = 'role'") > 0;
+    r->weights_ =
+        detail::query_int(r->db_, "SELECT count(*) FROM pragma_table_info('allocation') WHERE name = 'weight_bytes'") > 0;
+    define_views(r->db_, r->weights_);
+    detail::exec(r->db_, "PRAGMA query_only=1;");
     // Touch the schema and every table once: corruption and foreign layouts show here,
     // not halfway through a command.
     for (const auto& t : table_names()) {
@@ -227,14 +232,16 @@ Status TraceReader::read(std::vector<StackRow>* out) {
   });
 }
 Status TraceReader::read(std::vector<AllocationRow>* out) {
-  return read_rows("SELECT id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,t_alloc,t_free,"
-                   "name_id,stack_id,source,segment_id,stream FROM allocation ORDER BY t_alloc, id",
+  return read_rows(weights_ ? "SELECT id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,t_alloc,t_free,"
+                              "name_id,stack_id,source,segment_id,stream,weight_bytes FROM allocation ORDER BY t_alloc, id"
+                            : "SELECT id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,t_alloc,t_free,"
+                              "name_id,stack_id,source,segment_id,stream,NULL FROM allocation ORDER BY t_alloc, id",
                    out, [](const Stmt& s, AllocationRow& r) {
                      r.id = s.i64(0); r.rank = s.i64(1); r.device_id = s.i64(2); r.memory_kind = MemoryKind(s.i64(3));
                      r.level = AllocLevel(s.i64(4)); r.address = uint64_t(s.i64(5)); r.bytes = s.i64(6);
                      r.requested_bytes = s.i64(7); r.t_alloc = s.i64(8); r.t_free = s.opt(9); r.name_id = id0(s, 10);
                      r.stack_id = id0(s, 11); r.source = Source(s.i64(12)); r.segment_id = id0(s, 13);
-                     r.stream = s.opt(14);
+                     r.stream = s.opt(14); r.weight_bytes = s.opt(15);
                    });
 }
 Status TraceReader::read(std::vector<TransferRow>* out) {
@@ -498,7 +505,7 @@ Status TraceReader::summarize(TraceSummary* out) {
     for (auto& d : devices) peaks[d.id].device = d;
     Stmt peak(db_,
               std::string("WITH a AS (SELECT * FROM allocation WHERE NOT ") + kSecondRecordSql + " AND NOT " +
-                  kModuleGlobalSql + "),"
+                  kModuleGlobalSql + " AND NOT " + sampled_sql() + "),"
               " ev AS (SELECT device_id, level, t_alloc AS t, bytes AS d FROM a"
               " UNION ALL SELECT device_id, level, t_free, -bytes FROM a WHERE t_free IS NOT NULL)"
               " SELECT device_id, level, max(live) FROM (SELECT device_id, level, sum(d) OVER"
@@ -513,7 +520,7 @@ Status TraceReader::summarize(TraceSummary* out) {
     Stmt live(db_,
               std::string("SELECT device_id, level, count(*), sum(CASE WHEN t_free IS NULL THEN bytes ELSE 0 END) FROM"
                           " allocation WHERE NOT ") + kSecondRecordSql + " AND NOT " + kModuleGlobalSql +
-                  " GROUP BY device_id, level");
+                  " AND NOT " + sampled_sql() + " GROUP BY device_id, level");
     while (live.step()) {
       auto& p = peaks[live.i64(0)];
       p.allocations += live.i64(2);

@@ -88,6 +88,8 @@ ColumnRule flag(std::string c, bool nullable) {
   r.codes = {0, 1};
   return r;
 }
+// A column added to its table after the first files were written: a file without it is checked
+// without it.
 ColumnRule later(ColumnRule r) {
   r.added_later = true;
   return r;
@@ -123,7 +125,7 @@ const std::map<std::string, std::vector<ColumnRule>, std::less<>>& all_rules() {
                        enumeration<AllocLevel>("level", "level"), any_integer("address", false), bytes("bytes"),
                        bytes("requested_bytes"), time("t_alloc"), time("t_free", true, "t_alloc"), string_ref("name_id"),
                        ref("stack_id"), enumeration<Source>("source", "source"), ref("segment_id"),
-                       any_integer("stream")};
+                       any_integer("stream"), later(bytes("weight_bytes", true))};
     m["transfer"] = {id(), rank(), enumeration<TransferKind>("kind", "transfer_kind"), bytes("bytes"),
                      device_ref("src_device_id"), device_ref("dst_device_id"), flag("pinned", true), time("t_start"),
                      time("t_end", false, "t_start", true), any_integer("stream"), string_ref("name_id"), string_ref("op_id"),
@@ -200,19 +202,23 @@ const std::vector<std::string>& streamed_tables() {
 }
 
 Status check_table_values(sqlite3* db, const std::string& path, const std::string& table) {
-  const auto& rules = column_rules(table);
-  if (rules.empty()) return Status::Ok();
-  std::string cols = "rowid AS zt_row", cond;
-  for (const auto& r : rules) {
-    if (r.added_later) {
-      try {
+  const auto& all = column_rules(table);
+  if (all.empty()) return Status::Ok();
+  std::vector<ColumnRule> rules;  // the rules of the columns this file has
+  try {
+    for (const auto& r : all) {
+      if (r.added_later) {
         detail::Stmt has(db, "SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2");
         has.bind(1, table).bind(2, r.column);
         if (has.step() && has.i64(0) == 0) continue;  // a file from before the column
-      } catch (const detail::SqlError& e) {
-        return Status::Error(path + ": not a readable zerotrace trace (table " + table + ": " + e.what() + ")");
       }
+      rules.push_back(r);
     }
+  } catch (const detail::SqlError& e) {
+    return Status::Error(path + ": not a readable zerotrace trace (table " + table + ": " + e.what() + ")");
+  }
+  std::string cols = "rowid AS zt_row", cond;
+  for (const auto& r : rules) {
     cols += ", " + quoted(r.column);
     cond += (cond.empty() ? "" : " AND ") + sql_of(r);
   }

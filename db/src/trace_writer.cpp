@@ -26,7 +26,8 @@ void bind_row(Stmt& s, int b, const AllocationRow& r) {
   s.bind_id(b + 1, r.id).bind(b + 2, r.rank).bind(b + 3, r.device_id).bind(b + 4, i(r.memory_kind))
       .bind(b + 5, i(r.level)).bind(b + 6, i(r.address)).bind(b + 7, r.bytes).bind(b + 8, r.requested_bytes)
       .bind(b + 9, r.t_alloc).bind_opt(b + 10, r.t_free).bind_id(b + 11, r.name_id).bind_id(b + 12, r.stack_id)
-      .bind(b + 13, i(r.source)).bind_id(b + 14, r.segment_id).bind_opt(b + 15, r.stream);
+      .bind(b + 13, i(r.source)).bind_id(b + 14, r.segment_id).bind_opt(b + 15, r.stream)
+      .bind_opt(b + 16, r.weight_bytes);
 }
 void bind_row(Stmt& s, int b, const TransferRow& r) {
   s.bind_id(b + 1, r.id).bind(b + 2, r.rank).bind(b + 3, i(r.kind)).bind(b + 4, r.bytes).bind_id(b + 5, r.src_device_id)
@@ -219,7 +220,7 @@ void TraceWriter::prepare() {
   s.stack = Stmt(db, "INSERT INTO stack(id,parent_id,frame_id) VALUES(?,?,?)");
   s.allocation = Batched<AllocationRow>(db, "allocation",
                                         "id,rank,device_id,memory_kind,level,address,bytes,requested_bytes,"
-                                        "t_alloc,t_free,name_id,stack_id,source,segment_id,stream");
+                                        "t_alloc,t_free,name_id,stack_id,source,segment_id,stream,weight_bytes");
   s.transfer = Batched<TransferRow>(db, "transfer",
                                     "id,rank,kind,bytes,src_device_id,dst_device_id,pinned,t_start,t_end,stream,"
                                     "name_id,op_id,participants,correlation_id,source,stack_id");
@@ -324,6 +325,9 @@ Status TraceWriter::append(const std::string& path, std::unique_ptr<TraceWriter>
                    "INSERT OR IGNORE INTO enum_rank_role VALUES (0,'rank'),(1,'launcher'),(2,'helper');");
     // A trace from before forked workers (role 3): the code is added to its enum table.
     detail::exec(w->db_, "INSERT OR IGNORE INTO enum_rank_role VALUES (3,'worker');");
+    // A trace from before sampled rows (allocation.weight_bytes): the column is added, NULL for its rows.
+    if (detail::query_int(w->db_, "SELECT count(*) FROM pragma_table_info('allocation') WHERE name = 'weight_bytes'") == 0)
+      detail::exec(w->db_, "ALTER TABLE allocation ADD COLUMN weight_bytes INTEGER;");
     w->prepare();
   } catch (const std::exception& e) {
     w->st_.reset();

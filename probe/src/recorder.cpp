@@ -180,7 +180,7 @@ struct Recorder::Impl {
   // program's or CUPTI's garbage must not make the whole trace unreadable. Writer only.
   int64_t out_of_range = 0, out_of_range_written = 0;
   struct Sums {
-    int64_t alloc_bytes = 0, alloc_requested = 0, transfer_bytes = 0, transfer_ns = 0, kernel_ns = 0, placement_bytes = 0;
+    int64_t alloc_bytes = 0, alloc_requested = 0, alloc_weight = 0, transfer_bytes = 0, transfer_ns = 0, kernel_ns = 0, placement_bytes = 0;
   } sums;
   bool fits_trace(const Event& e);
 
@@ -481,6 +481,7 @@ AllocId Recorder::alloc(const AllocEvent& a) {
   if (!e) return id;
   e->type = EventType::Alloc;
   e->t0 = a.t ? a.t : now_ns();
+  e->t1 = a.weight_bytes;  // an allocation has no end time: t1 carries a sampled row's weight (0: none)
   e->id = id;
   e->a = static_cast<int64_t>(a.address);
   e->b = a.bytes;
@@ -663,9 +664,11 @@ bool add_within(int64_t& total, int64_t more) {
 bool Recorder::Impl::fits_trace(const Event& e) {
   switch (e.type) {
     case EventType::Alloc: {
-      if (!time_ok(e.t0) || !size_ok(e.b) || !size_ok(e.c)) return false;
+      if (!time_ok(e.t0) || !size_ok(e.b) || !size_ok(e.c) || !size_ok(e.t1)) return false;
       Sums next = sums;
-      if (!add_within(next.alloc_bytes, e.b) || !add_within(next.alloc_requested, e.c)) return false;
+      if (!add_within(next.alloc_bytes, e.b) || !add_within(next.alloc_requested, e.c) ||
+          !add_within(next.alloc_weight, e.t1))
+        return false;
       sums = next;
       return true;
     }
@@ -714,6 +717,7 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
       a.t_alloc = e.t0;
       a.name_id = e.name;
       a.stack_id = e.stack;
+      if (e.t1 > 0) a.weight_bytes = e.t1;
       w->insert(a);
       if (e.flags & 1) live_by_addr[{e.device, a.address}].emplace_back(e.t0, e.id);
       break;

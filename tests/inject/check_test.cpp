@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "../hand_trace.h"
 #include "check_traces.h"
 #include "zt/check/check.h"
+#include "zt/common/units.h"
 #include "zt/db/trace_reader.h"
 #include "zt/probe/recorder.h"
 #include "zt/probe/synthetic.h"
@@ -109,6 +111,74 @@ TEST(CheckLeaks, AProbedPythonLeakNamesItsLine) {
   EXPECT_TRUE(has(f, "grew 4.00 MiB per epoch")) << f;
   EXPECT_TRUE(has(f, ": grow (/w/leak.py:12) +8.00 MiB in 2 allocations")) << f;
   EXPECT_FALSE(has(f, "make_table")) << f;  // flat: not part of the growth
+}
+
+namespace {
+// A probed program's sampled host allocations (the probe's byte sampler, allocation.weight_bytes):
+// 4 epochs of 100 ns on rank 0's cpu. Each row is 64 KiB standing for what the sampler's default
+// interval (512 KiB) makes of it: 64 KiB / (1 - exp(-1/8)) bytes. `rows_at(e)` rows are made in
+// epoch e: kept to the end (`kept`), or alive only across epoch e's start (made 5 ns before it).
+constexpr int64_t kSmall = 64 << 10;
+const int64_t kWeight = std::llround(double(kSmall) / -std::expm1(-1.0 / 8.0));
+
+std::string sampled_trace(const test::TempDir& dir, const std::string& name, const std::vector<int>& rows_at, bool kept) {
+  const std::string path = dir.file(name);
+  auto w = test::hand_written_trace(path, "python3 /w/job.py");
+  w->insert(db::DeviceRow{1, 0, db::DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false});
+  w->insert(db::StringRow{1, "epoch"});
+  w->insert(db::FrameRow{1, 0x7f0000001000, "/lib/x86_64-linux-gnu/libc.so.6", 0x1000, "malloc", std::nullopt});
+  w->insert(db::FrameRow{2, 0, "/w/job.py", std::nullopt, "step", 7});
+  w->insert(db::StackRow{1, 0, 2});
+  w->insert(db::StackRow{2, 1, 1});
+  int64_t id = 0;
+  for (int e = 0; e < 4; ++e) {
+    const int64_t t0 = 100 + 100 * e;
+    db::MarkerRow m;
+    m.id = e + 1, m.rank = 0, m.kind = db::MarkerKind::Epoch, m.name_id = 1, m.t_start = t0, m.t_end = t0 + 90;
+    m.epoch = e;
+    w->insert(m);
+    for (int i = 0; i < rows_at[size_t(e)]; ++i) {
+      db::AllocationRow a;
+      a.id = ++id, a.rank = 0, a.device_id = 1, a.memory_kind = db::MemoryKind::PageableHost;
+      a.level = db::AllocLevel::Segment, a.address = 0x10000000 + uint64_t(id) * 0x100000;
+      a.bytes = a.requested_bytes = kSmall, a.stack_id = 2, a.source = db::Source::HostHook;
+      a.weight_bytes = kWeight;
+      a.t_alloc = kept ? t0 + 10 : t0 - 5;
+      if (!kept) a.t_free = t0 + 5;
+      w->insert(a);
+    }
+  }
+  w->set_run_end(1, 600, db::RunStatus::Ok, 0, "");
+  w->commit();
+  EXPECT_TRUE(w->finish().ok());
+  return path;
+}
+}  // namespace
+
+// Sampled rows count for their weight, and a leak must stand out of the estimate's sampling error.
+TEST(CheckLeaks, SampledAllocationsCountForTheirWeightAndALeakMustExceedTheirError) {
+  test::TempDir dir;
+  Options o;
+  o.leaks = true;
+  // 20 sampled rows kept each epoch: ~10.6 MiB an epoch, 6.7 standard errors over epochs 1-3.
+  Report r = run(sampled_trace(dir, "leak.db", {20, 20, 20, 20}, true), o);
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u);
+  const std::string& f = c.findings[0];
+  EXPECT_TRUE(has(f, "grew ~" + format_bytes(double(20 * kWeight)) + " per epoch")) << f;
+  EXPECT_TRUE(has(f, "(estimated from 40 sampled allocations: ±")) << f;
+  EXPECT_TRUE(has(f, "step (/w/job.py:7) +~" + format_bytes(double(40 * kWeight)) + " in 40 allocations (40 sampled)"))
+      << f;
+
+  // 1, 1, 2 and 3 rows alive across the epochs' starts, each a different allocation: 0.53 MiB more an
+  // epoch, past the 512 KiB threshold, but 1.1 standard errors of its estimate: not a leak, and said.
+  r = run(sampled_trace(dir, "noise.db", {1, 1, 2, 3}, false), o);
+  const CheckResult& n = only(r, "leaks");
+  EXPECT_EQ(n.outcome, Outcome::Pass) << format_text(r);
+  EXPECT_TRUE(has(n.summary, "rank 0 cpu pageable host memory grew ~" + format_bytes(double(kWeight)) +
+                                 " per epoch at epoch start, within 3 standard errors of its sampled estimate"))
+      << n.summary;
 }
 
 TEST(CheckLeaks, AFlatRunPasses) {
@@ -756,6 +826,10 @@ struct LoopShape {
   bool as_ranges = false;    // the markers as the zerotrace module's ranges, not derived (a killed zt probe)
   const char* config = kProbedConfig;
   std::function<void(TraceBuilder&)> extra;
+  // Sampled rows (the probe's byte sampler): `sampled_per_step` rows of 64 KiB kept at every
+  // `sampled_every`-th step, each standing for kWeight bytes (the default interval's weight).
+  int sampled_per_step = 0;
+  int sampled_every = 1;
 };
 
 std::string loop_trace(const test::TempDir& dir, const std::string& name, const LoopShape& l) {
@@ -776,6 +850,8 @@ std::string loop_trace(const test::TempDir& dir, const std::string& name, const 
     }
     b.alloc(0, cpu, host, "", 8 * kMiB, t0 + 10, t0 + 60, seg);
     if (l.kept_per_step) b.alloc(0, cpu, host, "", l.kept_per_step, t0 + 70, std::nullopt, seg);
+    if (s % l.sampled_every == 0)
+      for (int i = 0; i < l.sampled_per_step; ++i) b.alloc(0, cpu, host, "", kSmall, t0 + 75, std::nullopt, seg, kWeight);
   }
   if (l.steps_per_epoch)
     for (int e = 0; e * l.steps_per_epoch < l.steps; ++e) {
@@ -962,6 +1038,79 @@ TEST(CheckLeaks, RssGrowthTheRecordedAllocationsDoNotExplainIsALeak) {
   Report trained = run(loop_trace(dir, "trained.db", l), leaks_only());
   EXPECT_EQ(only(trained, "leaks").outcome, Outcome::Pass) << format_text(trained);
   EXPECT_FALSE(has(only(trained, "leaks").summary, "RSS")) << format_text(trained);
+}
+
+// Sampled rows in windows of steps and of time (no epochs): they count for their weight there too,
+// and a leak must stand out of their sampling error there too.
+TEST(CheckLeaks, SampledRowsFollowTheErrorRuleInWindowsOfStepsAndOfTime) {
+  test::TempDir dir;
+  LoopShape l;
+  l.config = "{}";
+  // 2 sampled rows kept each step: 10 a window of 5 steps, ~5.20 MiB; 20 rows between windows 1 and 3.
+  l.sampled_per_step = 2;
+  Report r = run(loop_trace(dir, "steps.db", l), leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u) << format_text(r);
+  EXPECT_TRUE(has(c.findings[0], "rank 0 cpu pageable host memory: live bytes at window start grew ~" +
+                                     format_bytes(double(10 * kWeight)) + " per window"))
+      << c.findings[0];
+  EXPECT_TRUE(has(c.findings[0], "(estimated from 20 sampled allocations: ±")) << c.findings[0];
+  EXPECT_TRUE(has(c.findings[0], " per window)")) << c.findings[0];
+
+  // One sampled row kept every 5 steps: 2 rows between windows 1 and 3, ~0.52 MiB a window, past
+  // the threshold but within 3 standard errors: a pass, and said.
+  l.sampled_per_step = 1;
+  l.sampled_every = 5;
+  Report noise = run(loop_trace(dir, "noise.db", l), leaks_only());
+  const CheckResult& n = only(noise, "leaks");
+  EXPECT_EQ(n.outcome, Outcome::Pass) << format_text(noise);
+  EXPECT_TRUE(has(n.summary, "rank 0 cpu pageable host memory grew ~" + format_bytes(double(kWeight)) +
+                                 " per window at window start, within 3 standard errors of its sampled estimate"))
+      << n.summary;
+
+  // Windows of time, by their lowest live bytes.
+  l.step_markers = false;
+  l.steps = 40;
+  l.sampled_per_step = 2;
+  l.sampled_every = 1;
+  Report time = run(loop_trace(dir, "time.db", l), leaks_only());
+  const CheckResult& t = only(time, "leaks");
+  ASSERT_EQ(t.outcome, Outcome::Fail) << format_text(time);
+  EXPECT_TRUE(has(t.findings.at(0), "the lowest live bytes of each window grew ~")) << t.findings.at(0);
+  EXPECT_TRUE(has(t.findings.at(0), "sampled allocations: ±")) << t.findings.at(0);
+}
+
+// RSS as a witness beside the byte sampler: the sampled rows' estimate explains RSS growth as the
+// rows recorded one by one do, and a finding says what it can be when the run sampled.
+TEST(CheckLeaks, TheRssWitnessCountsSampledRowsByTheirWeight) {
+  test::TempDir dir;
+  constexpr const char* kSampledConfig =
+      R"({"probe":"libzt_probe.so","host_threshold":1048576,"sample_interval":524288,"rss_interval_ms":100})";
+  LoopShape l;
+  l.config = kSampledConfig;
+  l.steps = 16;
+  l.steps_per_epoch = 4;
+  // RSS grows 2 MiB a step; 4 sampled rows kept a step stand for ~2.08 MiB: the RSS is explained,
+  // and the leak is the sampled rows' finding.
+  l.sampled_per_step = 4;
+  l.extra = [](TraceBuilder& b) { rss_samples(b, 16, 300 * kMiB, 2 * kMiB); };
+  Report r = run(loop_trace(dir, "sampled.db", l), leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  ASSERT_EQ(c.findings.size(), 1u) << format_text(r);
+  EXPECT_TRUE(has(c.findings[0], "pageable host memory: live bytes at epoch start grew ~")) << c.findings[0];
+  EXPECT_FALSE(has(c.summary, "the RSS of")) << c.summary;
+
+  // Nothing sampled grows, the RSS does: what it can be, when the small allocations were sampled.
+  l.sampled_per_step = 0;
+  Report rss = run(loop_trace(dir, "rss.db", l), leaks_only());
+  const CheckResult& s = only(rss, "leaks");
+  ASSERT_EQ(s.outcome, Outcome::Fail) << format_text(rss);
+  ASSERT_EQ(s.findings.size(), 1u) << format_text(rss);
+  EXPECT_TRUE(has(s.findings[0], "memory a library maps itself, or fragmentation (allocations under zt probe's "
+                                 "--host-threshold (1.00 MiB) are counted by their sampled estimate)"))
+      << s.findings[0];
 }
 
 // A budget on memory the trace does not record was never looked at: named, it cannot run; with a

@@ -77,7 +77,8 @@ class TraceBuilder {
     return d.id;
   }
   int64_t alloc(int64_t rank, int64_t device, db::MemoryKind kind, const std::string& tensor, int64_t bytes,
-                int64_t t_alloc, std::optional<int64_t> t_free, db::AllocLevel level = db::AllocLevel::Block) {
+                int64_t t_alloc, std::optional<int64_t> t_free, db::AllocLevel level = db::AllocLevel::Block,
+                std::optional<int64_t> weight_bytes = std::nullopt) {
     db::AllocationRow a;
     a.id = ++allocs_;
     a.rank = rank;
@@ -89,6 +90,7 @@ class TraceBuilder {
     a.t_alloc = t_alloc;
     a.t_free = t_free;
     a.name_id = name(tensor);
+    a.weight_bytes = weight_bytes;  // set: a sampled row (the probe's byte sampler), standing for this many bytes
     w_->insert(a);
     return a.id;
   }

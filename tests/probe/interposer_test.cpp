@@ -3,6 +3,7 @@
 // allocation API, allocation before main, and a bad setting.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "../test_util.h"
@@ -18,10 +19,13 @@ RunResult run_probed(const std::string& out, const std::vector<std::string>& arg
                      std::map<std::string, const char*> extra = {}) {
   std::vector<std::string> argv{kWorkload};
   argv.insert(argv.end(), args.begin(), args.end());
+  // The byte sampler of allocations under the threshold (on by default) is off unless a test turns
+  // it on: the others count the rows recorded one by one, which a sampled row would join by chance.
   std::map<std::string, const char*> env{{"LD_PRELOAD", nullptr},
                                          {"ZT_PROBE_OUTPUT", out.c_str()},
                                          {"ZT_PROBE_QUIET", "1"},
-                                         {"ZT_PROBE_RSS_MS", "10"}};
+                                         {"ZT_PROBE_RSS_MS", "10"},
+                                         {"ZT_PROBE_SAMPLE_INTERVAL", "0"}};
   static std::string lib = probe_library();
   env["LD_PRELOAD"] = lib.c_str();
   for (auto& [k, v] : extra) env[k] = v;
@@ -211,6 +215,14 @@ TEST(Interposer, ThresholdComesFromTheEnvironment) {
   EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation"), 0);
   // Summed instead: the 3 leaked and 5 temporary 2 MiB buffers were counted.
   EXPECT_GE(sql_int(out, "SELECT max(value) FROM counter_v WHERE name = 'host_small_bytes_allocated'"), 3 * (2 << 20) + 5 * (2 << 20));
+  // With the byte sampler (a point every 512 KiB on average) each 2 MiB buffer is sampled with
+  // probability 1 - exp(-4) = 0.98: rows standing for their expected bytes, none one by one.
+  std::string sampled = dir.file("sampled.db");
+  r = run_probed(sampled, {"leak", "3", std::to_string(2 << 20)},
+                 {{"ZT_PROBE_HOST_THRESHOLD", "4MiB"}, {"ZT_PROBE_SAMPLE_INTERVAL", "512KiB"}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(sql_int(sampled, "SELECT count(*) FROM allocation WHERE weight_bytes IS NULL"), 0);
+  EXPECT_GE(sql_int(sampled, "SELECT count(*) FROM allocation WHERE requested_bytes = 2097152 AND weight_bytes > bytes"), 6);
 }
 
 TEST(Interposer, NoStacksMeansNoStackRows) {
@@ -229,4 +241,48 @@ TEST(Interposer, BadSettingLeavesTheProgramAloneAndSaysWhy) {
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.err.find("ZT_PROBE_HOST_THRESHOLD=lots"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+// Allocations under the threshold, sampled by bytes (ZT_PROBE_SAMPLE_INTERVAL): each sampled one is
+// a row with its stack and its weight, its free is seen, and the weights estimate the bytes.
+TEST(Interposer, SmallAllocationsAreSampledWithTheirStacksWeightsAndFrees) {
+  TempDir dir;
+  std::string out = dir.file("sampled.db");
+  // 400 kept blocks of 64 KiB and 5 freed ones; a sample point every 64 KiB on average: each
+  // is sampled with probability 1 - exp(-1) and stands for 64 KiB / that.
+  RunResult r = run_probed(out, {"leak", "400", "65536"}, {{"ZT_PROBE_SAMPLE_INTERVAL", "65536"}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string kept = "requested_bytes = 65536 AND weight_bytes IS NOT NULL AND t_free IS NULL";
+  auto rows = allocations_in(out, "zt_test_leak_buffers", kept);
+  const double p = 1 - std::exp(-1.0);
+  // 400 blocks, each sampled with probability p: 253 expected, 9.6 standard deviations; 6 of them here.
+  EXPECT_GT(double(rows.size()), 400 * p - 58);
+  EXPECT_LT(double(rows.size()), 400 * p + 58);
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE " + kept), int64_t(rows.size()));
+  const int64_t usable = sql_int(out, "SELECT min(bytes) FROM allocation WHERE " + kept);
+  EXPECT_GE(usable, 65536);
+  EXPECT_EQ(sql_int(out, "SELECT count(DISTINCT weight_bytes) FROM allocation WHERE " + kept), 1);
+  EXPECT_EQ(sql_int(out, "SELECT min(weight_bytes) FROM allocation WHERE " + kept), std::llround(double(usable) / p));
+  // The temporaries' sampled rows are closed by their frees.
+  EXPECT_EQ(allocations_in(out, "zt_test_temporary_buffers", "weight_bytes IS NOT NULL AND t_free IS NULL").size(), 0u);
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE weight_bytes IS NOT NULL AND weight_bytes < bytes"), 0);
+  EXPECT_EQ(sql_int(out, "SELECT json_extract(config_json, '$.sample_interval') FROM run"), 65536);
+
+  // Sixteen threads, each with its own sample points, 400000 small blocks made and freed: every
+  // sampled row is closed (the free found it through the filter), nothing dropped.
+  std::string threads = dir.file("threads.db");
+  r = run_probed(threads, {"threads", "16", "250"}, {{"ZT_PROBE_SAMPLE_INTERVAL", "4096"}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const int64_t sampled = sql_int(threads, "SELECT count(*) FROM allocation WHERE weight_bytes IS NOT NULL AND "
+                                           "requested_bytes < 200");
+  EXPECT_GT(sampled, 1000);
+  auto open_small = allocations_in(threads, "thread_main", "weight_bytes IS NOT NULL AND t_free IS NULL");
+  EXPECT_EQ(open_small.size(), 0u);
+  EXPECT_EQ(sql_int(threads, "SELECT coalesce(sum(events), 0) FROM dropped"), 0);
+
+  // Off: no row under the threshold.
+  std::string off = dir.file("off.db");
+  r = run_probed(off, {"leak", "400", "65536"}, {{"ZT_PROBE_SAMPLE_INTERVAL", "0"}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(sql_int(off, "SELECT count(*) FROM allocation WHERE bytes < 1048576"), 0);
 }

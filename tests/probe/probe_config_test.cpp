@@ -56,6 +56,23 @@ TEST(ProbeConfig, BadValuesNameTheVariable) {
   EXPECT_NE(e.find("ZT_PROBE_FORKS=some"), std::string::npos);
 }
 
+TEST(ProbeConfig, TheSampleIntervalAndSeed) {
+  ProbeConfig d = parse({});
+  EXPECT_EQ(d.sample_interval, 512u << 10);
+  EXPECT_EQ(d.sample_seed, 0u);
+  ProbeConfig c = parse({{kEnvSampleInterval, "64KiB"}, {kEnvSampleSeed, "42"}});
+  EXPECT_EQ(c.sample_interval, 64u << 10);
+  EXPECT_EQ(c.sample_seed, 42u);
+  EXPECT_EQ(parse({{kEnvSampleInterval, "0"}}).sample_interval, 0u);  // off
+  std::string e;
+  parse({{kEnvSampleInterval, "often"}}, false, &e);
+  EXPECT_NE(e.find("ZT_PROBE_SAMPLE_INTERVAL=often: not a size"), std::string::npos) << e;
+  parse({{kEnvSampleInterval, "2TiB"}}, false, &e);
+  EXPECT_NE(e.find("ZT_PROBE_SAMPLE_INTERVAL=2TiB"), std::string::npos) << e;
+  parse({{kEnvSampleSeed, "-1"}}, false, &e);
+  EXPECT_NE(e.find("ZT_PROBE_SAMPLE_SEED=-1: expected a whole number"), std::string::npos) << e;
+}
+
 TEST(ProbeConfig, PythonFramesOwnGilOrOff) {
   EXPECT_EQ(parse({}).python, PythonFrames::Own);
   EXPECT_EQ(parse({{kEnvPython, "gil"}}).python, PythonFrames::Gil);

@@ -231,6 +231,38 @@ TEST(PythonLeak, TheLeaksViewNamesTheSiteOfEachGroup) {
   EXPECT_EQ(m->site(0), "");
 }
 
+// The leaks view groups by the site zt check and zt db top use (zt/db/sites.h): one Python line's
+// allocations through two native paths are one row, and a sampled row counts for its weight.
+TEST(PythonLeak, TheLeaksViewGroupsBySiteAndCountsSampledRowsByWeight) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("lib.db");
+  ASSERT_TRUE(zt::test::write_library_trace(path));
+  std::unique_ptr<TraceModel> m;
+  ASSERT_TRUE(TraceModel::load(path, &m).ok());
+  auto leaks = find_leaks(*m);
+  const LeakGroup* line = nullptr;
+  const LeakGroup* numpy = nullptr;
+  for (auto& g : leaks) {
+    if (g.site == "compute_loss (/w/hf_job.py:36)") line = &g;
+    if (g.site == "compute_loss (/w/hf_job.py:36) via numpy ones") numpy = &g;
+  }
+  ASSERT_NE(line, nullptr);
+  EXPECT_EQ(line->alive_count, 2);
+  EXPECT_EQ(line->sampled, 1);
+  EXPECT_EQ(line->alive_bytes, (512 << 10) + (64 << 10));
+  ASSERT_NE(numpy, nullptr);
+  EXPECT_EQ(numpy->alive_count, 2);
+  EXPECT_EQ(numpy->alive_bytes, 3 << 20 >> 1);
+  EXPECT_EQ(leaks.size(), 5u);
+  // The host memory line is exact: the rows recorded one by one (3 x 2 MiB and 64 KiB), not the samples.
+  const SeriesRef* pageable = nullptr;
+  for (auto& t : m->tracks)
+    for (auto& s : t.series)
+      if (t.kind == TrackKind::HostMemory && s.name == "pageable") pageable = &s;
+  ASSERT_NE(pageable, nullptr);
+  EXPECT_EQ(m->series[size_t(pageable->series)].peak, double((6 << 20) + (64 << 10)));
+}
+
 TEST_F(KnownTraceTest, PlacementFlagsTheGradientPartitionOnTheWrongDevice) {
   auto rows = placement_timeline(*model_, 1000);
   ASSERT_GE(rows.size(), 4u);

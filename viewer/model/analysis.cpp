@@ -19,8 +19,8 @@ std::vector<LeakGroup> find_leaks(const TraceModel& m) {
   const Allocations& a = m.alloc;
   size_t epochs = 0;
   for (auto& v : m.epoch_ends) epochs = std::max(epochs, v.size());
-  std::map<std::pair<std::string, int64_t>, LeakGroup> groups;
-  std::map<std::pair<std::string, int64_t>, std::set<int>> group_devices;
+  std::map<std::pair<std::string, std::string>, LeakGroup> groups;
+  std::map<std::pair<std::string, std::string>, std::set<int>> group_devices;
   std::vector<std::string> group_name_of(0);
   for (size_t i = 0; i < a.size(); ++i) {
     if (!counts_as_live(a, i)) continue;
@@ -36,21 +36,26 @@ std::vector<LeakGroup> find_leaks(const TraceModel& m) {
                    : size_t(std::upper_bound(ends->begin(), ends->end(), a.t_free[i] - 1) - ends->begin());
     }
     if (!alive && last <= first) continue;
-    auto key = std::make_pair(leak_group_name(m.str(a.name[i])), a.stack[i]);
+    // One row per tensor name and site (zt/db/sites.h): the rule zt check and zt db top group by,
+    // so that one Python line's allocations are one row whatever native stacks they came through.
+    auto key = std::make_pair(leak_group_name(m.str(a.name[i])), a.stack[i] ? m.site(a.stack[i]) : std::string());
     auto [it, inserted] = groups.try_emplace(key);
     LeakGroup& g = it->second;
     if (inserted) {
       g.name = key.first;
-      g.stack_id = key.second;
+      g.site = key.second;
+      g.stack_id = a.stack[i];
       g.bytes_at_epoch_end.assign(epochs, 0);
       g.first_alloc = a.t_alloc[i];
       g.example = uint32_t(i);
     }
+    const int64_t counted = a.weight[i];
     if (alive) {
       ++g.alive_count;
-      g.alive_bytes += a.bytes[i];
+      g.alive_bytes += counted;
+      g.sampled += counted != a.bytes[i];
     }
-    for (size_t e = first; e < last && e < epochs; ++e) g.bytes_at_epoch_end[e] += a.bytes[i];
+    for (size_t e = first; e < last && e < epochs; ++e) g.bytes_at_epoch_end[e] += counted;
     if (d >= 0) group_devices[key].insert(d);
   }
   std::vector<LeakGroup> out;

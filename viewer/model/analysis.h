@@ -1,7 +1,7 @@
 // viewer/model/analysis.h: the questions the panels ask of a loaded trace.
 //
 // Owns the answers, computed from TraceModel's columns without SQL: leak groups (alive at
-// the end, or growing across epochs, grouped by tensor name and stack), each tensor's
+// the end, or growing across epochs, grouped by tensor name and allocation site), each tensor's
 // placement over time with device mismatches, the state at the playhead (live bytes per
 // device and family, largest live allocations, what is in flight), and the summary of a
 // selected time range. Times here are trace times (not aligned view times).
@@ -18,10 +18,12 @@ namespace zt::viewer {
 
 struct LeakGroup {
   std::string name;  // leak_group_name() of the tensor name
-  int64_t stack_id = 0;
+  std::string site;  // the site of its stacks (zt/db/sites.h, the rule zt check and zt db top use); "" without a stack
+  int64_t stack_id = 0;  // one of its stacks (the first allocation's)
+  int64_t sampled = 0;   // alive rows that are sampled (the probe's byte sampler): alive_bytes is then an estimate
   std::string devices;  // labels, comma separated
-  int64_t alive_count = 0, alive_bytes = 0;  // never freed
-  std::vector<int64_t> bytes_at_epoch_end;   // live bytes of the group at each epoch's end
+  int64_t alive_count = 0, alive_bytes = 0;  // never freed; sampled rows by their weight
+  std::vector<int64_t> bytes_at_epoch_end;   // live bytes of the group at each epoch's end, sampled rows by weight
   bool grows = false;                        // strictly more at the last epoch end than the first, never less
   int64_t first_alloc = 0;                   // earliest allocation still alive at the end (or growing)
   uint32_t example = 0;                      // one allocation row of the group, for the details panel

@@ -323,12 +323,15 @@ Status TraceModel::read_all(LoadProgress* progress) {
     Allocations& a = alloc;
     int64_t n = estimate_rows(second->handle(), "allocation");
     std::vector<int64_t> segment_of;
-    reserve_all(n, a.id, a.t_alloc, a.t_free, a.bytes, a.stack, a.device, a.name, a.kind, a.level, a.freed, segment_of);
+    reserve_all(n, a.id, a.t_alloc, a.t_free, a.bytes, a.weight, a.stack, a.device, a.name, a.kind, a.level, a.freed,
+                segment_of);
     alloc_status = stream(
         second->handle(), path_, "allocation",
         // A CUDA module's globals are not the program's allocations (db/SCHEMA.md): not drawn.
-        (std::string("SELECT id,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id,segment_id,id FROM "
-                     "allocation WHERE NOT ") + db::kModuleGlobalSql).c_str(), progress,
+        (std::string("SELECT id,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id,segment_id,") +
+         (second->has_weights() ? "weight_bytes" : "NULL") + ",id FROM allocation WHERE NOT " + db::kModuleGlobalSql)
+            .c_str(),
+        progress,
         &alloc_rows, [&](sqlite3_stmt* st) {
           a.id.push_back(sqlite3_column_int64(st, 0));
           a.device.push_back(dev(sqlite3_column_int64(st, 1)));
@@ -342,6 +345,7 @@ Status TraceModel::read_all(LoadProgress* progress) {
           a.name.push_back(name_index(col_or(st, 7, 0)));
           a.stack.push_back(col_or(st, 8, 0));
           segment_of.push_back(col_or(st, 9, 0));
+          a.weight.push_back(std::max(a.bytes.back(), col_or(st, 10, 0)));
         });
     if (!alloc_status) return;
     std::vector<int64_t> containers;
@@ -358,6 +362,7 @@ Status TraceModel::read_all(LoadProgress* progress) {
     }
     auto order = sort_order(a.t_alloc);
     permute(a.id, order), permute(a.t_alloc, order), permute(a.t_free, order), permute(a.bytes, order);
+    permute(a.weight, order);
     permute(a.stack, order), permute(a.device, order), permute(a.name, order), permute(a.kind, order);
     permute(a.level, order), permute(a.freed, order), permute(a.in_segment, order);
     permute(a.holds_blocks, order), permute(a.second_record, order);
@@ -559,6 +564,9 @@ void TraceModel::build_tracks() {
       } else if (kind == MemoryKind::PinnedHost || kind == MemoryKind::PageableHost) {
         // A host block inside a recorded segment is already counted by the segment.
         if (!segment && alloc.in_segment[i]) continue;
+        // A sampled row (the probe's byte sampler) is an estimate's share, not memory the line
+        // can add exactly (db/SCHEMA.md, "Sampled rows"): the leaks view counts it, the line does not.
+        if (alloc.weight[i] != alloc.bytes[i]) continue;
         members[size_t(d)][kind == MemoryKind::PinnedHost ? kPinned : kPageable].push_back(i);
       }
     }

@@ -40,6 +40,9 @@ struct DeviceInfo {
 
 struct Allocations {
   std::vector<int64_t> id, t_alloc, t_free, bytes, stack;
+  // The bytes a row counts for in an estimate by site (the leaks view): a sampled row's weight
+  // (allocation.weight_bytes, the probe's byte sampler), else its bytes.
+  std::vector<int64_t> weight;
   std::vector<int32_t> device, name;  // device: index into TraceModel::devices
   std::vector<uint8_t> kind, level, family, freed;
   // in_segment: a block carved from a recorded segment; holds_blocks: a segment that blocks

@@ -47,7 +47,9 @@ void draw_leaks_panel(ViewerState& st) {
         if (g.grows) ImGui::TextColored(ImVec4(1, 0.45f, 0.35f, 1), "grows per epoch");
         else ImGui::Text("alive at end");
         ImGui::TableNextColumn();
-        ImGui::Text("%lld x, %s", static_cast<long long>(g.alive_count), format_bytes(double(g.alive_bytes)).c_str());
+        // "~": sampled rows (the probe's byte sampler) make the bytes an estimate.
+        ImGui::Text("%lld x, %s%s", static_cast<long long>(g.alive_count), g.sampled ? "~" : "",
+                    format_bytes(double(g.alive_bytes)).c_str());
         ImGui::TableNextColumn();
         std::string per;
         for (size_t e = 0; e < g.bytes_at_epoch_end.size(); ++e)
@@ -57,7 +59,7 @@ void draw_leaks_panel(ViewerState& st) {
         ImGui::TextUnformatted(g.devices.c_str());
         ImGui::TableNextColumn();
         // Where it was allocated: the Python line, else the first native frame that is not the allocator's.
-        if (g.stack_id) ImGui::TextUnformatted(lt.model->site(g.stack_id).c_str());
+        if (!g.site.empty()) ImGui::TextUnformatted(g.site.c_str());
         else ImGui::TextDisabled("no stack recorded");
       }
       ImGui::EndTable();

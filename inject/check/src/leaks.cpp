@@ -2,8 +2,11 @@
 // epoch's end) per rank, device and memory kind; growth beyond the threshold is a leak. Without
 // epochs, equal windows of steps, else equal windows of time between the run's first and last tenth.
 // On a probed trace, the process's RSS is a witness: growth the recorded allocations do not
-// explain is a leak too. The rules and their reasons are in inject/check/README.md.
+// explain is a leak too. The probe's sampled rows count for the bytes they stand for, and growth
+// they make up must stand out of its sampling error (3 standard errors). The rules and their
+// reasons are in inject/check/README.md.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <tuple>
@@ -169,7 +172,8 @@ std::vector<Series> series_of(const Basis& b) {
   return out;
 }
 
-// Live bytes of `rows` at the given times: an allocation counts at t when t_alloc <= t < t_free.
+// Live bytes of `rows` at the given times: an allocation counts at t when t_alloc <= t < t_free, for
+// its weight (a sampled row: the bytes it stands for; else its bytes).
 std::vector<int64_t> live_at(const std::vector<const Alloc*>& rows, const std::vector<int64_t>& times) {
   std::vector<size_t> order(times.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -181,8 +185,8 @@ std::vector<int64_t> live_at(const std::vector<const Alloc*>& rows, const std::v
     size_t first = size_t(std::lower_bound(ts.begin(), ts.end(), a->t_alloc) - ts.begin());
     size_t last = size_t(std::lower_bound(ts.begin(), ts.end(), a->t_free) - ts.begin());
     if (first >= last) continue;
-    diff[first] += a->bytes;
-    diff[last] -= a->bytes;
+    diff[first] += a->weight;
+    diff[last] -= a->weight;
   }
   std::vector<int64_t> out(times.size());
   int64_t run = 0;
@@ -201,8 +205,8 @@ Values live_values(const std::vector<const Alloc*>& rows, const Series& s) {
   std::vector<std::pair<int64_t, int64_t>> ev;  // (t, change)
   ev.reserve(rows.size() * 2);
   for (const Alloc* a : rows) {
-    ev.emplace_back(a->t_alloc, a->bytes);
-    if (a->t_free != kNever) ev.emplace_back(a->t_free, -a->bytes);
+    ev.emplace_back(a->t_alloc, a->weight);
+    if (a->t_free != kNever) ev.emplace_back(a->t_free, -a->weight);
   }
   std::sort(ev.begin(), ev.end());
   size_t i = 0;
@@ -254,6 +258,8 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
 
   // Groups: (rank, device, memory kind). Tensor-level rows (blocks) where the group has any:
   // segments are the caching allocator's reserve, which grows during warm-up and stays cached.
+  // The probe's sampled rows (host allocations under its threshold) join their memory's rows,
+  // each counting for its weight (the bytes it stands for): live bytes are then an estimate.
   using Key = std::tuple<int64_t, int64_t, db::MemoryKind>;
   std::map<Key, bool> has_blocks;
   std::map<int64_t, int64_t> last_event;  // per rank
@@ -261,18 +267,21 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
     auto [it, fresh] = last_event.try_emplace(rank, t);
     if (!fresh) it->second = std::max(it->second, t);
   };
-  for (auto& a : d.allocs) {
-    bool& b = has_blocks[Key{a.rank, a.device_id, a.kind}];
-    b = b || a.level == db::AllocLevel::Block;
-    saw(a.rank, a.t_free != kNever ? a.t_free : a.t_alloc);
-  }
+  for (const auto* all : {&d.allocs, &d.sampled})
+    for (auto& a : *all) {
+      bool& b = has_blocks[Key{a.rank, a.device_id, a.kind}];
+      b = b || a.level == db::AllocLevel::Block;
+      saw(a.rank, a.t_free != kNever ? a.t_free : a.t_alloc);
+    }
   for (auto& [rank, samples] : d.rss)
     if (!samples.empty()) saw(rank, samples.back().first);
   std::map<Key, std::vector<const Alloc*>> groups;
-  for (auto& a : d.allocs) {
-    Key k{a.rank, a.device_id, a.kind};
-    if ((a.level == db::AllocLevel::Block) == has_blocks[k]) groups[k].push_back(&a);
-  }
+  for (const auto* all : {&d.allocs, &d.sampled})
+    for (auto& a : *all) {
+      Key k{a.rank, a.device_id, a.kind};
+      if ((a.level == db::AllocLevel::Block) == has_blocks[k]) groups[k].push_back(&a);
+    }
+  std::vector<std::string> within_error;  // growth past the threshold that sampling error explains
 
   std::map<int64_t, std::optional<Basis>> bases;
   auto basis = [&](int64_t rank) -> const Basis* {
@@ -298,15 +307,39 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
     used(*b);
     ++memories;
     bool reported = false;
+    std::string doubt;  // growth past the threshold that sampling explains (said when not reported)
     for (const Series& s : series_of(*b)) {
       if (reported || s.windows.size() < 2) continue;
       Values live = live_values(rows, s);
       const size_t from = b->warmup && live.v.size() >= 3 ? 1 : 0;
       Verdict v = evaluate(live.v, threshold_for(o.leak_threshold, live.v[from], live.v.size()), b->warmup);
       if (!v.leak) continue;
-      reported = true;
       const std::string phase = s.phase();
+      const std::string unit = b->unit();
       const int64_t t_from = live.at[v.from], t_to = live.at[v.to];
+      // Sampled rows make the growth an estimate. Its variance: each sampled row alive at one of
+      // the two points and not the other adds weight * (weight - bytes) (docs/check.md); rows alive
+      // at both cancel. A leak must stand out of that error: growth of 3 standard errors or more.
+      double variance = 0;
+      int64_t sampled_rows = 0;
+      for (const Alloc* a : rows)
+        if (a->weight != a->bytes && a->alive_at(t_from) != a->alive_at(t_to)) {
+          variance += db::sampled_variance(a->bytes, a->weight);
+          ++sampled_rows;
+        }
+      const double growth = double(live.v[v.to] - live.v[v.from]), error = std::sqrt(variance);
+      const std::string error_text = "±" + format_bytes(error / double(v.to - v.from)) + " per " + unit;
+      const std::string where_ = d.who(rank) + " " + d.device_label(device_id) + " " + memory_kind_words(kind);
+      if (growth < 3 * error) {
+        if (doubt.empty())
+          doubt = where_ + (s.kind == Series::Low ? ": the lowest live bytes of each window grew ~"
+                                                  : " grew ~") +
+                  format_bytes(v.per_window) + " per " + unit +
+                  (s.kind == Series::Low ? std::string() : " at " + unit + " " + phase) +
+                  ", within 3 standard errors of its sampled estimate (" + error_text + ")";
+        continue;
+      }
+      reported = true;
       // Evidence: what is alive at the later point and was not at the earlier, net per name.
       std::map<std::string, NamedBytes> net;
       for (const Alloc* a : rows) {
@@ -316,28 +349,31 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
         NamedBytes& g = net[n];
         g.name = n;
         if (at_to) {
-          g.bytes += a->bytes;
+          g.bytes += a->weight;
           ++g.count;
-          if (a->bytes > g.largest_bytes) {
-            g.largest_bytes = a->bytes;
+          g.sampled += a->weight != a->bytes;
+          if (a->weight > g.largest_bytes) {
+            g.largest_bytes = a->weight;
             g.largest_stack = a->stack_id;
           }
         } else {
-          g.bytes -= a->bytes;
+          g.bytes -= a->weight;
         }
       }
       for (auto it = net.begin(); it != net.end();) it = it->second.bytes > 0 && it->second.count > 0 ? std::next(it) : net.erase(it);
       auto top = sort_groups(net, 3);
-      const std::string unit = b->unit();
       auto point = [&](size_t i) {
         std::string label = s.windows[i]->label;
         if (b->kind != BasisKind::Epochs) label = label.substr(0, label.find(" ("));
         return s.kind == Series::Low ? label + "'s lowest point" : label + " " + phase;
       };
-      std::string line = d.who(rank) + " " + d.device_label(device_id) + " " + memory_kind_words(kind) +
+      std::string line = where_ +
                          (s.kind == Series::Low ? ": the lowest live bytes of each window grew "
                                                 : ": live bytes at " + unit + " " + phase + " grew ") +
-                         format_bytes(v.per_window) + " per " + unit + " (" + series_text(s, live.v) + ")";
+                         (sampled_rows ? "~" : "") + format_bytes(v.per_window) + " per " + unit + " (" +
+                         series_text(s, live.v) + ")";
+      if (sampled_rows)
+        line += " (estimated from " + std::to_string(sampled_rows) + " sampled allocations: " + error_text + ")";
       if (o.leak_threshold == 0 && v.threshold < kLeakThresholdMax)
         line += " (this memory's threshold: " + format_bytes(double(v.threshold)) + " per " + unit + ")";
       if (v.from > 0 && live.v[1] - live.v[0] < v.threshold)
@@ -346,6 +382,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
         line += "; alive at " + point(v.to) + " but not at " + point(v.from) + ": " + describe_groups(d, top, "+");
       r.findings.push_back(std::move(line));
     }
+    if (!reported && !doubt.empty()) within_error.push_back(std::move(doubt));
   }
 
   // RSS as a witness (probed processes): growth of the resident set that the recorded host
@@ -409,16 +446,23 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
                        " per " + unit + "; RSS " + series_text(s, rss->v) + "; threshold " +
                        format_bytes(double(rss_threshold)) + " per " + unit + ", --rss-threshold)";
     if (v.from > 0) line += ", " + s.windows[0]->label + " taken as warm-up";
-    line += "; memory the trace does not record one by one grows: allocations under zt probe's --host-threshold" +
-            (host_threshold ? " (" + format_bytes(double(*host_threshold)) + ")" : std::string()) +
-            ", memory a library maps itself, or fragmentation; zt probe with a lower --host-threshold records "
-            "smaller allocations one by one, with their lines";
+    const std::string below = "allocations under zt probe's --host-threshold" +
+                              (host_threshold ? " (" + format_bytes(double(*host_threshold)) + ")" : std::string());
+    if (d.sample_interval(rank) > 0)  // the sampled rows counted above: small allocations are in, as an estimate
+      line += "; memory the trace does not record grows: memory a library maps itself, or fragmentation (" + below +
+              " are counted by their sampled estimate); zt probe with a lower --host-threshold records more "
+              "allocations one by one, with their lines";
+    else
+      line += "; memory the trace does not record one by one grows: " + below +
+              " (not sampled in this run), memory a library maps itself, or fragmentation; zt probe samples them "
+              "by bytes unless --sample-interval is 0, and a lower --host-threshold records them one by one, with "
+              "their lines";
     r.findings.push_back(std::move(line));
   }
 
   if (memories == 0 && processes == 0) {
     r.outcome = Outcome::Skip;
-    r.summary = d.allocs.empty() && d.rss.empty()
+    r.summary = d.allocs.empty() && d.sampled.empty() && d.rss.empty()
                     ? "nothing to compare: the trace records no allocations and no RSS; record the program with "
                       "zt probe (or zt train, zt import)"
                     : "nothing to compare: the trace has no epochs, no steps and no span of time to cut into "
@@ -464,6 +508,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
                         " without RSS samples (zt probe --rss-interval-ms 0?): growth outside the recorded "
                         "allocations was not looked at there");
   if (!d.derived_markers.empty()) r.context.push_back(d.derived_markers);
+  for (auto& w : within_error) r.summary += "; " + w;
   return Status::Ok();
 }
 

@@ -57,9 +57,9 @@ Status TraceData::load(const std::string& path, std::unique_ptr<TraceData>* out)
 Status TraceData::load_allocations() {
   // A second record of a segment (CUPTI's twin of the trainer's) is the same memory, and a CUDA
   // module's globals are not the program's allocations: neither is loaded.
-  const std::string sql = std::string("SELECT id,rank,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id "
-                                      "FROM allocation WHERE NOT ") + db::kSecondRecordSql + " AND NOT " +
-                          db::kModuleGlobalSql;
+  const std::string sql = std::string("SELECT id,rank,device_id,memory_kind,level,bytes,t_alloc,t_free,name_id,stack_id,") +
+                          (reader_->has_weights() ? "weight_bytes" : "NULL") + " FROM allocation WHERE NOT " +
+                          db::kSecondRecordSql + " AND NOT " + db::kModuleGlobalSql;
   return for_each_row(reader_->handle(), path_, sql.c_str(),
                       [&](sqlite3_stmt* st) {
                         Alloc a;
@@ -73,7 +73,8 @@ Status TraceData::load_allocations() {
                         a.t_free = i64_or(st, 7, kNever);
                         a.name_id = i64_or(st, 8, 0);
                         a.stack_id = i64_or(st, 9, 0);
-                        allocs.push_back(a);
+                        a.weight = std::max(a.bytes, i64_or(st, 10, 0));
+                        (sqlite3_column_type(st, 10) == SQLITE_NULL ? allocs : sampled).push_back(a);
                       });
 }
 
@@ -172,14 +173,23 @@ Status TraceData::load_counters() {
 
 Status TraceData::load_probed_runs() {
   return for_each_row(reader_->handle(), path_,
-                      "SELECT id, json_extract(config_json, '$.host_threshold') FROM run WHERE json_valid(config_json) "
-                      "AND json_type(config_json) = 'object' AND json_extract(config_json, '$.probe') IS NOT NULL",
+                      "SELECT id, json_extract(config_json, '$.host_threshold'), json_extract(config_json, "
+                      "'$.sample_interval') FROM run WHERE json_valid(config_json) AND json_type(config_json) = "
+                      "'object' AND json_extract(config_json, '$.probe') IS NOT NULL",
                       [&](sqlite3_stmt* st) {
                         std::optional<int64_t> threshold;
                         if (sqlite3_column_type(st, 1) == SQLITE_INTEGER && sqlite3_column_int64(st, 1) >= 0)
                           threshold = sqlite3_column_int64(st, 1);
                         probed_runs[sqlite3_column_int64(st, 0)] = threshold;
+                        if (sqlite3_column_type(st, 2) == SQLITE_INTEGER && sqlite3_column_int64(st, 2) > 0)
+                          sample_intervals[sqlite3_column_int64(st, 0)] = sqlite3_column_int64(st, 2);
                       });
+}
+
+int64_t TraceData::sample_interval(int64_t rank) const {
+  const db::RunRow* run = run_of(rank);
+  auto it = run ? sample_intervals.find(run->id) : sample_intervals.end();
+  return it == sample_intervals.end() ? 0 : it->second;
 }
 
 bool TraceData::probed(int64_t rank, std::optional<int64_t>* host_threshold) const {
@@ -274,7 +284,7 @@ std::string TraceData::where(int64_t stack_id) {
   if (!stack_id) return "";
   if (db::StackSites* s = sites(); s) {
     const db::FrameRow* f = s->site_frame(stack_id);
-    if (f && f->python()) return db::frame_text(*f);
+    if (f && f->python()) return s->site(stack_id, db::SiteLevel::Line);
   }
   return stack_brief(stack_id);
 }
@@ -301,8 +311,9 @@ std::string describe_groups(TraceData& d, const std::vector<NamedBytes>& groups,
   std::string out;
   for (auto& g : groups) {
     if (!out.empty()) out += ", ";
-    out += g.name + " " + sign + format_bytes(double(g.bytes)) + " in " + std::to_string(g.count) + " allocation" +
-           (g.count == 1 ? "" : "s");
+    out += g.name + " " + sign + (g.sampled ? "~" : "") + format_bytes(double(g.bytes)) + " in " +
+           std::to_string(g.count) + " allocation" + (g.count == 1 ? "" : "s") +
+           (g.sampled ? " (" + std::to_string(g.sampled) + " sampled)" : "");
     std::string st = d.where(g.largest_stack);
     if (!st.empty() && st != g.name) out += " (at " + st + ")";
   }

@@ -31,6 +31,7 @@ struct Alloc {
   int64_t t_free = kNever;
   int64_t name_id = 0;
   int64_t stack_id = 0;
+  int64_t weight = 0;  // a sampled row (TraceData::sampled): the bytes it stands for; else `bytes`
   bool alive_at(int64_t t) const { return t_alloc <= t && t < t_free; }
 };
 
@@ -60,7 +61,8 @@ class TraceData {
   std::vector<db::RankRow> ranks;
   std::map<int64_t, db::DeviceRow> devices;  // by id
   std::unordered_map<int64_t, std::string> strings;
-  std::vector<Alloc> allocs;
+  std::vector<Alloc> allocs;   // rows recorded one by one: exact sums (budgets, what was alive at an error)
+  std::vector<Alloc> sampled;  // the probe's sampled rows (allocations under its threshold): estimates by weight (leaks)
   std::map<int64_t, std::vector<Span>> steps;   // per rank, completed or not, by t_start
   std::map<int64_t, std::vector<Span>> epochs;  // per rank, by epoch (from epoch markers, else from steps)
   std::vector<CounterSample> counters;          // only allocated, reserved and data.*
@@ -69,6 +71,9 @@ class TraceData {
   std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> rss;
   // Runs recorded by zt probe (run.config_json has "probe"), with the probe's host threshold.
   std::map<int64_t, std::optional<int64_t>> probed_runs;
+  // Of those, the mean interval of the probe's byte sampler where the run says it (0: off; a
+  // run from before the sampler says nothing: its small allocations were not sampled).
+  std::map<int64_t, int64_t> sample_intervals;
   // Set when the trace had no step or epoch markers and zt check derived them from its ranges
   // (zt/db/derive_steps.h, in memory: the file is not written); what it did, in words.
   std::string derived_markers;
@@ -96,6 +101,8 @@ class TraceData {
   const db::RunRow* run_of(int64_t rank) const;
   // Whether `rank` was recorded by zt probe, and its host threshold when the run says it.
   bool probed(int64_t rank, std::optional<int64_t>* host_threshold = nullptr) const;
+  // The probe's sample interval for `rank` (0: its small allocations were not sampled).
+  int64_t sample_interval(int64_t rank) const;
 
  private:
   Status load_allocations();
@@ -118,6 +125,7 @@ struct NamedBytes {
   std::string name;  // group_name()
   int64_t bytes = 0;
   int64_t count = 0;
+  int64_t sampled = 0;        // of count, sampled rows: bytes is then an estimate
   int64_t largest_stack = 0;  // stack of the largest allocation in the group
   int64_t largest_bytes = 0;
 };

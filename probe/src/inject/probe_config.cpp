@@ -2,6 +2,7 @@
 #include "zt/probe/probe_config.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <string_view>
@@ -35,6 +36,21 @@ Status probe_config_from_env(const std::function<const char*(const char*)>& gete
     auto b = parse_bytes(v);
     if (!b) return Status::Error(std::string(kEnvHostThreshold) + "=" + v + ": not a size (examples: 1MiB, 65536)");
     c.host_threshold = *b == 0 ? 1 : *b;  // 0 would record every allocation; 1 says the same without a special case
+  }
+  if (const char* v = getenv(kEnvSampleInterval); v && *v) {
+    auto b = parse_bytes(v);
+    if (!b || *b > (1ull << 40))
+      return Status::Error(std::string(kEnvSampleInterval) + "=" + v +
+                           ": not a size up to 1TiB (examples: 512KiB, 65536; 0 = off)");
+    c.sample_interval = *b;
+  }
+  if (const char* v = getenv(kEnvSampleSeed); v && *v) {
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long x = std::strtoull(v, &end, 10);
+    if (*end || errno || *v == '-')
+      return Status::Error(std::string(kEnvSampleSeed) + "=" + v + ": expected a whole number (0 = random)");
+    c.sample_seed = x;
   }
   if (const char* v = getenv(kEnvStacks); v && *v)
     if (Status s = parse_bool(kEnvStacks, v, &c.stacks); !s) return s;

@@ -328,8 +328,9 @@ void finish(const char* detail) {
                            code >= 0 ? std::optional<int64_t>(code) : std::nullopt, why);
   if (!s) say("closing the trace failed: " + s.message());
   // Other processes of the run (shell wrappers, `readlink`, ...) that recorded nothing would
-  // only bury the interesting traces: their files go.
-  if (s && !g->root && interpose::recorded_count() == 0 && !g->injection_called.load()) {
+  // only bury the interesting traces: their files go (a forked worker's sampled rows count: its
+  // leak is often all small allocations).
+  if (s && !g->root && interpose::recorded_count() + (g->forked_from ? interpose::sampled_count() : 0) == 0 && !g->injection_called.load()) {
     for (const char* suffix : {"", "-wal", "-shm"}) ::unlink((g->rec->path() + suffix).c_str());
   }
 }
@@ -344,6 +345,7 @@ bool start_recording(const std::string& path) {
   opt.path = path;
   opt.command_line = cfg.command_line.empty() || !g->root ? read_cmdline() : cfg.command_line;
   opt.config_json = "{\"probe\":\"libzt_probe.so\",\"host_threshold\":" + std::to_string(cfg.host_threshold) +
+                    ",\"sample_interval\":" + std::to_string(cfg.host ? cfg.sample_interval : 0) +
                     ",\"stacks\":" + (cfg.stacks ? "true" : "false") +
                     ",\"stack_depth\":" + std::to_string(cfg.stack_depth) +
                     ",\"python_frames\":" + (cfg.python == PythonFrames::Off ? "\"off\"" : cfg.python == PythonFrames::Gil ? "\"gil\"" : "\"own\"") +
@@ -386,6 +388,8 @@ bool start_recording(const std::string& path) {
     h.recorder = g->rec;
     h.host_device = g->host_device;
     h.threshold = cfg.host_threshold;
+    h.sample_interval = cfg.sample_interval;
+    h.sample_seed = cfg.sample_seed;
     h.stacks = cfg.stacks;
     h.stack_depth = cfg.stack_depth;
     interpose::start(h);

@@ -2,9 +2,19 @@
 //
 // Cost model: the common case is a small allocation on an application thread. It pays one
 // thread-local byte test and two plain stores into the thread's own counter slot (no atomic
-// read-modify-write, no lock); its free reads the block's size word (glibc) and does one
-// store. Only allocations at or above the
-// threshold take a stack, a lock on the live table, and a ring write in the Recorder.
+// read-modify-write, no lock), and one thread-local subtraction for the byte sampler; its free
+// reads the block's size word (glibc), one byte of the sampled-address filter, and does one
+// store. Only allocations at or above the threshold, and the sampled ones (one per
+// sample interval of bytes allocated, on average), take a stack, a lock on the live table, and a
+// ring write in the Recorder.
+//
+// The byte sampler (as tcmalloc's, Go's heap profiler and heapprofd): the bytes a thread allocates
+// under the threshold are a line on which sample points fall as a Poisson process of mean spacing
+// T (the interval). Each thread keeps the bytes until its next point, drawn from an exponential
+// distribution of mean T; an allocation of s bytes that reaches it is sampled, and the next point
+// is drawn afresh from the allocation's end (the process is memoryless, so that is exact). So an
+// allocation of s bytes is sampled with probability p = 1 - exp(-s/T), independently of every
+// other, and its row stands for bytes / p: live bytes by site are estimated without bias.
 #include "host_hooks.h"
 
 #include "aligned.h"
@@ -12,9 +22,11 @@
 #include <dlfcn.h>
 #include <malloc.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -144,8 +156,27 @@ DeviceId g_device = 0;
 bool g_stacks = true;
 int g_depth = 32;
 int g_rank = 0;
-std::atomic<int64_t> g_recorded{0};
+std::atomic<int64_t> g_recorded{0};  // rows of allocations at or above the threshold (not the sampled ones)
 std::atomic<bool (*)()> g_start_first{nullptr};  // a forked child's first recorded allocation starts it
+
+// The byte sampler (see the top of this file). g_interval 0: off.
+uint64_t g_interval = 0;  // written once in start(), before g_on is set
+uint64_t g_seed = 0;      // 0: each thread seeds from its id and the clock
+std::atomic<uint64_t> g_seed_serial{0};
+thread_local int64_t t_until_sample ZT_TLS = 0;  // bytes until this thread's next sample point
+thread_local uint64_t t_rng ZT_TLS = 0;          // 0: the thread's sampler is not started yet
+std::atomic<int64_t> g_sampled{0};
+std::atomic<int64_t> g_sampled_mmaps_live{0};
+
+// Live sampled allocations are far fewer than frees of small blocks: a free asks the live table
+// only where this counting filter of their addresses says it may hold the block. 2^18 slots
+// (512 KiB, touched only where used): with 8192 live sampled rows (4 GiB of small allocations
+// alive at 512 KiB) 3% of small frees take the table's lock.
+constexpr int kFilterBits = 18;
+std::atomic<uint16_t> g_filter[1 << kFilterBits];
+inline std::atomic<uint16_t>& filter_slot(const void* p) {
+  return g_filter[(uint64_t(reinterpret_cast<uintptr_t>(p) >> 4) * 0x9E3779B97F4A7C15ull) >> (64 - kFilterBits)];
+}
 
 
 // Live recorded allocations: address -> allocation id. Heap-allocated and never destroyed,
@@ -153,6 +184,8 @@ std::atomic<bool (*)()> g_start_first{nullptr};  // a forked child's first recor
 std::mutex g_live_mu;
 std::unordered_map<uintptr_t, AllocId>* g_live_malloc = nullptr;
 std::unordered_map<uintptr_t, AllocId>* g_live_mmap = nullptr;
+std::unordered_map<uintptr_t, AllocId>* g_live_sampled = nullptr;       // malloc family
+std::unordered_map<uintptr_t, AllocId>* g_live_sampled_mmap = nullptr;  // small anonymous mmaps
 
 // The Recorder keeps per-thread state in a thread_local that is destroyed when the thread
 // ends, and for the main thread when exit() begins (before atexit handlers and static
@@ -274,8 +307,98 @@ __attribute__((noinline)) bool forget_large(void* p, bool mmapped) {
   return true;
 }
 
+// The thread's random numbers (xorshift64*): never 0 once seeded.
+inline uint64_t next_random() {
+  t_rng ^= t_rng >> 12;
+  t_rng ^= t_rng << 25;
+  t_rng ^= t_rng >> 27;
+  return t_rng * 0x2545F4914F6CDD1Dull;
+}
+// Bytes to the next sample point: exponential with mean g_interval, at least 1.
+inline int64_t draw_until_sample() {
+  const double u = (double(next_random() >> 11) + 0.5) * (1.0 / 9007199254740992.0);  // (0, 1)
+  const double x = -std::log(u) * double(g_interval);
+  return x < 1 ? 1 : x > 9.0e18 ? int64_t(9.0e18) : int64_t(x);
+}
+
+// An allocation under the threshold whose bytes reached this thread's next sample point (or the
+// thread's first, which starts its sampler): recorded as a sampled row, its free tracked. Returns
+// without recording when the point is not reached after all (a thread's first allocation).
+// noinline, called only from the hooks: the stack skips it and the hook (kSkipFrames).
+__attribute__((noinline)) void sample_small(void* p, size_t requested, bool mmapped) {
+  if (__builtin_expect(t_rng == 0, 0)) {
+    uint64_t seed = g_seed ? g_seed + 0x9E3779B97F4A7C15ull * g_seed_serial.fetch_add(1, std::memory_order_relaxed)
+                           : (uint64_t(syscall(SYS_gettid)) << 32) ^ uint64_t(now_ns());
+    t_rng = seed ? seed : 1;
+    (void)next_random();
+    t_until_sample = draw_until_sample() - int64_t(requested);
+    if (t_until_sample > 0) return;
+  }
+  // The next point, from this allocation's end.
+  t_until_sample = draw_until_sample();
+  Recorder* rec = recorder_or_start();  // a forked worker's first sample starts its trace
+  if (!rec) return;
+  ScopedGuard guard;
+  const size_t bytes = mmapped ? requested : g_real.usable(p);
+  // P(sampled) = 1 - exp(-s/T) for the s bytes the sampler counted; the row stands for bytes / P.
+  const double prob = -std::expm1(-double(requested) / double(g_interval));
+  if (!(prob > 0)) return;
+  AllocEvent e;
+  e.rank = g_rank;
+  e.device = g_device;
+  e.memory_kind = MemoryKind::PageableHost;
+  e.level = AllocLevel::Segment;
+  e.address = reinterpret_cast<uint64_t>(p);
+  e.bytes = static_cast<int64_t>(bytes);
+  e.requested_bytes = static_cast<int64_t>(requested);
+  e.source = Source::HostHook;
+  e.weight_bytes = std::max<int64_t>(int64_t(bytes), std::llround(double(bytes) / prob));
+  e.stack = g_stacks ? rec->capture_stack(kSkipFrames, g_depth) : 0;
+  e.t = now_ns();
+  AllocId id = rec->alloc(e);
+  arm_sentinel();
+  g_sampled.fetch_add(1, std::memory_order_relaxed);
+  AllocId stale = 0;
+  {
+    std::lock_guard lock(g_live_mu);
+    auto& table = mmapped ? *g_live_sampled_mmap : *g_live_sampled;
+    auto [it, inserted] = table.try_emplace(reinterpret_cast<uintptr_t>(p), id);
+    if (!inserted) stale = std::exchange(it->second, id);
+    else if (mmapped) g_sampled_mmaps_live.fetch_add(1, std::memory_order_relaxed);
+    else filter_slot(p).fetch_add(1, std::memory_order_relaxed);
+  }
+  // The address is live in the table already: its free went by unseen, as in record_large. That
+  // row ends at this allocation's time, and the guess is counted.
+  if (stale) {
+    rec->free(stale, e.t);
+    rec->dropped(1, kUnseenFree, g_rank);
+  }
+}
+
+// Returns false when p is not a live sampled allocation.
+__attribute__((noinline)) bool forget_sampled(void* p, bool mmapped) {
+  Recorder* rec = g_rec.load(std::memory_order_acquire);
+  if (!rec || !g_on.load(std::memory_order_relaxed)) return false;
+  ScopedGuard guard;
+  AllocId id = 0;
+  {
+    std::lock_guard lock(g_live_mu);
+    auto& table = mmapped ? *g_live_sampled_mmap : *g_live_sampled;
+    auto it = table.find(reinterpret_cast<uintptr_t>(p));
+    if (it == table.end()) return false;  // a filter collision
+    id = it->second;
+    table.erase(it);
+    if (mmapped) g_sampled_mmaps_live.fetch_sub(1, std::memory_order_relaxed);
+    else filter_slot(p).fetch_sub(1, std::memory_order_relaxed);
+  }
+  rec->free(id);
+  arm_sentinel();
+  return true;
+}
+
 // After a successful allocation of `requested` bytes at p. Small ones count the requested
-// bytes (asking the allocator for the usable size here cost more than the rest of the hook).
+// bytes (asking the allocator for the usable size here cost more than the rest of the hook), and
+// move the thread's sampler.
 inline void on_alloc(void* p, size_t requested) {
   if (!p || !app_thread()) return;
   if (__builtin_expect(requested < g_threshold, 1)) {
@@ -283,6 +406,7 @@ inline void on_alloc(void* p, size_t requested) {
     const bool shared = t_slot_shared;
     bump(s.allocs, 1, shared);
     bump(s.alloc_bytes, requested, shared);
+    if (g_interval && __builtin_expect((t_until_sample -= int64_t(requested)) <= 0, 0)) sample_small(p, requested, false);
     return;
   }
   record_large(p, requested, g_real.usable(p), false);
@@ -295,6 +419,8 @@ inline void on_free(void* p) {
   // A recorded allocation's block is at least as large as the request, which was at least the
   // threshold: a smaller block is certainly not recorded; a larger one only costs a lookup.
   if (__builtin_expect(block_size(p) >= g_threshold, 0) && forget_large(p, false)) return;
+  // A sampled block is any size under the threshold: the filter says which may be one.
+  if (__builtin_expect(filter_slot(p).load(std::memory_order_relaxed) != 0, 0) && forget_sampled(p, false)) return;
   Slot& s = slot();
   bump(s.frees, 1, t_slot_shared);
 }
@@ -307,8 +433,12 @@ void start(const HostHookConfig& cfg) {
   if (!g_live_malloc) {
     g_live_malloc = new std::unordered_map<uintptr_t, AllocId>();
     g_live_mmap = new std::unordered_map<uintptr_t, AllocId>();
+    g_live_sampled = new std::unordered_map<uintptr_t, AllocId>();
+    g_live_sampled_mmap = new std::unordered_map<uintptr_t, AllocId>();
   }
   g_threshold = cfg.threshold;
+  g_interval = cfg.sample_interval;
+  g_seed = cfg.sample_seed;
   g_device = cfg.host_device;
   g_stacks = cfg.stacks;
   g_depth = cfg.stack_depth;
@@ -330,6 +460,13 @@ void child_after_fork(bool (*start_first)()) {
     s.alloc_bytes.store(0, std::memory_order_relaxed);
   }
   g_recorded.store(0, std::memory_order_relaxed);
+  g_sampled.store(0, std::memory_order_relaxed);
+  g_sampled_mmaps_live.store(0, std::memory_order_relaxed);
+  // The parent's sampled addresses are not this process's live set (a fresh table comes with
+  // restart_after_fork): their filter slots go. Only slots in use are written, so that the pages
+  // the parent never touched stay untouched here.
+  for (auto& f : g_filter)
+    if (f.load(std::memory_order_relaxed)) f.store(0, std::memory_order_relaxed);
   g_start_first.store(start_first, std::memory_order_release);
 }
 
@@ -338,6 +475,8 @@ void restart_after_fork() {
   ScopedGuard guard;
   g_live_malloc = new std::unordered_map<uintptr_t, AllocId>();  // the parent's are left as they are
   g_live_mmap = new std::unordered_map<uintptr_t, AllocId>();
+  g_live_sampled = new std::unordered_map<uintptr_t, AllocId>();
+  g_live_sampled_mmap = new std::unordered_map<uintptr_t, AllocId>();
 }
 
 bool recording() { return g_on.load(std::memory_order_relaxed); }
@@ -357,6 +496,7 @@ SmallTotals small_totals() {
 }
 
 int64_t recorded_count() { return g_recorded.load(); }
+int64_t sampled_count() { return g_sampled.load(); }
 
 int64_t large_live_count() {
   ScopedGuard guard;
@@ -448,8 +588,9 @@ inline bool is_allocation_like(int prot, int flags) {
   return (flags & MAP_ANONYMOUS) && prot != PROT_NONE && !(flags & MAP_NORESERVE);
 }
 inline void after_mmap(void* p, size_t len, int prot, int flags) {
-  if (p == MAP_FAILED || len < g_threshold || !is_allocation_like(prot, flags) || !app_thread()) return;
-  record_large(p, len, len, true);
+  if (p == MAP_FAILED || !is_allocation_like(prot, flags) || !app_thread()) return;
+  if (len >= g_threshold) record_large(p, len, len, true);
+  else if (g_interval && (t_until_sample -= int64_t(len)) <= 0) sample_small(p, len, true);
 }
 }  // namespace
 
@@ -472,5 +613,6 @@ ZT_EXPORT int munmap(void* addr, size_t len) {
   // Only an unmapping that starts where a recorded mapping starts closes it (the common
   // case); unmapping part of a mapping leaves the row open.
   if (len >= g_threshold && app_thread()) (void)forget_large(addr, true);
+  else if (g_sampled_mmaps_live.load(std::memory_order_relaxed) > 0 && app_thread()) (void)forget_sampled(addr, true);
   return g_real.munmap(addr, len);
 }

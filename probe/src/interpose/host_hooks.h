@@ -9,7 +9,9 @@
 //  - Every hook forwards to the next definition (dlsym RTLD_NEXT) and returns its result
 //    unchanged; recording is a side effect that can never change what the program sees.
 //  - Allocations at or above the threshold become allocation rows (pageable_host, segment,
-//    source host_hook) with a stack; smaller ones only move per-thread counters.
+//    source host_hook) with a stack; smaller ones move per-thread counters, and a Poisson sample
+//    of them by bytes (mean interval `sample_interval`) become rows too, each marked with the
+//    bytes it stands for (allocation.weight_bytes = bytes / P(sampled)), their frees tracked.
 //  - One open row per address: an address allocated again while its row is open (its free was
 //    not seen: a partial munmap, a raw syscall, a thread that no longer records) closes the older
 //    row at the new allocation's time, and each such guess is a `dropped` row ("host frees not
@@ -35,6 +37,8 @@ struct HostHookConfig {
   Recorder* recorder = nullptr;
   DeviceId host_device = 0;
   uint64_t threshold = 1ull << 20;
+  uint64_t sample_interval = 512 << 10;  // mean bytes between sampled allocations under the threshold; 0: off
+  uint64_t sample_seed = 0;              // 0: each thread seeds from its id and the clock
   bool stacks = true;
   int stack_depth = 32;
   int rank = 0;
@@ -64,7 +68,8 @@ struct SmallTotals {
 };
 SmallTotals small_totals();
 int64_t large_live_count();  // recorded allocations not yet freed
-int64_t recorded_count();    // allocation rows written since start()
+int64_t recorded_count();    // allocation rows at or above the threshold written since start()
+int64_t sampled_count();     // sampled rows (under the threshold) written since start()
 
 // ScopedGuard and mark_probe_thread (guard.h) say which threads the hooks pass through.
 

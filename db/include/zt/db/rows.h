@@ -103,6 +103,12 @@ struct AllocationRow {
   Source source = Source::Api;
   int64_t segment_id = 0;
   std::optional<int64_t> stream;
+  // A sampled row (the probe's byte sampler picked this allocation among those under its
+  // threshold): the bytes it stands for, bytes / P(sampled), at least `bytes`. NULL (nullopt) for
+  // a row recorded one by one. Estimates of live bytes by site count it by this (counted_bytes).
+  std::optional<int64_t> weight_bytes;
+  bool sampled() const { return weight_bytes.has_value(); }
+  int64_t counted_bytes() const { return weight_bytes ? *weight_bytes : bytes; }
 };
 
 struct TransferRow {

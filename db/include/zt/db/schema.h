@@ -56,6 +56,10 @@ inline constexpr const char* kSecondRecordSql = "(level = 1 AND segment_id IS NO
 inline bool is_second_record(AllocLevel level, int64_t segment_id) {
   return level == AllocLevel::Segment && segment_id != 0;
 }
+// A sampled allocation row (allocation.weight_bytes set; SCHEMA.md, "Sampled rows"). Exact sums
+// of live bytes (peaks, budgets) leave them out; estimates by site count them by their weight.
+// Files written before the column have no sampled rows: TraceReader::sampled_sql() says "0".
+inline constexpr const char* kSampledSql = "(weight_bytes IS NOT NULL)";
 enum class TransferKind : uint8_t { H2D = 0, D2H = 1, D2D = 2, H2H = 3, P2P = 4, Collective = 5 };
 enum class PlacementWhy : uint8_t { Created = 0, Moved = 1, Freed = 2 };
 enum class MarkerKind : uint8_t { Step = 0, MicroStep = 1, Epoch = 2, Phase = 3, Range = 4 };

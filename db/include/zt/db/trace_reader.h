@@ -141,6 +141,12 @@ class TraceReader {
   Status query(const std::string& sql, QueryResult* out, const QueryLimits& limits = {});
 
   sqlite3* handle() const { return db_; }
+  // The allocation table has `weight_bytes` (sampled rows, SCHEMA.md); files before it have none.
+  bool has_weights() const { return weights_; }
+  // SQL true for a sampled allocation row: kSampledSql, or "0" in a file without the column.
+  const char* sampled_sql() const { return weights_ ? kSampledSql : "(0)"; }
+  // SQL for the bytes an allocation row counts for in an estimate: its weight when sampled.
+  const char* counted_bytes_sql() const { return weights_ ? "coalesce(weight_bytes, bytes)" : "bytes"; }
   static const std::vector<std::string>& table_names();
 
  private:
@@ -153,6 +159,7 @@ class TraceReader {
   int schema_version_ = 0;
   bool frame_lines_ = false;  // the frame table has its `line` column (Python frames; files before it have none)
   bool rank_roles_ = false;   // the rank table has `role` and `job_rank` (files before rank roles have neither)
+  bool weights_ = false;      // the allocation table has its `weight_bytes` column (sampled rows)
 };
 
 }  // namespace zt::db

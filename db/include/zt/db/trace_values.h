@@ -46,7 +46,7 @@ struct ColumnRule {
   std::string not_before;                  // Integer: a column of the row this one may not be below
   bool summed = false;                     // the column (with not_before: the span's length) adds up to at most kMaxTraceSum
   std::string what;                        // the rule in words, for the message: "a time is an integer in 0 .. 2^62 ns"
-  bool added_later = false;                // a column files from before it lack (rank.role): checked where present
+  bool added_later = false;                // a column files from before it lack (rank.role, allocation.weight_bytes): checked where present
 };
 
 // The rules of a table (empty for a table without any, or unknown).

@@ -18,7 +18,12 @@
 namespace zt::probe {
 
 inline constexpr const char* kEnvOutput = "ZT_PROBE_OUTPUT";                // trace file of the root process
-inline constexpr const char* kEnvHostThreshold = "ZT_PROBE_HOST_THRESHOLD";  // "1MiB": smaller ones are summed
+inline constexpr const char* kEnvHostThreshold = "ZT_PROBE_HOST_THRESHOLD";  // "1MiB": recorded one by one from this size
+// Host allocations under the threshold are sampled by bytes: a Poisson sample of mean interval
+// "512KiB" (0: off), each sampled allocation a row standing for its expected bytes.
+inline constexpr const char* kEnvSampleInterval = "ZT_PROBE_SAMPLE_INTERVAL";
+// A number that makes the sample the same in every run of the same program (tests); unset or 0: random.
+inline constexpr const char* kEnvSampleSeed = "ZT_PROBE_SAMPLE_SEED";
 inline constexpr const char* kEnvStacks = "ZT_PROBE_STACKS";                // 0: no call stacks
 inline constexpr const char* kEnvStackDepth = "ZT_PROBE_STACK_DEPTH";       // frames per stack (1..128)
 inline constexpr const char* kEnvHost = "ZT_PROBE_HOST";                    // 0: host allocations not recorded
@@ -94,6 +99,10 @@ ProcessRole decide_process_role(const RankClaim& self, bool root, const std::opt
 struct ProbeConfig {
   std::string output = "zt-probe.db";
   uint64_t host_threshold = 1ull << 20;
+  // 512 KiB, as Go's heap profiler (runtime.MemProfileRate): about two sampled rows per MiB
+  // allocated under the threshold, which keeps a Python job's cost near 1% (docs/probe.md).
+  uint64_t sample_interval = 512ull << 10;
+  uint64_t sample_seed = 0;
   bool stacks = true;
   int stack_depth = 32;
   PythonFrames python = PythonFrames::Own;

@@ -91,6 +91,7 @@ struct AllocEvent {
   // live at that address at the free's time (the one made there last at or before it), also
   // when a new allocation at the same address reaches the writer in the same cycle.
   bool free_by_address = false;
+  int64_t weight_bytes = 0;  // a sampled allocation: the bytes it stands for (>= bytes); 0: recorded one by one
 };
 
 struct TransferEvent {
