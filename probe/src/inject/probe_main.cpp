@@ -328,9 +328,11 @@ void finish(const char* detail) {
                            code >= 0 ? std::optional<int64_t>(code) : std::nullopt, why);
   if (!s) say("closing the trace failed: " + s.message());
   // Other processes of the run (shell wrappers, `readlink`, ...) that recorded nothing would
-  // only bury the interesting traces: their files go (a forked worker's sampled rows count: its
-  // leak is often all small allocations).
-  if (s && !g->root && interpose::recorded_count() + (g->forked_from ? interpose::sampled_count() : 0) == 0 && !g->injection_called.load()) {
+  // only bury the interesting traces: their files go. A forked worker's sampled rows still live at
+  // its end count (its leak is often all small allocations); a shell's subshell that sampled one
+  // allocation it freed does not.
+  const int64_t kept = interpose::recorded_count() + (g->forked_from ? interpose::sampled_live_count() : 0);
+  if (s && !g->root && kept == 0 && !g->injection_called.load()) {
     for (const char* suffix : {"", "-wal", "-shm"}) ::unlink((g->rec->path() + suffix).c_str());
   }
 }

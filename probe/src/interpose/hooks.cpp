@@ -498,6 +498,12 @@ SmallTotals small_totals() {
 int64_t recorded_count() { return g_recorded.load(); }
 int64_t sampled_count() { return g_sampled.load(); }
 
+int64_t sampled_live_count() {
+  ScopedGuard guard;
+  std::lock_guard lock(g_live_mu);
+  return g_live_sampled ? static_cast<int64_t>(g_live_sampled->size() + g_live_sampled_mmap->size()) : 0;
+}
+
 int64_t large_live_count() {
   ScopedGuard guard;
   std::lock_guard lock(g_live_mu);

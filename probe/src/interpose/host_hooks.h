@@ -70,6 +70,7 @@ SmallTotals small_totals();
 int64_t large_live_count();  // recorded allocations not yet freed
 int64_t recorded_count();    // allocation rows at or above the threshold written since start()
 int64_t sampled_count();     // sampled rows (under the threshold) written since start()
+int64_t sampled_live_count();  // sampled rows not yet freed
 
 // ScopedGuard and mark_probe_thread (guard.h) say which threads the hooks pass through.
 
