@@ -329,7 +329,7 @@ int db_info(const std::string& path) {
     }
     if (++n_processes > kNamed) continue;
     processes += (processes.empty() ? "" : ", ") + std::string(db::to_string(r.role)) + " " + std::to_string(r.pid) +
-                 (r.role == db::RankRole::Helper && r.job_rank ? " of rank " + std::to_string(*r.job_rank) : "") +
+                 (r.role != db::RankRole::Launcher && r.job_rank ? " of rank " + std::to_string(*r.job_rank) : "") +
                  " (key " + std::to_string(r.rank) + ")";
   }
   if (n_processes > kNamed) processes += " and " + std::to_string(n_processes - kNamed) + " more";

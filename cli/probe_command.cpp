@@ -130,6 +130,7 @@ struct RunTrace {
   std::optional<int64_t> job_rank;
   int64_t world_size = 1;
   int64_t launched_by = 0;
+  int64_t forked_from = 0;  // a worker: the process that forked it (config_json "forked_from")
 };
 
 constexpr const char* kExecDetail = "process image replaced by exec of ";
@@ -149,7 +150,8 @@ std::optional<RunTrace> read_run_trace(const std::string& path, const std::strin
   const std::string needle = "\"run_id\":\"" + run_id + "\"";
   if (sqlite3_prepare_v2(db,
                          "SELECT pid, t_start, status, coalesce(exit_detail, ''), "
-                         "CASE WHEN json_valid(config_json) THEN json_extract(config_json, '$.launched_by') END FROM run "
+                         "CASE WHEN json_valid(config_json) THEN json_extract(config_json, '$.launched_by') END, "
+                         "CASE WHEN json_valid(config_json) THEN json_extract(config_json, '$.forked_from') END FROM run "
                          "WHERE instr(coalesce(config_json, ''), ?1) > 0 ORDER BY id LIMIT 1",
                          -1, &st, nullptr) == SQLITE_OK) {
     sqlite3_bind_text(st, 1, needle.c_str(), -1, SQLITE_TRANSIENT);
@@ -161,6 +163,7 @@ std::optional<RunTrace> read_run_trace(const std::string& path, const std::strin
       t.status = sqlite3_column_int(st, 2);
       t.exit_detail = reinterpret_cast<const char*>(sqlite3_column_text(st, 3));
       if (sqlite3_column_type(st, 4) == SQLITE_INTEGER) t.launched_by = sqlite3_column_int64(st, 4);
+      if (sqlite3_column_type(st, 5) == SQLITE_INTEGER) t.forked_from = sqlite3_column_int64(st, 5);
       out = t;
     }
   }
@@ -171,7 +174,7 @@ std::optional<RunTrace> read_run_trace(const std::string& path, const std::strin
                                 nullptr) == SQLITE_OK &&
       sqlite3_step(st) == SQLITE_ROW) {
     const int64_t role = sqlite3_column_int64(st, 0);
-    if (role >= 0 && role <= 2) out->role = db::RankRole(role);
+    if (role >= 0 && role <= 3) out->role = db::RankRole(role);
     if (sqlite3_column_type(st, 1) == SQLITE_INTEGER) out->job_rank = sqlite3_column_int64(st, 1);
     out->world_size = std::max<int64_t>(1, sqlite3_column_int64(st, 2));
   }
@@ -209,7 +212,9 @@ std::vector<RunTrace> traces_of_run(const std::string& main, const std::string& 
 //    that named none (the one rank of a run without a launcher, so far) is the launcher;
 //  - of several images of one process (exec), the last is the rank, the earlier ones helpers;
 //  - two processes that claim the same rank: the first started keeps it, the other is a helper
-//    of it, and the summary says so.
+//    of it, and the summary says so;
+//  - a worker (forked without exec, `forked_from`) is of the rank its parent ends up with: the
+//    parent's job rank, or the rank its parent is a helper or worker of (none under a launcher).
 // Keys: a rank's is its job rank (0 for the one process of a run without a launcher); launchers'
 // and helpers' come after every rank and world size, in the order of `traces` (the order zt db
 // merge gets them in, so that it gives them the same keys).
@@ -268,6 +273,19 @@ std::vector<Assigned> assign_ranks(const std::vector<RunTrace>& traces) {
       out[i].key = out[i].job_rank.value_or(0);
       next = std::max({next, out[i].key + 1, traces[i].world_size});
     }
+  // Workers, in start order (a worker's worker after its parent): the parent's rank, where the
+  // parent's trace is among them (the image of that pid that started last before the worker).
+  for (size_t i : order) {
+    if (out[i].role != db::RankRole::Worker || traces[i].forked_from <= 0) continue;
+    std::optional<size_t> parent;
+    for (size_t j : order)
+      if (j != i && traces[j].pid == traces[i].forked_from && traces[j].t_start <= traces[i].t_start) parent = j;
+    if (!parent) continue;
+    const Assigned& p = out[*parent];
+    out[i].job_rank = p.role == db::RankRole::Rank       ? std::optional<int64_t>(p.job_rank.value_or(0))
+                      : p.role == db::RankRole::Launcher ? std::nullopt
+                                                         : p.job_rank;
+  }
   for (auto& a : out)
     if (a.role != db::RankRole::Rank) a.key = next++;
   return out;
@@ -551,7 +569,8 @@ int run_probe(const ProbeArgs& a) {
     } else if (as.role == db::RankRole::Launcher) {
       who = "launcher process " + std::to_string(t.pid);
     } else {
-      who = "helper process " + std::to_string(t.pid) + (as.job_rank ? " of rank " + std::to_string(*as.job_rank) : "");
+      who = std::string(db::to_string(as.role)) + " process " + std::to_string(t.pid) +
+            (as.job_rank ? " of rank " + std::to_string(*as.job_rank) : "");
     }
     std::string where = t.path == out.string() ? "trace written to " + t.path
                         : t.pid == child       ? "after exec, process " + std::to_string(t.pid) + ": trace " + t.path

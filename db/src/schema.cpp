@@ -14,7 +14,7 @@ constexpr std::array<std::string_view, 3> kPlacementWhy{"created", "moved", "fre
 constexpr std::array<std::string_view, 5> kMarkerKind{"step", "micro_step", "epoch", "phase", "range"};
 constexpr std::array<std::string_view, 3> kDeviceKind{"cpu", "cuda", "sim"};
 constexpr std::array<std::string_view, 5> kRunStatus{"running", "ok", "failed", "signal", "terminated"};
-constexpr std::array<std::string_view, 3> kRankRole{"rank", "launcher", "helper"};
+constexpr std::array<std::string_view, 4> kRankRole{"rank", "launcher", "helper", "worker"};
 
 template <size_t N>
 std::string_view name_of(const std::array<std::string_view, N>& names, uint8_t code) {
@@ -113,7 +113,7 @@ INSERT INTO enum_device_kind VALUES (0,'cpu'),(1,'cuda'),(2,'sim');
 CREATE TABLE enum_run_status (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
 INSERT INTO enum_run_status VALUES (0,'running'),(1,'ok'),(2,'failed'),(3,'signal'),(4,'terminated');
 CREATE TABLE enum_rank_role (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
-INSERT INTO enum_rank_role VALUES (0,'rank'),(1,'launcher'),(2,'helper');
+INSERT INTO enum_rank_role VALUES (0,'rank'),(1,'launcher'),(2,'helper'),(3,'worker');
 )SQL";
 const char* kViewsSql = R"SQL(
 CREATE VIEW allocation_v AS

@@ -323,6 +323,8 @@ Status TraceWriter::append(const std::string& path, std::unique_ptr<TraceWriter>
                    "ALTER TABLE rank ADD COLUMN role INTEGER NOT NULL DEFAULT 0; ALTER TABLE rank ADD COLUMN job_rank "
                    "INTEGER; CREATE TABLE IF NOT EXISTS enum_rank_role (code INTEGER PRIMARY KEY, name TEXT NOT NULL); "
                    "INSERT OR IGNORE INTO enum_rank_role VALUES (0,'rank'),(1,'launcher'),(2,'helper');");
+    // A trace from before forked workers (role 3): the code is added to its enum table.
+    detail::exec(w->db_, "INSERT OR IGNORE INTO enum_rank_role VALUES (3,'worker');");
     // A trace from before sampled rows (allocation.weight_bytes): the column is added, NULL for its rows.
     if (detail::query_int(w->db_, "SELECT count(*) FROM pragma_table_info('allocation') WHERE name = 'weight_bytes'") == 0)
       detail::exec(w->db_, "ALTER TABLE allocation ADD COLUMN weight_bytes INTEGER;");

@@ -6,6 +6,7 @@
 #include <errno.h>  // program_invocation_name
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -147,6 +148,10 @@ struct Recorder::Impl {
   std::atomic<bool> pressure{false};
   std::atomic<bool> closed{false};
   std::mutex close_mu;  // close(): one caller at a time
+  // Held by whichever thread is inside SQLite for this recorder (the writer's cycle, close()'s
+  // symbols and finish), and by hold_for_fork(): a child forked while it is held by the forking
+  // thread finds SQLite's own locks free (no other thread of the parent was inside it).
+  std::timed_mutex sql_mu;
   int64_t t_latest = 0;  // the latest time of any event written (writer thread)
   RunStatus end_status = RunStatus::Ok;
   std::optional<int64_t> end_code;
@@ -973,6 +978,7 @@ void Recorder::Impl::writer_main() {
         req = flush_req;
         stopping = stop;
       }
+      std::unique_lock sql(sql_mu);  // released at the end of this cycle (see sql_mu)
       if (crash_request.load()) {
         drain(true);
         w->begin();
@@ -982,7 +988,12 @@ void Recorder::Impl::writer_main() {
         return;
       }
       bool busy = drain(stopping);
-      while (busy && !stopping && !crash_request.load() && w->status().ok()) busy = drain(false);
+      while (busy && !stopping && !crash_request.load() && w->status().ok()) {
+        sql.unlock();  // a fork waiting in hold_for_fork() gets its turn between two drains
+        sched_yield();
+        sql.lock();
+        busy = drain(false);
+      }
       if (!w->status().ok()) return fail(w->status());
       {
         std::lock_guard lock(wmu);
@@ -1104,6 +1115,7 @@ Status Recorder::close(RunStatus status, std::optional<int64_t> exit_code, const
   m.wcv.notify_one();
   if (m.writer.joinable()) m.writer.join();
   if (!m.writer_status) return m.writer_status;
+  std::lock_guard sql(m.sql_mu);
   try {
     m.symbolize();
   } catch (const std::exception& e) {
@@ -1111,6 +1123,11 @@ Status Recorder::close(RunStatus status, std::optional<int64_t> exit_code, const
   }
   return m.w->finish();
 }
+
+bool Recorder::hold_for_fork(int timeout_ms) {
+  return impl_->sql_mu.try_lock_for(std::chrono::milliseconds(timeout_ms));
+}
+void Recorder::release_after_fork() { impl_->sql_mu.unlock(); }
 
 uint64_t Recorder::events_recorded() const { return impl_->recorded.load(); }
 

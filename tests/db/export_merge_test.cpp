@@ -14,6 +14,7 @@
 #include "../test_util.h"
 #include "zt/db/export.h"
 #include "zt/db/trace_reader.h"
+#include "zt/db/trace_writer.h"
 #include "zt/probe/recorder.h"
 #include "zt/probe/synthetic.h"
 
@@ -315,6 +316,34 @@ TEST(Merge, LaunchersAndHelpersGetKeysAfterTheRanksInInputOrder) {
   const std::string out3 = dir.file("m3.db");
   ASSERT_TRUE(merge_traces(out3, {launcher, other}, false).ok());
   EXPECT_EQ(rank_table(out3), "0:launcher:- 1:launcher:-");
+}
+
+// A forked worker (role 3) is a process of its rank after the merge, as a helper is: a key after
+// the ranks, its job rank kept. A file written before role 3 existed gets the code in its enum
+// table when rows are added to it.
+TEST(Merge, AForkedWorkerStaysAProcessOfItsRank) {
+  zt::test::TempDir dir;
+  const std::string worker = process_trace(dir, "worker", RankRole::Worker, 1, 5000);
+  const std::string r1 = rank_trace(dir, 1, 2), r0 = rank_trace(dir, 0, 2);
+  EXPECT_EQ(rank_table(worker), "0:worker:1");
+  const std::string out = dir.file("m.db");
+  zt::Status s = merge_traces(out, {r0, worker, r1}, false);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(rank_table(out), "0:rank:- 1:rank:- 2:worker:1");
+
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(r0.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "DELETE FROM enum_rank_role WHERE code = 3", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  std::unique_ptr<TraceWriter> w;
+  ASSERT_TRUE(TraceWriter::append(r0, &w).ok());
+  w.reset();
+  std::unique_ptr<TraceReader> r;
+  ASSERT_TRUE(TraceReader::open(r0, &r).ok());
+  QueryResult q;
+  ASSERT_TRUE(r->query("SELECT name FROM enum_rank_role WHERE code = 3", &q).ok());
+  ASSERT_EQ(q.rows.size(), 1u);
+  EXPECT_EQ(q.rows[0][0], "worker");
 }
 
 // A trace written before rank roles (no rank.role, rank.job_rank): every row reads as a rank, and

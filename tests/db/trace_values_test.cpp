@@ -89,7 +89,7 @@ TEST(TraceValues, TheIssuesFilesAreRefusedNamingFileTableRowColumnAndValue) {
       {"UPDATE marker SET kind=9 WHERE id=1", ": marker row 1: kind is 9; it must be a code of enum_marker_kind (0, 1, 2, 3, 4; db/SCHEMA.md)"},
       {"UPDATE counter SET value='lots'", ": counter row 1: value is the text 'lots'; it must be NULL or a number"},
       {"UPDATE marker SET step=x'00ff' WHERE id=1", ": marker row 1: step is a blob of 2 bytes; it must be NULL or a step number"},
-      {"UPDATE rank SET role=7", ": rank row 0: role is 7; it must be a code of enum_rank_role (0, 1, 2; db/SCHEMA.md)"},
+      {"UPDATE rank SET role=7", ": rank row 0: role is 7; it must be a code of enum_rank_role (0, 1, 2, 3; db/SCHEMA.md)"},
       {"UPDATE rank SET job_rank=-1", ": rank row 0: job_rank is -1; it must be NULL or a rank (an integer in 0 .. 1048575)"},
   };
   for (const Case& c : cases) {

@@ -1,6 +1,6 @@
 // A program for the interposer tests: known host allocations in named functions. It is linked
 // with exported symbols (-rdynamic) so that the trace's stacks name these functions.
-// Usage: zt_probe_workload leak N BYTES | fork | threads T K | api | exec SELF N BYTES
+// Usage: zt_probe_workload leak N BYTES | fork | forks N | threads T K | api | exec SELF N BYTES
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +83,28 @@ int main(int argc, char** argv) {
     waitpid(pid, &st, 0);
     zt_test_parent_alloc();
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 3;
+  }
+  if (mode == "forks" && argc == 3) {
+    // N children forked without exec while 4 threads allocate and free recorded blocks (the hooks'
+    // table lock, the rings and the writer all busy at the forks); each child allocates and _exits.
+    const int n = atoi(argv[2]);
+    g_iters = 200;
+    pthread_t ths[4];
+    for (auto& th : ths) pthread_create(&th, nullptr, thread_main, nullptr);
+    int bad = 0;
+    for (int i = 0; i < n; ++i) {
+      pid_t pid = fork();
+      if (pid == 0) {
+        alarm(20);  // a deadlocked child dies, and the parent counts it
+        zt_test_child_alloc();
+        _exit(0);
+      }
+      int st = 0;
+      waitpid(pid, &st, 0);
+      bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    for (auto& th : ths) pthread_join(th, nullptr);
+    return bad == 0 ? 0 : 5;
   }
   if (mode == "threads" && argc == 4) {
     int t = atoi(argv[2]);

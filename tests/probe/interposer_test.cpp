@@ -72,18 +72,59 @@ TEST(Interposer, LeakedBuffersAreExactlyTheLiveAllocationsWithTheirFunction) {
   EXPECT_EQ(sql_int(out, "SELECT coalesce(sum(events), 0) FROM dropped"), 0);
 }
 
-TEST(Interposer, ForkedChildNeverWritesIntoTheParentsTrace) {
+// A child forked without exec (its parent has the probe's writer and sampler threads running)
+// records into a trace of its own beside the parent's, as a worker process, never into the
+// parent's; with ZT_PROBE_FORKS=0 it records nothing anywhere.
+TEST(Interposer, ForkedChildRecordsItsOwnTraceNeverTheParents) {
+  for (bool forks : {true, false}) {
+    TempDir dir;
+    std::string out = dir.file("fork.db");
+    RunResult r = run_probed(out, {"fork"}, {{"ZT_PROBE_FORKS", forks ? nullptr : "0"}});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(allocations_in(out, "zt_test_parent_alloc").size(), 2u);
+    EXPECT_EQ(allocations_in(out, "zt_test_child_alloc").size(), 0u);
+    EXPECT_EQ(sql_int(out, "SELECT status FROM run"), 1);
+    std::vector<std::string> others;
+    for (auto& e : std::filesystem::directory_iterator(dir.path()))
+      if (e.path().extension() == ".db" && e.path() != out) others.push_back(e.path().string());
+    if (!forks) {
+      EXPECT_TRUE(others.empty()) << others.size();
+      continue;
+    }
+    ASSERT_EQ(others.size(), 1u);
+    const std::string child = others[0];
+    EXPECT_NE(child.find("fork.pid"), std::string::npos) << child;
+    EXPECT_EQ(allocations_in(child, "zt_test_child_alloc").size(), 2u);
+    EXPECT_EQ(allocations_in(child, "zt_test_parent_alloc").size(), 0u);  // the parent's table is not the child's
+    EXPECT_EQ(sql_int(child, "SELECT status FROM run"), 1);  // closed at its exit(0)
+    EXPECT_EQ(sql_int(child, "SELECT role FROM rank"), 3);    // worker
+    EXPECT_EQ(sql_int(child, "SELECT json_extract(config_json, '$.forked_from') FROM run"),
+              sql_int(out, "SELECT pid FROM run"));
+    EXPECT_NE(sql_int(child, "SELECT pid FROM run"), sql_int(out, "SELECT pid FROM run"));
+    EXPECT_GE(sql_int(child, "SELECT count(*) FROM counter_v WHERE name = 'host_rss'"), 1);
+  }
+}
+
+// Forks in a busy multi-threaded parent: every child records its own trace and ends (none
+// deadlocks on a lock a thread of the parent held at the fork), and the parent's trace is whole.
+TEST(Interposer, ForksWhileThreadsAllocateEachRecordTheirOwnTrace) {
   TempDir dir;
-  std::string out = dir.file("fork.db");
-  RunResult r = run_probed(out, {"fork"});
+  std::string out = dir.file("forks.db");
+  RunResult r = run_probed(out, {"forks", "12"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(allocations_in(out, "zt_test_parent_alloc").size(), 2u);
-  EXPECT_EQ(allocations_in(out, "zt_test_child_alloc").size(), 0u);
   EXPECT_EQ(sql_int(out, "SELECT status FROM run"), 1);
-  // The child recorded nothing anywhere: no other trace file appeared.
-  int files = 0;
-  for (auto& e : std::filesystem::directory_iterator(dir.path())) files += e.path().extension() == ".db";
-  EXPECT_EQ(files, 1);
+  EXPECT_EQ(sql_int(out, "SELECT count(*) FROM allocation WHERE requested_bytes = 1572864"), 4 * 200);
+  EXPECT_EQ(allocations_in(out, "zt_test_child_alloc").size(), 0u);
+  int children = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir.path())) {
+    if (e.path().extension() != ".db" || e.path() == out) continue;
+    ++children;
+    const std::string child = e.path().string();
+    EXPECT_EQ(allocations_in(child, "zt_test_child_alloc").size(), 2u) << child;
+    EXPECT_EQ(sql_int(child, "SELECT count(*) FROM allocation WHERE requested_bytes = 1572864"), 0) << child;
+    EXPECT_EQ(sql_int(child, "SELECT status FROM run"), 1) << child;
+  }
+  EXPECT_EQ(children, 12);
 }
 
 TEST(Interposer, SixteenThreadsAllocatingLoseNothing) {

@@ -28,6 +28,8 @@ TEST(ProbeConfig, DefaultsAndValues) {
   EXPECT_TRUE(d.stacks);
   EXPECT_EQ(d.stack_depth, 32);
   EXPECT_EQ(d.rss_interval_ms, 100);
+  EXPECT_TRUE(d.forks);
+  EXPECT_FALSE(parse({{kEnvForks, "0"}}).forks);
   ProbeConfig c = parse({{kEnvOutput, "/tmp/a.db"},
                          {kEnvHostThreshold, "64KiB"},
                          {kEnvStacks, "0"},
@@ -50,6 +52,8 @@ TEST(ProbeConfig, BadValuesNameTheVariable) {
   EXPECT_NE(e.find("ZT_PROBE_STACK_DEPTH=500"), std::string::npos);
   parse({{kEnvStacks, "maybe"}}, false, &e);
   EXPECT_NE(e.find("ZT_PROBE_STACKS=maybe"), std::string::npos);
+  parse({{kEnvForks, "some"}}, false, &e);
+  EXPECT_NE(e.find("ZT_PROBE_FORKS=some"), std::string::npos);
 }
 
 TEST(ProbeConfig, TheSampleIntervalAndSeed) {

@@ -177,7 +177,7 @@ Status check_budget(TraceData& d, const Budget& b, CheckResult* out) {
           what = "peak allocated (counter)";
         }
       }
-      const std::string name = "rank " + std::to_string(dev.rank) + " " + d.device_label(id);
+      const std::string name = d.who(dev.rank) + " " + d.device_label(id);
       if (alloc.bytes > highest) {
         highest = alloc.bytes;
         highest_at = name;

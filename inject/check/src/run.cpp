@@ -75,20 +75,41 @@ Status check_run(TraceData& d, CheckResult* out) {
     return Status::Ok();
   }
   int ended_ok = 0;
+  std::vector<std::string> terminated_workers;
   for (auto& run : d.runs) {
     const bool ok = run.status == db::RunStatus::Ok && (!run.exit_code || *run.exit_code == 0);
+    // A forked worker ended by SIGTERM is how a pool ends its workers (multiprocessing's
+    // terminate(), a DataLoader's shutdown of a worker that did not stop): said, not a failure. Its
+    // rank's own run says whether the job ended ok.
+    const db::RankRow* worker = nullptr;
+    for (auto& rk : d.ranks)
+      if (rk.run_id == run.id && rk.role == db::RankRole::Worker) worker = &rk;
+    if (!ok && worker && run.status == db::RunStatus::Signal && run.exit_detail.rfind("killed by SIGTERM", 0) == 0) {
+      terminated_workers.push_back(d.who(worker->rank) + " (run " + std::to_string(run.id) + ")");
+      ++ended_ok;
+      continue;
+    }
     if (ok) ++ended_ok;
     else r.findings.push_back(run_end_line(run));
+  }
+  if (!terminated_workers.empty()) {
+    std::string line = "ended by SIGTERM, as a pool ends its workers (not counted as a failure): ";
+    for (size_t i = 0; i < terminated_workers.size(); ++i)
+      line += (i ? ", " : "") + terminated_workers[i];
+    r.context.push_back(line);
   }
   const std::string of = d.runs.size() == 1 ? "the run" : std::to_string(d.runs.size()) + " runs";
   if (r.findings.empty()) {
     r.summary = d.runs.size() == 1 ? "the run ended ok" : "all " + of + " ended ok";
+    if (!terminated_workers.empty())
+      r.summary += " (" + std::to_string(terminated_workers.size()) + " forked worker" +
+                   (terminated_workers.size() == 1 ? "" : "s") + " ended by SIGTERM)";
     return Status::Ok();
   }
   r.outcome = Outcome::Fail;
   r.summary = d.runs.size() == 1 ? "the run did not end ok"
                                  : std::to_string(d.runs.size() - size_t(ended_ok)) + " of " + of + " did not end ok";
-  r.context = error_lines(d, 3);
+  for (std::string& line : error_lines(d, 3)) r.context.push_back(std::move(line));
   size_t shown = 0;
   for (auto& e : d.errors)
     if ((e.kind == "oom" || e.kind == "host_oom") && e.device_id && shown < 3)

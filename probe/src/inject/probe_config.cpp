@@ -75,6 +75,8 @@ Status probe_config_from_env(const std::function<const char*(const char*)>& gete
     if (Status s = parse_int(kEnvRssMs, v, 0, 3600000, &c.rss_interval_ms); !s) return s;
   if (const char* v = getenv(kEnvQuiet); v && *v)
     if (Status s = parse_bool(kEnvQuiet, v, &c.quiet); !s) return s;
+  if (const char* v = getenv(kEnvForks); v && *v)
+    if (Status s = parse_bool(kEnvForks, v, &c.forks); !s) return s;
   if (const char* v = getenv(kEnvCommand); v && *v) c.command_line = v;
   if (const char* v = getenv(kEnvRunId); v && *v) {
     std::string_view id(v);

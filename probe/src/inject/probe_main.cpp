@@ -8,7 +8,13 @@
 //  - load (LD_PRELOAD, or dlopen through CUDA_INJECTION64_PATH): read ZT_PROBE_*, open the
 //    trace, start the host hooks and the sampler, register atfork and atexit handlers.
 //  - InitializeInjection (called by the CUDA driver at cuInit): start the CUPTI collector.
-//  - fork: the child stops recording at once (it never writes into the parent's trace).
+//  - fork: the child stops recording into its parent's recorder at once (it never writes into the
+//    parent's trace). A child that goes on without exec (a DataLoader worker) records its own trace
+//    beside the parent's (".pidPID.db"), as a worker process of its parent's rank, with a Recorder,
+//    writer and sampler of its own (unless ZT_PROBE_FORKS=0). The prepare handler holds the
+//    parent's SQLite work (Recorder::hold_for_fork) so that the child finds SQLite's locks free;
+//    the child handler does only async-signal-safe work until the parent's recorder is let go,
+//    then starts afresh (start_worker). A child that execs closes that trace first, as any process.
 //  - exec: the trace is closed first (an exec never runs atexit handlers); the new image, if
 //    it loads the probe again, writes its own per-process file (see probe_config.h).
 //  - exit: CUPTI force-flushed and drained, then the trace closed with the exit code (status
@@ -21,6 +27,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,10 +39,12 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "../crash.h"
 #include "../interpose/host_hooks.h"
 #include "../python/python_frames.h"
 #include "zero/launcher_env.h"
@@ -78,6 +87,11 @@ struct State {
   ProcessRole role;
   int world_size = 1;
   std::optional<int> local_rank;
+  std::string launch;                     // the launcher's variables, described (config_json "launch")
+  std::vector<std::string> launch_notes;  // and what they left unclear
+
+  // A child forked without exec that records its own trace: its parent's pid.
+  int64_t forked_from = 0;
 };
 State* g = nullptr;  // heap-allocated once, never freed (hooks may run during exit)
 
@@ -203,14 +217,70 @@ std::string reason_without_injection() {
   return "the CUDA driver was loaded but never initialized (cuInit failed: no GPU visible?)";
 }
 
+// Set by the prepare handler on the thread that forks (the one thread a child has): whether it
+// holds the parent recorder's SQLite work (Recorder::hold_for_fork).
+thread_local bool t_fork_held __attribute__((tls_model("initial-exec"))) = false;
+
+void before_fork() {
+  t_fork_held = false;
+  if (!g || !g->rec || !g->cfg.forks || g->closed.load() || getpid() != g->owner_pid) return;
+  interpose::ScopedGuard guard;
+  t_fork_held = g->rec->hold_for_fork(2000);
+}
+
+void parent_after_fork() {
+  if (!t_fork_held) return;
+  t_fork_held = false;
+  g->rec->release_after_fork();
+}
+
+bool start_recording(const std::string& path);
+void start_worker(pid_t parent);
+
+// A forked child's own trace starts when it first records something (an allocation at or above the
+// threshold, a zerotrace range), not at the fork: a child that execs at once (a shell's, a
+// subprocess's) costs nothing and leaves no file, as before. 0: not a forked worker; 1: forked,
+// not started; 2: starting (other threads wait); 3: started, or not started for good.
+std::atomic<int> g_worker_state{0};
+pid_t g_worker_parent = 0;  // the recording process it was forked from
+
+// Starts the worker's trace where it is pending. True when this call found it pending or starting
+// (the caller then looks at whether it records).
+bool ensure_worker() {
+  int s = g_worker_state.load(std::memory_order_acquire);
+  if (s == 1 && g_worker_state.compare_exchange_strong(s, 2)) {
+    start_worker(g_worker_parent);
+    g_worker_state.store(3, std::memory_order_release);
+    return true;
+  }
+  if (s != 2) return false;
+  while (g_worker_state.load(std::memory_order_acquire) == 2) sched_yield();
+  return true;
+}
+
 void child_after_fork() {
   if (!g) return;
-  interpose::child_after_fork();
+  // Async-signal-safe only (atomic stores, write): the parent's threads are gone, and any lock one
+  // of them held stays held here. The parent's recorder is let go, never closed or written.
+  const bool parent_recording = g->rec && !g->closed.load() && getppid() == g->owner_pid;
+  const bool pending = g_worker_state.load() == 1;  // forked from a worker that had not started yet
+  const bool held = t_fork_held;
+  t_fork_held = false;
+  const bool worker = g->cfg.forks && ((parent_recording && held) || pending);
+  interpose::child_after_fork(worker ? ensure_worker : nullptr);
 #if ZT_PROBE_WITH_CUPTI
   cupti::child_after_fork();
 #endif
   g->closed.store(true);  // the child's atexit must not close the parent's recorder
   g->sampler_running = false;
+  if (g->rec) crash::unregister_recorder(g->rec);  // a crash here must not wait on the parent's writer
+  if (parent_recording && g->cfg.forks && !held) {
+    static const char msg[] =
+        "zt probe: a forked child is not recorded: its parent's trace writer was busy for 2 s at the fork\n";
+    if (!g->cfg.quiet) (void)!::write(2, msg, sizeof msg - 1);
+  }
+  if (worker && parent_recording) g_worker_parent = getppid();
+  g_worker_state.store(worker ? 1 : 0);
 }
 
 // Ends this process's recording. `detail` says why when it is not a normal exit.
@@ -230,7 +300,7 @@ void finish(const char* detail) {
   }
 
   std::string off;
-  {
+  if (!g->forked_from) {  // a forked worker's CUDA is its parent's (CUDA does not work after fork)
     std::lock_guard lock(g->mu);
     if (!g->injection_called.load()) off = reason_without_injection();
     else off = g->cuda_off_reason;
@@ -258,13 +328,119 @@ void finish(const char* detail) {
                            code >= 0 ? std::optional<int64_t>(code) : std::nullopt, why);
   if (!s) say("closing the trace failed: " + s.message());
   // Other processes of the run (shell wrappers, `readlink`, ...) that recorded nothing would
-  // only bury the interesting traces: their files go.
-  if (s && !g->root && interpose::recorded_count() == 0 && !g->injection_called.load()) {
+  // only bury the interesting traces: their files go. A forked worker's sampled rows still live at
+  // its end count (its leak is often all small allocations); a shell's subshell that sampled one
+  // allocation it freed does not.
+  const int64_t kept = interpose::recorded_count() + (g->forked_from ? interpose::sampled_live_count() : 0);
+  if (s && !g->root && kept == 0 && !g->injection_called.load()) {
     for (const char* suffix : {"", "-wal", "-shm"}) ::unlink((g->rec->path() + suffix).c_str());
   }
 }
 
 void at_exit() { finish(nullptr); }
+
+// Opens this process's Recorder at `path` (g->cfg, g->role and the launch description set) and
+// starts the host hooks and the RSS sampler. False (said on stderr) when the trace cannot be opened.
+bool start_recording(const std::string& path) {
+  const ProbeConfig& cfg = g->cfg;
+  RecorderOptions opt;
+  opt.path = path;
+  opt.command_line = cfg.command_line.empty() || !g->root ? read_cmdline() : cfg.command_line;
+  opt.config_json = "{\"probe\":\"libzt_probe.so\",\"host_threshold\":" + std::to_string(cfg.host_threshold) +
+                    ",\"sample_interval\":" + std::to_string(cfg.host ? cfg.sample_interval : 0) +
+                    ",\"stacks\":" + (cfg.stacks ? "true" : "false") +
+                    ",\"stack_depth\":" + std::to_string(cfg.stack_depth) +
+                    ",\"python_frames\":" + (cfg.python == PythonFrames::Off ? "\"off\"" : cfg.python == PythonFrames::Gil ? "\"gil\"" : "\"own\"") +
+                    ",\"python\":" + json_string(python::describe()) +
+                    ",\"host\":" + (cfg.host ? "true" : "false") + ",\"cuda\":" + (cfg.cuda ? "true" : "false") +
+                    ",\"rss_interval_ms\":" + std::to_string(cfg.rss_interval_ms) +
+                    // run_id holds only [A-Za-z0-9._-] (probe_config_from_env checks): no escaping needed.
+                    (cfg.run_id.empty() ? std::string() : ",\"run_id\":\"" + cfg.run_id + "\"") +
+                    ",\"launch\":" + json_string(g->launch.c_str()) +
+                    (g->role.launched_by > 0 ? ",\"launched_by\":" + std::to_string(g->role.launched_by) : std::string()) +
+                    (g->forked_from > 0 ? ",\"forked_from\":" + std::to_string(g->forked_from) : std::string()) +
+                    "}";
+  // Blocking overflow: nothing is dropped. The hooks never hold a lock the writer needs, and
+  // the writer's own allocations are not recorded, so waiting for it cannot deadlock.
+  opt.overflow = OverflowPolicy::Block;
+  opt.ring_events = 8192;  // 768 KiB per recording thread; host rows are rare by design
+  opt.crash_handlers = true;
+  opt.crash_on_interrupt = false;  // Python's KeyboardInterrupt needs SIGINT at its default
+  std::unique_ptr<Recorder> rec;
+  if (Status s = Recorder::open(opt, &rec); !s) {
+    // Said even when quiet: without it `zt probe` could only say that no trace was written.
+    std::string m = "zt probe: not recording this process: " + s.message() + "\n";
+    (void)!::write(2, m.data(), m.size());
+    return false;
+  }
+  g->rec = rec.release();
+  // The world size is the launcher's (torchrun's WORLD_SIZE, mpirun's, srun's), never the
+  // number of processes this run starts (compiler checks, data loader workers...); the
+  // bootstrap's communicator hook replaces it where the program says otherwise. Every file's
+  // rows are key 0 as written: zt probe gives each its job rank (or a process key) at the end.
+  g->rec->add_rank(0, g->world_size, g->local_rank, g->role.role, g->role.job_rank);
+  for (const std::string& n : g->launch_notes) g->rec->note("launcher variables: " + n);
+  g->host_device = g->rec->add_device(0, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false);
+  g->n_rss = g->rec->intern("host_rss");
+  g->n_small_bytes = g->rec->intern("host_small_bytes_allocated");
+  g->n_small_count = g->rec->intern("host_small_allocations");
+
+  if (cfg.host) {
+    interpose::HostHookConfig h;
+    h.recorder = g->rec;
+    h.host_device = g->host_device;
+    h.threshold = cfg.host_threshold;
+    h.sample_interval = cfg.sample_interval;
+    h.sample_seed = cfg.sample_seed;
+    h.stacks = cfg.stacks;
+    h.stack_depth = cfg.stack_depth;
+    interpose::start(h);
+  }
+  if (cfg.rss_interval_ms > 0) {
+    BlockAsyncSignals block;  // the sampler inherits the mask: the program's signals never land on it
+    g->sampler_running = pthread_create(&g->sampler, nullptr, sampler_main, nullptr) == 0;
+  }
+  return true;
+}
+
+// The per-process file of this process: "<main>.pidPID.db", "-2", "-3"... when the pid wrote one
+// already (the same pid can exec more than once: an earlier image's trace is never overwritten).
+std::string own_trace_path() {
+  const std::string base = per_process_trace_path(g->cfg.output, getpid());
+  std::string path = base;
+  for (int n = 2; ::access(path.c_str(), F_OK) == 0 && n < 100; ++n)
+    path = base.substr(0, base.size() - 3) + "-" + std::to_string(n) + ".db";
+  return path;
+}
+
+// In a forked child that goes on without exec, at its first recorded event (ensure_worker): the
+// parent's recorder was let go at the fork (never closed, never written: its file stays the
+// parent's); this process records its own trace as a worker of its parent's rank. The locks a
+// thread of the parent may have held are made anew (the hooks', the Python frames', this module's).
+void start_worker(pid_t parent) {
+  interpose::ScopedGuard guard;
+  new (&g->mu) std::mutex();
+  python::child_after_fork();
+  interpose::restart_after_fork();
+  g->rec = nullptr;  // the parent's: never touched again here
+  g->owner_pid = getpid();
+  g->root = false;
+  g->forked_from = parent;
+  g->injection_called.store(false);
+  g->cuda_off_reason.clear();
+  g->python_error.reset();
+  g->python_exit.clear();
+  g->exit_code.store(-1);
+  g->sampler_stop.store(false);
+  // A worker of its parent's rank (a helper's or a worker's worker: of the same rank). zt probe
+  // gives it the rank its parent ends up with (the one process of a run without a launcher names
+  // none here); the communicator's hook never makes a worker a rank.
+  g->role.role = db::RankRole::Worker;
+  g->role.launched_by = 0;
+  g->role.owns = false;
+  if (!start_recording(own_trace_path())) return;
+  g->closed.store(false);
+}
 
 __attribute__((constructor)) void on_load() {
   interpose::ScopedGuard guard;
@@ -283,11 +459,7 @@ __attribute__((constructor)) void on_load() {
   std::string path = cfg.output;
   const char* claimed = std::getenv(kEnvClaimed);
   if (claimed && *claimed) {
-    const std::string base = per_process_trace_path(cfg.output, getpid());
-    path = base;
-    // The same pid can exec more than once: never overwrite an earlier image's trace.
-    for (int n = 2; ::access(path.c_str(), F_OK) == 0 && n < 100; ++n)
-      path = base.substr(0, base.size() - 3) + "-" + std::to_string(n) + ".db";
+    path = own_trace_path();
   } else {
     g->root = true;
     setenv(kEnvClaimed, std::to_string(getpid()).c_str(), 1);
@@ -316,63 +488,10 @@ __attribute__((constructor)) void on_load() {
     g->local_rank = jr.local_rank;
     if (g->role.owns) setenv(kEnvRankOwner, format_rank_owner(RankOwner{host, getpid(), self}).c_str(), 1);
   }
-  RecorderOptions opt;
-  opt.path = path;
-  opt.command_line = cfg.command_line.empty() || !g->root ? read_cmdline() : cfg.command_line;
-  opt.config_json = "{\"probe\":\"libzt_probe.so\",\"host_threshold\":" + std::to_string(cfg.host_threshold) +
-                    ",\"sample_interval\":" + std::to_string(cfg.host ? cfg.sample_interval : 0) +
-                    ",\"stacks\":" + (cfg.stacks ? "true" : "false") +
-                    ",\"stack_depth\":" + std::to_string(cfg.stack_depth) +
-                    ",\"python_frames\":" + (cfg.python == PythonFrames::Off ? "\"off\"" : cfg.python == PythonFrames::Gil ? "\"gil\"" : "\"own\"") +
-                    ",\"python\":" + json_string(python::describe()) +
-                    ",\"host\":" + (cfg.host ? "true" : "false") + ",\"cuda\":" + (cfg.cuda ? "true" : "false") +
-                    ",\"rss_interval_ms\":" + std::to_string(cfg.rss_interval_ms) +
-                    // run_id holds only [A-Za-z0-9._-] (probe_config_from_env checks): no escaping needed.
-                    (cfg.run_id.empty() ? std::string() : ",\"run_id\":\"" + cfg.run_id + "\"") +
-                    ",\"launch\":" + json_string(jr.describe().c_str()) +
-                    (g->role.launched_by > 0 ? ",\"launched_by\":" + std::to_string(g->role.launched_by) : std::string()) +
-                    "}";
-  // Blocking overflow: nothing is dropped. The hooks never hold a lock the writer needs, and
-  // the writer's own allocations are not recorded, so waiting for it cannot deadlock.
-  opt.overflow = OverflowPolicy::Block;
-  opt.ring_events = 8192;  // 768 KiB per recording thread; host rows are rare by design
-  opt.crash_handlers = true;
-  opt.crash_on_interrupt = false;  // Python's KeyboardInterrupt needs SIGINT at its default
-  std::unique_ptr<Recorder> rec;
-  if (Status s = Recorder::open(opt, &rec); !s) {
-    // Said even when quiet: without it `zt probe` could only say that no trace was written.
-    std::string m = "zt probe: not recording this process: " + s.message() + "\n";
-    (void)!::write(2, m.data(), m.size());
-    return;
-  }
-  g->rec = rec.release();
-  // The world size is the launcher's (torchrun's WORLD_SIZE, mpirun's, srun's), never the
-  // number of processes this run starts (compiler checks, data loader workers...); the
-  // bootstrap's communicator hook replaces it where the program says otherwise. Every file's
-  // rows are key 0 as written: zt probe gives each its job rank (or a process key) at the end.
-  g->rec->add_rank(0, g->world_size, g->local_rank, g->role.role, g->role.job_rank);
-  for (const std::string& n : jr.notes) g->rec->note("launcher variables: " + n);
-  g->host_device = g->rec->add_device(0, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false);
-  g->n_rss = g->rec->intern("host_rss");
-  g->n_small_bytes = g->rec->intern("host_small_bytes_allocated");
-  g->n_small_count = g->rec->intern("host_small_allocations");
-
-  if (cfg.host) {
-    interpose::HostHookConfig h;
-    h.recorder = g->rec;
-    h.host_device = g->host_device;
-    h.threshold = cfg.host_threshold;
-    h.sample_interval = cfg.sample_interval;
-    h.sample_seed = cfg.sample_seed;
-    h.stacks = cfg.stacks;
-    h.stack_depth = cfg.stack_depth;
-    interpose::start(h);
-  }
-  if (cfg.rss_interval_ms > 0) {
-    BlockAsyncSignals block;  // the sampler inherits the mask: the program's signals never land on it
-    g->sampler_running = pthread_create(&g->sampler, nullptr, sampler_main, nullptr) == 0;
-  }
-  pthread_atfork(nullptr, nullptr, child_after_fork);
+  g->launch = jr.describe();
+  g->launch_notes = jr.notes;
+  if (!start_recording(path)) return;
+  pthread_atfork(before_fork, parent_after_fork, child_after_fork);
   std::atexit(at_exit);
 
 #if ZT_PROBE_WITH_CUPTI
@@ -455,6 +574,7 @@ ZT_EXPORT int InitializeInjection(void) {
 // its id for zt_probe_range_end, 0 when not recording. Steps and epochs are derived from these
 // when the trace is finished (zt/db/derive_steps.h).
 ZT_EXPORT int64_t zt_probe_range_start(const char* name) {
+  if (g && g->closed.load()) ensure_worker();  // a forked worker's first mark starts its trace
   if (!g || !g->rec || g->closed.load() || getpid() != g->owner_pid || !name) return 0;
   zt::probe::interpose::ScopedGuard guard;
   zt::probe::MarkerEvent m;
@@ -471,7 +591,7 @@ ZT_EXPORT void zt_probe_range_end(int64_t id) {
 // The program's communicator says who it is (torch.distributed.init_process_group returned).
 ZT_EXPORT void zt_probe_set_world(int rank, int world_size, int local_rank) {
   if (!g || !g->rec || g->closed.load() || getpid() != g->owner_pid || world_size < 1 || rank < 0 ||
-      rank >= world_size)
+      rank >= world_size || g->forked_from)  // a forked worker inherited its parent's communicator
     return;
   zt::probe::interpose::ScopedGuard guard;
   // Each process's trace is key 0 of its file; zt probe numbers them by job rank for the merge.
@@ -492,6 +612,7 @@ ZT_EXPORT void zt_probe_set_world(int rank, int world_size, int local_rank) {
 // reproductions write them: zt/probe/python_error.h) and the run's exit detail.
 // t: when it happened (CLOCK_MONOTONIC ns, as it left a zerotrace range), 0 for now.
 ZT_EXPORT void zt_probe_python_exception(const char* type, const char* text, const char* report, int64_t t) {
+  if (g && g->closed.load()) ensure_worker();
   if (!g || !g->rec || g->closed.load() || getpid() != g->owner_pid) return;
   zt::probe::interpose::ScopedGuard guard;
   const zt::probe::PythonError pe =

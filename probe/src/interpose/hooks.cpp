@@ -157,6 +157,7 @@ bool g_stacks = true;
 int g_depth = 32;
 int g_rank = 0;
 std::atomic<int64_t> g_recorded{0};  // rows of allocations at or above the threshold (not the sampled ones)
+std::atomic<bool (*)()> g_start_first{nullptr};  // a forked child's first recorded allocation starts it
 
 // The byte sampler (see the top of this file). g_interval 0: off.
 uint64_t g_interval = 0;  // written once in start(), before g_on is set
@@ -237,9 +238,25 @@ constexpr const char* kUnseenFree =
 // Both are noinline so that this count holds.
 constexpr int kSkipFrames = 2;
 
-__attribute__((noinline)) void record_large(void* p, size_t requested, size_t bytes, bool mmapped) {
+// The recorder to record an allocation into, null when not recording. In a forked child whose
+// trace has not started (child_after_fork's start_first), the first allocation to record starts it.
+// Every path that records a new allocation asks here (a free never starts anything).
+inline Recorder* recorder_or_start() {
   Recorder* rec = g_rec.load(std::memory_order_acquire);
-  if (!rec || !g_on.load(std::memory_order_relaxed)) return;
+  if (__builtin_expect(rec && g_on.load(std::memory_order_relaxed), 1)) return rec;
+  bool (*start)() = g_start_first.load(std::memory_order_acquire);
+  if (!start) return nullptr;
+  {
+    ScopedGuard guard;  // the start's own allocations pass through
+    if (!start()) return nullptr;
+  }
+  rec = g_rec.load(std::memory_order_acquire);
+  return rec && g_on.load(std::memory_order_relaxed) ? rec : nullptr;
+}
+
+__attribute__((noinline)) void record_large(void* p, size_t requested, size_t bytes, bool mmapped) {
+  Recorder* rec = recorder_or_start();
+  if (!rec) return;
   ScopedGuard guard;
   AllocEvent e;
   e.rank = g_rank;
@@ -319,8 +336,8 @@ __attribute__((noinline)) void sample_small(void* p, size_t requested, bool mmap
   }
   // The next point, from this allocation's end.
   t_until_sample = draw_until_sample();
-  Recorder* rec = g_rec.load(std::memory_order_acquire);
-  if (!rec || !g_on.load(std::memory_order_relaxed)) return;
+  Recorder* rec = recorder_or_start();  // a forked worker's first sample starts its trace
+  if (!rec) return;
   ScopedGuard guard;
   const size_t bytes = mmapped ? requested : g_real.usable(p);
   // P(sampled) = 1 - exp(-s/T) for the s bytes the sampler counted; the row stands for bytes / P.
@@ -432,11 +449,34 @@ void start(const HostHookConfig& cfg) {
 
 void stop() { g_on.store(false, std::memory_order_release); }
 
-void child_after_fork() {
+void child_after_fork(bool (*start_first)()) {
   // Only the forking thread exists now; g_live_mu may be held by a thread that is gone, so
   // nothing here may lock. Turning recording off is enough: every path checks g_on first.
   g_on.store(false, std::memory_order_relaxed);
   g_rec.store(nullptr, std::memory_order_relaxed);
+  for (auto& s : g_slots) {
+    s.allocs.store(0, std::memory_order_relaxed);
+    s.frees.store(0, std::memory_order_relaxed);
+    s.alloc_bytes.store(0, std::memory_order_relaxed);
+  }
+  g_recorded.store(0, std::memory_order_relaxed);
+  g_sampled.store(0, std::memory_order_relaxed);
+  g_sampled_mmaps_live.store(0, std::memory_order_relaxed);
+  // The parent's sampled addresses are not this process's live set (a fresh table comes with
+  // restart_after_fork): their filter slots go. Only slots in use are written, so that the pages
+  // the parent never touched stay untouched here.
+  for (auto& f : g_filter)
+    if (f.load(std::memory_order_relaxed)) f.store(0, std::memory_order_relaxed);
+  g_start_first.store(start_first, std::memory_order_release);
+}
+
+void restart_after_fork() {
+  new (&g_live_mu) std::mutex();  // the parent's may be held by a thread the child does not have
+  ScopedGuard guard;
+  g_live_malloc = new std::unordered_map<uintptr_t, AllocId>();  // the parent's are left as they are
+  g_live_mmap = new std::unordered_map<uintptr_t, AllocId>();
+  g_live_sampled = new std::unordered_map<uintptr_t, AllocId>();
+  g_live_sampled_mmap = new std::unordered_map<uintptr_t, AllocId>();
 }
 
 bool recording() { return g_on.load(std::memory_order_relaxed); }
@@ -457,6 +497,12 @@ SmallTotals small_totals() {
 
 int64_t recorded_count() { return g_recorded.load(); }
 int64_t sampled_count() { return g_sampled.load(); }
+
+int64_t sampled_live_count() {
+  ScopedGuard guard;
+  std::lock_guard lock(g_live_mu);
+  return g_live_sampled ? static_cast<int64_t>(g_live_sampled->size() + g_live_sampled_mmap->size()) : 0;
+}
 
 int64_t large_live_count() {
   ScopedGuard guard;

@@ -22,7 +22,8 @@
 //    recurses into its own hooks.
 //  - Until dlsym has returned the real functions, allocations come from a static arena, and
 //    frees of arena memory are ignored.
-//  - After fork() the child records nothing (child_after_fork); its parent's trace is untouched.
+//  - After fork() the child never writes into its parent's trace (child_after_fork); where it
+//    records a trace of its own (a forked worker) it starts again from restart_after_fork().
 #pragma once
 
 #include <cstdint>
@@ -48,8 +49,16 @@ struct HostHookConfig {
 void start(const HostHookConfig& cfg);
 // Stops recording: later hooks only forward. Allocations still live stay open in the trace.
 void stop();
-// pthread_atfork child handler: this process records nothing from now on.
-void child_after_fork();
+// pthread_atfork child handler: this process records nothing from now on, and its counts of
+// small allocations and of rows start from zero (async-signal-safe: atomic stores only).
+// `start_first`, when not null, is called by the first allocation at or above the threshold (or
+// anonymous mapping) the child makes: it may start recording (a forked worker's own trace,
+// probe_main.cpp) and says whether it did; that allocation is then recorded.
+void child_after_fork(bool (*start_first)() = nullptr);
+// In a child forked without exec that records its own trace, before start(): a fresh table of
+// live allocations and a fresh lock (a thread of the parent, gone here, may have held it; the
+// parent's table stays the parent's). Only while this process is not recording.
+void restart_after_fork();
 bool recording();
 
 struct SmallTotals {
@@ -61,6 +70,7 @@ SmallTotals small_totals();
 int64_t large_live_count();  // recorded allocations not yet freed
 int64_t recorded_count();    // allocation rows at or above the threshold written since start()
 int64_t sampled_count();     // sampled rows (under the threshold) written since start()
+int64_t sampled_live_count();  // sampled rows not yet freed
 
 // ScopedGuard and mark_probe_thread (guard.h) say which threads the hooks pass through.
 

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 
 #include "zt/probe/recorder.h"
 
@@ -320,6 +321,11 @@ inline bool in_eval_loop(const Interp& in, uint64_t ip) {
 }
 
 }  // namespace
+
+void child_after_fork() {
+  new (&g_resolve_mu) std::mutex();
+  new (&g_cache_mu) std::mutex();
+}
 
 void configure(Mode mode) {
   std::lock_guard lock(g_resolve_mu);

@@ -38,6 +38,9 @@ enum class Mode : uint8_t {
 // when the process already has one; a process that loads it later is looked at again when its
 // list of loaded objects has grown. Never called in `zt` itself: there, Off.
 void configure(Mode mode);
+// In a child forked without exec that records again: this module's locks made anew (a thread of
+// the parent may have held them). What was found about the interpreter stays true.
+void child_after_fork();
 
 // What configure() found, for the run row's config and for tests: "3.11 (/usr/bin/python3.11)",
 // "no Python in this process", "Python 3.14: frames not read (layout unknown)", "off".

@@ -70,7 +70,9 @@ enum class RunStatus : uint8_t { Running = 0, Ok = 1, Failed = 2, Signal = 3, Te
 // other process of the run (a subprocess a rank or the launcher started, an image of a rank's
 // process before it exec'd). A launcher's or helper's `rank` value is a key after the job's
 // ranks, not a rank (db/SCHEMA.md).
-enum class RankRole : uint8_t { Rank = 0, Launcher = 1, Helper = 2 };
+// Worker: a process forked without exec by a process of the run (a DataLoader worker); its job rank
+// is its parent's.
+enum class RankRole : uint8_t { Rank = 0, Launcher = 1, Helper = 2, Worker = 3 };
 
 std::string_view to_string(MemoryKind);
 std::string_view to_string(AllocLevel);

@@ -30,6 +30,7 @@ inline constexpr const char* kEnvHost = "ZT_PROBE_HOST";                    // 0
 inline constexpr const char* kEnvCuda = "ZT_PROBE_CUDA";                    // 0: CUPTI not started
 inline constexpr const char* kEnvRssMs = "ZT_PROBE_RSS_MS";                 // RSS sampling period, 0 = off
 inline constexpr const char* kEnvQuiet = "ZT_PROBE_QUIET";                  // 1: no lines on stderr
+inline constexpr const char* kEnvForks = "ZT_PROBE_FORKS";                  // 0: a child forked without exec records nothing
 inline constexpr const char* kEnvCommand = "ZT_PROBE_COMMAND";              // the command line as the user typed it
 // Python frames in stacks: "1" (default) a thread's own frames, with or without the GIL; "gil"
 // only while it holds the GIL; "0" none (probe/src/python/python_frames.h).
@@ -109,6 +110,7 @@ struct ProbeConfig {
   bool cuda = true;
   int rss_interval_ms = 100;
   bool quiet = false;
+  bool forks = true;  // a child forked without exec (a DataLoader worker) records its own trace
   std::string command_line;  // empty: the library reads /proc/self/cmdline
   std::string run_id;        // empty: not started by zt probe
 };

@@ -197,6 +197,13 @@ class Recorder {
   Status close(RunStatus status = RunStatus::Ok, std::optional<int64_t> exit_code = std::nullopt,
                const std::string& detail = "");
 
+  // fork() in a program that goes on without exec (a DataLoader worker): the prepare handler
+  // holds this recorder's SQLite work (waits, at most timeout_ms, for the writer's cycle to end;
+  // false when it did not), so that no other thread is inside SQLite, whose global locks the
+  // child needs to write its own trace; the parent's handler releases it (only where it held).
+  bool hold_for_fork(int timeout_ms);
+  void release_after_fork();
+
   uint64_t events_recorded() const;  // committed rows from rings
   uint64_t events_dropped() const;
 
