@@ -331,7 +331,12 @@ void finish(const char* detail) {
   // only bury the interesting traces: their files go. A forked worker's sampled rows still live at
   // its end count (its leak is often all small allocations); a shell's subshell that sampled one
   // allocation it freed does not.
-  const int64_t kept = interpose::recorded_count() + (g->forked_from ? interpose::sampled_live_count() : 0);
+  // A few live samples are a shell's subshell (a pyenv shim forks several before it execs Python),
+  // not a worker's leak: a worker's sampled rows count from kWorkerSamplesKept live ones (about 2 MiB
+  // at the default interval), and never in an image that ends in an exec.
+  constexpr int64_t kWorkerSamplesKept = 4;
+  const int64_t live_samples = g->forked_from && !is_exec ? interpose::sampled_live_count() : 0;
+  const int64_t kept = interpose::recorded_count() + (live_samples >= kWorkerSamplesKept ? live_samples : 0);
   if (s && !g->root && kept == 0 && !g->injection_called.load()) {
     for (const char* suffix : {"", "-wal", "-shm"}) ::unlink((g->rec->path() + suffix).c_str());
   }
