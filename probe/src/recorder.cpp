@@ -659,6 +659,15 @@ bool add_within(int64_t& total, int64_t more) {
   total += more;
   return true;
 }
+// A dropped row the writer itself writes: `events` lost, and why.
+void write_dropped(db::TraceWriter& w, int64_t thread, int64_t events, std::string reason) {
+  db::DroppedRow d;
+  d.thread = thread;
+  d.t = now_ns();
+  d.events = events;
+  d.reason = std::move(reason);
+  w.insert(d);
+}
 }  // namespace
 
 bool Recorder::Impl::fits_trace(const Event& e) {
@@ -892,44 +901,27 @@ bool Recorder::Impl::drain(bool final_pass) {
     r.tail.store(t, std::memory_order_release);
     uint64_t dropped = r.dropped.load(std::memory_order_relaxed);
     if (dropped != r.dropped_written) {
-      db::DroppedRow d;
-      d.thread = r.thread_id;
-      d.t = now_ns();
-      d.events = static_cast<int64_t>(dropped - r.dropped_written);
-      d.reason = "ring buffer full (overflow policy: drop)";
-      w->insert(d);
+      write_dropped(*w, r.thread_id, static_cast<int64_t>(dropped - r.dropped_written),
+                    "ring buffer full (overflow policy: drop)");
       r.dropped_written = dropped;
     }
   }
   recorded.fetch_add(n_tx, std::memory_order_relaxed);
   resolve_pending(frees, ends, addr_frees, final_pass);
   if (out_of_range > out_of_range_written) {
-    db::DroppedRow d;
-    d.thread = 0;
-    d.t = now_ns();
-    d.events = out_of_range - out_of_range_written;
-    d.reason = "events with a value no trace holds (db/SCHEMA.md, Value ranges: a time past 2^62 ns or before 0, an end "
-               "before its start, a size past 2^53 bytes, sums past 2^62)";
-    w->insert(d);
+    write_dropped(*w, 0, out_of_range - out_of_range_written,
+                  "events with a value no trace holds (db/SCHEMA.md, Value ranges: a time past 2^62 ns or before 0, "
+                  "an end before its start, a size past 2^53 bytes, sums past 2^62)");
     out_of_range_written = out_of_range;
   }
   if (const int64_t lost = errors_lost.load(std::memory_order_relaxed); lost > errors_lost_written) {
-    db::DroppedRow d;
-    d.thread = 0;
-    d.t = now_ns();
-    d.events = lost - errors_lost_written;
-    d.reason = "error rows not recorded: the recorder's lock stayed taken for 500 ms (a thread stopped or dying "
-               "inside the recorder)";
-    w->insert(d);
+    write_dropped(*w, 0, lost - errors_lost_written,
+                  "error rows not recorded: the recorder's lock stayed taken for 500 ms (a thread stopped or dying "
+                  "inside the recorder)");
     errors_lost_written = lost;
   }
   if (final_pass && unmatched > 0) {
-    db::DroppedRow d;
-    d.thread = 0;
-    d.t = now_ns();
-    d.events = unmatched;
-    d.reason = "free or marker end whose opening event is not in the trace";
-    w->insert(d);
+    write_dropped(*w, 0, unmatched, "free or marker end whose opening event is not in the trace");
     unmatched = 0;
   }
   w->commit();

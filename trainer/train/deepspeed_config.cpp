@@ -461,6 +461,9 @@ static Status read_config(const json& j_in, const std::string& path, TrainConfig
     c.optimizer_name = ds_own ? lower : type;
     if (type.empty())
       resolved("optimizer", "none in the config", "an optimizer block without a type: the training script's own");
+    else
+      resolved("optimizer", c.optimizer_name,
+               ds_own && lower != type ? "config: " + type + ", as DeepSpeed lower-cases it" : "config");
     // engine.py, at initialize: what DeepSpeed refuses of the optimizer it builds from the config.
     const json params = o.contains("params") && o["params"].is_object() ? o["params"] : json::object();
     if (!type.empty() && params.contains("max_grad_norm"))
@@ -490,19 +493,15 @@ static Status read_config(const json& j_in, const std::string& path, TrainConfig
       return Status::Error(path + ": optimizer.type " + type + " at ZeRO stage " + std::to_string(stage) +
                            ": DeepSpeed refuses it (\"You are using an untested ZeRO Optimizer. Please add "
                            "<\"zero_allow_untested_optimizer\": true> in the configuration file to use it.\")");
-    if (!type.empty())
-      resolved("optimizer", c.optimizer_name,
-             ds_own && lower != type ? "config: " + type + ", as DeepSpeed lower-cases it" : "config");
     const bool adam_like =
         std::find(std::begin(kAdamLike), std::end(kAdamLike), c.optimizer_name) != std::end(kAdamLike);
-    if (type.empty()) {
-    } else if (!adam_like) {
+    if (!type.empty() && !adam_like) {
       c.unmodeled_memory_keys.push_back("optimizer.type " + type + " (zerotrace trains AdamW: two fp32 states a "
                                         "parameter; " + type + "'s state differs)");
       warnings->push_back(path + ": optimizer.type " + type + " is accepted, as DeepSpeed accepts it; zerotrace trains "
                                  "AdamW, whose state is not " + type + "'s: a zt repro verdict from this config is "
                                  "INCONCLUSIVE");
-    } else if (c.optimizer_name != "adamw" && c.optimizer_name != "AdamW") {
+    } else if (!type.empty() && c.optimizer_name != "adamw" && c.optimizer_name != "AdamW") {
       warnings->push_back(path + ": optimizer.type " + type + " is trained as AdamW here: the same two fp32 states a "
                                  "parameter (the update differs, the memory does not)");
     }

@@ -254,6 +254,15 @@ inline Recorder* recorder_or_start() {
   return rec && g_on.load(std::memory_order_relaxed) ? rec : nullptr;
 }
 
+
+// An allocation whose free went by unseen: it was freed by the time its address came back, so its
+// row ends at `t` (the new allocation's time), and the guess is counted as a dropped row.
+inline void close_unseen(Recorder* rec, AllocId stale, int64_t t) {
+  if (!stale) return;
+  rec->free(stale, t);
+  rec->dropped(1, kUnseenFree, g_rank);
+}
+
 __attribute__((noinline)) void record_large(void* p, size_t requested, size_t bytes, bool mmapped) {
   Recorder* rec = recorder_or_start();
   if (!rec) return;
@@ -280,12 +289,8 @@ __attribute__((noinline)) void record_large(void* p, size_t requested, size_t by
     if (!inserted) stale = std::exchange(it->second, id);
   }
   // The address came back while its earlier allocation is open: that one's free went by unseen
-  // (a munmap of part of a mapping, a free on a thread that no longer records, a raw syscall). It
-  // was freed by now, so its row is closed at this allocation's time, and the guess is counted.
-  if (stale) {
-    rec->free(stale, e.t);
-    rec->dropped(1, kUnseenFree, g_rank);
-  }
+  // (a munmap of part of a mapping, a free on a thread that no longer records, a raw syscall).
+  close_unseen(rec, stale, e.t);
 }
 
 // Returns false when p was not a recorded allocation.
@@ -367,12 +372,8 @@ __attribute__((noinline)) void sample_small(void* p, size_t requested, bool mmap
     else if (mmapped) g_sampled_mmaps_live.fetch_add(1, std::memory_order_relaxed);
     else filter_slot(p).fetch_add(1, std::memory_order_relaxed);
   }
-  // The address is live in the table already: its free went by unseen, as in record_large. That
-  // row ends at this allocation's time, and the guess is counted.
-  if (stale) {
-    rec->free(stale, e.t);
-    rec->dropped(1, kUnseenFree, g_rank);
-  }
+  // The address is live in the table already: its free went by unseen, as in record_large.
+  close_unseen(rec, stale, e.t);
 }
 
 // Returns false when p is not a live sampled allocation.
