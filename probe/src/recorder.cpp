@@ -365,10 +365,64 @@ uint64_t Recorder::python_function(std::string_view file, std::string_view funct
   return it->second;
 }
 
+// The unwinding gate (see backtrace() in recorder.h). A thread counts itself in, then looks at the
+// gate: closed, it counts itself out and waits. The prepare handler closes the gate, then waits for
+// the count to reach 0: after that no other thread is inside libunwind until the gate reopens.
+namespace {
+std::atomic<int> g_unwinding{0};
+std::atomic<bool> g_unwind_gate_closed{false};
+thread_local bool t_unwind_gate_owner __attribute__((tls_model("initial-exec"))) = false;
+thread_local int t_unwind_depth __attribute__((tls_model("initial-exec"))) = 0;
+}  // namespace
+
+Recorder::UnwindPass::UnwindPass() {
+  if (t_unwind_depth++ > 0 || t_unwind_gate_owner) return;  // nested, or the forking thread itself
+  for (;;) {
+    g_unwinding.fetch_add(1, std::memory_order_seq_cst);
+    if (!g_unwind_gate_closed.load(std::memory_order_seq_cst)) break;
+    g_unwinding.fetch_sub(1, std::memory_order_seq_cst);
+    while (g_unwind_gate_closed.load(std::memory_order_acquire)) {
+      timespec ts{0, 50000};
+      nanosleep(&ts, nullptr);
+    }
+  }
+  counted_ = true;
+}
+
+Recorder::UnwindPass::~UnwindPass() {
+  --t_unwind_depth;
+  if (counted_) g_unwinding.fetch_sub(1, std::memory_order_release);
+}
+
+bool Recorder::close_unwinding_for_fork(int timeout_ms) {
+  g_unwind_gate_closed.store(true, std::memory_order_seq_cst);
+  for (int waited_us = 0; g_unwinding.load(std::memory_order_seq_cst) != 0; waited_us += 50) {
+    if (waited_us >= timeout_ms * 1000) {
+      g_unwind_gate_closed.store(false);
+      return false;
+    }
+    timespec ts{0, 50000};
+    nanosleep(&ts, nullptr);
+  }
+  t_unwind_gate_owner = true;
+  return true;
+}
+
+void Recorder::reopen_unwinding_after_fork(bool in_child) {
+  // In the child the other threads are gone: a count one of them left between its two steps goes.
+  if (in_child) g_unwinding.store(0);
+  t_unwind_gate_owner = false;
+  g_unwind_gate_closed.store(false, std::memory_order_release);
+}
+
 StackId Recorder::capture_stack(int skip, int max_depth) {
   void* raw[128];
   if (max_depth > 128) max_depth = 128;
-  int n = unw_backtrace(raw, max_depth + skip + 1);
+  int n;
+  {
+    UnwindPass pass;  // a fork waits for it (see recorder.h)
+    n = unw_backtrace(raw, max_depth + skip + 1);
+  }
   uint64_t ips[128];
   int depth = 0;
   for (int i = skip + 1; i < n && depth < max_depth; ++i) ips[depth++] = reinterpret_cast<uint64_t>(raw[i]);

@@ -236,7 +236,11 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, 
   }
   if (!g->opt.stacks) return;
   void* raw[160];
-  int n = unw_backtrace(raw, g->opt.stack_depth + 32);
+  int n;
+  {
+    Recorder::UnwindPass pass;  // a fork waits for it (see recorder.h)
+    n = unw_backtrace(raw, g->opt.stack_depth + 32);
+  }
   // raw[0] is this callback's own frame (in libzt_probe.so also inside a skip range; linked into
   // zt it is not); CUPTI's and the driver's frames follow.
   int first = 1;

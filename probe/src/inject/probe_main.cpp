@@ -225,13 +225,17 @@ void before_fork() {
   t_fork_held = false;
   if (!g || !g->rec || !g->cfg.forks || g->closed.load() || getpid() != g->owner_pid) return;
   interpose::ScopedGuard guard;
+  // No other thread inside libunwind (its locks), then none inside SQLite (the writer's cycle).
+  if (!Recorder::close_unwinding_for_fork(2000)) return;
   t_fork_held = g->rec->hold_for_fork(2000);
+  if (!t_fork_held) Recorder::reopen_unwinding_after_fork(false);
 }
 
 void parent_after_fork() {
   if (!t_fork_held) return;
   t_fork_held = false;
   g->rec->release_after_fork();
+  Recorder::reopen_unwinding_after_fork(false);
 }
 
 bool start_recording(const std::string& path);
@@ -266,6 +270,7 @@ void child_after_fork() {
   const bool pending = g_worker_state.load() == 1;  // forked from a worker that had not started yet
   const bool held = t_fork_held;
   t_fork_held = false;
+  if (held) Recorder::reopen_unwinding_after_fork(true);
   const bool worker = g->cfg.forks && ((parent_recording && held) || pending);
   interpose::child_after_fork(worker ? ensure_worker : nullptr);
 #if ZT_PROBE_WITH_CUPTI
@@ -276,7 +281,8 @@ void child_after_fork() {
   if (g->rec) crash::unregister_recorder(g->rec);  // a crash here must not wait on the parent's writer
   if (parent_recording && g->cfg.forks && !held) {
     static const char msg[] =
-        "zt probe: a forked child is not recorded: its parent's trace writer was busy for 2 s at the fork\n";
+        "zt probe: a forked child is not recorded: its parent's trace writer or stack unwinding was busy for 2 s at the "
+        "fork\n";
     if (!g->cfg.quiet) (void)!::write(2, msg, sizeof msg - 1);
   }
   if (worker && parent_recording) g_worker_parent = getppid();

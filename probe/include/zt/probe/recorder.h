@@ -203,6 +203,24 @@ class Recorder {
   // child needs to write its own trace; the parent's handler releases it (only where it held).
   bool hold_for_fork(int timeout_ms);
   void release_after_fork();
+  // libunwind's own caches have process-wide locks: a child forked while another thread of its
+  // parent was inside unw_backtrace finds one held, and hangs at its first stack. Every backtrace
+  // the probe takes is made while an UnwindPass is alive; the prepare handler closes the gate
+  // (waits, at most timeout_ms, for the passes alive; false when they did not end, and the gate
+  // stays open). The forking thread itself passes a closed gate. Both sides reopen it after the fork.
+  // (A pass, not a wrapper function: a wrapper's frame would shift the callers' frame skips.)
+  class UnwindPass {
+   public:
+    UnwindPass();
+    ~UnwindPass();
+    UnwindPass(const UnwindPass&) = delete;
+    UnwindPass& operator=(const UnwindPass&) = delete;
+
+   private:
+    bool counted_ = false;
+  };
+  static bool close_unwinding_for_fork(int timeout_ms);
+  static void reopen_unwinding_after_fork(bool in_child);
 
   uint64_t events_recorded() const;  // committed rows from rings
   uint64_t events_dropped() const;
