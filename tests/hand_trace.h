@@ -19,7 +19,9 @@ inline std::unique_ptr<db::TraceWriter> hand_written_trace(const std::string& pa
   db::RunRow run;
   run.id = 1, run.command_line = command, run.t_start = 0;
   w->insert(run);
-  w->insert(db::RankRow{0, 1, 1, 0, "h", 1});
+  db::RankRow rank;
+  rank.rank = 0, rank.run_id = 1, rank.world_size = 1, rank.local_rank = 0, rank.hostname = "h", rank.pid = 1;
+  w->insert(rank);
   return w;
 }
 
