@@ -413,3 +413,31 @@ TEST(ReproVerdict, FixQuotePrintedInOnePairOfMarks) {
   EXPECT_EQ(printed("\"auto\" takes the value"), "\u201c\"auto\" takes the value\u201d");
   EXPECT_EQ(printed("\u201cuse max_epochs\u201d"), "\u201cuse max_epochs\u201d");
 }
+
+// Issue 41's corpus: many reports fail while the engine is built. An error before the first step is
+// inside the phase "setup" as well as its markers' phases; one after it is not.
+TEST(ReproVerdict, AnErrorBeforeTheFirstStepIsInSetup) {
+  repro::JudgeContext ctx;
+  repro::Evidence e;
+  e.readable = true;
+  e.run_status = "failed";
+  e.has_error = true;
+  e.error_kind = "oom";
+  e.error_message = "CUDA out of memory. Tried to allocate 8.01 GiB.";
+  e.before_first_step = true;
+  repro::Expectation x;
+  x.error = "oom";
+  x.phase = "^setup$";
+  repro::RunJudgement j = repro::judge_bug(x, ctx, e);
+  ASSERT_NE(find(j, "when: phase"), nullptr);
+  EXPECT_EQ(find(j, "when: phase")->outcome, Outcome::Valid) << find(j, "when: phase")->detail;
+  EXPECT_EQ(find(j, "when: phase")->detail, "/^setup$/ inside 'setup'");
+  EXPECT_EQ(j.outcome, Outcome::Valid);
+  // The same error inside step 0's forward is not in setup.
+  e.before_first_step = false;
+  e.step = 0;
+  e.phases = {"forward", "forward block9"};
+  j = repro::judge_bug(x, ctx, e);
+  EXPECT_EQ(find(j, "when: phase")->outcome, Outcome::Invalid);
+  EXPECT_EQ(j.outcome, Outcome::Invalid);
+}

@@ -558,8 +558,12 @@ RunJudgement judge_bug(const Expectation& x, const JudgeContext& ctx, Evidence e
       when("step_in_epoch", x.step_in_epoch, e.step_in_epoch);
       when("micro_step", x.micro_step, e.micro_step);
       if (!x.phase.empty()) {
+        // An error before the first step is inside "setup" too (engine init, the model states placed):
+        // a report's load-time failure says so without naming zt's markers.
+        std::vector<std::string> around = e.phases;
+        if (e.before_first_step) around.push_back("setup");
         std::string hit;
-        for (auto& p : e.phases)
+        for (auto& p : around)
           if (hit.empty() && search(x.phase, p)) hit = p;
         j.add("when: phase", hit.empty() ? Outcome::Invalid : Outcome::Valid,
               "/" + x.phase + "/ " + (hit.empty() ? "matches no phase around the error" : "inside '" + hit + "'"));
