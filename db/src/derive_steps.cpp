@@ -28,7 +28,8 @@ constexpr size_t kMaxRuleName = 1024;  // longer range names serve no source (se
 // The bootstrap's framework hooks (python/zerotrace/hooks/), source 3.
 constexpr std::pair<const char*, const char*> kHookDomains[] = {
     {"zerotrace.transformers", "transformers.Trainer's callbacks"}, {"zerotrace.lightning", "Lightning's callbacks"}};
-// The bootstrap's hook of torch.optim's optimizers (a range per optimizer step), source 5.
+// The bootstrap's hook of torch.optim's optimizers: a range "optimizer step" per step (one name for
+// all: numbered in time order), source 5.
 constexpr const char* kTorchDomain = "zerotrace.torch";
 
 struct Range {
@@ -130,7 +131,7 @@ NameRoles classify(const std::string& name, const Patterns& p) {
     if (domain == d) hook_source = words;
   const char conv = convention_kind(b);
   if (domain == kTorchDomain) {
-    r.torch_step = conv == 'S';
+    r.torch_step = b == "optimizer step";
   } else if (domain == kModuleDomain) {
     r.module = conv;
     if (!conv) r.phase = std::string(b);
@@ -443,7 +444,7 @@ Status check_range_pattern(const std::string& pattern, const std::string& flag) 
 std::string range_label(std::string_view name) {
   // The hooks' domains, as the job knows the framework whose callbacks they are.
   constexpr std::pair<std::string_view, std::string_view> kOwn[] = {
-      {"zerotrace.transformers", "Trainer"}, {"zerotrace.lightning", "Lightning"}, {"zerotrace.torch", "optimizer"}};
+      {"zerotrace.transformers", "Trainer"}, {"zerotrace.lightning", "Lightning"}, {"zerotrace.torch", "PyTorch"}};
   std::string_view domain;
   const std::string_view rest = bare(name, &domain);
   for (auto& [d, own] : kOwn)
