@@ -167,6 +167,7 @@ TEST(RealJobs, AnHFTrainerJobLeakingHalfAMiBAStepIsFoundAtTheUsersLine) {
   EXPECT_EQ(check.code, 1) << check.out;
   const std::string f = finding(check.out, "rank 0 cpu pageable host memory: live bytes at epoch start grew ~");
   ASSERT_FALSE(f.empty()) << check.out;
+  std::cout << "finding: " << f << "\n";  // ctest -V shows it
   const double rate = rate_mib(f);
   EXPECT_GE(rate, 4.0) << f;  // 8 MiB an epoch
   EXPECT_LE(rate, 16.0) << f;
@@ -201,6 +202,7 @@ TEST(RealJobs, APlainTorchLoopsLeakIsFoundOverWindowsOfItsOptimizerSteps) {
   const std::string f = finding(check.out, "rank 0 cpu pageable host memory: live bytes at window start grew ~");
   ASSERT_FALSE(f.empty()) << check.out;
   std::string per;
+  std::cout << "finding: " << f << "\n";
   const double rate = rate_mib(f, &per);
   EXPECT_EQ(per, "window");
   EXPECT_GE(rate, 6.25) << f;  // 100 steps of 128 KiB: 12.5 MiB a window
@@ -246,6 +248,7 @@ TEST(RealJobs, ATorchrunLeakOnRankOneIsNamedOnRankOne) {
   EXPECT_EQ(check.code, 1) << check.out;
   const std::string f = finding(check.out, "rank 1 cpu pageable host memory: live bytes at window start grew ~");
   ASSERT_FALSE(f.empty()) << check.out;
+  std::cout << "finding: " << f << "\n";  // ctest -V shows it
   const double rate = rate_mib(f);
   EXPECT_GE(rate, 4.7) << f;  // 75 steps of 128 KiB: 9.4 MiB a window
   EXPECT_LE(rate, 18.75) << f;
@@ -280,7 +283,8 @@ TEST(RealJobs, ADataLoaderWorkersLeakIsNamedWithEachWorker) {
     const std::string f = finding(check.out, "worker process " + std::to_string(pid) + " of rank 0 cpu pageable host "
                                              "memory: the lowest live bytes of each window grew ~");
     ASSERT_FALSE(f.empty()) << pid << "\n" << check.out;
-    const double rate = rate_mib(f);
+    std::cout << "finding: " << f << "\n";  // ctest -V shows it
+  const double rate = rate_mib(f);
     EXPECT_GE(rate, 2.0) << f;  // 30 MiB over the worker's life, a fifth of it in each window: about 6 MiB
     EXPECT_LE(rate, 15.0) << f;
     EXPECT_NE(f.find("Decoded.__getitem__ (" + prog + ":" + std::to_string(leak_line(prog)) + ")"), std::string::npos)
