@@ -12,6 +12,10 @@
 // recorded stack costs, with and without its Python frames. The byte sampler of allocations under
 // the threshold (on by default, 512 KiB) is timed against the same probe with it off
 // (ZT_PROBE_SAMPLE_INTERVAL=0) in the same alternation: its cost, as a ratio.
+// --hf-runs N: the HF Trainer job of the realjobs tests (tests/realjobs/jobs/hf_trainer.py, clean: a tiny
+// GPT-2 on CPU, 4 epochs of 16 steps, in build/realjobs-venv: scripts/setup --realjobs) unprobed, under
+// `zt probe` (sampling on, the default), under memray (where `pip install --target build/bench-memray memray`
+// put it) and under heaptrack, N alternating runs each, medians and ratios. --hf-only skips the rest.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -136,10 +140,13 @@ bool on_path(const std::string& name) {
 
 int main(int argc, char** argv) {
   zt::bench::Options opt(argc, argv,
-                         "bench_probe_python [--rounds R] [--runs N]   (R json round trips a run, default 20; "
-                         "N alternating runs of each, default 5)");
+                         "bench_probe_python [--rounds R] [--runs N] [--hf-runs M] [--hf-only]   (R json round trips a "
+                         "run, default 20; N alternating runs of each, default 5; M runs of the HF Trainer job, "
+                         "default 3, 0: none)");
   const long rounds = opt.integer("--rounds", 20, 1, 100000);
   const long runs = opt.integer("--runs", 5, 1, 1000);
+  const long hf_runs = opt.integer("--hf-runs", 3, 0, 1000);
+  const bool hf_only = opt.flag("--hf-only");
   opt.done();
   namespace fs = std::filesystem;
   const std::string self = fs::read_symlink("/proc/self/exe").string();
@@ -157,6 +164,8 @@ int main(int argc, char** argv) {
   std::ofstream(script) << kScript;
   std::ofstream(deep) << kDeepScript;
   const bool have_heaptrack = on_path("heaptrack");
+  if (hf_only) goto hf;
+  {
 
   const std::vector<std::string> cmd{python, script, std::to_string(rounds)};
   auto probe_env = [&](const char* python_frames, const char* sample_interval = "512KiB") {
@@ -238,6 +247,62 @@ int main(int argc, char** argv) {
                 double(d_native.cpu - d_base.cpu) / 1e3 / double(kDeep));
     std::printf("    with its Python frames (default)       %8.2f us a recorded allocation\n",
                 double(d_py.cpu - d_base.cpu) / 1e3 / double(kDeep));
+  }
+  }
+hf:
+  if (hf_runs > 0) {
+    const fs::path build = fs::path(self).parent_path().parent_path();
+    const std::string venv_python = (build / "realjobs-venv/bin/python").string();
+    const std::string zt = (build / "zt").string(), memray_dir = (build / "bench-memray").string();
+    const std::string job = std::string(ZT_SOURCE_DIR) + "/tests/realjobs/jobs/hf_trainer.py";
+    if (access(venv_python.c_str(), X_OK) != 0) {
+      std::printf("  the HF Trainer job: skipped (no %s: scripts/setup --realjobs)\n", venv_python.c_str());
+    } else {
+      const std::vector<std::string> hf{venv_python, job, "clean", dir + "/hf-out", "4", "16"};
+      const std::vector<std::string> env{"OMP_NUM_THREADS=1", "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1",
+                                         "HF_HOME=" + dir + "/hf-home", "CUDA_VISIBLE_DEVICES="};
+      std::vector<std::string> zt_cmd{zt, "probe", "-o", dir + "/hf.db", "--"};
+      zt_cmd.insert(zt_cmd.end(), hf.begin(), hf.end());
+      const bool have_memray = fs::exists(memray_dir + "/memray");
+      std::vector<std::string> memray_cmd{venv_python, "-m", "memray", "run", "-q", "-f", "-o", dir + "/hf.memray"};
+      memray_cmd.insert(memray_cmd.end(), hf.begin() + 1, hf.end());
+      std::vector<std::string> memray_env = env;
+      memray_env.push_back("PYTHONPATH=" + memray_dir);
+      std::vector<std::string> ht_hf{"heaptrack", "-o", dir + "/hf-heaptrack"};
+      ht_hf.insert(ht_hf.end(), hf.begin(), hf.end());
+      Timing h_base, h_zt, h_memray, h_ht;
+      std::error_code ec;
+      for (long i = 0; i < hf_runs; ++i) {
+        keep(h_base, run(hf, env));
+        for (auto& e : fs::directory_iterator(dir))
+          if (e.path().filename().string().rfind("hf.", 0) == 0) fs::remove(e.path(), ec);
+        keep(h_zt, run(zt_cmd, env));
+        if (have_memray) keep(h_memray, run(memray_cmd, memray_env));
+        if (have_heaptrack) {
+          keep(h_ht, run(ht_hf, env));
+          for (auto& e : fs::directory_iterator(dir))
+            if (e.path().filename().string().rfind("hf-heaptrack", 0) == 0) fs::remove(e.path(), ec);
+        }
+      }
+      if (!h_base.ok || !h_zt.ok) {
+        std::fprintf(stderr, "bench_probe_python: the HF Trainer job failed (%s %s)\n", venv_python.c_str(), job.c_str());
+        return 1;
+      }
+      std::printf("the HF Trainer job (%s clean: tiny GPT-2, CPU, 4 epochs of 16 steps), median of %ld alternating runs\n",
+                  job.c_str(), hf_runs);
+      std::printf("  %-44s %10s %8s %10s %8s\n", "", "wall", "ratio", "cpu", "ratio");
+      auto hf_line = [&](const char* what, const Timing& t) {
+        if (!t.ok) return;
+        std::printf("  %-44s %8.0f ms %7.3fx %8.0f ms %7.3fx\n", what, double(t.wall) / 1e6,
+                    double(t.wall) / double(h_base.wall), double(t.cpu) / 1e6, double(t.cpu) / double(h_base.cpu));
+      };
+      hf_line("unprobed", h_base);
+      hf_line("zt probe (sampling on, 512 KiB)", h_zt);
+      if (have_memray) hf_line("memray run", h_memray);
+      else std::printf("  memray: skipped (pip install --target %s memray)\n", memray_dir.c_str());
+      if (have_heaptrack) hf_line("heaptrack", h_ht);
+      std::printf("  target: zt probe at most 1.05x (issue 40: memray 1.41x, heaptrack 4.18x)\n");
+    }
   }
   std::error_code ec;
   fs::remove_all(dir, ec);

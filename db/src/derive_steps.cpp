@@ -28,6 +28,9 @@ constexpr size_t kMaxRuleName = 1024;  // longer range names serve no source (se
 // The bootstrap's framework hooks (python/zerotrace/hooks/), source 3.
 constexpr std::pair<const char*, const char*> kHookDomains[] = {
     {"zerotrace.transformers", "transformers.Trainer's callbacks"}, {"zerotrace.lightning", "Lightning's callbacks"}};
+// The bootstrap's hook of torch.optim's optimizers: a range "optimizer step" per step (one name for
+// all: numbered in time order), source 5.
+constexpr const char* kTorchDomain = "zerotrace.torch";
 
 struct Range {
   int64_t rank = 0;
@@ -51,6 +54,7 @@ struct NameRoles {
   char hook = 0;        // the bootstrap's HF Trainer / Lightning ranges
   std::string hook_source;  // ... in words
   char module = 0;      // the zerotrace module's
+  bool torch_step = false;  // an optimizer's step (the bootstrap's torch.optim hook)
   bool ds_step = false;  // a DeepSpeed optimizer's step
   bool ds_start = false;  // DeepSpeedEngine.forward / .backward: where a step's work begins
   std::string phase;    // the phase it is, "" when none
@@ -126,7 +130,9 @@ NameRoles classify(const std::string& name, const Patterns& p) {
   for (auto& [d, words] : kHookDomains)
     if (domain == d) hook_source = words;
   const char conv = convention_kind(b);
-  if (domain == kModuleDomain) {
+  if (domain == kTorchDomain) {
+    r.torch_step = b == "optimizer step";
+  } else if (domain == kModuleDomain) {
     r.module = conv;
     if (!conv) r.phase = std::string(b);
   } else if (hook_source) {
@@ -269,8 +275,8 @@ void plan_markers(sqlite3* db, const StepRules& given, bool recorded, int64_t sk
       // the stack. No range that names a step or a phase is that long; a trace is untrusted input.
       NameRoles r = text.size() > kMaxRuleName ? NameRoles{} : classify(text, p);
       names_by_count.emplace_back(names.i64(2), text);
-      if (r.user_step || r.user_epoch || r.convention || r.hook || r.module || r.ds_step || r.ds_start ||
-          !r.phase.empty())
+      if (r.user_step || r.user_epoch || r.convention || r.hook || r.module || r.torch_step || r.ds_step ||
+          r.ds_start || !r.phase.empty())
         roles.emplace(names.i64(0), std::move(r));
     }
   }
@@ -322,6 +328,7 @@ void plan_markers(sqlite3* db, const StepRules& given, bool recorded, int64_t sk
     auto hook = select([](const NameRoles& r) { return r.hook == 'S'; });
     auto ds_opt = select([](const NameRoles& r) { return r.ds_step; });
     auto module = select([](const NameRoles& r) { return r.module == 'S'; });
+    auto torch_opt = select([](const NameRoles& r) { return r.torch_step; });
     if (!user.empty()) steps = number_spans(user), d.steps_from = "--step-range " + quoted(p.step_text);
     else if (!conv.empty()) steps = number_spans(conv), d.steps_from = "NVTX ranges 'step N'";
     else if (!hook.empty()) steps = number_spans(hook), d.steps_from = hook_words(hook_source_of('S'));
@@ -329,6 +336,7 @@ void plan_markers(sqlite3* db, const StepRules& given, bool recorded, int64_t sk
       steps = deepspeed_steps(ds_opt, select([](const NameRoles& r) { return r.ds_start; }), ended_well),
       d.steps_from = "DeepSpeed's ranges";
     else if (!module.empty()) steps = number_spans(module), d.steps_from = "the zerotrace module";
+    else if (!torch_opt.empty()) steps = number_spans(torch_opt), d.steps_from = "PyTorch's optimizer steps";
   } else if (p.step) {
     d.notes.push_back("--step-range " + quoted(p.step_text) +
                       " not used: the program wrote step markers of its own");
@@ -435,8 +443,8 @@ Status check_range_pattern(const std::string& pattern, const std::string& flag) 
 
 std::string range_label(std::string_view name) {
   // The hooks' domains, as the job knows the framework whose callbacks they are.
-  constexpr std::pair<std::string_view, std::string_view> kOwn[] = {{"zerotrace.transformers", "Trainer"},
-                                                                    {"zerotrace.lightning", "Lightning"}};
+  constexpr std::pair<std::string_view, std::string_view> kOwn[] = {
+      {"zerotrace.transformers", "Trainer"}, {"zerotrace.lightning", "Lightning"}, {"zerotrace.torch", "PyTorch"}};
   std::string_view domain;
   const std::string_view rest = bare(name, &domain);
   for (auto& [d, own] : kOwn)

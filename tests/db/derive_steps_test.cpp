@@ -263,6 +263,28 @@ TEST(DeriveSteps, FrameworkHooksOutrankTheModuleWhichServesAlone) {
             "3@1:300 4@1:open");
 }
 
+// A plain PyTorch loop's optimizer steps (the bootstrap's torch.optim hook) are its steps, with no
+// epochs, and the last source: the zerotrace module's, a Trainer's and the convention's come first.
+TEST(DeriveSteps, OptimizerStepsServeAPlainLoopAndAreTheLastSource) {
+  Trace t;
+  write_ranges(t.path, {{"zerotrace.torch::optimizer step", 100, 150}, {"zerotrace.torch::optimizer step", 300, 350},
+                        {"zerotrace.torch::optimizer step", 500, 550}});
+  DerivedMarkers d = t.derive();
+  EXPECT_EQ(d.steps_from, "PyTorch's optimizer steps");
+  EXPECT_EQ(d.epochs, 0);
+  EXPECT_EQ(t.cell("SELECT group_concat(step || ':' || t_start || '-' || t_end, ' ') FROM marker WHERE kind = 0"),
+            "0:100-150 1:300-350 2:500-550");
+  EXPECT_EQ(range_label("zerotrace.torch::optimizer step"), "PyTorch optimizer step");
+
+  for (const char* other : {"zerotrace::step 7", "zerotrace.transformers::step 7", "step 7"}) {
+    Trace both;
+    write_ranges(both.path, {{"zerotrace.torch::optimizer step", 100, 150}, {other, 90, 160}});
+    d = both.derive();
+    EXPECT_NE(d.steps_from, "PyTorch's optimizer steps") << other;
+    EXPECT_EQ(both.cell("SELECT group_concat(step, ' ') FROM marker WHERE kind = 0"), "7") << other;
+  }
+}
+
 // A program that writes its own step markers (zt train) keeps them; nothing is derived.
 TEST(DeriveSteps, AProgramsOwnMarkersStand) {
   Trace t;

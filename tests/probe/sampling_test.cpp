@@ -222,3 +222,39 @@ TEST(ProbeSampling, ALeakMadeInsideALibraryIsNamedAtTheUsersLineViaTheLibrary) {
   EXPECT_NE(top.out.find(" sampled)"), std::string::npos) << top.out;
   EXPECT_NE(top.out.find("~: estimated from allocations sampled by bytes"), std::string::npos) << top.out;
 }
+
+// Workers forked from one parent sample independently: each child's sampler starts afresh after the
+// fork. Two children making the same 3000 allocations (8 to 16 KiB, each size different) once sampled
+// the very same ones (the parent's sampler state, copied by fork: a DataLoader's workers reported equal
+// estimates, one draw counted twice); now the sizes each sampled differ.
+TEST(ProbeSampling, ForkedWorkersSampleIndependently) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  const std::string prog = dir.file("twins.py");
+  std::ofstream(prog) << "import os\n"
+                         "def work():\n"
+                         "    kept = [bytearray(8192 + (i * 7919) % 8192) for i in range(3000)]\n"
+                         "    os._exit(0)\n"
+                         "pids = []\n"
+                         "for w in range(2):\n"
+                         "    pid = os.fork()\n"
+                         "    if pid == 0:\n"
+                         "        work()\n"
+                         "    pids.append(pid)\n"
+                         "for p in pids:\n"
+                         "    os.waitpid(p, 0)\n";
+  RunResult r = run_zt({"probe", "-o", dir.file("t.db"), "--", kPython, prog});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> sampled;
+  for (auto& e : fs::directory_iterator(dir.path()))
+    if (e.path().filename().string().rfind("t.pid", 0) == 0 && e.path().extension() == ".db") {
+      auto rows = sql(e.path().string(), "SELECT group_concat(requested_bytes, ' ') FROM (SELECT requested_bytes FROM "
+                                         "allocation WHERE weight_bytes IS NOT NULL AND requested_bytes BETWEEN 8192 "
+                                         "AND 16383 ORDER BY id)");
+      ASSERT_FALSE(rows.empty());
+      EXPECT_GT(rows[0][0].size(), 20u) << rows[0][0];  // about 45 samples each
+      sampled.push_back(rows[0][0]);
+    }
+  ASSERT_EQ(sampled.size(), 2u) << r.err;
+  EXPECT_NE(sampled[0], sampled[1]);
+}

@@ -107,8 +107,11 @@ std::string series_text(const Series& s, const std::vector<int64_t>& live) {
 // The basis of one rank: its epochs (two or more); else kWindows windows of its steps (two or more
 // steps); else kWindows windows of its run's time between the first tenth (the start-up: imports,
 // the model built, the data loaded) and the last (the shutdown). `last_event`: the rank's last recorded time, the run's end
-// when the run did not record one.
-std::optional<Basis> basis_of(const TraceData& d, int64_t rank, int64_t last_event) {
+// when the run did not record one. `imports`: the times of its allocations made while importing a module; the
+// last of them within the first 3/4 of the run (a module imported in the last quarter, at shutdown, is not
+// start-up), where past the first tenth, is where the windows begin: a short job spends seconds importing torch
+// (torchrun's agent 8 s of a 17 s run), and that is no growth.
+std::optional<Basis> basis_of(const TraceData& d, int64_t rank, int64_t last_event, const std::vector<int64_t>& imports) {
   Basis b;
   if (auto it = d.epochs.find(rank); it != d.epochs.end() && it->second.size() >= 2) {
     b.kind = BasisKind::Epochs;
@@ -142,7 +145,12 @@ std::optional<Basis> basis_of(const TraceData& d, int64_t rank, int64_t last_eve
   b.warmup = false;  // the first tenth is the warm-up
   // The last tenth is the shutdown: an interpreter frees its objects at exit, and the probe's last
   // RSS sample is taken after that.
-  const int64_t start = t0 + (t1 - t0) / 10, stop = t1 - (t1 - t0) / 10, width = (stop - start) / kWindows;
+  int64_t imports_end = 0;
+  for (int64_t t : imports)
+    if (t <= t0 + (t1 - t0) * 3 / 4) imports_end = std::max(imports_end, t);
+  const bool after_imports = imports_end > t0 + (t1 - t0) / 10;
+  const int64_t start = after_imports ? imports_end : t0 + (t1 - t0) / 10, stop = t1 - (t1 - t0) / 10,
+                width = (stop - start) / kWindows;
   for (int w = 0; w < kWindows; ++w) {
     const int64_t a = start + w * width, z = w + 1 == kWindows ? stop : a + width;
     b.windows.push_back({a, z, true,
@@ -150,7 +158,10 @@ std::optional<Basis> basis_of(const TraceData& d, int64_t rank, int64_t last_eve
                              format_duration_ns(double(z - t0)) + ")"});
   }
   b.words = std::to_string(kWindows) + " windows of " + format_duration_ns(double(width)) +
-            " between the run's first and last tenth (the trace has no epochs or steps: windows of time)";
+            (after_imports ? " between the end of its imports (" + format_duration_ns(double(imports_end - t0)) +
+                                 ") and the run's last tenth"
+                           : std::string(" between the run's first and last tenth")) +
+            " (the trace has no epochs or steps: windows of time)";
   return b;
 }
 
@@ -284,9 +295,24 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
   std::vector<std::string> within_error;  // growth past the threshold that sampling error explains
 
   std::map<int64_t, std::optional<Basis>> bases;
+  std::map<int64_t, std::vector<int64_t>> imports;  // per rank: when it allocated while importing a module
+  bool imports_read = false;
   auto basis = [&](int64_t rank) -> const Basis* {
     auto it = bases.find(rank);
-    if (it == bases.end()) it = bases.emplace(rank, basis_of(d, rank, last_event[rank])).first;
+    if (it == bases.end()) {
+      auto few = [](const std::map<int64_t, std::vector<Span>>& m, int64_t r) {
+        auto f = m.find(r);
+        return f == m.end() || f->second.size() < 2;
+      };
+      // Only a rank without epochs or steps (windows of time) needs them: read once for all ranks then.
+      if (!imports_read && few(d.epochs, rank) && few(d.steps, rank)) {
+        imports_read = true;
+        for (const auto* all : {&d.allocs, &d.sampled})
+          for (auto& a : *all)
+            if (d.importing(a.stack_id)) imports[a.rank].push_back(a.t_alloc);
+      }
+      it = bases.emplace(rank, basis_of(d, rank, last_event[rank], imports[rank])).first;
+    }
     return it->second ? &*it->second : nullptr;
   };
   std::set<BasisKind> kinds;

@@ -275,6 +275,16 @@ std::string TraceData::stack_brief(int64_t stack_id, int frames) {
   return out;
 }
 
+bool TraceData::importing(int64_t stack_id) {
+  if (!stack_id) return false;
+  if (auto it = importing_cache_.find(stack_id); it != importing_cache_.end()) return it->second;
+  std::vector<std::string> lines;
+  bool found = false;
+  if (reader_->stack_text(stack_id, &lines))
+    for (auto& l : lines) found = found || l.find("(<frozen importlib._bootstrap") != std::string::npos;
+  return importing_cache_[stack_id] = found;
+}
+
 db::StackSites* TraceData::sites() {
   if (!sites_ && !db::StackSites::load(*reader_, &sites_)) sites_.reset();
   return sites_.get();

@@ -93,6 +93,9 @@ class TraceData {
   // Where an allocation was made, as evidence shows it: its Python line ("grow (/x/leak.py:12)")
   // when its stack has Python frames, else stack_brief(); empty without a stack.
   std::string where(int64_t stack_id);
+  // Whether a stack runs Python's import machinery (a frame of <frozen importlib._bootstrap...>):
+  // an allocation made while a module is imported, start-up by nature.
+  bool importing(int64_t stack_id);
   // What evidence groups an allocation under: its tensor name's group, or, for an allocation
   // without a name (a probed program's) that has a stack, its site (zt/db/sites.h: the Python
   // line, else the innermost native frame that is not the allocator's).
@@ -112,6 +115,7 @@ class TraceData {
   std::string path_;
   std::unique_ptr<db::TraceReader> reader_;
   std::unordered_map<int64_t, std::string> stack_cache_;
+  std::unordered_map<int64_t, bool> importing_cache_;
   std::unique_ptr<db::StackSites> sites_;  // loaded at first need
   db::StackSites* sites();
 };

@@ -469,6 +469,12 @@ void child_after_fork(bool (*start_first)()) {
   for (auto& f : g_filter)
     if (f.load(std::memory_order_relaxed)) f.store(0, std::memory_order_relaxed);
   g_start_first.store(start_first, std::memory_order_release);
+  // The forking thread's sampler starts afresh at the child's next allocation (seeded from the child's
+  // thread id unless ZT_PROBE_SAMPLE_SEED fixes it): workers forked from one parent would otherwise all
+  // sample the same points of the same allocations, one draw counted as many. Memoryless: a new
+  // countdown from here is as exact as the parent's.
+  t_rng = 0;
+  t_until_sample = 0;
 }
 
 void restart_after_fork() {

@@ -19,8 +19,9 @@ once), _ranges.EpochsAndSteps (the ranges a callback keeps open).
 
 Hooks here: exceptions (an uncaught exception -> the trace's error row), distributed
 (torch.distributed's world size), transformers_trainer and lightning (epochs and steps from
-the HF Trainer's and PyTorch Lightning's callbacks), torch_memory (PyTorch's allocator history:
-tensors as block rows, added by zt probe).
+the HF Trainer's and PyTorch Lightning's callbacks), torch_optimizer (a plain PyTorch loop's steps:
+its optimizer's step() calls), torch_memory (PyTorch's allocator history: tensors as block rows,
+added by zt probe).
 """
 
 import importlib

@@ -21,6 +21,9 @@
 //      transformers.Trainer and PyTorch Lightning epochs and steps, which zt probe's Python
 //      bootstrap writes in the domains "zerotrace.transformers" and "zerotrace.lightning".
 //   4. the zerotrace module: "epoch N" / "step N" in the domain "zerotrace".
+//   5. steps only: PyTorch's optimizer steps, "optimizer step" in the domain "zerotrace.torch" (zt
+//      probe's bootstrap writes one around each outermost torch.optim optimizer's step; numbered in
+//      time order): a plain loop's.
 // Numbers: N of the name (the last number in it); where a source's names carry none, the
 // ranges are numbered 0, 1, ... in time order per rank. A step gets the epoch whose span holds
 // its start.
