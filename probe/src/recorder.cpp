@@ -18,12 +18,14 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <memory_resource>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
 
 #include "crash.h"
 #include "elf_symbols.h"
+#include "probe_heap.h"
 #include "zt/db/trace_values.h"
 #include "python/python_frames.h"
 #include "zt/db/trace_writer.h"
@@ -65,7 +67,12 @@ struct Event {
 // Single producer (its thread), single consumer (the writer). head and tail only grow;
 // slots [tail, head) are published and immutable until the writer moves tail past them.
 struct ThreadRing {
-  std::unique_ptr<Event[]> buf;
+  // In the probe's own pages (probe_heap.h), zeroed: no field of a slot is ever garbage.
+  struct Free {
+    size_t n;
+    void operator()(Event* p) const { probe_heap()->deallocate(p, n * sizeof(Event), alignof(Event)); }
+  };
+  std::unique_ptr<Event[], Free> buf{nullptr, Free{0}};
   uint64_t mask = 0;
   int64_t thread_id = 0;
   alignas(64) std::atomic<uint64_t> head{0};
@@ -81,7 +88,7 @@ namespace {
 struct TlsEntry {
   uint64_t serial;
   std::shared_ptr<ThreadRing> ring;
-  std::unordered_map<std::string, NameId> names;
+  std::pmr::unordered_map<std::pmr::string, NameId> names{probe_heap()};
 };
 struct TlsState {
   std::vector<TlsEntry> entries;
@@ -111,16 +118,17 @@ struct Recorder::Impl {
   std::unique_ptr<db::TraceWriter> w;
   db::RunRow run;
 
-  // Slow-path state, under meta_mu.
+  // Slow-path state, under meta_mu. What lives for the whole run is in the probe's own pages
+  // (probe_heap.h), not between the program's blocks.
   std::timed_mutex meta_mu;
-  std::unordered_map<std::string, NameId> strings;
+  std::pmr::unordered_map<std::pmr::string, NameId> strings{probe_heap()};
   NameId next_string = 1;
-  std::unordered_map<uint64_t, int64_t> frame_by_ip;  // native ips and Python frame tokens
-  std::unordered_map<std::string, uint64_t> python_function_key;  // file NUL function -> key (1, 2, ...)
-  std::vector<std::pair<std::string, std::string>> python_functions;  // key - 1 -> (file, function)
-  std::vector<std::pair<int64_t, uint64_t>> frames_all;  // for symbolization at close
-  std::map<std::pair<int64_t, int64_t>, int64_t> stack_node;  // (parent, frame) -> node
-  std::unordered_map<std::string, StackId> stack_by_key;
+  std::pmr::unordered_map<uint64_t, int64_t> frame_by_ip{probe_heap()};  // native ips and Python frame tokens
+  std::pmr::unordered_map<std::pmr::string, uint64_t> python_function_key{probe_heap()};  // file NUL function -> key
+  std::pmr::vector<std::pair<std::pmr::string, std::pmr::string>> python_functions{probe_heap()};  // key - 1 -> (file, function)
+  std::pmr::vector<std::pair<int64_t, uint64_t>> frames_all{probe_heap()};  // for symbolization at close
+  std::pmr::map<std::pair<int64_t, int64_t>, int64_t> stack_node{probe_heap()};  // (parent, frame) -> node
+  std::pmr::unordered_map<std::pmr::string, StackId> stack_by_key{probe_heap()};
   DeviceId next_device = 1;
   std::vector<db::StringRow> p_strings;
   std::vector<db::FrameRow> p_frames;
@@ -295,16 +303,16 @@ NameId Recorder::intern(std::string_view text) {
   TlsEntry* e = tls.find(impl_->serial);
   if (e) {
     // Heterogeneous lookup would avoid this copy; names are short, so the SSO covers most.
-    auto it = e->names.find(std::string(text));
+    auto it = e->names.find(std::pmr::string(text, probe_heap()));
     if (it != e->names.end()) return it->second;
   }
   NameId id;
   {
     std::lock_guard lock(impl_->meta_mu);
-    auto [it, inserted] = impl_->strings.try_emplace(std::string(text), impl_->next_string);
+    auto [it, inserted] = impl_->strings.try_emplace(std::pmr::string(text, probe_heap()), impl_->next_string);
     if (inserted) {
       impl_->next_string++;
-      impl_->p_strings.push_back({it->second, it->first});
+      impl_->p_strings.push_back({it->second, std::string(it->first)});
     }
     id = it->second;
   }
@@ -312,13 +320,13 @@ NameId Recorder::intern(std::string_view text) {
     ring();  // registers this thread's entry
     e = tls.find(impl_->serial);
   }
-  if (e && e->names.size() < 65536) e->names.emplace(std::string(text), id);
+  if (e && e->names.size() < 65536) e->names.emplace(std::pmr::string(text, probe_heap()), id);
   return id;
 }
 
 StackId Recorder::intern_stack(const uint64_t* ips, int depth) {
   if (depth <= 0) return 0;
-  std::string key(reinterpret_cast<const char*>(ips), sizeof(uint64_t) * depth);
+  std::pmr::string key(reinterpret_cast<const char*>(ips), sizeof(uint64_t) * depth, probe_heap());
   std::lock_guard lock(impl_->meta_mu);
   Impl& m = *impl_;
   if (auto it = m.stack_by_key.find(key); it != m.stack_by_key.end()) return it->second;
@@ -334,8 +342,8 @@ StackId Recorder::intern_stack(const uint64_t* ips, int depth) {
         // function was interned, and nothing is left to symbolize at close.
         const uint64_t key = (ips[i] & ~kPythonFrameBit) >> kPythonLineBits;
         if (key >= 1 && key <= m.python_functions.size()) {
-          f.module = m.python_functions[key - 1].first;
-          f.symbol = m.python_functions[key - 1].second;
+          f.module = std::string(m.python_functions[key - 1].first);
+          f.symbol = std::string(m.python_functions[key - 1].second);
         }
         f.line = int64_t(ips[i] & ((1ull << kPythonLineBits) - 1));
         m.p_frames.push_back(std::move(f));
@@ -354,14 +362,14 @@ StackId Recorder::intern_stack(const uint64_t* ips, int depth) {
 }
 
 uint64_t Recorder::python_function(std::string_view file, std::string_view function) {
-  std::string key;
+  std::pmr::string key(probe_heap());
   key.reserve(file.size() + 1 + function.size());
   key.append(file).push_back('\0');
   key.append(function);
   std::lock_guard lock(impl_->meta_mu);
   Impl& m = *impl_;
   auto [it, fresh] = m.python_function_key.try_emplace(std::move(key), m.python_functions.size() + 1);
-  if (fresh) m.python_functions.emplace_back(std::string(file), std::string(function));
+  if (fresh) m.python_functions.emplace_back(std::pmr::string(file, probe_heap()), std::pmr::string(function, probe_heap()));
   return it->second;
 }
 
@@ -479,7 +487,12 @@ std::unique_lock<std::timed_mutex> Recorder::hold_slow_path_lock_for_testing() {
 ThreadRing* Recorder::ring() {
   if (TlsEntry* e = tls.find(impl_->serial)) return e->ring.get();
   auto r = std::make_shared<ThreadRing>();
-  r->buf.reset(new Event[impl_->opt.ring_events]());  // zeroed: no field of a slot is ever garbage
+  {
+    const size_t n = impl_->opt.ring_events;
+    auto* slots = static_cast<Event*>(probe_heap()->allocate(n * sizeof(Event), alignof(Event)));
+    for (size_t i = 0; i < n; ++i) new (&slots[i]) Event();
+    r->buf = std::unique_ptr<Event[], ThreadRing::Free>(slots, ThreadRing::Free{n});
+  }
   r->mask = impl_->opt.ring_events - 1;
   r->thread_id = static_cast<int64_t>(syscall(SYS_gettid));
   {
@@ -1081,7 +1094,7 @@ void Recorder::Impl::symbolize() {
   std::vector<std::pair<int64_t, uint64_t>> frames;
   {
     std::lock_guard lock(meta_mu);
-    frames = frames_all;
+    frames.assign(frames_all.begin(), frames_all.end());
   }
   if (frames.empty()) return;
   // The program itself is named by dladdr as it was started (argv[0]: "../src/prog"), which means

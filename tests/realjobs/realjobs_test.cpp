@@ -115,27 +115,12 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-// A clean twin: `zt check --leaks` passes, or fails on RSS findings alone (no memory's allocations grow).
-// KNOWN DEFECT, not fixed here: the probe's stack capture of sampled allocations grows a real job's own RSS
-// (the clean HF job at its epoch starts: +4.1 and +6.5 MiB an epoch under zt probe, +0.01 and +0.13 unprobed,
-// +0.2 and +1.6 with --no-stacks, +1.1 and +0.6 with --sample-interval 0), which the RSS witness (4 MiB an
-// epoch) then reports as growth the allocations do not explain. Such a finding is printed, not failed, until
-// the probe keeps its own memory apart; every other finding fails the test.
+// A clean twin: `zt check --leaks` passes. (Before the probe kept its own memory apart, probe/src/probe_heap.h,
+// its interned stacks and names pinned the job's heap: the clean HF job's RSS grew 4 to 6 MiB an epoch under
+// zt probe, and the RSS witness reported it.)
 void expect_clean(const CommandResult& check) {
-  if (check.code == 0) {
-    EXPECT_NE(check.out.find("PASS leaks"), std::string::npos) << check.out;
-    return;
-  }
-  EXPECT_EQ(check.code, 1) << check.out;
-  EXPECT_NE(check.out.find("FAIL leaks: 0 of "), std::string::npos) << check.out;  // no memory's allocations grow
-  std::istringstream lines(check.out);
-  for (std::string l; std::getline(lines, l);)
-    if (l.rfind("  - ", 0) == 0) {
-      if (l.find(" host RSS: ") != std::string::npos)
-        std::cout << "known defect (the probe's own RSS growth, see expect_clean): " << l << "\n";
-      else
-        ADD_FAILURE() << l;
-    }
+  EXPECT_EQ(check.code, 0) << check.out;
+  EXPECT_NE(check.out.find("PASS leaks"), std::string::npos) << check.out;
 }
 
 }  // namespace
@@ -176,12 +161,15 @@ TEST(RealJobs, AnHFTrainerJobLeakingHalfAMiBAStepIsFoundAtTheUsersLine) {
       << f;
 }
 
+// 6 epochs, not 4: with 4 the check compares 2 intervals, and a 1 MiB block the Trainer makes once in epoch
+// 2 or 3 (seen in 2 of 6 runs) is growth of 512 KiB an epoch in half of them, which the rule counts as a leak
+// every other epoch. With 6, that one block is 256 KiB an epoch in 1 of 4 intervals.
 TEST(RealJobs, TheCleanHFTrainerJobPasses) {
   REQUIRE_REALJOBS_VENV();
   TempDir dir;
-  RunResult r = probe(dir.file("hf.db"), {job("hf_trainer.py"), "clean", dir.file("out")}, dir.file("hf-home"));
+  RunResult r = probe(dir.file("hf.db"), {job("hf_trainer.py"), "clean", dir.file("out"), "6"}, dir.file("hf-home"));
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("4 epochs (from transformers.Trainer's callbacks)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("6 epochs (from transformers.Trainer's callbacks)"), std::string::npos) << r.err;
   expect_clean(check_leaks(trace_of(r, dir.file("hf.db"))));
 }
 

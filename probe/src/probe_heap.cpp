@@ -1,0 +1,43 @@
+#include "probe_heap.h"
+
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <new>
+
+namespace zt::probe {
+namespace {
+
+// Whole pages straight from the kernel: the probe's mmap hook, a program's own mmap interposer
+// and the program's arenas never see them.
+class MappedPages final : public std::pmr::memory_resource {
+  static size_t pages(size_t bytes) { return (bytes + 4095) & ~size_t(4095); }
+  void* do_allocate(size_t bytes, size_t alignment) override {
+    if (alignment > 4096) throw std::bad_alloc();
+    long p = syscall(SYS_mmap, nullptr, pages(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == -1) throw std::bad_alloc();
+    return reinterpret_cast<void*>(p);
+  }
+  void do_deallocate(void* p, size_t bytes, size_t) override { syscall(SYS_munmap, p, pages(bytes)); }
+  bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override { return this == &other; }
+};
+
+}  // namespace
+
+std::pmr::memory_resource* probe_heap() {
+  // Built in static storage on first use and never destroyed.
+  alignas(MappedPages) static unsigned char pages_storage[sizeof(MappedPages)];
+  alignas(std::pmr::synchronized_pool_resource) static unsigned char pool_storage[sizeof(
+      std::pmr::synchronized_pool_resource)];
+  static std::pmr::memory_resource* heap = [] {
+    auto* upstream = new (pages_storage) MappedPages();
+    std::pmr::pool_options options;
+    options.largest_required_pool_block = 4096;  // larger blocks: mappings of their own
+    return static_cast<std::pmr::memory_resource*>(new (pool_storage)
+                                                       std::pmr::synchronized_pool_resource(options, upstream));
+  }();
+  return heap;
+}
+
+}  // namespace zt::probe
