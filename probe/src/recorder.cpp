@@ -191,6 +191,9 @@ struct Recorder::Impl {
   detail::Aggregates agg;
   std::unordered_map<int64_t, std::pair<MarkerKind, int64_t>> boundary_names;  // string id -> "step N" / "epoch N"
   int64_t rss_name = 0;  // the string id of host_rss, once interned
+  // allocated / reserved: the trainer's memory series, a sample at each change: detail, which
+  // step_memory replaces past the cap.
+  int64_t allocated_name = 0, reserved_name = 0;
   bool detail_on = true;  // false once the trace reached opt.max_trace_bytes
   std::unordered_set<int64_t> skipped_markers;  // ranges begun after the detail stopped (their ends go too)
   int64_t last_step = -1;
@@ -720,6 +723,8 @@ void Recorder::Impl::write_meta(bool blocking) {
   lock.unlock();
   for (auto& x : strings_) {
     if (x.text == "host_rss") rss_name = x.id;
+    else if (x.text == "allocated") allocated_name = x.id;
+    else if (x.text == "reserved") reserved_name = x.id;
     else if (auto b = detail::step_or_epoch_range(x.text)) boundary_names.emplace(x.id, *b);
     w->insert(x);
   }
@@ -895,7 +900,8 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
       } else {
         boundary = false;
       }
-      if (!detail_on && kind == MarkerKind::Range && !boundary) {
+      // Past the cap: steps and epochs go on; phases, micro-steps and other ranges are detail.
+      if (!detail_on && !boundary && kind != MarkerKind::Epoch) {
         skipped_markers.insert(e.id);
         break;
       }
@@ -925,6 +931,7 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
       std::memcpy(&c.value, &e.a, sizeof c.value);
       if (rss_name != 0 && e.name == rss_name && c.value >= 0 && c.value <= double(db::kMaxTraceBytes))
         agg.rss(e.rank, e.t0, int64_t(c.value));
+      if (!detail_on && e.name != 0 && (e.name == allocated_name || e.name == reserved_name)) break;
       w->insert(c);
       break;
     }
@@ -1151,8 +1158,9 @@ void Recorder::Impl::stop_detail() {
   std::string line = "detail stopped " + std::string(when) + " into the run";
   if (last_step >= 0) line += ", in step " + std::to_string(last_step);
   line += ": the trace reached its size cap of " + cap +
-          " (--max-trace, ZT_PROBE_MAX_TRACE); allocations, transfers, kernels, placements and ranges after it are "
-          "not in the trace; the aggregates (step_memory, epoch_live) go on to the end";
+          " (--max-trace, ZT_PROBE_MAX_TRACE); allocations, transfers, kernels, placements, phases, ranges and the "
+          "allocated and reserved counters after it are not in the trace; steps, epochs and the aggregates "
+          "(step_memory, epoch_live) go on to the end";
   std::lock_guard lock(meta_mu);
   notes.push_back(std::move(line));
 }
