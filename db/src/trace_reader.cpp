@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstdio>
 #include <limits>
+#include <map>
 
 #include "sqlite.h"
 #include "zt/common/units.h"
@@ -528,23 +529,28 @@ Status TraceReader::summarize_detail(TraceSummary::Detail* out) {
   for (auto& sp : spans)
     if (sp.t_end && (!out->t_end || *sp.t_end < *out->t_end)) out->t_end = sp.t_end, out->end_reason = sp.end_reason;
   try {
-    // A step's rows (one per device) once: its rank, number and span. With detail when it ended
-    // (or, never ended, began) before the detail did.
-    Stmt st(db_, "SELECT DISTINCT rank, step, t_start, t_end FROM step_memory ORDER BY t_start");
+    // A step once (its rows: one per rank and device): with detail when every rank's ended (or,
+    // never ended, began) before the detail did. A row without a step number counts on its own.
+    std::map<std::pair<int64_t, int64_t>, bool> steps;  // (numbered, step or row) -> detail
+    Stmt st(db_, "SELECT step, t_start, t_end, id FROM step_memory ORDER BY t_start");
     while (st.step()) {
-      ++out->steps;
-      const std::optional<int64_t> step = st.opt(1);
-      const int64_t last = st.is_null(3) ? st.i64(2) : st.i64(3);
+      const std::optional<int64_t> step = st.opt(0);
+      const int64_t last = st.is_null(2) ? st.i64(1) : st.i64(2);
       const bool detail = !out->t_end || last <= *out->t_end;
-      if (step) {
-        if (!out->first_step || *step < *out->first_step) out->first_step = step;
-        if (!out->last_step || *step > *out->last_step) out->last_step = step;
-        if (detail && (!out->last_detail_step || *step > *out->last_detail_step)) out->last_detail_step = step;
-        if (!detail && (!out->first_aggregate_step || *step < *out->first_aggregate_step)) out->first_aggregate_step = step;
-      }
-      out->steps_with_detail += detail;
+      auto [it, fresh] = steps.try_emplace({step ? 1 : 0, step ? *step : st.i64(3)}, detail);
+      if (!fresh) it->second = it->second && detail;
     }
-    Stmt ep(db_, "SELECT count(*) FROM (SELECT DISTINCT rank, epoch, at FROM epoch_live)");
+    for (auto& [key, detail] : steps) {
+      ++out->steps;
+      out->steps_with_detail += detail;
+      if (key.first == 0) continue;
+      const int64_t step = key.second;
+      if (!out->first_step || step < *out->first_step) out->first_step = step;
+      if (!out->last_step || step > *out->last_step) out->last_step = step;
+      if (detail && (!out->last_detail_step || step > *out->last_detail_step)) out->last_detail_step = step;
+      if (!detail && (!out->first_aggregate_step || step < *out->first_aggregate_step)) out->first_aggregate_step = step;
+    }
+    Stmt ep(db_, "SELECT count(*) FROM (SELECT DISTINCT epoch, at FROM epoch_live)");
     if (ep.step()) out->epoch_boundaries = ep.i64(0);
   } catch (const SqlError& e) {
     return fail(std::string("reading the aggregates: ") + e.what());

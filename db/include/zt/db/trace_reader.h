@@ -103,10 +103,10 @@ struct TraceSummary {
     bool aggregates = false;           // the file has the aggregate tables
     std::optional<int64_t> t_end;      // the detail stopped here (NULL: it went on to the end)
     std::string end_reason;
-    int64_t steps = 0;                 // steps in step_memory (each rank's, once)
-    int64_t steps_with_detail = 0;     // of those, ended inside the detail span
+    int64_t steps = 0;                 // step numbers in step_memory (a step of several ranks once)
+    int64_t steps_with_detail = 0;     // of those, ended on every rank inside the detail span
     std::optional<int64_t> first_step, last_step, last_detail_step, first_aggregate_step;
-    int64_t epoch_boundaries = 0;      // epoch starts and ends with a live set
+    int64_t epoch_boundaries = 0;      // epoch starts and ends with a live set (of any rank)
   } detail;
 };
 
