@@ -57,9 +57,11 @@ void Aggregates::boundary_begin(int64_t marker_id, db::MarkerKind kind, int rank
   Op op{t, seq_++, OpKind::Begin};
   op.marker = marker_id, op.marker_kind = kind, op.rank = rank, op.step = step, op.epoch = epoch;
   ops_.push_back(op);
+  boundaries_.insert(marker_id);
 }
 
 void Aggregates::marker_end(int64_t marker_id, int64_t t) {
+  if (boundaries_.erase(marker_id) == 0) return;  // a phase or another range: not a boundary
   Op op{t, seq_++, OpKind::End};
   op.marker = marker_id;
   ops_.push_back(op);

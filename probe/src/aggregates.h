@@ -23,6 +23,7 @@
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "zt/db/rows.h"
@@ -112,6 +113,7 @@ class Aggregates {
   uint64_t seq_ = 0;
   std::map<int32_t, Device> devices_;
   std::map<int64_t, Open> open_;              // step and epoch markers begun and not ended, by id
+  std::unordered_set<int64_t> boundaries_;    // their ids as met (before the cycle's apply), for marker_end
   std::map<int, int64_t> rss_;                // per rank, the last sample
   std::unordered_map<Key, Sum, KeyHash> live_set_;
 };
