@@ -438,3 +438,50 @@ TEST(Aggregates, VersionTwoTracesReadAndGainTheTablesOnAppend) {
   EXPECT_EQ(d.steps, 0);
   EXPECT_FALSE(d.t_end);
 }
+
+// zt train --cupti: CUPTI's device rows fold into the trainer's when the trace is finished; the
+// aggregates' rows follow them (no row names a device that went).
+TEST(Aggregates, FollowDeviceRowsFoldedAtFinish) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("fold.db");
+  {
+    auto rec = open_recorder(path);
+    rec->add_rank(0, 1);
+    const DeviceId cupti_cpu = rec->add_device(0, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false);
+    const DeviceId cpu = rec->add_device(0, DeviceKind::Cpu, 0, "cpu", "host memory", std::nullopt, false);
+    MarkerEvent sm;
+    sm.kind = MarkerKind::Step;
+    sm.step = 0;
+    sm.epoch = 0;
+    MarkerEvent em = sm;
+    em.kind = MarkerKind::Epoch;
+    MarkerId e = rec->marker_begin(em);
+    MarkerId s = rec->marker_begin(sm);
+    for (auto [dev, src] : {std::pair{cpu, Source::Api}, std::pair{cupti_cpu, Source::Cupti}}) {
+      AllocEvent a;
+      a.device = dev;
+      a.memory_kind = MemoryKind::PinnedHost;
+      a.level = AllocLevel::Segment;
+      a.address = 0x10000;
+      a.bytes = 1 << 20;
+      a.source = src;
+      rec->alloc(a);
+    }
+    rec->marker_end(s);
+    rec->marker_end(e);
+    ASSERT_TRUE(rec->close().ok());
+  }
+  auto r = open_reader(path);
+  QueryResult q;
+  ASSERT_TRUE(r->query("SELECT (SELECT count(*) FROM device), "
+                       "(SELECT count(*) FROM step_memory WHERE device_id NOT IN (SELECT id FROM device)), "
+                       "(SELECT count(*) FROM epoch_live WHERE device_id NOT IN (SELECT id FROM device)), "
+                       "(SELECT count(*) FROM step_memory)",
+                       &q)
+                  .ok());
+  ASSERT_EQ(q.rows.size(), 1u);
+  EXPECT_EQ(q.rows[0][0], "1") << "the two cpu rows were not folded: the test does not test the fold";
+  EXPECT_EQ(q.rows[0][1], "0");
+  EXPECT_EQ(q.rows[0][2], "0");
+  EXPECT_EQ(q.rows[0][3], "2");
+}
