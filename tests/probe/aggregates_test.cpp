@@ -485,3 +485,38 @@ TEST(Aggregates, FollowDeviceRowsFoldedAtFinish) {
   EXPECT_EQ(q.rows[0][2], "0");
   EXPECT_EQ(q.rows[0][3], "2");
 }
+
+// zt check --budget on a trace whose detail stopped: a peak after the cap is found from the steps'
+// aggregates (the detail alone has no row of it, and passed).
+TEST(Aggregates, BudgetSeesAPeakAfterTheCap) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("budget.db");
+  {
+    auto rec = open_recorder(path, 1);
+    Workload w(*rec);
+    rec->flush();  // the first cycle: the cap is passed at once, aggregates only from here
+    for (int s = 0; s < 4; ++s) {
+      MarkerEvent sm;
+      sm.kind = MarkerKind::Step;
+      sm.step = s;
+      sm.t = w.tick();
+      MarkerId id = rec->marker_begin(sm);
+      AllocId big = w.alloc(w.gpu, MemoryKind::Device, AllocLevel::Block, (s == 2 ? int64_t(3) << 30 : 1 << 20), "big");
+      rec->free(big, w.tick());
+      rec->marker_end(id, INT64_MIN, w.tick());
+      rec->flush();
+    }
+    ASSERT_TRUE(rec->close().ok());
+  }
+  zt::check::Options o;
+  zt::check::Budget b;
+  ASSERT_TRUE(zt::check::parse_budget("cuda=2GiB", &b).ok());
+  o.budget = b;
+  zt::check::Report rep;
+  ASSERT_TRUE(zt::check::run_checks(path, o, &rep).ok());
+  ASSERT_EQ(rep.checks.size(), 1u);
+  const std::string text = zt::check::format_text(rep);
+  EXPECT_EQ(rep.checks[0].outcome, zt::check::Outcome::Fail) << text;
+  EXPECT_NE(text.find("3.00 GiB over the budget of 2.00 GiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("from the aggregates"), std::string::npos) << text;
+}

@@ -83,6 +83,7 @@ class TraceData {
   std::map<std::tuple<int64_t, int64_t, int>, std::vector<db::EpochLiveRow>> epoch_live;  // (rank, epoch, at)
   std::optional<int64_t> detail_end;
   std::string detail_end_reason;
+  std::vector<db::StepMemoryRow> step_memory;  // loaded only where the detail ended (a capped trace)
 
   const std::string& str(int64_t id) const;
   bool is_accelerator(int64_t device_id) const;  // cuda or simulated GPU
