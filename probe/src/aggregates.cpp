@@ -115,6 +115,7 @@ void Aggregates::write_step(db::TraceWriter& w, const Open& o, std::optional<int
 }
 
 void Aggregates::write_live_set(db::TraceWriter& w, int rank, int64_t epoch, int at, int64_t t) {
+  if (epoch < 0) return;  // an epoch marker without its number: no row can name it
   for (auto& [k, s] : live_set_) {
     if (std::get<0>(k) != rank || s.count <= 0) continue;
     db::EpochLiveRow r;

@@ -520,3 +520,26 @@ TEST(Aggregates, BudgetSeesAPeakAfterTheCap) {
   EXPECT_NE(text.find("3.00 GiB over the budget of 2.00 GiB"), std::string::npos) << text;
   EXPECT_NE(text.find("from the aggregates"), std::string::npos) << text;
 }
+
+// An epoch marker without its number writes no live set (a row must name its epoch): the trace
+// stays readable.
+TEST(Aggregates, AnEpochWithoutItsNumberKeepsTheTraceReadable) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("noepoch.db");
+  {
+    auto rec = open_recorder(path);
+    Workload w(*rec);
+    MarkerEvent em;
+    em.kind = MarkerKind::Epoch;
+    em.t = w.tick();
+    MarkerId id = rec->marker_begin(em);
+    w.step_body(10);
+    rec->marker_end(id, INT64_MIN, w.tick());
+    ASSERT_TRUE(rec->close().ok());
+  }
+  auto r = open_reader(path);
+  ASSERT_TRUE(r);
+  std::vector<EpochLiveRow> rows;
+  ASSERT_TRUE(r->read(&rows).ok());
+  EXPECT_TRUE(rows.empty());
+}
