@@ -75,6 +75,7 @@ void Aggregates::rss(int rank, int64_t t, int64_t bytes) {
 
 void Aggregates::change(const Live& a, int sign) {
   if (a.kind == db::MemoryKind::ModuleGlobal) return;  // not the program's memory (schema.h)
+  if (a.device <= 0) return;  // no device (a row whose device_id is NULL): no aggregate row can name it
   Device& d = devices_[a.device];
   d.rank = a.rank;
   if (a.weight == 0) {  // exact sums: rows recorded one by one
