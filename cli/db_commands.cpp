@@ -20,6 +20,7 @@
 #include "zt/db/kernel_summary.h"
 #include "zt/db/sites.h"
 #include "zt/db/trace_reader.h"
+#include "zt/probe/probe_config.h"
 #include "zt/probe/recorder.h"
 #include "zt/probe/synthetic.h"
 
@@ -253,6 +254,34 @@ bool print_background_update(db::TraceReader& reader) {
 // Host memory in words that mean something there: per rank, the peak of the resident set (the
 // probe's and the trainer's host_rss samples) and, in a probed program, of its allocations at or
 // above the probe's threshold (malloc, mmap). Nothing when the trace has neither.
+// Which steps have full detail and which only aggregates (db/SCHEMA.md, "Aggregates").
+void print_detail(const db::TraceSummary::Detail& d, int64_t run_start) {
+  if (!d.aggregates) {
+    std::cout << "detail: the whole run (a trace from before aggregates: schema version 2 or older)\n";
+    return;
+  }
+  auto steps = [](std::optional<int64_t> a, std::optional<int64_t> b) {
+    if (!a || !b) return std::string();
+    return *a == *b ? "step " + std::to_string(*a) : "steps " + std::to_string(*a) + "-" + std::to_string(*b);
+  };
+  const std::string agg = "aggregates: " + std::to_string(d.steps) + " step" + (d.steps == 1 ? "" : "s") + " and " +
+                          std::to_string(d.epoch_boundaries) + " epoch boundar" +
+                          (d.epoch_boundaries == 1 ? "y" : "ies") + " (step_memory, epoch_live)";
+  if (!d.t_end) {
+    std::cout << "detail: the whole run; " << agg << "\n";
+    return;
+  }
+  std::cout << "detail: until " << format_duration_ns(double(*d.t_end - run_start)) << " into the run";
+  if (d.steps > 0) {
+    std::cout << " (" << d.steps_with_detail << " of " << d.steps << " steps";
+    if (d.last_detail_step) std::cout << ": " << steps(d.first_step, d.last_detail_step);
+    std::cout << ")";
+  }
+  std::cout << ", then aggregates only";
+  if (d.first_aggregate_step) std::cout << " (" << steps(d.first_aggregate_step, d.last_step) << ")";
+  std::cout << ": " << (d.end_reason.empty() ? "the detail stopped" : d.end_reason) << "; " << agg << "\n";
+}
+
 void print_host_memory(db::TraceReader& reader, const db::TraceSummary& sum) {
   db::QueryResult rss, thr;
   if (!reader.query("SELECT rank, max(value) FROM counter_v WHERE name = 'host_rss' GROUP BY rank ORDER BY rank", &rss))
@@ -401,6 +430,7 @@ int db_info(const std::string& path) {
                 << " after the run started (its set-up)";
   }
   std::cout << "\n";
+  print_detail(sum.detail, run_start);
   if (!sum.transfers.empty()) {
     std::cout << "transfers:\n";
     std::vector<std::vector<std::string>> rows;
@@ -676,9 +706,11 @@ int db_top(const std::string& path, const db::TopOptions& o) {
 
 namespace {
 
-int synth(const std::string& out, const probe::SyntheticOptions& opt, const std::string& command, bool quiet) {
+int synth(const std::string& out, const probe::SyntheticOptions& opt, const std::string& command, bool quiet,
+          int64_t max_trace = 0) {
   probe::RecorderOptions ro;
   ro.path = out;
+  ro.max_trace_bytes = max_trace;
   ro.command_line = command;
   ro.seed = static_cast<int64_t>(opt.seed);
   ro.config_json = "{\"workload\":\"synthetic\",\"ranks\":" + std::to_string(opt.ranks) +
@@ -902,9 +934,12 @@ void add_db_commands(CLI::App& app, Action& action) {
     auto out = std::make_shared<std::string>("synthetic.db");
     auto opt = std::make_shared<probe::SyntheticOptions>();
     auto leak = std::make_shared<std::string>();
+    auto max_trace = std::make_shared<std::string>("none");
     sy->add_option("-o,--out", *out, "trace to write");
     add_synth_options(sy, *opt, *leak);
-    sy->callback([&action, sy, out, opt, leak] {
+    sy->add_option("--max-trace", *max_trace,
+                   "the trace's size cap, as zt train's and zt probe's: past it only the aggregates go on (default none)");
+    sy->callback([&action, sy, out, opt, leak, max_trace] {
       // The command line as given (recorded in the run row), not a fixed text.
       std::string command = "zt synth";
       for (auto* o : sy->get_options())
@@ -917,7 +952,9 @@ void add_db_commands(CLI::App& app, Action& action) {
           if (!b) return fail("--leak-per-epoch: '" + *leak + "' " + why + " (try 512MiB or 1GiB)");
           opt->leak_bytes_per_epoch = *b;
         }
-        return synth(*out, *opt, command, false);
+        const auto cap = probe::parse_max_trace(*max_trace);
+        if (!cap) return fail("--max-trace: '" + *max_trace + "' is not a size (examples: 512MiB, 2GiB; 0 or none = no cap)");
+        return synth(*out, *opt, command, false, *cap);
       };
     });
   }

@@ -57,6 +57,7 @@ struct ProbeArgs {
   std::string output = "zt-probe.db";
   std::string host_threshold = "1MiB";
   std::string sample_interval = "512KiB";
+  std::string max_trace = "768MiB";
   bool no_stacks = false;
   int stack_depth = 32;
   bool no_host = false;
@@ -453,6 +454,8 @@ int run_probe(const ProbeArgs& a) {
   auto interval = parse_bytes(a.sample_interval);
   if (!interval || *interval > (1ull << 40))
     return fail("probe: --sample-interval " + a.sample_interval + ": not a size up to 1TiB (examples: 512KiB, 65536; 0 = off)");
+  auto max_trace = probe::parse_max_trace(a.max_trace);
+  if (!max_trace) return fail("probe: --max-trace " + a.max_trace + ": not a size (examples: 512MiB, 2GiB; 0 or none = no cap)");
   if (a.stack_depth < 1 || a.stack_depth > 128) return fail("probe: --stack-depth must be 1 to 128");
   if (a.rss_ms < 0) return fail("probe: --rss-interval-ms must be 0 (off) or more");
 
@@ -483,6 +486,7 @@ int run_probe(const ProbeArgs& a) {
     setenv(probe::kEnvOutput, out.c_str(), 1);
     setenv(probe::kEnvHostThreshold, std::to_string(*threshold).c_str(), 1);
     setenv(probe::kEnvSampleInterval, std::to_string(*interval).c_str(), 1);
+    setenv(probe::kEnvMaxTrace, std::to_string(*max_trace).c_str(), 1);
     setenv(probe::kEnvStacks, a.no_stacks ? "0" : "1", 1);
     setenv(probe::kEnvStackDepth, std::to_string(a.stack_depth).c_str(), 1);
     setenv(probe::kEnvHost, a.no_host ? "0" : "1", 1);
@@ -651,6 +655,9 @@ void add_probe_command(CLI::App& app, Action& action) {
   sub->add_option("--sample-interval", a->sample_interval,
                   "host allocations under the threshold: one sampled (with its stack, standing for its expected "
                   "bytes) per this many bytes allocated, on average; 0 = off (default 512KiB)");
+  sub->add_option("--max-trace", a->max_trace,
+                  "the trace's size cap: past it allocations, copies, kernels and ranges are no longer recorded one "
+                  "by one, and the per-step and per-epoch aggregates go on (default 768MiB, the rows and their indexes; 0 or none = no cap)");
   sub->add_flag("--no-stacks", a->no_stacks, "no call stacks (cheaper)");
   sub->add_option("--stack-depth", a->stack_depth, "frames per stack (default 32)");
   sub->add_flag("--no-host", a->no_host, "do not record host allocations");

@@ -9,6 +9,7 @@
 #include "zero/launcher_env.h"
 #include "train/trainer.h"
 #include "zt/common/units.h"
+#include "zt/probe/probe_config.h"
 #if ZT_HAVE_CUPTI
 #include "zt/probe/cupti_collector.h"
 #endif
@@ -22,6 +23,7 @@ void add_train_command(CLI::App& app, Action& action) {
   auto cfg = std::make_shared<trainer::TrainConfig>();
   auto config_file = std::make_shared<std::string>();
   auto device_memory = std::make_shared<std::string>();
+  auto max_trace = std::make_shared<std::string>("768MiB");
   auto host_memory = std::make_shared<std::string>();
   sub->add_option("--config", *config_file,
                   "YAML file with the same settings as the flags, by their names (micro_batch or micro-batch), but "
@@ -45,6 +47,9 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--data", cfg->data, "text file (byte-level) or token file; default: built-in synthetic corpus");
   sub->add_option("--max-doc-tokens", cfg->max_doc_tokens, "cut each document to this many tokens");
   sub->add_option("--trace", cfg->trace, "trace file to write");
+  sub->add_option("--max-trace", *max_trace,
+                  "the trace's size cap: past it allocations, copies, kernels and placements are no longer recorded one "
+                  "by one, and the per-step and per-epoch aggregates go on (default 768MiB, the rows and their indexes; 0 or none = no cap)");
   sub->add_option("--lr", cfg->lr, "AdamW learning rate");
   sub->add_option("--weight-decay", cfg->weight_decay, "AdamW weight decay");
   sub->add_option("--grad-clip", cfg->grad_clip, "clip the global gradient norm to this (0: off)");
@@ -135,8 +140,8 @@ void add_train_command(CLI::App& app, Action& action) {
                 "record CUPTI's view too (cudaMalloc, copies, kernels) into the trace, matched to the trainer's "
                 "allocator rows; needs --device cuda and --trace");
   std::vector<std::string> argv_words;
-  sub->callback([&action, sub, cfg, config_file, device_memory, host_memory, ds_config, hf_args, cupti] {
-    action = [sub, cfg, config_file, device_memory, host_memory, ds_config, hf_args, cupti]() -> int {
+  sub->callback([&action, sub, cfg, config_file, device_memory, host_memory, ds_config, hf_args, cupti, max_trace] {
+    action = [sub, cfg, config_file, device_memory, host_memory, ds_config, hf_args, cupti, max_trace]() -> int {
       trainer::TrainConfig c = *cfg;
       bool memory_given = !device_memory->empty();  // --device-memory, or device_memory in the file
       if (!config_file->empty()) {
@@ -201,6 +206,9 @@ void add_train_command(CLI::App& app, Action& action) {
         }
         c = from_file;
       }
+      const auto max_trace_bytes = probe::parse_max_trace(*max_trace);
+      if (!max_trace_bytes)
+        return fail("--max-trace: '" + *max_trace + "' is not a size (examples: 512MiB, 2GiB; 0 or none = no cap)");
       if (!device_memory->empty()) {
         std::string why;
         auto b = parse_bytes(*device_memory, &why);
@@ -320,6 +328,7 @@ void add_train_command(CLI::App& app, Action& action) {
             for (auto& r : opt->results()) ro.command_line += " " + opt->get_name() + (opt->get_expected() == 0 ? "" : " " + r);
         ro.config_json = trainer::to_json(c);
         ro.seed = static_cast<int64_t>(c.seed);
+        ro.max_trace_bytes = *max_trace_bytes;
         if (Status s = probe::Recorder::open(ro, &rec); !s) return fail(s.message());
       }
       // --cupti: CUPTI inside this process, from before the first CUDA call (the caching

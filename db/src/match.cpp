@@ -33,6 +33,10 @@ void fold_devices(sqlite3* db, const Moves& moves) {
       "UPDATE placement SET device_id = ?2 WHERE device_id = ?1",
       "UPDATE counter SET device_id = ?2 WHERE device_id = ?1",
       "UPDATE error SET device_id = ?2 WHERE device_id = ?1",
+      // The aggregates (every file a TraceWriter finishes has their tables). Two records' rows of one
+      // step then share the device: a step's row per record source, as the recorder kept them apart.
+      "UPDATE step_memory SET device_id = ?2 WHERE device_id = ?1",
+      "UPDATE epoch_live SET device_id = ?2 WHERE device_id = ?1",
       "DELETE FROM device WHERE id = ?1 AND ?2 IS NOT NULL",
   };
   for (const char* sql : updates) {
@@ -46,7 +50,8 @@ bool referenced(sqlite3* db, int64_t device) {
           "SELECT EXISTS(SELECT 1 FROM allocation WHERE device_id = ?1) OR EXISTS(SELECT 1 FROM transfer WHERE"
           " src_device_id = ?1 OR dst_device_id = ?1) OR EXISTS(SELECT 1 FROM kernel WHERE device_id = ?1) OR"
           " EXISTS(SELECT 1 FROM placement WHERE device_id = ?1) OR EXISTS(SELECT 1 FROM counter WHERE device_id = ?1)"
-          " OR EXISTS(SELECT 1 FROM error WHERE device_id = ?1)");
+          " OR EXISTS(SELECT 1 FROM error WHERE device_id = ?1) OR EXISTS(SELECT 1 FROM step_memory WHERE device_id = ?1)"
+          " OR EXISTS(SELECT 1 FROM epoch_live WHERE device_id = ?1)");
   st.bind(1, device);
   return st.step() && st.i64(0) != 0;
 }

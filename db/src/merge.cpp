@@ -157,6 +157,21 @@ Status merge_traces(const std::string& out_path, const std::vector<std::string>&
           "INSERT INTO main.dropped(rank,thread,t,events,reason) SELECT " + R + ", thread, t, events, reason"
           " FROM src.dropped ORDER BY id;";
       exec(db, sql.c_str());
+      // The aggregates (version 3 on); an older input has none, its detail covering its run.
+      if (detail::query_int(db, "SELECT count(*) FROM src.sqlite_schema WHERE type = 'table' AND name = 'detail_span'") > 0) {
+        const std::string agg =
+            "INSERT INTO main.step_memory(rank,device_id,step,epoch,t_start,t_end,allocated_bytes,reserved_bytes,"
+            "peak_allocated_bytes,peak_reserved_bytes,host_rss_bytes) SELECT " + R + ", device_id+" + o(dev_off) +
+            ", step, epoch, t_start, t_end, allocated_bytes, reserved_bytes, peak_allocated_bytes, peak_reserved_bytes,"
+            " host_rss_bytes FROM src.step_memory ORDER BY id;"
+            "INSERT INTO main.epoch_live(rank,epoch,at,t,device_id,memory_kind,level,name_id,stack_id,bytes,allocations,"
+            "sampled,sampled_variance) SELECT " + R + ", epoch, at, t, device_id+" + o(dev_off) + ", memory_kind, level, " +
+            S + "name_id), stack_id+" + o(stack_off) + ", bytes, allocations, sampled, sampled_variance"
+            " FROM src.epoch_live ORDER BY id;"
+            "INSERT INTO main.detail_span(rank,t_start,t_end,end_reason) SELECT " + R + ", t_start, t_end, end_reason"
+            " FROM src.detail_span ORDER BY id;";
+        exec(db, agg.c_str());
+      }
       w->commit();
       if (Status s = w->status(); !s) throw SqlError(0, s.message());
       exec(db, "DETACH DATABASE src;");

@@ -95,6 +95,18 @@ CREATE TABLE dropped (
   id INTEGER PRIMARY KEY, rank INTEGER, thread INTEGER NOT NULL, t INTEGER NOT NULL,
   events INTEGER NOT NULL, reason TEXT NOT NULL);
 
+CREATE TABLE step_memory (
+  id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, device_id INTEGER NOT NULL, step INTEGER, epoch INTEGER,
+  t_start INTEGER NOT NULL, t_end INTEGER, allocated_bytes INTEGER NOT NULL, reserved_bytes INTEGER NOT NULL,
+  peak_allocated_bytes INTEGER NOT NULL, peak_reserved_bytes INTEGER NOT NULL, host_rss_bytes INTEGER);
+CREATE TABLE epoch_live (
+  id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, epoch INTEGER NOT NULL, at INTEGER NOT NULL, t INTEGER NOT NULL,
+  device_id INTEGER NOT NULL, memory_kind INTEGER NOT NULL, level INTEGER NOT NULL, name_id INTEGER,
+  stack_id INTEGER, bytes INTEGER NOT NULL, allocations INTEGER NOT NULL, sampled INTEGER NOT NULL,
+  sampled_variance REAL NOT NULL);
+CREATE TABLE detail_span (
+  id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, t_start INTEGER NOT NULL, t_end INTEGER, end_reason TEXT);
+
 CREATE TABLE enum_memory_kind (code INTEGER PRIMARY KEY, name TEXT NOT NULL);
 INSERT INTO enum_memory_kind VALUES (0,'unknown'),(1,'device'),(2,'pinned_host'),(3,'pageable_host'),(4,'managed'),
   (5,'module_global');
@@ -155,6 +167,16 @@ const char* schema_sql() {
 
 const char* views_sql() { return kViewsSql; }
 
+const char* aggregate_tables_sql() {
+  // The same DDL as in kTablesSql: a version 2 file gets these when rows are added to it.
+  static const std::string sql = [] {
+    const std::string all = kTablesSql;
+    const size_t from = all.find("CREATE TABLE step_memory"), to = all.find("CREATE TABLE enum_memory_kind");
+    return all.substr(from, to - from);
+  }();
+  return sql.c_str();
+}
+
 const char* index_sql() {
   return R"SQL(
 CREATE INDEX IF NOT EXISTS allocation_by_device_time ON allocation(device_id, t_alloc);
@@ -166,6 +188,7 @@ CREATE INDEX IF NOT EXISTS placement_by_tensor ON placement(tensor_id, t);
 CREATE INDEX IF NOT EXISTS marker_by_time ON marker(rank, kind, t_start);
 CREATE INDEX IF NOT EXISTS counter_by_series ON counter(device_id, name_id, t);
 CREATE INDEX IF NOT EXISTS stack_by_parent ON stack(parent_id);
+CREATE INDEX IF NOT EXISTS step_memory_by_time ON step_memory(device_id, t_start);
 )SQL";
 }
 

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstdio>
 #include <limits>
+#include <map>
 
 #include "sqlite.h"
 #include "zt/common/units.h"
@@ -24,12 +25,18 @@ const std::vector<std::string>& TraceReader::table_names() {
   return names;
 }
 
+const std::vector<std::string>& TraceReader::aggregate_table_names() {
+  static const std::vector<std::string> names{"step_memory", "epoch_live", "detail_span"};
+  return names;
+}
+
 namespace {
 // The tables the reader reads must be tables: a view or virtual table of the same name in a
 // file from elsewhere could run any query (a recursive one that never ends) under our SELECTs.
 std::string foreign_objects(sqlite3* db) {
   std::string names;
   for (const auto& t : TraceReader::table_names()) names += (names.empty() ? "'" : ",'") + t + "'";
+  for (const auto& t : TraceReader::aggregate_table_names()) names += ",'" + t + "'";
   for (const char* e : {"enum_memory_kind", "enum_level", "enum_source", "enum_transfer_kind", "enum_placement_why",
                         "enum_marker_kind", "enum_device_kind", "enum_run_status", "enum_rank_role"})
     names += std::string(",'") + e + "'";
@@ -77,7 +84,9 @@ Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* 
     detail::exec(r->db_, "PRAGMA query_only=1;");
     // Touch the schema and every table once: corruption and foreign layouts show here,
     // not halfway through a command.
-    for (const auto& t : table_names()) {
+    // Version 3 on: the aggregate tables (a version 3 file without them is damaged, and refused here).
+    r->aggregates_ = version >= kAggregatesSchemaVersion;
+    for (const auto& t : r->tables()) {
       Stmt s(r->db_, "SELECT count(*) FROM (SELECT 1 FROM " + t + " LIMIT 1)");
       s.step();
     }
@@ -89,7 +98,7 @@ Status TraceReader::open(const std::string& path, std::unique_ptr<TraceReader>* 
   // Every value a reader uses, in its range (zt/db/trace_values.h), before anyone trusts one.
   if (checks != Checks::None) {
     const auto& streamed = streamed_tables();
-    for (const auto& t : table_names()) {
+    for (const auto& t : r->tables()) {
       if (checks == Checks::SmallTables && std::find(streamed.begin(), streamed.end(), t) != streamed.end()) continue;
       if (Status s = check_table_values(r->db_, path, t); !s) return s;
     }
@@ -312,6 +321,43 @@ Status TraceReader::read(std::vector<DroppedRow>* out) {
                    });
 }
 
+std::vector<std::string> TraceReader::tables() const {
+  std::vector<std::string> out = table_names();
+  if (aggregates_) out.insert(out.end(), aggregate_table_names().begin(), aggregate_table_names().end());
+  return out;
+}
+
+Status TraceReader::read(std::vector<StepMemoryRow>* out) {
+  if (!aggregates_) return out->clear(), Status::Ok();
+  return read_rows("SELECT id,rank,device_id,step,epoch,t_start,t_end,allocated_bytes,reserved_bytes,"
+                   "peak_allocated_bytes,peak_reserved_bytes,host_rss_bytes FROM step_memory ORDER BY t_start, id",
+                   out, [](const Stmt& s, StepMemoryRow& r) {
+                     r.id = s.i64(0); r.rank = s.i64(1); r.device_id = s.i64(2); r.step = s.opt(3); r.epoch = s.opt(4);
+                     r.t_start = s.i64(5); r.t_end = s.opt(6); r.allocated_bytes = s.i64(7);
+                     r.reserved_bytes = s.i64(8); r.peak_allocated_bytes = s.i64(9); r.peak_reserved_bytes = s.i64(10);
+                     r.host_rss_bytes = s.opt(11);
+                   });
+}
+Status TraceReader::read(std::vector<EpochLiveRow>* out) {
+  if (!aggregates_) return out->clear(), Status::Ok();
+  return read_rows("SELECT id,rank,epoch,at,t,device_id,memory_kind,level,name_id,stack_id,bytes,allocations,sampled,"
+                   "sampled_variance FROM epoch_live ORDER BY t, id",
+                   out, [](const Stmt& s, EpochLiveRow& r) {
+                     r.id = s.i64(0); r.rank = s.i64(1); r.epoch = s.i64(2); r.at = int(s.i64(3)); r.t = s.i64(4);
+                     r.device_id = s.i64(5); r.memory_kind = MemoryKind(s.i64(6)); r.level = AllocLevel(s.i64(7));
+                     r.name_id = s.i64(8); r.stack_id = s.i64(9); r.bytes = s.i64(10); r.allocations = s.i64(11);
+                     r.sampled = s.i64(12); r.sampled_variance = s.f64(13);
+                   });
+}
+Status TraceReader::read(std::vector<DetailSpanRow>* out) {
+  if (!aggregates_) return out->clear(), Status::Ok();
+  return read_rows("SELECT id,rank,t_start,t_end,end_reason FROM detail_span ORDER BY t_start, id", out,
+                   [](const Stmt& s, DetailSpanRow& r) {
+                     r.id = s.i64(0); r.rank = s.i64(1); r.t_start = s.i64(2); r.t_end = s.opt(3);
+                     r.end_reason = s.text(4);
+                   });
+}
+
 Status TraceReader::strings(std::unordered_map<int64_t, std::string>* out) {
   std::vector<StringRow> rows;
   if (Status s = read(&rows); !s) return s;
@@ -473,17 +519,57 @@ Status TraceReader::query(const std::string& sql, QueryResult* out, const QueryL
   return Status::Ok();
 }
 
+Status TraceReader::summarize_detail(TraceSummary::Detail* out) {
+  *out = TraceSummary::Detail{};
+  if (!aggregates_) return Status::Ok();
+  out->aggregates = true;
+  std::vector<DetailSpanRow> spans;
+  if (Status s = read(&spans); !s) return s;
+  // The earliest end of any span (one per recording process): detail is complete before it.
+  for (auto& sp : spans)
+    if (sp.t_end && (!out->t_end || *sp.t_end < *out->t_end)) out->t_end = sp.t_end, out->end_reason = sp.end_reason;
+  try {
+    // A step once (its rows: one per rank and device): with detail when every rank's ended (or,
+    // never ended, began) before the detail did. A row without a step number counts on its own.
+    std::map<std::pair<int64_t, int64_t>, bool> steps;  // (numbered, step or row) -> detail
+    Stmt st(db_, "SELECT step, t_start, t_end, id FROM step_memory ORDER BY t_start");
+    while (st.step()) {
+      const std::optional<int64_t> step = st.opt(0);
+      const int64_t last = st.is_null(2) ? st.i64(1) : st.i64(2);
+      const bool detail = !out->t_end || last <= *out->t_end;
+      auto [it, fresh] = steps.try_emplace({step ? 1 : 0, step ? *step : st.i64(3)}, detail);
+      if (!fresh) it->second = it->second && detail;
+    }
+    for (auto& [key, detail] : steps) {
+      ++out->steps;
+      out->steps_with_detail += detail;
+      if (key.first == 0) continue;
+      const int64_t step = key.second;
+      if (!out->first_step || step < *out->first_step) out->first_step = step;
+      if (!out->last_step || step > *out->last_step) out->last_step = step;
+      if (detail && (!out->last_detail_step || step > *out->last_detail_step)) out->last_detail_step = step;
+      if (!detail && (!out->first_aggregate_step || step < *out->first_aggregate_step)) out->first_aggregate_step = step;
+    }
+    Stmt ep(db_, "SELECT count(*) FROM (SELECT DISTINCT epoch, at FROM epoch_live)");
+    if (ep.step()) out->epoch_boundaries = ep.i64(0);
+  } catch (const SqlError& e) {
+    return fail(std::string("reading the aggregates: ") + e.what());
+  }
+  return Status::Ok();
+}
+
 Status TraceReader::summarize(TraceSummary* out) {
   *out = TraceSummary{};
   if (Status s = read(&out->runs); !s) return s;
   if (Status s = read(&out->ranks); !s) return s;
   std::vector<DeviceRow> devices;
   if (Status s = read(&devices); !s) return s;
-  for (const auto& t : table_names()) {
+  for (const auto& t : tables()) {
     int64_t n = 0;
     if (Status s = row_count(t, &n); !s) return s;
     out->rows_per_table.emplace_back(t, n);
   }
+  if (Status s = summarize_detail(&out->detail); !s) return s;
   try {
     Stmt span(db_,
               "SELECT min(t0), max(t1) FROM ("

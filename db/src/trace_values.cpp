@@ -144,6 +144,24 @@ const std::map<std::string, std::vector<ColumnRule>, std::less<>>& all_rules() {
     m["error"] = {id(), rank(), time("t"), count("step", "a step number"), device_ref("device_id")};
     m["dropped"] = {id(), rank("rank", true), any_integer("thread", false), time("t"),
                     integer("events", 0, kMaxTraceTime, "a count of events (an integer in 0 .. 2^62)")};
+    m["step_memory"] = {id(), rank(), device_ref("device_id", false), count("step", "a step number"),
+                        count("epoch", "an epoch number"), time("t_start"), time("t_end", true, "t_start"),
+                        bytes("allocated_bytes", false, false), bytes("reserved_bytes", false, false),
+                        bytes("peak_allocated_bytes", false, false), bytes("peak_reserved_bytes", false, false),
+                        bytes("host_rss_bytes", true, false)};
+    ColumnRule epoch = integer("epoch", 0, kMaxTraceCount, "an epoch number (an integer in 0 .. 2147483647)");
+    ColumnRule at = integer("at", 0, 1, "0 (the epoch's start) or 1 (its end)");
+    at.codes = {0, 1};
+    ColumnRule variance = number("sampled_variance");
+    variance.nullable = false;
+    variance.what = "a number";
+    m["epoch_live"] = {id(), rank(), epoch, at, time("t"), device_ref("device_id", false),
+                       enumeration<MemoryKind>("memory_kind", "memory_kind"), enumeration<AllocLevel>("level", "level"),
+                       string_ref("name_id"), ref("stack_id"), bytes("bytes"),
+                       integer("allocations", 0, kMaxTraceTime, "a count of allocations (an integer in 0 .. 2^62)"),
+                       integer("sampled", 0, kMaxTraceTime, "a count of allocations (an integer in 0 .. 2^62)"),
+                       variance};
+    m["detail_span"] = {id(), rank(), time("t_start"), time("t_end", true, "t_start")};
     return m;
   }();
   return rules;

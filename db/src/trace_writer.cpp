@@ -162,7 +162,7 @@ class Batched {
 
 struct TraceWriter::Statements {
   Stmt run, rank, device, string, frame, stack, fault, error, dropped, alloc_free, marker_end, run_end, frame_symbol,
-      meta;
+      meta, step_memory, epoch_live, detail_span, detail_end, page_count;
   Batched<AllocationRow> allocation;
   Batched<TransferRow> transfer;
   Batched<KernelRow> kernel;
@@ -237,6 +237,15 @@ void TraceWriter::prepare() {
   s.run_end = Stmt(db, "UPDATE run SET t_end=?, status=?, exit_code=?, exit_detail=? WHERE id=?");
   s.frame_symbol = Stmt(db, "UPDATE frame SET module=?, module_offset=?, symbol=? WHERE id=?");
   s.meta = Stmt(db, "INSERT OR REPLACE INTO meta(key,value) VALUES(?,?)");
+  s.step_memory = Stmt(db,
+                       "INSERT INTO step_memory(id,rank,device_id,step,epoch,t_start,t_end,allocated_bytes,reserved_bytes,"
+                       "peak_allocated_bytes,peak_reserved_bytes,host_rss_bytes) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
+  s.epoch_live = Stmt(db,
+                      "INSERT INTO epoch_live(id,rank,epoch,at,t,device_id,memory_kind,level,name_id,stack_id,bytes,"
+                      "allocations,sampled,sampled_variance) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+  s.detail_span = Stmt(db, "INSERT INTO detail_span(id,rank,t_start,t_end,end_reason) VALUES(?,?,?,?,?)");
+  s.detail_end = Stmt(db, "UPDATE detail_span SET t_end=?, end_reason=? WHERE id=?");
+  s.page_count = Stmt(db, "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()");
 }
 
 Status TraceWriter::create(const std::string& path, std::unique_ptr<TraceWriter>* out) {
@@ -298,9 +307,11 @@ Status TraceWriter::append(const std::string& path, std::unique_ptr<TraceWriter>
   if (Status s = validate_trace_file(path); !s) return s;
   TraceFileInfo info;
   if (Status s = inspect_trace_file(path, &info); !s) return s;
-  if (info.schema_version != kSchemaVersion)
+  // A version 2 file is a version 3 one without aggregates (detail everywhere): it gets the tables.
+  if (info.schema_version != kSchemaVersion && info.schema_version != kAggregatesSchemaVersion - 1)
     return Status::Error(path + ": written with trace schema version " + std::to_string(info.schema_version) +
-                         "; rows are added only to version " + std::to_string(kSchemaVersion) + " traces");
+                         "; rows are added only to version " + std::to_string(kAggregatesSchemaVersion - 1) + " to " +
+                         std::to_string(kSchemaVersion) + " traces");
   std::unique_ptr<TraceWriter> w(new TraceWriter());
   w->path_ = path;
   int rc = sqlite3_open_v2(path.c_str(), &w->db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr);
@@ -328,6 +339,15 @@ Status TraceWriter::append(const std::string& path, std::unique_ptr<TraceWriter>
     // A trace from before sampled rows (allocation.weight_bytes): the column is added, NULL for its rows.
     if (detail::query_int(w->db_, "SELECT count(*) FROM pragma_table_info('allocation') WHERE name = 'weight_bytes'") == 0)
       detail::exec(w->db_, "ALTER TABLE allocation ADD COLUMN weight_bytes INTEGER;");
+    // A version 2 trace: the aggregate tables, empty (its detail covers the whole run), and version 3.
+    if (info.schema_version < kAggregatesSchemaVersion) {
+      detail::exec(w->db_, "BEGIN;");
+      detail::exec(w->db_, aggregate_tables_sql());
+      detail::exec(w->db_, ("PRAGMA user_version=" + std::to_string(kSchemaVersion) + ";").c_str());
+      detail::exec(w->db_, ("INSERT OR REPLACE INTO meta VALUES ('schema_version','" + std::to_string(kSchemaVersion) +
+                            "');").c_str());
+      detail::exec(w->db_, "COMMIT;");
+    }
     w->prepare();
   } catch (const std::exception& e) {
     w->st_.reset();
@@ -457,6 +477,39 @@ void TraceWriter::insert(const DroppedRow& r) {
     st_->dropped.bind_id(1, r.id).bind_opt(2, r.rank).bind(3, r.thread).bind(4, r.t).bind(5, r.events)
         .bind(6, r.reason).step_done();
   });
+}
+
+void TraceWriter::insert(const StepMemoryRow& r) {
+  guarded([&] {
+    st_->step_memory.bind_id(1, r.id).bind(2, r.rank).bind(3, r.device_id).bind_opt(4, r.step).bind_opt(5, r.epoch)
+        .bind(6, r.t_start).bind_opt(7, r.t_end).bind(8, r.allocated_bytes).bind(9, r.reserved_bytes)
+        .bind(10, r.peak_allocated_bytes).bind(11, r.peak_reserved_bytes).bind_opt(12, r.host_rss_bytes).step_done();
+  });
+}
+void TraceWriter::insert(const EpochLiveRow& r) {
+  guarded([&] {
+    st_->epoch_live.bind_id(1, r.id).bind(2, r.rank).bind(3, r.epoch).bind(4, int64_t(r.at)).bind(5, r.t)
+        .bind(6, r.device_id).bind(7, i(r.memory_kind)).bind(8, i(r.level)).bind_id(9, r.name_id)
+        .bind_id(10, r.stack_id).bind(11, r.bytes).bind(12, r.allocations).bind(13, r.sampled)
+        .bind(14, r.sampled_variance).step_done();
+  });
+}
+void TraceWriter::insert(const DetailSpanRow& r) {
+  guarded([&] {
+    st_->detail_span.bind_id(1, r.id).bind(2, r.rank).bind(3, r.t_start).bind_opt(4, r.t_end)
+        .bind_text_or_null(5, r.end_reason).step_done();
+  });
+}
+void TraceWriter::end_detail_span(int64_t id, int64_t t_end, const std::string& reason) {
+  guarded([&] { st_->detail_end.bind(1, t_end).bind_text_or_null(2, reason).bind(3, id).step_done(); });
+}
+int64_t TraceWriter::size_bytes() {
+  int64_t out = 0;
+  guarded([&] {
+    if (st_->page_count.step()) out = st_->page_count.i64(0);
+    st_->page_count.reset();
+  });
+  return out;
 }
 
 bool TraceWriter::set_allocation_freed(int64_t id, int64_t t_free) {

@@ -267,3 +267,37 @@ TEST(HostileInput, ALatestDirectoryIsFoundBeforeAnythingTrainsOrIsWritten) {
   EXPECT_EQ(r.out.find("step 1"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir.file("t.db")));
 }
+
+// --max-trace that is not a size: one line naming the option, exit 2, nothing run or written.
+TEST(HostileInput, MaxTraceThatIsNotASizeIsRefused) {
+  zt::test::TempDir dir;
+  const std::string ran = dir.file("ran");
+  for (const std::string& cmd :
+       {"train --steps 1 --quiet --trace " + dir.file("t.db") + " --max-trace 12Q",
+        "probe -o " + dir.file("p.db") + " --max-trace lots -- /usr/bin/touch " + ran,
+        "synth -o " + dir.file("s.db") + " --max-trace -1MiB"}) {
+    Result r = run_zt(cmd);
+    EXPECT_EQ(r.code, 2) << cmd << "\n" << r.out;
+    EXPECT_EQ(lines(r.out), 1u) << r.out;
+    EXPECT_NE(r.out.find("--max-trace"), std::string::npos) << r.out;
+  }
+  EXPECT_FALSE(fs::exists(ran));
+  for (const char* f : {"t.db", "p.db", "s.db"}) EXPECT_FALSE(fs::exists(dir.file(f))) << f;
+}
+
+// zt train under a small cap: the detail stops after a few steps, every step is still in the trace
+// (zt check --steps passes), zt db info says which steps have detail, and the file stays near the cap.
+TEST(HostileInput, TrainUnderACapKeepsItsStepsAndSaysWhereTheDetailEnded) {
+  zt::test::TempDir dir;
+  const std::string t = dir.file("capped.db");
+  Result r = run_zt("train --steps 60 --quiet --trace " + t + " --max-trace 900KiB");
+  ASSERT_EQ(r.code, 0) << r.out;
+  Result info = run_zt("db info " + t);
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find("then aggregates only (steps "), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("the trace reached its size cap of 900.00 KiB (--max-trace)"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("note: detail stopped "), std::string::npos) << info.out;
+  EXPECT_LT(fs::file_size(t), 1200u << 10);
+  Result steps = run_zt("check " + t + " --steps 60");
+  EXPECT_EQ(steps.code, 0) << steps.out;
+}

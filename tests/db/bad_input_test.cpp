@@ -92,12 +92,12 @@ TEST(BadInput, OtherSchemaVersion) {
     sqlite3_exec(db, ("PRAGMA user_version=" + std::to_string(version) + ";").c_str(), nullptr, nullptr, nullptr);
     sqlite3_close(db);
   };
-  std::string path = make_trace(dir, "v3.db", 1);
-  stamp(path, 3);
+  std::string path = make_trace(dir, "v4.db", 1);
+  stamp(path, 4);
   std::string msg = open_error(path);
-  EXPECT_NE(msg.find("v3.db: written with trace schema version 3; this zt reads versions 1 to 2"), std::string::npos)
+  EXPECT_NE(msg.find("v4.db: written with trace schema version 4; this zt reads versions 1 to 3"), std::string::npos)
       << msg;
-  EXPECT_NE(zt::db::validate_trace_file(path).message().find("this zt reads versions 1 to 2"), std::string::npos);
+  EXPECT_NE(zt::db::validate_trace_file(path).message().find("this zt reads versions 1 to 3"), std::string::npos);
   std::string v1 = make_trace(dir, "v1.db", 1);
   stamp(v1, 1);
   std::unique_ptr<zt::db::TraceReader> r;

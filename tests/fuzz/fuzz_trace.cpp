@@ -46,6 +46,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)r->read(&p);
       std::vector<db::CounterRow> c;
       (void)r->read(&c);
+      std::vector<db::StepMemoryRow> sm;
+      (void)r->read(&sm);
+      std::vector<db::EpochLiveRow> el;
+      (void)r->read(&el);
+      std::vector<db::DetailSpanRow> ds;
+      (void)r->read(&ds);
       std::vector<std::string> lines;
       for (int64_t id : {int64_t(1), int64_t(2), int64_t(3)}) (void)r->stack_text(id, &lines);
       break;

@@ -91,6 +91,15 @@ void write_base(const std::string& path) {
         pl.id = id, pl.rank = r, pl.t = t + 4 * kMs, pl.tensor_id = str("block0.grad[shard]");
         pl.device_id = step == 3 ? gpu : cpu, pl.why = PlacementWhy::Created, pl.bytes = kMiB, pl.allocation_id = host.id;
         w->insert(pl);
+        // The aggregates (schema version 3): the step's memory per device.
+        for (int64_t dev : {gpu, cpu}) {
+          StepMemoryRow sm;
+          sm.rank = r, sm.device_id = dev, sm.step = step, sm.epoch = e, sm.t_start = t, sm.t_end = t + 100 * kMs;
+          sm.allocated_bytes = dev == gpu ? 0 : kMiB * (step + 1), sm.reserved_bytes = dev == gpu ? 0 : sm.allocated_bytes;
+          sm.peak_allocated_bytes = dev == gpu ? 2 * kMiB : sm.allocated_bytes, sm.peak_reserved_bytes = 8 * kMiB;
+          sm.host_rss_bytes = 100 * kMiB;
+          w->insert(sm);
+        }
         for (const char* c : {"allocated", "reserved", "host_rss", "data.steps_planned"}) {
           CounterRow cr;
           cr.id = ++id, cr.rank = r, cr.device_id = gpu, cr.name_id = str(c), cr.t = t + 40 * kMs;
@@ -100,6 +109,20 @@ void write_base(const std::string& path) {
       }
     }
   }
+  // The live sets at each epoch's start and end (the leaked offload buffers, one more each epoch),
+  // and a detail span that ends inside epoch 1: zt check --leaks reads the aggregates.
+  for (int r = 0; r < 2; ++r)
+    for (int e = 0; e < 2; ++e)
+      for (int at : {0, 1}) {
+        EpochLiveRow l;
+        l.rank = r, l.epoch = e, l.at = at, l.t = kT0 + e * 200 * kMs + at * 200 * kMs, l.device_id = 2 + 2 * r;
+        l.memory_kind = MemoryKind::PinnedHost, l.level = AllocLevel::Segment, l.name_id = str("offload.buffer[epoch 0]");
+        l.stack_id = 2, l.bytes = kMiB * (2 * e + at + 1), l.allocations = 2 * e + at + 1;
+        w->insert(l);
+      }
+  DetailSpanRow span;
+  span.rank = 0, span.t_start = kT0 - 10 * kMs, span.t_end = kT0 + 250 * kMs, span.end_reason = "the trace reached its size cap";
+  w->insert(span);
   w->insert(FrameRow{1, 0x401000, "/usr/bin/python3", 0x1000, "main"});
   w->insert(FrameRow{2, 0x402000, "/usr/bin/python3", 0x2000, "alloc_buffer"});
   w->insert(StackRow{1, 0, 1});
@@ -228,7 +251,11 @@ std::vector<Table> tables_of(const std::string& db_bytes, std::vector<std::strin
 }
 
 void write_mutated_trace(Input& in, const std::string& path) {
-  static const std::vector<Table> tables = tables_of(base_trace(), TraceReader::table_names());
+  static const std::vector<Table> tables = [] {
+    std::vector<std::string> names = TraceReader::table_names();
+    for (auto& t : TraceReader::aggregate_table_names()) names.push_back(t);
+    return tables_of(base_trace(), names);
+  }();
   write_mutated_db(in, path, base_trace(), tables);
 }
 

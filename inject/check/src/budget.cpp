@@ -177,6 +177,21 @@ Status check_budget(TraceData& d, const Budget& b, CheckResult* out) {
           what = "peak allocated (counter)";
         }
       }
+      // Past the detail (a capped trace): the steps' peaks from the aggregates, where higher.
+      bool from_aggregates = false;
+      for (const db::StepMemoryRow& s : d.step_memory) {
+        if (s.device_id != id) continue;
+        const int64_t peak = blocks[id].empty() && s.peak_allocated_bytes == 0 ? s.peak_reserved_bytes : s.peak_allocated_bytes;
+        reserved.bytes = std::max(reserved.bytes, s.peak_reserved_bytes);
+        if (peak > alloc.bytes) {
+          alloc = {peak, s.t_start};
+          from_aggregates = true;
+        }
+      }
+      if (from_aggregates) {
+        what += " (from the aggregates: within the step, past the detail)";
+        rows = nullptr;
+      }
       const std::string name = d.who(dev.rank) + " " + d.device_label(id);
       if (alloc.bytes > highest) {
         highest = alloc.bytes;
@@ -188,8 +203,9 @@ Status check_budget(TraceData& d, const Budget& b, CheckResult* out) {
                          when(d, dev.rank, alloc.t) + " (";
       if (dev.capacity_bytes) line += "capacity " + format_bytes(double(*dev.capacity_bytes)) + ", ";
       line += "peak reserved " + format_bytes(double(reserved.bytes)) + ")";
-      std::string top = alive_at_peak(d, *rows, alloc.t);
+      std::string top = rows ? alive_at_peak(d, *rows, alloc.t) : std::string();
       if (!top.empty()) line += "; alive at the peak: " + top;
+      else if (!rows) line += "; what was alive then is not in the trace (its detail stopped at its size cap)";
       r.findings.push_back(std::move(line));
     }
     if (n)
@@ -242,6 +258,10 @@ Status check_budget(TraceData& d, const Budget& b, CheckResult* out) {
                 format_bytes(double(*b.host));
     }
   }
+  if (b.host && d.detail_end)
+    r.context.push_back("host: the trace's detail stopped at its size cap (" + d.detail_end_reason +
+                        "): host memory is compared up to it only; the accelerators' peaks after it come from the "
+                        "aggregates (step_memory)");
   if (!r.findings.empty()) {
     r.outcome = Outcome::Fail;
     r.summary = std::to_string(r.findings.size()) + (r.findings.size() == 1 ? " peak" : " peaks") +

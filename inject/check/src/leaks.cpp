@@ -26,6 +26,7 @@ struct Window {
   int64_t t_start = 0, t_end = kNever;
   bool ended = false;
   std::string label;  // "epoch 2", "window 1 (steps 3-5)", "window 1 (1.20 s-2.40 s)"
+  int64_t epoch = -1;  // an epoch's number (epochs only): its live set in the aggregates
 };
 
 struct Basis {
@@ -115,7 +116,8 @@ std::optional<Basis> basis_of(const TraceData& d, int64_t rank, int64_t last_eve
   Basis b;
   if (auto it = d.epochs.find(rank); it != d.epochs.end() && it->second.size() >= 2) {
     b.kind = BasisKind::Epochs;
-    for (auto& e : it->second) b.windows.push_back({e.t_start, e.t_end, e.ended, "epoch " + std::to_string(e.index)});
+    for (auto& e : it->second)
+      b.windows.push_back({e.t_start, e.t_end, e.ended, "epoch " + std::to_string(e.index), e.index});
     b.words = std::to_string(it->second.size()) + " epochs";
     return b;
   }
@@ -261,6 +263,24 @@ std::optional<Values> rss_values(const std::vector<std::pair<int64_t, int64_t>>&
   return out;
 }
 
+// The aggregates' live bytes of one memory at each point of a series (epochs only): the epoch_live
+// rows of the rank at each epoch's start or end, by the same block-else-segment rule. nullopt where
+// an epoch's live set is not in the trace (its boundary was not one the recorder saw).
+template <typename Keep>
+std::optional<Values> aggregate_values(const TraceData& d, int64_t rank, const Series& s, Keep keep) {
+  Values out;
+  for (const Window* w : s.windows) {
+    auto it = d.epoch_live.find({rank, w->epoch, s.kind == Series::End ? 1 : 0});
+    if (w->epoch < 0 || it == d.epoch_live.end()) return std::nullopt;
+    int64_t sum = 0;
+    for (const db::EpochLiveRow& r : it->second)
+      if (keep(r)) sum += r.bytes;
+    out.v.push_back(sum);
+    out.at.push_back(s.kind == Series::End ? w->t_end : w->t_start);
+  }
+  return out;
+}
+
 }  // namespace
 
 Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
@@ -325,9 +345,32 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
       window_words.push_back(b.words);
   };
 
+  // Ranks whose compared epochs reach past the end of the detail (a trace cut by its size cap):
+  // compared from the aggregates' live sets, which go on to the end of the run.
+  std::set<int64_t> from_aggregates;
+  if (d.detail_end) {
+    std::set<int64_t> ranks;
+    for (auto& [key, rows] : groups) ranks.insert(std::get<0>(key));
+    for (auto& [key, rows] : d.epoch_live) ranks.insert(std::get<0>(key));
+    for (int64_t rank : ranks) {
+      const Basis* b = basis(rank);
+      if (!b) continue;
+      int64_t last = 0;
+      for (auto& w : b->windows) last = std::max(last, w.ended ? w.t_end : w.t_start);
+      if (b->kind == BasisKind::Epochs && last > *d.detail_end) from_aggregates.insert(rank);
+      else if (last > *d.detail_end)
+        r.context.push_back(d.who(rank) + ": the trace's detail stopped " +
+                            format_duration_ns(double(*d.detail_end - (d.run_of(rank) ? d.run_of(rank)->t_start : 0))) +
+                            " into the run (" + d.detail_end_reason +
+                            "), and without epochs its windows after that compare only the allocations made before "
+                            "it; mark epochs (zerotrace.epoch(n)) so that the aggregates hold each one's live set");
+    }
+  }
+
   int memories = 0;
   for (auto& [key, rows] : groups) {
     auto [rank, device_id, kind] = key;
+    if (from_aggregates.count(rank)) continue;
     const Basis* b = basis(rank);
     if (!b) continue;
     used(*b);
@@ -411,6 +454,102 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
     if (!reported && !doubt.empty()) within_error.push_back(std::move(doubt));
   }
 
+  // The ranks compared from the aggregates: the same rule on the epoch live sets.
+  for (int64_t rank : from_aggregates) {
+    const Basis* b = basis(rank);
+    used(*b);
+    using Memory = std::pair<int64_t, db::MemoryKind>;
+    std::map<Memory, bool> blocks;
+    for (auto& [key, rows] : d.epoch_live)
+      if (std::get<0>(key) == rank)
+        for (auto& row : rows) {
+          bool& x = blocks[{row.device_id, row.memory_kind}];
+          x = x || row.level == db::AllocLevel::Block;
+        }
+    const std::string cut = "from the aggregates: the detail stopped " +
+                            format_duration_ns(double(*d.detail_end - (d.run_of(rank) ? d.run_of(rank)->t_start : 0))) +
+                            " into the run";
+    for (auto& [memory, has_blocks_] : blocks) {
+      const auto [device_id, kind] = memory;
+      const bool want_blocks = has_blocks_;
+      auto keep = [&, device_id = device_id, kind = kind](const db::EpochLiveRow& row) {
+        return row.device_id == device_id && row.memory_kind == kind && (row.level == db::AllocLevel::Block) == want_blocks;
+      };
+      ++memories;
+      bool reported = false;
+      std::string doubt;
+      const std::string where_ = d.who(rank) + " " + d.device_label(device_id) + " " + memory_kind_words(kind);
+      for (const Series& s : series_of(*b)) {
+        if (reported || s.windows.size() < 2) continue;
+        std::optional<Values> live = aggregate_values(d, rank, s, keep);
+        if (!live) {
+          r.context.push_back(where_ + ": an epoch " + s.phase() + " has no live set in the aggregates; not compared there");
+          continue;
+        }
+        const size_t from = b->warmup && live->v.size() >= 3 ? 1 : 0;
+        Verdict v = evaluate(live->v, threshold_for(o.leak_threshold, live->v[from], live->v.size()), b->warmup);
+        if (!v.leak) continue;
+        const int at = s.kind == Series::End ? 1 : 0;
+        const auto& rows_from = d.epoch_live.at({rank, s.windows[v.from]->epoch, at});
+        const auto& rows_to = d.epoch_live.at({rank, s.windows[v.to]->epoch, at});
+        // What each (name, stack) held at the two points. The sampled estimate's variance: the
+        // change of each one's variance (rows alive at both points cancel; a site whose sampled
+        // rows came and went between them in equal measure is not seen: a lower bound).
+        struct Held { int64_t bytes = 0, count = 0, sampled = 0; double variance = 0; };
+        std::map<std::pair<int64_t, int64_t>, std::pair<Held, Held>> by_site;
+        for (auto* rows : {&rows_from, &rows_to})
+          for (auto& row : *rows) {
+            if (!keep(row)) continue;
+            Held& h = rows == &rows_from ? by_site[{row.name_id, row.stack_id}].first : by_site[{row.name_id, row.stack_id}].second;
+            h.bytes += row.bytes, h.count += row.allocations, h.sampled += row.sampled;
+            h.variance += std::max(row.sampled_variance, 0.0);
+          }
+        double variance = 0;
+        int64_t sampled_rows = 0;
+        std::map<std::string, NamedBytes> net;
+        for (auto& [site, held] : by_site) {
+          variance += std::abs(held.second.variance - held.first.variance);
+          sampled_rows += std::abs(held.second.sampled - held.first.sampled);
+          const int64_t grew = held.second.bytes - held.first.bytes;
+          if (grew <= 0) continue;
+          Alloc a;
+          a.name_id = site.first, a.stack_id = site.second;
+          const std::string n = d.group_of(a);
+          NamedBytes& g = net[n];
+          g.name = n;
+          g.bytes += grew;
+          g.count += std::max<int64_t>(held.second.count - held.first.count, 0);
+          g.sampled += std::max<int64_t>(held.second.sampled - held.first.sampled, 0);
+          if (grew > g.largest_bytes) g.largest_bytes = grew, g.largest_stack = site.second;
+        }
+        const std::string unit = b->unit();
+        const double error = std::sqrt(variance);
+        const std::string error_text = "±" + format_bytes(error / double(v.to - v.from)) + " per " + unit;
+        if (double(live->v[v.to] - live->v[v.from]) < 3 * error) {
+          if (doubt.empty())
+            doubt = where_ + " grew ~" + format_bytes(v.per_window) + " per " + unit + " at " + unit + " " + s.phase() +
+                    ", within 3 standard errors of its sampled estimate (" + error_text + ", " + cut + ")";
+          continue;
+        }
+        reported = true;
+        for (auto it = net.begin(); it != net.end();) it = it->second.bytes > 0 && it->second.count > 0 ? std::next(it) : net.erase(it);
+        auto top = sort_groups(net, 3);
+        std::string line = where_ + ": live bytes at " + unit + " " + s.phase() + " grew " + (sampled_rows ? "~" : "") +
+                           format_bytes(v.per_window) + " per " + unit + " (" + series_text(s, live->v) + "; " + cut + ")";
+        if (sampled_rows)
+          line += " (estimated from sampled allocations: " + error_text + ")";
+        if (o.leak_threshold == 0 && v.threshold < kLeakThresholdMax)
+          line += " (this memory's threshold: " + format_bytes(double(v.threshold)) + " per " + unit + ")";
+        if (v.from > 0 && live->v[1] - live->v[0] < v.threshold) line += ", " + s.windows[0]->label + " taken as warm-up";
+        if (!top.empty())
+          line += "; alive at " + s.windows[v.to]->label + " " + s.phase() + " but not at " + s.windows[v.from]->label +
+                  " " + s.phase() + ": " + describe_groups(d, top, "+");
+        r.findings.push_back(std::move(line));
+      }
+      if (!reported && !doubt.empty()) within_error.push_back(std::move(doubt));
+    }
+  }
+
   // RSS as a witness (probed processes): growth of the resident set that the recorded host
   // allocations do not explain. Allocations under zt probe's host threshold, memory a library maps
   // itself and fragmentation reach the trace only there.
@@ -440,7 +579,15 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
       if (std::get<0>(key) == rank && !d.is_accelerator(std::get<1>(key)) &&
           (std::get<2>(key) == db::MemoryKind::PageableHost || std::get<2>(key) == db::MemoryKind::PinnedHost))
         host.insert(host.end(), rows.begin(), rows.end());
-    const std::vector<int64_t> recorded = live_at(host, rss->at);
+    std::vector<int64_t> recorded = live_at(host, rss->at);
+    if (from_aggregates.count(rank)) {  // the recorded host memory at each epoch's start, from the aggregates
+      auto agg = aggregate_values(d, rank, s, [&](const db::EpochLiveRow& row) {
+        return !d.is_accelerator(row.device_id) &&
+               (row.memory_kind == db::MemoryKind::PageableHost || row.memory_kind == db::MemoryKind::PinnedHost);
+      });
+      if (!agg) continue;
+      recorded = agg->v;
+    }
     Verdict v = evaluate(rss->v, rss_threshold, b->warmup);  // from, to, and growth in half the intervals
     const size_t counted = v.to - v.from;
     if (counted == 0) continue;

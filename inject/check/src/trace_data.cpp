@@ -50,7 +50,23 @@ Status TraceData::load(const std::string& path, std::unique_ptr<TraceData>* out)
   if (Status s = d->load_markers(); !s) return s;
   if (Status s = d->load_counters(); !s) return s;
   if (Status s = d->load_probed_runs(); !s) return s;
+  if (Status s = d->load_aggregates(); !s) return s;
   *out = std::move(d);
+  return Status::Ok();
+}
+
+Status TraceData::load_aggregates() {
+  if (!reader_->has_aggregates()) return Status::Ok();
+  db::TraceSummary::Detail detail;
+  if (Status s = reader_->summarize_detail(&detail); !s) return s;
+  detail_end = detail.t_end;
+  detail_end_reason = detail.end_reason;
+  if (detail_end)
+    if (Status s = reader_->read(&step_memory); !s) return s;
+  std::vector<db::EpochLiveRow> rows;
+  if (Status s = reader_->read(&rows); !s) return s;
+  for (auto& r : rows)
+    if (r.memory_kind != db::MemoryKind::ModuleGlobal) epoch_live[{r.rank, r.epoch, r.at}].push_back(r);
   return Status::Ok();
 }
 

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -77,6 +78,12 @@ class TraceData {
   // Set when the trace had no step or epoch markers and zt check derived them from its ranges
   // (zt/db/derive_steps.h, in memory: the file is not written); what it did, in words.
   std::string derived_markers;
+  // The aggregates (schema version 3: db/SCHEMA.md "Aggregates"): the live set at each epoch's
+  // start (at 0) and end (at 1), per rank; and where the detail stopped (nullopt: it covers the run).
+  std::map<std::tuple<int64_t, int64_t, int>, std::vector<db::EpochLiveRow>> epoch_live;  // (rank, epoch, at)
+  std::optional<int64_t> detail_end;
+  std::string detail_end_reason;
+  std::vector<db::StepMemoryRow> step_memory;  // loaded only where the detail ended (a capped trace)
 
   const std::string& str(int64_t id) const;
   bool is_accelerator(int64_t device_id) const;  // cuda or simulated GPU
@@ -112,6 +119,7 @@ class TraceData {
   Status load_markers();
   Status load_counters();
   Status load_probed_runs();
+  Status load_aggregates();
   std::string path_;
   std::unique_ptr<db::TraceReader> reader_;
   std::unordered_map<int64_t, std::string> stack_cache_;

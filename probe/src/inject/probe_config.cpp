@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "zt/common/units.h"
+#include "zt/db/trace_values.h"
 
 namespace zt::probe {
 namespace {
@@ -29,6 +30,13 @@ Status parse_int(const char* name, const char* v, int lo, int hi, int* out) {
 }
 }  // namespace
 
+std::optional<int64_t> parse_max_trace(const std::string& text) {
+  if (text == "none") return 0;
+  auto b = parse_bytes(text);
+  if (!b || *b > uint64_t(db::kMaxTraceBytes)) return std::nullopt;
+  return int64_t(*b);
+}
+
 Status probe_config_from_env(const std::function<const char*(const char*)>& getenv, ProbeConfig* out) {
   ProbeConfig c;
   if (const char* v = getenv(kEnvOutput); v && *v) c.output = v;
@@ -43,6 +51,11 @@ Status probe_config_from_env(const std::function<const char*(const char*)>& gete
       return Status::Error(std::string(kEnvSampleInterval) + "=" + v +
                            ": not a size up to 1TiB (examples: 512KiB, 65536; 0 = off)");
     c.sample_interval = *b;
+  }
+  if (const char* v = getenv(kEnvMaxTrace); v && *v) {
+    auto b = parse_max_trace(v);
+    if (!b) return Status::Error(std::string(kEnvMaxTrace) + "=" + v + ": not a size (examples: 512MiB, 2GiB; 0 or none = no cap)");
+    c.max_trace = *b;
   }
   if (const char* v = getenv(kEnvSampleSeed); v && *v) {
     char* end = nullptr;

@@ -359,6 +359,7 @@ bool start_recording(const std::string& path) {
   opt.command_line = cfg.command_line.empty() || !g->root ? read_cmdline() : cfg.command_line;
   opt.config_json = "{\"probe\":\"libzt_probe.so\",\"host_threshold\":" + std::to_string(cfg.host_threshold) +
                     ",\"sample_interval\":" + std::to_string(cfg.host ? cfg.sample_interval : 0) +
+                    ",\"max_trace\":" + std::to_string(cfg.max_trace) +
                     ",\"stacks\":" + (cfg.stacks ? "true" : "false") +
                     ",\"stack_depth\":" + std::to_string(cfg.stack_depth) +
                     ",\"python_frames\":" + (cfg.python == PythonFrames::Off ? "\"off\"" : cfg.python == PythonFrames::Gil ? "\"gil\"" : "\"own\"") +
@@ -377,6 +378,7 @@ bool start_recording(const std::string& path) {
   opt.ring_events = 8192;  // 768 KiB per recording thread; host rows are rare by design
   opt.crash_handlers = true;
   opt.crash_on_interrupt = false;  // Python's KeyboardInterrupt needs SIGINT at its default
+  opt.max_trace_bytes = cfg.max_trace;
   std::unique_ptr<Recorder> rec;
   if (Status s = Recorder::open(opt, &rec); !s) {
     // Said even when quiet: without it `zt probe` could only say that no trace was written.

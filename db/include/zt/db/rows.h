@@ -208,4 +208,46 @@ struct DroppedRow {
   std::string reason;
 };
 
+// Aggregates (schema version 3; db/SCHEMA.md "Aggregates"): one row per step and device, written
+// by the recorder at each step's end whether or not the step has detail.
+struct StepMemoryRow {
+  int64_t id = 0;
+  int64_t rank = 0;
+  int64_t device_id = 0;
+  std::optional<int64_t> step, epoch;
+  int64_t t_start = 0;
+  std::optional<int64_t> t_end;  // NULL: the step never ended (the run died inside it)
+  int64_t allocated_bytes = 0;   // live block bytes at the step's end (recorded one by one)
+  int64_t reserved_bytes = 0;    // live segment bytes at the step's end
+  int64_t peak_allocated_bytes = 0, peak_reserved_bytes = 0;  // the highest within the step
+  std::optional<int64_t> host_rss_bytes;  // the rank's last RSS sample at or before the step's end
+};
+
+// The live set at an epoch boundary, one row per (device, memory kind, level, name, stack).
+struct EpochLiveRow {
+  int64_t id = 0;
+  int64_t rank = 0;
+  int64_t epoch = 0;
+  int at = 0;  // 0: the epoch's start, 1: its end
+  int64_t t = 0;
+  int64_t device_id = 0;
+  MemoryKind memory_kind = MemoryKind::Unknown;
+  AllocLevel level = AllocLevel::Block;
+  int64_t name_id = 0;   // 0: none
+  int64_t stack_id = 0;  // 0: none
+  int64_t bytes = 0;     // sampled rows by their weight
+  int64_t allocations = 0;
+  int64_t sampled = 0;            // of allocations, sampled rows
+  double sampled_variance = 0;    // sum of sampled_variance(bytes, weight) over those
+};
+
+// A span of time with full detail (allocation, transfer, kernel, placement and range rows).
+struct DetailSpanRow {
+  int64_t id = 0;
+  int64_t rank = 0;
+  int64_t t_start = 0;
+  std::optional<int64_t> t_end;  // NULL: the detail went on to the end of the run
+  std::string end_reason;        // why it ended ("" when it did not)
+};
+
 }  // namespace zt::db

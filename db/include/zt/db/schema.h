@@ -1,4 +1,4 @@
-// zt/db/schema.h: the event model, version 2. The one interface between modules.
+// zt/db/schema.h: the event model, version 3. The one interface between modules.
 //
 // Every fact recorded by zerotrace is a row in one SQLite file. This header holds the
 // codes stored in integer columns and the DDL; db/SCHEMA.md documents every column.
@@ -19,8 +19,13 @@
 namespace zt::db {
 
 // 1: the first. 2: counter.value may be NULL (a NaN, which SQLite cannot store; version 1 had
-// NOT NULL and a NaN failed the write). Version 1 files read as version 2 ones.
-inline constexpr int kSchemaVersion = 2;
+// NOT NULL and a NaN failed the write). Version 1 files read as version 2 ones. 3: aggregates
+// (step_memory, epoch_live) and the spans that have full detail (detail_span): a trace whose
+// detail stopped at a size cap has allocation rows only up to it, which an older reader would
+// take for the whole run. Version 1 and 2 files read as traces with detail everywhere.
+inline constexpr int kSchemaVersion = 3;
+// The first version with the aggregate tables (step_memory, epoch_live, detail_span).
+inline constexpr int kAggregatesSchemaVersion = 3;
 inline constexpr int kOldestReadableSchemaVersion = 1;
 inline bool schema_version_readable(int64_t v) { return v >= kOldestReadableSchemaVersion && v <= kSchemaVersion; }
 // The refusal of a file written with another version: "PATH: written with trace schema version 3;
@@ -96,5 +101,7 @@ const char* index_sql();
 // The views (allocation_v, ...), part of schema_sql(). A reader defines them again as TEMP views
 // from this text, so a query names ours whatever views the file itself carries.
 const char* views_sql();
+// The DDL of the aggregate tables alone (version 3: step_memory, epoch_live, detail_span).
+const char* aggregate_tables_sql();
 
 }  // namespace zt::db

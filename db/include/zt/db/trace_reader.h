@@ -98,6 +98,16 @@ struct TraceSummary {
   // What the recording could not do, not errors of the run ("CUDA tracing was off: ..."): each
   // run's config_json "notes", and the error rows of kind cuda_tracing_off older zt wrote.
   std::vector<std::string> notes;
+  // Which stretch of the run has full detail (version 3 on; older files: all of it, no aggregates).
+  struct Detail {
+    bool aggregates = false;           // the file has the aggregate tables
+    std::optional<int64_t> t_end;      // the detail stopped here (NULL: it went on to the end)
+    std::string end_reason;
+    int64_t steps = 0;                 // step numbers in step_memory (a step of several ranks once)
+    int64_t steps_with_detail = 0;     // of those, ended on every rank inside the detail span
+    std::optional<int64_t> first_step, last_step, last_detail_step, first_aggregate_step;
+    int64_t epoch_boundaries = 0;      // epoch starts and ends with a live set (of any rank)
+  } detail;
 };
 
 class TraceReader {
@@ -127,6 +137,11 @@ class TraceReader {
   Status read(std::vector<FaultRow>* out);
   Status read(std::vector<ErrorRow>* out);
   Status read(std::vector<DroppedRow>* out);
+  // The aggregate tables (version 3 on; none in older files: their detail covers the whole run).
+  Status read(std::vector<StepMemoryRow>* out);
+  Status read(std::vector<EpochLiveRow>* out);
+  Status read(std::vector<DetailSpanRow>* out);
+  bool has_aggregates() const { return aggregates_; }
 
   // id -> text for every interned string.
   Status strings(std::unordered_map<int64_t, std::string>* out);
@@ -137,6 +152,8 @@ class TraceReader {
   Status stack_frames(int64_t stack_id, std::vector<FrameRow>* out);
   Status row_count(const std::string& table, int64_t* out);
   Status summarize(TraceSummary* out);
+  // Which steps have detail (part of summarize()).
+  Status summarize_detail(TraceSummary::Detail* out);
   // Any read-only SQL; values rendered as text.
   Status query(const std::string& sql, QueryResult* out, const QueryLimits& limits = {});
 
@@ -147,7 +164,9 @@ class TraceReader {
   const char* sampled_sql() const { return weights_ ? kSampledSql : "(0)"; }
   // SQL for the bytes an allocation row counts for in an estimate: its weight when sampled.
   const char* counted_bytes_sql() const { return weights_ ? "coalesce(weight_bytes, bytes)" : "bytes"; }
-  static const std::vector<std::string>& table_names();
+  static const std::vector<std::string>& table_names();  // every version's tables
+  static const std::vector<std::string>& aggregate_table_names();  // version 3 on
+  std::vector<std::string> tables() const;  // this file's: table_names(), and the aggregate ones where it has them
 
  private:
   TraceReader() = default;
@@ -160,6 +179,7 @@ class TraceReader {
   bool frame_lines_ = false;  // the frame table has its `line` column (Python frames; files before it have none)
   bool rank_roles_ = false;   // the rank table has `role` and `job_rank` (files before rank roles have neither)
   bool weights_ = false;      // the allocation table has its `weight_bytes` column (sampled rows)
+  bool aggregates_ = false;   // version 3 on: step_memory, epoch_live, detail_span
 };
 
 }  // namespace zt::db

@@ -64,6 +64,13 @@ class TraceWriter {
   void insert(const FaultRow&);
   void insert(const ErrorRow&);
   void insert(const DroppedRow&);
+  void insert(const StepMemoryRow&);
+  void insert(const EpochLiveRow&);
+  void insert(const DetailSpanRow&);
+  // The detail span `id` ended at t_end, for `reason` (a size cap reached).
+  void end_detail_span(int64_t id, int64_t t_end, const std::string& reason);
+  // The size of the trace's rows so far (the database's pages, its -wal included), in bytes.
+  int64_t size_bytes();
 
   // Closing halves of rows written earlier. Return false when no such row exists yet.
   bool set_allocation_freed(int64_t allocation_id, int64_t t_free);

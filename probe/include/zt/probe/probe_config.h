@@ -32,6 +32,16 @@ inline constexpr const char* kEnvRssMs = "ZT_PROBE_RSS_MS";                 // R
 inline constexpr const char* kEnvQuiet = "ZT_PROBE_QUIET";                  // 1: no lines on stderr
 inline constexpr const char* kEnvForks = "ZT_PROBE_FORKS";                  // 0: a child forked without exec records nothing
 inline constexpr const char* kEnvCommand = "ZT_PROBE_COMMAND";              // the command line as the user typed it
+// The trace's size cap (a size; "0" or "none": no cap; default kDefaultMaxTrace): past it the
+// detail stops and the aggregates go on (zt/probe/recorder.h, RecorderOptions::max_trace_bytes).
+inline constexpr const char* kEnvMaxTrace = "ZT_PROBE_MAX_TRACE";
+// 768 MiB (805 MB), the detail's rows with the indexes built for them at close. A day of one GPU
+// then stays under 1 GB: what goes on after the cap (the aggregates, step markers, RSS samples
+// every 100 ms) is about 70 MB a day (docs/probe.md, "Long jobs").
+inline constexpr int64_t kDefaultMaxTrace = int64_t(768) << 20;
+// "--max-trace" / ZT_PROBE_MAX_TRACE: a size (512MiB, 2GiB, 1073741824), or 0 / "none" for no cap
+// (returned as 0). nullopt: not a size up to 8 PiB.
+std::optional<int64_t> parse_max_trace(const std::string& text);
 // Python frames in stacks: "1" (default) a thread's own frames, with or without the GIL; "gil"
 // only while it holds the GIL; "0" none (probe/src/python/python_frames.h).
 inline constexpr const char* kEnvPython = "ZT_PROBE_PYTHON";
@@ -113,6 +123,7 @@ struct ProbeConfig {
   bool forks = true;  // a child forked without exec (a DataLoader worker) records its own trace
   std::string command_line;  // empty: the library reads /proc/self/cmdline
   std::string run_id;        // empty: not started by zt probe
+  int64_t max_trace = kDefaultMaxTrace;  // 0: no cap
 };
 
 // Reads the ZT_PROBE_* variables through `getenv` (tests pass a map). A malformed value is an

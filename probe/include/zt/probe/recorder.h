@@ -17,6 +17,9 @@
 //  - A run row exists from open(); its status says "running" until close() or a crash
 //    handler sets the end. After SIGKILL the trace opens and says the end is unknown.
 //  - One clock: now_ns() is CLOCK_MONOTONIC in nanoseconds.
+//  - Aggregates for the whole run (db/SCHEMA.md, "Aggregates": per step and device, per epoch
+//    boundary the live set) are written by the writer whether or not the detail is; past
+//    RecorderOptions::max_trace_bytes the detail stops and the detail_span row says when.
 #pragma once
 
 #include <signal.h>
@@ -71,6 +74,10 @@ struct RecorderOptions {
   // interpreter (Python) installs its own SIGINT handler (KeyboardInterrupt) only where it finds
   // the default one, so a handler of ours there changed what Ctrl-C does to the program.
   bool crash_on_interrupt = true;
+  // The size cap of the trace (bytes; 0: none): once its rows reach it, the detail (allocation,
+  // transfer, kernel, placement and range rows) stops and the aggregates go on (db/SCHEMA.md,
+  // "Aggregates"); the detail_span row and a run note say when.
+  int64_t max_trace_bytes = 0;
 };
 
 struct AllocEvent {
