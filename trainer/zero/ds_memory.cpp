@@ -39,7 +39,8 @@ void attention_ops(const ActivationShape& a, const std::string& P, std::vector<M
   ops.push_back(alloc(P + ".attn.qkv", E, N * qkv_width(a)));
   if (a.flash) {
     ops.push_back(alloc(P + ".attn.out", E, N * C));
-    ops.push_back(alloc(P + ".attn.lse", DType::F32, a.B * a.heads * a.T));
+    const int64_t rows = (a.T + a.lse_align - 1) / a.lse_align * a.lse_align;
+    ops.push_back(alloc(P + ".attn.lse", DType::F32, a.B * a.heads * rows));
     return;
   }
   const int64_t scores = a.B * a.heads * a.T * a.T;
@@ -141,6 +142,10 @@ ActivationShape activation_shape(const ModelShape& s, bool learned_positions, in
   a.flash = flash;
   a.checkpointing = checkpointing;
   return a;
+}
+
+int64_t attention_lse_align(const std::string& attention, DType dtype) {
+  return attention == "sdpa" && dtype == DType::F32 ? 32 : 1;
 }
 
 int64_t layer_ffn(const ActivationShape& a, int64_t layer) {
