@@ -423,6 +423,8 @@ TEST(ReproScenario, OptimizerAndAttentionNamesAreCheckedWhenLoaded) {
   expect_refused(t, line_of(t, "flash_attn"), "train.attention: 'flash_attn'");
   t = variant("  grad_accum: 1", "  grad_accum: 1\n  attn_implementation: flex_attention");
   expect_refused(t, line_of(t, "flex_attention"), "train.attn_implementation: 'flex_attention'");
+  t = variant("  grad_accum: 1", "  grad_accum: 1\n  attention_dropout: 1.5");
+  expect_refused(t, line_of(t, "attention_dropout"), "train.attention_dropout: '1.5' must lie in [0, 1)");
 
   test::TempDir dir;
   repro::Scenario s;
@@ -445,7 +447,7 @@ TEST(ReproScenario, HfConfigAttentionIsTheFullSizeRunsAttention) {
   test::TempDir dir;
   std::ofstream(dir.file("config.json"))
       << R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 64,
-            "_attn_implementation": "flash_attention_2"})";
+            "_attn_implementation": "flash_attention_2", "attn_pdrop": 0.1})";
   std::string t = variant("  name: m", "  hf_config: config.json");
   for (const char* k : {"  width: 64\n", "  layers: 2\n", "  heads: 4\n", "  vocab: 256\n", "  context: 64\n"})
     t.erase(t.find(k), std::string(k).size());
@@ -456,6 +458,8 @@ TEST(ReproScenario, HfConfigAttentionIsTheFullSizeRunsAttention) {
   ASSERT_TRUE(repro::resolve_config(s, Variant::Small, false, std::nullopt, &small));
   EXPECT_EQ(full.attention, "flash_attention_2");
   EXPECT_EQ(small.attention, "materialized");
+  EXPECT_EQ(full.attention_dropout, 0.1) << "GPT-2's attn_pdrop";
+  EXPECT_EQ(small.attention_dropout, 0.0);
   t = variant("  grad_accum: 1", "  grad_accum: 1\n  attention: eager");
   t.replace(t.find("  name: m"), 9, "  hf_config: config.json");
   for (const char* k : {"  width: 64\n", "  layers: 2\n", "  heads: 4\n", "  vocab: 256\n", "  context: 64\n"})

@@ -192,6 +192,21 @@ TEST(AttentionMemory, EagerKeepsTheProbabilitiesSdpaAndFlashTheLogSumExp) {
   EXPECT_EQ(alloc_bytes(fa2, "block0.attn.lse"), 2 * 4 * 100 * 4);
   EXPECT_EQ(alloc_bytes(ops_for("sdpa", DType::BF16), "block0.attn.lse"), 2 * 4 * 100 * 4);
   EXPECT_EQ(alloc_bytes(ops_for("sdpa", DType::F32), "block0.attn.lse"), 2 * 4 * 128 * 4);
+  // Eager in training with attention dropout: native_dropout's bool mask (2 x 4 x 100 x 100 bytes) and its
+  // output (bf16), saved beside the probabilities until the block's backward frees them.
+  auto shape = zt::trainer::activation_shape(s, true, 2, 100, DType::BF16, false, false);
+  shape.attn_dropout = true;
+  const auto dropped = zt::trainer::block_forward_ops(shape, 0);
+  EXPECT_EQ(alloc_bytes(dropped, "block0.attn.dropout_mask"), 2 * 4 * 100 * 100);
+  EXPECT_EQ(alloc_bytes(dropped, "block0.attn.probs_dropped"), 2 * 4 * 100 * 100 * 2);
+  EXPECT_EQ(alloc_bytes(dropped, "block0.attn.probs"), 2 * 4 * 100 * 100 * 2);
+  bool freed = false;
+  for (const auto& op : zt::trainer::block_backward_ops(shape, 0))
+    if (!op.alloc && op.term.name == "block0.attn.dropout_mask") freed = true;
+  EXPECT_TRUE(freed) << "kept to the block's backward";
+  auto none = shape;
+  none.flash = true;  // SDPA and flash-attn keep a seed, not a mask
+  EXPECT_EQ(alloc_bytes(zt::trainer::block_forward_ops(none, 0), "block0.attn.dropout_mask"), 0);
 }
 
 TEST(AttentionMemory, UnknownNamesAndFlashAttentionInFp32AreRefused) {
@@ -208,6 +223,13 @@ TEST(AttentionMemory, UnknownNamesAndFlashAttentionInFp32AreRefused) {
   EXPECT_NE(st.message().find("FlashAttention-2 runs fp16 and bf16 only"), std::string::npos) << st.message();
   c.attention = "sdpa";
   EXPECT_TRUE(zt::trainer::validate(c).ok());
+  c.attention_dropout = 0.1;
+  st = zt::trainer::validate(c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("attention_dropout is charged in virtual mode only"), std::string::npos) << st.message();
+  c.virtual_mode = true;
+  c.attention_dropout = 1.5;
+  EXPECT_FALSE(zt::trainer::validate(c).ok());
 }
 
 // A config.json's attn_implementation (or _attn_implementation, as save_pretrained writes it) is read; a value
@@ -219,6 +241,15 @@ TEST(AttentionMemory, HfConfigAttnImplementation) {
   auto st = zt::trainer::hf_config_from_json(j, "config.json", &m);
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(m.attention, "flash_attention_2");
+  EXPECT_EQ(m.attention_dropout, 0.0);
+  j["attn_pdrop"] = 0.1;  // GPT-2's
+  ASSERT_TRUE(zt::trainer::hf_config_from_json(j, "config.json", &m).ok());
+  EXPECT_EQ(m.attention_dropout, 0.1);
+  j["attn_pdrop"] = "0.1";
+  st = zt::trainer::hf_config_from_json(j, "config.json", &m);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("config.json: attn_pdrop must be a number"), std::string::npos) << st.message();
+  j["attn_pdrop"] = 0.1;
   j["_attn_implementation"] = "flex_attention";
   st = zt::trainer::hf_config_from_json(j, "config.json", &m);
   ASSERT_FALSE(st.ok());

@@ -373,6 +373,15 @@ Status hf_config_from_json(const json& j, const std::string& origin, HfModel* ou
                            ": zerotrace models eager, sdpa and flash_attention_2");
     m.attention = a;
   }
+  // The dropout on the attention probabilities in training, by the family's key.
+  for (const char* k : {"attention_dropout", "attn_pdrop", "dropout_rate"}) {
+    if (!j.contains(k) || j[k].is_null()) continue;
+    if (!j[k].is_number() || !(j[k].get<double>() >= 0 && j[k].get<double>() < 1))
+      return Status::Error(origin + ": " + k + " must be a number in [0, 1) (the attention's dropout probability)");
+    if (std::string(k) == "dropout_rate" && m.family != "t5") continue;
+    m.attention_dropout = j[k].get<double>();
+    break;
+  }
   if (m.shape.name.empty()) {
     const std::string arch = j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
                                      j["architectures"][0].is_string()

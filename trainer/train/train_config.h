@@ -160,6 +160,10 @@ struct TrainConfig {
   // (ds_memory.h: SDPA in fp32 runs the memory-efficient kernel, whose log-sum-exp rows are padded to
   // 32; FlashAttention-2 refuses fp32).
   std::string attention = "materialized";
+  // Dropout on the attention probabilities in training (a Hugging Face config's attention_dropout, GPT-2's
+  // attn_pdrop, T5's dropout_rate): under eager attention its mask and output are kept for backward (virtual
+  // mode only: the reference passes have no dropout). 0: none.
+  double attention_dropout = 0.0;
   bool quiet = false;
   // Checkpoints (issue 5; trainer/ckpt/checkpoint.h). Flags and YAML keys of the same names.
   std::string checkpoint_dir;      // where checkpoints go (and are resumed from)

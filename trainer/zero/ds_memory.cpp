@@ -54,6 +54,13 @@ void attention_ops(const ActivationShape& a, const std::string& P, std::vector<M
   ops.push_back(release(P + ".attn.scores_scaled"));
   ops.push_back(alloc(P + ".attn.probs", E, scores));
   ops.push_back(release(P + ".attn.scores_masked"));
+  if (a.attn_dropout) {
+    // nn.functional.dropout(probs, p, training=True) (transformers' eager_attention_forward): native_dropout's
+    // bool mask, saved for its backward, and its output, saved by the matmul with v; the probabilities stay
+    // saved for the softmax's backward.
+    ops.push_back(alloc(P + ".attn.dropout_mask", DType::I32, (scores + 3) / 4));  // B x H x T x T bools
+    ops.push_back(alloc(P + ".attn.probs_dropped", E, scores));
+  }
   ops.push_back(alloc(P + ".attn.v", E, N * C));
   ops.push_back(release(P + ".attn.qkv"));
   ops.push_back(alloc(P + ".attn.y", E, N * C));

@@ -78,6 +78,9 @@ struct ActivationShape {
   // The log-sum-exp's rows are padded to a multiple of this: 32 for SDPA's memory-efficient kernel, 1 for
   // FlashAttention-2 and SDPA's flash kernel (attention_lse_align).
   int64_t lse_align = 1;
+  // Eager attention in training with attention dropout (the config's attention_dropout, attn_pdrop > 0):
+  // torch's dropout keeps its bool mask and its output (what the matmul with v saves) beside the probabilities.
+  bool attn_dropout = false;
 };
 // How the log-sum-exp the attention keeps for backward ([B, heads, T] fp32) is padded, by HF's
 // attn_implementation: sdpa in fp32 runs PyTorch's memory-efficient kernel (the flash kernel takes fp16 and

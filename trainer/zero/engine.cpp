@@ -428,6 +428,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   act_ = activation_shape(shape, !custom, B, T, dtype_, attention_of(cfg) == model::Attention::Flash,
                           cfg.activation_checkpointing);
   act_.lse_align = attention_lse_align(cfg.attention, dtype_);
+  act_.attn_dropout = cfg.attention_dropout > 0 && !act_.flash;  // SDPA and flash-attn draw it from a seed
   if (!virt) passes_ = rt.model_passes(mc, B, T, cfg.activation_checkpointing, attention_of(cfg));
   charge_terms_ = virt || passes_->owns_memory();
   if (virt && shape.encoder_layers > 0)

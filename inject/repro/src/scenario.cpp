@@ -203,7 +203,7 @@ const std::vector<std::string>& train_keys() {
       "from_pretrained", "load_dtype", "load_copies", "zero_init", "zero3_init_flag", "finetuning", "lora_rank", "lora_targets",
       "trainable_layers", "eval_steps", "eval_samples", "eval_batch", "eval_accumulation_steps", "eval_keep_logits",
       // issue 41: the optimizer and the attention as the job runs them
-      "optimizer", "attention", "attn_implementation"};
+      "optimizer", "attention", "attn_implementation", "attention_dropout"};
   return keys;
 }
 
@@ -292,6 +292,9 @@ void apply_setting(const Reader& r, const Setting& s, trainer::TrainConfig& c) {
     if (model::Attention a; !model::parse_attention(s.value, &a))
       bad("'" + s.value + "': use eager, sdpa or flash_attention_2 (Hugging Face's attn_implementation), or materialized, flash");
     c.attention = s.value;
+  } else if (k == "attention_dropout") {
+    c.attention_dropout = number();
+    if (!(c.attention_dropout >= 0 && c.attention_dropout < 1)) bad("'" + s.value + "' must lie in [0, 1)");
   } else bad("unknown setting");
 }
 
@@ -690,6 +693,7 @@ void read_scenario(const Reader& r, const YAML::Node& root, Scenario& s) {
                s.hf_params = hf.formula_params;
                s.checkpoint_dtype = hf.dtype;
                s.hf_attention = hf.attention;
+               s.hf_attention_dropout = hf.attention_dropout;
                s.hf_notes = hf.notes;
                for (const auto& f : trainer::shape_fields()) lines[f.name] = line_of(x);
              }
@@ -903,6 +907,7 @@ Status resolve(const Scenario& s, Variant v, bool fix, std::optional<uint64_t> s
     // The full-size run's model is the HF config's: its attn_implementation first, a train: attention (below)
     // over it. (The small variant's model is another; it takes train: attention only.)
     if (v == Variant::Full && !s.hf_attention.empty()) c.attention = s.hf_attention;
+    if (v == Variant::Full) c.attention_dropout = s.hf_attention_dropout;
     for (const auto& set : s.train) apply_setting(r, set, c);
     if (v == Variant::Small)
       for (const auto& set : s.small.train) apply_setting(r, set, c);
