@@ -89,11 +89,16 @@ void add_train_command(CLI::App& app, Action& action) {
                   "that pins them, as cudaHostAlloc does) or interleave (round robin over the nodes, so CPU AdamW gets "
                   "every node's memory bandwidth; on a GPU mapped, then pinned with cudaHostRegister)")
       ->check(CLI::IsMember({"local", "interleave"}));
+  // Its names are checked with the rest of the settings (validate(): one line naming them all).
   sub->add_option("--attention", cfg->attention,
                   "materialized (default: the fp32 reference, keeps the B x H x T x T probabilities) or flash "
                   "(FlashAttention-2: keeps one value per row, multiplies in bf16; on a GPU tensor-core kernels for "
-                  "head size 16, 32 or 64)")
-      ->check(CLI::IsMember({"materialized", "flash"}));
+                  "head size 16, 32 or 64); Hugging Face's names: eager (materialized), sdpa, flash_attention_2 (flash)");
+  sub->add_option("--optimizer", cfg->optimizer,
+                  "the optimizer whose memory is charged: DeepSpeed's (adam, adamw, FusedAdam, DeepSpeedCPUAdam), the "
+                  "HF Trainer's optim names (adamw_torch, adamw_torch_fused, adamw_hf, adamw_bnb_8bit, adafactor, sgd, "
+                  "...), adamw_torch_foreach, adamw_torch_for_loop, sgd_momentum (docs/zero-model.md); outside AdamW's "
+                  "family --virtual only");
   sub->add_flag("-q,--quiet", cfg->quiet, "no progress lines");
   // Checkpoints (issue 5).
   sub->add_option("--checkpoint-dir", cfg->checkpoint_dir, "directory of sharded checkpoints (DIR/stepNNNNNN, DIR/latest)");
@@ -185,6 +190,7 @@ void add_train_command(CLI::App& app, Action& action) {
           else if (n == "--matmul-precision") from_file.matmul_precision = c.matmul_precision;
           else if (n == "--matmul-dtype") from_file.matmul_dtype = c.matmul_dtype;
           else if (n == "--attention") from_file.attention = c.attention;
+          else if (n == "--optimizer") from_file.optimizer = c.optimizer;
           else if (n == "--quiet") from_file.quiet = c.quiet;
           else if (n == "--checkpoint-dir") from_file.checkpoint_dir = c.checkpoint_dir;
           else if (n == "--save-every") from_file.save_every = c.save_every;

@@ -673,9 +673,16 @@ TEST(Cli, AttentionFlashReachesTheRunAndOthersAreRefused) {
   ASSERT_EQ(r.code, 0) << r.out;
   Result q = run_zt("db sql --csv " + trace + " \"SELECT config_json FROM run\"");
   EXPECT_NE(q.out.find("\"\"attention\"\":\"\"flash\"\""), std::string::npos) << q.out;
-  Result bad = run_zt("train --model tiny --steps 1 --attention sdpa");
+  Result bad = run_zt("train --model tiny --steps 1 --attention flash_attn");
   EXPECT_EQ(bad.code, 2) << bad.out;
-  EXPECT_NE(bad.out.find("--attention: sdpa not in {materialized,flash}"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("attention 'flash_attn': use materialized or eager"), std::string::npos) << bad.out;
+  // --optimizer: an unknown name is one line naming it, exit 2; one outside AdamW's family needs --virtual.
+  Result opt = run_zt("train --model tiny --steps 1 --optimizer adamw_torh");
+  EXPECT_EQ(opt.code, 2) << opt.out;
+  EXPECT_NE(opt.out.find("optimizer 'adamw_torh' is not a name zerotrace knows"), std::string::npos) << opt.out;
+  Result real = run_zt("train --model tiny --steps 1 --optimizer adafactor --zero-stage 2");
+  EXPECT_EQ(real.code, 2) << real.out;
+  EXPECT_NE(real.out.find("replayed for memory in virtual mode only"), std::string::npos) << real.out;
 }
 
 TEST(Cli, TrainCuptiNeedsDeviceCudaATraceAndSaysWhyItIsOff) {

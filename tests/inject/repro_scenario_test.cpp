@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "../test_util.h"
+#include "zero/optimizer_memory.h"
 #include "zt/repro/scenario.h"
 
 using namespace zt;
@@ -411,4 +412,59 @@ TEST(ReproScenario, FiguresAreSizesWithKnownNames) {
   t = std::string(kGood) + "  expect:\n    figures: {free: 2GiB}\n";
   expect_refused(t, line_of(t, "figures: {free"), "small.expect.figures: the report's figures are checked against the "
                                                    "full-size run only");
+}
+
+// Issue 41: train.optimizer and train.attention (or attn_implementation) take the libraries' names; another is
+// refused when the file is read, naming the file, the line and the key. A known name reaches both runs.
+TEST(ReproScenario, OptimizerAndAttentionNamesAreCheckedWhenLoaded) {
+  std::string t = variant("  grad_accum: 1", "  grad_accum: 1\n  optimizer: adamw_torh");
+  expect_refused(t, line_of(t, "adamw_torh"), "train.optimizer: 'adamw_torh' is not an optimizer zerotrace knows");
+  t = variant("  grad_accum: 1", "  grad_accum: 1\n  attention: flash_attn");
+  expect_refused(t, line_of(t, "flash_attn"), "train.attention: 'flash_attn'");
+  t = variant("  grad_accum: 1", "  grad_accum: 1\n  attn_implementation: flex_attention");
+  expect_refused(t, line_of(t, "flex_attention"), "train.attn_implementation: 'flex_attention'");
+  t = variant("  grad_accum: 1", "  grad_accum: 1\n  attention_dropout: 1.5");
+  expect_refused(t, line_of(t, "attention_dropout"), "train.attention_dropout: '1.5' must lie in [0, 1)");
+
+  test::TempDir dir;
+  repro::Scenario s;
+  t = variant("  grad_accum: 1", "  grad_accum: 1\n  optimizer: adam\n  attention: sdpa");
+  ASSERT_TRUE(repro::load_scenario(write(dir, "t.yaml", t), &s));
+  trainer::TrainConfig c;
+  ASSERT_TRUE(repro::resolve_config(s, Variant::Full, false, std::nullopt, &c));
+  EXPECT_EQ(c.attention, "sdpa");
+  EXPECT_EQ(trainer::optimizer_of(c).impl, trainer::OptimizerImpl::CpuAdam) << "adam under offload_optimizer";
+  // A client optimizer under the config's offload_optimizer: refused when the runs are resolved, saying why.
+  t = variant("  grad_accum: 1", "  grad_accum: 1\n  optimizer: adamw_torch");
+  Status st = repro::load_scenario(write(dir, "u.yaml", t), &s);
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.message().find("client optimizer under ZeRO-Offload"), std::string::npos) << st.message();
+}
+
+// The model's config.json says how attention runs (_attn_implementation): the full-size run takes it unless
+// train: names one; the small variant (another model) does not.
+TEST(ReproScenario, HfConfigAttentionIsTheFullSizeRunsAttention) {
+  test::TempDir dir;
+  std::ofstream(dir.file("config.json"))
+      << R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 64,
+            "_attn_implementation": "flash_attention_2", "attn_pdrop": 0.1})";
+  std::string t = variant("  name: m", "  hf_config: config.json");
+  for (const char* k : {"  width: 64\n", "  layers: 2\n", "  heads: 4\n", "  vocab: 256\n", "  context: 64\n"})
+    t.erase(t.find(k), std::string(k).size());
+  repro::Scenario s;
+  ASSERT_TRUE(repro::load_scenario(write(dir, "h.yaml", t), &s)) << t;
+  trainer::TrainConfig full, small;
+  ASSERT_TRUE(repro::resolve_config(s, Variant::Full, false, std::nullopt, &full));
+  ASSERT_TRUE(repro::resolve_config(s, Variant::Small, false, std::nullopt, &small));
+  EXPECT_EQ(full.attention, "flash_attention_2");
+  EXPECT_EQ(small.attention, "materialized");
+  EXPECT_EQ(full.attention_dropout, 0.1) << "GPT-2's attn_pdrop";
+  EXPECT_EQ(small.attention_dropout, 0.0);
+  t = variant("  grad_accum: 1", "  grad_accum: 1\n  attention: eager");
+  t.replace(t.find("  name: m"), 9, "  hf_config: config.json");
+  for (const char* k : {"  width: 64\n", "  layers: 2\n", "  heads: 4\n", "  vocab: 256\n", "  context: 64\n"})
+    t.erase(t.find(k), std::string(k).size());
+  ASSERT_TRUE(repro::load_scenario(write(dir, "e.yaml", t), &s)) << t;
+  ASSERT_TRUE(repro::resolve_config(s, Variant::Full, false, std::nullopt, &full));
+  EXPECT_EQ(full.attention, "eager") << "train: over the config";
 }

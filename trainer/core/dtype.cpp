@@ -11,6 +11,7 @@ std::string_view dtype_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::F16: return "fp16";
     case DType::I32: return "int32";
+    case DType::U8: return "uint8";
   }
   return "?";
 }
@@ -42,6 +43,8 @@ void to_float(DType t, const void* src, float* dst, size_t n) {
   switch (t) {
     case DType::I32:
       throw std::logic_error("int32 tensors do not convert to fp32");
+    case DType::U8:
+      throw std::logic_error("uint8 tensors do not convert to fp32");
     case DType::F32:
       std::memcpy(dst, src, n * 4);
       return;
@@ -64,6 +67,8 @@ void from_float(DType t, const float* src, void* dst, size_t n) {
   switch (t) {
     case DType::I32:
       throw std::logic_error("fp32 does not convert to int32 tensors");
+    case DType::U8:
+      throw std::logic_error("fp32 does not convert to uint8 tensors");
     case DType::F32:
       std::memcpy(dst, src, n * 4);
       return;

@@ -13,8 +13,9 @@
 
 namespace zt::trainer {
 
-// I32 holds token ids; it has no conversion to or from fp32.
-enum class DType : uint8_t { F32, BF16, F16, I32 };
+// I32 holds token ids; U8 an 8-bit optimizer's quantized state (bitsandbytes' uint8 moments, sized
+// by the memory model only). Neither converts to or from fp32.
+enum class DType : uint8_t { F32, BF16, F16, I32, U8 };
 
 // How a GPU multiplies fp32 matrices, as torch.set_float32_matmul_precision: Highest is true fp32
 // (the CPU reference's results), High rounds the inputs to TF32 (10-bit mantissa) and Medium lets
@@ -24,8 +25,8 @@ enum class MatmulPrecision : uint8_t { Highest, High, Medium };
 std::string_view matmul_precision_name(MatmulPrecision p);  // "highest", "high", "medium"
 std::optional<MatmulPrecision> parse_matmul_precision(std::string_view name);
 
-constexpr size_t dtype_size(DType t) { return t == DType::BF16 || t == DType::F16 ? 2 : 4; }
-std::string_view dtype_name(DType t);                        // "fp32", "bf16", "fp16"
+constexpr size_t dtype_size(DType t) { return t == DType::U8 ? 1 : t == DType::BF16 || t == DType::F16 ? 2 : 4; }
+std::string_view dtype_name(DType t);                        // "fp32", "bf16", "fp16", "int32", "uint8"
 std::optional<DType> parse_dtype(std::string_view name);     // also "float32", "bfloat16", "float16"
 
 // The conversions themselves live in dtype_bits.h, shared with the CUDA kernels.

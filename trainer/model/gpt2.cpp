@@ -346,8 +346,10 @@ Attention Workspace::attention() const { return impl_->attention; }
 
 const char* attention_name(Attention a) { return a == Attention::Flash ? "flash" : "materialized"; }
 bool parse_attention(const std::string& name, Attention* out) {
-  if (name == "materialized") *out = Attention::Materialized;
-  else if (name == "flash") *out = Attention::Flash;
+  // Hugging Face's attn_implementation names too: eager materializes the probabilities; sdpa (its flash or
+  // memory-efficient kernel) and flash_attention_2 keep one log-sum-exp a row.
+  if (name == "materialized" || name == "eager") *out = Attention::Materialized;
+  else if (name == "flash" || name == "sdpa" || name == "flash_attention_2") *out = Attention::Flash;
   else return false;
   return true;
 }

@@ -363,6 +363,25 @@ Status hf_config_from_json(const json& j, const std::string& origin, HfModel* ou
   if (Status s = it->second(r, &m); !s) return s;
   // The checkpoint's dtype: torch_dtype (transformers 4), dtype (transformers 5).
   m.dtype = dtype_of(r.text("torch_dtype", r.text("dtype", "")));
+  // How attention runs, when the file says (attn_implementation; _attn_implementation as save_pretrained
+  // writes it): eager, sdpa, flash_attention_2. Another value is refused: a run would be charged the wrong one.
+  for (const char* k : {"attn_implementation", "_attn_implementation"}) {
+    if (!j.contains(k) || j[k].is_null()) continue;
+    const std::string a = j[k].is_string() ? j[k].get<std::string>() : std::string();
+    if (a != "eager" && a != "sdpa" && a != "flash_attention_2")
+      return Status::Error(origin + ": " + k + " " + (j[k].is_string() ? "'" + a + "'" : std::string("is not a string")) +
+                           ": zerotrace models eager, sdpa and flash_attention_2");
+    m.attention = a;
+  }
+  // The dropout on the attention probabilities in training, by the family's key.
+  for (const char* k : {"attention_dropout", "attn_pdrop", "dropout_rate"}) {
+    if (!j.contains(k) || j[k].is_null()) continue;
+    if (!j[k].is_number() || !(j[k].get<double>() >= 0 && j[k].get<double>() < 1))
+      return Status::Error(origin + ": " + k + " must be a number in [0, 1) (the attention's dropout probability)");
+    if (std::string(k) == "dropout_rate" && m.family != "t5") continue;
+    m.attention_dropout = j[k].get<double>();
+    break;
+  }
   if (m.shape.name.empty()) {
     const std::string arch = j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
                                      j["architectures"][0].is_string()

@@ -26,6 +26,8 @@ struct HfModel {
   ModelShape shape;
   std::string family;          // the file's model_type: "llama", "qwen3_moe", "t5", ...
   std::string dtype;           // the checkpoint's dtype as zerotrace names it (bf16, fp16, fp32); "" if not given
+  std::string attention;       // attn_implementation (eager, sdpa, flash_attention_2); "" if not given
+  double attention_dropout = 0;  // attention_dropout (attn_pdrop: GPT-2; dropout_rate: T5); 0 if not given
   int64_t formula_params = 0;  // the family's own formula over the file's fields
   std::vector<std::string> notes;  // what is approximated (MLA's RoPE split, ...), one line each
 };

@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/layout.h"
 #include "train/model_shape.h"
+#include "zero/optimizer_memory.h"
 #include "zt/common/files.h"
 #include "zt/common/units.h"
 #include "zt/common/yaml_keys.h"
@@ -92,6 +93,9 @@ Status load_train_config_text(const std::string& text, const std::string& path, 
       {"matmul_precision", [&](const YAML::Node& n) { c.matmul_precision = n.as<std::string>(); }},
       {"matmul_dtype", [&](const YAML::Node& n) { c.matmul_dtype = n.as<std::string>(); }},
       {"attention", [&](const YAML::Node& n) { c.attention = n.as<std::string>(); }},
+      {"attn_implementation", [&](const YAML::Node& n) { c.attention = n.as<std::string>(); }},  // HF's name
+      {"optimizer", [&](const YAML::Node& n) { c.optimizer = n.as<std::string>(); }},
+      {"attention_dropout", [&](const YAML::Node& n) { c.attention_dropout = n.as<double>(); }},
       {"checkpoint_dir", [&](const YAML::Node& n) { c.checkpoint_dir = n.as<std::string>(); }},
       {"save_every", [&](const YAML::Node& n) { c.save_every = n.as<int64_t>(); }},
       {"resume", [&](const YAML::Node& n) { c.resume = n.as<bool>(); }},
@@ -273,7 +277,17 @@ Status validate(const TrainConfig& c) {
   if (c.zero.offload_ratio < 1 && !(c.zero.offload_optimizer && c.zero.stage == 3))
     return bad("offload_ratio below 1 (ZeRO-Offload++'s partial optimizer offload) needs offload_optimizer and ZeRO stage 3");
   if (model::Attention a; !model::parse_attention(c.attention, &a))
-    return bad("attention '" + c.attention + "': use materialized (the fp32 reference) or flash (FlashAttention-2, bf16 products)");
+    return bad("attention '" + c.attention + "': use materialized or eager (the [B, H, T, T] probabilities kept), flash, "
+               "sdpa or flash_attention_2 (one log-sum-exp a row kept)");
+  if (c.attention == "flash_attention_2" && c.precision == "fp32")
+    return bad("attention flash_attention_2 with precision fp32: FlashAttention-2 runs fp16 and bf16 only "
+               "(transformers refuses it: \"Flash Attention 2 only supports torch.float16 and torch.bfloat16 dtypes\"); "
+               "sdpa runs fp32");
+  if (std::string p = optimizer_problem(c); !p.empty()) return bad(p);
+  if (!(c.attention_dropout >= 0 && c.attention_dropout < 1))
+    return bad("attention_dropout must lie in [0, 1) (the probability of dropping an attention weight)");
+  if (c.attention_dropout > 0 && !c.virtual_mode)
+    return bad("attention_dropout is charged in virtual mode only (--virtual): the reference passes have no dropout");
   if (c.delayed_update < -1) return bad("delayed_update must be a count of ordinary steps first (0 or more), or -1 for off");
   if (c.delayed_update >= 0 && !c.zero.offload_optimizer)
     return bad("delayed_update runs CPU AdamW beside the next step: it needs the optimizer on the host (offload_optimizer, ZeRO stage 1-3)");
@@ -456,6 +470,9 @@ std::string to_json(const TrainConfig& c) {
   if (c.eval_steps > 0)
     j["eval"] = {{"samples", c.eval_samples}, {"batch", c.eval_batch ? c.eval_batch : c.micro_batch},
                  {"accumulation_steps", c.eval_accumulation_steps}, {"keep_logits", c.eval_keep_logits}};
+  if (c.attention_dropout > 0) j["attention_dropout"] = c.attention_dropout;
+  // The optimizer the memory model charges, when the run or its DeepSpeed config names one.
+  if (const OptimizerSpec o = optimizer_of(c); o.given) j["optimizer"] = {{"name", o.name}, {"library", optimizer_library(o)}};
   if (c.watchdog_kill_at > 0) j["memory_watchdog"] = {{"tool", c.watchdog}, {"kill_at", c.watchdog_kill_at}};
   // A partial offload's split, for readers of the trace without the trainer (zt check --placement):
   // the modules counted, so the ones kept on the accelerator are known even where the trace is cut short.

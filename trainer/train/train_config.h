@@ -155,8 +155,15 @@ struct TrainConfig {
   // How attention runs (model::Attention): materialized (the fp32 reference; on a GPU cuBLAS with
   // the [B, H, T, T] probabilities kept) or flash (FlashAttention-2: one log-sum-exp per row kept,
   // bf16 products with fp32 accumulation; on a GPU the tensor-core kernels of
-  // cuda/flash_attention.h, head size 16, 32 or 64).
+  // cuda/flash_attention.h, head size 16, 32 or 64). Hugging Face's attn_implementation names too:
+  // eager (materialized), sdpa and flash_attention_2 (flash); the memory model tells them apart
+  // (ds_memory.h: SDPA in fp32 runs the memory-efficient kernel, whose log-sum-exp rows are padded to
+  // 32; FlashAttention-2 refuses fp32).
   std::string attention = "materialized";
+  // Dropout on the attention probabilities in training (a Hugging Face config's attention_dropout, GPT-2's
+  // attn_pdrop, T5's dropout_rate): under eager attention its mask and output are kept for backward (virtual
+  // mode only: the reference passes have no dropout). 0: none.
+  double attention_dropout = 0.0;
   bool quiet = false;
   // Checkpoints (issue 5; trainer/ckpt/checkpoint.h). Flags and YAML keys of the same names.
   std::string checkpoint_dir;      // where checkpoints go (and are resumed from)
@@ -234,6 +241,11 @@ struct TrainConfig {
   // The optimizer as DeepSpeed names it ("adamw", "lamb", "SGD"); "" when the config has no
   // optimizer block (the training script's own: the HF Trainer's AdamW by default).
   std::string optimizer_name;
+  // The optimizer the run names (train.optimizer, --optimizer; zero/optimizer_memory.h): DeepSpeed's, the
+  // HF Trainer's optim names, the libraries' classes. Given, it is the one the memory model charges, over
+  // the DeepSpeed config's; "" = that config's, else the engine's AdamW (FusedAdam's state; DeepSpeedCPUAdam's
+  // under offload_optimizer).
+  std::string optimizer;
   std::string config_file;         // where it was loaded from, for messages
 };
 

@@ -39,7 +39,8 @@ void attention_ops(const ActivationShape& a, const std::string& P, std::vector<M
   ops.push_back(alloc(P + ".attn.qkv", E, N * qkv_width(a)));
   if (a.flash) {
     ops.push_back(alloc(P + ".attn.out", E, N * C));
-    ops.push_back(alloc(P + ".attn.lse", DType::F32, a.B * a.heads * a.T));
+    const int64_t rows = (a.T + a.lse_align - 1) / a.lse_align * a.lse_align;
+    ops.push_back(alloc(P + ".attn.lse", DType::F32, a.B * a.heads * rows));
     return;
   }
   const int64_t scores = a.B * a.heads * a.T * a.T;
@@ -53,6 +54,13 @@ void attention_ops(const ActivationShape& a, const std::string& P, std::vector<M
   ops.push_back(release(P + ".attn.scores_scaled"));
   ops.push_back(alloc(P + ".attn.probs", E, scores));
   ops.push_back(release(P + ".attn.scores_masked"));
+  if (a.attn_dropout) {
+    // nn.functional.dropout(probs, p, training=True) (transformers' eager_attention_forward): native_dropout's
+    // bool mask, saved for its backward, and its output, saved by the matmul with v; the probabilities stay
+    // saved for the softmax's backward.
+    ops.push_back(alloc(P + ".attn.dropout_mask", DType::I32, (scores + 3) / 4));  // B x H x T x T bools
+    ops.push_back(alloc(P + ".attn.probs_dropped", E, scores));
+  }
   ops.push_back(alloc(P + ".attn.v", E, N * C));
   ops.push_back(release(P + ".attn.qkv"));
   ops.push_back(alloc(P + ".attn.y", E, N * C));
@@ -141,6 +149,10 @@ ActivationShape activation_shape(const ModelShape& s, bool learned_positions, in
   a.flash = flash;
   a.checkpointing = checkpointing;
   return a;
+}
+
+int64_t attention_lse_align(const std::string& attention, DType dtype) {
+  return attention == "sdpa" && dtype == DType::F32 ? 32 : 1;
 }
 
 int64_t layer_ffn(const ActivationShape& a, int64_t layer) {

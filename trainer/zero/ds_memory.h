@@ -75,7 +75,19 @@ struct ActivationShape {
   DType dtype = DType::BF16;  // the compute dtype PyTorch would run in
   bool flash = true;          // SDPA (flash / memory-efficient) attention; false: eager (materialized)
   bool checkpointing = false;
+  // The log-sum-exp's rows are padded to a multiple of this: 32 for SDPA's memory-efficient kernel, 1 for
+  // FlashAttention-2 and SDPA's flash kernel (attention_lse_align).
+  int64_t lse_align = 1;
+  // Eager attention in training with attention dropout (the config's attention_dropout, attn_pdrop > 0):
+  // torch's dropout keeps its bool mask and its output (what the matmul with v saves) beside the probabilities.
+  bool attn_dropout = false;
 };
+// How the log-sum-exp the attention keeps for backward ([B, heads, T] fp32) is padded, by HF's
+// attn_implementation: sdpa in fp32 runs PyTorch's memory-efficient kernel (the flash kernel takes fp16 and
+// bf16 only), whose logsumexp is [B, heads, ceil(T / 32) x 32] (aten/src/ATen/native/transformers/cuda/
+// attention.cu, _efficient_attention_forward: kAlignLSE = 32); flash_attention_2 (flash_attn's
+// softmax_lse) and sdpa in 16 bit (_scaled_dot_product_flash_attention) keep [B, heads, T]. 1 otherwise.
+int64_t attention_lse_align(const std::string& attention, DType dtype);
 ActivationShape activation_shape(const ModelShape& s, bool learned_positions, int64_t B, int64_t T, DType dtype,
                                  bool flash, bool checkpointing);
 

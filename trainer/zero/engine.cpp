@@ -240,6 +240,10 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   // count every parameter.
   modules_ = virt && custom ? shape_modules(shape, false) : model::module_table(mc);
   module_params_ = module_parameters(custom ? nullptr : &mc, shape, !custom);
+  opt_ = optimizer_of(cfg);
+  if (!adam_moments(opt_.impl) && !virt)  // validate() says so first; for callers that skip it
+    throw std::invalid_argument("optimizer " + opt_.name + " (" + optimizer_library(opt_) +
+                                ") is replayed for memory in virtual mode only");
   ds_layout_ = virt && z_.stage == 3;
   ds12_ = virt && (z_.stage == 1 || z_.stage == 2);
   ds0_ = virt && z_.stage == 0 && dtype_ != DType::F32;
@@ -378,9 +382,11 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     pt.master = Tensor::empty(group, {pt.opt_n}, DType::F32, opt, opt_pin);
     upload(pt.master, 0, pt.init_master.empty() ? nullptr : pt.init_master.data(), pt.opt_n);
     std::vector<float>().swap(pt.init_master);
-    if (!ds12_) {  // ds12_: made at the first step (ds12_moments)
+    if (!ds12_ && adam_moments(opt_.impl)) {  // ds12_: made at the first step (ds12_moments)
       pt.m = Tensor::zeros("adam.m[" + n + "]", {pt.opt_n}, DType::F32, opt, opt_pin);
       pt.v = Tensor::zeros("adam.v[" + n + "]", {pt.opt_n}, DType::F32, opt, opt_pin);
+    } else if (!ds12_ && z_.stage == 3) {  // stage 0: once every module is placed (its flat group), below
+      charge_optimizer_state(pt, pt.opt_host);
     }
     if (pt.opt_host)
       pt.part_grad = Tensor::zeros(part_grad_name(spec.index, part_grad_dtype_), {pt.opt_n}, part_grad_dtype_, host,
@@ -409,6 +415,11 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     for (auto& p : parts_) place_params(*p);
     for (auto& p : parts_) place_states(*p);
   }
+  // Stage 0's optimizer state outside AdamW's family, made at set-up (initialize_optimizer_states' step) over
+  // FP16_Optimizer's flat group (or the model's parameters in fp32).
+  if (z_.stage == 0 && !adam_moments(opt_.impl))
+    for (auto& p : parts_)
+      if (!p->frozen) charge_optimizer_state(*p, p->opt_host);
   // Activations: a real GPU's passes get theirs as one tensor; elsewhere the device is charged what
   // PyTorch's autograd would keep, tensor by tensor, allocated and freed as the passes run (step()).
   // An encoder-decoder's (virtual shapes only) is one tensor of model_shape.h's estimate, charged
@@ -416,6 +427,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   // an evaluation, an optimizer step or a save: issue 30's finding).
   act_ = activation_shape(shape, !custom, B, T, dtype_, attention_of(cfg) == model::Attention::Flash,
                           cfg.activation_checkpointing);
+  act_.lse_align = attention_lse_align(cfg.attention, dtype_);
+  act_.attn_dropout = cfg.attention_dropout > 0 && !act_.flash;  // SDPA and flash-attn draw it from a seed
   if (!virt) passes_ = rt.model_passes(mc, B, T, cfg.activation_checkpointing, attention_of(cfg));
   charge_terms_ = virt || passes_->owns_memory();
   if (virt && shape.encoder_layers > 0)
@@ -548,7 +561,7 @@ int64_t ZeroEngine::model_state_bytes() const {
     for (const Tensor* t : {&p->param, &p->param_shard, &p->shard_next, &p->grad, &p->master, &p->m, &p->v, &p->part_grad,
                             &p->part_grad_spare, &p->master_alt, &p->m_alt, &p->v_alt})
       if (t->defined()) b += int64_t(t->bytes());
-  return b;
+  return b + opt_state_bytes_;
 }
 
 std::pair<int, int> ZeroEngine::offloaded_modules() const {
@@ -1315,7 +1328,8 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
     for (size_t mi = 0; mi < parts_.size(); ++mi) {
       Part& p = *parts_[mi];
       if (p.frozen) continue;
-      require_accelerator("optimizer.step", {&p.master, &g32[mi], &p.m, &p.v}, step);
+      if (p.m.defined()) require_accelerator("optimizer.step", {&p.master, &g32[mi], &p.m, &p.v}, step);
+      else require_accelerator("optimizer.step", {&p.master, &g32[mi]}, step);
     }
   ++adam_steps_;
   // The fused pass may write host parameter shards that H2D copies read earlier in the step.
@@ -1331,7 +1345,8 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
   for (size_t mi = 0; mi < parts_.size(); ++mi) {
     Part& p = *parts_[mi];
     if (p.frozen) continue;  // (finetuning with frozen modules has neither the delayed nor the overlapped update)
-    check_same_device("adamw_step", {&p.master, &g32[mi], &p.m, &p.v}, step);
+    if (p.m.defined()) check_same_device("adamw_step", {&p.master, &g32[mi], &p.m, &p.v}, step);
+    else check_same_device("adamw_step", {&p.master, &g32[mi]}, step);  // a state of another shape (charged)
     AdamJob j;
     j.mi = int(mi);
     j.grad = g32[mi];
@@ -1408,17 +1423,31 @@ StepResult ZeroEngine::optimizer_step_body(int64_t step) {
     // Each module's Adam ("adamw X"), then its updated shard to the device: serially, since both
     // are bound by host memory bandwidth (measured on an H100 host: a copy running beside the next
     // module's Adam slowed both, and 124M's step went from 158 to 185 ms).
+    // The optimizer's own temporaries (optimizer_memory.h) on the device, around the update of what one call
+    // is handed: stage 3 one sub-group (here a module) at a time, stages 0-2 the whole partition at once.
+    auto temporaries = [&](const std::vector<int64_t>& tensors, bool alloc) {
+      if (!charge_terms_) return;
+      for (const MemoryTerm& t : optimizer_step_temporaries(opt_, tensors, cfg_.weight_decay))
+        charge(MemoryOp{alloc, alloc ? t : MemoryTerm{t.name, t.dtype, 0}});
+    };
+    const bool per_sub_group = z_.stage == 3;
+    const std::vector<int64_t> whole = per_sub_group ? std::vector<int64_t>{} : optimizer_step_tensors();
+    temporaries(whole, true);
     for (AdamJob& j : jobs) {
+      const int64_t sub_group = parts_[size_t(j.mi)]->opt_n;
+      if (per_sub_group && !parts_[size_t(j.mi)]->opt_host) temporaries({sub_group}, true);
       const bool transient = ds_layout_ && j.low != optim::LowDType::None && !j.in_place;
       if (transient) {
         j.fused = update_buffer(*parts_[size_t(j.mi)]);
         j.low_out = j.fused.raw();
       }
       run_adam(j, hp, step, adam_steps_);
+      if (per_sub_group && !parts_[size_t(j.mi)]->opt_host) temporaries({sub_group}, false);
       if (!j.in_place) write_back(j.mi, j.fused);
       if (transient) j.fused.reset();
       zero_tensor(parts_[size_t(j.mi)]->grad);
     }
+    temporaries(whole, false);
   } else {
     // The whole AdamW pass to the background thread; the next step's forward and backward run
     // meanwhile on the weights as they are, and its partitions land in the other buffers.
@@ -1476,10 +1505,43 @@ void ZeroEngine::ds12_transfer(int mi, bool d2h) {
   rec_->transfer(e);
 }
 
+void ZeroEngine::charge_optimizer_state(const Part& p, bool on_host) {
+  // At stages 0-2 the module's part lies in one flat partition (what decides bitsandbytes' 8-bit state).
+  const std::vector<int64_t> handed = z_.stage == 3 ? std::vector<int64_t>{p.opt_n} : optimizer_step_tensors();
+  const int64_t tensor = handed.size() == 1 ? handed[0] : p.opt_n;
+  for (const MemoryTerm& t : optimizer_state_terms(opt_, p.spec.name, p.opt_n, tensor)) {
+    if (charges_.count(t.name)) return;  // made already (a resumed run, a later step)
+    MemoryOp op{true, t};
+    op.host = on_host;
+    charge(op);
+    opt_state_bytes_ += t.bytes();
+  }
+}
+
+std::vector<int64_t> ZeroEngine::optimizer_step_tensors() const {
+  // DeepSpeed hands its optimizer flat fp32 partitions: at stages 1-2 one a param group (one group here),
+  // at stage 0 in 16 bit FP16_Optimizer's flat group; at stage 0 in fp32 the model's own parameters.
+  std::vector<int64_t> t;
+  const bool flat = z_.stage > 0 || dtype_ != DType::F32;
+  int64_t sum = 0;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    if (parts_[i]->frozen) continue;
+    if (flat) sum += parts_[i]->opt_n;
+    else t.insert(t.end(), module_params_[i].begin(), module_params_[i].end());
+  }
+  if (flat && sum > 0) t.push_back(sum);
+  return t;
+}
+
 void ZeroEngine::ds12_moments() {
   Device& host = rt_.host();
   for (auto& p : parts_) {
-    if (p->frozen || p->m.defined()) continue;
+    if (p->frozen) continue;
+    if (!adam_moments(opt_.impl)) {  // bitsandbytes', Adafactor's, SGD's state: made at the first step too
+      charge_optimizer_state(*p, p->opt_host);
+      continue;
+    }
+    if (p->m.defined()) continue;
     // FusedAdam's zeros_like of the fp32 master on the device; DeepSpeedCPUAdam's on the host, pageable.
     Device& where = p->opt_host ? host : rt_.accelerator();
     p->m = Tensor::zeros("adam.m[" + p->spec.name + "]", {p->opt_n}, DType::F32, where, false);

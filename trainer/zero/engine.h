@@ -133,6 +133,7 @@
 #include "zero/background.h"
 #include "zero/communicator.h"
 #include "zero/ds_memory.h"
+#include "zero/optimizer_memory.h"
 
 namespace zt::trainer {
 
@@ -356,6 +357,13 @@ class ZeroEngine {
   // partition from the host buffer back into the flat parameters after the step (H2D).
   void ds12_transfer(int mi, bool d2h);
   void ds12_reduce_collectives();  // the IPG flushes' all-reduces since the last call, as collectives
+  // The optimizer whose memory is charged (optimizer_memory.h): its state for each module (adam.m, adam.v
+  // for AdamW's family; the others as charged terms, virtual mode only), and its step's temporaries on the
+  // device around the update of the tensors it is handed (charge_terms_: virtual mode, the simulated GPU).
+  OptimizerSpec opt_;
+  int64_t opt_state_bytes_ = 0;  // the charged state of an optimizer outside AdamW's family
+  void charge_optimizer_state(const Part& p, bool on_host);
+  std::vector<int64_t> optimizer_step_tensors() const;  // what one call of the step is handed (stages 0-2)
   ActivationShape act_;
   std::map<std::string, Tensor> charges_;
   void charge(const std::vector<MemoryOp>& ops);

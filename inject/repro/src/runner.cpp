@@ -1,5 +1,6 @@
 // zt repro: the bug run, the fix run, and the verdict from their traces.
 #include "zt/repro/runner.h"
+#include "zero/optimizer_memory.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -56,6 +57,10 @@ std::string describe_run(const trainer::TrainConfig& c) {
   if (c.save_every) s << ", checkpoint every " << c.save_every;
   if constexpr (requires { c.save_only_model; })
     if (c.save_only_model) s << " (save_only_model)";
+  // The optimizer and the attention the memory model charged, when the run named them (issue 41).
+  if (const trainer::OptimizerSpec o = trainer::optimizer_of(c); o.given)
+    s << ", optimizer " << o.name << " (" << trainer::optimizer_library(o) << ")";
+  if (c.attention != "materialized") s << ", attention " << c.attention;
   s << "; faults: ";
   if (c.faults.empty()) s << "none";
   for (size_t i = 0; i < c.faults.size(); ++i) s << (i ? "; " : "") << c.faults[i];

@@ -21,6 +21,7 @@
 #include "train/run_args.h"
 #include "train/model_shape.h"
 #include "zero/ds_memory.h"
+#include "zero/optimizer_memory.h"
 #include "zt/common/files.h"
 #include "zt/common/units.h"
 #include "zt/common/yaml_keys.h"
@@ -200,7 +201,9 @@ const std::vector<std::string>& train_keys() {
       "max_doc_tokens", "comm_timeout_ms",
       // issue 30: model loading, what trains, evaluation
       "from_pretrained", "load_dtype", "load_copies", "zero_init", "zero3_init_flag", "finetuning", "lora_rank", "lora_targets",
-      "trainable_layers", "eval_steps", "eval_samples", "eval_batch", "eval_accumulation_steps", "eval_keep_logits"};
+      "trainable_layers", "eval_steps", "eval_samples", "eval_batch", "eval_accumulation_steps", "eval_keep_logits",
+      // issue 41: the optimizer and the attention as the job runs them
+      "optimizer", "attention", "attn_implementation", "attention_dropout"};
   return keys;
 }
 
@@ -281,7 +284,18 @@ void apply_setting(const Reader& r, const Setting& s, trainer::TrainConfig& c) {
   else if (k == "eval_batch") c.eval_batch = at_least(integer(), 1);
   else if (k == "eval_accumulation_steps") c.eval_accumulation_steps = at_least(integer(), 0);
   else if (k == "eval_keep_logits") c.eval_keep_logits = boolean();
-  else bad("unknown setting");
+  else if (k == "optimizer") {
+    if (!trainer::parse_optimizer(s.value, false))
+      bad("'" + s.value + "' is not an optimizer zerotrace knows (" + trainer::optimizer_names() + ")");
+    c.optimizer = s.value;
+  } else if (k == "attention" || k == "attn_implementation") {
+    if (model::Attention a; !model::parse_attention(s.value, &a))
+      bad("'" + s.value + "': use eager, sdpa or flash_attention_2 (Hugging Face's attn_implementation), or materialized, flash");
+    c.attention = s.value;
+  } else if (k == "attention_dropout") {
+    c.attention_dropout = number();
+    if (!(c.attention_dropout >= 0 && c.attention_dropout < 1)) bad("'" + s.value + "' must lie in [0, 1)");
+  } else bad("unknown setting");
 }
 
 std::vector<Setting> read_settings(const Reader& r, const YAML::Node& n, const std::string& section) {
@@ -678,6 +692,8 @@ void read_scenario(const Reader& r, const YAML::Node& root, Scenario& s) {
                s.hf_family = hf.family;
                s.hf_params = hf.formula_params;
                s.checkpoint_dtype = hf.dtype;
+               s.hf_attention = hf.attention;
+               s.hf_attention_dropout = hf.attention_dropout;
                s.hf_notes = hf.notes;
                for (const auto& f : trainer::shape_fields()) lines[f.name] = line_of(x);
              }
@@ -888,6 +904,10 @@ Status resolve(const Scenario& s, Variant v, bool fix, std::optional<uint64_t> s
       c.device_memory = f && f->gpu_memory ? *f->gpu_memory : s.small.gpu_memory;
       c.host_memory = f && f->host_memory ? *f->host_memory : s.small.host_memory;
     }
+    // The full-size run's model is the HF config's: its attn_implementation first, a train: attention (below)
+    // over it. (The small variant's model is another; it takes train: attention only.)
+    if (v == Variant::Full && !s.hf_attention.empty()) c.attention = s.hf_attention;
+    if (v == Variant::Full) c.attention_dropout = s.hf_attention_dropout;
     for (const auto& set : s.train) apply_setting(r, set, c);
     if (v == Variant::Small)
       for (const auto& set : s.small.train) apply_setting(r, set, c);

@@ -113,6 +113,9 @@ struct Scenario {
   // model: {hf_config: FILE}: the Hugging Face config the shape was read from (its path beside the
   // scenario), its family, the family formula's parameter count, the checkpoint's dtype ("" unknown).
   std::string hf_config, hf_family, checkpoint_dtype;
+  // Its attn_implementation (eager, sdpa, flash_attention_2), the runs' attention unless train: names one.
+  std::string hf_attention;
+  double hf_attention_dropout = 0;  // its attention dropout (attention_dropout, attn_pdrop, T5's dropout_rate)
   int64_t hf_params = 0;
   std::vector<std::string> hf_notes;
   int shape_line = 0;      // the `model:` section's line (a limit on the shape and the batch together names it)
