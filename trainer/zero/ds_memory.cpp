@@ -644,6 +644,52 @@ std::vector<MemoryOp> ds0_init_ops(const std::vector<int64_t>& params) {
   return {alloc("fp32_groups_flat[0].grad", DType::F32, total), release("fp32_groups_flat[0].grad")};
 }
 
+std::vector<MemoryOp> ds0_flat_init_ops(const std::vector<int64_t>& params, DType dtype) {
+  std::vector<MemoryOp> ops;
+  int64_t total = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ops.push_back(alloc("fp16_groups[0].clone[" + std::to_string(i) + "]", dtype, params[i]));
+    total += params[i];
+  }
+  ops.push_back(alloc("fp16_groups_flat[0]", dtype, total));
+  for (size_t i = 0; i < params.size(); ++i) ops.push_back(release("fp16_groups[0].clone[" + std::to_string(i) + "]"));
+  // p.data = view of the flat buffer: the originals go; the engine's module parameters stand for the views.
+  ops.push_back(release("fp16_groups_flat[0]"));
+  ops.push_back(alloc("fp16_groups_flat[0].clone", dtype, total));
+  ops.push_back(alloc("fp32_groups_flat[0]", DType::F32, total));
+  ops.push_back(release("fp16_groups_flat[0].clone"));
+  ops.push_back(alloc("fp32_groups_flat[0].grad", DType::F32, total));
+  ops.push_back(alloc("fp32_groups_flat[0].exp_avg", DType::F32, total));
+  ops.push_back(alloc("fp32_groups_flat[0].exp_avg_sq", DType::F32, total));
+  ops.push_back(release("fp32_groups_flat[0].grad"));
+  // The engine's per-module master weights and moments stand for these from here.
+  ops.push_back(release("fp32_groups_flat[0].exp_avg_sq"));
+  ops.push_back(release("fp32_groups_flat[0].exp_avg"));
+  ops.push_back(release("fp32_groups_flat[0]"));
+  return ops;
+}
+
+std::vector<MemoryOp> ds12_flat_init_ops(const Ds12Partition& part, DType dtype, bool offload) {
+  std::vector<MemoryOp> ops;
+  const int64_t P = part.partition;
+  if (P == 0) return ops;
+  // In fp32 .clone() still copies; .to(fp32) of an fp32 tensor is then the clone itself.
+  ops.push_back(alloc("single_partition_of_fp32_groups[0].clone", dtype, P));
+  if (offload) {
+    ops.push_back(release("single_partition_of_fp32_groups[0].clone"));  // .to(cpu): the host masters
+    return ops;
+  }
+  if (dtype != DType::F32) {
+    ops.push_back(alloc("single_partition_of_fp32_groups[0]", DType::F32, P));
+    ops.push_back(release("single_partition_of_fp32_groups[0].clone"));
+  }
+  const std::string master = dtype != DType::F32 ? "single_partition_of_fp32_groups[0]" : "single_partition_of_fp32_groups[0].clone";
+  ops.push_back(alloc("single_partition_of_fp32_groups[0].grad", DType::F32, P));  // initialize_optimizer_states
+  ops.push_back(release("single_partition_of_fp32_groups[0].grad"));
+  ops.push_back(release(master));  // the engine's per-module masters stand for it from here
+  return ops;
+}
+
 std::vector<MemoryOp> ds0_allreduce_ops(const std::vector<int64_t>& params, DType dtype, int64_t bucket) {
   std::vector<MemoryOp> ops;
   int64_t in_bucket = 0, tensors = 0;

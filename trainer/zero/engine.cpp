@@ -396,17 +396,33 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     p->sharded = z_.stage == 3 && !p->persistent;
     p->frozen = frozen[size_t(spec.index)] != 0;
     p->opt_host = !p->frozen && int64_t(parts_.size()) >= first_offloaded;
-    // As before issue 30 when nothing is loaded: each module's parameters, then its states.
-    if (!cfg.from_pretrained) {
+    // As before issue 30 when nothing is loaded: each module's parameters, then its states. DeepSpeed's
+    // stages 0-2 (virtual) build the optimizer after every parameter is placed (flat_init below).
+    if (!cfg.from_pretrained && !ds12_ && !ds0_) {
       place_params(*p);
       place_states(*p);
     }
     parts_.push_back(std::move(p));
   }
-  if (cfg.from_pretrained) {
+  if (cfg.from_pretrained || ds12_ || ds0_) {
     // DeepSpeed partitions every parameter first, then builds the optimizer: the loaded model is
     // gone before the first optimizer state is allocated.
     for (auto& p : parts_) place_params(*p);
+    // Stages 0-2 (virtual): the optimizer's flat buffers, whole, as DeepSpeed makes them at its init
+    // (ds_memory.h's ds0_flat_init_ops, ds12_flat_init_ops); the module tensors placed next stand for them.
+    if (ds12_ || ds0_) {
+      std::vector<std::vector<int64_t>> trainable(parts_.size());
+      std::vector<int64_t> flat;
+      for (size_t i = 0; i < parts_.size(); ++i)
+        if (!parts_[i]->frozen) {
+          trainable[i] = module_params_[i];
+          flat.insert(flat.end(), module_params_[i].begin(), module_params_[i].end());
+        }
+      probe::MarkerId ph = phase("optimizer init (DeepSpeed's flat buffers)", -1);
+      if (ds0_) charge(ds0_flat_init_ops(flat, dtype_));
+      if (ds12_) charge(ds12_flat_init_ops(ds12_partition(trainable, W_, rank_), dtype_, z_.offload_optimizer));
+      end(ph);
+    }
     for (auto& p : parts_) place_states(*p);
   }
   // Activations: a real GPU's passes get theirs as one tensor; elsewhere the device is charged what
@@ -456,7 +472,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   if (ds0_) {
     for (size_t i = 0; i < parts_.size(); ++i)
       if (!parts_[i]->frozen) ds0_params_.insert(ds0_params_.end(), module_params_[i].begin(), module_params_[i].end());
-    charge(ds0_init_ops(ds0_params_));  // initialize_optimizer_states' step on zero fp32 gradients
+    // initialize_optimizer_states' step on zero fp32 gradients: charged with the flat buffers above.
   }
   if (ds_layout_) {
     // stage3.py's IPG bucket: reduce_bucket_size elements in the compute dtype, made once.
