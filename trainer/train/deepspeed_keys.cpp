@@ -43,10 +43,6 @@ struct Key {
   std::function<bool(const json& value, const json& block)> changes = nullptr;
 };
 
-int zero_stage(const json& zo) {
-  return zo.is_object() && zo.contains("stage") && zo["stage"].is_number_integer() ? zo["stage"].get<int>() : 0;
-}
-
 const std::vector<Key>& keys() {
   static const std::vector<Key> table = {
       // ---- top level (deepspeed/runtime/config.py, constants.py)
@@ -153,10 +149,7 @@ const std::vector<Key>& keys() {
       {"zero_optimization.", "reduce_scatter", Effect::None, "reduce-scatter instead of all-reduce"},
       {"zero_optimization.", "allgather_partitions", Effect::None, "all-gather instead of broadcasts"},
       {"zero_optimization.", "allgather_bucket_size", Effect::None, "the all-gather's bucket (stages 1-2)"},
-      {"zero_optimization.", "overlap_comm", Effect::Memory,
-       "stages 1-2: overlapped reduction keeps extra buckets of reduce_bucket_size and allgather_bucket_size "
-       "(4.5 x their size, as DeepSpeed's docs say)",
-       [](const json& v, const json& zo) { return is_true(v) && zero_stage(zo) > 0 && zero_stage(zo) < 3; }},
+      // overlap_comm is read (ZeroSettings::overlap_comm: the second IPG buffer at stages 1-2).
       {"zero_optimization.", "sub_group_size", Effect::None, "the optimizer's tile size (modules are the sub-groups here)"},
       {"zero_optimization.", "round_robin_gradients", Effect::None, "gradient copies spread over ranks"},
       {"zero_optimization.", "use_multi_rank_bucket_allreduce", Effect::None, "communication"},

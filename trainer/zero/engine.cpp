@@ -466,6 +466,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     s.offload = z_.offload_optimizer;
     s.grad_accum = cfg.grad_accum;
     s.reduce_bucket_size = z_.reduce_bucket_size;
+    s.overlap_comm = z_.overlap_comm;
     ds12_grads_ = std::make_unique<Ds12Gradients>(s, trainable);
     charge(ds12_grads_->setup_ops());
   }
