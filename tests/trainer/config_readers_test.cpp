@@ -156,6 +156,11 @@ TEST(DeepSpeedKeys, KeysThatChangeMemoryUnmodeledAreNamedAndHarmlessOnesAreNot) 
   EXPECT_FALSE(b2.cfg.zero.overlap_comm) << "DeepSpeed's default at stages 1-2";
   Loaded b3 = load({{"zero_optimization", {{"stage", 2}, {"overlap_comm", "yes"}}}});
   EXPECT_FALSE(b3.status);
+  // legacy_stage1 is read too (stage1.py's set-up at stage 1): off unless given.
+  Loaded l = load({{"zero_optimization", {{"stage", 1}, {"legacy_stage1", true}}}});
+  ASSERT_TRUE(l.status) << l.status.message();
+  EXPECT_TRUE(l.cfg.zero.legacy_stage1);
+  EXPECT_FALSE(b2.cfg.zero.legacy_stage1);
   // A key DeepSpeed does not read is named as such (and changes nothing).
   Loaded c = load({{"monitor_config", json::object()}});
   EXPECT_TRUE(c.noted("monitor_config is not a key DeepSpeed 0.19 reads; ignored, as DeepSpeed ignores it"));

@@ -388,6 +388,47 @@ TEST(Ds12Terms, FlatMasterAndInitGradientAtInit) {
   EXPECT_TRUE(f32.device.empty());
 }
 
+// Legacy ZeRO-1 (stage1.py, read at v0.3.16), by hand for Code-LMs#21's log: 2,775,208,960 elements on one rank,
+// max_elements_per_comm 5e8. best_max_elems_per_comm: 6 intervals pad 224,791,040, 5 would pad 555,041,792:
+// 5e8 kept ("Using default max_elements_per_comm"); 6 sub-partitions of 5e8 (the log's sub_partition_count 6),
+// padded to 3e9. Set-up: the 16-bit flat buffer (6e9 bytes), each sub-partition's clone and fp32 copy (2e9 bytes
+// each), then the six zero fp32 gradients: the third is asked for (2e9 bytes = 1.86 GiB) with 6e9 + 6 x 2e9 +
+// 2 x 2e9 bytes = 20.49 GiB allocated beyond the originals the flat buffer replaced: the report's two figures.
+TEST(Ds1Legacy, SubPartitionsOfTheFp32MasterAtSetUp) {
+  const int64_t total = 2775208960;
+  const auto l = zt::trainer::ds1_legacy_layout(total, 1);
+  EXPECT_EQ(l.comm, 500000000);
+  EXPECT_EQ(l.count, 6);
+  EXPECT_EQ(l.sub, 500000000);
+  EXPECT_EQ(l.padded, 3000000000);
+  // Where the third zero gradient is asked for, what is alive (the module tensors, 2 x total, stand for the flat
+  // buffer but for its padding).
+  const auto ops = zt::trainer::ds1_legacy_init_ops(total, 1, DType::F16);
+  Live live;
+  int64_t before_third = -1;
+  for (const MemoryOp& op : ops) {
+    if (op.alloc && op.term.name == "local_sub_partitions_of_fp32_groups[0][2].grad") {
+      before_third = live.now;
+      EXPECT_EQ(op.term.bytes(), 2000000000);
+    }
+    live.apply({op});
+  }
+  EXPECT_EQ(before_third + 2 * total, 6000000000 + 6 * 2000000000LL + 2 * 2000000000LL);
+  // Kept: the padding of the flat buffer and of the fp32 master and its moments.
+  EXPECT_EQ(live.now, 2 * (3000000000 - total) + 12 * (3000000000 - total));
+  // Two ranks: 2 x 3 sub-partitions of 2.5e8 a rank... best_max_elems_per_comm and the alignment by hand:
+  // 6 intervals pad 224,791,040 < ceil(total / (2 x 5)) = 277,520,896: 5e8 kept; a rank's part ceil(total / 2) =
+  // 1,387,604,480 over 2.5e8 a comm part: 6 sub-partitions of 2.5e8 each, padded to 3e9.
+  const auto l2 = zt::trainer::ds1_legacy_layout(total, 2);
+  EXPECT_EQ(l2.count, 6);
+  EXPECT_EQ(l2.sub, 250000000);
+  EXPECT_EQ(l2.padded, 3000000000);
+  // A small group: one sub-partition of the whole part.
+  const auto small = zt::trainer::ds1_legacy_layout(1001, 2);
+  EXPECT_EQ(small.count, 1);
+  EXPECT_EQ(small.sub, 501);
+}
+
 // ---- the virtual engine (zt train --virtual) at stage 2
 
 zt::trainer::TrainConfig stage2_run(const std::string& model, const std::string& precision, int64_t world,

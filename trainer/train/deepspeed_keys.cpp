@@ -156,7 +156,7 @@ const std::vector<Key>& keys() {
       {"zero_optimization.", "load_from_fp32_weights", Effect::None, "where a resumed run takes its master weights"},
       {"zero_optimization.", "elastic_checkpoint", Effect::None, "the checkpoint's layout"},
       {"zero_optimization.", "ignore_unused_parameters", Effect::None, "a check"},
-      {"zero_optimization.", "legacy_stage1", Effect::None, "the old stage 1 code"},
+      // legacy_stage1 is read (ZeroSettings::legacy_stage1: stage1.py's set-up).
       {"zero_optimization.", "stage3_use_all_reduce_for_fetch_params", Effect::None, "communication"},
       {"zero_optimization.", "stage3_module_granularity_threshold", Effect::None, "which modules fetch together"},
       {"zero_optimization.", "log_trace_cache_warnings", Effect::None, "logging"},

@@ -342,6 +342,22 @@ std::vector<MemoryOp> ds0_flat_init_ops(const std::vector<int64_t>& params, DTyp
 //    without offload (`group.grad = None`). DeepSpeed up to 0.13.1 also ran optimizer.step() there (the moments
 //    made at init); 0.13.2 and later make them at the first step, as zt does.
 std::vector<MemoryOp> ds12_flat_init_ops(const Ds12Partition& part, DType dtype, bool offload);
+//  - Legacy ZeRO-1 (FP16_DeepSpeedZeroOptimizer_Stage1, runtime/zero/stage1.py: stage 1 of DeepSpeed 0.3, and
+//    of 0.4 and later with zero_optimization.legacy_stage1; read at v0.3.16): the group flattened with a zero
+//    pad to count x sub x W elements (flatten_dense_tensors_sub_partition_aligned 529-576; max_elements_per_comm
+//    5e8, or best_max_elems_per_comm's 277-302 choice), the rank's `count` sub-partitions of `sub` elements each
+//    cloned and made fp32 one by one (204-212), then _initialize_optimizer_states (262-275): a zero fp32 gradient
+//    of every sub-partition (torch.zeros(...).cuda()), all alive, and optimizer.step(), which makes the moments
+//    of each sub-partition; the gradients freed. Kept after (the engine's module tensors stand for the rest):
+//    the flat buffer's padding (16-bit) and the fp32 master's and moments' share of it (12 bytes an element).
+struct Ds1LegacyLayout {
+  int64_t comm = 0;     // max_elements_per_comm after best_max_elems_per_comm
+  int64_t count = 0;    // sub-partitions a rank holds
+  int64_t sub = 0;      // elements in each
+  int64_t padded = 0;   // count x sub x W
+};
+Ds1LegacyLayout ds1_legacy_layout(int64_t total, int64_t W, int64_t max_elements_per_comm = 500000000);
+std::vector<MemoryOp> ds1_legacy_init_ops(int64_t total, int64_t W, DType dtype);
 std::vector<MemoryOp> ds0_allreduce_ops(const std::vector<int64_t>& params, DType dtype, int64_t bucket = 500000000);
 std::vector<MemoryOp> ds0_step_before_adam(const std::vector<int64_t>& params, DType dtype);
 std::vector<MemoryOp> ds0_step_after_adam();

@@ -243,6 +243,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   ds_layout_ = virt && z_.stage == 3;
   ds12_ = virt && (z_.stage == 1 || z_.stage == 2);
   ds0_ = virt && z_.stage == 0 && dtype_ != DType::F32;
+  legacy_stage1_ = ds12_ && z_.stage == 1 && z_.legacy_stage1 && !z_.offload_optimizer && dtype_ != DType::F32;
   const int64_t blocks = int64_t(mc.layers);
   // What trains (cfg.finetuning): frozen modules keep parameters only. LoRA's adapters are modules
   // of their own after the model's ("block3.lora"), trained as any module (virtual mode: sizes).
@@ -420,10 +421,17 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
         }
       probe::MarkerId ph = phase("optimizer init (DeepSpeed's flat buffers)", -1);
       if (ds0_) charge(ds0_flat_init_ops(flat, dtype_));
-      if (ds12_) charge(ds12_flat_init_ops(ds12_partition(trainable, W_, rank_), dtype_, z_.offload_optimizer));
+      if (legacy_stage1_) {
+        int64_t total = 0;
+        for (int64_t n : flat) total += n;
+        charge(ds1_legacy_init_ops(total, W_, dtype_));
+      } else if (ds12_) {
+        charge(ds12_flat_init_ops(ds12_partition(trainable, W_, rank_), dtype_, z_.offload_optimizer));
+      }
       end(ph);
     }
     for (auto& p : parts_) place_states(*p);
+    if (legacy_stage1_) ds12_moments();  // stage1.py's set-up step made them
   }
   // Activations: a real GPU's passes get theirs as one tensor; elsewhere the device is charged what
   // PyTorch's autograd would keep, tensor by tensor, allocated and freed as the passes run (step()).
