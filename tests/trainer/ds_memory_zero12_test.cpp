@@ -331,6 +331,104 @@ TEST(Ds0Terms, InitAllReduceAndStep) {
   EXPECT_TRUE(live.device.empty());
 }
 
+// Engine init, stage 0 (FP16_Optimizer.__init__, runtime/fp16/fused_optimizer.py v0.19.5 87-101, and its
+// initialize_optimizer_states 123-133), by hand for Ψ = 1300 in bf16: every parameter cloned (2 bytes each,
+// alive together: 2600), their concatenation fp16_groups_flat[0] (2600, one tensor: the cat), the clones
+// dropped; fp16_groups_flat[0].clone() (2600) then .float() (fp32_groups_flat[0], 5200, one tensor); the zero
+// fp32 gradient (5200) and FusedAdam's exp_avg and exp_avg_sq of the flat parameter (5200 each), made inside
+// the step while the gradient lives: 4 x 5200 = 20800 at once, the peak. Every request of the whole group is
+// one allocation.
+TEST(Ds0Terms, FlatBuffersAtInit) {
+  const std::vector<int64_t> params = {600, 200, 300, 100, 100};
+  const auto ops = zt::trainer::ds0_flat_init_ops(params, DType::BF16);
+  Live live;
+  int64_t flat16 = 0, largest = 0;
+  for (const MemoryOp& op : ops) {
+    if (op.alloc && op.term.name == "fp16_groups_flat[0]") {
+      flat16 = op.term.bytes();
+      EXPECT_EQ(live.now, 2 * 1300) << "the clones alive beside the cat";
+    }
+    if (op.alloc && op.term.name == "fp32_groups_flat[0].exp_avg_sq") {
+      EXPECT_EQ(live.now, 3 * 4 * 1300) << "master, gradient and exp_avg alive";
+    }
+    if (op.alloc) largest = std::max<int64_t>(largest, op.term.bytes());
+    live.apply({op});
+  }
+  EXPECT_EQ(flat16, 2 * 1300);
+  EXPECT_EQ(largest, 4 * 1300) << "the fp32 flat buffers: one tensor of the whole group each";
+  EXPECT_EQ(live.peak, 4 * 4 * 1300);
+  EXPECT_TRUE(live.device.empty()) << "every flat buffer handed to the engine's module tensors";
+  EXPECT_EQ(zt::trainer::ds0_flat_init_ops(params, DType::F16).size(), ops.size());
+}
+
+// Engine init, stages 1-2 (DeepSpeedZeroOptimizer.__init__, stage_1_and_2.py v0.19.5 489-491 and
+// initialize_optimizer_states 816-834), by hand for kModules (Ψ = 1300) on 2 ranks: padded to a multiple of
+// 2 x 2 (1300), P = 650. bf16 without offload: the partition's 16-bit clone (1300 bytes), its fp32 copy
+// single_partition_of_fp32_groups[0] (2600, one tensor), the clone freed, the zero fp32 gradient partition
+// (2600) beside it, freed at the end of init: peak 5200. Under offload_optimizer only the device clone
+// (1300): the fp32 partition and its gradient are host tensors (the engine's). fp32: the clone is the master.
+TEST(Ds12Terms, FlatMasterAndInitGradientAtInit) {
+  const auto part = zt::trainer::ds12_partition(kModules, 2, 0);
+  ASSERT_EQ(part.partition, 650);
+  Live bf16;
+  const auto ops = zt::trainer::ds12_flat_init_ops(part, DType::BF16, false);
+  bf16.apply(ops);
+  EXPECT_EQ(bf16.peak, 4 * 650 + 4 * 650);
+  EXPECT_TRUE(bf16.device.empty());
+  int64_t grad = 0;
+  for (const MemoryOp& op : ops)
+    if (op.alloc && op.term.name == "single_partition_of_fp32_groups[0].grad") grad = op.term.bytes();
+  EXPECT_EQ(grad, 4 * 650) << "torch.zeros(partition_size), fp32";
+  Live off;
+  off.apply(zt::trainer::ds12_flat_init_ops(part, DType::BF16, true));
+  EXPECT_EQ(off.peak, 2 * 650);
+  Live f32;
+  f32.apply(zt::trainer::ds12_flat_init_ops(part, DType::F32, false));
+  EXPECT_EQ(f32.peak, 4 * 650 + 4 * 650);
+  EXPECT_TRUE(f32.device.empty());
+}
+
+// Legacy ZeRO-1 (stage1.py, read at v0.3.16), by hand for Code-LMs#21's log: 2,775,208,960 elements on one rank,
+// max_elements_per_comm 5e8. best_max_elems_per_comm: 6 intervals pad 224,791,040, 5 would pad 555,041,792:
+// 5e8 kept ("Using default max_elements_per_comm"); 6 sub-partitions of 5e8 (the log's sub_partition_count 6),
+// padded to 3e9. Set-up: the 16-bit flat buffer (6e9 bytes), each sub-partition's clone and fp32 copy (2e9 bytes
+// each), then the six zero fp32 gradients: the third is asked for (2e9 bytes = 1.86 GiB) with 6e9 + 6 x 2e9 +
+// 2 x 2e9 bytes = 20.49 GiB allocated beyond the originals the flat buffer replaced: the report's two figures.
+TEST(Ds1Legacy, SubPartitionsOfTheFp32MasterAtSetUp) {
+  const int64_t total = 2775208960;
+  const auto l = zt::trainer::ds1_legacy_layout(total, 1);
+  EXPECT_EQ(l.comm, 500000000);
+  EXPECT_EQ(l.count, 6);
+  EXPECT_EQ(l.sub, 500000000);
+  EXPECT_EQ(l.padded, 3000000000);
+  // Where the third zero gradient is asked for, what is alive (the module tensors, 2 x total, stand for the flat
+  // buffer but for its padding).
+  const auto ops = zt::trainer::ds1_legacy_init_ops(total, 1, DType::F16);
+  Live live;
+  int64_t before_third = -1;
+  for (const MemoryOp& op : ops) {
+    if (op.alloc && op.term.name == "local_sub_partitions_of_fp32_groups[0][2].grad") {
+      before_third = live.now;
+      EXPECT_EQ(op.term.bytes(), 2000000000);
+    }
+    live.apply({op});
+  }
+  EXPECT_EQ(before_third + 2 * total, 6000000000 + 6 * 2000000000LL + 2 * 2000000000LL);
+  // Kept: the padding of the flat buffer and of the fp32 master and its moments.
+  EXPECT_EQ(live.now, 2 * (3000000000 - total) + 12 * (3000000000 - total));
+  // Two ranks: 2 x 3 sub-partitions of 2.5e8 a rank... best_max_elems_per_comm and the alignment by hand:
+  // 6 intervals pad 224,791,040 < ceil(total / (2 x 5)) = 277,520,896: 5e8 kept; a rank's part ceil(total / 2) =
+  // 1,387,604,480 over 2.5e8 a comm part: 6 sub-partitions of 2.5e8 each, padded to 3e9.
+  const auto l2 = zt::trainer::ds1_legacy_layout(total, 2);
+  EXPECT_EQ(l2.count, 6);
+  EXPECT_EQ(l2.sub, 250000000);
+  EXPECT_EQ(l2.padded, 3000000000);
+  // A small group: one sub-partition of the whole part.
+  const auto small = zt::trainer::ds1_legacy_layout(1001, 2);
+  EXPECT_EQ(small.count, 1);
+  EXPECT_EQ(small.sub, 501);
+}
+
 // ---- the virtual engine (zt train --virtual) at stage 2
 
 zt::trainer::TrainConfig stage2_run(const std::string& model, const std::string& precision, int64_t world,
@@ -399,6 +497,34 @@ TEST(Ds12Engine, StageTwoFp16StepPeaksWithTheFp32GradientPartition) {
   EXPECT_LT(11 * d.largest_slice, 6 * d.partition);
 }
 
+// DeepSpeedZeroOptimizer's set-up (stage_1_and_2.py v0.19.5 489-491, 816-834): the fp32 master partition made
+// whole (4P, one tensor), then initialize_optimizer_states' zero fp32 gradient partition (4P more) beside it. On a
+// GPU that holds the 16-bit weights, the master and its 16-bit clone (2Ψ + 6P) but not 2Ψ + 8P, the run runs out
+// at set-up asking for the whole partition: MedicalGPT#318's "Tried to allocate 8.01 GiB" at this shape. Before,
+// zt placed the master module by module and ran out later.
+TEST(Ds12Engine, SetUpAsksForTheWholeFp32GradientPartition) {
+  zt::test::TempDir dir;
+  zt::trainer::TrainConfig c = stage2_run("1.5B", "fp16", 8, false);
+  const zt::model::Config mc = *zt::model::preset("1.5B");
+  const auto mods = zt::trainer::module_parameters(&mc, zt::trainer::shape_of(mc, "1.5B"), true);
+  const auto d = zt::trainer::ds12_partition(mods, 8, 0);
+  c.device_memory = uint64_t(2 * d.total + 7 * d.partition);
+  auto r = zt::test::train_traced(c, dir.file("init.db"));
+  ASSERT_FALSE(r.status.ok());
+  auto& db = *r.reader;
+  EXPECT_EQ(zt::test::query_int(db, "SELECT count(*) FROM allocation_v WHERE rank = 0 AND level = 'block' AND name = "
+                                    "'single_partition_of_fp32_groups[0]' AND requested_bytes = " +
+                                        std::to_string(4 * d.partition)),
+            1)
+      << "the master, one tensor of the whole partition";
+  // 4P = 744 MiB at this shape (the step's fp32 partition below is the same size); allocated: 2Ψ + 4P.
+  EXPECT_NE(r.status.message().find("before the first step"), std::string::npos) << r.status.message();
+  EXPECT_NE(r.status.message().find("Tried to allocate 744.00 MiB"), std::string::npos) << r.status.message();
+  EXPECT_NE(r.status.message().find("3.63 GiB is allocated by PyTorch"), std::string::npos) << r.status.message();
+  EXPECT_EQ(zt::test::query_int(db, "SELECT count(*) FROM marker_v WHERE rank = 0 AND name = 'optimizer'"), 0)
+      << "at set-up, before any step";
+}
+
 // ... and on a GPU too small for that moment (7 GiB here; the backward and the overflow check fit) the run runs
 // out of memory inside the optimizer step, asking for the fp32 partition (4P: 744 MiB) with the weights, the
 // master, the moments, grads_in_partition and flat_grad_partition allocated: what the report shows. Before
@@ -455,9 +581,12 @@ TEST(Ds12Engine, StageTwoOffloadBackwardHoldsComputeDtypeBuckets) {
             0);
   EXPECT_GT(sum_bytes(db, "device = 'cpu' AND memory_kind = 'pageable_host' AND name GLOB 'adam.m[[]*'"), 0);
   EXPECT_EQ(sum_bytes(db, "device = 'cpu' AND memory_kind = 'pinned_host' AND name GLOB 'adam.*'"), 0);
+  // On the device only the set-up's 16-bit clone of the partition (the .clone() before .to(cpu, fp32)).
   EXPECT_EQ(sum_bytes(db, "device = 'cuda:0' AND (name GLOB 'grads_in_partition*' OR name GLOB "
-                          "'single_partition_of_fp32_groups*' OR name GLOB 'adam.*')"),
+                          "'single_partition_of_fp32_groups*' OR name GLOB 'adam.*') AND name != "
+                          "'single_partition_of_fp32_groups[0].clone'"),
             0);
+  EXPECT_GT(sum_bytes(db, "device = 'cuda:0' AND name = 'single_partition_of_fp32_groups[0].clone'"), 0);
   EXPECT_GT(sum_bytes(db, "device = 'cpu' AND memory_kind = 'pinned_host' AND name = "
                           "'param_buffer_of_bit16_for_cpu_offload_groups[0]'"),
             0);

@@ -548,7 +548,7 @@ static Status read_config(const json& j_in, const std::string& path, TrainConfig
       }
     }
     r.unknown("zero_optimization.", zo,
-              {"stage", "offload_optimizer", "offload_param", "reduce_bucket_size", "stage3_prefetch_bucket_size",
+              {"stage", "offload_optimizer", "offload_param", "reduce_bucket_size", "overlap_comm", "legacy_stage1", "stage3_prefetch_bucket_size",
                "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
                "stage3_gather_16bit_weights_on_model_save"},
               zo);
@@ -559,7 +559,8 @@ static Status read_config(const json& j_in, const std::string& path, TrainConfig
         !r.number(zo, "stage3_param_persistence_threshold", w, z.param_persistence_threshold, int64_t(-1)) ||
         !r.number(zo, "stage3_max_live_parameters", w, z.max_live_parameters, z.max_live_parameters) ||
         !r.number(zo, "stage3_max_reuse_distance", w, z.max_reuse_distance, z.max_reuse_distance) ||
-        !r.boolean(zo, "stage3_gather_16bit_weights_on_model_save", w, z.gather_16bit_weights_on_model_save))
+        !r.boolean(zo, "stage3_gather_16bit_weights_on_model_save", w, z.gather_16bit_weights_on_model_save) ||
+        !r.boolean(zo, "overlap_comm", w, z.overlap_comm) || !r.boolean(zo, "legacy_stage1", w, z.legacy_stage1))
       return Status::Error(r.error);
     if (z.stage < 0 || z.stage > 3)
       return Status::Error(path + ": zero_optimization.stage must be 0, 1, 2 or 3 (DeepSpeed: \"Maximum supported ZeRO "

@@ -43,10 +43,6 @@ struct Key {
   std::function<bool(const json& value, const json& block)> changes = nullptr;
 };
 
-int zero_stage(const json& zo) {
-  return zo.is_object() && zo.contains("stage") && zo["stage"].is_number_integer() ? zo["stage"].get<int>() : 0;
-}
-
 const std::vector<Key>& keys() {
   static const std::vector<Key> table = {
       // ---- top level (deepspeed/runtime/config.py, constants.py)
@@ -153,17 +149,14 @@ const std::vector<Key>& keys() {
       {"zero_optimization.", "reduce_scatter", Effect::None, "reduce-scatter instead of all-reduce"},
       {"zero_optimization.", "allgather_partitions", Effect::None, "all-gather instead of broadcasts"},
       {"zero_optimization.", "allgather_bucket_size", Effect::None, "the all-gather's bucket (stages 1-2)"},
-      {"zero_optimization.", "overlap_comm", Effect::Memory,
-       "stages 1-2: overlapped reduction keeps extra buckets of reduce_bucket_size and allgather_bucket_size "
-       "(4.5 x their size, as DeepSpeed's docs say)",
-       [](const json& v, const json& zo) { return is_true(v) && zero_stage(zo) > 0 && zero_stage(zo) < 3; }},
+      // overlap_comm is read (ZeroSettings::overlap_comm: the second IPG buffer at stages 1-2).
       {"zero_optimization.", "sub_group_size", Effect::None, "the optimizer's tile size (modules are the sub-groups here)"},
       {"zero_optimization.", "round_robin_gradients", Effect::None, "gradient copies spread over ranks"},
       {"zero_optimization.", "use_multi_rank_bucket_allreduce", Effect::None, "communication"},
       {"zero_optimization.", "load_from_fp32_weights", Effect::None, "where a resumed run takes its master weights"},
       {"zero_optimization.", "elastic_checkpoint", Effect::None, "the checkpoint's layout"},
       {"zero_optimization.", "ignore_unused_parameters", Effect::None, "a check"},
-      {"zero_optimization.", "legacy_stage1", Effect::None, "the old stage 1 code"},
+      // legacy_stage1 is read (ZeroSettings::legacy_stage1: stage1.py's set-up).
       {"zero_optimization.", "stage3_use_all_reduce_for_fetch_params", Effect::None, "communication"},
       {"zero_optimization.", "stage3_module_granularity_threshold", Effect::None, "which modules fetch together"},
       {"zero_optimization.", "log_trace_cache_warnings", Effect::None, "logging"},

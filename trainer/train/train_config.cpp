@@ -439,6 +439,8 @@ std::string to_json(const TrainConfig& c) {
                                              {"offload_param", c.zero.offload_param},
                                              {"offload_ratio", c.zero.offload_ratio},
                                              {"reduce_bucket_size", c.zero.reduce_bucket_size},
+                                             {"overlap_comm", c.zero.overlap_comm},
+                                             {"legacy_stage1", c.zero.legacy_stage1},
                                              {"stage3_prefetch_bucket_size", c.zero.prefetch_bucket_size},
                                              {"stage3_param_persistence_threshold", c.zero.param_persistence_threshold},
                                              {"stage3_max_live_parameters", c.zero.max_live_parameters},

@@ -30,6 +30,14 @@ struct ZeroSettings {
   // int(ratio * sub-groups) instead). 1.0: every module offloaded (the default); 0.0: none.
   double offload_ratio = 1.0;
   int64_t reduce_bucket_size = 500000000;
+  // zero_optimization.overlap_comm at stages 1-2: a second IPG buffer of reduce_bucket_size elements in each
+  // backward (stage_1_and_2.py setup_buckets). DeepSpeed's default there is false (zero/config.py
+  // overlap_comm_valid: true only at stage 3, where zt's single IPG bucket is DeepSpeed's either way).
+  bool overlap_comm = false;
+  // zero_optimization.legacy_stage1 at stage 1: DeepSpeed's old stage1.py (stage 1 of every 0.3 release; opt-in
+  // from 0.4), whose set-up makes the fp32 master in 5e8-element sub-partitions with their moments (virtual
+  // mode: ds_memory.h's ds1_legacy_init_ops); the rest of the run is modeled as today's stage 1.
+  bool legacy_stage1 = false;
   int64_t prefetch_bucket_size = 50000000;
   int64_t param_persistence_threshold = 100000;
   int64_t max_live_parameters = 1000000000;

@@ -656,6 +656,107 @@ std::vector<MemoryOp> ds0_init_ops(const std::vector<int64_t>& params) {
   return {alloc("fp32_groups_flat[0].grad", DType::F32, total), release("fp32_groups_flat[0].grad")};
 }
 
+std::vector<MemoryOp> ds0_flat_init_ops(const std::vector<int64_t>& params, DType dtype) {
+  std::vector<MemoryOp> ops;
+  int64_t total = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ops.push_back(alloc("fp16_groups[0].clone[" + std::to_string(i) + "]", dtype, params[i]));
+    total += params[i];
+  }
+  ops.push_back(alloc("fp16_groups_flat[0]", dtype, total));
+  for (size_t i = 0; i < params.size(); ++i) ops.push_back(release("fp16_groups[0].clone[" + std::to_string(i) + "]"));
+  // p.data = view of the flat buffer: the originals go; the engine's module parameters stand for the views.
+  ops.push_back(release("fp16_groups_flat[0]"));
+  ops.push_back(alloc("fp16_groups_flat[0].clone", dtype, total));
+  ops.push_back(alloc("fp32_groups_flat[0]", DType::F32, total));
+  ops.push_back(release("fp16_groups_flat[0].clone"));
+  ops.push_back(alloc("fp32_groups_flat[0].grad", DType::F32, total));
+  ops.push_back(alloc("fp32_groups_flat[0].exp_avg", DType::F32, total));
+  ops.push_back(alloc("fp32_groups_flat[0].exp_avg_sq", DType::F32, total));
+  ops.push_back(release("fp32_groups_flat[0].grad"));
+  // The engine's per-module master weights and moments stand for these from here.
+  ops.push_back(release("fp32_groups_flat[0].exp_avg_sq"));
+  ops.push_back(release("fp32_groups_flat[0].exp_avg"));
+  ops.push_back(release("fp32_groups_flat[0]"));
+  return ops;
+}
+
+std::vector<MemoryOp> ds12_flat_init_ops(const Ds12Partition& part, DType dtype, bool offload) {
+  std::vector<MemoryOp> ops;
+  const int64_t P = part.partition;
+  if (P == 0) return ops;
+  // In fp32 .clone() still copies; .to(fp32) of an fp32 tensor is then the clone itself.
+  ops.push_back(alloc("single_partition_of_fp32_groups[0].clone", dtype, P));
+  if (offload) {
+    ops.push_back(release("single_partition_of_fp32_groups[0].clone"));  // .to(cpu): the host masters
+    return ops;
+  }
+  if (dtype != DType::F32) {
+    ops.push_back(alloc("single_partition_of_fp32_groups[0]", DType::F32, P));
+    ops.push_back(release("single_partition_of_fp32_groups[0].clone"));
+  }
+  const std::string master = dtype != DType::F32 ? "single_partition_of_fp32_groups[0]" : "single_partition_of_fp32_groups[0].clone";
+  ops.push_back(alloc("single_partition_of_fp32_groups[0].grad", DType::F32, P));  // initialize_optimizer_states
+  ops.push_back(release("single_partition_of_fp32_groups[0].grad"));
+  ops.push_back(release(master));  // the engine's per-module masters stand for it from here
+  return ops;
+}
+
+Ds1LegacyLayout ds1_legacy_layout(int64_t total, int64_t W, int64_t max_elements_per_comm) {
+  Ds1LegacyLayout l;
+  // best_max_elems_per_comm: one comm interval fewer when that pads less.
+  const int64_t max_intervals = (total + max_elements_per_comm - 1) / max_elements_per_comm;
+  const int64_t pad_max = max_elements_per_comm * max_intervals - total;
+  const int64_t min_intervals = total / max_elements_per_comm;
+  l.comm = max_elements_per_comm;
+  if (min_intervals > 0) {
+    const int64_t pad_min = (total + W * min_intervals - 1) / (W * min_intervals);
+    if (pad_max > pad_min) l.comm = pad_min + max_elements_per_comm;
+  }
+  // flatten_dense_tensors_sub_partition_aligned
+  const int64_t param_part = (total + W - 1) / W, comm_part = l.comm / W;
+  if (param_part <= comm_part) {
+    l.count = 1;
+    l.sub = param_part;
+  } else {
+    l.count = (param_part + comm_part - 1) / comm_part;
+    l.sub = comm_part;
+  }
+  l.padded = l.count * l.sub * W;
+  return l;
+}
+
+std::vector<MemoryOp> ds1_legacy_init_ops(int64_t total, int64_t W, DType dtype) {
+  std::vector<MemoryOp> ops;
+  const Ds1LegacyLayout l = ds1_legacy_layout(total, W);
+  const int64_t pad = l.padded - total;
+  if (pad > 0) ops.push_back(alloc("fp16_groups_flat[0].pad_tensor", dtype, pad));
+  ops.push_back(alloc("fp16_groups_flat[0]", dtype, l.padded));
+  if (pad > 0) ops.push_back(release("fp16_groups_flat[0].pad_tensor"));
+  // p.data = view of the flat buffer: the engine's module parameters stand for it, but for its padding.
+  ops.push_back(release("fp16_groups_flat[0]"));
+  if (pad > 0) ops.push_back(alloc("fp16_groups_flat[0].padding", dtype, pad));
+  auto name = [](int64_t j) { return "local_sub_partitions_of_fp32_groups[0][" + std::to_string(j) + "]"; };
+  for (int64_t j = 0; j < l.count; ++j) {
+    ops.push_back(alloc(name(j) + ".clone", dtype, l.sub));
+    ops.push_back(alloc(name(j), DType::F32, l.sub));
+    ops.push_back(release(name(j) + ".clone"));
+  }
+  for (int64_t j = 0; j < l.count; ++j) ops.push_back(alloc(name(j) + ".grad", DType::F32, l.sub));
+  for (int64_t j = 0; j < l.count; ++j) {
+    ops.push_back(alloc(name(j) + ".exp_avg", DType::F32, l.sub));
+    ops.push_back(alloc(name(j) + ".exp_avg_sq", DType::F32, l.sub));
+  }
+  for (int64_t j = 0; j < l.count; ++j) ops.push_back(release(name(j) + ".grad"));
+  // The engine's module masters and moments (made at set-up for this optimizer) stand for these, but for the
+  // rank's share of the padding: count x sub - ceil(total / W) elements, 12 bytes each.
+  for (int64_t j = 0; j < l.count; ++j)
+    for (const char* t : {".exp_avg_sq", ".exp_avg", ""}) ops.push_back(release(name(j) + t));
+  const int64_t fp32_pad = l.count * l.sub - (total + W - 1) / W;
+  if (fp32_pad > 0) ops.push_back(alloc("local_sub_partitions_of_fp32_groups[0].padding", DType::F32, 3 * fp32_pad));
+  return ops;
+}
+
 std::vector<MemoryOp> ds0_allreduce_ops(const std::vector<int64_t>& params, DType dtype, int64_t bucket) {
   std::vector<MemoryOp> ops;
   int64_t in_bucket = 0, tensors = 0;

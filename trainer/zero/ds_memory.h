@@ -326,6 +326,50 @@ class Ds12Gradients {
 //    every gradient (fp32_grads) and their concatenation fp32_groups_flat[0].grad, the list freed once
 //    concatenated; after Adam the flat fp32 gradient freed (the 16-bit gradients by the engine's zero_grad).
 std::vector<MemoryOp> ds0_init_ops(const std::vector<int64_t>& params);
+
+// ---- Engine init: the flat buffers DeepSpeed makes whole, one tensor a param group (issue 41). Each list
+// ends with every flat buffer freed: zt's engine keeps each module's parameters, master weights and moments
+// as tensors of their own, placed right after, and these stand for DeepSpeed's views into the flat buffers
+// (the same bytes). So the request, the bytes already allocated and the phase of an OOM at init are
+// DeepSpeed's; the caching allocator then holds one freed flat block where DeepSpeed holds the per-parameter
+// originals' blocks (the reserved bytes are the same). Run after every module's 16-bit parameters are placed
+// and before any optimizer state.
+//  - Stage 0, FP16_Optimizer.__init__ (runtime/fp16/fused_optimizer.py, v0.19.5 87-101, the same since 0.3):
+//    fp16_groups_flat[0] = _flatten_dense_tensors([p.clone() for p in group]): every parameter cloned (the
+//    compute dtype, alive together beside the originals), their concatenation, the clones dropped, the
+//    originals replaced by views of the flat buffer; fp32_groups_flat[0] = fp16_groups_flat[0].clone().float()
+//    (the 16-bit clone freed once converted); initialize_optimizer_states (123-133): a zero fp32 gradient of the
+//    whole group and FusedAdam's step on it, which makes exp_avg and exp_avg_sq of the flat fp32 parameter
+//    (fused_adam.py's zeros_like: 4 bytes an element each), the gradient freed after.
+std::vector<MemoryOp> ds0_flat_init_ops(const std::vector<int64_t>& params, DType dtype);
+//  - Stages 1-2, DeepSpeedZeroOptimizer.__init__ (runtime/zero/stage_1_and_2.py): bit16_groups_flat[0] is made
+//    on the device only when the device has its bytes free (v0.19.5 395-400; before 0.19 always on the host,
+//    the originals moved there first), so it never needs more than the parameters' own bytes: no op here.
+//    The fp32 master partition single_partition_of_fp32_groups[0] = the rank's 16-bit partition .clone() then
+//    .to(fp32) (v0.19.5 489-491; v0.12.6 372-375 `.to(device).clone().float()`): the clone (P elements of the
+//    compute dtype, on the device) freed once converted; the fp32 partition (4·P) on the device, or on the host
+//    under offload_optimizer (the engine's host masters). Then initialize_optimizer_states (v0.19.5 816-834,
+//    called unconditionally at 657): a zero fp32 gradient partition torch.zeros(partition_size) on self.device
+//    (4·P on the device without offload; the host's kept gradient under offload), freed at the end of init
+//    without offload (`group.grad = None`). DeepSpeed up to 0.13.1 also ran optimizer.step() there (the moments
+//    made at init); 0.13.2 and later make them at the first step, as zt does.
+std::vector<MemoryOp> ds12_flat_init_ops(const Ds12Partition& part, DType dtype, bool offload);
+//  - Legacy ZeRO-1 (FP16_DeepSpeedZeroOptimizer_Stage1, runtime/zero/stage1.py: stage 1 of DeepSpeed 0.3, and
+//    of 0.4 and later with zero_optimization.legacy_stage1; read at v0.3.16): the group flattened with a zero
+//    pad to count x sub x W elements (flatten_dense_tensors_sub_partition_aligned 529-576; max_elements_per_comm
+//    5e8, or best_max_elems_per_comm's 277-302 choice), the rank's `count` sub-partitions of `sub` elements each
+//    cloned and made fp32 one by one (204-212), then _initialize_optimizer_states (262-275): a zero fp32 gradient
+//    of every sub-partition (torch.zeros(...).cuda()), all alive, and optimizer.step(), which makes the moments
+//    of each sub-partition; the gradients freed. Kept after (the engine's module tensors stand for the rest):
+//    the flat buffer's padding (16-bit) and the fp32 master's and moments' share of it (12 bytes an element).
+struct Ds1LegacyLayout {
+  int64_t comm = 0;     // max_elements_per_comm after best_max_elems_per_comm
+  int64_t count = 0;    // sub-partitions a rank holds
+  int64_t sub = 0;      // elements in each
+  int64_t padded = 0;   // count x sub x W
+};
+Ds1LegacyLayout ds1_legacy_layout(int64_t total, int64_t W, int64_t max_elements_per_comm = 500000000);
+std::vector<MemoryOp> ds1_legacy_init_ops(int64_t total, int64_t W, DType dtype);
 std::vector<MemoryOp> ds0_allreduce_ops(const std::vector<int64_t>& params, DType dtype, int64_t bucket = 500000000);
 std::vector<MemoryOp> ds0_step_before_adam(const std::vector<int64_t>& params, DType dtype);
 std::vector<MemoryOp> ds0_step_after_adam();

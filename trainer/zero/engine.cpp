@@ -247,6 +247,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
   ds_layout_ = virt && z_.stage == 3;
   ds12_ = virt && (z_.stage == 1 || z_.stage == 2);
   ds0_ = virt && z_.stage == 0 && dtype_ != DType::F32;
+  legacy_stage1_ = ds12_ && z_.stage == 1 && z_.legacy_stage1 && !z_.offload_optimizer && dtype_ != DType::F32;
   const int64_t blocks = int64_t(mc.layers);
   // What trains (cfg.finetuning): frozen modules keep parameters only. LoRA's adapters are modules
   // of their own after the model's ("block3.lora"), trained as any module (virtual mode: sizes).
@@ -402,18 +403,41 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     p->sharded = z_.stage == 3 && !p->persistent;
     p->frozen = frozen[size_t(spec.index)] != 0;
     p->opt_host = !p->frozen && int64_t(parts_.size()) >= first_offloaded;
-    // As before issue 30 when nothing is loaded: each module's parameters, then its states.
-    if (!cfg.from_pretrained) {
+    // As before issue 30 when nothing is loaded: each module's parameters, then its states. DeepSpeed's
+    // stages 0-2 (virtual) build the optimizer after every parameter is placed (flat_init below).
+    if (!cfg.from_pretrained && !ds12_ && !ds0_) {
       place_params(*p);
       place_states(*p);
     }
     parts_.push_back(std::move(p));
   }
-  if (cfg.from_pretrained) {
+  if (cfg.from_pretrained || ds12_ || ds0_) {
     // DeepSpeed partitions every parameter first, then builds the optimizer: the loaded model is
     // gone before the first optimizer state is allocated.
     for (auto& p : parts_) place_params(*p);
+    // Stages 0-2 (virtual): the optimizer's flat buffers, whole, as DeepSpeed makes them at its init
+    // (ds_memory.h's ds0_flat_init_ops, ds12_flat_init_ops); the module tensors placed next stand for them.
+    if (ds12_ || ds0_) {
+      std::vector<std::vector<int64_t>> trainable(parts_.size());
+      std::vector<int64_t> flat;
+      for (size_t i = 0; i < parts_.size(); ++i)
+        if (!parts_[i]->frozen) {
+          trainable[i] = module_params_[i];
+          flat.insert(flat.end(), module_params_[i].begin(), module_params_[i].end());
+        }
+      probe::MarkerId ph = phase("optimizer init (DeepSpeed's flat buffers)", -1);
+      if (ds0_) charge(ds0_flat_init_ops(flat, dtype_));
+      if (legacy_stage1_) {
+        int64_t total = 0;
+        for (int64_t n : flat) total += n;
+        charge(ds1_legacy_init_ops(total, W_, dtype_));
+      } else if (ds12_) {
+        charge(ds12_flat_init_ops(ds12_partition(trainable, W_, rank_), dtype_, z_.offload_optimizer));
+      }
+      end(ph);
+    }
     for (auto& p : parts_) place_states(*p);
+    if (legacy_stage1_) ds12_moments();  // stage1.py's set-up step made them
   }
   // Stage 0's optimizer state outside AdamW's family, made at set-up (initialize_optimizer_states' step) over
   // FP16_Optimizer's flat group (or the model's parameters in fp32).
@@ -463,13 +487,14 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     s.offload = z_.offload_optimizer;
     s.grad_accum = cfg.grad_accum;
     s.reduce_bucket_size = z_.reduce_bucket_size;
+    s.overlap_comm = z_.overlap_comm;
     ds12_grads_ = std::make_unique<Ds12Gradients>(s, trainable);
     charge(ds12_grads_->setup_ops());
   }
   if (ds0_) {
     for (size_t i = 0; i < parts_.size(); ++i)
       if (!parts_[i]->frozen) ds0_params_.insert(ds0_params_.end(), module_params_[i].begin(), module_params_[i].end());
-    charge(ds0_init_ops(ds0_params_));  // initialize_optimizer_states' step on zero fp32 gradients
+    // initialize_optimizer_states' step on zero fp32 gradients: charged with the flat buffers above.
   }
   if (ds_layout_) {
     // stage3.py's IPG bucket: reduce_bucket_size elements in the compute dtype, made once.

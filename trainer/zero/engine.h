@@ -348,6 +348,7 @@ class ZeroEngine {
   // gradients from the first backward to the step, the boundary's all-reduce buckets, the step's fp32
   // gradients; not our buckets. ds0_params_: the trainable parameters in the model's order.
   bool ds0_ = false;
+  bool legacy_stage1_ = false;  // stage 1 with zero_optimization.legacy_stage1 (virtual): stage1.py's set-up
   std::vector<int64_t> ds0_params_;
   // After the optimizer's step (ds12_, ds0_): the fp32 gradient partition (and at stage 0 the 16-bit
   // gradients, zero_grad) freed; `g32` and `jobs` held their last references.
