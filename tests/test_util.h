@@ -17,6 +17,20 @@
 
 namespace zt::test {
 
+// How much longer a run takes under AddressSanitizer (scripts/test-sanitize: -O1, shadow memory): time
+// limits in tests are multiplied by it.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr double kSanitizerSlowdown = 3;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr double kSanitizerSlowdown = 3;
+#else
+inline constexpr double kSanitizerSlowdown = 1;
+#endif
+#else
+inline constexpr double kSanitizerSlowdown = 1;
+#endif
+
 class TempDir {
  public:
   TempDir() {
