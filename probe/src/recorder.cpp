@@ -400,7 +400,7 @@ uint64_t Recorder::python_function(std::string_view file, std::string_view funct
   return it->second;
 }
 
-// The unwinding gate (see backtrace() in recorder.h). A thread counts itself in, then looks at the
+// The unwinding gate (see UnwindPass in recorder.h). A thread counts itself in, then looks at the
 // gate: closed, it counts itself out and waits. The prepare handler closes the gate, then waits for
 // the count to reach 0: after that no other thread is inside libunwind until the gate reopens.
 namespace {
