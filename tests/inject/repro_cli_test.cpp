@@ -17,8 +17,8 @@
 #include <sstream>
 
 #include "../test_util.h"
+#include "measure_zt.h"
 
-extern char** environ;
 
 namespace {
 
@@ -31,37 +31,6 @@ Result run_zt(const std::string& args) { return zt::test::run_command(std::strin
 std::string scenario(const std::string& name) { return std::string(ZT_SOURCE_DIR) + "/inject/scenarios/" + name + ".yaml"; }
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-// Runs zt as a child and measures it: wall time and peak resident memory (wait4's rusage).
-struct Measured {
-  int code = -1;
-  double seconds = 0;
-  long max_rss_kib = 0;
-};
-
-Measured measure(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<std::string> all = {std::string(ZT_BINARY_DIR) + "/zt"};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  Measured m;
-  pid_t pid = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) return m;
-  int status = 0;
-  struct rusage ru {};
-  wait4(pid, &status, 0, &ru);
-  m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  m.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  m.max_rss_kib = ru.ru_maxrss;
-  posix_spawn_file_actions_destroy(&fa);
-  return m;
-}
 
 std::string read(const std::string& path) { return zt::test::read_file(path); }
 
@@ -150,7 +119,7 @@ const std::map<std::string, std::set<std::string>>& figures_off() {
 
 TEST_P(FullSize, ReproducedWithinBudget) {
   zt::test::TempDir dir;
-  Measured m = measure({"repro", scenario(GetParam()), "--virtual", "-q", "--keep", dir.file("keep"), "--json",
+  zt::test::Measured m = zt::test::measure_zt({"repro", scenario(GetParam()), "--virtual", "-q", "--keep", dir.file("keep"), "--json",
                         dir.file("v.json")},
                        dir.file("log.txt"));
   const std::string log = read(dir.file("log.txt"));

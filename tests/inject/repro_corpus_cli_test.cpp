@@ -12,42 +12,9 @@
 
 #include "../test_util.h"
 #include "corpus_manifest.h"
-
-extern char** environ;
+#include "measure_zt.h"
 
 namespace {
-
-struct Measured {
-  int code = -1;
-  double seconds = 0;
-  long max_rss_kib = 0;
-};
-
-// zt ARGS, its output in `log`: exit code, wall time and peak resident memory (wait4's rusage).
-Measured measure(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<std::string> all = {std::string(ZT_BINARY_DIR) + "/zt"};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  Measured m;
-  pid_t pid = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) == 0) {
-    int status = 0;
-    struct rusage ru {};
-    wait4(pid, &status, 0, &ru);
-    m.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    m.max_rss_kib = ru.ru_maxrss;
-  }
-  m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  posix_spawn_file_actions_destroy(&fa);
-  return m;
-}
 
 zt::test::CorpusEntry entry(const std::string& name) {
   std::string error;
@@ -74,7 +41,7 @@ TEST_P(CorpusCli, FullSizeAndSmallAsShipped) {
     std::vector<std::string> args = {"repro", GetParam(), "-q", "--keep", dir.file(full ? "full" : "small"), "--json",
                                      dir.file("v.json")};
     if (full) args.push_back("--virtual");
-    Measured m = measure(args, dir.file("log.txt"));
+    zt::test::Measured m = zt::test::measure_zt(args, dir.file("log.txt"));
     const std::string log = zt::test::read_file(dir.file("log.txt"));
     const std::string& verdict = full ? want.full_verdict : want.small_verdict;
     const std::string& fix = full ? want.full_fix : want.small_fix;
