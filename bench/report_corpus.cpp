@@ -12,49 +12,19 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <unistd.h>
 #include <vector>
 
 #include "bench_util.h"
 #include "zt/common/units.h"
+#include "zt/repro/corpus_manifest.h"
 #include "zt/repro/runner.h"
 
 using namespace zt;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct Entry {
-  std::string name, verdict, cure;  // as shipped (corpus.tsv)
-};
-
-// corpus.tsv: "name<TAB>full-size verdict<TAB>fix outcome<TAB>why", '#' comments.
-std::vector<Entry> read_corpus(const fs::path& file) {
-  std::vector<Entry> out;
-  std::ifstream in(file);
-  if (!in) {
-    std::fprintf(stderr, "report_corpus: %s: cannot be read\n", file.c_str());
-    std::exit(2);
-  }
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.empty() || line[0] == '#') continue;
-    std::vector<std::string> f;
-    std::stringstream ss(line);
-    for (std::string x; std::getline(ss, x, '\t');) f.push_back(x);
-    if (f.size() < 3) {
-      std::fprintf(stderr, "report_corpus: %s:%d: expected name, verdict, fix outcome separated by tabs\n", file.c_str(), n);
-      std::exit(2);
-    }
-    out.push_back({f[0], f[1], f[2]});
-  }
-  return out;
-}
 
 // Where the bug run failed, in words: setup, or the step and the innermost phases.
 std::string where(const repro::Evidence& e) {
@@ -96,12 +66,17 @@ int main(int argc, char** argv) {
   const fs::path scen = fs::path(__FILE__).parent_path().parent_path() / "inject" / "scenarios";
   const fs::path dir = fs::temp_directory_path() / ("zt_report_corpus_" + std::to_string(getpid()));
   fs::create_directories(dir);
-  const std::vector<Entry> corpus = read_corpus(scen / "corpus.tsv");
+  std::string error;
+  const std::vector<repro::CorpusEntry> corpus = repro::read_corpus((scen / "corpus.tsv").string(), &error);
+  if (!error.empty()) {
+    std::fprintf(stderr, "report_corpus: %s\n", error.c_str());
+    return 2;
+  }
   std::printf("report_corpus: %zu public reports (inject/scenarios/corpus.tsv), full size (virtual) and small\n",
               corpus.size());
   int ok = 0, differs = 0, unpredicted = 0;
   std::vector<double> errors;
-  for (const Entry& c : corpus) {
+  for (const repro::CorpusEntry& c : corpus) {
     const std::string file = (scen / (c.name + ".yaml")).string();
     repro::ReproResult full;
     repro::Scenario scenario;
@@ -109,9 +84,9 @@ int main(int argc, char** argv) {
     const std::string cure = repro::cure_word(full.cured);
     std::string line = full.verdict + (full.exit_code() == 0 ? "" : ", fix " + cure);
     if (full.exit_code() == 0) ++ok;
-    if (full.verdict != c.verdict || cure != c.cure) {
+    if (full.verdict != c.full_verdict || cure != c.full_fix) {
       ++differs;
-      line += "  (shipped as " + c.verdict + ", fix " + c.cure + "!)";
+      line += "  (shipped as " + c.full_verdict + ", fix " + c.full_fix + "!)";
     }
     std::string small_word = "-";
     if (small) {
