@@ -1,7 +1,8 @@
 // zt export --chrome: the trace as Chrome trace-event JSON, streamed row by row.
 // Layout: one process per rank (pid = rank). Threads: 1 markers, 10+kind transfers
 // (H2D, D2H, ...), 100+device kernels. Allocations are async slices (they overlap, which
-// complete events on one thread may not); a live block/segment sum per device is a counter.
+// complete events on one thread may not); a live block/segment sum per device is a counter, which
+// goes on from step_memory where the detail stopped (db/SCHEMA.md, "Aggregates").
 #include <cmath>
 #include <sqlite3.h>
 #include <unistd.h>
