@@ -115,8 +115,18 @@ struct AdamRate {
 // beside it; the optimizer offloaded): per rank, the steps, AdamW's time a step and its rate, to
 // hold against bench_cpu_adam's or bench_gpu_limits' rate alone. Nothing when no rank has such
 // phases with its moments on the host.
+// Whether any interned string matches a LIKE pattern: the string table is small where the marker
+// table may hold millions of rows (a day's trace), so a phase that was never named is not looked for
+// in a scan of every marker.
+bool any_string_like(db::TraceReader& reader, const char* pattern) {
+  db::QueryResult q;
+  return reader.query(std::string("SELECT 1 FROM string WHERE text LIKE '") + pattern + "' LIMIT 1", &q) &&
+         !q.rows.empty();
+}
+
 void print_adamw(db::TraceReader& reader) {
   db::QueryResult q;
+  if (!any_string_like(reader, "adamw %")) return;
   if (!reader.query("SELECT rank, count(DISTINCT step), sum(t_end - t_start) FROM marker_v WHERE kind = 'phase' AND "
                     "name LIKE 'adamw %' AND t_end IS NOT NULL GROUP BY rank ORDER BY rank",
                     &q) ||
@@ -204,6 +214,8 @@ bool print_background_update(db::TraceReader& reader) {
   const char* adam = "SELECT rank, step, t_start, t_end FROM marker_v WHERE kind = 'phase' AND name LIKE 'adamw %' "
                      "AND t_end IS NOT NULL";
   bool overlapped = false;
+  if (!any_string_like(reader, "apply delayed update of step %") && !any_string_like(reader, "await update %"))
+    return false;
   if (!reader.query("SELECT rank, count(*), sum(t_end - t_start) FROM marker_v WHERE kind = 'phase' AND name LIKE "
                     "'apply delayed update of step %' AND t_end IS NOT NULL GROUP BY rank ORDER BY rank",
                     &applied))
@@ -449,7 +461,8 @@ int db_info(const std::string& path) {
   if (!sum.transfers.empty() && !sum.step_traffic.empty() && !step_bytes)
     std::cout << "per step: no bytes moved during the optimizer steps (the transfers above ran outside them)\n";
   if (step_bytes) {
-    std::cout << "per step (mean bytes moved by each rank during its optimizer steps):\n";
+    std::cout << "per step (mean bytes moved by each rank during its optimizer steps"
+              << (sum.detail.t_end ? ", the steps with detail" : "") << "):\n";
     std::vector<std::vector<std::string>> rows;
     for (auto& s : sum.step_traffic)
       rows.push_back({std::to_string(s.rank), std::to_string(s.steps), format_bytes(s.h2d), format_bytes(s.d2h),
@@ -644,8 +657,10 @@ int db_top(const std::string& path, const db::TopOptions& o) {
   for (auto& d : devices) many_ranks = many_ranks || d.rank != devices.front().rank;
   for (auto& d : devices) {
     std::cout << "\n" << d.device.label << (many_ranks ? " of rank " + std::to_string(d.rank) : "") << ": ";
+    // A capped trace: where these figures come from (the aggregates), or what the detail leaves out.
+    const std::string source = d.source.empty() ? "" : "  " + d.source + "\n";
     if (!d.note.empty()) {
-      std::cout << d.note << "\n";
+      std::cout << d.note << "\n" << source;
       continue;
     }
     const std::string counted = d.blocks ? "tensor blocks" : "segments";
@@ -664,6 +679,7 @@ int db_top(const std::string& path, const db::TopOptions& o) {
       if (o.when != db::TopWhen::End) std::cout << " at " << format_duration_ns(double(d.t));
       std::cout << " in " << d.sites << " site" << (d.sites == 1 ? "" : "s") << "\n";
     }
+    std::cout << source;
     std::vector<std::vector<std::string>> rows;
     // A site with sampled rows (the probe's byte sampler) holds an estimate: "~", and its error.
     auto held = [](const db::SiteBytes& s) {

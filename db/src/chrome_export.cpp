@@ -1,7 +1,8 @@
 // zt export --chrome: the trace as Chrome trace-event JSON, streamed row by row.
 // Layout: one process per rank (pid = rank). Threads: 1 markers, 10+kind transfers
 // (H2D, D2H, ...), 100+device kernels. Allocations are async slices (they overlap, which
-// complete events on one thread may not); a live block/segment sum per device is a counter.
+// complete events on one thread may not); a live block/segment sum per device is a counter, which
+// goes on from step_memory where the detail stopped (db/SCHEMA.md, "Aggregates").
 #include <cmath>
 #include <sqlite3.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "sqlite.h"
@@ -80,6 +82,19 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
 
   std::unique_ptr<StackSites> sites;  // frames and stacks, for the events' stacks and sites
   if (Status s = StackSites::load(*reader, &sites); !s) return s;
+
+  // The aggregates, read before anything is written (a bad row: the reader's message, no output).
+  std::vector<DetailSpanRow> spans;
+  std::vector<StepMemoryRow> steps;
+  std::vector<EpochLiveRow> live_sets;
+  if (Status s = reader->read(&spans); !s) return s;
+  std::optional<int64_t> detail_end;
+  std::string detail_reason;
+  for (auto& sp : spans)
+    if (sp.t_end && (!detail_end || *sp.t_end < *detail_end)) detail_end = sp.t_end, detail_reason = sp.end_reason;
+  if (detail_end)
+    if (Status s = reader->read(&steps); !s) return s;
+  if (Status s = reader->read(&live_sets); !s) return s;
 
   std::string tmp = json_path + ".writing";
   std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
@@ -168,6 +183,51 @@ Status export_chrome(const std::string& trace_path, const std::string& json_path
       out.event("\"ph\":\"C\",\"name\":" + q("memory " + label_of(e.device)) + ",\"pid\":" + std::to_string(e.rank) +
                 ",\"ts\":" + us(e.t, t0) + ",\"args\":{\"allocated\":" + std::to_string(l.first) +
                 ",\"reserved\":" + std::to_string(l.second) + "}");
+    }
+
+    // The aggregates (db/SCHEMA.md, "Aggregates"), both layers kept: where the detail stopped, a
+    // slice "aggregates only" to the end on each rank's markers and the reason; past it the same
+    // memory counter goes on from step_memory (allocated, reserved at each step's end), with each
+    // step's peaks beside it; the live set at each epoch boundary as an instant event (bytes by site).
+    if (detail_end) {
+      for (int64_t r : ranks)
+        out.event("\"ph\":\"X\",\"cat\":\"aggregates\",\"name\":\"aggregates only (per step)\",\"pid\":" +
+                  std::to_string(r) + ",\"tid\":1,\"ts\":" + us(*detail_end, t0) + ",\"dur\":" +
+                  us(std::max(t_end, *detail_end), *detail_end) + ",\"args\":{\"detail_stopped\":" + q(detail_reason) +
+                  "}");
+      for (auto& sm : steps) {
+        const int64_t end = sm.t_end.value_or(t_end);
+        if (end <= *detail_end) continue;
+        out.event("\"ph\":\"C\",\"name\":" + q("memory " + label_of(sm.device_id)) + ",\"pid\":" +
+                  std::to_string(sm.rank) + ",\"ts\":" + us(end, t0) + ",\"args\":{\"allocated\":" +
+                  std::to_string(sm.allocated_bytes) + ",\"reserved\":" + std::to_string(sm.reserved_bytes) + "}");
+        out.event("\"ph\":\"C\",\"name\":" + q("step peak " + label_of(sm.device_id)) + ",\"pid\":" +
+                  std::to_string(sm.rank) + ",\"ts\":" + us(sm.t_start, t0) + ",\"args\":{\"allocated\":" +
+                  std::to_string(sm.peak_allocated_bytes) + ",\"reserved\":" + std::to_string(sm.peak_reserved_bytes) +
+                  "}");
+      }
+    }
+    {
+      // (rank, epoch, at, device) -> site -> bytes
+      std::map<std::tuple<int64_t, int64_t, int, int64_t>, std::pair<int64_t, std::map<std::string, int64_t>>> sets;
+      for (auto& l : live_sets) {
+        auto& e = sets[{l.rank, l.epoch, l.at, l.device_id}];
+        e.first = l.t;
+        e.second[l.name_id ? name_of(l.name_id, "?") : sites->site(l.stack_id, SiteLevel::Line)] += l.bytes;
+      }
+      for (auto& [key, e] : sets) {
+        const auto& [rank, epoch, at, device] = key;
+        int64_t total = 0;
+        std::string by;
+        for (auto& [site, bytes] : e.second) {
+          total += bytes;
+          by += (by.empty() ? "" : ",") + q(site) + ":" + std::to_string(bytes);
+        }
+        out.event("\"ph\":\"i\",\"s\":\"p\",\"cat\":\"aggregates\",\"name\":" +
+                  q("live set " + label_of(device) + " at epoch " + std::to_string(epoch) + (at ? " end" : " start")) +
+                  ",\"pid\":" + std::to_string(rank) + ",\"tid\":1,\"ts\":" + us(e.first, t0) +
+                  ",\"args\":{\"bytes\":" + std::to_string(total) + ",\"by_site\":{" + by + "}}");
+      }
     }
 
     Stmt tr(reader->handle(),

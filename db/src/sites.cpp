@@ -6,8 +6,10 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "sqlite.h"
+#include "zt/common/units.h"
 #include "zt/db/schema.h"
 #include "zt/db/trace_reader.h"
 
@@ -230,6 +232,104 @@ std::pair<int64_t, int64_t> peak_of(const std::vector<const Alloc*>& rows) {
 
 }  // namespace
 
+namespace {
+
+// zt db top from epoch_live (a capped trace): the live set at each epoch's end (--per-epoch), or
+// at the last boundary kept at or before the moment (--at end, --at TIME), grouped by site as the
+// allocation rows are (tensor blocks where the device has any, else segments).
+Status top_from_aggregates(const std::vector<DeviceRow>& devices, const std::vector<EpochLiveRow>& live,
+                           const StackSites& sites, const TopOptions& o, int64_t t_first, const std::string& stopped,
+                           std::vector<DeviceTop>* out) {
+  for (auto& dev : devices) {
+    if (!o.device.empty() && dev.label != o.device) continue;
+    std::vector<const EpochLiveRow*> rows;
+    for (auto& r : live)
+      if (r.device_id == dev.id) rows.push_back(&r);
+    if (rows.empty()) continue;
+    DeviceTop d;
+    d.rank = dev.rank;
+    d.device = dev;
+    for (auto* r : rows) d.blocks = d.blocks || r->level == AllocLevel::Block;
+    // The boundaries looked at: (epoch, at, t), by time.
+    std::vector<std::tuple<int64_t, int, int64_t>> points;
+    std::set<std::pair<int64_t, int>> seen;
+    for (auto* r : rows)
+      if (seen.insert({r->epoch, r->at}).second) points.emplace_back(r->epoch, r->at, r->t);
+    std::sort(points.begin(), points.end(), [](auto& a, auto& b) { return std::get<2>(a) < std::get<2>(b); });
+    if (o.when == TopWhen::Epochs) {
+      points.erase(std::remove_if(points.begin(), points.end(), [](auto& p) { return std::get<1>(p) != 1; }),
+                   points.end());
+    } else {
+      const int64_t until = o.when == TopWhen::Time ? t_first + o.t_ns : kNever;
+      while (!points.empty() && std::get<2>(points.back()) > until) points.pop_back();
+      if (!points.empty()) points.erase(points.begin(), points.end() - 1);
+    }
+    if (points.empty()) {
+      d.note = o.when == TopWhen::Epochs ? "rank " + std::to_string(dev.rank) + " has no ended epoch in the aggregates"
+                                         : "no epoch boundary kept in the aggregates before that time";
+      d.source = stopped;
+      out->push_back(std::move(d));
+      continue;
+    }
+    const size_t n = points.size();
+    std::map<std::pair<int64_t, int>, size_t> index;
+    for (size_t i = 0; i < n; ++i) {
+      index[{std::get<0>(points[i]), std::get<1>(points[i])}] = i;
+      if (o.when == TopWhen::Epochs) d.epochs.push_back(std::get<0>(points[i]));
+    }
+    d.totals.assign(n, 0);
+    std::map<std::string, SiteBytes> by_site;
+    std::map<std::string, double> variance;
+    for (auto* r : rows) {
+      if ((r->level == AllocLevel::Block) != d.blocks) continue;
+      auto it = index.find({r->epoch, r->at});
+      if (it == index.end()) continue;
+      const std::string site = sites.site(r->stack_id, o.by);
+      SiteBytes& s = by_site[site];
+      if (s.series.empty()) s.site = site, s.series.assign(n, 0);
+      s.series[it->second] += r->bytes;
+      d.totals[it->second] += r->bytes;
+      if (it->second == n - 1) {
+        s.allocations += r->allocations;
+        s.sampled += r->sampled;
+        variance[site] += r->sampled_variance;
+      }
+    }
+    const size_t from = n >= 3 ? 1 : 0;
+    std::vector<SiteBytes> all;
+    for (auto& [k, s] : by_site) {
+      s.bytes = s.series[n - 1];
+      s.stderr_bytes = std::sqrt(variance[k]);
+      if (n - 1 > from) s.grew_per_epoch = double(s.series[n - 1] - s.series[from]) / double(n - 1 - from);
+      if (o.when != TopWhen::Epochs) s.series.clear();
+      if (s.bytes > 0 || s.grew_per_epoch != 0) all.push_back(std::move(s));
+    }
+    std::stable_sort(all.begin(), all.end(), [&](const SiteBytes& x, const SiteBytes& y) {
+      if (o.when == TopWhen::Epochs && x.grew_per_epoch != y.grew_per_epoch) return x.grew_per_epoch > y.grew_per_epoch;
+      return x.bytes > y.bytes;
+    });
+    d.total = d.totals[n - 1];
+    for (auto& s : all) d.sites += s.bytes > 0;
+    if (all.size() > o.top) {
+      for (size_t i = o.top; i < all.size(); ++i) d.other_bytes += all[i].bytes;
+      all.resize(o.top);
+    }
+    d.top = std::move(all);
+    const auto& [epoch, at, t] = points[n - 1];
+    d.t = t - t_first;
+    if (o.when != TopWhen::Epochs) d.totals.clear();
+    d.source = "from the aggregates (epoch_live): " + stopped +
+               (o.when == TopWhen::Epochs ? std::string("; live sets at each epoch's end")
+                                          : "; the live set at epoch " + std::to_string(epoch) + "'s " +
+                                                (at == 1 ? "end" : "start") + ", the last the aggregates keep" +
+                                                (o.when == TopWhen::Time ? " at or before that time" : ""));
+    out->push_back(std::move(d));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status top_sites(TraceReader& reader, const TopOptions& o, std::vector<DeviceTop>* out) {
   out->clear();
   std::vector<DeviceRow> devices;
@@ -276,6 +376,46 @@ Status top_sites(TraceReader& reader, const TopOptions& o, std::vector<DeviceTop
     return Status::Error(reader.path() + ": reading allocations failed: " + e.what());
   }
   if (t_first == kNever) t_first = 0;
+
+  // A capped trace (db/SCHEMA.md, "Aggregates"): past the detail's end the allocation rows are
+  // gone (and rows made before it and freed after it read as never freed), so what is held at an
+  // epoch's end, at the end, or at a time past the detail comes from epoch_live's live sets.
+  std::vector<DetailSpanRow> spans;
+  if (Status s = reader.read(&spans); !s) return s;
+  std::optional<int64_t> detail_end;
+  std::string detail_reason;
+  for (auto& sp : spans)
+    if (sp.t_end && (!detail_end || *sp.t_end < *detail_end)) detail_end = sp.t_end, detail_reason = sp.end_reason;
+  if (detail_end) {
+    std::vector<EpochLiveRow> live;
+    if (Status s = reader.read(&live); !s) return s;
+    const bool past = o.when == TopWhen::Epochs || o.when == TopWhen::End ||
+                      (o.when == TopWhen::Time && t_first + o.t_ns > *detail_end);
+    const std::string stopped = "the detail stopped at " + format_duration_ns(double(*detail_end - t_first)) +
+                                (detail_reason.empty() ? std::string() : " (" + detail_reason + ")");
+    if (past && !live.empty())
+      return top_from_aggregates(devices, live, *sites, o, t_first, stopped, out);
+    std::vector<StepMemoryRow> steps;
+    if (Status s = reader.read(&steps); !s) return s;
+    for (auto& dev : devices) {
+      if (!o.device.empty() && dev.label != o.device) continue;
+      if (!by_device.count(dev.id)) continue;
+      DeviceTop d;
+      d.rank = dev.rank;
+      d.device = dev;
+      d.source = stopped + (past ? "; no epoch live sets were kept, so this is what the detail holds" : "");
+      if (o.when == TopWhen::Peak) {
+        const StepMemoryRow* best = nullptr;
+        for (auto& sm : steps)
+          if (sm.device_id == dev.id && (!best || sm.peak_reserved_bytes > best->peak_reserved_bytes)) best = &sm;
+        if (best && best->t_start >= *detail_end)
+          d.source += "; the run's peak is past it (" + format_bytes(double(best->peak_reserved_bytes)) +
+                      " reserved in step " + (best->step ? std::to_string(*best->step) : std::string("?")) +
+                      ", step_memory), its sites are not known: the detail's peak is shown";
+      }
+      out->push_back(std::move(d));
+    }
+  }
 
   for (auto& dev : devices) {
     if (!o.device.empty() && dev.label != o.device) continue;
@@ -349,6 +489,13 @@ Status top_sites(TraceReader& reader, const TopOptions& o, std::vector<DeviceTop
     d.top = std::move(all);
     d.t = (o.when == TopWhen::End ? t_last : points[n - 1]) - t_first;
     if (o.when != TopWhen::Epochs) d.totals.clear();
+    // A capped trace: the line that says where the figures stop, found by device.
+    for (auto it = out->begin(); it != out->end(); ++it)
+      if (it->device.id == d.device.id && it->top.empty() && it->note.empty() && !it->source.empty()) {
+        d.source = it->source;
+        out->erase(it);
+        break;
+      }
     out->push_back(std::move(d));
   }
   return Status::Ok();

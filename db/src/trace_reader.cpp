@@ -630,13 +630,16 @@ Status TraceReader::summarize(TraceSummary* out) {
             " sum(t.bytes), sum(t.t_end - t.t_start) FROM transfer t JOIN enum_transfer_kind k ON k.code = t.kind"
             " LEFT JOIN string o ON o.id = t.op_id GROUP BY 1 ORDER BY min(t.kind), 1");
     while (tr.step()) out->transfers.push_back({tr.text(0), tr.i64(1), tr.i64(2), tr.i64(3)});
+    // A capped trace's transfers stop with its detail: the steps counted are those that ended in it.
+    const std::string in_detail =
+        out->detail.t_end ? " AND m.t_end <= " + std::to_string(*out->detail.t_end) : std::string();
     Stmt st(db_,
             "SELECT m.rank, count(DISTINCT m.id),"
             " coalesce(sum(CASE WHEN t.kind = 0 THEN t.bytes END), 0),"
             " coalesce(sum(CASE WHEN t.kind = 1 THEN t.bytes END), 0),"
             " coalesce(sum(CASE WHEN t.kind = 5 THEN t.bytes END), 0)"
             " FROM marker m LEFT JOIN transfer t ON t.rank = m.rank AND t.t_start >= m.t_start AND t.t_start < m.t_end"
-            " WHERE m.kind = 0 AND m.t_end IS NOT NULL GROUP BY m.rank ORDER BY m.rank");
+            " WHERE m.kind = 0 AND m.t_end IS NOT NULL" + in_detail + " GROUP BY m.rank ORDER BY m.rank");
     while (st.step()) {
       StepTraffic s;
       s.rank = st.i64(0);

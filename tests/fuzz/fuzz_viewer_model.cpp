@@ -1,5 +1,5 @@
 // fuzz_viewer_model: the viewer's model without a window (`zt view` minus GL) on hostile
-// traces (trace_mutator.h): TraceModel::load, then what the panels ask of it (leaks,
+// traces (trace_mutator.h): TraceModel::load (the overview, then all of it), then what the panels ask of it (leaks,
 // placements, the state at the playhead, a range summary) and the level-of-detail queries a
 // frame makes. A bad file is one Status; nothing sized by a value from the file.
 #include "trace_mutator.h"
@@ -15,6 +15,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::write_mutated_trace(in, path);
 
   std::unique_ptr<TraceModel> m;
+  // The overview first (a long trace's first frame: its aggregates, step and epoch markers), then
+  // the whole trace, as zt view reads them.
+  if (TraceModel::load(path, &m, nullptr, LoadScope::Overview)) {
+    const double px = double(std::max<int64_t>(m->t_last - m->t_first, 1)) / 800.0;
+    std::vector<ColumnMinMax> c;
+    for (const Track& t : m->tracks)
+      for (const SeriesRef& sr : t.series)
+        if (sr.series >= 0 && size_t(sr.series) < m->series.size())
+          decimate(m->series[size_t(sr.series)], m->t_first, px, 800, m->t_last, &c);
+  }
+  m.reset();
   if (!TraceModel::load(path, &m)) return 0;
   (void)find_leaks(*m);
   Status s;

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <tuple>
 
@@ -13,6 +15,7 @@
 #include "aggregates.h"
 #include "zt/check/check.h"
 #include "zt/db/export.h"
+#include "zt/db/sites.h"
 #include "zt/db/trace_reader.h"
 #include "zt/db/trace_writer.h"
 #include "zt/probe/probe_config.h"
@@ -61,11 +64,12 @@ struct Workload {
   int64_t t = now_ns();
   std::mt19937_64 rng{11};
   std::vector<AllocId> live;
+  int rank = 0;
 
-  explicit Workload(Recorder& r) : rec(r) {
-    rec.add_rank(0, 1);
-    gpu = rec.add_device(0, DeviceKind::Sim, 0, "cuda:0", "simulated GPU", int64_t(80) << 30, true);
-    cpu = rec.add_device(0, DeviceKind::Cpu, 0, "cpu", "host", std::nullopt, false);
+  explicit Workload(Recorder& r, int rank_ = 0, int world = 1) : rec(r), rank(rank_) {
+    rec.add_rank(rank, world);
+    gpu = rec.add_device(rank, DeviceKind::Sim, 0, "cuda:0", "simulated GPU", int64_t(80) << 30, true);
+    cpu = rec.add_device(rank, DeviceKind::Cpu, 0, "cpu", "host", std::nullopt, false);
     const uint64_t grow = rec.python_function("/w/leak.py", "grow");
     const uint64_t frames[] = {Recorder::python_frame_token(grow, 12), 0x401000};
     leak_stack = rec.intern_stack(frames, 2);
@@ -74,6 +78,7 @@ struct Workload {
   AllocId alloc(DeviceId dev, MemoryKind kind, AllocLevel level, int64_t bytes, const char* name, StackId stack = 0,
                 int64_t weight = 0) {
     AllocEvent e;
+    e.rank = rank;
     e.device = dev;
     e.memory_kind = kind;
     e.level = level;
@@ -107,6 +112,7 @@ struct Workload {
     alloc(gpu, MemoryKind::Device, AllocLevel::Segment, int64_t(2) << 30, "segment");
     for (int e = 0; e < epochs; ++e) {
       MarkerEvent em;
+      em.rank = rank;
       em.kind = MarkerKind::Epoch;
       em.name = rec.intern("epoch " + std::to_string(e));
       em.epoch = e;
@@ -114,6 +120,7 @@ struct Workload {
       MarkerId eid = rec.marker_begin(em);
       for (int s = 0; s < steps; ++s) {
         MarkerEvent sm;
+        sm.rank = rank;
         sm.kind = MarkerKind::Step;
         sm.name = rec.intern("step");
         sm.step = e * steps + s;
@@ -121,7 +128,7 @@ struct Workload {
         sm.t = tick();
         MarkerId sid = rec.marker_begin(sm);
         step_body(n_allocs);
-        rec.counter(0, cpu, rec.intern("host_rss"), double((100 + e * steps + s) << 20), tick());
+        rec.counter(rank, cpu, rec.intern("host_rss"), double((100 + e * steps + s) << 20), tick());
         rec.marker_end(sid, INT64_MIN, tick());
         if (flush_steps) rec.flush();
       }
@@ -542,4 +549,146 @@ TEST(Aggregates, AnEpochWithoutItsNumberKeepsTheTraceReadable) {
   std::vector<EpochLiveRow> rows;
   ASSERT_TRUE(r->read(&rows).ok());
   EXPECT_TRUE(rows.empty());
+}
+
+// Eight ranks, each capped (a node's per-rank traces): each stays bounded, and zt db merge of them
+// fits eight caps and keeps both layers (every detail row and every aggregate row of every rank).
+TEST(Aggregates, MergeOfEightCappedRanksFitsEightCaps) {
+  zt::test::TempDir dir;
+  int64_t empty_size = 0;
+  {
+    auto rec = open_recorder(dir.file("empty.db"));
+    ASSERT_TRUE(rec->close().ok());
+    empty_size = int64_t(std::filesystem::file_size(dir.file("empty.db")));
+  }
+  const int64_t cap = empty_size + empty_size / 2;
+  std::vector<std::string> ranks;
+  std::map<std::string, int64_t> rows_in;
+  for (int r = 0; r < 8; ++r) {
+    ranks.push_back(dir.file("rank" + std::to_string(r) + ".db"));
+    {
+      auto rec = open_recorder(ranks.back(), cap);
+      Workload w(*rec, r, 8);
+      w.run(3, 10, 150, true);
+      ASSERT_TRUE(rec->close().ok());
+    }
+    EXPECT_LT(int64_t(std::filesystem::file_size(ranks.back())), cap + (1 << 20)) << ranks.back();
+    auto rd = open_reader(ranks.back());
+    TraceSummary::Detail d;
+    ASSERT_TRUE(rd->summarize_detail(&d).ok());
+    ASSERT_TRUE(d.t_end) << ranks.back() << ": the cap was never reached";
+    for (const char* t : {"allocation", "marker", "step_memory", "epoch_live", "detail_span"}) {
+      int64_t n = 0;
+      ASSERT_TRUE(rd->row_count(t, &n).ok());
+      rows_in[t] += n;
+    }
+  }
+  const std::string merged = dir.file("node.db");
+  zt::Status ms = merge_traces(merged, ranks, false);
+  ASSERT_TRUE(ms.ok()) << ms.message();
+  EXPECT_LE(int64_t(std::filesystem::file_size(merged)), 8 * cap);
+  auto rd = open_reader(merged);
+  for (auto& [t, n] : rows_in) {
+    int64_t m = 0;
+    ASSERT_TRUE(rd->row_count(t, &m).ok());
+    EXPECT_EQ(m, n) << t;
+  }
+  TraceSummary::Detail d;
+  ASSERT_TRUE(rd->summarize_detail(&d).ok());
+  ASSERT_TRUE(d.t_end);
+  EXPECT_EQ(d.steps, 30);
+  EXPECT_LT(d.steps_with_detail, 30);
+  // The leak of every rank, found past the cap from the merged aggregates.
+  zt::check::Options o;
+  o.leaks = true;
+  zt::check::Report rep;
+  ASSERT_TRUE(zt::check::run_checks(merged, o, &rep).ok());
+  ASSERT_EQ(rep.checks.size(), 1u);
+  std::string all;
+  for (auto& f : rep.checks[0].findings) all += f + "\n";
+  EXPECT_EQ(rep.checks[0].outcome, zt::check::Outcome::Fail) << all;
+  for (int r = 0; r < 8; ++r) EXPECT_NE(all.find("rank " + std::to_string(r)), std::string::npos) << r << ": " << all;
+  EXPECT_NE(all.find("from the aggregates"), std::string::npos) << all;
+}
+
+// zt db top and zt export on a capped trace: what is held per epoch past the cap comes from
+// epoch_live, said so (before: the allocation rows alone, which stop at the cap, showed no growth
+// after it); the Chrome export keeps both layers (the memory counter goes on from step_memory
+// past the cap, a slice marks the stretch, each epoch boundary's live set by site).
+TEST(Aggregates, TopAndExportReadTheAggregatesPastTheCap) {
+  zt::test::TempDir dir;
+  int64_t empty_size = 0;
+  {
+    auto rec = open_recorder(dir.file("empty.db"));
+    ASSERT_TRUE(rec->close().ok());
+    empty_size = int64_t(std::filesystem::file_size(dir.file("empty.db")));
+  }
+  const std::string path = dir.file("capped.db");
+  {
+    auto rec = open_recorder(path, empty_size + empty_size / 2);
+    Workload w(*rec);
+    w.run(5, 12, 150, true);
+    ASSERT_TRUE(rec->close().ok());
+  }
+  auto r = open_reader(path);
+  TraceSummary::Detail detail;
+  ASSERT_TRUE(r->summarize_detail(&detail).ok());
+  ASSERT_TRUE(detail.t_end);
+  ASSERT_GT(*detail.last_step, *detail.last_detail_step + 20) << "the cap should come in the first epoch";
+  // zt db info's bytes per step: the transfers stop with the detail, so only its steps are counted.
+  TraceSummary sum;
+  ASSERT_TRUE(r->summarize(&sum).ok());
+  ASSERT_EQ(sum.step_traffic.size(), 1u);
+  EXPECT_EQ(sum.step_traffic[0].steps, detail.steps_with_detail);
+
+  TopOptions o;
+  o.when = TopWhen::Epochs;
+  o.device = "cpu";
+  std::vector<DeviceTop> top;
+  ASSERT_TRUE(top_sites(*r, o, &top).ok());
+  ASSERT_EQ(top.size(), 1u);
+  EXPECT_NE(top[0].source.find("from the aggregates (epoch_live)"), std::string::npos) << top[0].source;
+  EXPECT_NE(top[0].source.find("size cap"), std::string::npos) << top[0].source;
+  EXPECT_EQ(top[0].epochs, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  const SiteBytes* leak = nullptr;
+  for (auto& s : top[0].top)
+    if (s.site.find("leak.py:12") != std::string::npos) leak = &s;
+  ASSERT_NE(leak, nullptr) << "no site at leak.py:12";
+  EXPECT_GE(leak->grew_per_epoch, double(6 << 20));
+  EXPECT_EQ(leak->series.size(), 5u);
+
+  o.when = TopWhen::End;
+  ASSERT_TRUE(top_sites(*r, o, &top).ok());
+  ASSERT_EQ(top.size(), 1u);
+  EXPECT_NE(top[0].source.find("epoch 4's end"), std::string::npos) << top[0].source;
+  EXPECT_GE(top[0].total, int64_t(5) * (14 << 20)) << "five epochs' leaks held at the end";
+
+  // At the peak the detail is read, and the line says the detail stopped.
+  o.when = TopWhen::Peak;
+  o.device = "cuda:0";
+  ASSERT_TRUE(top_sites(*r, o, &top).ok());
+  ASSERT_EQ(top.size(), 1u);
+  EXPECT_NE(top[0].source.find("the detail stopped"), std::string::npos) << top[0].source;
+  EXPECT_FALSE(top[0].top.empty());
+
+  const std::string json_path = dir.file("capped.json");
+  ASSERT_TRUE(export_chrome(path, json_path).ok());
+  nlohmann::json j;
+  std::ifstream(json_path) >> j;
+  double band_ts = -1;
+  int counters_after = 0, live_sets = 0;
+  bool leak_site = false;
+  for (auto& e : j["traceEvents"])
+    if (e["name"] == "aggregates only (per step)") band_ts = e["ts"].get<double>();
+  ASSERT_GE(band_ts, 0) << "no aggregates-only slice";
+  for (auto& e : j["traceEvents"]) {
+    if (e["name"] == "memory cuda:0" && e["ts"].get<double>() > band_ts) ++counters_after;
+    if (e.value("cat", "") == "aggregates" && e["ph"] == "i") {
+      ++live_sets;
+      for (auto& [site, bytes] : e["args"]["by_site"].items()) leak_site = leak_site || site.find("leak.py:12") != std::string::npos;
+    }
+  }
+  EXPECT_GE(counters_after, 40) << "the memory counter should go on past the cap, a value each step";
+  EXPECT_GE(live_sets, 10) << "each epoch's start and end on each device";
+  EXPECT_TRUE(leak_site);
 }

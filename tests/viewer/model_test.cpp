@@ -9,6 +9,7 @@
 #include <random>
 
 #include "known_trace.h"
+#include "mixed_trace.h"
 #include "model/analysis.h"
 #include "model/time_view.h"
 #include "model/trace_model.h"
@@ -700,4 +701,117 @@ TEST(TraceModelRun, ALaunchersTracksAreNamedByItsPidNotAsARank) {
   EXPECT_TRUE(has("launcher process 77 · host memory")) << ::testing::PrintToString(titles);
   EXPECT_TRUE(has("helper process 78 of rank 0 · host memory")) << ::testing::PrintToString(titles);
   EXPECT_FALSE(has("rank 2 ·")) << ::testing::PrintToString(titles);
+}
+
+// A trace whose detail stopped at its cap (issue 39): the overview draws the whole run from the
+// aggregates alone, the full load draws the detail up to where it stopped and the aggregates after
+// it, on one curve.
+namespace {
+using M = zt::test::MixedTrace;
+const Track* memory_track(const TraceModel& m, const std::string& label) {
+  for (auto& t : m.tracks)
+    if ((t.kind == TrackKind::Memory || t.kind == TrackKind::HostMemory) && t.title.find(label) != std::string::npos)
+      return &t;
+  return nullptr;
+}
+const Series* named(const TraceModel& m, const Track& t, const std::string& name) {
+  for (auto& ref : t.series)
+    if (ref.name == name) return &m.series[size_t(ref.series)];
+  return nullptr;
+}
+int count_kind(const TraceModel& m, TrackKind k) {
+  return int(std::count_if(m.tracks.begin(), m.tracks.end(), [&](const Track& t) { return t.kind == k; }));
+}
+}  // namespace
+
+TEST(MixedTrace, OverviewDrawsEveryStepFromTheAggregates) {
+  zt::test::TempDir dir;
+  std::string err;
+  ASSERT_TRUE(zt::test::write_mixed_trace(dir.file("mixed.db"), &err)) << err;
+  std::unique_ptr<TraceModel> m;
+  zt::Status s = TraceModel::load(dir.file("mixed.db"), &m, nullptr, LoadScope::Overview);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_TRUE(m->overview);
+  EXPECT_EQ(m->detail_end, M::kDetailEnd);
+  EXPECT_EQ(m->detail_reason, M::kReason);
+  EXPECT_EQ(m->step_rows, 2 * M::kSteps);
+  // No detail was read: no allocation row, no phase, no allocation track; the steps and epochs are there.
+  EXPECT_EQ(m->alloc.size(), 0u);
+  EXPECT_EQ(count_kind(*m, TrackKind::Allocations), 0);
+  EXPECT_EQ(m->mark.size(), size_t(M::kSteps + 2));
+  EXPECT_EQ(m->max_step, M::kSteps - 1);
+  EXPECT_EQ(m->step_start(7), M::step_start(7));
+  const Track* gpu = memory_track(*m, "cuda:0");
+  ASSERT_NE(gpu, nullptr);
+  const Series* a = named(*m, *gpu, "allocated");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->t.size(), size_t(M::kSteps));
+  for (int st : {0, 5, 6, 19}) EXPECT_EQ(a->at(M::step_end(st)), double(M::allocated_at_end(st))) << "step " << st;
+  const Series* pk = named(*m, *gpu, "step peak alloc");
+  ASSERT_NE(pk, nullptr);
+  EXPECT_EQ(pk->peak, double(M::kActivation + M::allocated_at_end(M::kSteps - 1)));
+  ASSERT_NE(named(*m, *gpu, "reserved"), nullptr);
+  const Track* host = memory_track(*m, "host memory");
+  ASSERT_NE(host, nullptr);
+  const Series* rss = named(*m, *host, "host_rss");
+  ASSERT_NE(rss, nullptr);
+  EXPECT_EQ(rss->at(M::step_end(10)), double(M::kGiB + 10 * 16 * M::kMiB));
+  ASSERT_NE(named(*m, *host, "live (per step)"), nullptr);
+}
+
+TEST(MixedTrace, FullLoadJoinsTheDetailToTheAggregatesAfterIt) {
+  zt::test::TempDir dir;
+  std::string err;
+  ASSERT_TRUE(zt::test::write_mixed_trace(dir.file("mixed.db"), &err)) << err;
+  std::unique_ptr<TraceModel> m;
+  zt::Status s = TraceModel::load(dir.file("mixed.db"), &m);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_FALSE(m->overview);
+  EXPECT_EQ(m->detail_end, M::kDetailEnd);
+  EXPECT_EQ(count_kind(*m, TrackKind::Allocations), 2);
+  const Track* gpu = memory_track(*m, "cuda:0");
+  ASSERT_NE(gpu, nullptr);
+  const Series* a = named(*m, *gpu, "allocated");
+  ASSERT_NE(a, nullptr);
+  // The detail inside a step (the activation live), then each step's end past the cap.
+  EXPECT_EQ(a->at(M::step_start(3) + 50 * M::kMs), double(M::kActivation));
+  EXPECT_EQ(a->at(M::step_end(3)), 0.0);
+  for (int st : {6, 12, 19}) EXPECT_EQ(a->at(M::step_end(st)), double(M::allocated_at_end(st))) << "step " << st;
+  EXPECT_EQ(a->stop, INT64_MAX) << "the joined curve goes on past the detail";
+  const Series* r = named(*m, *gpu, "reserved");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->at(M::step_start(2)), double(2 * M::kGiB));
+  EXPECT_EQ(r->at(M::step_end(15)), double(4 * M::kGiB));
+  // Peaks per step only where the detail is gone.
+  const Series* pk = named(*m, *gpu, "step peak alloc");
+  ASSERT_NE(pk, nullptr);
+  EXPECT_GE(pk->t.front(), M::step_start(M::kDetailSteps));
+  EXPECT_EQ(named(*m, *gpu, "step peak resv"), nullptr) << "it equals reserved at every step's end: no line for it";
+  // A row the detail never saw freed (the segment, the pinned buffer) is drawn to where the detail
+  // stopped, not through the aggregates-only stretch.
+  for (auto& t : m->tracks)
+    if (t.kind == TrackKind::Allocations)
+      for (auto& lane : t.lanes)
+        for (size_t i = 0; i < lane.size(); ++i) EXPECT_LE(lane.end[i], M::kDetailEnd) << t.title;
+  // The host's detail series stop where the detail did; its aggregate goes on; RSS from counters
+  // only (this trace has no counter rows, so none is made up from the aggregates).
+  const Track* host = memory_track(*m, "host memory");
+  ASSERT_NE(host, nullptr);
+  const Series* pinned = named(*m, *host, "pinned");
+  ASSERT_NE(pinned, nullptr);
+  EXPECT_EQ(pinned->stop, M::kDetailEnd);
+  const Series* live = named(*m, *host, "live (per step)");
+  ASSERT_NE(live, nullptr);
+  EXPECT_EQ(live->at(M::step_end(8)), double(320 * M::kMiB));
+  EXPECT_EQ(named(*m, *host, "host_rss"), nullptr);
+}
+
+TEST_F(KnownTraceTest, AnUncappedTraceDrawsNoAggregateSeries) {
+  EXPECT_EQ(model_->detail_end, -1);
+  for (auto& t : model_->tracks)
+    for (auto& ref : t.series) {
+      EXPECT_NE(ref.name, "step peak alloc") << t.title;
+      EXPECT_NE(ref.name, "live (per step)") << t.title;
+      EXPECT_EQ(model_->series[size_t(ref.series)].stop, INT64_MAX) << t.title;
+    }
 }

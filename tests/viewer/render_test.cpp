@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "known_trace.h"
+#include "mixed_trace.h"
 #include "test_util.h"
 
 using K = zt::test::KnownTrace;
@@ -300,4 +301,49 @@ TEST(ViewCommand, BadTraceIsAnErrorNotACrash) {
   std::getline(e, line);
   EXPECT_EQ(line.rfind("zt: " + bad, 0), 0u) << line;
   EXPECT_FALSE(std::ifstream(dir.file("x.png")).good());
+}
+
+// A trace whose detail stopped at its size cap (issue 39): past the cap the memory track goes on
+// with each step's aggregates, and the stretch is marked as aggregates only in every track's header.
+TEST_F(RenderTest, AnAggregateOnlyStretchIsDrawnAsSuch) {
+  using M = zt::test::MixedTrace;
+  std::string err;
+  ASSERT_TRUE(zt::test::write_mixed_trace(dir_.file("mixed.db"), &err)) << err;
+  TAKE_OF_OR_SKIP(s, dir_.file("mixed.db"), "1600x1000", 1600, 1000);
+  ASSERT_EQ(s.layout["aggregate_bands"].size(), 1u) << s.layout.dump();
+  const json& band = s.layout["aggregate_bands"][0];
+  const std::string label = band["label"].get<std::string>();
+  EXPECT_NE(label.find("aggregates only"), std::string::npos) << label;
+  EXPECT_NE(label.find("size cap"), std::string::npos) << label;
+  const int bx0 = int(band["x0"].get<double>()), bx1 = int(band["x1"].get<double>());
+  EXPECT_NEAR(band["x0"].get<double>(), s.x_of(M::kDetailEnd), 2.0);
+  EXPECT_NEAR(band["x1"].get<double>(), s.x_of(M::step_end(M::kSteps - 1)), 2.0);
+  ASSERT_GT(bx1 - bx0, 200);
+  const json* mem = s.track("memory");
+  ASSERT_NE(mem, nullptr);
+  const int y0 = int((*mem)["y0"].get<double>()), y1 = int((*mem)["y1"].get<double>());
+  // The allocated curve goes on through the band (each step's end), not an empty track.
+  int columns_with_curve = 0;
+  for (int x = bx0 + 4; x < bx1 - 4; ++x)
+    for (int y = y0; y < y1; ++y)
+      if (s.pixel_is(x, y, 60, 200, 170, 20)) {
+        ++columns_with_curve;
+        break;
+      }
+  EXPECT_GT(columns_with_curve, (bx1 - bx0 - 8) * 8 / 10) << "the allocated curve is missing past the cap";
+  // It climbs: its highest pixel near the band's end is above its highest near the band's start.
+  auto top_of_curve = [&](int x) {
+    for (int y = y0; y < y1; ++y)
+      if (s.pixel_is(x, y, 60, 200, 170, 20)) return y;
+    return y1;
+  };
+  EXPECT_LT(top_of_curve(bx1 - 6), top_of_curve(bx0 + 60) - 10);
+  // Every track's header is marked over the band, and only there.
+  for (auto& t : s.layout["tracks"]) {
+    const int hy = int(t["y0"].get<double>()) - 4;
+    EXPECT_TRUE(s.pixel_is(bx1 - 3, hy, 110, 80, 190, 16)) << t["title"];
+    EXPECT_FALSE(s.pixel_is(bx0 - 20, hy, 110, 80, 190, 16)) << t["title"];
+  }
+  // The detail before the cap is drawn as before: its allocation track is there.
+  EXPECT_NE(s.track("allocations"), nullptr);
 }

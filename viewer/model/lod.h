@@ -63,6 +63,9 @@ struct Series {
   std::vector<std::vector<double>> lo, hi;  // pyramid levels 1.. (level 0 is `value`)
   double peak = 0;
   int64_t peak_t = 0;
+  // Nothing is drawn from here on: a series from the detail of a trace whose detail stopped
+  // (db/SCHEMA.md, "Aggregates") ends where the detail did, not flat to the trace's end.
+  int64_t stop = INT64_MAX;
 
   void push(int64_t time, double v) {
     // Several changes at one instant collapse into the last one: a free and an alloc at the

@@ -242,11 +242,13 @@ namespace {
 void tune_for_scans(sqlite3* db) { sqlite3_exec(db, "PRAGMA mmap_size=68719476736", nullptr, nullptr, nullptr); }
 }  // namespace
 
-Status TraceModel::load(const std::string& path, std::unique_ptr<TraceModel>* out, LoadProgress* progress) {
+Status TraceModel::load(const std::string& path, std::unique_ptr<TraceModel>* out, LoadProgress* progress,
+                        LoadScope scope) {
   std::unique_ptr<TraceModel> m(new TraceModel());
   m->path_ = path;
   if (Status s = db::TraceReader::open(path, &m->reader_, db::TraceReader::Checks::SmallTables); !s) return s;
   tune_for_scans(m->reader_->handle());
+  m->overview = scope == LoadScope::Overview;
   if (Status s = m->read_all(progress); !s) return s;
   m->build_tracks();
   *out = std::move(m);
@@ -276,7 +278,22 @@ Status TraceModel::read_all(LoadProgress* progress) {
   if (Status s = r.read(&faults); !s) return s;
   if (Status s = r.read(&errors); !s) return s;
   if (Status s = r.read(&string_rows); !s) return s;
-  rows += int64_t(dev_rows.size() + rank_rows.size() + faults.size() + errors.size() + string_rows.size());
+  // The aggregates (version 3 on): where the detail stopped, and the memory of every step.
+  std::vector<db::DetailSpanRow> spans;
+  if (Status s = r.read(&spans); !s) return s;
+  for (auto& sp : spans)
+    if (sp.t_end && (detail_end < 0 || *sp.t_end < detail_end)) {
+      detail_end = *sp.t_end;
+      detail_reason = sp.end_reason;
+    }
+  // A trace whose detail covers the whole run draws its memory from the detail; the steps'
+  // aggregates are read where the detail stopped, or for the overview.
+  if (overview || detail_end >= 0) {
+    if (Status s = r.read(&step_memory_); !s) return s;
+  }
+  step_rows = int64_t(step_memory_.size());
+  rows += int64_t(dev_rows.size() + rank_rows.size() + faults.size() + errors.size() + string_rows.size() +
+                  spans.size() + step_memory_.size());
   // Strings by id, where the ids are dense (the writer hands them out from 1); sparse ids (a
   // merged or hand-made file: any id up to 2^31 is valid) are renumbered 1..n on load, so no
   // vector is sized by an id from the file.
@@ -329,6 +346,30 @@ Status TraceModel::read_all(LoadProgress* progress) {
   int64_t alloc_rows = 0;
   std::thread alloc_thread([&] {
     Allocations& a = alloc;
+    if (overview) {
+      // The overview: the step and epoch markers alone, each rank's by the marker index (a day's
+      // detail stretch holds millions of ranges that a scan would walk).
+      for (int rank : rank_set) {
+        const std::string sql = "SELECT rank,kind,name_id,t_start,t_end,step,epoch,id FROM marker WHERE rank = " +
+                                std::to_string(rank) + " AND kind IN (" + std::to_string(int(MarkerKind::Step)) +
+                                "," + std::to_string(int(MarkerKind::Epoch)) + ")";
+        alloc_status = stream(second->handle(), path_, "marker", sql.c_str(), progress, &alloc_rows,
+                              [&](sqlite3_stmt* st) {
+                                mark.rank.push_back(int32_t(sqlite3_column_int64(st, 0)));
+                                mark.kind.push_back(uint8_t(sqlite3_column_int64(st, 1)));
+                                mark.name.push_back(name_index(col_or(st, 2, 0)));
+                                mark.t_start.push_back(sqlite3_column_int64(st, 3));
+                                mark.t_end.push_back(col_or(st, 4, INT64_MAX));
+                                mark.step.push_back(col_or(st, 5, -1));
+                                mark.epoch.push_back(col_or(st, 6, -1));
+                              });
+        if (!alloc_status) return;
+      }
+      auto morder = sort_order(mark.t_start);
+      permute(mark.t_start, morder), permute(mark.t_end, morder), permute(mark.step, morder);
+      permute(mark.epoch, morder), permute(mark.rank, morder), permute(mark.name, morder), permute(mark.kind, morder);
+      return;
+    }
     int64_t n = estimate_rows(second->handle(), "allocation");
     std::vector<int64_t> segment_of;
     reserve_all(n, a.id, a.t_alloc, a.t_free, a.bytes, a.weight, a.stack, a.device, a.name, a.kind, a.level, a.freed,
@@ -401,9 +442,9 @@ Status TraceModel::read_all(LoadProgress* progress) {
     permute(mark.epoch, morder), permute(mark.rank, morder), permute(mark.name, morder), permute(mark.kind, morder);
   });
 
-  int64_t nx = estimate_rows(r.handle(), "transfer");
+  int64_t nx = overview ? 0 : estimate_rows(r.handle(), "transfer");
   reserve_all(nx, xfer.t_start, xfer.t_end, xfer.bytes, xfer.rank, xfer.src, xfer.dst, xfer.name, xfer.op, xfer.kind);
-  Status s = stream(r.handle(), path_, "transfer",
+  Status s = overview ? Status::Ok() : stream(r.handle(), path_, "transfer",
                     "SELECT rank,kind,bytes,src_device_id,dst_device_id,t_start,t_end,name_id,op_id,id FROM transfer",
                     progress, &rows, [&](sqlite3_stmt* st) {
                       xfer.rank.push_back(int32_t(sqlite3_column_int64(st, 0)));
@@ -416,7 +457,7 @@ Status TraceModel::read_all(LoadProgress* progress) {
                       xfer.name.push_back(name_index(col_or(st, 7, 0)));
                       xfer.op.push_back(name_index(col_or(st, 8, 0)));
                     });
-  if (s) {
+  if (s && !overview) {
     auto order = sort_order(xfer.t_start);
     permute(xfer.t_start, order), permute(xfer.t_end, order), permute(xfer.bytes, order);
     permute(xfer.rank, order), permute(xfer.src, order), permute(xfer.dst, order);
@@ -460,7 +501,7 @@ Status TraceModel::read_all(LoadProgress* progress) {
         n.find("bytes") != std::string::npos || n.find("host") != std::string::npos)
       wanted += (wanted.empty() ? "" : ",") + std::to_string(string_file_id_.empty() ? int64_t(i) : string_file_id_[i]);
   }
-  if (s && !wanted.empty()) {
+  if (s && !wanted.empty() && !overview) {
     std::string sql = "SELECT device_id,name_id,t,value,id FROM counter WHERE name_id IN (" + wanted +
                       ") AND value IS NOT NULL ORDER BY t";  // NULL: a NaN recorded (db/SCHEMA.md)
     s = stream(r.handle(), path_, "counter", sql.c_str(), progress, &rows, [&](sqlite3_stmt* st) {
@@ -501,6 +542,7 @@ Status TraceModel::read_all(LoadProgress* progress) {
   for (auto& [k, ser] : counters) span(ser.t.front(), ser.t.back());
   for (auto& f : faults) span(f.t, f.t);
   for (auto& e : errors) span(e.t, e.t);
+  for (auto& sm : step_memory_) span(sm.t_start, sm.t_end.value_or(sm.t_start));
   if (lo > hi) lo = hi = 0;
   t_first = lo;
   t_last = hi;
@@ -565,6 +607,88 @@ Status TraceModel::read_all(LoadProgress* progress) {
     extra_counters_.push_back({key.device, str(key.name), int(series.size() - 1)});
   }
   return Status::Ok();
+}
+
+// The series drawn from step_memory (db/SCHEMA.md, "Aggregates"): in the overview, every step's;
+// in a trace whose detail stopped, those of the steps that ended after it. An accelerator's
+// allocated and reserved go on from the detail's own series (one curve: the detail's values up to
+// where the detail stopped, then each step's end), its peaks within each step are series of
+// their own; a host device's live bytes (blocks and segments) are one series, "live (per step)",
+// beside the detail's pinned and pageable, which stop where the detail did. Host RSS comes from
+// the counter where the counters were read, else (the overview) from step_memory.
+std::vector<std::vector<SeriesRef>> TraceModel::aggregate_series(std::vector<std::array<int, 4>>* series_of) {
+  const size_t n_dev = devices.size();
+  std::vector<std::vector<SeriesRef>> refs(n_dev);
+  if (detail_end >= 0)
+    for (auto& row : *series_of)
+      for (int k : row)
+        if (k >= 0) series[size_t(k)].stop = detail_end;
+  if (step_memory_.empty()) return refs;
+  std::unordered_map<int64_t, size_t> dev_index;
+  for (size_t d = 0; d < n_dev; ++d) dev_index[devices[d].id] = d;
+  // Per device: allocated, reserved, peak allocated, peak reserved; per rank: RSS.
+  enum { kAlloc, kResv, kPeakAlloc, kPeakResv, kLive, kAggKinds };
+  std::vector<std::array<Series, kAggKinds>> agg(n_dev);
+  std::map<int, Series> rss;
+  for (const db::StepMemoryRow& sm : step_memory_) {
+    auto it = dev_index.find(sm.device_id);
+    if (it == dev_index.end()) continue;
+    const int64_t end = sm.t_end.value_or(t_last);  // the step the run ended in: its values so far
+    if (!overview && end <= detail_end) continue;
+    auto& a = agg[it->second];
+    if (devices[it->second].host) {
+      a[kLive].push(end, double(sm.allocated_bytes) + double(sm.reserved_bytes));
+    } else {
+      a[kAlloc].push(end, double(sm.allocated_bytes));
+      a[kResv].push(end, double(sm.reserved_bytes));
+      a[kPeakAlloc].push(sm.t_start, double(sm.peak_allocated_bytes));
+      a[kPeakResv].push(sm.t_start, double(sm.peak_reserved_bytes));
+    }
+    if (overview && sm.host_rss_bytes) rss[int(sm.rank)].push(end, double(*sm.host_rss_bytes));
+  }
+  auto add = [&](size_t d, const char* name, Series&& s) {
+    if (s.empty()) return;
+    s.build();
+    series.push_back(std::move(s));
+    refs[d].push_back({name, int(series.size() - 1)});
+  };
+  // A step's peak is a series of its own where it says more than the step's end does (a segment's
+  // peak within the step equals its end in a steady run: no line and no label for it).
+  auto says_more = [](const Series& peak, const Series& end) {
+    for (size_t i = 0; i < peak.value.size() && i < end.value.size(); ++i)
+      if (peak.value[i] != end.value[i]) return true;
+    return false;
+  };
+  for (size_t d = 0; d < n_dev; ++d) {
+    auto& a = agg[d];
+    const bool peak_alloc_says_more = says_more(a[kPeakAlloc], a[kAlloc]);
+    const bool peak_resv_says_more = says_more(a[kPeakResv], a[kResv]);
+    for (int k : {kAlloc, kResv}) {
+      if (a[size_t(k)].empty()) continue;
+      int& own = (*series_of)[d][k == kAlloc ? 0 : 1];
+      if (own < 0) {
+        add(d, k == kAlloc ? "allocated" : "reserved", std::move(a[size_t(k)]));
+        continue;
+      }
+      // One curve: the detail's values up to where it stopped, then each step's end.
+      Series& s = series[size_t(own)];
+      while (!s.t.empty() && s.t.back() > detail_end) s.t.pop_back(), s.value.pop_back();
+      for (size_t i = 0; i < a[size_t(k)].t.size(); ++i) s.push(a[size_t(k)].t[i], a[size_t(k)].value[i]);
+      s.stop = INT64_MAX;
+      s.build();
+    }
+    if (peak_alloc_says_more) add(d, "step peak alloc", std::move(a[kPeakAlloc]));
+    if (peak_resv_says_more) add(d, "step peak resv", std::move(a[kPeakResv]));
+    add(d, "live (per step)", std::move(a[kLive]));
+  }
+  // RSS on the rank's host device (else its first device).
+  for (auto& [rank, s] : rss) {
+    size_t best = n_dev;
+    for (size_t d = 0; d < n_dev; ++d)
+      if (devices[d].rank == rank && (best == n_dev || (devices[d].host && !devices[best].host))) best = d;
+    if (best < n_dev) add(best, "host_rss", std::move(s));
+  }
+  return refs;
 }
 
 void TraceModel::build_tracks() {
@@ -637,6 +761,7 @@ void TraceModel::build_tracks() {
     work(0, 2);
     helper.join();
   }
+  std::vector<std::vector<SeriesRef>> aggregate_refs = aggregate_series(&series_of);
 
   // Allocation lanes per device, built on the helper core while the rest are built here.
   std::vector<Track> alloc_tracks(n_dev);
@@ -648,9 +773,12 @@ void TraceModel::build_tracks() {
       // segment drawn already: one box, not two side by side.
       if (d < 0 || alloc.second_record[i]) continue;
       Track& t = alloc_tracks[size_t(d)];
-      size_t lane = size_t(assigners[size_t(d)].assign(alloc.t_alloc[i], alloc.t_free[i]));
+      // Where the detail stopped, a row it never saw freed is drawn to there, not through the
+      // aggregates-only stretch: whether it lived on is not known.
+      const int64_t end = !alloc.freed[i] && detail_end >= 0 ? std::max(alloc.t_alloc[i], detail_end) : alloc.t_free[i];
+      size_t lane = size_t(assigners[size_t(d)].assign(alloc.t_alloc[i], end));
       if (t.lanes.size() <= lane) t.lanes.resize(lane + 1);
-      t.lanes[lane].push(alloc.t_alloc[i], alloc.t_free[i], i);
+      t.lanes[lane].push(alloc.t_alloc[i], end, i);
       t.families |= uint8_t(1u << alloc.family[i]);
       t.segments = t.segments || alloc.level[i] == uint8_t(db::AllocLevel::Segment);
     }
@@ -770,6 +898,7 @@ void TraceModel::build_tracks() {
         if (series_of[d][k] >= 0) mem.series.push_back({names[k], series_of[d][k]});
       for (auto& c : extra_counters_)
         if (c.device == int(d)) mem.series.push_back({c.name, c.series});
+      for (auto& ref : aggregate_refs[d]) mem.series.push_back(ref);
       if (!mem.series.empty() || info.capacity > 0) tracks.push_back(std::move(mem));
       Track& at = alloc_tracks[d];
       if (!at.lanes.empty()) {

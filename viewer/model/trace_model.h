@@ -10,6 +10,7 @@
 // an allocation never freed ends at t_last (the end of the trace), flagged by freed == 0.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -132,10 +133,16 @@ struct LoadProgress {
   std::atomic<bool> cancel{false};
 };
 
+// What load() reads. All: every row the timeline draws. Overview: the aggregates alone (a version 3
+// trace's step_memory and detail_span), the step and epoch markers, faults and errors: a day-long
+// trace's first frame, drawn before its detail is read (db/SCHEMA.md, "Aggregates").
+enum class LoadScope : uint8_t { All, Overview };
+
 class TraceModel {
  public:
-  // Reads the whole trace. `progress` (optional) is updated as rows arrive, from this thread.
-  static Status load(const std::string& path, std::unique_ptr<TraceModel>* out, LoadProgress* progress = nullptr);
+  // Reads the trace. `progress` (optional) is updated as rows arrive, from this thread.
+  static Status load(const std::string& path, std::unique_ptr<TraceModel>* out, LoadProgress* progress = nullptr,
+                     LoadScope scope = LoadScope::All);
   ~TraceModel();
 
   const std::string& path() const { return path_; }
@@ -155,6 +162,16 @@ class TraceModel {
   std::string align_label = "step 0";  // what t_align is: "step 0", "step 3" (the first recorded), "the first event"
   int ranks = 0;
   int64_t rows = 0;  // rows read, every table
+  int64_t step_rows = 0;  // step_memory rows read
+  // The overview (LoadScope::Overview): the memory tracks are drawn from step_memory alone; no
+  // allocation, transfer, kernel, range or counter row was read.
+  bool overview = false;
+  // Where the detail stopped (the earliest end of a detail_span row; -1: it went on to the end),
+  // and why. Past it the memory tracks draw step_memory's per-step values (allocated, reserved
+  // at each step's end; each step's peaks; "live (per step)" on a host device), and the timeline
+  // marks the stretch as aggregates only.
+  int64_t detail_end = -1;
+  std::string detail_reason;
 
   std::vector<DeviceInfo> devices;
   Allocations alloc;
@@ -184,6 +201,7 @@ class TraceModel {
   TraceModel() = default;
   Status read_all(LoadProgress* progress);
   void build_tracks();
+  std::vector<std::vector<SeriesRef>> aggregate_series(std::vector<std::array<int, 4>>* series_of);
   std::string path_;
   std::unique_ptr<db::TraceReader> reader_;
   std::vector<std::string> strings_;  // by string id, or by index when the file's ids were sparse
@@ -212,6 +230,7 @@ class TraceModel {
   };
   std::vector<ExtraCounter> extra_counters_;
   mutable bool placements_loaded_ = false;
+  std::vector<db::StepMemoryRow> step_memory_;  // read for the overview, or where the detail stopped
 };
 
 }  // namespace zt::viewer

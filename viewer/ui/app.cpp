@@ -123,6 +123,36 @@ Panel panel_named(const std::string& n) {
   return Panel::Replay;
 }
 
+// A long trace opens on its aggregates first (TraceModel's overview) when every trace has them:
+// its step rows are few where its detail may be millions of rows.
+bool overview_first(const std::vector<std::string>& paths) {
+  for (auto& p : paths) {
+    std::unique_ptr<db::TraceReader> r;
+    int64_t n = 0;
+    if (!db::TraceReader::open(p, &r, db::TraceReader::Checks::None) || !r->has_aggregates() ||
+        !r->row_count("step_memory", &n) || n == 0)
+      return false;
+  }
+  return true;
+}
+
+// The detail has been read: the full models replace the overviews, the view and playhead stay.
+void replace_models(ViewerState& st, std::vector<std::unique_ptr<TraceModel>>& models) {
+  for (size_t i = 0; i < st.traces.size() && i < models.size(); ++i) {
+    LoadedTrace& lt = st.traces[i];
+    lt.model = std::move(models[i]);
+    lt.order.clear();
+    for (size_t k = 0; k < lt.model->tracks.size(); ++k) lt.order.push_back(int(k));
+    lt.collapsed.assign(lt.model->tracks.size(), 0);
+    lt.leaks.reset();
+    lt.placements.reset();
+    lt.placement_error.clear();
+  }
+  st.selection = Selection{};
+  st.range_summary.reset();
+  st.playhead_states.clear();
+}
+
 void init_state(ViewerState& st, std::vector<std::unique_ptr<TraceModel>> models, const ViewOptions& opt) {
   for (auto& m : models) add_trace(st, std::move(m));
   st.request_panel(panel_named(opt.panel));
@@ -162,6 +192,10 @@ void write_layout(const ViewerState& st, const std::string& path, int w, int h) 
     j["tracks"].push_back({{"trace", t.trace}, {"track", t.track}, {"title", t.title}, {"kind", t.kind},
                            {"y0", t.y0}, {"y1", t.y1}, {"collapsed", t.collapsed}, {"labels", t.labels}});
   for (auto& [y0, y1] : l.trace_areas) j["trace_areas"].push_back({{"y0", y0}, {"y1", y1}});
+  j["aggregate_bands"] = nlohmann::json::array();
+  for (auto& b : l.aggregate_bands)
+    j["aggregate_bands"].push_back({{"trace", b.trace}, {"x0", b.x0}, {"x1", b.x1}, {"t0_ns", b.t0}, {"t1_ns", b.t1},
+                                    {"label", b.label}});
   j["placement_legend"] = l.placement_legend;
   j["placement_rows"] = nlohmann::json::array();
   for (auto& r : l.placement_rows)
@@ -235,13 +269,21 @@ int run_viewer(const ViewOptions& opt) {
     ImGui::NewFrame();
   };
 
-  // Load on a worker thread while the window shows progress.
-  std::vector<std::unique_ptr<TraceModel>> models(opt.traces.size());
+  // Load on a worker thread while the window shows progress. A window (not a screenshot) of
+  // traces with aggregates shows them first, drawn from the aggregates, and their detail when
+  // it has been read (a day's trace: its curve at once, its detail some seconds later).
+  std::vector<std::unique_ptr<TraceModel>> models(opt.traces.size()), overviews(opt.traces.size());
   LoadProgress progress;
-  Status load_status;
-  std::atomic<bool> loaded{false};
+  Status load_status, overview_status;
+  std::atomic<bool> loaded{false}, overview_ready{false};
   std::atomic<int> loading_index{0};
+  const bool two_stage = !headless && overview_first(opt.traces);
   std::thread loader([&] {
+    if (two_stage) {
+      for (size_t i = 0; i < opt.traces.size() && overview_status.ok(); ++i)
+        overview_status = TraceModel::load(opt.traces[i], &overviews[i], nullptr, LoadScope::Overview);
+      overview_ready = true;
+    }
     for (size_t i = 0; i < opt.traces.size() && load_status.ok(); ++i) {
       loading_index = int(i);
       progress.rows_done = 0;
@@ -249,7 +291,7 @@ int run_viewer(const ViewOptions& opt) {
     }
     loaded = true;
   });
-  while (!loaded) {
+  while (!loaded && !(overview_ready && overview_status.ok())) {
     if (!headless) {
       glfwPollEvents();
       if (glfwWindowShouldClose(window)) progress.cancel = true;
@@ -266,6 +308,44 @@ int run_viewer(const ViewOptions& opt) {
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+  }
+  const bool show_overview = !loaded.load();
+  if (show_overview) {
+    ViewerState st;
+    init_state(st, std::move(overviews), opt);
+    bool positioned = false;
+    while (!glfwWindowShouldClose(window) && !loaded) {
+      glfwPollEvents();
+      new_frame();
+      int64_t done = progress.rows_done, total = std::max<int64_t>(progress.rows_total, 1);
+      st.loading_note = "drawn from the aggregates; reading the detail: " + format_count(double(done)) + " of " +
+                        format_count(double(total)) + " rows";
+      draw_frame(st, ImGui::GetIO().DeltaTime);
+      if (!positioned) {
+        if (!apply_start_position(st, opt)) st.status = "no step " + std::to_string(*opt.step) + " in this trace";
+        positioned = true;
+      }
+      render(false);
+      if (!st.playing) glfwWaitEventsTimeout(0.1);
+    }
+    if (!loaded) progress.cancel = true;  // the window was closed first
+    loader.join();
+    if (glfwWindowShouldClose(window)) {
+      shutdown();
+      return 0;
+    }
+    st.loading_note.clear();
+    if (load_status) replace_models(st, models);
+    else st.status = "the detail could not be read (" + load_status.message() + "): the aggregates are shown";
+    while (!glfwWindowShouldClose(window)) {
+      glfwPollEvents();
+      new_frame();
+      draw_frame(st, ImGui::GetIO().DeltaTime);
+      render(false);
+      if (!st.playing) glfwWaitEventsTimeout(0.25);
+    }
+    shutdown();
+    return 0;
   }
   loader.join();
   if (!load_status) {

@@ -99,7 +99,7 @@ void draw_memory_track(const LoadedTrace& lt, const Track& track, const MemoryTr
   for (size_t s = 0; s < track.series.size(); ++s) {
     const Series& ser = m.series[size_t(track.series[s].series)];
     ImU32 col = series_color(track.series[s].name, int(s));
-    decimate(ser, t0, a.ns_per_px, columns, m.t_last + 1, &cols);
+    decimate(ser, t0, a.ns_per_px, columns, std::min(ser.stop, m.t_last + 1), &cols);
     bool fill = s == 0;
     float prev_y = -1;
     for (int c = 0; c < columns; ++c) {

@@ -20,6 +20,10 @@ ImU32 device_color(int device_index, bool host);
 inline constexpr ImU32 kErrorColor = IM_COL32(235, 30, 30, 255);
 inline constexpr ImU32 kFaultColor = IM_COL32(255, 170, 0, 255);
 inline constexpr ImU32 kPlayheadColor = IM_COL32(255, 230, 60, 255);
+// A stretch with aggregates only (the detail stopped): a violet wash behind its tracks, a
+// stronger one in their headers.
+inline constexpr ImU32 kAggregateBandColor = IM_COL32(150, 110, 255, 30);
+inline constexpr ImU32 kAggregateHeaderColor = IM_COL32(110, 80, 190, 255);
 inline constexpr ImU32 kAllocatedColor = IM_COL32(60, 200, 170, 255);
 inline constexpr ImU32 kReservedColor = IM_COL32(110, 140, 255, 255);
 inline constexpr ImU32 kCapacityColor = IM_COL32(255, 80, 80, 255);

@@ -320,6 +320,10 @@ void draw_toolbar(ViewerState& st) {
   ImGui::SameLine();
   draw_replay_controls(st);
   ImGui::SameLine();
+  if (!st.loading_note.empty()) {
+    ImGui::TextColored(ImVec4(0.75f, 0.65f, 1.0f, 1.0f), "%s", st.loading_note.c_str());
+    ImGui::SameLine();
+  }
   ImGui::TextDisabled("%s  |  frame %.1f ms", st.status.empty() ? "wheel: zoom  drag: pan  right-drag: select  ruler drag: zoom in  WASD"
                                                                 : st.status.c_str(),
                       st.last_frame_ms);
@@ -405,6 +409,7 @@ void draw_timeline(ViewerState& st, ImVec2 size) {
   st.layout.view_t0 = st.view.t0;
   st.layout.ns_per_px = st.view.ns_per_px;
   st.layout.trace_areas.clear();
+  st.layout.aggregate_bands.clear();
   ImVec2 mouse = io.MousePos;
   Hover hover;
   bool panned = false;
@@ -436,6 +441,20 @@ void draw_timeline(ViewerState& st, ImVec2 size) {
     bool mouse_in = window_hovered && mouse.x >= x0 && mouse.x < x1;
     Ctx c{st, lt, ti, dl, x0, x1, st.view.ns_per_px,
           lt.to_trace(st.view.t0), lt.to_trace(st.view.t1()) + 1, mouse, mouse_in, &hover, &scratch};
+    // Where the detail stopped, the rest of the trace is drawn from its aggregates: a band behind
+    // every track and a label in each header, so a stretch without allocation rows does not read
+    // as a stretch without memory.
+    float band_x0 = 0, band_x1 = 0;
+    std::string band_label;
+    if (m.detail_end >= 0) {
+      band_x0 = std::max(x0, x0 + float((double(lt.to_view(m.detail_end)) - st.view.t0) / st.view.ns_per_px));
+      band_x1 = std::min(x1, x0 + float((double(lt.to_view(m.t_last)) - st.view.t0) / st.view.ns_per_px));
+      band_label = "aggregates only (per step): the detail stopped at " +
+                   time_label(double(m.detail_end - m.t_align)) +
+                   (m.detail_reason.empty() ? std::string() : " (" + m.detail_reason + ")");
+      if (band_x1 > band_x0)
+        st.layout.aggregate_bands.push_back({ti, band_x0, band_x1, double(m.detail_end), double(m.t_last), band_label});
+    }
     for (size_t k = 0; k < lt.order.size(); ++k) {
       int tix = lt.order[k];
       const Track& t = m.tracks[size_t(tix)];
@@ -457,6 +476,13 @@ void draw_timeline(ViewerState& st, ImVec2 size) {
         if (ImGui::SmallButton("v") && k + 1 < lt.order.size()) std::swap(lt.order[k], lt.order[k + 1]);
         ImGui::PopID();
         dl->AddText(ImVec2(p.x + 66, y_head + 2), IM_COL32(225, 225, 235, 255), t.title.c_str());
+        if (band_x1 > band_x0) {
+          dl->AddRectFilled(ImVec2(band_x0, y_head), ImVec2(band_x1, y_body), kAggregateHeaderColor);
+          if (!collapsed) dl->AddRectFilled(ImVec2(band_x0, y_body), ImVec2(band_x1, y_body + ch), kAggregateBandColor);
+          dl->PushClipRect(ImVec2(band_x0, y_head), ImVec2(band_x1, y_body), true);
+          dl->AddText(ImVec2(band_x0 + 4, y_head + 2), IM_COL32(240, 235, 255, 255), band_label.c_str());
+          dl->PopClipRect();
+        }
         if (!collapsed) {
           // Lane names in the label column.
           float lh = lane_height(t.kind);

@@ -61,6 +61,14 @@ struct LayoutPlacementRow {
   float x0 = 0, x1 = 0, y0 = 0, y1 = 0;
   double t0 = 0, t1 = 0;
 };
+// A stretch of a trace drawn from its aggregates alone (the detail stopped there): where the
+// band was drawn, and what its header says.
+struct LayoutBand {
+  int trace = 0;
+  float x0 = 0, x1 = 0;
+  double t0 = 0, t1 = 0;  // trace times
+  std::string label;
+};
 struct FrameLayout {
   float time_x0 = 0, time_x1 = 0;  // window pixels of the time area
   float timeline_y0 = 0, timeline_y1 = 0;
@@ -68,6 +76,7 @@ struct FrameLayout {
   std::vector<LayoutTrack> tracks;
   // Per trace, the window rows its tracks scroll in (two traces split the timeline between them).
   std::vector<std::pair<float, float>> trace_areas;
+  std::vector<LayoutBand> aggregate_bands;
   // Panels drawn this frame (cleared at its start).
   std::vector<std::string> placement_legend;
   std::vector<LayoutPlacementRow> placement_rows;
@@ -104,6 +113,9 @@ struct ViewerState {
   int jump_step = 0, jump_epoch = 0;
   std::string status;  // one line for the toolbar (a jump that found nothing, ...)
   double last_frame_ms = 0;
+  // While a long trace's detail is read behind its first frame (drawn from the aggregates): what
+  // the toolbar says of it ("" when nothing is being read).
+  std::string loading_note;
 
   // Full span of every trace in view time.
   double span_t0() const;

@@ -2,7 +2,9 @@
 //  - Chrome trace-event JSON (opens in Perfetto and chrome://tracing): allocation lifetimes
 //    and transfers as async slices, markers as complete slices, memory counters as counter
 //    tracks, faults and errors as instant events. Times in microseconds from the trace's
-//    first event. One process per rank (a launcher or helper named by its role and pid).
+//    first event. One process per rank (a launcher or helper named by its role and pid). A capped
+//    trace keeps both layers: past the detail's end a slice "aggregates only (per step)", the
+//    memory counter going on from step_memory, each step's peaks, each epoch boundary's live set.
 //  - Merge: per-rank trace files into one trace; clocks kept as they are, ranks kept
 //    apart (the same rank in two inputs is an error; a probed file's rank is its job rank),
 //    launchers' and helpers' keys renumbered after every rank in input order (rank.role),

@@ -112,6 +112,10 @@ struct DeviceTop {
   std::vector<int64_t> epochs;  // Epochs: the epoch numbers compared
   std::vector<int64_t> totals;  // Epochs: all sites at each epoch's end
   std::string note;             // why a device has no table (no epoch markers for its rank, ...)
+  // Where the figures come from when the trace's detail stopped (db/SCHEMA.md, "Aggregates"): ""
+  // from the allocation rows; else what was read instead ("from the aggregates (epoch_live): ...")
+  // or what the detail leaves out ("the detail stopped at ...; the run's peak ...").
+  std::string source;
 };
 
 // Devices in id order. A device label in options that names no device is an error naming the
