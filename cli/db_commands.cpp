@@ -269,6 +269,44 @@ void print_detail(const db::TraceSummary::Detail& d, int64_t run_start) {
                           (d.epoch_boundaries == 1 ? "y" : "ies") + " (step_memory, epoch_live)";
   if (!d.t_end) {
     std::cout << "detail: the whole run; " << agg << "\n";
+    if (!d.flight_recorder.empty()) std::cout << "flight recorder: " << d.flight_recorder << "\n";
+    return;
+  }
+  if (d.spans.size() > 1) {  // windows (--detail), the flight recorder's ring
+    std::cout << "detail: " << d.steps_with_detail << " of " << d.steps << " step" << (d.steps == 1 ? "" : "s");
+    if (!d.detail_steps.empty()) {
+      std::string list;
+      size_t shown = 0;
+      for (auto& [a, b] : d.detail_steps) {
+        if (++shown > 12) {
+          list += ", ...";
+          break;
+        }
+        list += (list.empty() ? "" : ", ") + (a == b ? std::to_string(a) : std::to_string(a) + "-" + std::to_string(b));
+      }
+      std::cout << " (" << (d.steps_with_detail == 1 ? "step " : "steps ") << list << ")";
+    }
+    std::cout << " in " << d.spans.size() << " stretches, aggregates only elsewhere; " << agg << "\n";
+    size_t shown = 0;
+    for (auto& sp : d.spans) {
+      if (sp.t_end && *sp.t_end == sp.t_start && sp.t_start == run_start && shown == 0 && d.spans.size() > 1) {
+        std::cout << "  no detail at the start: " << sp.end_reason << "\n";
+        continue;
+      }
+      if (++shown > 8) {
+        std::cout << "  ... " << d.spans.size() - 8 << " more (zt db sql TRACE \"SELECT * FROM detail_span\")\n";
+        break;
+      }
+      std::cout << "  " << format_duration_ns(double(sp.t_start - run_start)) << " to "
+                << (sp.t_end ? format_duration_ns(double(*sp.t_end - run_start)) : std::string("the end"))
+                << (sp.end_reason.empty() ? std::string() : ": " + sp.end_reason) << "\n";
+    }
+    if (!d.flight_recorder.empty()) std::cout << "flight recorder: " << d.flight_recorder << "\n";
+    return;
+  }
+  if (*d.t_end <= run_start && d.spans.size() == 1) {
+    std::cout << "detail: none (" << d.end_reason << "), aggregates only; " << agg << "\n";
+    if (!d.flight_recorder.empty()) std::cout << "flight recorder: " << d.flight_recorder << "\n";
     return;
   }
   std::cout << "detail: until " << format_duration_ns(double(*d.t_end - run_start)) << " into the run";
@@ -280,6 +318,7 @@ void print_detail(const db::TraceSummary::Detail& d, int64_t run_start) {
   std::cout << ", then aggregates only";
   if (d.first_aggregate_step) std::cout << " (" << steps(d.first_aggregate_step, d.last_step) << ")";
   std::cout << ": " << (d.end_reason.empty() ? "the detail stopped" : d.end_reason) << "; " << agg << "\n";
+  if (!d.flight_recorder.empty()) std::cout << "flight recorder: " << d.flight_recorder << "\n";
 }
 
 void print_host_memory(db::TraceReader& reader, const db::TraceSummary& sum) {
