@@ -1293,6 +1293,15 @@ void Recorder::Impl::writer_main() {
         write_ring(std::string("at the crash handler (") + crash_detail + ")");
         agg.finish(*w);
         w->set_run_end(run.id, now_ns(), crash_status, std::nullopt, crash_detail);
+        {
+          // The notes too (the cap, SIGUSR1's windows), unless the dying thread holds their lock.
+          std::unique_lock lock(meta_mu, std::defer_lock);
+          if (lock.try_lock_for(std::chrono::milliseconds(200))) {
+            const std::vector<std::string> notes_ = notes;
+            lock.unlock();
+            for (auto& n : notes_) w->add_run_note(run.id, n);
+          }
+        }
         w->commit();
         crash_done.store(true);
         return;
