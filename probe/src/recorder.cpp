@@ -210,7 +210,8 @@ struct Recorder::Impl {
   bool detail_on = true;  // inside a detail window and under the cap
   bool capped = false;    // the trace reached opt.max_trace_bytes: no window opens again
   std::unordered_set<int64_t> skipped_markers;  // ranges begun outside the detail (their ends go too)
-  int64_t last_step = -1;
+  int64_t last_step = -1;      // the last step begun on window_rank
+  int32_t window_rank = -1;     // the rank whose steps drive the windows and the ring
 
   // The detail windows (zt/probe/detail_policy.h). Writer only.
   int64_t span_id = 1;        // the detail_span row of the current (or last) stretch
@@ -1020,10 +1021,11 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
     case EventType::MarkerBegin: {
       const MarkerKind kind = MarkerKind(e.k0);
       bool boundary = true, step_begin = false;
+      int64_t step_number = -1;
       if (kind == MarkerKind::Step) {
         step_begin = true;
         agg.boundary_begin(e.id, kind, e.rank, e.t0, e.a, e.c);
-        last_step = e.a;
+        step_number = e.a;
       } else if (kind == MarkerKind::Epoch) {
         agg.boundary_begin(e.id, kind, e.rank, e.t0, -1, e.c);
       } else if (auto b = kind == MarkerKind::Range ? boundary_names.find(e.name) : boundary_names.end();
@@ -1031,13 +1033,17 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
         const bool step = b->second.first == MarkerKind::Step;
         agg.boundary_begin(e.id, b->second.first, e.rank, e.t0, step ? b->second.second : -1,
                            step ? -1 : b->second.second);
-        if (step) last_step = b->second.second, step_begin = true;
+        if (step) step_number = b->second.second, step_begin = true;
       } else {
         boundary = false;
       }
-      // A step begins: the step windows and the flight recorder's ring follow it. A capture range
-      // begins: its window opens with it.
-      if (step_begin && last_step >= 0) {
+      // A step begins: the step windows and the flight recorder's ring follow it, on the rank of the
+      // first step met (the ranks of zt train's threads, or of a merged run, step together: one
+      // rank's steps drive them, whose numbers never go back and forth between two ranks'). A
+      // capture range begins: its window opens with it.
+      if (step_begin && step_number >= 0 && window_rank < 0) window_rank = e.rank;
+      if (step_begin && step_number >= 0 && e.rank == window_rank) {
+        last_step = step_number;
         if (first_step < 0) first_step = last_step;
         if (signal_active && e.t0 >= signal_t) ++signal_begun;
         ring_step(last_step, e.t0);

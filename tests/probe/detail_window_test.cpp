@@ -304,6 +304,52 @@ TEST(DetailWindows, EachKindKeepsItsSteps) {
   }
 }
 
+// Two ranks whose steps the writer meets out of step (rank 1 a step behind): the first rank's steps
+// drive the windows, which open and close once per chosen step, not at each rank's boundary.
+TEST(DetailWindows, OneRanksStepsDriveTheWindows) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("ranks.db");
+  int64_t t0 = 0;
+  {
+    auto rec = open_recorder(path, "every:5");
+    rec->add_rank(0, 2);
+    rec->add_rank(1, 2);
+    const DeviceId gpu[2] = {rec->add_device(0, DeviceKind::Sim, 0, "cuda:0", "sim", int64_t(80) << 30, true),
+                             rec->add_device(1, DeviceKind::Sim, 1, "cuda:1", "sim", int64_t(80) << 30, true)};
+    t0 = now_ns() + kSecond;
+    std::map<int, MarkerId> open;
+    for (int s = 0; s <= 20; ++s)
+      for (int rank : {0, 1}) {
+        const int step = rank == 0 ? s : s - 1;
+        if (step < 0 || step > 19) continue;
+        const int64_t t = t0 + int64_t(s) * kSecond + rank * 1000;
+        if (open.count(rank)) rec->marker_end(open[rank], INT64_MIN, t - 10);
+        MarkerEvent m;
+        m.kind = MarkerKind::Step;
+        m.rank = rank;
+        m.step = step;
+        m.t = t;
+        open[rank] = rec->marker_begin(m);
+        KernelEvent k;
+        k.rank = rank;
+        k.device = gpu[rank];
+        k.t_start = t + 5, k.t_end = t + 6;
+        rec->kernel(k);
+      }
+    for (auto& [rank, id] : open) rec->marker_end(id, INT64_MIN, t0 + 22 * kSecond);
+    ASSERT_TRUE(rec->close().ok());
+  }
+  auto r = open_reader(path);
+  std::vector<DetailSpanRow> spans;
+  ASSERT_TRUE(r->read(&spans).ok());
+  EXPECT_EQ(spans.size(), 5u);  // none at the start, then rank 0's steps 0, 5, 10, 15
+  std::vector<KernelRow> ks;
+  ASSERT_TRUE(r->read(&ks).ok());
+  std::set<std::pair<int64_t, int64_t>> kept;  // (rank, second)
+  for (auto& k : ks) kept.emplace(k.rank, (k.t_start - t0) / kSecond);
+  EXPECT_EQ(kept, (std::set<std::pair<int64_t, int64_t>>{{0, 0}, {0, 5}, {0, 10}, {0, 15}, {1, 5}, {1, 10}, {1, 15}}));
+}
+
 // The aggregates do not depend on the policy: a run with windows has the same step_memory and
 // epoch-free live sums as the same run in full detail.
 TEST(DetailWindows, AggregatesEqualFullDetail) {
