@@ -1,4 +1,5 @@
 // zt train: flags and a config file into a TrainConfig, then the trainer, with a trace.
+#include <cstdlib>
 #include <iostream>
 #include <algorithm>
 #include <charconv>
@@ -232,10 +233,34 @@ void add_train_command(CLI::App& app, Action& action) {
         return fail("--max-trace: '" + *max_trace + "' is not a size (examples: 512MiB, 2GiB; 0 or none = no cap)");
       probe::DetailPolicy detail_policy;
       probe::FlightRecorder flight;
+      // The options, else the ZT_PROBE_* variables zt probe's library reads (the same policy for both).
       if (Status s = probe::parse_recording_policy(recording->detail, recording->flight, recording->flight_memory,
                                                    &detail_policy, &flight);
           !s)
         return fail(s.message());
+      {
+        probe::ProbeConfig env;
+        const bool any = std::getenv(probe::kEnvDetail) || std::getenv(probe::kEnvFlightRecorder) ||
+                         std::getenv(probe::kEnvFlightMemory);
+        if (any) {
+          if (Status s = probe::probe_config_from_env(
+                  [](const char* k) -> const char* {
+                    const std::string_view key(k);
+                    return key == probe::kEnvDetail || key == probe::kEnvFlightRecorder || key == probe::kEnvFlightMemory
+                               ? std::getenv(k)
+                               : nullptr;
+                  },
+                  &env);
+              !s)
+            return fail(s.message());
+          if (recording->detail.empty() && std::getenv(probe::kEnvDetail)) detail_policy = env.detail;
+          if (recording->flight.empty() && std::getenv(probe::kEnvFlightRecorder)) {
+            flight.steps = env.flight.steps;
+            flight.ns = env.flight.ns;
+          }
+          if (recording->flight_memory.empty() && std::getenv(probe::kEnvFlightMemory)) flight.max_bytes = env.flight.max_bytes;
+        }
+      }
       if (!device_memory->empty()) {
         std::string why;
         auto b = parse_bytes(*device_memory, &why);

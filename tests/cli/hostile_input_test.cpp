@@ -325,6 +325,13 @@ TEST(HostileInput, DetailPolicyThatDoesNotParseIsRefused) {
     }
   EXPECT_FALSE(fs::exists(ran));
   for (const char* f : {"t.db", "p.db"}) EXPECT_FALSE(fs::exists(dir.file(f))) << f;
+  // zt train reads the variables where the options are not given; a bad one is named.
+  Result r = zt::test::run_command("ZT_PROBE_DETAIL=every:x " + std::string(ZT_EXE) + " train --steps 1 --quiet --trace " +
+                                   dir.file("t.db") + " 2>&1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(lines(r.out), 1u) << r.out;
+  EXPECT_NE(r.out.find("ZT_PROBE_DETAIL='every:x'"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir.file("t.db")));
 }
 
 // zt train with windows and the flight recorder: zt db info lists the detailed steps and stretches,
