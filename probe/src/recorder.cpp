@@ -1494,13 +1494,14 @@ void Recorder::Impl::write_ring(const std::string& how_ended) {
   // the oldest event kept. Frees reach the ring at the end of the writer's cycle they were drained
   // in, so a free older than that (of a step the ring no longer holds) is left out.
   int64_t t0 = INT64_MAX;
+  for (auto& k : ring)
+    if (k.e.type != EventType::AllocFreed) t0 = std::min(t0, k.t());
+  if (t0 == INT64_MAX)
+    for (auto& k : ring) t0 = std::min(t0, k.t());
   if (!ring_steps.empty() && ring_steps.front().first >= ring_base) {
-    t0 = ring_steps.front().t;
-  } else {
-    for (auto& k : ring)
-      if (k.e.type != EventType::AllocFreed) t0 = std::min(t0, k.t());
-    if (t0 == INT64_MAX)
-      for (auto& k : ring) t0 = std::min(t0, k.t());
+    // Nothing dropped yet: from the oldest event (the set-up before the first step too), or the first
+    // step's begin if earlier; else from the oldest kept step's begin.
+    t0 = ring_base == 0 ? std::min(t0, ring_steps.front().t) : ring_steps.front().t;
   }
   if (opt.flight.ns > 0) t0 = std::max(t0, t_latest - opt.flight.ns);
   db::DetailSpanRow r;

@@ -351,3 +351,22 @@ TEST(HostileInput, TrainWithDetailWindowsAndTheFlightRecorder) {
   Result steps = run_zt("check " + t + " --steps 12");
   EXPECT_EQ(steps.code, 0) << steps.out;
 }
+
+// An out-of-memory error in step 0 of zt train with no detail window: the flight recorder's ring,
+// written when the trace is closed, holds the set-up and step 0 in full detail.
+TEST(HostileInput, TrainOutOfMemoryKeepsTheFlightRecordersRing) {
+  zt::test::TempDir dir;
+  const std::string t = dir.file("oom.db");
+  Result r = run_zt("train --steps 30 --quiet --trace " + t + " --detail none --flight-recorder 3 --device-memory 5MiB");
+  ASSERT_EQ(r.code, 1) << r.out;
+  Result info = run_zt("db info " + t);
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find("detail: 1 of 1 step (step 0) in 2 stretches"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("flight recorder: the last 3 steps before the end (step 0, "), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("written when the trace was closed (run failed, exit code 1)"), std::string::npos) << info.out;
+  // The set-up's allocations are in the ring's stretch: the trace has allocation rows though no window opened.
+  Result rows = run_zt("db sql " + t + " \"SELECT 'rows=' || count(*) AS n FROM allocation WHERE t_alloc < (SELECT min(t_start) FROM step_memory)\"");
+  const size_t at = rows.out.find("rows=");
+  ASSERT_NE(at, std::string::npos) << rows.out;
+  EXPECT_GT(std::stoll(rows.out.substr(at + 5)), 10) << rows.out;
+}
