@@ -216,6 +216,7 @@ struct Recorder::Impl {
   // The detail windows (zt/probe/detail_policy.h). Writer only.
   int64_t span_id = 1;        // the detail_span row of the current (or last) stretch
   std::string span_why;       // the window term that opened it
+  int64_t span_start = 0;     // its t_start (an end is never before it: the value checks refuse that)
   int64_t first_step = -1;    // the first step number begun
   std::vector<std::regex> capture_res;
   std::unordered_set<int64_t> capture_names;    // string ids of ranges that are capture ranges
@@ -320,6 +321,7 @@ Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>*
   span.id = Impl::kDetailSpanId;
   span.t_start = m.run.t_start;
   m.span_why = m.want_detail(m.run.t_start);
+  m.span_start = m.run.t_start;
   m.detail_on = !m.span_why.empty();
   if (!m.detail_on) {
     span.t_end = m.run.t_start;
@@ -1409,6 +1411,7 @@ void Recorder::Impl::open_span(int64_t t, const std::string& why) {
   db::DetailSpanRow r;
   r.id = ++span_id;
   r.t_start = std::max(t, run.t_start);
+  span_start = r.t_start;
   w->insert(r);
   agg.write_undetailed([&](int64_t id, const detail::Aggregates::Live& l) { w->insert(allocation_row(id, l)); });
   detail_on = true;
@@ -1417,7 +1420,9 @@ void Recorder::Impl::open_span(int64_t t, const std::string& why) {
 
 void Recorder::Impl::close_span(int64_t t, const std::string& reason) {
   if (!detail_on) return;
-  w->end_detail_span(span_id, std::max(t, run.t_start), reason);
+  // A boundary of another thread's ring, drained after a window the writer's clock opened, can be
+  // older than the window's start: the window then closes where it began.
+  w->end_detail_span(span_id, std::max(t, span_start), reason);
   detail_on = false;
 }
 
