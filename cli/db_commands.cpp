@@ -21,6 +21,7 @@
 #include "zt/db/sites.h"
 #include "zt/db/trace_reader.h"
 #include "zt/probe/probe_config.h"
+#include "zt/probe/detail_policy.h"
 #include "zt/probe/recorder.h"
 #include "zt/probe/synthetic.h"
 
@@ -746,10 +747,13 @@ int db_top(const std::string& path, const db::TopOptions& o) {
 namespace {
 
 int synth(const std::string& out, const probe::SyntheticOptions& opt, const std::string& command, bool quiet,
-          int64_t max_trace = 0) {
+          int64_t max_trace = 0, const probe::DetailPolicy& detail = {},
+          const probe::FlightRecorder& flight = {0, 0, probe::kDefaultFlightBytes}) {
   probe::RecorderOptions ro;
   ro.path = out;
   ro.max_trace_bytes = max_trace;
+  ro.detail = detail;
+  ro.flight = flight;
   ro.command_line = command;
   ro.seed = static_cast<int64_t>(opt.seed);
   ro.config_json = "{\"workload\":\"synthetic\",\"ranks\":" + std::to_string(opt.ranks) +
@@ -978,7 +982,17 @@ void add_db_commands(CLI::App& app, Action& action) {
     add_synth_options(sy, *opt, *leak);
     sy->add_option("--max-trace", *max_trace,
                    "the trace's size cap, as zt train's and zt probe's: past it only the aggregates go on (default none)");
-    sy->callback([&action, sy, out, opt, leak, max_trace] {
+    // The detail windows and the flight recorder, as zt train's (default: all, and no ring).
+    struct Recording {
+      std::vector<std::string> detail;
+      std::string flight = "off", flight_memory;
+    };
+    auto recording = std::make_shared<Recording>();
+    sy->add_option("--detail", recording->detail, "which steps get full detail, as zt train's (default all)");
+    sy->add_option("--flight-recorder", recording->flight,
+                   "the flight recorder's last N steps (or 30s), as zt train's (default off)");
+    sy->add_option("--flight-memory", recording->flight_memory, "the flight recorder's memory bound (default 256MiB)");
+    sy->callback([&action, sy, out, opt, leak, max_trace, recording] {
       // The command line as given (recorded in the run row), not a fixed text.
       std::string command = "zt synth";
       for (auto* o : sy->get_options())
@@ -993,7 +1007,13 @@ void add_db_commands(CLI::App& app, Action& action) {
         }
         const auto cap = probe::parse_max_trace(*max_trace);
         if (!cap) return fail("--max-trace: '" + *max_trace + "' is not a size (examples: 512MiB, 2GiB; 0 or none = no cap)");
-        return synth(*out, *opt, command, false, *cap);
+        probe::DetailPolicy detail;
+        probe::FlightRecorder flight;
+        if (Status s = probe::parse_recording_policy(recording->detail, recording->flight, recording->flight_memory,
+                                                     &detail, &flight);
+            !s)
+          return fail(s.message());
+        return synth(*out, *opt, command, false, *cap, detail, flight);
       };
     });
   }

@@ -211,7 +211,8 @@ struct Recorder::Impl {
   bool capped = false;    // the trace reached opt.max_trace_bytes: no window opens again
   std::unordered_set<int64_t> skipped_markers;  // ranges begun outside the detail (their ends go too)
   int64_t last_step = -1;      // the last step begun on window_rank
-  int32_t window_rank = -1;     // the rank whose steps drive the windows and the ring
+  int32_t window_rank = -1;     // the rank whose steps drive the ring and SIGUSR1's count
+  std::map<int32_t, int64_t> rank_step;  // each rank's step begun last: a step window is open while any rank is in one
 
   // The detail windows (zt/probe/detail_policy.h). Writer only.
   int64_t span_id = 1;        // the detail_span row of the current (or last) stretch
@@ -1043,12 +1044,15 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
       // first step met (the ranks of zt train's threads, or of a merged run, step together: one
       // rank's steps drive them, whose numbers never go back and forth between two ranks'). A
       // capture range begins: its window opens with it.
-      if (step_begin && step_number >= 0 && window_rank < 0) window_rank = e.rank;
-      if (step_begin && step_number >= 0 && e.rank == window_rank) {
-        last_step = step_number;
-        if (first_step < 0) first_step = last_step;
-        if (signal_active && e.t0 >= signal_t) ++signal_begun;
-        ring_step(last_step, e.t0);
+      if (step_begin && step_number >= 0) {
+        if (window_rank < 0) window_rank = e.rank;
+        if (first_step < 0) first_step = step_number;
+        rank_step[e.rank] = step_number;
+        if (e.rank == window_rank) {
+          last_step = step_number;
+          if (signal_active && e.t0 >= signal_t) ++signal_begun;
+          ring_step(last_step, e.t0);
+        }
         update_window(e.t0);
       }
       if (!capture_res.empty() && capture_names.count(e.name)) {
@@ -1378,10 +1382,20 @@ void Recorder::Impl::stop_detail() {
 std::string Recorder::Impl::want_detail(int64_t t) {
   const DetailPolicy& p = opt.detail;
   if (p.all) return "all";
-  if (p.has_step_terms() && p.step_selected(last_step, first_step)) {
-    if (p.first > 0 && (first_step < 0 || last_step - first_step < p.first)) return "first:" + std::to_string(p.first);
-    if (p.every > 0 && last_step >= 0 && last_step % p.every == 0) return "every:" + std::to_string(p.every);
-    return "steps";
+  if (p.has_step_terms()) {
+    // A step window is open while any rank is inside a chosen step (ranks that lag each other
+    // each get the whole of it); before any step, the set-up (first:N).
+    auto chosen = [&](int64_t step) -> std::string {
+      if (!p.step_selected(step, first_step)) return "";
+      if (p.first > 0 && (first_step < 0 || step - first_step < p.first)) return "first:" + std::to_string(p.first);
+      if (p.every > 0 && step >= 0 && step % p.every == 0) return "every:" + std::to_string(p.every);
+      return "steps";
+    };
+    if (rank_step.empty()) {
+      if (std::string why = chosen(-1); !why.empty()) return why;
+    }
+    for (auto& [rank, step] : rank_step)
+      if (std::string why = chosen(step); !why.empty()) return why;
   }
   const int64_t rel = t - run.t_start;
   for (auto& [a, b] : p.times)

@@ -304,8 +304,9 @@ TEST(DetailWindows, EachKindKeepsItsSteps) {
   }
 }
 
-// Two ranks whose steps the writer meets out of step (rank 1 a step behind): the first rank's steps
-// drive the windows, which open and close once per chosen step, not at each rank's boundary.
+// Two ranks a step apart (rank 1 a step behind): a chosen step has its detail on both ranks (a
+// window is open while any rank is inside a chosen step), and a rank's own steps never make the
+// windows flap between the two ranks' numbers.
 TEST(DetailWindows, OneRanksStepsDriveTheWindows) {
   zt::test::TempDir dir;
   const std::string path = dir.file("ranks.db");
@@ -317,6 +318,14 @@ TEST(DetailWindows, OneRanksStepsDriveTheWindows) {
     const DeviceId gpu[2] = {rec->add_device(0, DeviceKind::Sim, 0, "cuda:0", "sim", int64_t(80) << 30, true),
                              rec->add_device(1, DeviceKind::Sim, 1, "cuda:1", "sim", int64_t(80) << 30, true)};
     t0 = now_ns() + kSecond;
+    for (int rank : {0, 1}) {  // memory on each device, so that each rank's steps have aggregates
+      AllocEvent a;
+      a.rank = rank;
+      a.device = gpu[rank];
+      a.bytes = 1 << 20;
+      a.t = t0 - 100;
+      rec->alloc(a);
+    }
     std::map<int, MarkerId> open;
     for (int s = 0; s <= 20; ++s)
       for (int rank : {0, 1}) {
@@ -342,12 +351,18 @@ TEST(DetailWindows, OneRanksStepsDriveTheWindows) {
   auto r = open_reader(path);
   std::vector<DetailSpanRow> spans;
   ASSERT_TRUE(r->read(&spans).ok());
-  EXPECT_EQ(spans.size(), 5u);  // none at the start, then rank 0's steps 0, 5, 10, 15
+  // None at the start, then for each of steps 0, 5, 10, 15 rank 0's and rank 1's (a second after).
+  EXPECT_EQ(spans.size(), 9u);
+  EXPECT_EQ(detailed_steps(*r), (std::set<int64_t>{0, 5, 10, 15}));
   std::vector<KernelRow> ks;
   ASSERT_TRUE(r->read(&ks).ok());
   std::set<std::pair<int64_t, int64_t>> kept;  // (rank, second)
   for (auto& k : ks) kept.emplace(k.rank, (k.t_start - t0) / kSecond);
-  EXPECT_EQ(kept, (std::set<std::pair<int64_t, int64_t>>{{0, 0}, {0, 5}, {0, 10}, {0, 15}, {1, 5}, {1, 10}, {1, 15}}));
+  // Rank 1's kernels of steps 0, 5, 10, 15 (a second later), and of its steps 4, 9, 14 while rank 0
+  // was in a chosen step; rank 0's of steps 2, 7, 12, 17 while rank 1 was.
+  EXPECT_EQ(kept, (std::set<std::pair<int64_t, int64_t>>{{0, 0}, {0, 2}, {0, 5}, {0, 7}, {0, 10}, {0, 12}, {0, 15},
+                                                          {0, 17}, {1, 1}, {1, 5}, {1, 6}, {1, 10}, {1, 11}, {1, 15},
+                                                          {1, 16}}));
 }
 
 // The aggregates do not depend on the policy: a run with windows has the same step_memory and
