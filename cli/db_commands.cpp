@@ -21,6 +21,7 @@
 #include "zt/db/sites.h"
 #include "zt/db/trace_reader.h"
 #include "zt/probe/probe_config.h"
+#include "zt/probe/detail_policy.h"
 #include "zt/probe/recorder.h"
 #include "zt/probe/synthetic.h"
 
@@ -281,6 +282,44 @@ void print_detail(const db::TraceSummary::Detail& d, int64_t run_start) {
                           (d.epoch_boundaries == 1 ? "y" : "ies") + " (step_memory, epoch_live)";
   if (!d.t_end) {
     std::cout << "detail: the whole run; " << agg << "\n";
+    if (!d.flight_recorder.empty()) std::cout << "flight recorder: " << d.flight_recorder << "\n";
+    return;
+  }
+  if (d.spans.size() > 1) {  // windows (--detail), the flight recorder's ring
+    std::cout << "detail: " << d.steps_with_detail << " of " << d.steps << " step" << (d.steps == 1 ? "" : "s");
+    if (!d.detail_steps.empty()) {
+      std::string list;
+      size_t shown = 0;
+      for (auto& [a, b] : d.detail_steps) {
+        if (++shown > 12) {
+          list += ", ...";
+          break;
+        }
+        list += (list.empty() ? "" : ", ") + (a == b ? std::to_string(a) : std::to_string(a) + "-" + std::to_string(b));
+      }
+      std::cout << " (" << (d.steps_with_detail == 1 ? "step " : "steps ") << list << ")";
+    }
+    std::cout << " in " << d.spans.size() << " stretches, aggregates only elsewhere; " << agg << "\n";
+    size_t shown = 0;
+    for (auto& sp : d.spans) {
+      if (sp.t_end && *sp.t_end == sp.t_start && sp.t_start == run_start && shown == 0 && d.spans.size() > 1) {
+        std::cout << "  no detail at the start: " << sp.end_reason << "\n";
+        continue;
+      }
+      if (++shown > 8) {
+        std::cout << "  ... " << d.spans.size() - 8 << " more (zt db sql TRACE \"SELECT * FROM detail_span\")\n";
+        break;
+      }
+      std::cout << "  " << format_duration_ns(double(sp.t_start - run_start)) << " to "
+                << (sp.t_end ? format_duration_ns(double(*sp.t_end - run_start)) : std::string("the end"))
+                << (sp.end_reason.empty() ? std::string() : ": " + sp.end_reason) << "\n";
+    }
+    if (!d.flight_recorder.empty()) std::cout << "flight recorder: " << d.flight_recorder << "\n";
+    return;
+  }
+  if (*d.t_end <= run_start && d.spans.size() == 1) {
+    std::cout << "detail: none (" << d.end_reason << "), aggregates only; " << agg << "\n";
+    if (!d.flight_recorder.empty()) std::cout << "flight recorder: " << d.flight_recorder << "\n";
     return;
   }
   std::cout << "detail: until " << format_duration_ns(double(*d.t_end - run_start)) << " into the run";
@@ -292,6 +331,7 @@ void print_detail(const db::TraceSummary::Detail& d, int64_t run_start) {
   std::cout << ", then aggregates only";
   if (d.first_aggregate_step) std::cout << " (" << steps(d.first_aggregate_step, d.last_step) << ")";
   std::cout << ": " << (d.end_reason.empty() ? "the detail stopped" : d.end_reason) << "; " << agg << "\n";
+  if (!d.flight_recorder.empty()) std::cout << "flight recorder: " << d.flight_recorder << "\n";
 }
 
 void print_host_memory(db::TraceReader& reader, const db::TraceSummary& sum) {
@@ -723,10 +763,13 @@ int db_top(const std::string& path, const db::TopOptions& o) {
 namespace {
 
 int synth(const std::string& out, const probe::SyntheticOptions& opt, const std::string& command, bool quiet,
-          int64_t max_trace = 0) {
+          int64_t max_trace = 0, const probe::DetailPolicy& detail = {},
+          const probe::FlightRecorder& flight = {0, 0, probe::kDefaultFlightBytes}) {
   probe::RecorderOptions ro;
   ro.path = out;
   ro.max_trace_bytes = max_trace;
+  ro.detail = detail;
+  ro.flight = flight;
   ro.command_line = command;
   ro.seed = static_cast<int64_t>(opt.seed);
   ro.config_json = "{\"workload\":\"synthetic\",\"ranks\":" + std::to_string(opt.ranks) +
@@ -955,7 +998,17 @@ void add_db_commands(CLI::App& app, Action& action) {
     add_synth_options(sy, *opt, *leak);
     sy->add_option("--max-trace", *max_trace,
                    "the trace's size cap, as zt train's and zt probe's: past it only the aggregates go on (default none)");
-    sy->callback([&action, sy, out, opt, leak, max_trace] {
+    // The detail windows and the flight recorder, as zt train's (default: all, and no ring).
+    struct Recording {
+      std::vector<std::string> detail;
+      std::string flight = "off", flight_memory;
+    };
+    auto recording = std::make_shared<Recording>();
+    sy->add_option("--detail", recording->detail, "which steps get full detail, as zt train's (default all)");
+    sy->add_option("--flight-recorder", recording->flight,
+                   "the flight recorder's last N steps (or 30s), as zt train's (default off)");
+    sy->add_option("--flight-memory", recording->flight_memory, "the flight recorder's memory bound (default 256MiB)");
+    sy->callback([&action, sy, out, opt, leak, max_trace, recording] {
       // The command line as given (recorded in the run row), not a fixed text.
       std::string command = "zt synth";
       for (auto* o : sy->get_options())
@@ -970,7 +1023,13 @@ void add_db_commands(CLI::App& app, Action& action) {
         }
         const auto cap = probe::parse_max_trace(*max_trace);
         if (!cap) return fail("--max-trace: '" + *max_trace + "' is not a size (examples: 512MiB, 2GiB; 0 or none = no cap)");
-        return synth(*out, *opt, command, false, *cap);
+        probe::DetailPolicy detail;
+        probe::FlightRecorder flight;
+        if (Status s = probe::parse_recording_policy(recording->detail, recording->flight, recording->flight_memory,
+                                                     &detail, &flight);
+            !s)
+          return fail(s.message());
+        return synth(*out, *opt, command, false, *cap, detail, flight);
       };
     });
   }

@@ -46,6 +46,7 @@
 #include "zt/db/derive_steps.h"
 #include "zt/db/trace_file.h"
 #include "zt/db/trace_reader.h"
+#include "zt/probe/detail_policy.h"
 #include "zt/probe/probe_config.h"
 
 namespace zt::cli {
@@ -58,6 +59,8 @@ struct ProbeArgs {
   std::string host_threshold = "1MiB";
   std::string sample_interval = "512KiB";
   std::string max_trace = "768MiB";
+  std::vector<std::string> detail;
+  std::string flight_recorder, flight_memory;
   bool no_stacks = false;
   int stack_depth = 32;
   bool no_host = false;
@@ -456,6 +459,10 @@ int run_probe(const ProbeArgs& a) {
     return fail("probe: --sample-interval " + a.sample_interval + ": not a size up to 1TiB (examples: 512KiB, 65536; 0 = off)");
   auto max_trace = probe::parse_max_trace(a.max_trace);
   if (!max_trace) return fail("probe: --max-trace " + a.max_trace + ": not a size (examples: 512MiB, 2GiB; 0 or none = no cap)");
+  probe::DetailPolicy detail_policy;
+  probe::FlightRecorder flight;
+  if (Status s = probe::parse_recording_policy(a.detail, a.flight_recorder, a.flight_memory, &detail_policy, &flight); !s)
+    return fail("probe: " + s.message());
   if (a.stack_depth < 1 || a.stack_depth > 128) return fail("probe: --stack-depth must be 1 to 128");
   if (a.rss_ms < 0) return fail("probe: --rss-interval-ms must be 0 (off) or more");
 
@@ -487,6 +494,9 @@ int run_probe(const ProbeArgs& a) {
     setenv(probe::kEnvHostThreshold, std::to_string(*threshold).c_str(), 1);
     setenv(probe::kEnvSampleInterval, std::to_string(*interval).c_str(), 1);
     setenv(probe::kEnvMaxTrace, std::to_string(*max_trace).c_str(), 1);
+    if (!a.detail.empty()) setenv(probe::kEnvDetail, detail_policy.text.c_str(), 1);
+    if (!a.flight_recorder.empty()) setenv(probe::kEnvFlightRecorder, a.flight_recorder.c_str(), 1);
+    if (!a.flight_memory.empty()) setenv(probe::kEnvFlightMemory, std::to_string(flight.max_bytes).c_str(), 1);
     setenv(probe::kEnvStacks, a.no_stacks ? "0" : "1", 1);
     setenv(probe::kEnvStackDepth, std::to_string(a.stack_depth).c_str(), 1);
     setenv(probe::kEnvHost, a.no_host ? "0" : "1", 1);
@@ -658,6 +668,15 @@ void add_probe_command(CLI::App& app, Action& action) {
   sub->add_option("--max-trace", a->max_trace,
                   "the trace's size cap: past it allocations, copies, kernels and ranges are no longer recorded one "
                   "by one, and the per-step and per-epoch aggregates go on (default 768MiB, the rows and their indexes; 0 or none = no cap)");
+  sub->add_option("--detail", a->detail,
+                  "which steps get full detail (repeatable; default all, until --max-trace): first:N, every:N, "
+                  "steps:A,B-C, time:A-B, range:REGEX (while such an NVTX or DeepSpeed range is open), signal:K "
+                  "(SIGUSR1 captures the next K steps), none; outside them only the aggregates");
+  sub->add_option("--flight-recorder", a->flight_recorder,
+                  "keep the last N steps (20, 20steps) or seconds (30s) of the detail not written in memory, and "
+                  "write them when the program ends in any way (default 20 steps; off)");
+  sub->add_option("--flight-memory", a->flight_memory,
+                  "the flight recorder's memory bound (default 256MiB; at most half the machine's memory)");
   sub->add_flag("--no-stacks", a->no_stacks, "no call stacks (cheaper)");
   sub->add_option("--stack-depth", a->stack_depth, "frames per stack (default 32)");
   sub->add_flag("--no-host", a->no_host, "do not record host allocations");

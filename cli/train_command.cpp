@@ -1,4 +1,5 @@
 // zt train: flags and a config file into a TrainConfig, then the trainer, with a trace.
+#include <cstdlib>
 #include <iostream>
 #include <algorithm>
 #include <charconv>
@@ -24,6 +25,12 @@ void add_train_command(CLI::App& app, Action& action) {
   auto config_file = std::make_shared<std::string>();
   auto device_memory = std::make_shared<std::string>();
   auto max_trace = std::make_shared<std::string>("768MiB");
+  // --detail, --flight-recorder, --flight-memory: zt/probe/detail_policy.h (zt probe's, the same).
+  struct Recording {
+    std::vector<std::string> detail;
+    std::string flight, flight_memory;
+  };
+  auto recording = std::make_shared<Recording>();
   auto host_memory = std::make_shared<std::string>();
   sub->add_option("--config", *config_file,
                   "YAML file with the same settings as the flags, by their names (micro_batch or micro-batch), but "
@@ -50,6 +57,15 @@ void add_train_command(CLI::App& app, Action& action) {
   sub->add_option("--max-trace", *max_trace,
                   "the trace's size cap: past it allocations, copies, kernels and placements are no longer recorded one "
                   "by one, and the per-step and per-epoch aggregates go on (default 768MiB, the rows and their indexes; 0 or none = no cap)");
+  sub->add_option("--detail", recording->detail,
+                  "which steps get full detail (repeatable; default all, until --max-trace): first:N, every:N, "
+                  "steps:A,B-C, time:A-B, range:REGEX, signal:K (SIGUSR1 captures the next K steps), none; outside "
+                  "them only the aggregates");
+  sub->add_option("--flight-recorder", recording->flight,
+                  "keep the last N steps (20, 20steps) or seconds (30s) of the detail not written in memory, and write "
+                  "them when the run ends in any way (default 20 steps; off)");
+  sub->add_option("--flight-memory", recording->flight_memory,
+                  "the flight recorder's memory bound (default 256MiB; at most half the machine's memory)");
   sub->add_option("--lr", cfg->lr, "AdamW learning rate");
   sub->add_option("--weight-decay", cfg->weight_decay, "AdamW weight decay");
   sub->add_option("--grad-clip", cfg->grad_clip, "clip the global gradient norm to this (0: off)");
@@ -145,8 +161,8 @@ void add_train_command(CLI::App& app, Action& action) {
                 "record CUPTI's view too (cudaMalloc, copies, kernels) into the trace, matched to the trainer's "
                 "allocator rows; needs --device cuda and --trace");
   std::vector<std::string> argv_words;
-  sub->callback([&action, sub, cfg, config_file, device_memory, host_memory, ds_config, hf_args, cupti, max_trace] {
-    action = [sub, cfg, config_file, device_memory, host_memory, ds_config, hf_args, cupti, max_trace]() -> int {
+  sub->callback([&action, sub, cfg, config_file, device_memory, host_memory, ds_config, hf_args, cupti, max_trace, recording] {
+    action = [sub, cfg, config_file, device_memory, host_memory, ds_config, hf_args, cupti, max_trace, recording]() -> int {
       trainer::TrainConfig c = *cfg;
       bool memory_given = !device_memory->empty();  // --device-memory, or device_memory in the file
       if (!config_file->empty()) {
@@ -215,6 +231,36 @@ void add_train_command(CLI::App& app, Action& action) {
       const auto max_trace_bytes = probe::parse_max_trace(*max_trace);
       if (!max_trace_bytes)
         return fail("--max-trace: '" + *max_trace + "' is not a size (examples: 512MiB, 2GiB; 0 or none = no cap)");
+      probe::DetailPolicy detail_policy;
+      probe::FlightRecorder flight;
+      // The options, else the ZT_PROBE_* variables zt probe's library reads (the same policy for both).
+      if (Status s = probe::parse_recording_policy(recording->detail, recording->flight, recording->flight_memory,
+                                                   &detail_policy, &flight);
+          !s)
+        return fail(s.message());
+      {
+        probe::ProbeConfig env;
+        const bool any = std::getenv(probe::kEnvDetail) || std::getenv(probe::kEnvFlightRecorder) ||
+                         std::getenv(probe::kEnvFlightMemory);
+        if (any) {
+          if (Status s = probe::probe_config_from_env(
+                  [](const char* k) -> const char* {
+                    const std::string_view key(k);
+                    return key == probe::kEnvDetail || key == probe::kEnvFlightRecorder || key == probe::kEnvFlightMemory
+                               ? std::getenv(k)
+                               : nullptr;
+                  },
+                  &env);
+              !s)
+            return fail(s.message());
+          if (recording->detail.empty() && std::getenv(probe::kEnvDetail)) detail_policy = env.detail;
+          if (recording->flight.empty() && std::getenv(probe::kEnvFlightRecorder)) {
+            flight.steps = env.flight.steps;
+            flight.ns = env.flight.ns;
+          }
+          if (recording->flight_memory.empty() && std::getenv(probe::kEnvFlightMemory)) flight.max_bytes = env.flight.max_bytes;
+        }
+      }
       if (!device_memory->empty()) {
         std::string why;
         auto b = parse_bytes(*device_memory, &why);
@@ -335,6 +381,8 @@ void add_train_command(CLI::App& app, Action& action) {
         ro.config_json = trainer::to_json(c);
         ro.seed = static_cast<int64_t>(c.seed);
         ro.max_trace_bytes = *max_trace_bytes;
+        ro.detail = detail_policy;
+        ro.flight = flight;
         if (Status s = probe::Recorder::open(ro, &rec); !s) return fail(s.message());
       }
       // --cupti: CUPTI inside this process, from before the first CUDA call (the caching

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "sqlite.h"
 #include "zt/common/units.h"
@@ -523,20 +524,33 @@ Status TraceReader::summarize_detail(TraceSummary::Detail* out) {
   *out = TraceSummary::Detail{};
   if (!aggregates_) return Status::Ok();
   out->aggregates = true;
-  std::vector<DetailSpanRow> spans;
+  std::vector<DetailSpanRow>& spans = out->spans;
   if (Status s = read(&spans); !s) return s;
-  // The earliest end of any span (one per recording process): detail is complete before it.
+  // The earliest end of any span: detail is complete before it (after it, allocation rows are
+  // missing wherever no span covers, so sums over them are not the run's).
   for (auto& sp : spans)
     if (sp.t_end && (!out->t_end || *sp.t_end < *out->t_end)) out->t_end = sp.t_end, out->end_reason = sp.end_reason;
+  // A stretch [t0, t1] of a rank inside some span (a span without an end runs to the end of the
+  // run). A merged trace has each process's spans under its rank: a rank's rows then count only
+  // its own spans (a rank with none, any).
+  std::set<int64_t> span_ranks;
+  for (auto& sp : spans) span_ranks.insert(sp.rank);
+  auto inside = [&](int64_t rank, int64_t t0, int64_t t1) {
+    const bool own = span_ranks.size() > 1 && span_ranks.count(rank);
+    for (auto& sp : spans)
+      if ((!own || sp.rank == rank) && sp.t_start <= t0 && (!sp.t_end || t1 <= *sp.t_end)) return true;
+    return false;
+  };
   try {
-    // A step once (its rows: one per rank and device): with detail when every rank's ended (or,
-    // never ended, began) before the detail did. A row without a step number counts on its own.
+    if (Stmt m(db_, "SELECT value FROM meta WHERE key = 'flight_recorder'"); m.step()) out->flight_recorder = m.text(0);
+    // A step once (its rows: one per rank and device): with detail when on every rank it lies
+    // inside a span (a step never ended: its begin). A row without a step number counts on its own.
     std::map<std::pair<int64_t, int64_t>, bool> steps;  // (numbered, step or row) -> detail
-    Stmt st(db_, "SELECT step, t_start, t_end, id FROM step_memory ORDER BY t_start");
+    Stmt st(db_, "SELECT step, t_start, t_end, id, rank FROM step_memory ORDER BY t_start");
     while (st.step()) {
       const std::optional<int64_t> step = st.opt(0);
       const int64_t last = st.is_null(2) ? st.i64(1) : st.i64(2);
-      const bool detail = !out->t_end || last <= *out->t_end;
+      const bool detail = inside(st.i64(4), st.i64(1), last);
       auto [it, fresh] = steps.try_emplace({step ? 1 : 0, step ? *step : st.i64(3)}, detail);
       if (!fresh) it->second = it->second && detail;
     }
@@ -548,6 +562,10 @@ Status TraceReader::summarize_detail(TraceSummary::Detail* out) {
       if (!out->first_step || step < *out->first_step) out->first_step = step;
       if (!out->last_step || step > *out->last_step) out->last_step = step;
       if (detail && (!out->last_detail_step || step > *out->last_detail_step)) out->last_detail_step = step;
+      if (detail) {
+        if (!out->detail_steps.empty() && out->detail_steps.back().second + 1 == step) out->detail_steps.back().second = step;
+        else out->detail_steps.emplace_back(step, step);
+      }
       if (!detail && (!out->first_aggregate_step || step < *out->first_aggregate_step)) out->first_aggregate_step = step;
     }
     Stmt ep(db_, "SELECT count(*) FROM (SELECT DISTINCT epoch, at FROM epoch_live)");

@@ -40,10 +40,10 @@ void Aggregates::alloc(int64_t id, int64_t t, const Live& a) {
   ops_.push_back(op);
 }
 
-bool Aggregates::free(int64_t id, int64_t t, bool* detailed) {
+bool Aggregates::free(int64_t id, int64_t t, Live* freed) {
   auto it = live_.find(id);
   if (it == live_.end()) return false;
-  *detailed = it->second.detailed;
+  *freed = it->second;
   Op op{t, seq_++, OpKind::Change};
   op.sign = -1;
   op.a = it->second;

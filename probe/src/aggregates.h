@@ -50,13 +50,28 @@ class Aggregates {
     int64_t bytes = 0;
     int64_t weight = 0;     // a sampled row's weight; 0: recorded one by one
     bool detailed = false;  // its allocation row is in the trace
+    // The rest of its row, for a row written later (a detail window opening while it is live, the
+    // flight recorder's ring at the end): the row it would have had.
+    db::Source source = db::Source::Api;
+    int64_t t_alloc = 0, requested = 0, segment = 0, stream = -1;
+    uint64_t address = 0;
   };
 
   // The writer's calls, as it meets the events.
   void alloc(int64_t id, int64_t t, const Live& a);
-  // A free of `id` at t: true when the allocation is live here (then *detailed says whether its
-  // row is in the trace); false when it is not known (yet).
-  bool free(int64_t id, int64_t t, bool* detailed);
+  // A free of `id` at t: true when the allocation is live here (then *freed is what it was, and
+  // its `detailed` says whether its row is in the trace); false when it is not known (yet).
+  bool free(int64_t id, int64_t t, Live* freed);
+  // Each live allocation whose row is not in the trace, by id (a window opens, the ring is
+  // written): f(id, live); they count as written from then on.
+  template <class F>
+  void write_undetailed(F&& f) {
+    for (auto& [id, l] : live_)
+      if (!l.detailed) {
+        f(id, l);
+        l.detailed = true;
+      }
+  }
   void boundary_begin(int64_t marker_id, db::MarkerKind kind, int rank, int64_t t, int64_t step, int64_t epoch);
   void marker_end(int64_t marker_id, int64_t t);
   void rss(int rank, int64_t t, int64_t bytes);
@@ -74,7 +89,7 @@ class Aggregates {
     uint64_t seq;
     OpKind kind;
     int sign = 0;  // Change: +1 an allocation, -1 a free
-    Live a;
+    Live a{};
     int64_t marker = 0;
     db::MarkerKind marker_kind = db::MarkerKind::Step;
     int rank = 0;

@@ -18,13 +18,16 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <deque>
 #include <memory_resource>
 #include <mutex>
+#include <regex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "aggregates.h"
+#include "capture_signal.h"
 #include "crash.h"
 #include "elf_symbols.h"
 #include "probe_heap.h"
@@ -56,7 +59,9 @@ constexpr int64_t kIdBlock = 4096;
 constexpr int kGiveUpCycles = 64;  // a free whose allocation never shows up is reported after this
 }  // namespace
 
-enum class EventType : uint8_t { Alloc, Free, FreeAddress, Placement, Transfer, Kernel, MarkerBegin, MarkerEnd, Counter };
+// AllocFreed: the writer's own, in the flight recorder's ring only: an allocation whose row was not
+// written, freed (its row with its free, made from the aggregates' record of it).
+enum class EventType : uint8_t { Alloc, Free, FreeAddress, Placement, Transfer, Kernel, MarkerBegin, MarkerEnd, Counter, AllocFreed };
 
 // One fixed-size record in a ring; meaning of the generic fields depends on `type`.
 struct Event {
@@ -200,11 +205,59 @@ struct Recorder::Impl {
   std::unordered_map<int64_t, std::pair<MarkerKind, int64_t>> boundary_names;  // string id -> "step N" / "epoch N"
   int64_t rss_name = 0;  // the string id of host_rss, once interned
   // allocated / reserved: the trainer's memory series, a sample at each change: detail, which
-  // step_memory replaces past the cap.
+  // step_memory replaces outside the detail.
   int64_t allocated_name = 0, reserved_name = 0;
-  bool detail_on = true;  // false once the trace reached opt.max_trace_bytes
-  std::unordered_set<int64_t> skipped_markers;  // ranges begun after the detail stopped (their ends go too)
-  int64_t last_step = -1;
+  bool detail_on = true;  // inside a detail window and under the cap
+  bool capped = false;    // the trace reached opt.max_trace_bytes: no window opens again
+  std::unordered_set<int64_t> skipped_markers;  // ranges begun outside the detail (their ends go too)
+  int64_t last_step = -1;      // the last step begun on window_rank
+  int32_t window_rank = -1;     // the rank whose steps drive the ring and SIGUSR1's count
+  std::map<int32_t, int64_t> rank_step;  // each rank's step begun last: a step window is open while any rank is in one
+
+  // The detail windows (zt/probe/detail_policy.h). Writer only.
+  int64_t span_id = 1;        // the detail_span row of the current (or last) stretch
+  std::string span_why;       // the window term that opened it
+  int64_t span_start = 0;     // its t_start (an end is never before it: the value checks refuse that)
+  int64_t first_step = -1;    // the first step number begun
+  std::vector<std::regex> capture_res;
+  std::unordered_set<int64_t> capture_names;    // string ids of ranges that are capture ranges
+  std::unordered_set<int64_t> capture_open;     // their markers begun and not ended
+  uint64_t signals_seen = 0;
+  bool signal_active = false;
+  int64_t signal_t = 0;        // when the last SIGUSR1 was seen (the writer's clock)
+  int64_t signal_begun = 0;    // steps begun since then
+  int64_t signal_until = 0;    // signal:Ds: the window's end
+  // The window term that wants detail at time t ("" none). Changes signal_active when its window ran out.
+  std::string want_detail(int64_t t);
+  void update_window(int64_t t);
+  void open_span(int64_t t, const std::string& why);
+  void close_span(int64_t t, const std::string& reason);
+  db::AllocationRow allocation_row(int64_t id, const detail::Aggregates::Live& l) const;
+
+  // The flight recorder's ring (RecorderOptions::flight): detail events not written, oldest first.
+  struct Kept {
+    Event e;
+    int64_t t_free;  // an AllocFreed entry's free; else 0
+    int64_t t() const { return e.type == EventType::AllocFreed ? t_free : e.t0; }
+  };
+  std::deque<Kept> ring;
+  uint64_t ring_base = 0;                                  // the absolute index of ring.front()
+  struct RingStep {
+    uint64_t first;  // the absolute index of its first entry
+    int64_t second;  // the step
+    int64_t t;       // its begin
+  };
+  std::deque<RingStep> ring_steps;                         // at each step's begin
+  int64_t ring_lost_to_memory = 0;                         // entries the memory bound took
+  std::string ring_state_written;                          // meta flight_recorder as last written
+  void keep(const Event& e, int64_t t_free = 0);
+  void ring_step(int64_t step, int64_t t);
+  void trim_ring();
+  std::string ring_summary() const;
+  void write_ring_state();                                 // meta flight_recorder: what a kill -9 would lose
+  void write_ring(const std::string& how_ended);           // the end of the run: the ring as detail
+  void write_detail_row(const Event& e);                   // placement, transfer, kernel, range, counter
+
   static constexpr int64_t kDetailSpanId = 1;
   void stop_detail();
   // After a commit (the rows wait in the writer until then): the detail stops once the trace's
@@ -212,7 +265,7 @@ struct Recorder::Impl {
   // rows they index (58% measured on zt synth's mix of allocations, transfers, kernels, markers
   // and counters; docs/probe.md, "Long jobs"). Inside a transaction.
   void check_size() {
-    if (detail_on && opt.max_trace_bytes > 0 && w->size_bytes() / 5 * 8 >= opt.max_trace_bytes) stop_detail();
+    if (detail_on && !capped && opt.max_trace_bytes > 0 && w->size_bytes() / 5 * 8 >= opt.max_trace_bytes) stop_detail();
   }
 
   void writer_main();
@@ -253,11 +306,28 @@ Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>*
   m.run.t_start = now_ns();
   m.run.wall_start_unix_ns = wall_now_ns();
   m.run.status = RunStatus::Running;
+  for (auto& r : options.detail.ranges) {
+    try {
+      m.capture_res.emplace_back(r);
+    } catch (const std::regex_error& e) {
+      m.w.reset();
+      return Status::Error("--detail range:" + r + ": not a regular expression (" + e.what() + ")");
+    }
+  }
   m.w->begin();
   m.w->insert(m.run);
-  db::DetailSpanRow span;  // detail from the start; its end is set where a size cap stops it
+  // The first stretch begins with the run; where no window is open at the start (every:N, none, a
+  // time window later on), it ends there, so that readers never take the run for detailed.
+  db::DetailSpanRow span;
   span.id = Impl::kDetailSpanId;
   span.t_start = m.run.t_start;
+  m.span_why = m.want_detail(m.run.t_start);
+  m.span_start = m.run.t_start;
+  m.detail_on = !m.span_why.empty();
+  if (!m.detail_on) {
+    span.t_end = m.run.t_start;
+    span.end_reason = "no detail window at the start (--detail " + options.detail.text + ")";
+  }
   m.w->insert(span);
   m.w->commit();
   // Into the main file now, not at the first automatic checkpoint: a trace copied without
@@ -272,6 +342,8 @@ Status Recorder::open(const RecorderOptions& options, std::unique_ptr<Recorder>*
     BlockAsyncSignals block;  // the writer inherits the mask (see recorder.h)
     m.writer = std::thread([&m] { m.writer_main(); });
   }
+  if (options.detail.signal) capture_signal::install();
+  m.signals_seen = capture_signal::requests();
   if (options.crash_handlers) crash::register_recorder(r.get(), options.crash_on_interrupt);
   *out = std::move(r);
   return Status::Ok();
@@ -739,6 +811,18 @@ void Recorder::Impl::write_meta(bool blocking) {
     else if (x.text == "allocated") allocated_name = x.id;
     else if (x.text == "reserved") reserved_name = x.id;
     else if (auto b = detail::step_or_epoch_range(x.text)) boundary_names.emplace(x.id, *b);
+    if (!capture_res.empty()) {
+      // A capture range: its name, or its name without the NVTX domain ("domain::name"), matches
+      // one of the --detail range: expressions (as zt probe --step-range matches names).
+      const std::string_view name(x.text);
+      const size_t p = name.find("::");
+      const std::string bare(p == std::string_view::npos ? name : name.substr(p + 2));
+      for (auto& re : capture_res)
+        if (std::regex_match(x.text, re) || (p != std::string_view::npos && std::regex_match(bare, re))) {
+          capture_names.insert(x.id);
+          break;
+        }
+    }
     w->insert(x);
   }
   for (auto& x : frames_) w->insert(x);
@@ -799,50 +883,31 @@ bool Recorder::Impl::fits_trace(const Event& e) {
   }
 }
 
-void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees, std::vector<PendingEnd>& ends,
-                                 std::vector<PendingAddrFree>& addr_frees) {
-  if (!fits_trace(e)) {
-    ++out_of_range;
-    return;
-  }
-  // t1 is set by the events that have an end (transfers, kernels) only: elsewhere it is whatever
-  // the ring's slot held (a run end 34 h after its close, read from reused heap memory).
-  t_latest = std::max(t_latest, e.t0);
-  if (e.type == EventType::Transfer || e.type == EventType::Kernel) t_latest = std::max(t_latest, e.t1);
+db::AllocationRow Recorder::Impl::allocation_row(int64_t id, const detail::Aggregates::Live& l) const {
+  db::AllocationRow a;
+  a.id = id;
+  a.rank = l.rank;
+  a.device_id = l.device;
+  a.memory_kind = l.kind;
+  a.level = l.level;
+  a.source = l.source;
+  a.address = l.address;
+  a.bytes = l.bytes;
+  a.requested_bytes = l.requested;
+  a.segment_id = l.segment;
+  if (l.stream >= 0) a.stream = l.stream;
+  a.t_alloc = l.t_alloc;
+  a.name_id = l.name;
+  a.stack_id = l.stack;
+  if (l.weight > 0) a.weight_bytes = l.weight;
+  return a;
+}
+
+// The row of a detail event other than an allocation (those are written from the aggregates'
+// record: allocation_row) and the closing halves.
+void Recorder::Impl::write_detail_row(const Event& e) {
   switch (e.type) {
-    case EventType::Alloc: {
-      db::AllocationRow a;
-      a.id = e.id;
-      a.rank = e.rank;
-      a.device_id = e.device;
-      a.memory_kind = MemoryKind(e.k0);
-      a.level = AllocLevel(e.k1);
-      a.source = Source(e.k2);
-      a.address = static_cast<uint64_t>(e.a);
-      a.bytes = e.b;
-      a.requested_bytes = e.c;
-      a.segment_id = e.d;
-      if (e.e >= 0) a.stream = e.e;
-      a.t_alloc = e.t0;
-      a.name_id = e.name;
-      a.stack_id = e.stack;
-      if (e.t1 > 0) a.weight_bytes = e.t1;
-      detail::Aggregates::Live l;
-      l.rank = e.rank, l.device = e.device, l.kind = a.memory_kind, l.level = a.level, l.name = e.name;
-      l.stack = e.stack, l.bytes = e.b, l.weight = e.t1 > 0 ? e.t1 : 0, l.detailed = detail_on;
-      agg.alloc(e.id, e.t0, l);
-      if (detail_on) w->insert(a);
-      if (e.flags & 1) live_by_addr[{e.device, a.address}].emplace_back(e.t0, e.id);
-      break;
-    }
-    case EventType::Free:
-      frees.push_back({e.id, e.t0, 0});
-      break;
-    case EventType::FreeAddress:
-      addr_frees.push_back({e.device, static_cast<uint64_t>(e.a), e.t0, 0});
-      break;
     case EventType::Placement: {
-      if (!detail_on) break;
       db::PlacementRow p;
       p.rank = e.rank;
       p.t = e.t0;
@@ -855,7 +920,6 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
       break;
     }
     case EventType::Transfer: {
-      if (!detail_on) break;
       db::TransferRow t;
       t.rank = e.rank;
       t.kind = TransferKind(e.k0);
@@ -876,7 +940,6 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
       break;
     }
     case EventType::Kernel: {
-      if (!detail_on) break;
       db::KernelRow k;
       k.rank = e.rank;
       k.device_id = e.device;
@@ -897,27 +960,6 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
       break;
     }
     case EventType::MarkerBegin: {
-      const MarkerKind kind = MarkerKind(e.k0);
-      bool boundary = true;
-      if (kind == MarkerKind::Step) {
-        agg.boundary_begin(e.id, kind, e.rank, e.t0, e.a, e.c);
-        last_step = e.a;
-      } else if (kind == MarkerKind::Epoch) {
-        agg.boundary_begin(e.id, kind, e.rank, e.t0, -1, e.c);
-      } else if (auto b = kind == MarkerKind::Range ? boundary_names.find(e.name) : boundary_names.end();
-                 b != boundary_names.end()) {
-        const bool step = b->second.first == MarkerKind::Step;
-        agg.boundary_begin(e.id, b->second.first, e.rank, e.t0, step ? b->second.second : -1,
-                           step ? -1 : b->second.second);
-        if (step) last_step = b->second.second;
-      } else {
-        boundary = false;
-      }
-      // Past the cap: steps and epochs go on; phases, micro-steps and other ranges are detail.
-      if (!detail_on && !boundary && kind != MarkerKind::Epoch) {
-        skipped_markers.insert(e.id);
-        break;
-      }
       db::MarkerRow m;
       m.id = e.id;
       m.rank = e.rank;
@@ -930,11 +972,6 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
       w->insert(m);
       break;
     }
-    case EventType::MarkerEnd:
-      agg.marker_end(e.id, e.t0);
-      if (!skipped_markers.empty() && skipped_markers.erase(e.id)) break;
-      ends.push_back({e.id, e.t0, e.a == INT64_MIN ? std::nullopt : std::optional<int64_t>(e.a), 0});
-      break;
     case EventType::Counter: {
       db::CounterRow c;
       c.rank = e.rank;
@@ -942,12 +979,117 @@ void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees
       c.name_id = e.name;
       c.t = e.t0;
       std::memcpy(&c.value, &e.a, sizeof c.value);
-      if (rss_name != 0 && e.name == rss_name && c.value >= 0 && c.value <= double(db::kMaxTraceBytes))
-        agg.rss(e.rank, e.t0, int64_t(c.value));
-      if (!detail_on && e.name != 0 && (e.name == allocated_name || e.name == reserved_name)) break;
       w->insert(c);
       break;
     }
+    default:
+      break;
+  }
+}
+
+void Recorder::Impl::write_event(const Event& e, std::vector<PendingFree>& frees, std::vector<PendingEnd>& ends,
+                                 std::vector<PendingAddrFree>& addr_frees) {
+  if (!fits_trace(e)) {
+    ++out_of_range;
+    return;
+  }
+  // t1 is set by the events that have an end (transfers, kernels) only: elsewhere it is whatever
+  // the ring's slot held (a run end 34 h after its close, read from reused heap memory).
+  t_latest = std::max(t_latest, e.t0);
+  if (e.type == EventType::Transfer || e.type == EventType::Kernel) t_latest = std::max(t_latest, e.t1);
+  switch (e.type) {
+    case EventType::Alloc: {
+      detail::Aggregates::Live l;
+      l.rank = e.rank, l.device = e.device, l.kind = MemoryKind(e.k0), l.level = AllocLevel(e.k1), l.name = e.name;
+      l.stack = e.stack, l.bytes = e.b, l.weight = e.t1 > 0 ? e.t1 : 0, l.detailed = detail_on;
+      l.source = Source(e.k2), l.t_alloc = e.t0, l.requested = e.c, l.segment = e.d, l.stream = e.e;
+      l.address = static_cast<uint64_t>(e.a);
+      agg.alloc(e.id, e.t0, l);
+      if (detail_on) w->insert(allocation_row(e.id, l));
+      if (e.flags & 1) live_by_addr[{e.device, l.address}].emplace_back(e.t0, e.id);
+      break;
+    }
+    case EventType::Free:
+      frees.push_back({e.id, e.t0, 0});
+      break;
+    case EventType::FreeAddress:
+      addr_frees.push_back({e.device, static_cast<uint64_t>(e.a), e.t0, 0});
+      break;
+    case EventType::Placement:
+    case EventType::Transfer:
+    case EventType::Kernel:
+      if (detail_on) write_detail_row(e);
+      else keep(e);
+      break;
+    case EventType::MarkerBegin: {
+      const MarkerKind kind = MarkerKind(e.k0);
+      bool boundary = true, step_begin = false;
+      int64_t step_number = -1;
+      if (kind == MarkerKind::Step) {
+        step_begin = true;
+        agg.boundary_begin(e.id, kind, e.rank, e.t0, e.a, e.c);
+        step_number = e.a;
+      } else if (kind == MarkerKind::Epoch) {
+        agg.boundary_begin(e.id, kind, e.rank, e.t0, -1, e.c);
+      } else if (auto b = kind == MarkerKind::Range ? boundary_names.find(e.name) : boundary_names.end();
+                 b != boundary_names.end()) {
+        const bool step = b->second.first == MarkerKind::Step;
+        agg.boundary_begin(e.id, b->second.first, e.rank, e.t0, step ? b->second.second : -1,
+                           step ? -1 : b->second.second);
+        if (step) step_number = b->second.second, step_begin = true;
+      } else {
+        boundary = false;
+      }
+      // A step begins: the step windows and the flight recorder's ring follow it, on the rank of the
+      // first step met (the ranks of zt train's threads, or of a merged run, step together: one
+      // rank's steps drive them, whose numbers never go back and forth between two ranks'). A
+      // capture range begins: its window opens with it.
+      if (step_begin && step_number >= 0) {
+        if (window_rank < 0) window_rank = e.rank;
+        if (first_step < 0) first_step = step_number;
+        rank_step[e.rank] = step_number;
+        if (e.rank == window_rank) {
+          last_step = step_number;
+          if (signal_active && e.t0 >= signal_t) ++signal_begun;
+          ring_step(last_step, e.t0);
+        }
+        update_window(e.t0);
+      }
+      if (!capture_res.empty() && capture_names.count(e.name)) {
+        capture_open.insert(e.id);
+        update_window(e.t0);
+      }
+      // Outside the detail: steps and epochs go on; phases, micro-steps and other ranges are detail.
+      if (!detail_on && !boundary && kind != MarkerKind::Epoch) {
+        skipped_markers.insert(e.id);
+        keep(e);
+        break;
+      }
+      write_detail_row(e);
+      break;
+    }
+    case EventType::MarkerEnd: {
+      agg.marker_end(e.id, e.t0);
+      const bool capture_end = !capture_open.empty() && capture_open.erase(e.id);
+      if (!skipped_markers.empty() && skipped_markers.erase(e.id)) keep(e);
+      else ends.push_back({e.id, e.t0, e.a == INT64_MIN ? std::nullopt : std::optional<int64_t>(e.a), 0});
+      if (capture_end) update_window(e.t0);
+      break;
+    }
+    case EventType::Counter: {
+      double value;
+      std::memcpy(&value, &e.a, sizeof value);
+      if (rss_name != 0 && e.name == rss_name && value >= 0 && value <= double(db::kMaxTraceBytes))
+        agg.rss(e.rank, e.t0, int64_t(value));
+      if (!detail_on && e.name != 0 && (e.name == allocated_name || e.name == reserved_name)) {
+        keep(e);
+        break;
+      }
+      write_detail_row(e);
+      break;
+    }
+    case EventType::AllocFreed:
+      break;  // never in a thread's ring
   }
 }
 
@@ -980,9 +1122,30 @@ void Recorder::Impl::resolve_pending(std::vector<PendingFree>& frees, std::vecto
     }
   }
   for (auto& f : frees) {
-    bool detailed = false;
-    if (agg.free(f.id, f.t, &detailed)) {
-      if (detailed) w->set_allocation_freed(f.id, f.t);
+    detail::Aggregates::Live freed;
+    if (agg.free(f.id, f.t, &freed)) {
+      if (freed.detailed) {
+        w->set_allocation_freed(f.id, f.t);
+      } else if (opt.flight.on()) {
+        Event k{};  // its row, made at the end from what the aggregates knew of it
+        k.type = EventType::AllocFreed;
+        k.id = f.id;
+        k.t0 = freed.t_alloc;
+        k.t1 = freed.weight;
+        k.a = static_cast<int64_t>(freed.address);
+        k.b = freed.bytes;
+        k.c = freed.requested;
+        k.d = freed.segment;
+        k.e = freed.stream;
+        k.device = freed.device;
+        k.name = freed.name;
+        k.stack = freed.stack;
+        k.rank = freed.rank;
+        k.k0 = uint8_t(freed.kind);
+        k.k1 = uint8_t(freed.level);
+        k.k2 = uint8_t(freed.source);
+        keep(k, f.t);
+      }
       continue;
     }
     if (w->set_allocation_freed(f.id, f.t)) continue;
@@ -1013,6 +1176,26 @@ bool Recorder::Impl::drain(bool final_pass) {
 
   w->begin();
   write_meta(!final_pass);
+  if (!opt.detail.all && (opt.detail.signal || !opt.detail.times.empty())) {
+    const int64_t clock = std::max(now_ns(), t_latest);
+    if (opt.detail.signal)
+      if (const uint64_t n = capture_signal::requests(); n != signals_seen) {
+        signals_seen = n;
+        signal_active = true;
+        signal_t = clock;
+        signal_begun = 0;
+        signal_until = clock + opt.detail.signal_ns;
+        char line[160];
+        std::snprintf(line, sizeof line, "SIGUSR1 %.3f s into the run%s: detail for the next %s",
+                      double(clock - run.t_start) / 1e9,
+                      last_step >= 0 ? (", in step " + std::to_string(last_step)).c_str() : "",
+                      opt.detail.signal_steps > 0 ? (std::to_string(opt.detail.signal_steps) + " steps").c_str()
+                                                  : format_duration_ns(double(opt.detail.signal_ns)).c_str());
+        std::lock_guard lock(meta_mu);
+        notes.emplace_back(line);
+      }
+    update_window(clock);
+  }
   bool any = false;
   int64_t t_tx = now_ns();
   uint64_t n_tx = 0;
@@ -1064,6 +1247,8 @@ bool Recorder::Impl::drain(bool final_pass) {
     unmatched = 0;
   }
   agg.apply(*w);
+  if (opt.flight.ns > 0) trim_ring();
+  write_ring_state();
   w->commit();
   w->begin();
   check_size();
@@ -1117,8 +1302,18 @@ void Recorder::Impl::writer_main() {
       if (crash_request.load()) {
         drain(true);
         w->begin();
+        write_ring(std::string("at the crash handler (") + crash_detail + ")");
         agg.finish(*w);
         w->set_run_end(run.id, now_ns(), crash_status, std::nullopt, crash_detail);
+        {
+          // The notes too (the cap, SIGUSR1's windows), unless the dying thread holds their lock.
+          std::unique_lock lock(meta_mu, std::defer_lock);
+          if (lock.try_lock_for(std::chrono::milliseconds(200))) {
+            const std::vector<std::string> notes_ = notes;
+            lock.unlock();
+            for (auto& n : notes_) w->add_run_note(run.id, n);
+          }
+        }
         w->commit();
         crash_done.store(true);
         return;
@@ -1139,6 +1334,11 @@ void Recorder::Impl::writer_main() {
       if (stopping) {
         drain(true);
         w->begin();
+        {
+          std::string how = "when the trace was closed (run " + std::string(db::to_string(end_status));
+          if (end_code) how += ", exit code " + std::to_string(*end_code);
+          write_ring(how + ")");
+        }
         agg.finish(*w);
         // A run ends after its last event, also where the events' times were given (zt synth's
         // made-up timeline runs ahead of the clock).
@@ -1160,12 +1360,12 @@ void Recorder::Impl::writer_main() {
 }
 
 // The trace reached its cap (called inside the writer's transaction): from here on only the aggregates (and the small tables: steps, epochs,
-// phases, counters, faults, errors) are written. The detail span ends at the latest event written.
+// phases, counters, faults, errors) are written, and the flight recorder's ring at the end. The detail span ends at the latest event written.
 void Recorder::Impl::stop_detail() {
-  detail_on = false;
+  capped = true;
   const int64_t t = std::max(t_latest, run.t_start);
   const std::string cap = format_bytes(double(opt.max_trace_bytes));
-  w->end_detail_span(kDetailSpanId, t, "the trace reached its size cap of " + cap + " (--max-trace)");
+  close_span(t, "the trace reached its size cap of " + cap + " (--max-trace)");
   char when[64];
   std::snprintf(when, sizeof when, "%.3f s", double(t - run.t_start) / 1e9);
   std::string line = "detail stopped " + std::string(when) + " into the run";
@@ -1174,8 +1374,195 @@ void Recorder::Impl::stop_detail() {
           " (--max-trace, ZT_PROBE_MAX_TRACE); allocations, transfers, kernels, placements, phases, ranges and the "
           "allocated and reserved counters after it are not in the trace; steps, epochs and the aggregates "
           "(step_memory, epoch_live) go on to the end";
+  if (opt.flight.on()) line += ", and the flight recorder's last " + opt.flight.text() + " are written at the end";
   std::lock_guard lock(meta_mu);
   notes.push_back(std::move(line));
+}
+
+std::string Recorder::Impl::want_detail(int64_t t) {
+  const DetailPolicy& p = opt.detail;
+  if (p.all) return "all";
+  if (p.has_step_terms()) {
+    // A step window is open while any rank is inside a chosen step (ranks that lag each other
+    // each get the whole of it); before any step, the set-up (first:N).
+    auto chosen = [&](int64_t step) -> std::string {
+      if (!p.step_selected(step, first_step)) return "";
+      if (p.first > 0 && (first_step < 0 || step - first_step < p.first)) return "first:" + std::to_string(p.first);
+      if (p.every > 0 && step >= 0 && step % p.every == 0) return "every:" + std::to_string(p.every);
+      return "steps";
+    };
+    if (rank_step.empty()) {
+      if (std::string why = chosen(-1); !why.empty()) return why;
+    }
+    for (auto& [rank, step] : rank_step)
+      if (std::string why = chosen(step); !why.empty()) return why;
+  }
+  const int64_t rel = t - run.t_start;
+  for (auto& [a, b] : p.times)
+    if (rel >= a && rel < b) return "time";
+  if (!capture_open.empty()) return "range";
+  if (signal_active) {
+    // signal:K: the rest of the step it came in and K steps begun after it (a step whose begin the
+    // writer meets only after the signal, though it began before, is not one of them).
+    const bool on = p.signal_steps > 0 ? signal_begun <= p.signal_steps : t < signal_until;
+    if (on) return "signal (SIGUSR1)";
+    signal_active = false;
+  }
+  return "";
+}
+
+void Recorder::Impl::update_window(int64_t t) {
+  if (opt.detail.all) return;
+  const std::string why = want_detail(t);
+  if (!why.empty() && !detail_on && !capped) open_span(t, why);
+  else if (why.empty() && detail_on) close_span(t, "the detail window " + span_why + " closed");
+}
+
+// A stretch of detail begins at t (inside the writer's transaction): its row, and the rows of the
+// allocations live now that the trace lacks, with their own times (so that live sums inside the
+// stretch are whole).
+void Recorder::Impl::open_span(int64_t t, const std::string& why) {
+  db::DetailSpanRow r;
+  r.id = ++span_id;
+  r.t_start = std::max(t, run.t_start);
+  span_start = r.t_start;
+  w->insert(r);
+  agg.write_undetailed([&](int64_t id, const detail::Aggregates::Live& l) { w->insert(allocation_row(id, l)); });
+  detail_on = true;
+  span_why = why;
+}
+
+void Recorder::Impl::close_span(int64_t t, const std::string& reason) {
+  if (!detail_on) return;
+  // A boundary of another thread's ring, drained after a window the writer's clock opened, can be
+  // older than the window's start: the window then closes where it began.
+  w->end_detail_span(span_id, std::max(t, span_start), reason);
+  detail_on = false;
+}
+
+void Recorder::Impl::keep(const Event& e, int64_t t_free) {
+  if (!opt.flight.on()) return;
+  ring.push_back({e, t_free});
+  const size_t cap = size_t(opt.flight.max_bytes / kFlightEntryBytes);
+  while (ring.size() > cap) {
+    ring.pop_front();
+    ++ring_base;
+    ++ring_lost_to_memory;
+  }
+}
+
+void Recorder::Impl::ring_step(int64_t step, int64_t t) {
+  if (!opt.flight.on()) return;
+  if (!ring_steps.empty() && ring_steps.back().second == step) return;  // the same step on another rank
+  ring_steps.push_back({ring_base + ring.size(), step, t});
+  trim_ring();
+}
+
+// The ring keeps the last `steps` steps (from the begin of the oldest kept), or what happened in the
+// last `ns`; never more than its memory bound (keep()).
+void Recorder::Impl::trim_ring() {
+  if (opt.flight.steps > 0) {
+    while (ring_steps.size() > size_t(opt.flight.steps)) ring_steps.pop_front();
+    const uint64_t from = ring_steps.size() == size_t(opt.flight.steps) ? ring_steps.front().first : ring_base;
+    while (ring_base < from && !ring.empty()) ring.pop_front(), ++ring_base;
+  } else if (opt.flight.ns > 0) {
+    while (!ring.empty() && ring.front().t() < t_latest - opt.flight.ns) ring.pop_front(), ++ring_base;
+  }
+  while (!ring_steps.empty() && ring_steps.front().first < ring_base && ring_steps.size() > 1 &&
+         ring_steps[1].first <= ring_base)
+    ring_steps.pop_front();
+}
+
+std::string Recorder::Impl::ring_summary() const {
+  std::string s;
+  if (!ring_steps.empty()) {
+    const int64_t a = ring_steps.front().second, b = ring_steps.back().second;
+    s = a == b ? "step " + std::to_string(a) : "steps " + std::to_string(a) + "-" + std::to_string(b);
+    s += ", ";
+  }
+  s += std::to_string(ring.size()) + " events, " + format_bytes(double(ring.size()) * kFlightEntryBytes);
+  if (!ring.empty()) {
+    char span[96];
+    std::snprintf(span, sizeof span, ", %.3f-%.3f s into the run", double(ring.front().t() - run.t_start) / 1e9,
+                  double(t_latest - run.t_start) / 1e9);
+    s += span;
+  }
+  return s;
+}
+
+// meta flight_recorder: what the ring holds and that it is in memory only, so that a trace whose
+// process was killed by SIGKILL (or whose writer never got to the end) says what it lost. Written
+// when the ring's steps change (once a step at most), and at the end, when the ring is written.
+void Recorder::Impl::write_ring_state() {
+  if (!opt.flight.on() || ring.empty()) return;
+  const std::string key = ring_steps.empty() ? "events " + std::to_string(ring.size() / 65536)
+                                             : std::to_string(ring_steps.front().second) + "-" +
+                                                   std::to_string(ring_steps.back().second);
+  if (key == ring_state_written) return;
+  ring_state_written = key;
+  w->set_meta("flight_recorder", "in memory, not written (" + ring_summary() +
+                                     "); written when the run ends; a process killed by SIGKILL loses it");
+}
+
+// The end of the run (inside the writer's last transaction): the ring's detail is written as one more
+// stretch of detail, with the allocations live at its start that the trace lacks.
+void Recorder::Impl::write_ring(const std::string& how_ended) {
+  if (!opt.flight.on() || ring.empty()) return;
+  const std::string summary = ring_summary();
+  // Where the kept detail begins: the oldest kept step's begin, where none of it was dropped; else
+  // the oldest event kept. Frees reach the ring at the end of the writer's cycle they were drained
+  // in, so a free older than that (of a step the ring no longer holds) is left out.
+  int64_t t0 = INT64_MAX;
+  for (auto& k : ring)
+    if (k.e.type != EventType::AllocFreed) t0 = std::min(t0, k.t());
+  if (t0 == INT64_MAX)
+    for (auto& k : ring) t0 = std::min(t0, k.t());
+  if (!ring_steps.empty() && ring_steps.front().first >= ring_base) {
+    // Nothing dropped yet: from the oldest event (the set-up before the first step too), or the first
+    // step's begin if earlier; else from the oldest kept step's begin.
+    t0 = ring_base == 0 ? std::min(t0, ring_steps.front().t) : ring_steps.front().t;
+  }
+  if (opt.flight.ns > 0) t0 = std::max(t0, t_latest - opt.flight.ns);
+  db::DetailSpanRow r;
+  r.id = ++span_id;
+  r.t_start = std::max(t0, run.t_start);
+  r.t_end = std::max(t_latest, r.t_start);
+  r.end_reason = "flight recorder: the last " + opt.flight.text() + " before the end (" + summary + "), written " + how_ended;
+  if (ring_lost_to_memory > 0)
+    r.end_reason += "; its memory bound (" + format_bytes(double(opt.flight.max_bytes)) + ", --flight-memory) dropped " +
+                    std::to_string(ring_lost_to_memory) + " older events";
+  w->insert(r);
+  // Allocations live now whose rows are not in the trace, then those freed inside the ring's time.
+  agg.write_undetailed([&](int64_t id, const detail::Aggregates::Live& l) { w->insert(allocation_row(id, l)); });
+  std::unordered_set<int64_t> begun;  // markers whose rows this writes: their ends follow
+  for (const Kept& k : ring) {
+    const Event& e = k.e;
+    if (k.t() < t0) continue;
+    switch (e.type) {
+      case EventType::AllocFreed: {
+        detail::Aggregates::Live l;
+        l.rank = e.rank, l.device = e.device, l.kind = MemoryKind(e.k0), l.level = AllocLevel(e.k1), l.name = e.name;
+        l.stack = e.stack, l.bytes = e.b, l.weight = e.t1, l.source = Source(e.k2), l.t_alloc = e.t0;
+        l.requested = e.c, l.segment = e.d, l.stream = e.e, l.address = static_cast<uint64_t>(e.a);
+        db::AllocationRow a = allocation_row(e.id, l);
+        a.t_free = k.t_free;
+        w->insert(a);
+        break;
+      }
+      case EventType::MarkerBegin:
+        begun.insert(e.id);
+        write_detail_row(e);
+        break;
+      case EventType::MarkerEnd:
+        if (begun.count(e.id)) w->set_marker_end(e.id, e.t0, e.a == INT64_MIN ? std::nullopt : std::optional<int64_t>(e.a));
+        break;
+      default:
+        write_detail_row(e);
+    }
+  }
+  w->set_meta("flight_recorder", "written " + how_ended + " (" + summary + ")");
+  ring.clear();
+  ring_steps.clear();
 }
 
 void Recorder::flush() {

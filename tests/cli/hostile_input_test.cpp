@@ -290,7 +290,7 @@ TEST(HostileInput, MaxTraceThatIsNotASizeIsRefused) {
 TEST(HostileInput, TrainUnderACapKeepsItsStepsAndSaysWhereTheDetailEnded) {
   zt::test::TempDir dir;
   const std::string t = dir.file("capped.db");
-  Result r = run_zt("train --steps 60 --quiet --trace " + t + " --max-trace 900KiB");
+  Result r = run_zt("train --steps 60 --quiet --trace " + t + " --max-trace 900KiB --flight-recorder off");
   ASSERT_EQ(r.code, 0) << r.out;
   Result info = run_zt("db info " + t);
   ASSERT_EQ(info.code, 0) << info.out;
@@ -300,4 +300,73 @@ TEST(HostileInput, TrainUnderACapKeepsItsStepsAndSaysWhereTheDetailEnded) {
   EXPECT_LT(fs::file_size(t), 1200u << 10);
   Result steps = run_zt("check " + t + " --steps 60");
   EXPECT_EQ(steps.code, 0) << steps.out;
+}
+
+// --detail, --flight-recorder, --flight-memory that do not parse, or a ring larger than the machine's
+// memory allows: one line naming the option, exit 2, nothing run or written (zt train and zt probe alike).
+TEST(HostileInput, DetailPolicyThatDoesNotParseIsRefused) {
+  zt::test::TempDir dir;
+  const std::string ran = dir.file("ran");
+  const std::pair<std::string, std::string> bad[] = {
+      {"--detail every:0", "--detail 'every:0'"},
+      {"--detail first:3 --detail evry:5", "--detail 'evry:5': not a detail window"},
+      {"--detail time:15m-10m", "--detail 'time:15m-10m'"},
+      {"--detail 'range:('", "--detail 'range:(': not a regular expression"},
+      {"--flight-recorder lots", "--flight-recorder 'lots'"},
+      {"--flight-memory 900TiB", "--flight-memory '900TiB' is more than half this machine's memory"},
+  };
+  for (auto& [opt, said] : bad)
+    for (const std::string& cmd : {"train --steps 1 --quiet --trace " + dir.file("t.db") + " " + opt,
+                                   "probe -o " + dir.file("p.db") + " " + opt + " -- /usr/bin/touch " + ran}) {
+      Result r = run_zt(cmd);
+      EXPECT_EQ(r.code, 2) << cmd << "\n" << r.out;
+      EXPECT_EQ(lines(r.out), 1u) << r.out;
+      EXPECT_NE(r.out.find(said), std::string::npos) << r.out;
+    }
+  EXPECT_FALSE(fs::exists(ran));
+  for (const char* f : {"t.db", "p.db"}) EXPECT_FALSE(fs::exists(dir.file(f))) << f;
+  // zt train reads the variables where the options are not given; a bad one is named.
+  Result r = zt::test::run_command("ZT_PROBE_DETAIL=every:x " + std::string(ZT_EXE) + " train --steps 1 --quiet --trace " +
+                                   dir.file("t.db") + " 2>&1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(lines(r.out), 1u) << r.out;
+  EXPECT_NE(r.out.find("ZT_PROBE_DETAIL='every:x'"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir.file("t.db")));
+}
+
+// zt train with windows and the flight recorder: zt db info lists the detailed steps and stretches,
+// and the ring's last steps are there after a cap stopped the detail.
+TEST(HostileInput, TrainWithDetailWindowsAndTheFlightRecorder) {
+  zt::test::TempDir dir;
+  const std::string t = dir.file("w.db");
+  Result r = run_zt("train --steps 12 --quiet --trace " + t + " --detail first:2 --detail every:5 --flight-recorder 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  Result info = run_zt("db info " + t);
+  ASSERT_EQ(info.code, 0) << info.out;
+  // Steps 0, 1 (first:2), 5 and 10 (every:5), and the ring's last 3: 9 (its kernels), 10 (a window) and 11.
+  EXPECT_NE(info.out.find("detail: 6 of 12 steps (steps 0-1, 5, 9-11) in "), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("the detail window every:5 closed"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("flight recorder: the last 3 steps before the end"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("flight recorder: written when the trace was closed (run ok"), std::string::npos) << info.out;
+  Result steps = run_zt("check " + t + " --steps 12");
+  EXPECT_EQ(steps.code, 0) << steps.out;
+}
+
+// An out-of-memory error in step 0 of zt train with no detail window: the flight recorder's ring,
+// written when the trace is closed, holds the set-up and step 0 in full detail.
+TEST(HostileInput, TrainOutOfMemoryKeepsTheFlightRecordersRing) {
+  zt::test::TempDir dir;
+  const std::string t = dir.file("oom.db");
+  Result r = run_zt("train --steps 30 --quiet --trace " + t + " --detail none --flight-recorder 3 --device-memory 5MiB");
+  ASSERT_EQ(r.code, 1) << r.out;
+  Result info = run_zt("db info " + t);
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find("detail: 1 of 1 step (step 0) in 2 stretches"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("flight recorder: the last 3 steps before the end (step 0, "), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("written when the trace was closed (run failed, exit code 1)"), std::string::npos) << info.out;
+  // The set-up's allocations are in the ring's stretch: the trace has allocation rows though no window opened.
+  Result rows = run_zt("db sql " + t + " \"SELECT 'rows=' || count(*) AS n FROM allocation WHERE t_alloc < (SELECT min(t_start) FROM step_memory)\"");
+  const size_t at = rows.out.find("rows=");
+  ASSERT_NE(at, std::string::npos) << rows.out;
+  EXPECT_GT(std::stoll(rows.out.substr(at + 5)), 10) << rows.out;
 }

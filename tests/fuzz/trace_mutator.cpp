@@ -123,6 +123,17 @@ void write_base(const std::string& path) {
   DetailSpanRow span;
   span.rank = 0, span.t_start = kT0 - 10 * kMs, span.t_end = kT0 + 250 * kMs, span.end_reason = "the trace reached its size cap";
   w->insert(span);
+  // Detail windows (zt/probe/detail_policy.h) and the flight recorder's stretch at the end, and its
+  // state in meta: the readers of several stretches (zt db info's list, the steps with detail).
+  DetailSpanRow window;
+  window.rank = 1, window.t_start = kT0 + 100 * kMs, window.t_end = kT0 + 200 * kMs;
+  window.end_reason = "the detail window every:2 closed";
+  w->insert(window);
+  DetailSpanRow ring;
+  ring.rank = 0, ring.t_start = kT0 + 300 * kMs, ring.t_end = kT0 + 400 * kMs;
+  ring.end_reason = "flight recorder: the last 2 steps before the end (steps 2-3), written at the crash handler";
+  w->insert(ring);
+  w->set_meta("flight_recorder", "in memory, not written (steps 2-3, 10 events, 1.02 KiB)");
   w->insert(FrameRow{1, 0x401000, "/usr/bin/python3", 0x1000, "main"});
   w->insert(FrameRow{2, 0x402000, "/usr/bin/python3", 0x2000, "alloc_buffer"});
   w->insert(StackRow{1, 0, 1});

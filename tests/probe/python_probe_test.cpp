@@ -749,3 +749,32 @@ TEST(ProbePython, AMultiprocessingPoolOfForkedWorkersRunsToCompletion) {
   EXPECT_NE(check.out.find("PASS run: all"), std::string::npos) << check.out;
   if (terminated > 0) EXPECT_NE(check.out.find("ended by SIGTERM"), std::string::npos) << check.out;
 }
+
+// Detail windows and the flight recorder on a real Python program: `--detail signal:2` and a
+// SIGUSR1 the program sends itself after step 3 give steps 4 and 5 their detail; the SIGTERM it
+// ends with (as a launcher's kill) writes the ring of its last 3 steps; the rest is aggregates.
+TEST(ProbePython, ASignalWindowAndTheFlightRecorderOfAJobKilledBySigterm) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  write(dir.file("job.py"),
+        "import os, signal, time, zerotrace\n"
+        "for s in range(12):\n"
+        "    with zerotrace.step(s):\n"
+        "        buf = bytearray(2 << 20)  # a row of its own (over the 1 MiB threshold)\n"
+        "        del buf\n"
+        "    if s == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "        time.sleep(1)  # the writer sees it within a cycle (50 ms; more on a loaded machine)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(5)\n");
+  const std::string out = dir.file("job.db");
+  RunResult r = run_zt({"probe", "-o", out, "--detail", "signal:2", "--flight-recorder", "3", "--", kPython,
+                        dir.file("job.py")});
+  EXPECT_EQ(r.code, 143) << r.err;  // the program's own death, passed through
+  const std::string info = db_info(out);
+  EXPECT_NE(info.find("detail: 5 of 12 steps (steps 4-5, 9-11) in "), std::string::npos) << info;
+  EXPECT_NE(info.find("the detail window signal (SIGUSR1) closed"), std::string::npos) << info;
+  EXPECT_NE(info.find("flight recorder: the last 3 steps before the end (steps 9-11"), std::string::npos) << info;
+  EXPECT_NE(info.find("written at the crash handler (killed by SIGTERM (signal 15))"), std::string::npos) << info;
+  EXPECT_NE(info.find("note: SIGUSR1 "), std::string::npos) << info;
+}

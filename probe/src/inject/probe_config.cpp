@@ -57,6 +57,14 @@ Status probe_config_from_env(const std::function<const char*(const char*)>& gete
     if (!b) return Status::Error(std::string(kEnvMaxTrace) + "=" + v + ": not a size (examples: 512MiB, 2GiB; 0 or none = no cap)");
     c.max_trace = *b;
   }
+  if (const char* v = getenv(kEnvDetail); v && *v)
+    if (Status s = parse_detail_policy(v, &c.detail); !s) return Status::Error(std::string(kEnvDetail) + "=" + s.message());
+  if (const char* v = getenv(kEnvFlightRecorder); v && *v)
+    if (Status s = parse_flight_recorder(v, &c.flight); !s)
+      return Status::Error(std::string(kEnvFlightRecorder) + "=" + s.message());
+  if (const char* v = getenv(kEnvFlightMemory); v && *v)
+    if (Status s = parse_flight_memory(v, machine_memory_bytes(), &c.flight.max_bytes); !s)
+      return Status::Error(std::string(kEnvFlightMemory) + "=" + s.message());
   if (const char* v = getenv(kEnvSampleSeed); v && *v) {
     char* end = nullptr;
     errno = 0;

@@ -360,6 +360,9 @@ bool start_recording(const std::string& path) {
   opt.config_json = "{\"probe\":\"libzt_probe.so\",\"host_threshold\":" + std::to_string(cfg.host_threshold) +
                     ",\"sample_interval\":" + std::to_string(cfg.host ? cfg.sample_interval : 0) +
                     ",\"max_trace\":" + std::to_string(cfg.max_trace) +
+                    ",\"detail\":" + json_string(cfg.detail.text.c_str()) +
+                    ",\"flight_recorder\":" + json_string(cfg.flight.text().c_str()) +
+                    ",\"flight_memory\":" + std::to_string(cfg.flight.max_bytes) +
                     ",\"stacks\":" + (cfg.stacks ? "true" : "false") +
                     ",\"stack_depth\":" + std::to_string(cfg.stack_depth) +
                     ",\"python_frames\":" + (cfg.python == PythonFrames::Off ? "\"off\"" : cfg.python == PythonFrames::Gil ? "\"gil\"" : "\"own\"") +
@@ -379,6 +382,8 @@ bool start_recording(const std::string& path) {
   opt.crash_handlers = true;
   opt.crash_on_interrupt = false;  // Python's KeyboardInterrupt needs SIGINT at its default
   opt.max_trace_bytes = cfg.max_trace;
+  opt.detail = cfg.detail;
+  opt.flight = cfg.flight;
   std::unique_ptr<Recorder> rec;
   if (Status s = Recorder::open(opt, &rec); !s) {
     // Said even when quiet: without it `zt probe` could only say that no trace was written.

@@ -107,6 +107,12 @@ struct TraceSummary {
     int64_t steps_with_detail = 0;     // of those, ended on every rank inside the detail span
     std::optional<int64_t> first_step, last_step, last_detail_step, first_aggregate_step;
     int64_t epoch_boundaries = 0;      // epoch starts and ends with a live set (of any rank)
+    // The stretches of detail (detail_span rows, by start): more than one where a detail policy
+    // opened windows (zt/probe/detail_policy.h) or the flight recorder wrote its ring at the end.
+    std::vector<DetailSpanRow> spans;
+    // The step numbers with detail, as runs of consecutive numbers ([a, b] inclusive).
+    std::vector<std::pair<int64_t, int64_t>> detail_steps;
+    std::string flight_recorder;       // meta flight_recorder: what the ring held, and whether it was written
   } detail;
 };
 

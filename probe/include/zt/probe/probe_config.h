@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "zt/common/status.h"
+#include "zt/probe/detail_policy.h"
 #include "zt/db/schema.h"
 
 namespace zt::probe {
@@ -124,6 +125,10 @@ struct ProbeConfig {
   std::string command_line;  // empty: the library reads /proc/self/cmdline
   std::string run_id;        // empty: not started by zt probe
   int64_t max_trace = kDefaultMaxTrace;  // 0: no cap
+  // ZT_PROBE_DETAIL, ZT_PROBE_FLIGHT_RECORDER, ZT_PROBE_FLIGHT_MEMORY (zt/probe/detail_policy.h):
+  // the detail windows (default all) and the flight recorder (default the last 20 steps, 256 MiB).
+  DetailPolicy detail;
+  FlightRecorder flight;
 };
 
 // Reads the ZT_PROBE_* variables through `getenv` (tests pass a map). A malformed value is an

@@ -18,8 +18,10 @@
 //    handler sets the end. After SIGKILL the trace opens and says the end is unknown.
 //  - One clock: now_ns() is CLOCK_MONOTONIC in nanoseconds.
 //  - Aggregates for the whole run (db/SCHEMA.md, "Aggregates": per step and device, per epoch
-//    boundary the live set) are written by the writer whether or not the detail is; past
-//    RecorderOptions::max_trace_bytes the detail stops and the detail_span row says when.
+//    boundary the live set) are written by the writer whether or not the detail is. The detail
+//    is written inside the policy's windows (RecorderOptions::detail) until the trace reaches
+//    RecorderOptions::max_trace_bytes; one detail_span row per stretch of detail says when, and
+//    the flight recorder's ring (RecorderOptions::flight) adds the last steps at the end.
 #pragma once
 
 #include <signal.h>
@@ -36,6 +38,7 @@
 #include "zt/common/status.h"
 #include "zt/db/rows.h"
 #include "zt/db/schema.h"
+#include "zt/probe/detail_policy.h"
 
 namespace zt::probe {
 
@@ -78,6 +81,16 @@ struct RecorderOptions {
   // transfer, kernel, placement and range rows) stops and the aggregates go on (db/SCHEMA.md,
   // "Aggregates"); the detail_span row and a run note say when.
   int64_t max_trace_bytes = 0;
+  // Which stretches get full detail (zt/probe/detail_policy.h; default: all, until the cap).
+  // Outside its windows the detail rows are not written; the aggregates are. When a window opens,
+  // the allocations live then whose rows the trace lacks are written with their own times, so
+  // that live sums inside a window are whole. `signal` terms install a SIGUSR1 handler.
+  DetailPolicy detail;
+  // The flight recorder: the detail not written (outside the windows, past the cap) of the last
+  // steps or seconds, kept by the writer in memory (at most flight.max_bytes) and written when the
+  // run ends: close(), the crash handlers (fatal signals, std::terminate). Off here by default
+  // (zt probe and zt train turn it on: 20 steps).
+  FlightRecorder flight{0, 0, kDefaultFlightBytes};
 };
 
 struct AllocEvent {
