@@ -1203,20 +1203,34 @@ void Recorder::Impl::symbolize() {
     if (n > 0) exe.assign(buf, size_t(n));
   }
   std::map<std::string, std::unique_ptr<ElfSymbols>> elf_tables;  // by module, read at first need
+  // Which object holds each frame, from one listing of the loaded objects (elf_symbols.h: dladdr on
+  // every frame cost more than the whole recording of an HF job). dladdr is asked only where the
+  // listing has no object for an address, or the object's file gives no symbol table.
+  LoadedModules modules;
+  modules.snapshot();
   w->begin();
   for (auto& [id, ip] : frames) {
-    Dl_info info{};
     // A return address points after the call; ip-1 lies inside the calling function.
-    if (!dladdr(reinterpret_cast<void*>(ip - 1), &info)) continue;
+    void* const at = reinterpret_cast<void*>(ip - 1);
+    Dl_info info{};
+    bool asked_dladdr = false;
+    std::string module;
+    uint64_t fbase = 0;
+    if (const LoadedModules::Module* mod = modules.find(ip - 1)) {
+      module = mod->name.empty() ? program_invocation_name : mod->name;  // dladdr's name for the program
+      fbase = mod->base;
+    } else {
+      if (!dladdr(at, &info)) continue;
+      asked_dladdr = true;
+      module = info.dli_fname ? info.dli_fname : "";
+      fbase = reinterpret_cast<uint64_t>(info.dli_fbase);
+    }
     std::string symbol;
-    const char* raw = info.dli_sname;
-    // dladdr sees the dynamic symbol table only: a program's own functions (not exported unless
-    // linked with -rdynamic) and static functions are found in the file's full symbol table.
+    const char* raw = nullptr;
     // The program itself: dladdr names it argv[0] as given; its absolute path instead. Another
     // relative name (a library dlopen'ed as "./libx.so", a relative LD_LIBRARY_PATH entry) is made
     // absolute where it resolves; where it does not, its frames keep the name and get no symbol
     // from a file that may not be theirs.
-    std::string module = info.dli_fname ? info.dli_fname : "";
     bool file_known = !module.empty() && module[0] == '/';
     if (!module.empty() && module[0] != '/') {
       if (!exe.empty() && module == program_invocation_name) {
@@ -1226,16 +1240,23 @@ void Recorder::Impl::symbolize() {
         std::free(abs);
       }
     }
-    if (!raw && file_known) {
-      std::unique_ptr<ElfSymbols>& table = elf_tables[module];
-      if (!table) {
-        table = std::make_unique<ElfSymbols>();
-        table->load(module);
+    const ElfSymbols* table = nullptr;
+    if (file_known) {
+      std::unique_ptr<ElfSymbols>& t = elf_tables[module];
+      if (!t) {
+        t = std::make_unique<ElfSymbols>();
+        t->load(module);
       }
-      // dli_fbase is where the first loaded segment begins: the file's addresses count from its
+      if (t->size() > 0) table = t.get();
+    }
+    if (table) {
+      // fbase is where the first loaded segment begins: the file's addresses count from its
       // first PT_LOAD's address (0 for ordinary shared libraries and PIE programs).
-      const uint64_t base = reinterpret_cast<uint64_t>(info.dli_fbase);
-      raw = table->find(table->position_independent() ? ip - 1 - base + table->first_load_address() : ip - 1);
+      raw = table->find(table->position_independent() ? ip - 1 - fbase + table->first_load_address() : ip - 1);
+    } else {
+      // No symbol table to read (the vDSO, a deleted file): the dynamic symbols, as the loader has them.
+      if (!asked_dladdr && !dladdr(at, &info)) info = Dl_info{};
+      raw = info.dli_sname;
     }
     if (raw) {
       int st = 0;
@@ -1244,7 +1265,7 @@ void Recorder::Impl::symbolize() {
       std::free(dem);
     }
     std::optional<int64_t> offset;
-    if (info.dli_fbase) offset = static_cast<int64_t>(ip - reinterpret_cast<uint64_t>(info.dli_fbase));
+    if (fbase) offset = static_cast<int64_t>(ip - fbase);
     w->set_frame_symbol(id, module, offset, symbol);
   }
   w->commit();
