@@ -2,6 +2,7 @@
 
 #include <elf.h>
 #include <fcntl.h>
+#include <link.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,9 +77,12 @@ bool ElfSymbols::load(const std::string& path) {
     if ((type != STT_FUNC && type != STT_GNU_IFUNC) || s.st_shndx == SHN_UNDEF || s.st_value == 0 || s.st_size == 0 ||
         s.st_name >= strtab_.size())
       continue;
-    syms_.push_back({s.st_value, s.st_size, s.st_name});
+    syms_.push_back({s.st_value, s.st_size, s.st_name, ELF64_ST_BIND(s.st_info) != STB_LOCAL});
   }
-  std::sort(syms_.begin(), syms_.end(), [](const Sym& a, const Sym& b) { return a.start < b.start; });
+  // At one address, the global names last (find() takes the last start at or below the address);
+  // otherwise the file's order.
+  std::stable_sort(syms_.begin(), syms_.end(),
+                   [](const Sym& a, const Sym& b) { return a.start != b.start ? a.start < b.start : a.global < b.global; });
   return !syms_.empty();
 }
 
@@ -91,6 +95,47 @@ const char* ElfSymbols::find(uint64_t addr) const {
     if (addr < it->start + it->size) return strtab_.c_str() + it->name;
   }
   return nullptr;
+}
+
+void LoadedModules::snapshot() {
+  modules_.clear();
+  segments_.clear();
+  const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE) > 0 ? ::sysconf(_SC_PAGESIZE) : 4096);
+  struct Ctx {
+    LoadedModules* self;
+    uint64_t page;
+  } ctx{this, page};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* arg) {
+        auto& c = *static_cast<Ctx*>(arg);
+        Module m;
+        m.name = info->dlpi_name ? info->dlpi_name : "";
+        bool any = false;
+        uint64_t first = 0;
+        const size_t index = c.self->modules_.size();
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& p = info->dlpi_phdr[i];
+          if (p.p_type != PT_LOAD || p.p_memsz == 0) continue;
+          const uint64_t lo = uint64_t(info->dlpi_addr) + p.p_vaddr;
+          c.self->segments_.push_back({lo, lo + p.p_memsz, index});
+          if (!any || p.p_vaddr < first) first = p.p_vaddr, any = true;
+        }
+        if (!any) return 0;
+        // The loader maps an object from its first PT_LOAD's page: that is its dli_fbase.
+        m.base = uint64_t(info->dlpi_addr) + (first & ~(c.page - 1));
+        c.self->modules_.push_back(std::move(m));
+        return 0;
+      },
+      &ctx);
+  std::sort(segments_.begin(), segments_.end(), [](const Segment& a, const Segment& b) { return a.lo < b.lo; });
+}
+
+const LoadedModules::Module* LoadedModules::find(uint64_t addr) const {
+  auto it = std::upper_bound(segments_.begin(), segments_.end(), addr,
+                             [](uint64_t a, const Segment& s) { return a < s.lo; });
+  if (it == segments_.begin()) return nullptr;
+  --it;
+  return addr < it->hi ? &modules_[it->module] : nullptr;
 }
 
 }  // namespace zt::probe

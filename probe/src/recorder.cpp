@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,9 +21,11 @@
 #include <map>
 #include <deque>
 #include <memory_resource>
+#include <new>
 #include <mutex>
 #include <regex>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -74,11 +77,17 @@ struct Event {
 
 // Single producer (its thread), single consumer (the writer). head and tail only grow;
 // slots [tail, head) are published and immutable until the writer moves tail past them.
+static_assert(std::is_trivial_v<Event>, "a ring's slots are its fresh pages, all zero: no constructor runs");
+
 struct ThreadRing {
-  // In the probe's own pages (probe_heap.h), zeroed: no field of a slot is ever garbage.
+  // Pages of its own, straight from the kernel (as probe_heap.h's), populated by the mmap itself:
+  // zero, so that no field of a slot is ever garbage, and resident from the start, so that the
+  // process's RSS does not creep up by a ring's 3 MiB as it fills (the RSS witness of --leaks would
+  // read that as growth). Value-initializing every slot wrote the same pages again after the
+  // kernel's zeroing, one page fault each (~10 ms of CPU per recording thread).
   struct Free {
-    size_t n;
-    void operator()(Event* p) const { probe_heap()->deallocate(p, n * sizeof(Event), alignof(Event)); }
+    size_t bytes;
+    void operator()(Event* p) const { syscall(SYS_munmap, p, bytes); }
   };
   std::unique_ptr<Event[], Free> buf{nullptr, Free{0}};
   uint64_t mask = 0;
@@ -587,10 +596,10 @@ ThreadRing* Recorder::ring() {
   if (TlsEntry* e = tls.find(impl_->serial)) return e->ring.get();
   auto r = std::make_shared<ThreadRing>();
   {
-    const size_t n = impl_->opt.ring_events;
-    auto* slots = static_cast<Event*>(probe_heap()->allocate(n * sizeof(Event), alignof(Event)));
-    for (size_t i = 0; i < n; ++i) new (&slots[i]) Event();
-    r->buf = std::unique_ptr<Event[], ThreadRing::Free>(slots, ThreadRing::Free{n});
+    const size_t bytes = (impl_->opt.ring_events * sizeof(Event) + 4095) & ~size_t(4095);
+    const long p = syscall(SYS_mmap, nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == -1) throw std::bad_alloc();
+    r->buf = std::unique_ptr<Event[], ThreadRing::Free>(reinterpret_cast<Event*>(p), ThreadRing::Free{bytes});
   }
   r->mask = impl_->opt.ring_events - 1;
   r->thread_id = static_cast<int64_t>(syscall(SYS_gettid));
@@ -1590,20 +1599,34 @@ void Recorder::Impl::symbolize() {
     if (n > 0) exe.assign(buf, size_t(n));
   }
   std::map<std::string, std::unique_ptr<ElfSymbols>> elf_tables;  // by module, read at first need
+  // Which object holds each frame, from one listing of the loaded objects (elf_symbols.h: dladdr on
+  // every frame cost more than the whole recording of an HF job). dladdr is asked only where the
+  // listing has no object for an address, or the object's file gives no symbol table.
+  LoadedModules modules;
+  modules.snapshot();
   w->begin();
   for (auto& [id, ip] : frames) {
-    Dl_info info{};
     // A return address points after the call; ip-1 lies inside the calling function.
-    if (!dladdr(reinterpret_cast<void*>(ip - 1), &info)) continue;
+    void* const at = reinterpret_cast<void*>(ip - 1);
+    Dl_info info{};
+    bool asked_dladdr = false;
+    std::string module;
+    uint64_t fbase = 0;
+    if (const LoadedModules::Module* mod = modules.find(ip - 1)) {
+      module = mod->name.empty() ? program_invocation_name : mod->name;  // dladdr's name for the program
+      fbase = mod->base;
+    } else {
+      if (!dladdr(at, &info)) continue;
+      asked_dladdr = true;
+      module = info.dli_fname ? info.dli_fname : "";
+      fbase = reinterpret_cast<uint64_t>(info.dli_fbase);
+    }
     std::string symbol;
-    const char* raw = info.dli_sname;
-    // dladdr sees the dynamic symbol table only: a program's own functions (not exported unless
-    // linked with -rdynamic) and static functions are found in the file's full symbol table.
+    const char* raw = nullptr;
     // The program itself: dladdr names it argv[0] as given; its absolute path instead. Another
     // relative name (a library dlopen'ed as "./libx.so", a relative LD_LIBRARY_PATH entry) is made
     // absolute where it resolves; where it does not, its frames keep the name and get no symbol
     // from a file that may not be theirs.
-    std::string module = info.dli_fname ? info.dli_fname : "";
     bool file_known = !module.empty() && module[0] == '/';
     if (!module.empty() && module[0] != '/') {
       if (!exe.empty() && module == program_invocation_name) {
@@ -1613,16 +1636,23 @@ void Recorder::Impl::symbolize() {
         std::free(abs);
       }
     }
-    if (!raw && file_known) {
-      std::unique_ptr<ElfSymbols>& table = elf_tables[module];
-      if (!table) {
-        table = std::make_unique<ElfSymbols>();
-        table->load(module);
+    const ElfSymbols* table = nullptr;
+    if (file_known) {
+      std::unique_ptr<ElfSymbols>& t = elf_tables[module];
+      if (!t) {
+        t = std::make_unique<ElfSymbols>();
+        t->load(module);
       }
-      // dli_fbase is where the first loaded segment begins: the file's addresses count from its
+      if (t->size() > 0) table = t.get();
+    }
+    if (table) {
+      // fbase is where the first loaded segment begins: the file's addresses count from its
       // first PT_LOAD's address (0 for ordinary shared libraries and PIE programs).
-      const uint64_t base = reinterpret_cast<uint64_t>(info.dli_fbase);
-      raw = table->find(table->position_independent() ? ip - 1 - base + table->first_load_address() : ip - 1);
+      raw = table->find(table->position_independent() ? ip - 1 - fbase + table->first_load_address() : ip - 1);
+    } else {
+      // No symbol table to read (the vDSO, a deleted file): the dynamic symbols, as the loader has them.
+      if (!asked_dladdr && !dladdr(at, &info)) info = Dl_info{};
+      raw = info.dli_sname;
     }
     if (raw) {
       int st = 0;
@@ -1631,7 +1661,7 @@ void Recorder::Impl::symbolize() {
       std::free(dem);
     }
     std::optional<int64_t> offset;
-    if (info.dli_fbase) offset = static_cast<int64_t>(ip - reinterpret_cast<uint64_t>(info.dli_fbase));
+    if (fbase) offset = static_cast<int64_t>(ip - fbase);
     w->set_frame_symbol(id, module, offset, symbol);
   }
   w->commit();
