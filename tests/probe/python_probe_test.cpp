@@ -778,3 +778,35 @@ TEST(ProbePython, ASignalWindowAndTheFlightRecorderOfAJobKilledBySigterm) {
   EXPECT_NE(info.find("written at the crash handler (killed by SIGTERM (signal 15))"), std::string::npos) << info;
   EXPECT_NE(info.find("note: SIGUSR1 "), std::string::npos) << info;
 }
+
+// A job without epochs recorded with detail windows (--detail every:10): the rows are whole only inside
+// each window, so the leak check compares the windows' starts and ends. Before, it compared windows of
+// steps from rows that stopped at the first window's end, and a job keeping 3 MiB every 5 steps passed.
+TEST(ProbePython, ALeakBetweenDetailWindowsIsFoundAtTheWindows) {
+  if (!have_python()) GTEST_SKIP() << kPython << " not found";
+  TempDir dir;
+  for (bool leak : {true, false}) {
+    const std::string prog = dir.file(leak ? "leak.py" : "clean.py");
+    write(prog, std::string("import zerotrace\n"
+                            "kept = []\n"
+                            "for s in range(40):\n"
+                            "    with zerotrace.step(s):\n"
+                            "        buf = bytearray(3 << 20)\n"
+                            "        if s % 5 == 4:\n"
+                            "            ") +
+                    (leak ? "kept.append(buf)  # 3 MiB more every 5 steps\n" : "del buf\n"));
+    const std::string out = dir.file(leak ? "leak.db" : "clean.db");
+    RunResult r = run_zt({"probe", "-o", out, "--detail", "every:10", "--", kPython, prog});
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto check = run_command(std::string(ZT_EXE) + " check " + out + " --leaks 2>&1");
+    EXPECT_NE(check.out.find("stretches of detail"), std::string::npos) << check.out;
+    if (leak) {
+      EXPECT_EQ(check.code, 1) << check.out;
+      EXPECT_NE(check.out.find("pageable host memory: live bytes at window start grew 6.00 MiB per window"),
+                std::string::npos)
+          << check.out;
+    } else {
+      EXPECT_EQ(check.code, 0) << check.out;
+    }
+  }
+}

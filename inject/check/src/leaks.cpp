@@ -20,7 +20,9 @@ namespace {
 
 // What a rank's memory is compared over: its epochs, else windows of its steps, else windows of
 // its run's time.
-enum class BasisKind { Epochs, StepWindows, TimeWindows };
+// its run's time. In a trace with detail windows (zt probe --detail), a rank without epochs is
+// compared at its stretches of detail, where the allocation rows are whole.
+enum class BasisKind { Epochs, StepWindows, TimeWindows, DetailWindows };
 
 struct Window {
   int64_t t_start = 0, t_end = kNever;
@@ -123,6 +125,36 @@ std::optional<Basis> basis_of(const TraceData& d, int64_t rank, int64_t last_eve
     for (auto& e : it->second)
       b.windows.push_back({e.t_start, e.t_end, e.ended, "epoch " + std::to_string(e.index), e.index});
     b.words = std::to_string(it->second.size()) + " epochs";
+    return b;
+  }
+  // Detail windows: the rank's stretches (a process's rows are under its first rank; a rank with none of its
+  // own takes every stretch: the ranks of one zt train process), those that hold time.
+  std::vector<const db::DetailSpanRow*> spans;
+  for (int pass = 0; pass < 2 && spans.empty(); ++pass)
+    for (auto& sp : d.detail_spans)
+      if ((pass == 1 || sp.rank == rank) && sp.t_end.value_or(last_event) > sp.t_start) spans.push_back(&sp);
+  if (spans.size() >= 2) {
+    b.kind = BasisKind::DetailWindows;
+    const db::RunRow* run = d.run_of(rank);
+    const int64_t t0 = run ? run->t_start : 0;
+    auto st = d.steps.find(rank);
+    for (size_t w = 0; w < spans.size(); ++w) {
+      const int64_t a = spans[w]->t_start, z = spans[w]->t_end.value_or(last_event);
+      std::optional<int64_t> first, last;  // the steps that begin inside the stretch
+      if (st != d.steps.end())
+        for (auto& s : st->second)
+          if (s.t_start >= a && s.t_start < z) {
+            if (!first) first = s.index;
+            last = s.index;
+          }
+      const std::string what = first ? (*first == *last ? "step " + std::to_string(*first)
+                                                        : "steps " + std::to_string(*first) + "-" + std::to_string(*last))
+                                     : format_duration_ns(double(a - t0)) + "-" + format_duration_ns(double(z - t0));
+      b.windows.push_back({a, z, spans[w]->t_end.has_value(), "detail window " + std::to_string(w) + " (" + what + ")"});
+    }
+    b.words = std::to_string(spans.size()) + " stretches of detail (the trace has " +
+              (d.epochs.count(rank) ? "1 epoch" : std::string("no epochs")) +
+              " and its detail has gaps, zt probe --detail: compared at each stretch's start and end)";
     return b;
   }
   if (auto it = d.steps.find(rank); it != d.steps.end() && it->second.size() >= 2) {
@@ -351,7 +383,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
 
   // Ranks whose compared epochs reach past the end of the detail (a trace cut by its size cap):
   // compared from the aggregates' live sets, which go on to the end of the run.
-  std::set<int64_t> from_aggregates;
+  std::set<int64_t> from_aggregates, not_compared;
   if (d.detail_end) {
     std::set<int64_t> ranks;
     for (auto& [key, rows] : groups) ranks.insert(std::get<0>(key));
@@ -362,19 +394,36 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
       int64_t last = 0;
       for (auto& w : b->windows) last = std::max(last, w.ended ? w.t_end : w.t_start);
       if (b->kind == BasisKind::Epochs && last > *d.detail_end) from_aggregates.insert(rank);
-      else if (last > *d.detail_end)
-        r.context.push_back(d.who(rank) + ": the trace's detail stopped " +
-                            format_duration_ns(double(*d.detail_end - (d.run_of(rank) ? d.run_of(rank)->t_start : 0))) +
-                            " into the run (" + d.detail_end_reason +
-                            "), and without epochs its windows after that compare only the allocations made before "
-                            "it; mark epochs (zerotrace.epoch(n)) so that the aggregates hold each one's live set");
+      else if (b->kind != BasisKind::DetailWindows && last > *d.detail_end) {
+        // Past the end of the detail the rows are not the rank's memory: only the windows before it are
+        // compared, and a rank left with fewer than two is not compared at all (never passed unseen).
+        Basis& cut = *bases[rank];
+        std::vector<Window> kept;
+        for (auto& w : cut.windows)
+          if ((w.ended ? w.t_end : w.t_start) <= *d.detail_end) kept.push_back(w);
+        const std::string stopped =
+            d.who(rank) + ": the trace's detail stopped " +
+            format_duration_ns(double(*d.detail_end - (d.run_of(rank) ? d.run_of(rank)->t_start : 0))) +
+            " into the run (" + d.detail_end_reason + ")";
+        const std::string how = "mark epochs (zerotrace.epoch(n)) so that the aggregates hold each one's live set, "
+                                "or record more detail (--max-trace, --detail)";
+        if (kept.size() >= 2) {
+          r.context.push_back(stopped + ", and without epochs only its " + std::to_string(kept.size()) + " of " +
+                              std::to_string(cut.windows.size()) + " windows before that were compared; " + how);
+          cut.windows = std::move(kept);
+          cut.words += ", the first " + std::to_string(cut.windows.size()) + " before the detail stopped";
+        } else {
+          r.context.push_back(stopped + ", and without epochs its live bytes could not be compared; " + how);
+          not_compared.insert(rank);
+        }
+      }
     }
   }
 
   int memories = 0;
   for (auto& [key, rows] : groups) {
     auto [rank, device_id, kind] = key;
-    if (from_aggregates.count(rank)) continue;
+    if (from_aggregates.count(rank) || not_compared.count(rank)) continue;
     const Basis* b = basis(rank);
     if (!b) continue;
     used(*b);
@@ -584,6 +633,10 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
           (std::get<2>(key) == db::MemoryKind::PageableHost || std::get<2>(key) == db::MemoryKind::PinnedHost))
         host.insert(host.end(), rows.begin(), rows.end());
     std::vector<int64_t> recorded = live_at(host, rss->at);
+    // A rank whose detail stopped before its windows: its recorded allocations there are not known, so none
+    // explain its RSS growth (said in the line).
+    const bool unknown_recorded = not_compared.count(rank) > 0;
+    if (unknown_recorded) recorded.assign(recorded.size(), 0);
     if (from_aggregates.count(rank)) {  // the recorded host memory at each epoch's start, from the aggregates
       auto agg = aggregate_values(d, rank, s, [&](const db::EpochLiveRow& row) {
         return !d.is_accelerator(row.device_id) &&
@@ -623,6 +676,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
                        " per " + unit + "; RSS " + series_text(s, rss->v) + "; threshold " +
                        format_bytes(double(rss_threshold)) + " per " + unit + ", --rss-threshold)";
     if (v.from > 0) line += ", " + s.windows[0]->label + " taken as warm-up";
+    if (unknown_recorded) line += "; its allocations past the end of the detail are not in the trace, so none are counted";
     const std::string below = "allocations under zt probe's --host-threshold" +
                               (host_threshold ? " (" + format_bytes(double(*host_threshold)) + ")" : std::string());
     if (d.sample_interval(rank) > 0)  // the sampled rows counted above: small allocations are in, as an estimate
@@ -639,7 +693,11 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
 
   if (memories == 0 && processes == 0) {
     r.outcome = Outcome::Skip;
-    r.summary = d.allocs.empty() && d.sampled.empty() && d.rss.empty()
+    r.summary = !not_compared.empty()
+                    ? "nothing compared: the trace's detail stopped before the windows of " +
+                          std::to_string(not_compared.size()) + " rank" + (not_compared.size() == 1 ? "" : "s") +
+                          " without epochs (see below)"
+                : d.allocs.empty() && d.sampled.empty() && d.rss.empty()
                     ? "nothing to compare: the trace records no allocations and no RSS; record the program with "
                       "zt probe (or zt train, zt import)"
                     : "nothing to compare: the trace has no epochs, no steps and no span of time to cut into "

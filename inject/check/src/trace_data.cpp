@@ -61,6 +61,7 @@ Status TraceData::load_aggregates() {
   if (Status s = reader_->summarize_detail(&detail); !s) return s;
   detail_end = detail.t_end;
   detail_end_reason = detail.end_reason;
+  if (detail_end) detail_spans = detail.spans;
   if (detail_end)
     if (Status s = reader_->read(&step_memory); !s) return s;
   std::vector<db::EpochLiveRow> rows;

@@ -83,6 +83,10 @@ class TraceData {
   std::map<std::tuple<int64_t, int64_t, int>, std::vector<db::EpochLiveRow>> epoch_live;  // (rank, epoch, at)
   std::optional<int64_t> detail_end;
   std::string detail_end_reason;
+  // The stretches of full detail (detail_span rows, by start; empty: the whole run has detail). More than
+  // one where zt probe --detail opened windows or the flight recorder wrote its ring: the allocation
+  // rows are whole only inside a stretch.
+  std::vector<db::DetailSpanRow> detail_spans;
   std::vector<db::StepMemoryRow> step_memory;  // loaded only where the detail ended (a capped trace)
 
   const std::string& str(int64_t id) const;
