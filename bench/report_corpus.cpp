@@ -111,8 +111,10 @@ int main(int argc, char** argv) {
       const double rel = f->relative_error.value_or(0);
       // The GPU's capacity is the scenario's own input (cluster.gpu_memory), not a prediction.
       if (f->name != "capacity") errors.push_back(std::fabs(rel));
-      std::printf("    %-18s predicted %s, reported %s: %+.1f%% (tolerance %.0f%%)\n", f->name.c_str(),
-                  format_bytes(*f->predicted).c_str(), format_bytes(f->reported).c_str(), rel * 100, f->tolerance * 100);
+      std::printf("    %-18s predicted %s, reported %s: %+.1f%% (%s)\n", f->name.c_str(),
+                  format_bytes(*f->predicted).c_str(), format_bytes(f->reported).c_str(), rel * 100,
+                  f->depends_on.empty() ? ("tolerance " + std::to_string(int(f->tolerance * 100 + 0.5)) + "%").c_str()
+                                        : ("not judged: depends on " + f->depends_on).c_str());
     }
     fs::remove_all(dir / (c.name + "-full"));
     fs::remove_all(dir / (c.name + "-small"));

@@ -414,6 +414,44 @@ TEST(ReproScenario, FiguresAreSizesWithKnownNames) {
                                                    "full-size run only");
 }
 
+// Issue 41: the memory outside PyTorch's allocator. cluster.cuda_context (lazy, eager, none or a size) and
+// cluster.nccl_channels reach the full-size runs (bug and fix); not given, the lazy context and 2 channels; the
+// small variant charges none. A bad value is refused naming the file, the line and the key. `depends_on` marks
+// the free figure as not judged (only free), with what it depends on.
+TEST(ReproScenario, OutsideAllocatorMemoryIsAClusterKeyOfTheFullSizeRun) {
+  test::TempDir dir;
+  repro::Scenario s;
+  ASSERT_TRUE(repro::load_scenario(write(dir, "d.yaml", kGood), &s));
+  trainer::TrainConfig c;
+  ASSERT_TRUE(repro::resolve_config(s, Variant::Full, false, std::nullopt, &c));
+  EXPECT_EQ(c.cuda_context, "lazy") << "the default";
+  EXPECT_EQ(c.nccl_channels, 2);
+  ASSERT_TRUE(repro::resolve_config(s, Variant::Small, false, std::nullopt, &c));
+  EXPECT_EQ(c.cuda_context, "none") << "the small variant's GPUs are a few MiB";
+  EXPECT_EQ(c.nccl_channels, 0);
+
+  const std::string given = variant("  gpu_memory: 1GiB", "  gpu_memory: 1GiB\n  cuda_context: eager\n  nccl_channels: 8");
+  ASSERT_TRUE(repro::load_scenario(write(dir, "g.yaml", given), &s)) << given;
+  ASSERT_TRUE(repro::resolve_config(s, Variant::Full, true, std::nullopt, &c));
+  EXPECT_EQ(c.cuda_context, "eager") << "the fix run too";
+  EXPECT_EQ(c.nccl_channels, 8);
+
+  std::string t = variant("  gpu_memory: 1GiB", "  gpu_memory: 1GiB\n  cuda_context: lazzy");
+  expect_refused(t, line_of(t, "lazzy"), "cluster.cuda_context: 'lazzy' is not none, lazy, eager or a size");
+  t = variant("  gpu_memory: 1GiB", "  gpu_memory: 1GiB\n  nccl_channels: 65");
+  expect_refused(t, line_of(t, "65"), "cluster.nccl_channels: must lie in 0 .. 64");
+  t = variant("  gpu_memory: 1GiB", "  gpu_memory: 1GiB\n  cuda_context: 2GiB");
+  expect_refused(t, line_of(t, "2GiB"), "cluster.cuda_context: 2GiB does not fit the GPU of 1.00 GiB");
+
+  const std::string dep = variant("  error: device_mismatch",
+                                  "  error: oom\n  figures:\n    free: {size: 2GiB, depends_on: the context of CUDA 11.1}");
+  ASSERT_TRUE(repro::load_scenario(write(dir, "dep.yaml", dep), &s)) << dep;
+  ASSERT_EQ(s.expect.figures.size(), 1u);
+  EXPECT_EQ(s.expect.figures[0].depends_on, "the context of CUDA 11.1");
+  t = variant("  error: device_mismatch", "  error: oom\n  figures:\n    reserved: {size: 2GiB, depends_on: luck}");
+  expect_refused(t, line_of(t, "luck"), "expect.figures.reserved.depends_on: only free depends on memory outside");
+}
+
 // Issue 41: train.optimizer and train.attention (or attn_implementation) take the libraries' names; another is
 // refused when the file is read, naming the file, the line and the key. A known name reaches both runs.
 TEST(ReproScenario, OptimizerAndAttentionNamesAreCheckedWhenLoaded) {

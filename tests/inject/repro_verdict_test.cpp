@@ -395,6 +395,63 @@ TEST(ReproVerdict, FiguresFromPyTorchsMessage) {
   EXPECT_FALSE(repro::predicted_figure(e, "free"));
 }
 
+// The free figure is capacity - reserved - the memory outside PyTorch's allocator: its check says over which band of
+// that memory the report's free holds (the same error kept). A free figure marked depends_on is printed, not judged:
+// it is no check, and the verdict rests on the rest.
+TEST(ReproVerdict, FreeSaysItsBandOfOutsideMemoryAndDependsOnIsNotJudged) {
+  test::TempDir dir;
+  const std::string path = dir.file("oom.db");
+  {
+    probe::RecorderOptions o;
+    o.path = path;
+    o.crash_handlers = false;
+    std::unique_ptr<probe::Recorder> rec;
+    ASSERT_TRUE(probe::Recorder::open(o, &rec));
+    rec->add_rank(0, 1);
+    auto gpu = rec->add_device(0, probe::DeviceKind::Sim, 0, "cuda:0", "simulated GPU", 8192 * MiB, true);
+    db::ErrorRow err;
+    err.rank = 0;
+    err.t = 10;
+    err.kind = "oom";
+    err.message = "CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 8.00 GiB of which "
+                  "2.00 GiB is free.";
+    err.device_id = gpu;
+    rec->error(err);
+    ASSERT_TRUE(rec->close(db::RunStatus::Failed, 1, "oom"));
+  }
+  const repro::Evidence e = repro::read_evidence(path, "oom");
+  repro::Expectation x;
+  x.error = "oom";
+  x.figures = {{"free", uint64_t(2.2 * 1024 * 1024 * 1024 + 0.5), "2.2GiB", 0.10, 0}};
+  repro::JudgeContext ctx;
+  ctx.outside_allocator_bytes = 512 * MiB;
+  repro::RunJudgement j = repro::judge_bug(x, ctx, e);
+  ASSERT_EQ(j.figures.size(), 1u);
+  EXPECT_EQ(j.figures[0].outcome, Outcome::Valid) << j.figures[0].detail;
+  ASSERT_TRUE(j.figures[0].outside_band);
+  // free(c) = 2.00 GiB - (c - 0.5 GiB) within 10% of 2.2 GiB: c from 0.08 GiB to 0.52 GiB.
+  EXPECT_NEAR(double(j.figures[0].outside_band->first) / (1024.0 * MiB), 0.08, 1e-3);
+  EXPECT_NEAR(double(j.figures[0].outside_band->second) / (1024.0 * MiB), 0.52, 1e-3);
+  ASSERT_NE(find(j, "figure free"), nullptr);
+  EXPECT_NE(find(j, "figure free")->detail.find("with 512.00 MiB outside PyTorch's allocator charged, it holds for "
+                                                "81.92 MiB to 532.48 MiB there"),
+            std::string::npos)
+      << find(j, "figure free")->detail;
+  // Reported 4 GiB: even with nothing outside, free (2.5 GiB) would be 1.1 GiB short of the tolerance's edge.
+  x.figures[0].bytes = 4096 * MiB;
+  j = repro::judge_bug(x, ctx, e);
+  EXPECT_EQ(j.figures[0].outcome, Outcome::Invalid);
+  EXPECT_EQ(repro::verdict_word(j), "NOT REPRODUCED");
+  EXPECT_NE(find(j, "figure free")->detail.find("it holds for none"), std::string::npos) << find(j, "figure free")->detail;
+  // Declared as depending on what no source gives: printed (detail, band) but not a check; the rest decides.
+  x.figures[0].depends_on = "the CUDA context of the report's stack";
+  j = repro::judge_bug(x, ctx, e);
+  EXPECT_EQ(find(j, "figure free"), nullptr);
+  EXPECT_EQ(j.figures[0].outcome, Outcome::Unknown);
+  EXPECT_NE(j.figures[0].detail.find("outside its tolerance"), std::string::npos);
+  EXPECT_EQ(repro::verdict_word(j), "REPRODUCED");
+}
+
 // The report's quote is printed in quotation marks once, whether or not it was written with its own.
 TEST(ReproVerdict, FixQuotePrintedInOnePairOfMarks) {
   auto printed = [](const std::string& quote) {

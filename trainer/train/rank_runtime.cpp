@@ -138,6 +138,21 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
     if (o.accelerator == DeviceType::Cuda) source_ = o.backend->device_source(o.rank, options_.device_capacity);
     else if (o.virtual_memory) source_ = std::make_unique<memory::VirtualSource>(o.device_capacity);
     else source_ = std::make_unique<memory::HostBackedSource>(o.device_capacity);
+    if (o.accelerator == DeviceType::Sim)
+      for (const auto& [name, bytes] : o.outside_allocator) {
+        if (!bytes) continue;
+        void* p = source_->allocate(bytes);
+        if (!p) {
+          for (const auto& [q, n] : outside_) source_->release(q, n);
+          throw std::runtime_error("CUDA error: out of memory making the " + name + " (" +
+                                   memory::pytorch_format_size(bytes) + ") on a GPU of " +
+                                   memory::pytorch_format_size(o.device_capacity));
+        }
+        outside_.emplace_back(p, bytes);
+        if (rec)
+          rec->note("cuda:" + std::to_string(o.rank) + " outside PyTorch's allocator: " + name + " " +
+                    memory::pytorch_format_size(bytes) + " (in the OOM message's free and process memory)");
+      }
     memory::DeviceAllocatorOptions dopt;
     dopt.recorder = rec;
     dopt.rank = o.rank;
@@ -160,7 +175,9 @@ RankRuntime::RankRuntime(const RuntimeOptions& o, probe::Recorder* rec) : option
   }
 }
 
-RankRuntime::~RankRuntime() = default;
+RankRuntime::~RankRuntime() {
+  for (const auto& [p, bytes] : outside_) source_->release(p, bytes);
+}
 
 void RankRuntime::watch_host(std::string_view name, bool check) {
   const int64_t held = pinned_->stats().reserved_bytes + pageable_->stats().reserved_bytes;

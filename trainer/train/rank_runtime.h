@@ -66,6 +66,9 @@ struct RuntimeOptions {
   // as a whole; in virtual mode there are no pages to place.
   memory::PagePlacement pinned_placement = memory::PagePlacement::Local;
   NodeMemoryWatch* watch = nullptr;  // the node's memory watchdog, if any (outlives the runtime)
+  // The simulated GPU's memory outside PyTorch's allocator (train/outside_memory.h): taken from its
+  // source before the allocator exists, given back when the runtime ends. Ignored on cuda and cpu.
+  std::vector<std::pair<std::string, size_t>> outside_allocator;
 };
 
 class RankRuntime {
@@ -92,6 +95,7 @@ class RankRuntime {
   RuntimeOptions options_;
   probe::Recorder* rec_;
   std::unique_ptr<memory::MemorySource> source_;       // the accelerator's memory
+  std::vector<std::pair<void*, size_t>> outside_;      // regions of source_ outside the allocator
   std::unique_ptr<memory::MemorySource> host_source_;  // shared by pinned and pageable under a host cap
   std::unique_ptr<memory::MemorySource> pinned_source_;  // a GPU's page-locked memory, or placed pages of the host's
   std::unique_ptr<memory::DeviceAllocator> device_alloc_;

@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/layout.h"
 #include "train/model_shape.h"
+#include "train/outside_memory.h"
 #include "zero/optimizer_memory.h"
 #include "zt/common/files.h"
 #include "zt/common/units.h"
@@ -74,6 +75,8 @@ Status load_train_config_text(const std::string& text, const std::string& path, 
       {"precision", [&](const YAML::Node& n) { c.precision = n.as<std::string>(); }},
       {"device_memory", size(c.device_memory)},
       {"host_memory", size(c.host_memory)},
+      {"cuda_context", [&](const YAML::Node& n) { c.cuda_context = n.as<std::string>(); }},
+      {"nccl_channels", [&](const YAML::Node& n) { c.nccl_channels = n.as<int64_t>(); }},
       {"data", [&](const YAML::Node& n) { c.data = n.as<std::string>(); }},
       {"max_doc_tokens", [&](const YAML::Node& n) { c.max_doc_tokens = n.as<int64_t>(); }},
       {"trace", [&](const YAML::Node& n) { c.trace = n.as<std::string>(); }},
@@ -259,6 +262,15 @@ Status validate(const TrainConfig& c) {
   if (c.matmul_dtype == "bf16" && (c.device != "cuda" || c.precision != "bf16"))
     return bad("matmul_dtype bf16 multiplies bf16 activations on a GPU's tensor cores: it needs --device cuda and "
                "--precision bf16 (the CPU and the simulated GPU compute in fp32)");
+  if (std::string why; !cuda_context_bytes(c.cuda_context, &why)) return bad("cuda_context " + why);
+  if (c.cuda_context != "none" && (c.device == "cuda" || c.device == "cpu"))
+    return bad("cuda_context " + c.cuda_context + " charges the simulated GPU: a real GPU (--device cuda) has its own "
+               "context, and the CPU none");
+  if (c.nccl_channels < 0 || c.nccl_channels > kNcclMaxChannels)
+    return bad("nccl_channels " + std::to_string(c.nccl_channels) + " must lie in 0 .. 64 (NCCL's MAXCHANNELS)");
+  if (outside_allocator_bytes(c) > 0 && outside_allocator_bytes(c) >= c.device_memory)
+    return bad("the memory outside PyTorch's allocator (" + describe_outside(c) + ") does not fit the GPU of " +
+               format_bytes(double(c.device_memory)) + ": the CUDA context could not be made");
   if (c.device_memory == 0 && c.device != "cuda") return bad("device_memory must be positive (0: a real GPU's own size, with --device cuda)");
   if (!(c.lr > 0) || !std::isfinite(c.lr)) return bad("lr must be a positive number");
   if (c.beta1 < 0 || c.beta1 >= 1 || c.beta2 < 0 || c.beta2 >= 1) return bad("beta1 and beta2 must lie in [0, 1)");
@@ -416,6 +428,8 @@ std::string to_json(const TrainConfig& c) {
                       {"precision", c.precision},
                       {"device_memory", c.device_memory},
                       {"host_memory", c.host_memory},
+                      {"cuda_context", c.cuda_context},
+                      {"nccl_channels", c.nccl_channels},
                       {"data", c.data.empty() ? "synthetic" : c.data},
                       {"max_doc_tokens", c.max_doc_tokens},
                       {"lr", c.lr},

@@ -103,6 +103,12 @@ struct TrainConfig {
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (storage; math is fp32)
   uint64_t device_memory = 80ull << 30;  // the simulated GPU's size; with cuda a cap (0: the GPU's own)
   uint64_t host_memory = 0;        // 0 = no cap
+  // Device memory outside PyTorch's caching allocator, taken from the simulated GPU before the run
+  // allocates anything (train/outside_memory.h, issue 41): the CUDA context (none, lazy, eager or a
+  // size) and NCCL's buffers of nccl_channels ring channels when world_size > 1 (0: none). The OOM
+  // message's "free" and "this process has X memory in use" count them; allocated and reserved do not.
+  std::string cuda_context = "none";
+  int64_t nccl_channels = 0;
   std::string data;                // text or token file; empty = the built-in synthetic corpus
   int64_t max_doc_tokens = 0;      // cut each document to this many tokens (0 = off)
   int64_t synthetic_bytes = 1 << 20;

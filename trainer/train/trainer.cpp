@@ -20,6 +20,7 @@
 #include "model/gpt2.h"
 #include "model/layout.h"
 #include "train/model_shape.h"
+#include "train/outside_memory.h"
 #include "train/rank_runtime.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
@@ -689,6 +690,7 @@ Status train(const TrainConfig& cfg, probe::Recorder* rec, std::ostream* progres
     ro.device_capacity = cfg.device_memory;
     ro.host_capacity = host_per_rank;
     ro.virtual_memory = virt;
+    for (const OutsideTerm& t : outside_allocator_terms(cfg)) ro.outside_allocator.emplace_back(t.name, size_t(t.bytes));
     ro.pinned_placement = memory::parse_placement(cfg.pinned_numa);
     if (!watches.empty()) ro.watch = watches[virt ? 0 : size_t(rank / per_node)].get();
     std::unique_ptr<RankRuntime> rt;

@@ -733,8 +733,13 @@ std::vector<MemoryOp> ds1_legacy_init_ops(int64_t total, int64_t W, DType dtype)
   if (pad > 0) ops.push_back(alloc("fp16_groups_flat[0].pad_tensor", dtype, pad));
   ops.push_back(alloc("fp16_groups_flat[0]", dtype, l.padded));
   if (pad > 0) ops.push_back(release("fp16_groups_flat[0].pad_tensor"));
-  // p.data = view of the flat buffer: the engine's module parameters stand for it, but for its padding.
-  ops.push_back(release("fp16_groups_flat[0]"));
+  // p.data = view of the flat buffer: the engine's module parameters stand for it, but for its padding. What
+  // DeepSpeed frees here is the original parameters, a segment each (at most a few hundred MiB), which none of
+  // the sub-partitions below fits in: their segments stay whole and PyTorch's OOM retry returns them
+  // (the report's reserved equals its allocated). The stand-in's one segment goes back at once.
+  MemoryOp flat = release("fp16_groups_flat[0]");
+  flat.return_cached = true;
+  ops.push_back(flat);
   if (pad > 0) ops.push_back(alloc("fp16_groups_flat[0].padding", dtype, pad));
   auto name = [](int64_t j) { return "local_sub_partitions_of_fp32_groups[0][" + std::to_string(j) + "]"; };
   for (int64_t j = 0; j < l.count; ++j) {

@@ -62,6 +62,10 @@ struct MemoryOp {
   int64_t stream = -1;  // the device's default stream; 1: DeepSpeed's reduce_and_partition_stream
   bool host = false;    // on the host instead of the device (pinned when `pinned`)
   bool pinned = false;
+  // A release of a stand-in whose memory DeepSpeed frees as many small segments (one a parameter) that no
+  // later tensor of the set-up fits in: the device's unsplit cached segments go back to the GPU after it, as
+  // PyTorch's OOM retry (release_cached_blocks) returns them, instead of later tensors splitting one big one.
+  bool return_cached = false;
 };
 
 // The model and batch the activation terms are for.

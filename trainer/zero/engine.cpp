@@ -882,6 +882,8 @@ void ZeroEngine::charge(const std::vector<MemoryOp>& ops) {
     } else {
       if (!charges_.erase(op.term.name))
         throw std::logic_error("ZeroEngine: the memory term " + op.term.name + " is freed but was never charged");
+      if (op.return_cached && !op.host)
+        if (memory::DeviceAllocator* a = rt_.device_allocator()) a->empty_cache();
     }
   }
 }

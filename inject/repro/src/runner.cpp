@@ -15,6 +15,7 @@
 
 #include "data/corpus.h"
 #include "model/config.h"
+#include "train/outside_memory.h"
 #include "train/progress_filter.h"
 #include "train/trainer.h"
 #include "zt/db/trace_file.h"
@@ -50,6 +51,7 @@ std::string describe_run(const trainer::TrainConfig& c) {
   }
   s << " of " << format_bytes(double(c.device_memory));
   if (c.host_memory) s << ", host " << format_bytes(double(c.host_memory)) << (c.ranks_per_node > 0 ? " per node" : "");
+  if (const std::string o = trainer::describe_outside(c); !o.empty()) s << ", outside PyTorch's allocator " << o;
   s << ", micro-batch " << c.micro_batch << " x accumulation " << c.grad_accum;
   if (c.grad_clip > 0) s << ", clip " << c.grad_clip;
   if (c.steps) s << ", " << c.steps << " steps";
@@ -116,6 +118,7 @@ Status run_one(const trainer::TrainConfig& cfg_in, const std::string& label, con
   ctx.faults = cfg.faults;
   ctx.train_status = out->status;
   ctx.unmodeled_keys = cfg.unmodeled_memory_keys;
+  ctx.outside_allocator_bytes = int64_t(trainer::outside_allocator_bytes(cfg));
   Evidence ev = read_evidence(out->trace, x.error);
   out->judgement = is_fix ? judge_fix(x, ctx, std::move(ev)) : judge_bug(x, ctx, std::move(ev));
   return Status::Ok();
@@ -272,6 +275,8 @@ void print_verdict(const ReproResult& r, std::ostream& out) {
       off += (off.empty() ? "" : ", ") + f.name + pct;
     }
   if (!off.empty()) out << "; figure" << (off.find(',') == std::string::npos ? " " : "s ") << "off: " << off;
+  for (const auto& f : r.bug.judgement.figures)
+    if (!f.depends_on.empty()) out << "; " << f.name << " not judged";
   out << "  (" << variant_name(r.variant) << ", seed " << r.seed << ")\n";
   out << "  report    " << r.report_id << ": " << r.report_title << "\n";
   auto row = [&](const char* label, const std::string& text) { out << "  " << label << text << "\n"; };
@@ -350,6 +355,9 @@ void print_verdict(const ReproResult& r, std::ostream& out) {
   }
   for (auto& c : r.bug.judgement.checks)
     out << "  check     [" << outcome_name(c.outcome) << "] " << c.name << ": " << c.detail << "\n";
+  for (auto& f : r.bug.judgement.figures)
+    if (!f.depends_on.empty())
+      out << "  not judged figure " << f.name << ": " << f.detail << "; it depends on " << f.depends_on << "\n";
   if (!r.fix_description.empty()) row("fix       ", r.fix_description);
   if (!r.fix_quote.empty()) row("report    ", quoted_once(r.fix_quote));
   out << "  fix run   " << cure_word(r.cured) << ": " << r.fix.summary << "\n";

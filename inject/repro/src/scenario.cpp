@@ -20,6 +20,7 @@
 #include "train/hf_config.h"
 #include "train/run_args.h"
 #include "train/model_shape.h"
+#include "train/outside_memory.h"
 #include "zero/ds_memory.h"
 #include "zero/optimizer_memory.h"
 #include "zt/common/files.h"
@@ -393,10 +394,17 @@ std::vector<Figure> read_figures(const Reader& r, const YAML::Node& n, const std
     };
     if (v.IsMap()) {
       bool have_size = false;
-      r.each(v, w, {"size", "tolerance"}, [&](const std::string& fk, const YAML::Node&, const YAML::Node& fv) {
+      r.each(v, w, {"size", "tolerance", "depends_on"}, [&](const std::string& fk, const YAML::Node&, const YAML::Node& fv) {
         if (fk == "size") {
           size(fv, w + ".size");
           have_size = true;
+        } else if (fk == "depends_on") {
+          f.depends_on = r.str(fv, w + ".depends_on");
+          if (key != "free")
+            r.fail(fv, w + ".depends_on: only free depends on memory outside PyTorch's allocator (the CUDA context, "
+                           "other processes); every other figure is judged");
+          if (f.depends_on.find_first_not_of(" \t") == std::string::npos)
+            r.fail(fv, w + ".depends_on: say what the figure depends on that no source gives");
         } else {
           f.tolerance = read_tolerance(r, fv, w + ".tolerance");
         }
@@ -726,10 +734,25 @@ void read_scenario(const Reader& r, const YAML::Node& root, Scenario& s) {
            } else if (key == "cluster") {
              have_cluster = true;
              std::map<std::string, int> lines;
-             r.each(v, "cluster", {"nodes", "gpus_per_node", "gpu", "gpu_memory", "host_memory", "memory_watchdog"},
+             r.each(v, "cluster",
+                    {"nodes", "gpus_per_node", "gpu", "gpu_memory", "host_memory", "memory_watchdog", "cuda_context",
+                     "nccl_channels"},
                     [&](const std::string& k, const YAML::Node&, const YAML::Node& x) {
                       lines[k] = line_of(x);
                       const std::string w = "cluster." + k;
+                      if (k == "cuda_context") {
+                        s.cuda_context = r.str(x, w);
+                        s.cuda_context_given = true;
+                        if (std::string why; !trainer::cuda_context_bytes(s.cuda_context, &why)) r.fail(x, w + ": " + why);
+                        return;
+                      }
+                      if (k == "nccl_channels") {
+                        s.nccl_channels = r.integer(x, w);
+                        s.nccl_channels_given = true;
+                        if (s.nccl_channels < 0 || s.nccl_channels > trainer::kNcclMaxChannels)
+                          r.fail(x, w + ": must lie in 0 .. 64 (NCCL's MAXCHANNELS)");
+                        return;
+                      }
                       if (k == "memory_watchdog") std::tie(s.watchdog, s.watchdog_kill_at) = read_watchdog(r, x, w);
                       else if (k == "nodes") s.nodes = r.integer(x, w);
                       else if (k == "gpus_per_node") s.gpus_per_node = r.integer(x, w);
@@ -741,6 +764,9 @@ void read_scenario(const Reader& r, const YAML::Node& root, Scenario& s) {
                       if (k == "gpu_memory" && s.gpu_memory == 0) r.fail(x, w + ": a GPU has more than 0 bytes");
                     });
              if (!lines.count("gpu_memory")) r.fail(v, "cluster: gpu_memory is missing (79.32GiB for an 80 GB card)");
+             if (lines.count("cuda_context") && trainer::cuda_context_bytes(s.cuda_context).value_or(0) >= s.gpu_memory)
+               r.fail(lines["cuda_context"], "cluster.cuda_context: " + s.cuda_context + " does not fit the GPU of " +
+                                                 format_bytes(double(s.gpu_memory)) + " (cluster.gpu_memory)");
            } else if (key == "train") {
              s.train = read_settings(r, v, "train");
            } else if (key == "train_args") {
@@ -890,6 +916,8 @@ Status resolve(const Scenario& s, Variant v, bool fix, std::optional<uint64_t> s
       c.ranks_per_node = gpus;
       c.device_memory = f && f->gpu_memory ? *f->gpu_memory : s.gpu_memory;
       c.host_memory = f && f->host_memory ? *f->host_memory : s.host_memory;
+      c.cuda_context = s.cuda_context;
+      c.nccl_channels = s.nccl_channels;
     } else {
       const FixSpec* f = fix && s.small.fix ? &*s.small.fix : nullptr;
       const int64_t world = f && f->world_size ? *f->world_size : s.small.world_size;

@@ -38,7 +38,11 @@ struct Figure {
   uint64_t bytes = 0;       // the report's value
   std::string text;         // as written ("7.32GiB")
   double tolerance = 0.10;  // relative: |predicted - reported| / reported
+  // `free` only: what the figure depends on that no source gives (the CUDA context of the report's stack,
+  // another process on the card). Such a figure is printed, predicted against reported with the band of
+  // outside memory it holds for, but not judged: the verdict says so and names it.
   int line = 0;
+  std::string depends_on;  // (after `line`: tests list the fields above in order)
 };
 // The figures a report can give, in the order they are checked and printed: tried_to_allocate,
 // already_allocated, reserved, capacity, free (PyTorch's OOM message), host_rss (the host memory a
@@ -123,6 +127,13 @@ struct Scenario {
   std::string gpu;  // "A100 80GB", for messages
   uint64_t gpu_memory = 80ull << 30;
   uint64_t host_memory = 0;  // per node; 0 = no cap
+  // cluster.cuda_context and cluster.nccl_channels: the full-size run's device memory outside PyTorch's
+  // allocator (train/outside_memory.h). Not given: the smallest documented context (lazy loading), and
+  // NCCL's ring over 2 channels where there is more than one GPU (each an assumption the run prints).
+  // The small variant charges none (its GPUs are a few MiB).
+  std::string cuda_context = "lazy";
+  int64_t nccl_channels = 2;
+  bool cuda_context_given = false, nccl_channels_given = false;
   // cluster.memory_watchdog: a job killed when its node's memory in use reaches kill_at of it (Ray,
   // Kubernetes, systemd-oomd, Slurm); both variants run under it. kill_at 0: none.
   std::string watchdog;

@@ -99,6 +99,11 @@ struct FigureCheck {
   std::optional<double> relative_error;  // (predicted - reported) / reported
   double tolerance = 0.10;
   Outcome outcome = Outcome::Unknown;
+  // `free` only: the band of memory outside PyTorch's allocator over which the figure holds, the run's
+  // error kept (free moves byte for byte with it); lo > hi: none does (the reserved side is off).
+  std::optional<std::pair<int64_t, int64_t>> outside_band;
+  std::string depends_on;  // Figure::depends_on: printed, not judged (outcome Unknown, not among the checks)
+  std::string detail;      // the check's sentence
 };
 
 // Where each figure's prediction comes from, read from the trace at the failure:
@@ -132,6 +137,10 @@ struct JudgeContext {
   // DeepSpeed keys of the run's config that change memory zerotrace does not model
   // (TrainConfig::unmodeled_memory_keys): any makes the judgement unknown (INCONCLUSIVE), naming them.
   std::vector<std::string> unmodeled_keys;
+  // The device memory the run charged outside PyTorch's allocator (the CUDA context, NCCL's buffers:
+  // train/outside_memory.h). The `free` figure is capacity - reserved - this: its check also says over
+  // which band of this memory the report's free holds, the same error kept.
+  int64_t outside_allocator_bytes = 0;
 };
 
 RunJudgement judge_bug(const Expectation& e, const JudgeContext& ctx, Evidence ev);
