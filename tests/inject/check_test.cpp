@@ -1192,3 +1192,55 @@ TEST(CheckBudget, AMemoryTheTraceDoesNotRecordCannotRun) {
   EXPECT_TRUE(has(format_text(over), "not checked: cuda: the trace records no accelerator device")) << format_text(over);
   EXPECT_EQ(only(budget("host=1GiB"), "budget").outcome, Outcome::Pass);
 }
+
+// zt probe of a job with forked DataLoader workers leaves the root's trace and one per worker beside it
+// ("job.pidPID.db", the same run_id in each run row). `zt check --leaks job.db` compared the root's
+// process only and passed (exit 0) while every worker leaked (found 2026-11-29 on the PyTorch tutorial's
+// loop with num_workers=2): the pass did not speak for them. It cannot run, and says how to merge them.
+TEST(CheckLeaks, ATraceWithItsRunsOtherProcessesBesideItDoesNotPassForThem) {
+  test::TempDir dir;
+  LoopShape root;
+  root.config = R"({"probe":"libzt_probe.so","host_threshold":1048576,"run_id":"4242-abc"})";
+  const std::string path = loop_trace(dir, "job.db", root);
+  Report alone = run(path, leaks_only());
+  ASSERT_EQ(only(alone, "leaks").outcome, Outcome::Pass) << format_text(alone);
+
+  LoopShape worker = root;
+  worker.config = R"({"probe":"libzt_probe.so","host_threshold":1048576,"run_id":"4242-abc","forked_from":4242})";
+  worker.kept_per_step = 256 << 10;
+  loop_trace(dir, "job.pid4251.db", worker);
+  LoopShape stranger = root;  // another run's file at a name of this stem: not this run's
+  stranger.config = R"({"probe":"libzt_probe.so","run_id":"999-old"})";
+  loop_trace(dir, "job.pid17.db", stranger);
+  loop_trace(dir, "jobs.pid18.db", worker);  // another stem
+  Report named = run(path, leaks_only());
+  const CheckResult& c = only(named, "leaks");
+  EXPECT_EQ(c.outcome, Outcome::CannotRun) << format_text(named);
+  EXPECT_TRUE(named.failed());
+  EXPECT_TRUE(has(c.summary, "only this trace's own process was compared: 1 more trace of this run lies beside this one"))
+      << c.summary;
+  EXPECT_TRUE(has(c.summary, "merge them and check the merged trace: zt db merge " + dir.file("job.merged.db") + " " +
+                                 path + " " + dir.file("job.pid4251.db")))
+      << c.summary;
+  EXPECT_FALSE(has(c.summary, "job.pid17.db")) << c.summary;
+  EXPECT_FALSE(has(c.summary, "jobs.pid18.db")) << c.summary;
+  ASSERT_FALSE(c.context.empty());
+  EXPECT_TRUE(has(c.context[0], "in this trace's own process: live bytes at window start and end do not grow")) << c.context[0];
+  // In the default set it is a skip, and says the same.
+  Report all = run(path, Options{});
+  EXPECT_EQ(only(all, "leaks").outcome, Outcome::Skip) << format_text(all);
+
+  // The worker's own trace, or a merged one, has no other traces of its stem: checked as before.
+  Report own = run(dir.file("job.pid4251.db"), leaks_only());
+  EXPECT_EQ(only(own, "leaks").outcome, Outcome::Fail) << format_text(own);
+  // A root that fails keeps its failure, and says what was not compared.
+  LoopShape leaky = root;
+  leaky.kept_per_step = 256 << 10;
+  const std::string leaky_path = loop_trace(dir, "leaky.db", leaky);
+  loop_trace(dir, "leaky.pid4251.db", worker);
+  Report failed = run(leaky_path, leaks_only());
+  const CheckResult& f = only(failed, "leaks");
+  EXPECT_EQ(f.outcome, Outcome::Fail) << format_text(failed);
+  ASSERT_FALSE(f.context.empty());
+  EXPECT_TRUE(has(f.context.back(), "1 more trace of this run lies beside this one")) << f.context.back();
+}

@@ -6,9 +6,11 @@
 // they make up must stand out of its sampling error (3 standard errors). The rules and their
 // reasons are in inject/check/README.md.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <set>
+#include <string_view>
 #include <tuple>
 
 #include "trace_data.h"
@@ -283,6 +285,41 @@ std::optional<Values> aggregate_values(const TraceData& d, int64_t rank, const S
     out.at.push_back(s.kind == Series::End ? w->t_end : w->t_start);
   }
   return out;
+}
+
+// A path as a POSIX shell reads it back (zt probe's shell_quote, zt/probe/probe_config.h, spells the
+// same rule; zt check does not link the probe): unchanged when made only of characters no shell
+// treats specially, else in single quotes.
+std::string shell_word(const std::string& w) {
+  bool plain = !w.empty();
+  for (unsigned char c : w) plain = plain && (std::isalnum(c) || std::string_view("_@%+=:,./-").find(char(c)) != std::string_view::npos);
+  if (plain) return w;
+  std::string out = "'";
+  for (char c : w) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// A probed run of several processes (forked DataLoader workers, helpers, other ranks) leaves one trace per
+// process; this trace holds one of them. Their allocations were not compared: a pass here does not
+// speak for them, so it is a skip (CANNOT RUN when --leaks was named), and the merge is said.
+void others_of_run(const TraceData& d, CheckResult* r) {
+  if (d.run_others.empty()) return;
+  const size_t n = d.run_others.size();
+  std::string merged = d.path();
+  if (merged.size() > 3 && merged.compare(merged.size() - 3, 3, ".db") == 0) merged.resize(merged.size() - 3);
+  std::string merge = "zt db merge " + shell_word(merged + ".merged.db") + " " + shell_word(d.path());
+  for (auto& p : d.run_others) merge += " " + shell_word(p);
+  const std::string these = std::to_string(n) + " more trace" + (n == 1 ? "" : "s") + " of this run lie" +
+                            (n == 1 ? "s" : "") + " beside this one (its other processes: forked DataLoader workers, "
+                            "helpers, other ranks; docs/probe.md, \"Processes\")";
+  if (r->outcome == Outcome::Pass) {
+    r->context.insert(r->context.begin(), "in this trace's own process: " + r->summary);
+    r->outcome = Outcome::Skip;
+    r->summary = "only this trace's own process was compared: " + these +
+                 ", and their allocations were not; merge them and check the merged trace: " + merge;
+  } else {
+    r->context.push_back(these + ", and were not compared; merge them and check the merged trace: " + merge);
+  }
 }
 
 }  // namespace
@@ -644,6 +681,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
                       "zt probe (or zt train, zt import)"
                     : "nothing to compare: the trace has no epochs, no steps and no span of time to cut into "
                       "windows; mark epochs (zerotrace.epoch(n), docs/python-jobs.md) or record a longer run";
+    others_of_run(d, &r);
     return Status::Ok();
   }
 
@@ -686,6 +724,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
                         "allocations was not looked at there");
   if (!d.derived_markers.empty()) r.context.push_back(d.derived_markers);
   for (auto& w : within_error) r.summary += "; " + w;
+  others_of_run(d, &r);
   return Status::Ok();
 }
 
