@@ -13,6 +13,7 @@
 #include "check_traces.h"
 #include "zt/check/check.h"
 #include "zt/common/units.h"
+#include "zt/db/export.h"
 #include "zt/db/trace_reader.h"
 #include "zt/probe/recorder.h"
 #include "zt/probe/synthetic.h"
@@ -830,35 +831,36 @@ struct LoopShape {
   // `sampled_every`-th step, each standing for kWeight bytes (the default interval's weight).
   int sampled_per_step = 0;
   int sampled_every = 1;
+  int64_t rank = 0;
 };
 
 std::string loop_trace(const test::TempDir& dir, const std::string& name, const LoopShape& l) {
   std::string path = dir.file(name);
   TraceBuilder b(path);
   b.run(l.config, db::RunStatus::Ok, test::step_t0(l.steps) + 500);
-  b.rank(0, 1);
-  const int64_t cpu = b.device(0, db::DeviceKind::Cpu, "cpu");
+  b.rank(l.rank, 1);
+  const int64_t cpu = b.device(l.rank, db::DeviceKind::Cpu, "cpu");
   const auto host = db::MemoryKind::PageableHost;
   const auto seg = db::AllocLevel::Segment;
-  b.alloc(0, cpu, host, "", 2 * kMiB, 500, std::nullopt, seg);
+  b.alloc(l.rank, cpu, host, "", 2 * kMiB, 500, std::nullopt, seg);
   for (int s = 0; s < l.steps; ++s) {
     const int64_t t0 = test::step_t0(s);
     if (l.step_markers) {
       const std::optional<int64_t> epoch = l.steps_per_epoch ? std::optional<int64_t>(s / l.steps_per_epoch) : std::nullopt;
-      if (l.as_ranges) b.marker(0, db::MarkerKind::Range, "zerotrace::step " + std::to_string(s), t0, t0 + 90, {}, {});
-      else b.marker(0, db::MarkerKind::Step, "step " + std::to_string(s), t0, t0 + 90, s, epoch);
+      if (l.as_ranges) b.marker(l.rank, db::MarkerKind::Range, "zerotrace::step " + std::to_string(s), t0, t0 + 90, {}, {});
+      else b.marker(l.rank, db::MarkerKind::Step, "step " + std::to_string(s), t0, t0 + 90, s, epoch);
     }
-    b.alloc(0, cpu, host, "", 8 * kMiB, t0 + 10, t0 + 60, seg);
-    if (l.kept_per_step) b.alloc(0, cpu, host, "", l.kept_per_step, t0 + 70, std::nullopt, seg);
+    b.alloc(l.rank, cpu, host, "", 8 * kMiB, t0 + 10, t0 + 60, seg);
+    if (l.kept_per_step) b.alloc(l.rank, cpu, host, "", l.kept_per_step, t0 + 70, std::nullopt, seg);
     if (s % l.sampled_every == 0)
-      for (int i = 0; i < l.sampled_per_step; ++i) b.alloc(0, cpu, host, "", kSmall, t0 + 75, std::nullopt, seg, kWeight);
+      for (int i = 0; i < l.sampled_per_step; ++i) b.alloc(l.rank, cpu, host, "", kSmall, t0 + 75, std::nullopt, seg, kWeight);
   }
   if (l.steps_per_epoch)
     for (int e = 0; e * l.steps_per_epoch < l.steps; ++e) {
       const int64_t t0 = test::step_t0(e * l.steps_per_epoch) - 5;
       const int64_t t1 = test::step_t0(std::min(l.steps, (e + 1) * l.steps_per_epoch)) - 8;
-      if (l.as_ranges) b.marker(0, db::MarkerKind::Range, "zerotrace::epoch " + std::to_string(e), t0, t1, {}, {});
-      else b.marker(0, db::MarkerKind::Epoch, "epoch " + std::to_string(e), t0, t1, {}, e);
+      if (l.as_ranges) b.marker(l.rank, db::MarkerKind::Range, "zerotrace::epoch " + std::to_string(e), t0, t1, {}, {});
+      else b.marker(l.rank, db::MarkerKind::Epoch, "epoch " + std::to_string(e), t0, t1, {}, e);
     }
   if (l.extra) l.extra(b);
   b.finish();
@@ -1243,4 +1245,32 @@ TEST(CheckLeaks, ATraceWithItsRunsOtherProcessesBesideItDoesNotPassForThem) {
   EXPECT_EQ(f.outcome, Outcome::Fail) << format_text(failed);
   ASSERT_FALSE(f.context.empty());
   EXPECT_TRUE(has(f.context.back(), "1 more trace of this run lies beside this one")) << f.context.back();
+}
+
+// Windows of time are cut from each process's own life: the summary said "4 windows of 36.76 ms between
+// the run's first and last tenth (...)" once per process, eleven times over a DataLoader's workers (found
+// 2026-11-29). Said once, with how many processes and the range of the windows' lengths.
+TEST(CheckLeaks, WindowsOfTimeOfManyProcessesAreSaidOnce) {
+  test::TempDir dir;
+  std::vector<std::string> inputs;
+  for (int steps : {40, 60, 80}) {
+    LoopShape l;
+    l.config = "{}";
+    l.step_markers = false;
+    l.steps = steps;
+    l.kept_per_step = steps == 80 ? 256 << 10 : 0;
+    l.rank = steps / 20 - 2;  // ranks 0, 1, 2
+    inputs.push_back(loop_trace(dir, "p" + std::to_string(steps) + ".db", l));
+  }
+  const std::string merged = dir.file("merged.db");
+  Status m = db::merge_traces(merged, inputs, false);
+  ASSERT_TRUE(m.ok()) << m.message();
+  Report r = run(merged, leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  EXPECT_EQ(c.findings.size(), 1u) << format_text(r);
+  EXPECT_TRUE(has(c.summary, "over 4 windows of time in each of 3 processes (")) << c.summary;
+  EXPECT_TRUE(has(c.summary, " each), between the first tenth of its run, or the end of its imports, and its last tenth"))
+      << c.summary;
+  EXPECT_FALSE(has(c.summary, "between the run's first and last tenth")) << c.summary;
 }

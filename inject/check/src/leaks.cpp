@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <set>
 #include <string_view>
@@ -36,6 +37,7 @@ struct Basis {
   std::vector<Window> windows;
   bool warmup = true;  // the first interval is left out (three windows or more)
   std::string words;   // "3 epochs", "4 windows of 3 steps", "4 windows of 2.25 s between the run's first and last tenth"
+  int64_t width = 0;   // windows of time: each window's length
   const char* unit() const { return kind == BasisKind::Epochs ? "epoch" : "window"; }
 };
 
@@ -165,6 +167,7 @@ std::optional<Basis> basis_of(const TraceData& d, int64_t rank, int64_t last_eve
                          "window " + std::to_string(w) + " (" + format_duration_ns(double(a - t0)) + "-" +
                              format_duration_ns(double(z - t0)) + ")"});
   }
+  b.width = width;
   b.words = std::to_string(kWindows) + " windows of " + format_duration_ns(double(width)) +
             (after_imports ? " between the end of its imports (" + format_duration_ns(double(imports_end - t0)) +
                                  ") and the run's last tenth"
@@ -379,9 +382,11 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
   std::set<BasisKind> kinds;
   size_t max_epochs = 0;
   std::vector<std::string> window_words;
+  std::set<const Basis*> time_bases;  // windows of time: one per process, said once in the summary
   auto used = [&](const Basis& b) {
     kinds.insert(b.kind);
     if (b.kind == BasisKind::Epochs) max_epochs = std::max(max_epochs, b.windows.size());
+    else if (b.kind == BasisKind::TimeWindows) time_bases.insert(&b);
     else if (std::find(window_words.begin(), window_words.end(), b.words) == window_words.end())
       window_words.push_back(b.words);
   };
@@ -696,6 +701,19 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
   std::string over;
   if (max_epochs) over = std::to_string(max_epochs) + " epochs";
   for (auto& w : window_words) over += (over.empty() ? "" : "; ") + w;
+  if (time_bases.size() == 1) {
+    over += (over.empty() ? "" : "; ") + (*time_bases.begin())->words;
+  } else if (!time_bases.empty()) {
+    // Each process's windows are cut from its own life: said once, with the range of their lengths (they
+    // were repeated once per process: eleven times over a DataLoader's workers).
+    int64_t shortest = INT64_MAX, longest = 0;
+    for (const Basis* b : time_bases) shortest = std::min(shortest, b->width), longest = std::max(longest, b->width);
+    over += (over.empty() ? "" : "; ") + std::to_string(kWindows) + " windows of time in each of " +
+            std::to_string(time_bases.size()) + " processes (" + format_duration_ns(double(shortest)) +
+            (shortest == longest ? "" : " to " + format_duration_ns(double(longest))) +
+            " each), between the first tenth of its run, or the end of its imports, and its last tenth (no epochs or "
+            "steps there: windows of time)";
+  }
   const std::string rss_limit = format_bytes(double(rss_threshold)) + " per " + unit;
   const int leaking = int(r.findings.size()) - rss_findings;
   if (!r.findings.empty()) {
