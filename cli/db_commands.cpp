@@ -695,8 +695,20 @@ int db_top(const std::string& path, const db::TopOptions& o) {
   if (devices.empty()) std::cout << "no allocations" << (o.device.empty() ? "" : " on " + o.device) << "\n";
   bool many_ranks = false;
   for (auto& d : devices) many_ranks = many_ranks || d.rank != devices.front().rank;
+  // A launcher's, helper's or forked worker's key is not a rank (rank.role): its role and pid instead, as
+  // zt db info and zt check name it ("cpu of worker process 4251 of rank 0", not "cpu of rank 1").
+  std::vector<db::RankRow> ranks;
+  if (many_ranks)
+    if (Status s = reader->read(&ranks); !s) return fail(s.message());
+  auto who = [&](int64_t key) {
+    for (auto& r : ranks)
+      if (r.rank == key && r.role != db::RankRole::Rank)
+        return std::string(db::to_string(r.role)) + " process " + std::to_string(r.pid) +
+               (r.role != db::RankRole::Launcher && r.job_rank ? " of rank " + std::to_string(*r.job_rank) : "");
+    return "rank " + std::to_string(key);
+  };
   for (auto& d : devices) {
-    std::cout << "\n" << d.device.label << (many_ranks ? " of rank " + std::to_string(d.rank) : "") << ": ";
+    std::cout << "\n" << d.device.label << (many_ranks ? " of " + who(d.rank) : "") << ": ";
     // A capped trace: where these figures come from (the aggregates), or what the detail leaves out.
     const std::string source = d.source.empty() ? "" : "  " + d.source + "\n";
     if (!d.note.empty()) {

@@ -755,3 +755,35 @@ TEST(Cli, DbInfoListsALaunchersAndHelpersApartFromTheRanks) {
             std::string::npos)
       << info.out;
 }
+
+// zt db top on a merged trace of a job and its forked DataLoader worker headed the worker's table
+// "cpu of rank 1" (found 2026-11-29 on the PyTorch tutorial's loop with num_workers=2), where zt db info
+// and zt check name it "worker process 4251 of rank 0". It names it so too.
+TEST(Cli, DbTopNamesAWorkerByItsRoleAndPid) {
+  zt::test::TempDir dir;
+  const std::string path = dir.file("job.db");
+  {
+    auto w = zt::test::hand_written_trace(path, "python3 train.py");  // rank 0 of 1
+    ASSERT_TRUE(w);
+    zt::db::RankRow worker{1, 1, 1, std::nullopt, "h", 4251};
+    worker.role = zt::db::RankRole::Worker;
+    worker.job_rank = 0;
+    w->insert(worker);
+    for (int64_t key : {0, 1}) {
+      zt::db::DeviceRow d;
+      d.id = key + 1, d.rank = key, d.kind = zt::db::DeviceKind::Cpu, d.label = "cpu", d.name = "host memory";
+      w->insert(d);
+      zt::db::AllocationRow a;
+      a.id = key + 1, a.rank = key, a.device_id = key + 1, a.memory_kind = zt::db::MemoryKind::PageableHost;
+      a.address = 0x1000 * uint64_t(key + 1), a.bytes = a.requested_bytes = (2 + key) << 20, a.t_alloc = 10;
+      w->insert(a);
+    }
+    w->commit();
+    ASSERT_TRUE(w->finish());
+  }
+  Result top = run_zt("db top " + path);
+  ASSERT_EQ(top.code, 0) << top.out;
+  EXPECT_NE(top.out.find("\ncpu of rank 0: 2.00 MiB"), std::string::npos) << top.out;
+  EXPECT_NE(top.out.find("\ncpu of worker process 4251 of rank 0: 3.00 MiB"), std::string::npos) << top.out;
+  EXPECT_EQ(top.out.find("cpu of rank 1"), std::string::npos) << top.out;
+}

@@ -13,6 +13,7 @@
 #include "check_traces.h"
 #include "zt/check/check.h"
 #include "zt/common/units.h"
+#include "zt/db/export.h"
 #include "zt/db/trace_reader.h"
 #include "zt/probe/recorder.h"
 #include "zt/probe/synthetic.h"
@@ -830,35 +831,36 @@ struct LoopShape {
   // `sampled_every`-th step, each standing for kWeight bytes (the default interval's weight).
   int sampled_per_step = 0;
   int sampled_every = 1;
+  int64_t rank = 0;
 };
 
 std::string loop_trace(const test::TempDir& dir, const std::string& name, const LoopShape& l) {
   std::string path = dir.file(name);
   TraceBuilder b(path);
   b.run(l.config, db::RunStatus::Ok, test::step_t0(l.steps) + 500);
-  b.rank(0, 1);
-  const int64_t cpu = b.device(0, db::DeviceKind::Cpu, "cpu");
+  b.rank(l.rank, 1);
+  const int64_t cpu = b.device(l.rank, db::DeviceKind::Cpu, "cpu");
   const auto host = db::MemoryKind::PageableHost;
   const auto seg = db::AllocLevel::Segment;
-  b.alloc(0, cpu, host, "", 2 * kMiB, 500, std::nullopt, seg);
+  b.alloc(l.rank, cpu, host, "", 2 * kMiB, 500, std::nullopt, seg);
   for (int s = 0; s < l.steps; ++s) {
     const int64_t t0 = test::step_t0(s);
     if (l.step_markers) {
       const std::optional<int64_t> epoch = l.steps_per_epoch ? std::optional<int64_t>(s / l.steps_per_epoch) : std::nullopt;
-      if (l.as_ranges) b.marker(0, db::MarkerKind::Range, "zerotrace::step " + std::to_string(s), t0, t0 + 90, {}, {});
-      else b.marker(0, db::MarkerKind::Step, "step " + std::to_string(s), t0, t0 + 90, s, epoch);
+      if (l.as_ranges) b.marker(l.rank, db::MarkerKind::Range, "zerotrace::step " + std::to_string(s), t0, t0 + 90, {}, {});
+      else b.marker(l.rank, db::MarkerKind::Step, "step " + std::to_string(s), t0, t0 + 90, s, epoch);
     }
-    b.alloc(0, cpu, host, "", 8 * kMiB, t0 + 10, t0 + 60, seg);
-    if (l.kept_per_step) b.alloc(0, cpu, host, "", l.kept_per_step, t0 + 70, std::nullopt, seg);
+    b.alloc(l.rank, cpu, host, "", 8 * kMiB, t0 + 10, t0 + 60, seg);
+    if (l.kept_per_step) b.alloc(l.rank, cpu, host, "", l.kept_per_step, t0 + 70, std::nullopt, seg);
     if (s % l.sampled_every == 0)
-      for (int i = 0; i < l.sampled_per_step; ++i) b.alloc(0, cpu, host, "", kSmall, t0 + 75, std::nullopt, seg, kWeight);
+      for (int i = 0; i < l.sampled_per_step; ++i) b.alloc(l.rank, cpu, host, "", kSmall, t0 + 75, std::nullopt, seg, kWeight);
   }
   if (l.steps_per_epoch)
     for (int e = 0; e * l.steps_per_epoch < l.steps; ++e) {
       const int64_t t0 = test::step_t0(e * l.steps_per_epoch) - 5;
       const int64_t t1 = test::step_t0(std::min(l.steps, (e + 1) * l.steps_per_epoch)) - 8;
-      if (l.as_ranges) b.marker(0, db::MarkerKind::Range, "zerotrace::epoch " + std::to_string(e), t0, t1, {}, {});
-      else b.marker(0, db::MarkerKind::Epoch, "epoch " + std::to_string(e), t0, t1, {}, e);
+      if (l.as_ranges) b.marker(l.rank, db::MarkerKind::Range, "zerotrace::epoch " + std::to_string(e), t0, t1, {}, {});
+      else b.marker(l.rank, db::MarkerKind::Epoch, "epoch " + std::to_string(e), t0, t1, {}, e);
     }
   if (l.extra) l.extra(b);
   b.finish();
@@ -1191,4 +1193,84 @@ TEST(CheckBudget, AMemoryTheTraceDoesNotRecordCannotRun) {
   EXPECT_EQ(only(over, "budget").outcome, Outcome::Fail) << format_text(over);
   EXPECT_TRUE(has(format_text(over), "not checked: cuda: the trace records no accelerator device")) << format_text(over);
   EXPECT_EQ(only(budget("host=1GiB"), "budget").outcome, Outcome::Pass);
+}
+
+// zt probe of a job with forked DataLoader workers leaves the root's trace and one per worker beside it
+// ("job.pidPID.db", the same run_id in each run row). `zt check --leaks job.db` compared the root's
+// process only and passed (exit 0) while every worker leaked (found 2026-11-29 on the PyTorch tutorial's
+// loop with num_workers=2): the pass did not speak for them. It cannot run, and says how to merge them.
+TEST(CheckLeaks, ATraceWithItsRunsOtherProcessesBesideItDoesNotPassForThem) {
+  test::TempDir dir;
+  LoopShape root;
+  root.config = R"({"probe":"libzt_probe.so","host_threshold":1048576,"run_id":"4242-abc"})";
+  const std::string path = loop_trace(dir, "job.db", root);
+  Report alone = run(path, leaks_only());
+  ASSERT_EQ(only(alone, "leaks").outcome, Outcome::Pass) << format_text(alone);
+
+  LoopShape worker = root;
+  worker.config = R"({"probe":"libzt_probe.so","host_threshold":1048576,"run_id":"4242-abc","forked_from":4242})";
+  worker.kept_per_step = 256 << 10;
+  loop_trace(dir, "job.pid4251.db", worker);
+  LoopShape stranger = root;  // another run's file at a name of this stem: not this run's
+  stranger.config = R"({"probe":"libzt_probe.so","run_id":"999-old"})";
+  loop_trace(dir, "job.pid17.db", stranger);
+  loop_trace(dir, "jobs.pid18.db", worker);  // another stem
+  Report named = run(path, leaks_only());
+  const CheckResult& c = only(named, "leaks");
+  EXPECT_EQ(c.outcome, Outcome::CannotRun) << format_text(named);
+  EXPECT_TRUE(named.failed());
+  EXPECT_TRUE(has(c.summary, "only this trace's own process was compared: 1 more trace of this run lies beside this one"))
+      << c.summary;
+  EXPECT_TRUE(has(c.summary, "merge them and check the merged trace: zt db merge " + dir.file("job.merged.db") + " " +
+                                 path + " " + dir.file("job.pid4251.db")))
+      << c.summary;
+  EXPECT_FALSE(has(c.summary, "job.pid17.db")) << c.summary;
+  EXPECT_FALSE(has(c.summary, "jobs.pid18.db")) << c.summary;
+  ASSERT_FALSE(c.context.empty());
+  EXPECT_TRUE(has(c.context[0], "in this trace's own process: live bytes at window start and end do not grow")) << c.context[0];
+  // In the default set it is a skip, and says the same.
+  Report all = run(path, Options{});
+  EXPECT_EQ(only(all, "leaks").outcome, Outcome::Skip) << format_text(all);
+
+  // The worker's own trace, or a merged one, has no other traces of its stem: checked as before.
+  Report own = run(dir.file("job.pid4251.db"), leaks_only());
+  EXPECT_EQ(only(own, "leaks").outcome, Outcome::Fail) << format_text(own);
+  // A root that fails keeps its failure, and says what was not compared.
+  LoopShape leaky = root;
+  leaky.kept_per_step = 256 << 10;
+  const std::string leaky_path = loop_trace(dir, "leaky.db", leaky);
+  loop_trace(dir, "leaky.pid4251.db", worker);
+  Report failed = run(leaky_path, leaks_only());
+  const CheckResult& f = only(failed, "leaks");
+  EXPECT_EQ(f.outcome, Outcome::Fail) << format_text(failed);
+  ASSERT_FALSE(f.context.empty());
+  EXPECT_TRUE(has(f.context.back(), "1 more trace of this run lies beside this one")) << f.context.back();
+}
+
+// Windows of time are cut from each process's own life: the summary said "4 windows of 36.76 ms between
+// the run's first and last tenth (...)" once per process, eleven times over a DataLoader's workers (found
+// 2026-11-29). Said once, with how many processes and the range of the windows' lengths.
+TEST(CheckLeaks, WindowsOfTimeOfManyProcessesAreSaidOnce) {
+  test::TempDir dir;
+  std::vector<std::string> inputs;
+  for (int steps : {40, 60, 80}) {
+    LoopShape l;
+    l.config = "{}";
+    l.step_markers = false;
+    l.steps = steps;
+    l.kept_per_step = steps == 80 ? 256 << 10 : 0;
+    l.rank = steps / 20 - 2;  // ranks 0, 1, 2
+    inputs.push_back(loop_trace(dir, "p" + std::to_string(steps) + ".db", l));
+  }
+  const std::string merged = dir.file("merged.db");
+  Status m = db::merge_traces(merged, inputs, false);
+  ASSERT_TRUE(m.ok()) << m.message();
+  Report r = run(merged, leaks_only());
+  const CheckResult& c = only(r, "leaks");
+  ASSERT_EQ(c.outcome, Outcome::Fail) << format_text(r);
+  EXPECT_EQ(c.findings.size(), 1u) << format_text(r);
+  EXPECT_TRUE(has(c.summary, "over 4 windows of time in each of 3 processes (")) << c.summary;
+  EXPECT_TRUE(has(c.summary, " each), between the first tenth of its run, or the end of its imports, and its last tenth"))
+      << c.summary;
+  EXPECT_FALSE(has(c.summary, "between the run's first and last tenth")) << c.summary;
 }

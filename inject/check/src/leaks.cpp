@@ -6,9 +6,12 @@
 // they make up must stand out of its sampling error (3 standard errors). The rules and their
 // reasons are in inject/check/README.md.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <set>
+#include <string_view>
 #include <tuple>
 
 #include "trace_data.h"
@@ -36,6 +39,7 @@ struct Basis {
   std::vector<Window> windows;
   bool warmup = true;  // the first interval is left out (three windows or more)
   std::string words;   // "3 epochs", "4 windows of 3 steps", "4 windows of 2.25 s between the run's first and last tenth"
+  int64_t width = 0;   // windows of time: each window's length
   const char* unit() const { return kind == BasisKind::Epochs ? "epoch" : "window"; }
 };
 
@@ -195,6 +199,7 @@ std::optional<Basis> basis_of(const TraceData& d, int64_t rank, int64_t last_eve
                          "window " + std::to_string(w) + " (" + format_duration_ns(double(a - t0)) + "-" +
                              format_duration_ns(double(z - t0)) + ")"});
   }
+  b.width = width;
   b.words = std::to_string(kWindows) + " windows of " + format_duration_ns(double(width)) +
             (after_imports ? " between the end of its imports (" + format_duration_ns(double(imports_end - t0)) +
                                  ") and the run's last tenth"
@@ -317,6 +322,41 @@ std::optional<Values> aggregate_values(const TraceData& d, int64_t rank, const S
   return out;
 }
 
+// A path as a POSIX shell reads it back (zt probe's shell_quote, zt/probe/probe_config.h, spells the
+// same rule; zt check does not link the probe): unchanged when made only of characters no shell
+// treats specially, else in single quotes.
+std::string shell_word(const std::string& w) {
+  bool plain = !w.empty();
+  for (unsigned char c : w) plain = plain && (std::isalnum(c) || std::string_view("_@%+=:,./-").find(char(c)) != std::string_view::npos);
+  if (plain) return w;
+  std::string out = "'";
+  for (char c : w) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// A probed run of several processes (forked DataLoader workers, helpers, other ranks) leaves one trace per
+// process; this trace holds one of them. Their allocations were not compared: a pass here does not
+// speak for them, so it is a skip (CANNOT RUN when --leaks was named), and the merge is said.
+void others_of_run(const TraceData& d, CheckResult* r) {
+  if (d.run_others.empty()) return;
+  const size_t n = d.run_others.size();
+  std::string merged = d.path();
+  if (merged.size() > 3 && merged.compare(merged.size() - 3, 3, ".db") == 0) merged.resize(merged.size() - 3);
+  std::string merge = "zt db merge " + shell_word(merged + ".merged.db") + " " + shell_word(d.path());
+  for (auto& p : d.run_others) merge += " " + shell_word(p);
+  const std::string these = std::to_string(n) + " more trace" + (n == 1 ? "" : "s") + " of this run lie" +
+                            (n == 1 ? "s" : "") + " beside this one (its other processes: forked DataLoader workers, "
+                            "helpers, other ranks; docs/probe.md, \"Processes\")";
+  if (r->outcome == Outcome::Pass) {
+    r->context.insert(r->context.begin(), "in this trace's own process: " + r->summary);
+    r->outcome = Outcome::Skip;
+    r->summary = "only this trace's own process was compared: " + these +
+                 ", and their allocations were not; merge them and check the merged trace: " + merge;
+  } else {
+    r->context.push_back(these + ", and were not compared; merge them and check the merged trace: " + merge);
+  }
+}
+
 }  // namespace
 
 Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
@@ -374,9 +414,11 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
   std::set<BasisKind> kinds;
   size_t max_epochs = 0;
   std::vector<std::string> window_words;
+  std::set<const Basis*> time_bases;  // windows of time: one per process, said once in the summary
   auto used = [&](const Basis& b) {
     kinds.insert(b.kind);
     if (b.kind == BasisKind::Epochs) max_epochs = std::max(max_epochs, b.windows.size());
+    else if (b.kind == BasisKind::TimeWindows) time_bases.insert(&b);
     else if (std::find(window_words.begin(), window_words.end(), b.words) == window_words.end())
       window_words.push_back(b.words);
   };
@@ -702,6 +744,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
                       "zt probe (or zt train, zt import)"
                     : "nothing to compare: the trace has no epochs, no steps and no span of time to cut into "
                       "windows; mark epochs (zerotrace.epoch(n), docs/python-jobs.md) or record a longer run";
+    others_of_run(d, &r);
     return Status::Ok();
   }
 
@@ -716,6 +759,19 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
   std::string over;
   if (max_epochs) over = std::to_string(max_epochs) + " epochs";
   for (auto& w : window_words) over += (over.empty() ? "" : "; ") + w;
+  if (time_bases.size() == 1) {
+    over += (over.empty() ? "" : "; ") + (*time_bases.begin())->words;
+  } else if (!time_bases.empty()) {
+    // Each process's windows are cut from its own life: said once, with the range of their lengths (they
+    // were repeated once per process: eleven times over a DataLoader's workers).
+    int64_t shortest = INT64_MAX, longest = 0;
+    for (const Basis* b : time_bases) shortest = std::min(shortest, b->width), longest = std::max(longest, b->width);
+    over += (over.empty() ? "" : "; ") + std::to_string(kWindows) + " windows of time in each of " +
+            std::to_string(time_bases.size()) + " processes (" + format_duration_ns(double(shortest)) +
+            (shortest == longest ? "" : " to " + format_duration_ns(double(longest))) +
+            " each), between the first tenth of its run, or the end of its imports, and its last tenth (no epochs or "
+            "steps there: windows of time)";
+  }
   const std::string rss_limit = format_bytes(double(rss_threshold)) + " per " + unit;
   const int leaking = int(r.findings.size()) - rss_findings;
   if (!r.findings.empty()) {
@@ -744,6 +800,7 @@ Status check_leaks(TraceData& d, const Options& o, CheckResult* out) {
                         "allocations was not looked at there");
   if (!d.derived_markers.empty()) r.context.push_back(d.derived_markers);
   for (auto& w : within_error) r.summary += "; " + w;
+  others_of_run(d, &r);
   return Status::Ok();
 }
 

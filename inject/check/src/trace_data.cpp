@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 
 #include "zt/common/files.h"
 #include "zt/common/units.h"
@@ -51,8 +52,50 @@ Status TraceData::load(const std::string& path, std::unique_ptr<TraceData>* out)
   if (Status s = d->load_counters(); !s) return s;
   if (Status s = d->load_probed_runs(); !s) return s;
   if (Status s = d->load_aggregates(); !s) return s;
+  d->find_run_others();
   *out = std::move(d);
   return Status::Ok();
+}
+
+void TraceData::find_run_others() {
+  if (runs.size() != 1) return;
+  std::string run_id;
+  (void)for_each_row(reader_->handle(), path_,
+                     "SELECT json_extract(config_json, '$.run_id') FROM run WHERE json_valid(config_json) AND "
+                     "json_type(config_json) = 'object' AND json_type(config_json, '$.run_id') = 'text'",
+                     [&](sqlite3_stmt* st) {
+                       if (const unsigned char* t = sqlite3_column_text(st, 0)) run_id = reinterpret_cast<const char*>(t);
+                     });
+  if (run_id.empty()) return;
+  // zt probe's rule (zt/probe/probe_config.h: per_process_trace_path, trace_stem): "<main without .db>.pid".
+  namespace fs = std::filesystem;
+  const fs::path self(path_);
+  std::string stem = self.filename().string();
+  if (stem.size() > 3 && stem.compare(stem.size() - 3, 3, ".db") == 0) stem.resize(stem.size() - 3);
+  const std::string prefix = stem + ".pid", needle = "\"run_id\":\"" + run_id + "\"";
+  std::error_code ec;
+  const fs::path dir = self.has_parent_path() ? self.parent_path() : fs::path(".");
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.size() <= prefix.size() + 3 || n.compare(0, prefix.size(), prefix) != 0 ||
+        n.compare(n.size() - 3, 3, ".db") != 0 || !std::isdigit(static_cast<unsigned char>(n[prefix.size()])))
+      continue;
+    sqlite3* db = nullptr;
+    bool ours = false;
+    if (sqlite3_open_v2(it->path().c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+      sqlite3_busy_timeout(db, 500);
+      sqlite3_stmt* st = nullptr;
+      if (sqlite3_prepare_v2(db, "SELECT 1 FROM run WHERE instr(coalesce(config_json, ''), ?1) > 0 LIMIT 1", -1, &st,
+                             nullptr) == SQLITE_OK) {
+        sqlite3_bind_text(st, 1, needle.c_str(), -1, SQLITE_TRANSIENT);
+        ours = sqlite3_step(st) == SQLITE_ROW;
+      }
+      sqlite3_finalize(st);
+    }
+    sqlite3_close(db);
+    if (ours) run_others.push_back(self.has_parent_path() ? it->path().string() : n);
+  }
+  std::sort(run_others.begin(), run_others.end());
 }
 
 Status TraceData::load_aggregates() {

@@ -88,6 +88,11 @@ class TraceData {
   // rows are whole only inside a stretch.
   std::vector<db::DetailSpanRow> detail_spans;
   std::vector<db::StepMemoryRow> step_memory;  // loaded only where the detail ended (a capped trace)
+  // The other traces of this one's run: zt probe's per-process files beside it ("<stem>.pidPID[-N].db"
+  // whose run row carries this trace's run_id: its forked workers, helpers, other ranks), by path.
+  // Empty for a trace of several runs (merged) or one zt probe did not write. A file beside it that
+  // cannot be read is not counted: it cannot be shown to be of this run.
+  std::vector<std::string> run_others;
 
   const std::string& str(int64_t id) const;
   bool is_accelerator(int64_t device_id) const;  // cuda or simulated GPU
@@ -124,6 +129,7 @@ class TraceData {
   Status load_counters();
   Status load_probed_runs();
   Status load_aggregates();
+  void find_run_others();
   std::string path_;
   std::unique_ptr<db::TraceReader> reader_;
   std::unordered_map<int64_t, std::string> stack_cache_;
