@@ -188,6 +188,41 @@ TEST(DsMemory, SubGroupsCloseOnceTheyHoldSubGroupSize) {
   const std::vector<std::vector<int64_t>> mods = {{50, 30}, {40}, {100}, {5}};
   EXPECT_EQ(zt::trainer::ds_sub_group_partitions(mods, 60, 1), (std::vector<int64_t>{80, 40 + 100, 5}));
   EXPECT_EQ(zt::trainer::ds_sub_group_partitions(mods, 1000000000, 2), (std::vector<int64_t>{25 + 15 + 20 + 50 + 3}));
+  // The group closes on this rank's partitions (partition_numel()), not the whole parameters: on 2 ranks a group of
+  // 60 takes 25 + 15 + 20 (the whole 50 + 30 + 40 = 120 would have closed it after 80).
+  const zt::trainer::Ds3SubGroups g = zt::trainer::ds3_sub_groups(mods, 60, 2);
+  EXPECT_EQ(g.numel, (std::vector<int64_t>{25 + 15 + 20, 50 + 3}));
+  EXPECT_EQ(g.module_group, (std::vector<int>{0, 0, 1, 1}));  // the group each module's last parameter falls in
+  EXPECT_EQ(g.largest(), 60);
+  // A frozen module (no parameters in any group) belongs to none.
+  EXPECT_EQ(zt::trainer::ds3_sub_groups({{50, 30}, {}, {100}}, 60, 1).module_group, (std::vector<int>{0, -1, 1}));
+}
+
+// stage3.py's host set-up of one sub-group under offload_optimizer, whole (stand-ins freed at the end of each list):
+// .to(cpu).clone().float() makes the 16-bit copies (two when the partition is on the device) and the fp32 master;
+// initialize_optimizer_states' torch.zeros(n); the set-up step's moments.
+TEST(DsMemory, StageThreeSubGroupSetUpIsWholeOnTheHost) {
+  const int64_t n = 1000;
+  auto on_device = zt::trainer::ds3_master_setup_ops(2, n, DType::BF16, true);
+  ASSERT_EQ(on_device.size(), 6u);
+  for (const MemoryOp& op : on_device) EXPECT_TRUE(op.host) << op.term.name;
+  EXPECT_EQ(on_device[2].term.name, "sub_group[2].fp32_partition");
+  EXPECT_EQ(on_device[2].term.bytes(), 4 * n);
+  // Peak: both 16-bit copies beside the fp32 master (2n + 2n + 4n), all freed.
+  EXPECT_EQ(zt::trainer::replay_ops(on_device).end, 0);
+  EXPECT_EQ(zt::trainer::replay_ops(on_device).peak, int64_t(2048 + 2048 + 4096));  // each rounded to 512 B
+  auto offloaded = zt::trainer::ds3_master_setup_ops(0, n, DType::BF16, false);
+  EXPECT_EQ(offloaded.size(), 4u);
+  EXPECT_EQ(zt::trainer::replay_ops(offloaded).peak, int64_t(2048 + 4096));
+  auto grad = zt::trainer::ds3_grad_setup_ops(1, n);
+  auto done = zt::trainer::ds3_grad_setup_done(1);
+  grad.insert(grad.end(), done.begin(), done.end());
+  EXPECT_EQ(grad[0].term.name, "sub_group[1].grad_zeros");
+  EXPECT_EQ(zt::trainer::replay_ops(grad).peak, 4096);
+  EXPECT_EQ(zt::trainer::replay_ops(grad).end, 0);
+  auto moments = zt::trainer::ds3_moments_setup_ops(1, n);
+  EXPECT_EQ(zt::trainer::replay_ops(moments).peak, 2 * 4096);
+  EXPECT_EQ(zt::trainer::replay_ops(moments).end, 0);
 }
 
 // ---- against the DeepSpeed run (tests/data/ds_zero3_offload_350M_h200.csv)
@@ -391,3 +426,64 @@ TEST(DsMemory, ActivationsAreFreedAfterBackwardInEveryMode) {
 }
 
 }  // namespace
+
+namespace {
+zt::trainer::TrainConfig virtual_z3(int64_t world, bool offload) {
+  zt::trainer::TrainConfig c;
+  c.virtual_mode = true;
+  c.model = "124M";
+  c.world_size = world;
+  c.data_samples = 100;
+  c.steps = 2;
+  c.zero.stage = 3;
+  c.zero.offload_optimizer = offload;
+  c.precision = "bf16";
+  c.micro_batch = 1;
+  c.seq_len = 64;
+  c.attention = "sdpa";
+  c.device_memory = uint64_t(80) << 30;
+  c.quiet = true;
+  return c;
+}
+}  // namespace
+
+// Stage 3 fetches a module's parameters one buffer each (partition_parameters.py: ceil(numel / W) x W elements of
+// the compute dtype), those below the persistence threshold (1e5) whole on every rank already: GPT-2's block has
+// four above it (c_attn, attn c_proj, c_fc, mlp c_proj), so an OOM in a fetch asks for one parameter, as
+// DeepSpeed's param_buffer = torch.empty(...) does.
+TEST(DsMemory, StageThreeGathersParameterByParameter) {
+  zt::test::TempDir dir;
+  auto r = zt::test::train_traced(virtual_z3(4, false), dir.file("g.db"));
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  zt::db::QueryResult q;
+  ASSERT_TRUE(r.reader
+                  ->query("SELECT name, max(requested_bytes) FROM allocation_v WHERE rank = 0 AND level = 'block' AND "
+                          "name GLOB 'block0.gathered*' GROUP BY name ORDER BY name",
+                          &q)
+                  .ok());
+  ASSERT_EQ(q.rows.size(), 4u);
+  EXPECT_EQ(q.rows[0], (std::vector<std::string>{"block0.gathered[0]", std::to_string(768 * 2304 * 2)}));
+  EXPECT_EQ(q.rows[2], (std::vector<std::string>{"block0.gathered[2]", std::to_string(768 * 3072 * 2)}));
+}
+
+// Under offload_optimizer the host's set-up goes a sub-group at a time, whole (stage3.py): with 124M on 2 ranks
+// and sub_group_size 2e7, a host too small for the fp32 states runs out asking for one sub-group's fp32
+// partition, not one module's master.
+TEST(DsMemory, StageThreeHostSetUpAsksForASubGroup) {
+  zt::test::TempDir dir;
+  zt::trainer::TrainConfig c = virtual_z3(2, true);
+  c.zero.sub_group_size = 20000000;
+  c.host_memory = uint64_t(200) << 20;  // 124M: 62M a rank, 16 bytes each in states; the masters alone 237 MiB
+  auto r = zt::test::train_traced(c, dir.file("h.db"));
+  ASSERT_FALSE(r.status.ok());
+  zt::db::QueryResult q;
+  ASSERT_TRUE(r.reader->query("SELECT message FROM error", &q).ok());
+  ASSERT_EQ(q.rows.size(), 1u);
+  EXPECT_NE(q.rows[0][0].find("for 'sub_group["), std::string::npos) << q.rows[0][0];
+  // Every sub-group but the last holds 2e7 partition elements or more (fp32: >= 76.29 MiB).
+  const zt::model::Config c124 = preset("124M");
+  const auto mods = zt::trainer::module_parameters(&c124, zt::trainer::shape_of(c124, "124M"), true);
+  const auto groups = zt::trainer::ds3_sub_groups(mods, 20000000, 2);
+  ASSERT_GE(groups.numel.size(), 2u);
+  EXPECT_GE(groups.numel[0], 20000000);
+}

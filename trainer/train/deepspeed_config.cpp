@@ -550,7 +550,7 @@ static Status read_config(const json& j_in, const std::string& path, TrainConfig
     r.unknown("zero_optimization.", zo,
               {"stage", "offload_optimizer", "offload_param", "reduce_bucket_size", "overlap_comm", "legacy_stage1", "stage3_prefetch_bucket_size",
                "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-               "stage3_gather_16bit_weights_on_model_save"},
+               "stage3_gather_16bit_weights_on_model_save", "sub_group_size"},
               zo);
     const std::string w = "zero_optimization.";
     if (!r.number(zo, "stage", w, z.stage, z.stage) ||
@@ -559,6 +559,7 @@ static Status read_config(const json& j_in, const std::string& path, TrainConfig
         !r.number(zo, "stage3_param_persistence_threshold", w, z.param_persistence_threshold, int64_t(-1)) ||
         !r.number(zo, "stage3_max_live_parameters", w, z.max_live_parameters, z.max_live_parameters) ||
         !r.number(zo, "stage3_max_reuse_distance", w, z.max_reuse_distance, z.max_reuse_distance) ||
+        !r.number(zo, "sub_group_size", w, z.sub_group_size, z.sub_group_size) ||
         !r.boolean(zo, "stage3_gather_16bit_weights_on_model_save", w, z.gather_16bit_weights_on_model_save) ||
         !r.boolean(zo, "overlap_comm", w, z.overlap_comm) || !r.boolean(zo, "legacy_stage1", w, z.legacy_stage1))
       return Status::Error(r.error);

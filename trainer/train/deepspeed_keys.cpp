@@ -150,7 +150,7 @@ const std::vector<Key>& keys() {
       {"zero_optimization.", "allgather_partitions", Effect::None, "all-gather instead of broadcasts"},
       {"zero_optimization.", "allgather_bucket_size", Effect::None, "the all-gather's bucket (stages 1-2)"},
       // overlap_comm is read (ZeroSettings::overlap_comm: the second IPG buffer at stages 1-2).
-      {"zero_optimization.", "sub_group_size", Effect::None, "the optimizer's tile size (modules are the sub-groups here)"},
+      // sub_group_size is read (ZeroSettings::sub_group_size: stage 3's optimizer sub-groups, virtual mode).
       {"zero_optimization.", "round_robin_gradients", Effect::None, "gradient copies spread over ranks"},
       {"zero_optimization.", "use_multi_rank_bucket_allreduce", Effect::None, "communication"},
       {"zero_optimization.", "load_from_fp32_weights", Effect::None, "where a resumed run takes its master weights"},

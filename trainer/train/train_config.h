@@ -39,6 +39,10 @@ struct ZeroSettings {
   // mode: ds_memory.h's ds1_legacy_init_ops); the rest of the run is modeled as today's stage 1.
   bool legacy_stage1 = false;
   int64_t prefetch_bucket_size = 50000000;
+  // zero_optimization.sub_group_size (stage 3): DeepSpeed's optimizer sub-groups, consecutive parameters closed
+  // once their partitions hold this many elements (stage3.py _create_fp16_sub_groups; default 1e9). Virtual
+  // mode charges each sub-group's fp32 master and moments whole at set-up (ds_memory.h ds3_sub_groups).
+  int64_t sub_group_size = 1000000000;
   int64_t param_persistence_threshold = 100000;
   int64_t max_live_parameters = 1000000000;
   int64_t max_reuse_distance = 1000000000;

@@ -357,24 +357,70 @@ std::vector<MemoryOp> IpgBucket::flush() {
   return ops;
 }
 
-std::vector<int64_t> ds_sub_group_partitions(const std::vector<std::vector<int64_t>>& modules, int64_t sub_group_size,
-                                             int64_t W) {
-  std::vector<int64_t> groups;
-  int64_t numel = 0, part = 0;
+int64_t Ds3SubGroups::largest() const {
+  int64_t m = 0;
+  for (int64_t n : numel) m = std::max(m, n);
+  return m;
+}
+
+Ds3SubGroups ds3_sub_groups(const std::vector<std::vector<int64_t>>& modules, int64_t sub_group_size, int64_t W) {
+  Ds3SubGroups d;
+  d.module_group.assign(modules.size(), -1);
+  int64_t part = 0;
   bool open = false;
-  for (const auto& m : modules)
-    for (int64_t p : m) {
-      numel += p;
+  for (size_t m = 0; m < modules.size(); ++m)
+    for (int64_t p : modules[m]) {
       part += ds_partition_numel(p, W);
       open = true;
-      if (numel >= sub_group_size) {
-        groups.push_back(part);
-        numel = part = 0;
+      d.module_group[m] = int(d.numel.size());
+      if (part >= sub_group_size) {
+        d.numel.push_back(part);
+        part = 0;
         open = false;
       }
     }
-  if (open) groups.push_back(part);
-  return groups;
+  if (open) d.numel.push_back(part);
+  return d;
+}
+
+std::vector<int64_t> ds_sub_group_partitions(const std::vector<std::vector<int64_t>>& modules, int64_t sub_group_size,
+                                             int64_t W) {
+  return ds3_sub_groups(modules, sub_group_size, W).numel;
+}
+
+namespace {
+MemoryOp host_op(bool alloc, const std::string& name, DType dt, int64_t n) {
+  MemoryOp op{alloc, {name, dt, alloc ? n : 0}};
+  op.host = true;
+  return op;
+}
+std::string sub_group_name(int g) { return "sub_group[" + std::to_string(g) + "]"; }
+}  // namespace
+
+std::vector<MemoryOp> ds3_master_setup_ops(int g, int64_t n, DType dtype, bool partition_on_device) {
+  const std::string G = sub_group_name(g);
+  std::vector<MemoryOp> ops;
+  if (partition_on_device) ops.push_back(host_op(true, G + ".fp16_to_cpu", dtype, n));
+  ops.push_back(host_op(true, G + ".fp16_copy", dtype, n));
+  ops.push_back(host_op(true, G + ".fp32_partition", DType::F32, n));
+  ops.push_back(host_op(false, G + ".fp16_copy", dtype, 0));
+  if (partition_on_device) ops.push_back(host_op(false, G + ".fp16_to_cpu", dtype, 0));
+  ops.push_back(host_op(false, G + ".fp32_partition", DType::F32, 0));
+  return ops;
+}
+
+std::vector<MemoryOp> ds3_grad_setup_ops(int g, int64_t n) {
+  return {host_op(true, sub_group_name(g) + ".grad_zeros", DType::F32, n)};
+}
+
+std::vector<MemoryOp> ds3_grad_setup_done(int g) {
+  return {host_op(false, sub_group_name(g) + ".grad_zeros", DType::F32, 0)};
+}
+
+std::vector<MemoryOp> ds3_moments_setup_ops(int g, int64_t n) {
+  const std::string G = sub_group_name(g);
+  return {host_op(true, G + ".exp_avg", DType::F32, n), host_op(true, G + ".exp_avg_sq", DType::F32, n),
+          host_op(false, G + ".exp_avg", DType::F32, 0), host_op(false, G + ".exp_avg_sq", DType::F32, 0)};
 }
 
 HostTerms ds_host_terms(const std::vector<std::vector<int64_t>>& modules, int64_t W, DType dtype, bool offload_param,

@@ -173,11 +173,34 @@ class IpgBucket {
   std::vector<int64_t> params_;
 };
 
-// DeepSpeed's optimizer sub-groups: consecutive parameters, a group closed once it holds at least
-// sub_group_size elements (stage3.py's _create_fp16_sub_groups); the sizes of this rank's partitions
-// of each group (sum of ceil(numel / W)).
+// DeepSpeed's optimizer sub-groups at stage 3 (stage3.py's _create_fp16_sub_groups, the same rule from 0.5 to
+// 0.19): consecutive trainable parameters, a group closed once this rank's partitions of them (partition_numel(),
+// ceil(numel / W) each) hold sub_group_size elements or more. `numel`: each group's partition elements;
+// `module_group`: for each module, the group its last parameter falls in (-1: a module without parameters,
+// frozen ones passed as empty lists).
+struct Ds3SubGroups {
+  std::vector<int64_t> numel;
+  std::vector<int> module_group;
+  int64_t largest() const;
+};
+Ds3SubGroups ds3_sub_groups(const std::vector<std::vector<int64_t>>& modules, int64_t sub_group_size, int64_t W);
+// The sizes of this rank's partition of each sub-group (ds3_sub_groups' numel).
 std::vector<int64_t> ds_sub_group_partitions(const std::vector<std::vector<int64_t>>& modules, int64_t sub_group_size,
                                              int64_t W);
+// What stage3.py allocates on the host for sub-group g (n partition elements) at set-up under offload_optimizer
+// (device "cpu"), whole, as stand-ins: each list ends with its tensors freed, the engine's module tensors taking
+// their bytes after (pageable; the 16-bit dtype `dtype`). So an OOM there asks for DeepSpeed's sizes.
+//  - _create_fp32_partitions: fp16_partitioned_groups_flat[g].to(cpu).clone().float(): the 16-bit copy on the
+//    host (two when the partition is on the device: .to() then .clone(); one under offload_param), then the
+//    fp32 master (4n); the copies freed. Names: sub_group[g].fp16_copy, sub_group[g].fp32_partition.
+std::vector<MemoryOp> ds3_master_setup_ops(int g, int64_t n, DType dtype, bool partition_on_device);
+//  - initialize_optimizer_states: torch.zeros(n) (4n pageable, sub_group[g].grad_zeros) pinned into the fp32
+//    gradient: made here, freed by ds3_grad_setup_done after the pinned copies (the engine's) are placed.
+std::vector<MemoryOp> ds3_grad_setup_ops(int g, int64_t n);
+std::vector<MemoryOp> ds3_grad_setup_done(int g);
+//  - ... and (up to 0.13.1) _optimizer_step(g) on those zero gradients: DeepSpeedCPUAdam's exp_avg and exp_avg_sq
+//    of the sub-group (4n each, pageable: sub_group[g].exp_avg, .exp_avg_sq), freed here.
+std::vector<MemoryOp> ds3_moments_setup_ops(int g, int64_t n);
 
 // The host memory of a ZeRO-3 rank with offload_optimizer, as DeepSpeed and DeepSpeedCPUAdam keep it.
 struct HostTerms {

@@ -54,6 +54,14 @@ struct ZeroEngine::Part {
   bool next_filled = false;  // written_next holds this update's copy
   bool update_due = false;  // the overlapped update: this module's AdamW not yet awaited
   Tensor gathered, compute;  // live while fetched
+  // Virtual stage 3 (DeepSpeed's layout): each parameter's own gather buffer after the first (which is
+  // `gathered`), as fetch_sub_module's all-gather allocates one a parameter (param_buffer = torch.empty(
+  // ceil(numel / W) x W)): an OOM there asks for one parameter, as DeepSpeed's does.
+  std::vector<Tensor> gathered_more;
+  void drop_gathered() {
+    gathered.reset();
+    gathered_more.clear();
+  }
   Tensor staged;             // offload_param: the shard copied to the device ahead of its gather
   PendingCopy staging;       // ... that copy, while it is in flight
   size_t last_pos = 0;
@@ -360,8 +368,9 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     pt.opt_n = z_.stage == 0 ? pt.padded : pt.shard;
     if (vals) pt.init_master.assign(vals + pt.opt_lo, vals + pt.opt_lo + pt.opt_n);
   };
-  // Its gradient and optimizer state (none when frozen).
-  auto place_states = [&](Part& pt) {
+  // Its gradient and optimizer state (none when frozen): place_states, or in DeepSpeed's stage-3 order its
+  // three parts (ds3_sub_groups_setup below): the fp32 master, the fp32 gradient, the moments.
+  auto place_states_part = [&](Part& pt, bool master, bool grad, bool moments) {
     if (pt.frozen) return;
     const model::ModuleSpec& spec = pt.spec;
     const std::string& n = spec.name;
@@ -371,7 +380,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     const bool grad_on_host = ds_layout_ && pt.opt_host;
     // DeepSpeed's stages 0-2 (ds12_, ds0_) hold no gradient between steps: autograd's, the IPG buffers
     // and grads_in_partition are made in backward (Ds12Gradients; stage 0: ds0_*).
-    if (!ds12_ && !ds0_)
+    if (!ds12_ && !ds0_ && grad)
       pt.grad = z_.stage <= 1 ? Tensor::zeros(n + ".grad", {pt.padded}, dtype_, accel)
                               : Tensor::zeros(n + ".grad[shard]", {pt.shard}, dtype_, grad_on_host ? host : accel,
                                               grad_on_host && pin);
@@ -380,19 +389,30 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     // (single_partition_of_fp32_groups, pin_memory), not DeepSpeedCPUAdam's moments.
     const bool opt_pin = pt.opt_host && pin && !ds_layout_;
     const std::string group = partition_name(spec.index);
-    pt.master = Tensor::empty(group, {pt.opt_n}, DType::F32, opt, opt_pin);
-    upload(pt.master, 0, pt.init_master.empty() ? nullptr : pt.init_master.data(), pt.opt_n);
-    std::vector<float>().swap(pt.init_master);
-    if (!ds12_ && adam_moments(opt_.impl)) {  // ds12_: made at the first step (ds12_moments)
+    if (master) {
+      pt.master = Tensor::empty(group, {pt.opt_n}, DType::F32, opt, opt_pin);
+      upload(pt.master, 0, pt.init_master.empty() ? nullptr : pt.init_master.data(), pt.opt_n);
+      std::vector<float>().swap(pt.init_master);
+    }
+    if (moments && !ds12_ && adam_moments(opt_.impl)) {  // ds12_: made at the first step (ds12_moments)
       pt.m = Tensor::zeros("adam.m[" + n + "]", {pt.opt_n}, DType::F32, opt, opt_pin);
       pt.v = Tensor::zeros("adam.v[" + n + "]", {pt.opt_n}, DType::F32, opt, opt_pin);
-    } else if (!ds12_ && z_.stage == 3) {  // stage 0: once every module is placed (its flat group), below
+    } else if (moments && !ds12_ && z_.stage == 3) {  // stage 0: once every module is placed (its flat group), below
       charge_optimizer_state(pt, pt.opt_host);
     }
-    if (pt.opt_host)
+    if (grad && pt.opt_host)
       pt.part_grad = Tensor::zeros(part_grad_name(spec.index, part_grad_dtype_), {pt.opt_n}, part_grad_dtype_, host,
                                    pt.opt_host && pin);
   };
+  auto place_states = [&](Part& pt) { place_states_part(pt, true, true, true); };
+  auto place_master = [&](Part& pt) { place_states_part(pt, true, false, false); };
+  auto place_grad = [&](Part& pt) { place_states_part(pt, false, true, false); };
+  auto place_moments = [&](Part& pt) { place_states_part(pt, false, false, true); };
+  // DeepSpeed's stage-3 set-up order under offload_optimizer, sub-group by sub-group (below). Not with a
+  // partial offload (offload_ratio < 1: the device sub-groups' set-up is not modeled) nor a delayed or overlapped
+  // update.
+  const bool ds3_sub_groups_setup = ds_layout_ && z_.offload_optimizer && first_offloaded == 0 &&
+                                    cfg.delayed_update < 0 && !cfg.overlap_update;
   for (const auto& spec : modules_) {
     auto p = std::make_unique<Part>();
     p->spec = spec;
@@ -405,13 +425,53 @@ ZeroEngine::ZeroEngine(const TrainConfig& cfg, const model::Config& mc, int B, i
     p->opt_host = !p->frozen && int64_t(parts_.size()) >= first_offloaded;
     // As before issue 30 when nothing is loaded: each module's parameters, then its states. DeepSpeed's
     // stages 0-2 (virtual) build the optimizer after every parameter is placed (flat_init below).
-    if (!cfg.from_pretrained && !ds12_ && !ds0_) {
+    if (!cfg.from_pretrained && !ds12_ && !ds0_ && !ds3_sub_groups_setup) {
       place_params(*p);
       place_states(*p);
     }
     parts_.push_back(std::move(p));
   }
-  if (cfg.from_pretrained || ds12_ || ds0_) {
+  if (ds3_sub_groups_setup) {
+    // DeepSpeed's stage 3 under offload_optimizer: zero.Init has partitioned every parameter before the optimizer
+    // is built, and stage3.py makes its host memory a sub-group at a time (sub_group_size), whole: all fp32
+    // masters first (_create_fp32_partitions), then initialize_optimizer_states' gradient buffer (the largest
+    // sub-group's elements in fp32, for its duration) and each sub-group's zero fp32 gradient pinned; the moments.
+    // Stand-ins for each (ds_memory.h ds3_*_setup_ops), the engine's module tensors placed after them with their
+    // bytes, so that an OOM there asks for DeepSpeed's sizes.
+    for (auto& p : parts_) place_params(*p);
+    std::vector<std::vector<int64_t>> trainable(parts_.size());
+    for (size_t i = 0; i < parts_.size(); ++i)
+      if (!parts_[i]->frozen) trainable[i] = module_params_[i];
+    const Ds3SubGroups sg = ds3_sub_groups(trainable, z_.sub_group_size, W_);
+    probe::MarkerId ph = phase("optimizer init (DeepSpeed's sub-groups)", -1);
+    auto in_group = [&](int g) {
+      std::vector<Part*> v;
+      for (size_t i = 0; i < parts_.size(); ++i)
+        if (!parts_[i]->frozen && sg.module_group[i] == g) v.push_back(parts_[i].get());
+      return v;
+    };
+    for (int g = 0; g < int(sg.numel.size()); ++g) {
+      charge(ds3_master_setup_ops(g, sg.numel[size_t(g)], dtype_, !z_.offload_param));
+      for (Part* p : in_group(g)) place_master(*p);
+    }
+    MemoryOp buffer{true, {"initialize_optimizer_states.gradient_buffer", DType::F32, sg.largest()}};
+    buffer.host = true;
+    if (sg.largest() > 0) charge({buffer});
+    for (int g = 0; g < int(sg.numel.size()); ++g) {
+      charge(ds3_grad_setup_ops(g, sg.numel[size_t(g)]));
+      for (Part* p : in_group(g)) place_grad(*p);
+      charge(ds3_grad_setup_done(g));
+    }
+    if (sg.largest() > 0) charge({MemoryOp{false, {buffer.term.name, DType::F32, 0}, -1, true}});
+    // The moments a sub-group at a time, once the set-up's buffers are gone: DeepSpeed up to 0.13.1 made them in
+    // initialize_optimizer_states' step (the gradient buffer still alive), 0.13.2 and later at the first step; zt
+    // makes them at set-up either way, after the buffers (the later releases' peak).
+    for (int g = 0; g < int(sg.numel.size()); ++g) {
+      if (adam_moments(opt_.impl)) charge(ds3_moments_setup_ops(g, sg.numel[size_t(g)]));
+      for (Part* p : in_group(g)) place_moments(*p);
+    }
+    end(ph);
+  } else if (cfg.from_pretrained || ds12_ || ds0_) {
     // DeepSpeed partitions every parameter first, then builds the optimizer: the loaded model is
     // gone before the first optimizer state is allocated.
     for (auto& p : parts_) place_params(*p);
@@ -703,7 +763,7 @@ double ZeroEngine::evaluate(DataLoader& loader, int64_t global_step, int64_t epo
   for (auto& p : parts_) {  // gathered for the evaluation, stale for the next step's order
     p->staging.wait();
     p->staged.reset();
-    p->gathered.reset();
+    p->drop_gathered();
     p->compute.reset();
   }
   end(ph);
@@ -730,6 +790,21 @@ void ZeroEngine::gather(Part& p) {
     // A world of one: the shard on the device is the whole module, and DeepSpeed's fetch is a view
     // of it (NoGatherHandle: no all-gather, no buffer).
     p.gathered = src;
+  } else if (ds_layout_ && charge_terms_) {
+    // DeepSpeed gathers parameter by parameter (partition_parameters.py's all-gather of a sub-module's
+    // parameters: one buffer of ceil(numel / W) x W elements each, the last padded); those below the
+    // persistence threshold are whole on every rank already (NAME.persistent).
+    const std::vector<int64_t>& params = module_params_[size_t(p.spec.index)];
+    int64_t k = 0;
+    for (int64_t n : params) {
+      if (n < z_.param_persistence_threshold) continue;
+      Tensor t = Tensor::empty(p.spec.name + ".gathered[" + std::to_string(k++) + "]", {ds_partition_numel(n, W_) * W_},
+                               dtype_, accel);
+      if (!p.gathered.defined()) p.gathered = std::move(t);
+      else p.gathered_more.push_back(std::move(t));
+    }
+    if (!p.gathered.defined()) p.gathered = Tensor::empty(p.spec.name + ".gathered", {p.padded}, dtype_, accel);
+    comm_.all_gather(src.raw(), nullptr, size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".gathered");
   } else {
     p.gathered = Tensor::empty(p.spec.name + ".gathered", {p.padded}, dtype_, accel);
     comm_.all_gather(src.raw(), p.gathered.raw(), size_t(p.shard) * dtype_size(dtype_), p.spec.name + ".gathered");
@@ -855,7 +930,7 @@ void ZeroEngine::release(int mi, int64_t step) {
     }
   }
   probe::MarkerId ph = phase("release " + p.spec.name, step);
-  p.gathered.reset();
+  p.drop_gathered();
   p.compute.reset();
   end(ph);
 }
@@ -1144,7 +1219,7 @@ StepResult ZeroEngine::step(DataLoader& loader, int64_t epoch, int64_t step_in_e
   for (auto& p : parts_) {
     p->staging.wait();
     p->staged.reset();
-    p->gathered.reset();
+    p->drop_gathered();
     p->compute.reset();
   }
   order_known_ = true;
