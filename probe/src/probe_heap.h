@@ -13,7 +13,13 @@
 
 namespace zt::probe {
 
-// Thread-safe (a synchronized pool over mmap'd chunks); large blocks are mappings of their own.
+// Thread-safe (a pool over mmap'd chunks behind one mutex); large blocks are mappings of their own.
 std::pmr::memory_resource* probe_heap();
+
+// Around fork (probe_main.cpp's handlers): the forking thread takes the heap's mutex, so that no other
+// thread is inside the pool when the child is made (a child that inherited it held hung at its first
+// interned name); parent and child let it go.
+void probe_heap_lock_for_fork();
+void probe_heap_unlock_after_fork();
 
 }  // namespace zt::probe

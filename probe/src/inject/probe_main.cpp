@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "../crash.h"
+#include "../probe_heap.h"
 #include "../interpose/host_hooks.h"
 #include "../python/python_frames.h"
 #include "zero/launcher_env.h"
@@ -229,11 +230,14 @@ void before_fork() {
   if (!Recorder::close_unwinding_for_fork(2000)) return;
   t_fork_held = g->rec->hold_for_fork(2000);
   if (!t_fork_held) Recorder::reopen_unwinding_after_fork(false);
+  // Then none inside the probe's own heap (a leaf lock: held only inside an allocation there).
+  if (t_fork_held) probe_heap_lock_for_fork();
 }
 
 void parent_after_fork() {
   if (!t_fork_held) return;
   t_fork_held = false;
+  probe_heap_unlock_after_fork();
   g->rec->release_after_fork();
   Recorder::reopen_unwinding_after_fork(false);
 }
@@ -270,6 +274,7 @@ void child_after_fork() {
   const bool pending = g_worker_state.load() == 1;  // forked from a worker that had not started yet
   const bool held = t_fork_held;
   t_fork_held = false;
+  if (held) probe_heap_unlock_after_fork();
   if (held) Recorder::reopen_unwinding_after_fork(true);
   const bool worker = g->cfg.forks && ((parent_recording && held) || pending);
   interpose::child_after_fork(worker ? ensure_worker : nullptr);
